@@ -1,0 +1,99 @@
+//! The ABI between podtrace's eBPF programs and its userspace.
+//!
+//! Every type here is `#[repr(C)]`, plain old data, and identical on both
+//! sides; the kernel writes them, userspace reads them byte for byte.
+#![no_std]
+
+/// Bytes of packet header copied into each sighting. Enough for outer
+/// Ethernet + IPv4 + UDP + VXLAN (50 B) followed by inner Ethernet + IPv4 +
+/// the first bytes of L4 (14 + 20 + 20), with room for IP options or Geneve
+/// options.
+pub const SNAPSHOT_LEN: usize = 128;
+
+/// Well-known UDP ports of the overlays podtrace looks inside.
+pub const VXLAN_PORT_FLANNEL: u16 = 8472;
+pub const VXLAN_PORT_IANA: u16 = 4789;
+pub const GENEVE_PORT: u16 = 6081;
+
+/// Where on the tc hook a packet was seen.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    Ingress = 0,
+    Egress = 1,
+}
+
+/// How the packet matched the traced flow.
+pub mod match_kind {
+    /// Its own IPv4 header carries a traced address pair.
+    pub const PLAIN: u8 = 1;
+    /// It is a tunnel packet whose inner IPv4 header carries a traced pair.
+    pub const INNER: u8 = 2;
+}
+
+/// One packet seen on one tc hook. Fixed size, so one ring-buffer
+/// reservation per sighting and no allocation on either side.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Sighting {
+    /// bpf_ktime_get_ns(): CLOCK_MONOTONIC, shared by all namespaces.
+    pub ktime_ns: u64,
+    /// __sk_buff.ifindex: the device the hook is on (in the traced netns).
+    pub ifindex: u32,
+    /// __sk_buff.len: bytes from the L2 (or L3 on L3 devices) header on.
+    pub skb_len: u32,
+    /// __sk_buff.mark at the hook.
+    pub mark: u32,
+    /// Which traced network namespace (node) this program instance serves,
+    /// set by userspace at load time.
+    pub node_id: u32,
+    /// A [`Direction`] as u8.
+    pub direction: u8,
+    /// 1 when the snapshot starts with an Ethernet header, 0 on L3 devices.
+    pub has_l2: u8,
+    /// One of [`match_kind`].
+    pub match_kind: u8,
+    pub _pad: u8,
+    /// Valid bytes in `snapshot`.
+    pub snapshot_len: u16,
+    pub _pad2: [u8; 6],
+    pub snapshot: [u8; SNAPSHOT_LEN],
+}
+
+/// Key of the flow filter map: an IPv4 source and destination, each in
+/// network byte order exactly as they sit in the header. Userspace inserts
+/// both directions of every traced pair.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlowKey {
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+}
+
+/// Indexes into the per-CPU counter array.
+pub mod counter {
+    /// A matching packet found the ring buffer full and was not reported.
+    pub const RINGBUF_FULL: u32 = 0;
+    /// A matching packet whose header bytes could not be copied.
+    pub const SNAPSHOT_FAILED: u32 = 1;
+    pub const COUNT: u32 = 2;
+}
+
+/// Map and program names, shared so that neither side spells them twice.
+pub mod names {
+    pub const FLOWS: &str = "FLOWS";
+    pub const SIGHTINGS: &str = "SIGHTINGS";
+    pub const COUNTERS: &str = "COUNTERS";
+    pub const NODE_ID: &str = "NODE_ID";
+    pub const TC_INGRESS: &str = "podtrace_ingress";
+    pub const TC_EGRESS: &str = "podtrace_egress";
+    pub const TC_INGRESS_L3: &str = "podtrace_ingress_l3";
+    pub const TC_EGRESS_L3: &str = "podtrace_egress_l3";
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: plain #[repr(C)] data with explicit padding and no pointers.
+    unsafe impl aya::Pod for super::Sighting {}
+    unsafe impl aya::Pod for super::FlowKey {}
+}

@@ -1,0 +1,21 @@
+//! podtrace's kernel side.
+//!
+//! tc classifiers that report every packet of the traced flow, plain or
+//! inside a VXLAN / Geneve / IPIP tunnel, as one fixed-size [`Sighting`] on a
+//! ring buffer. They never change a packet or its fate: they return
+//! TC_ACT_UNSPEC (TCX_NEXT), so the next program on the hook (a CNI's) and
+//! the kernel's own path run as if podtrace were not there.
+#![no_std]
+#![no_main]
+
+mod tc_sightings;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

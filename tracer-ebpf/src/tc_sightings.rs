@@ -1,0 +1,197 @@
+//! tc sightings: which traced packet crossed which hook, and when.
+
+use aya_ebpf::{
+    bindings::TC_ACT_UNSPEC,
+    helpers::{bpf_ktime_get_ns, bpf_skb_load_bytes},
+    macros::{classifier, map},
+    maps::{HashMap, PerCpuArray, RingBuf},
+    programs::TcContext,
+};
+use podtrace_common::{
+    counter, match_kind, Direction, FlowKey, Sighting, GENEVE_PORT, SNAPSHOT_LEN,
+    VXLAN_PORT_FLANNEL, VXLAN_PORT_IANA,
+};
+
+/// Traced (src, dst) pairs; filled by userspace.
+#[map(name = "FLOWS")]
+static FLOWS: HashMap<FlowKey, u8> = HashMap::with_max_entries(1024, 0);
+
+#[map(name = "SIGHTINGS")]
+static SIGHTINGS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
+
+#[map(name = "COUNTERS")]
+static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+
+/// Which traced node (network namespace) this instance serves; userspace
+/// sets it at load time, one program instance per namespace.
+#[unsafe(no_mangle)]
+static NODE_ID: u32 = 0;
+
+const ETH_HLEN: usize = 14;
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_8021Q: u16 = 0x8100;
+const ETH_P_TEB: u16 = 0x6558;
+const IPPROTO_UDP: u8 = 17;
+const IPPROTO_IPIP: u8 = 4;
+const UDP_HLEN: usize = 8;
+const VXLAN_HLEN: usize = 8;
+const GENEVE_HLEN: usize = 8;
+
+#[classifier]
+pub fn podtrace_ingress(ctx: TcContext) -> i32 {
+    observe(&ctx, Direction::Ingress, true)
+}
+
+#[classifier]
+pub fn podtrace_egress(ctx: TcContext) -> i32 {
+    observe(&ctx, Direction::Egress, true)
+}
+
+/// For devices without an Ethernet header (tunl0, wireguard).
+#[classifier]
+pub fn podtrace_ingress_l3(ctx: TcContext) -> i32 {
+    observe(&ctx, Direction::Ingress, false)
+}
+
+#[classifier]
+pub fn podtrace_egress_l3(ctx: TcContext) -> i32 {
+    observe(&ctx, Direction::Egress, false)
+}
+
+#[inline(always)]
+fn observe(ctx: &TcContext, direction: Direction, has_l2: bool) -> i32 {
+    let l3 = if has_l2 { ethernet_payload(ctx, 0) } else { Some(0) };
+    if let Some(kind) = l3.and_then(|l3| classify(ctx, l3)) {
+        report(ctx, direction, has_l2, kind);
+    }
+    TC_ACT_UNSPEC
+}
+
+/// Offset of the IPv4 header behind an Ethernet header at `at`, if any
+/// (one 802.1Q tag is skipped).
+#[inline(always)]
+fn ethernet_payload(ctx: &TcContext, at: usize) -> Option<usize> {
+    let mut proto = u16::from_be(ctx.load::<u16>(at + 12).ok()?);
+    let mut l3 = at + ETH_HLEN;
+    if proto == ETH_P_8021Q {
+        proto = u16::from_be(ctx.load::<u16>(at + 16).ok()?);
+        l3 += 4;
+    }
+    (proto == ETH_P_IP).then_some(l3)
+}
+
+/// Whether the IPv4 packet at `l3` belongs to the traced flow, directly or
+/// through the inner header of a tunnel.
+#[inline(always)]
+fn classify(ctx: &TcContext, l3: usize) -> Option<u8> {
+    if is_traced(ctx, l3)? {
+        return Some(match_kind::PLAIN);
+    }
+    let inner = tunnel_inner_ip(ctx, l3)?;
+    is_traced(ctx, inner)?.then_some(match_kind::INNER)
+}
+
+#[inline(always)]
+fn is_traced(ctx: &TcContext, l3: usize) -> Option<bool> {
+    let key: FlowKey = ctx.load(l3 + 12).ok()?;
+    Some(unsafe { FLOWS.get(&key) }.is_some())
+}
+
+/// Offset of the inner IPv4 header of a VXLAN, Geneve or IPIP packet.
+#[inline(always)]
+fn tunnel_inner_ip(ctx: &TcContext, l3: usize) -> Option<usize> {
+    let ver_ihl: u8 = ctx.load(l3).ok()?;
+    let ihl = ((ver_ihl & 0x0f) as usize) * 4;
+    if ver_ihl >> 4 != 4 || ihl < 20 {
+        return None;
+    }
+    let proto: u8 = ctx.load(l3 + 9).ok()?;
+    let l4 = l3 + ihl;
+    match proto {
+        IPPROTO_IPIP => Some(l4),
+        IPPROTO_UDP => {
+            let dport = u16::from_be(ctx.load::<u16>(l4 + 2).ok()?);
+            let payload = l4 + UDP_HLEN;
+            match dport {
+                VXLAN_PORT_FLANNEL | VXLAN_PORT_IANA => {
+                    ethernet_payload(ctx, payload + VXLAN_HLEN)
+                }
+                GENEVE_PORT => {
+                    let opt_words: u8 = ctx.load(payload).ok()?;
+                    let proto = u16::from_be(ctx.load::<u16>(payload + 2).ok()?);
+                    let inner = payload + GENEVE_HLEN + ((opt_words & 0x3f) as usize) * 4;
+                    match proto {
+                        ETH_P_TEB => ethernet_payload(ctx, inner),
+                        ETH_P_IP => Some(inner),
+                        _ => None,
+                    }
+                }
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+#[inline(always)]
+fn report(ctx: &TcContext, direction: Direction, has_l2: bool, kind: u8) {
+    let Some(mut entry) = SIGHTINGS.reserve::<Sighting>(0) else {
+        bump(counter::RINGBUF_FULL);
+        return;
+    };
+    let skb = unsafe { &*ctx.skb.skb };
+    let sighting = entry.as_mut_ptr();
+    // Fill in place: a Sighting is too large for the eBPF stack.
+    unsafe {
+        (*sighting).ktime_ns = bpf_ktime_get_ns();
+        (*sighting).ifindex = skb.ifindex;
+        (*sighting).skb_len = skb.len;
+        (*sighting).mark = skb.mark;
+        (*sighting).node_id = core::ptr::read_volatile(&NODE_ID);
+        (*sighting).direction = direction as u8;
+        (*sighting).has_l2 = has_l2 as u8;
+        (*sighting).match_kind = kind;
+        (*sighting)._pad = 0;
+        (*sighting)._pad2 = [0; 6];
+        let copied = copy_headers(ctx, &mut (*sighting).snapshot, skb.len);
+        if copied == 0 {
+            bump(counter::SNAPSHOT_FAILED);
+        }
+        (*sighting).snapshot_len = copied;
+    }
+    entry.submit(0);
+}
+
+/// Copies the first min(len, SNAPSHOT_LEN) bytes of the packet; returns how
+/// many were copied (0 on failure).
+#[inline(always)]
+fn copy_headers(ctx: &TcContext, dst: &mut [u8; SNAPSHOT_LEN], skb_len: u32) -> u16 {
+    let mut want = skb_len as usize;
+    if want > SNAPSHOT_LEN {
+        want = SNAPSHOT_LEN;
+    }
+    // The verifier needs a provably non-zero, bounded length.
+    if want == 0 || want > SNAPSHOT_LEN {
+        return 0;
+    }
+    let ret = unsafe {
+        bpf_skb_load_bytes(
+            ctx.skb.skb.cast(),
+            0,
+            dst.as_mut_ptr().cast(),
+            want as u32,
+        )
+    };
+    if ret == 0 {
+        want as u16
+    } else {
+        0
+    }
+}
+
+#[inline(always)]
+fn bump(index: u32) {
+    if let Some(count) = COUNTERS.get_ptr_mut(index) {
+        unsafe { *count += 1 };
+    }
+}

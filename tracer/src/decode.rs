@@ -1,0 +1,281 @@
+//! Decoding of the header snapshots the kernel copies: outer headers, the
+//! tunnel (VXLAN, Geneve, IPIP) if any, and the traced packet inside it.
+
+use std::net::Ipv4Addr;
+
+use etherparse::{EtherType, Ethernet2Header, IpNumber, Ipv4Header, TcpHeader, UdpHeader};
+use podtrace_common::{GENEVE_PORT, VXLAN_PORT_FLANNEL, VXLAN_PORT_IANA};
+use serde::Serialize;
+
+/// The layer-4 facts that tell one packet of a flow from the next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(tag = "proto", rename_all = "lowercase")]
+pub enum Transport {
+    Icmp { icmp_type: u8, code: u8, id: u16, seq: u16 },
+    Tcp { sport: u16, dport: u16, seq: u32, flags: u8 },
+    Udp { sport: u16, dport: u16 },
+    Other { number: u8 },
+}
+
+/// An IPv4 header and what follows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Ipv4Packet {
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    pub ttl: u8,
+    pub ip_id: u16,
+    pub total_len: u16,
+    pub dont_fragment: bool,
+    pub transport: Transport,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TunnelKind {
+    Vxlan,
+    Geneve,
+    Ipip,
+}
+
+/// The outer layer of an encapsulated packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Tunnel {
+    pub kind: TunnelKind,
+    /// VXLAN / Geneve network identifier.
+    pub vni: Option<u32>,
+    pub outer: Ipv4Packet,
+}
+
+/// A decoded sighting: the traced packet, and the tunnel around it if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Decoded {
+    pub packet: Ipv4Packet,
+    pub tunnel: Option<Tunnel>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    NotIpv4,
+    Truncated(&'static str),
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NotIpv4 => write!(f, "not an IPv4 packet"),
+            Self::Truncated(what) => write!(f, "snapshot ends inside the {what} header"),
+        }
+    }
+}
+
+/// Decodes a snapshot that starts at an Ethernet header (`has_l2`) or
+/// directly at the IPv4 header (L3 devices such as tunl0).
+pub fn decode(snapshot: &[u8], has_l2: bool) -> Result<Decoded, DecodeError> {
+    let l3 = if has_l2 { ethernet_payload(snapshot)? } else { snapshot };
+    let (outer, l4) = ipv4(l3)?;
+    match tunnel_payload(&outer, l4)? {
+        Some((kind, vni, inner_l3)) => {
+            let (packet, _) = ipv4(inner_l3)?;
+            Ok(Decoded { packet, tunnel: Some(Tunnel { kind, vni, outer }) })
+        }
+        None => Ok(Decoded { packet: outer, tunnel: None }),
+    }
+}
+
+fn ethernet_payload(frame: &[u8]) -> Result<&[u8], DecodeError> {
+    let (eth, mut rest) =
+        Ethernet2Header::from_slice(frame).map_err(|_| DecodeError::Truncated("Ethernet"))?;
+    let mut ether_type = eth.ether_type;
+    if ether_type == EtherType::VLAN_TAGGED_FRAME {
+        let tag = rest.get(..4).ok_or(DecodeError::Truncated("802.1Q"))?;
+        ether_type = EtherType(u16::from_be_bytes([tag[2], tag[3]]));
+        rest = &rest[4..];
+    }
+    if ether_type == EtherType::IPV4 {
+        Ok(rest)
+    } else {
+        Err(DecodeError::NotIpv4)
+    }
+}
+
+/// Parses an IPv4 header and its transport header; returns the packet and
+/// the bytes after the IP header.
+fn ipv4(bytes: &[u8]) -> Result<(Ipv4Packet, &[u8]), DecodeError> {
+    if bytes.first().map(|b| b >> 4) != Some(4) {
+        return Err(if bytes.is_empty() {
+            DecodeError::Truncated("IPv4")
+        } else {
+            DecodeError::NotIpv4
+        });
+    }
+    let (ip, l4) = Ipv4Header::from_slice(bytes).map_err(|_| DecodeError::Truncated("IPv4"))?;
+    let transport = transport(ip.protocol, l4)?;
+    Ok((
+        Ipv4Packet {
+            src: Ipv4Addr::from(ip.source),
+            dst: Ipv4Addr::from(ip.destination),
+            ttl: ip.time_to_live,
+            ip_id: ip.identification,
+            total_len: ip.total_len,
+            dont_fragment: ip.dont_fragment,
+            transport,
+        },
+        l4,
+    ))
+}
+
+fn transport(protocol: IpNumber, l4: &[u8]) -> Result<Transport, DecodeError> {
+    Ok(match protocol {
+        IpNumber::ICMP => {
+            let h = l4.get(..8).ok_or(DecodeError::Truncated("ICMP"))?;
+            Transport::Icmp {
+                icmp_type: h[0],
+                code: h[1],
+                id: u16::from_be_bytes([h[4], h[5]]),
+                seq: u16::from_be_bytes([h[6], h[7]]),
+            }
+        }
+        IpNumber::TCP => {
+            // Only the fixed part is needed; options may be cut off.
+            let fixed = l4.get(..20).ok_or(DecodeError::Truncated("TCP"))?;
+            let mut header = [0u8; 20];
+            header.copy_from_slice(fixed);
+            header[12] = 5 << 4 | (header[12] & 0x0f);
+            let (tcp, _) =
+                TcpHeader::from_slice(&header).map_err(|_| DecodeError::Truncated("TCP"))?;
+            Transport::Tcp {
+                sport: tcp.source_port,
+                dport: tcp.destination_port,
+                seq: tcp.sequence_number,
+                flags: fixed[13],
+            }
+        }
+        IpNumber::UDP => {
+            let (udp, _) = UdpHeader::from_slice(l4).map_err(|_| DecodeError::Truncated("UDP"))?;
+            Transport::Udp { sport: udp.source_port, dport: udp.destination_port }
+        }
+        other => Transport::Other { number: other.0 },
+    })
+}
+
+/// If `outer` is a tunnel packet, its kind, VNI and the inner IPv4 bytes.
+fn tunnel_payload<'a>(
+    outer: &Ipv4Packet,
+    l4: &'a [u8],
+) -> Result<Option<(TunnelKind, Option<u32>, &'a [u8])>, DecodeError> {
+    if let Transport::Other { number } = outer.transport {
+        if IpNumber(number) == IpNumber::IPV4 {
+            return Ok(Some((TunnelKind::Ipip, None, l4)));
+        }
+    }
+    let Transport::Udp { dport, .. } = outer.transport else {
+        return Ok(None);
+    };
+    let payload = l4.get(8..).ok_or(DecodeError::Truncated("UDP"))?;
+    match dport {
+        VXLAN_PORT_FLANNEL | VXLAN_PORT_IANA => {
+            let h = payload.get(..8).ok_or(DecodeError::Truncated("VXLAN"))?;
+            let vni = u32::from_be_bytes([0, h[4], h[5], h[6]]);
+            Ok(Some((TunnelKind::Vxlan, Some(vni), ethernet_payload(&payload[8..])?)))
+        }
+        GENEVE_PORT => {
+            let h = payload.get(..8).ok_or(DecodeError::Truncated("Geneve"))?;
+            let options = usize::from(h[0] & 0x3f) * 4;
+            let protocol = u16::from_be_bytes([h[2], h[3]]);
+            let vni = u32::from_be_bytes([0, h[4], h[5], h[6]]);
+            let inner = payload.get(8 + options..).ok_or(DecodeError::Truncated("Geneve"))?;
+            let inner = if EtherType(protocol) == EtherType::IPV4 {
+                inner
+            } else {
+                ethernet_payload(inner)?
+            };
+            Ok(Some((TunnelKind::Geneve, Some(vni), inner)))
+        }
+        _ => Ok(None),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use etherparse::PacketBuilder;
+
+    pub(crate) fn icmp_echo(src: [u8; 4], dst: [u8; 4], ttl: u8, seq: u16) -> Vec<u8> {
+        let builder = PacketBuilder::ethernet2([2; 6], [4; 6])
+            .ipv4(src, dst, ttl)
+            .icmpv4_echo_request(7, seq);
+        let payload = [0u8; 56];
+        let mut out = Vec::new();
+        builder.write(&mut out, &payload).unwrap();
+        out
+    }
+
+    pub(crate) fn vxlan(inner_frame: &[u8], vni: u32) -> Vec<u8> {
+        let mut payload = vec![0x08, 0, 0, 0];
+        payload.extend_from_slice(&vni.to_be_bytes()[1..]);
+        payload.push(0);
+        payload.extend_from_slice(inner_frame);
+        let builder = PacketBuilder::ethernet2([6; 6], [8; 6])
+            .ipv4([192, 0, 2, 11], [192, 0, 2, 12], 64)
+            .udp(41000, VXLAN_PORT_FLANNEL);
+        let mut out = Vec::new();
+        builder.write(&mut out, &payload).unwrap();
+        out
+    }
+
+    #[test]
+    fn plain_icmp_echo() {
+        let frame = icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 3);
+        let d = decode(&frame[..frame.len().min(128)], true).unwrap();
+        assert_eq!(d.packet.src, Ipv4Addr::new(10, 244, 1, 2));
+        assert_eq!(d.packet.ttl, 64);
+        assert_eq!(
+            d.packet.transport,
+            Transport::Icmp { icmp_type: 8, code: 0, id: 7, seq: 3 }
+        );
+        assert!(d.tunnel.is_none());
+    }
+
+    #[test]
+    fn vxlan_inner_and_outer_from_a_truncated_snapshot() {
+        let inner = icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 63, 9);
+        let frame = vxlan(&inner, 1);
+        let d = decode(&frame[..128], true).unwrap();
+        let tunnel = d.tunnel.unwrap();
+        assert_eq!(tunnel.kind, TunnelKind::Vxlan);
+        assert_eq!(tunnel.vni, Some(1));
+        assert_eq!(tunnel.outer.dst, Ipv4Addr::new(192, 0, 2, 12));
+        assert_eq!(d.packet.dst, Ipv4Addr::new(10, 244, 2, 2));
+        assert_eq!(d.packet.ttl, 63);
+        assert_eq!(tunnel.outer.total_len - d.packet.total_len, 50);
+    }
+
+    #[test]
+    fn ipip_on_an_l3_device() {
+        let inner = icmp_echo([10, 245, 1, 2], [10, 245, 2, 2], 63, 1);
+        let mut out = Vec::new();
+        let outer = Ipv4Header::new(
+            (20 + inner.len() - 14) as u16,
+            64,
+            IpNumber::IPV4,
+            [192, 0, 2, 11],
+            [192, 0, 2, 12],
+        )
+        .unwrap();
+        outer.write(&mut out).unwrap();
+        out.extend_from_slice(&inner[14..]);
+        let d = decode(&out, false).unwrap();
+        assert_eq!(d.tunnel.unwrap().kind, TunnelKind::Ipip);
+        assert_eq!(d.packet.src, Ipv4Addr::new(10, 245, 1, 2));
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        assert_eq!(decode(&[0u8; 10], true), Err(DecodeError::Truncated("Ethernet")));
+        let mut arp = icmp_echo([1, 1, 1, 1], [2, 2, 2, 2], 1, 1);
+        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        assert_eq!(decode(&arp, true), Err(DecodeError::NotIpv4));
+        let frame = icmp_echo([1, 1, 1, 1], [2, 2, 2, 2], 1, 1);
+        assert!(matches!(decode(&frame[..30], true), Err(DecodeError::Truncated(_))));
+    }
+}

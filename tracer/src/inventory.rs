@@ -1,0 +1,194 @@
+//! Pods and nodes named in a `kubectl get pods -A -o json` style file
+//! (`--pods-file`), and resolution of the pod arguments.
+
+use std::{net::Ipv4Addr, path::Path};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pod {
+    pub namespace: String,
+    pub name: String,
+    pub ip: Option<Ipv4Addr>,
+    pub node: Option<String>,
+    pub host_ip: Option<Ipv4Addr>,
+}
+
+impl Pod {
+    pub fn qualified(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+#[derive(Deserialize)]
+struct List {
+    items: Vec<Item>,
+}
+
+#[derive(Deserialize)]
+struct Item {
+    metadata: Metadata,
+    #[serde(default)]
+    spec: Spec,
+    #[serde(default)]
+    status: Status,
+}
+
+#[derive(Deserialize)]
+struct Metadata {
+    name: String,
+    #[serde(default = "default_namespace")]
+    namespace: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct Spec {
+    node_name: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct Status {
+    #[serde(rename = "podIP")]
+    pod_ip: Option<String>,
+    #[serde(rename = "hostIP")]
+    host_ip: Option<String>,
+}
+
+fn default_namespace() -> String {
+    "default".into()
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Inventory {
+    pub pods: Vec<Pod>,
+}
+
+impl Inventory {
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read pods file {}", path.display()))?;
+        Self::parse(&text).with_context(|| format!("{} is not a pod list", path.display()))
+    }
+
+    pub fn parse(json: &str) -> Result<Self> {
+        let list: List = serde_json::from_str(json)?;
+        let pods = list
+            .items
+            .into_iter()
+            .map(|item| Pod {
+                namespace: item.metadata.namespace,
+                name: item.metadata.name,
+                ip: item.status.pod_ip.and_then(|ip| ip.parse().ok()),
+                node: item.spec.node_name,
+                host_ip: item.status.host_ip.and_then(|ip| ip.parse().ok()),
+            })
+            .collect();
+        Ok(Self { pods })
+    }
+
+    /// A pod argument: an IPv4 address, `namespace/name`, or a name in
+    /// `namespace`.
+    pub fn resolve(&self, arg: &str, namespace: &str) -> Result<Endpoint> {
+        if let Ok(ip) = arg.parse::<Ipv4Addr>() {
+            let pod = self.pods.iter().find(|p| p.ip == Some(ip)).cloned();
+            return Ok(Endpoint { ip, pod });
+        }
+        let (ns, name) = arg.split_once('/').unwrap_or((namespace, arg));
+        let Some(pod) = self.pods.iter().find(|p| p.namespace == ns && p.name == name) else {
+            let near = self.close_names(name);
+            if near.is_empty() {
+                bail!("pod {ns}/{name} not found");
+            }
+            bail!("pod {ns}/{name} not found; did you mean {}?", near.join(", "));
+        };
+        let Some(ip) = pod.ip else {
+            bail!("pod {} has no IP yet (is it still Pending?)", pod.qualified());
+        };
+        Ok(Endpoint { ip, pod: Some(pod.clone()) })
+    }
+
+    fn close_names(&self, name: &str) -> Vec<String> {
+        let prefix: String = name.chars().take(3).collect();
+        self.pods
+            .iter()
+            .filter(|p| p.name.starts_with(&prefix) || edit_distance(&p.name, name) <= 2)
+            .map(Pod::qualified)
+            .collect()
+    }
+
+    pub fn node_ip(&self, node: &str) -> Option<Ipv4Addr> {
+        self.pods.iter().find(|p| p.node.as_deref() == Some(node)).and_then(|p| p.host_ip)
+    }
+
+    /// Node names and their IPs, as far as the pods tell.
+    pub fn nodes(&self) -> Vec<(String, Ipv4Addr)> {
+        let mut nodes: Vec<(String, Ipv4Addr)> = self
+            .pods
+            .iter()
+            .filter_map(|p| Some((p.node.clone()?, p.host_ip?)))
+            .collect();
+        nodes.sort();
+        nodes.dedup();
+        nodes
+    }
+}
+
+/// One side of the traced flow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    pub ip: Ipv4Addr,
+    pub pod: Option<Pod>,
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PODS: &str = r#"{"apiVersion":"v1","kind":"List","items":[
+      {"metadata":{"name":"web-0","namespace":"default"},"spec":{"nodeName":"node-1"},
+       "status":{"podIP":"10.244.1.2","hostIP":"192.0.2.11","phase":"Running"}},
+      {"metadata":{"name":"db-0","namespace":"default"},"spec":{"nodeName":"node-2"},
+       "status":{"podIP":"10.244.2.2","hostIP":"192.0.2.12","phase":"Running"}},
+      {"metadata":{"name":"pending","namespace":"kube-system"},"spec":{},"status":{"phase":"Pending"}}]}"#;
+
+    #[test]
+    fn resolves_names_ips_and_explains_failures() {
+        let inv = Inventory::parse(PODS).unwrap();
+        assert_eq!(inv.resolve("default/db-0", "x").unwrap().ip, Ipv4Addr::new(10, 244, 2, 2));
+        assert_eq!(inv.resolve("web-0", "default").unwrap().pod.unwrap().node.as_deref(), Some("node-1"));
+        let by_ip = inv.resolve("10.244.1.2", "default").unwrap();
+        assert_eq!(by_ip.pod.unwrap().name, "web-0");
+        assert!(inv.resolve("10.9.9.9", "default").unwrap().pod.is_none());
+        let err = inv.resolve("web-1", "default").unwrap_err().to_string();
+        assert_eq!(err, "pod default/web-1 not found; did you mean default/web-0?");
+        let err = inv.resolve("kube-system/pending", "default").unwrap_err().to_string();
+        assert!(err.contains("no IP yet"), "{err}");
+        assert_eq!(inv.nodes().len(), 2);
+        assert_eq!(inv.node_ip("node-2"), Some(Ipv4Addr::new(192, 0, 2, 12)));
+    }
+
+    #[test]
+    fn edit_distance_counts_edits() {
+        assert_eq!(edit_distance("web-0", "web-0"), 0);
+        assert_eq!(edit_distance("web-0", "wbe-0"), 2);
+        assert_eq!(edit_distance("db-0", "db-10"), 1);
+    }
+}

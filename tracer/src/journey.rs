@@ -1,0 +1,157 @@
+//! Correlation: grouping the sightings of one packet into one journey.
+//!
+//! Pure: it sees only recorded hops and timestamps, so it is tested on
+//! recorded event sequences without a kernel.
+
+use std::{collections::HashMap, net::Ipv4Addr};
+
+use serde::Serialize;
+
+use crate::{
+    decode::{Decoded, Transport},
+    interfaces::Role,
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    Ingress,
+    Egress,
+}
+
+/// One sighting, placed on its node and interface.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Hop {
+    pub ktime_ns: u64,
+    pub node: String,
+    pub iface: String,
+    pub role: Role,
+    pub direction: Direction,
+    pub skb_len: u32,
+    pub mark: u32,
+    pub packet: Decoded,
+}
+
+/// What stays the same for one packet on every hop, encapsulated or not:
+/// addresses, IP ID and the transport identity. TTL and the tunnel are
+/// left out because routing and encapsulation change them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PacketKey {
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    pub ip_id: u16,
+    pub transport: Transport,
+}
+
+impl PacketKey {
+    pub fn of(packet: &Decoded) -> Self {
+        let p = &packet.packet;
+        Self { src: p.src, dst: p.dst, ip_id: p.ip_id, transport: p.transport }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Journey {
+    pub key: PacketKey,
+    /// In kernel time order.
+    pub hops: Vec<Hop>,
+}
+
+impl Journey {
+    fn last_seen(&self) -> u64 {
+        self.hops.last().map_or(0, |h| h.ktime_ns)
+    }
+}
+
+/// Groups hops into journeys; a journey is finished once no hop has joined
+/// it for `idle_ns` (packets cross a node in microseconds, so a gap of a few
+/// hundred milliseconds means the packet is gone, or the key was reused).
+pub struct Correlator {
+    open: HashMap<PacketKey, Journey>,
+    idle_ns: u64,
+}
+
+impl Correlator {
+    pub fn new(idle_ns: u64) -> Self {
+        Self { open: HashMap::new(), idle_ns }
+    }
+
+    pub fn observe(&mut self, hop: Hop) {
+        let key = PacketKey::of(&hop.packet);
+        let journey = self.open.entry(key).or_insert_with(|| Journey { key, hops: Vec::new() });
+        // Different CPUs and ring buffers deliver slightly out of order.
+        let at = journey.hops.partition_point(|h| h.ktime_ns <= hop.ktime_ns);
+        journey.hops.insert(at, hop);
+    }
+
+    /// Journeys idle since before `now_ns - idle_ns`, oldest first.
+    pub fn take_finished(&mut self, now_ns: u64) -> Vec<Journey> {
+        let deadline = now_ns.saturating_sub(self.idle_ns);
+        let keys: Vec<_> = self
+            .open
+            .iter()
+            .filter(|(_, j)| j.last_seen() < deadline)
+            .map(|(k, _)| *k)
+            .collect();
+        self.drain(keys)
+    }
+
+    /// Every open journey, oldest first (at exit).
+    pub fn take_all(&mut self) -> Vec<Journey> {
+        let keys: Vec<_> = self.open.keys().copied().collect();
+        self.drain(keys)
+    }
+
+    pub fn pending(&self) -> usize {
+        self.open.len()
+    }
+
+    fn drain(&mut self, keys: Vec<PacketKey>) -> Vec<Journey> {
+        let mut out: Vec<_> = keys.iter().filter_map(|k| self.open.remove(k)).collect();
+        out.sort_by_key(|j| j.hops.first().map_or(0, |h| h.ktime_ns));
+        out
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::decode::{decode, tests as frames};
+
+    pub(crate) fn hop(t: u64, node: &str, iface: &str, role: Role, dir: Direction, frame: &[u8]) -> Hop {
+        Hop {
+            ktime_ns: t,
+            node: node.into(),
+            iface: iface.into(),
+            role,
+            direction: dir,
+            skb_len: frame.len() as u32,
+            mark: 0,
+            packet: decode(&frame[..frame.len().min(128)], true).unwrap(),
+        }
+    }
+
+    #[test]
+    fn encapsulated_copies_join_the_inner_packet_and_others_stay_apart() {
+        let req1 = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
+        let req1_routed = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 63, 1);
+        let req2 = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 2);
+        let mut c = Correlator::new(1_000_000);
+        c.observe(hop(100, "n1", "veth1", Role::PodVeth, Direction::Ingress, &req1));
+        c.observe(hop(300, "n1", "eth0", Role::Underlay, Direction::Egress, &frames::vxlan(&req1_routed, 1)));
+        // Out of order across CPUs: still sorted by kernel time.
+        c.observe(hop(200, "n1", "flannel.1", Role::Tunnel, Direction::Egress, &req1_routed));
+        c.observe(hop(5_000, "n1", "veth1", Role::PodVeth, Direction::Ingress, &req2));
+        assert_eq!(c.pending(), 2);
+        assert!(c.take_finished(1_000_100).is_empty());
+        let done = c.take_finished(1_000_301);
+        assert_eq!(done.len(), 1);
+        let times: Vec<_> = done[0].hops.iter().map(|h| h.ktime_ns).collect();
+        assert_eq!(times, [100, 200, 300]);
+        assert!(done[0].hops[2].packet.tunnel.is_some());
+        let rest = c.take_all();
+        assert_eq!(rest.len(), 1);
+        assert_eq!(rest[0].hops.len(), 1);
+        assert_eq!(c.pending(), 0);
+    }
+}

@@ -1,0 +1,18 @@
+//! podtrace: an eBPF packet tracer for Kubernetes pod traffic.
+//!
+//! One module per job: `sightings` (tc programs, the kernel signal),
+//! `node` (the node's links and routes), `interfaces` (what to watch),
+//! `decode` (header snapshots), `journey` (pure correlation), `story`
+//! (hop notes and verdicts), `render` (text and JSON).
+
+pub mod app;
+pub mod cli;
+pub mod decode;
+pub mod interfaces;
+pub mod inventory;
+pub mod journey;
+pub mod netns;
+pub mod node;
+pub mod render;
+pub mod sightings;
+pub mod story;

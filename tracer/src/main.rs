@@ -1,0 +1,21 @@
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let args = podtrace::cli::Args::parse();
+    // One thread: setns(2) is per thread, and every netlink socket and tc
+    // attachment must be made inside the namespace podtrace entered.
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("podtrace: cannot start: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(podtrace::app::run(args)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("podtrace: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

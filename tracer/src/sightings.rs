@@ -1,0 +1,167 @@
+//! tc sightings: loads the tc programs into one node (network namespace),
+//! attaches them to its interfaces, and streams what they see.
+//!
+//! Attachment is by TCX link, first in line, so podtrace sees a packet
+//! before any CNI program can redirect it; the kernel removes the links
+//! when their fds close, even after SIGKILL. Kernels without TCX (< 6.6)
+//! get clsact filters instead, which podtrace removes on exit and, after a
+//! crash, on the next start.
+
+use std::{collections::HashMap, io};
+
+use anyhow::{anyhow, Context, Result};
+use aya::{
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    programs::{
+        tc::{self, NlOptions, TcAttachOptions},
+        LinkOrder, SchedClassifier, TcAttachType,
+    },
+    util::KernelVersion,
+    Ebpf, EbpfLoader,
+};
+use podtrace_common::{counter, names, FlowKey, Sighting};
+use tokio::{io::unix::AsyncFd, sync::mpsc};
+
+use crate::interfaces::Watched;
+
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AttachMode {
+    /// TCX links where the kernel has them (≥ 6.6), clsact otherwise.
+    Auto,
+    Tcx,
+    Clsact,
+}
+
+impl AttachMode {
+    fn resolve(self) -> Self {
+        match self {
+            Self::Auto if KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0)) => Self::Tcx,
+            Self::Auto => Self::Clsact,
+            other => other,
+        }
+    }
+}
+
+/// The programs of one node, attached; dropping it detaches everything.
+pub struct NodeProbe {
+    ebpf: Ebpf,
+    pub hooks: usize,
+}
+
+const PROGRAMS: [&str; 4] =
+    [names::TC_INGRESS, names::TC_EGRESS, names::TC_INGRESS_L3, names::TC_EGRESS_L3];
+
+impl NodeProbe {
+    /// Loads and attaches inside the calling thread's network namespace.
+    pub fn attach(node_id: u32, watched: &[Watched], flows: &[FlowKey], mode: AttachMode) -> Result<Self> {
+        let mut ebpf = EbpfLoader::new()
+            .override_global(names::NODE_ID, &node_id, true)
+            .load(EBPF_OBJECT)
+            .context("cannot load the eBPF programs")?;
+        let mut filter: BpfHashMap<_, FlowKey, u8> =
+            BpfHashMap::try_from(ebpf.map_mut(names::FLOWS).ok_or_else(|| anyhow!("no FLOWS map"))?)?;
+        for key in flows {
+            filter.insert(key, 1, 0)?;
+        }
+        for name in PROGRAMS {
+            program(&mut ebpf, name)?.load().with_context(|| format!("the kernel refused {name}"))?;
+        }
+        let mode = mode.resolve();
+        let mut hooks = 0;
+        for iface in watched {
+            let (ingress, egress) = if iface.has_ethernet_header {
+                (names::TC_INGRESS, names::TC_EGRESS)
+            } else {
+                (names::TC_INGRESS_L3, names::TC_EGRESS_L3)
+            };
+            for (name, hook) in [(ingress, TcAttachType::Ingress), (egress, TcAttachType::Egress)] {
+                attach_one(program(&mut ebpf, name)?, name, &iface.name, hook, mode)?;
+                hooks += 1;
+            }
+        }
+        Ok(Self { ebpf, hooks })
+    }
+
+    /// Moves the ring buffer into a task that forwards every sighting.
+    pub fn stream(&mut self, tx: mpsc::UnboundedSender<Sighting>) -> Result<()> {
+        let map = self.ebpf.take_map(names::SIGHTINGS).ok_or_else(|| anyhow!("no SIGHTINGS map"))?;
+        let ring = RingBuf::try_from(map)?;
+        // SAFETY: the ring buffer owns its fd, and the AsyncFd owns the ring
+        // buffer, so the fd stays open for as long as it is registered.
+        let mut ring = unsafe { AsyncFd::register(ring) }
+            .map_err(|e| anyhow!("cannot poll the ring buffer: {e}"))?;
+        tokio::spawn(async move {
+            loop {
+                let Ok(mut guard) = ring.readable_mut().await else { return };
+                let ring = guard.get_inner_mut();
+                while let Some(item) = ring.next() {
+                    if item.len() >= std::mem::size_of::<Sighting>() {
+                        // SAFETY: the kernel wrote a whole Sighting here.
+                        let s = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<Sighting>()) };
+                        if tx.send(s).is_err() {
+                            return;
+                        }
+                    }
+                }
+                guard.clear_ready();
+            }
+        });
+        Ok(())
+    }
+
+    /// The kernel-side loss counters, summed over CPUs.
+    pub fn counters(&self) -> Result<[u64; counter::COUNT as usize]> {
+        let map = self.ebpf.map(names::COUNTERS).ok_or_else(|| anyhow!("no COUNTERS map"))?;
+        let array: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map)?;
+        let mut out = [0; counter::COUNT as usize];
+        for (i, slot) in out.iter_mut().enumerate() {
+            *slot = array.get(&(i as u32), 0)?.iter().sum();
+        }
+        Ok(out)
+    }
+}
+
+fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier> {
+    let program = ebpf.program_mut(name).ok_or_else(|| anyhow!("no program {name}"))?;
+    Ok(program.try_into()?)
+}
+
+fn attach_one(
+    program: &mut SchedClassifier,
+    name: &str,
+    iface: &str,
+    hook: TcAttachType,
+    mode: AttachMode,
+) -> Result<()> {
+    let gone = || format!("cannot attach to {iface} (is the interface gone?)");
+    if mode == AttachMode::Clsact {
+        match tc::qdisc_add_clsact(iface) {
+            Ok(()) => {}
+            Err(tc::TcError::IoError(e)) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(anyhow!(e)).with_context(gone)
+            }
+            // Already there (another tool's, or ours from an earlier run).
+            Err(_) => {}
+        }
+        remove_stale_filter(iface, hook, name);
+        program
+            .attach_with_options(iface, hook, TcAttachOptions::Netlink(NlOptions { priority: 1, ..Default::default() }))
+            .with_context(gone)?;
+    } else {
+        program
+            .attach_with_options(iface, hook, TcAttachOptions::TcxOrder(LinkOrder::first()))
+            .with_context(gone)?;
+    }
+    Ok(())
+}
+
+/// A clsact filter of ours left by a podtrace that was killed.
+fn remove_stale_filter(iface: &str, hook: TcAttachType, name: &str) {
+    // NotFound is the normal case; anything else will surface at attach.
+    let _ = tc::qdisc_detach_program(iface, hook, name);
+}
+
+/// Interface facts the stories need, per node and ifindex.
+pub type InterfaceMap = HashMap<(u32, u32), Watched>;

@@ -1,0 +1,357 @@
+//! From a journey to its story: what happened at each hop, and the verdict.
+//! Pure; rendering (text or JSON) is elsewhere.
+
+use std::{collections::HashMap, net::Ipv4Addr};
+
+use ipnet::Ipv4Net;
+use serde::Serialize;
+
+use crate::{
+    decode::{Decoded, Transport, Tunnel, TunnelKind},
+    interfaces::Role,
+    journey::{Direction, Hop, Journey},
+};
+
+/// What podtrace knows about the traced part of the cluster.
+#[derive(Clone, Debug, Default)]
+pub struct Context {
+    /// Labels for addresses: pods ("default/web-0") and nodes ("node-1").
+    pub names: HashMap<Ipv4Addr, String>,
+    /// Pod subnets delivered locally (via a bridge or pod veth) by one of
+    /// the traced nodes: a packet heading there must show up again.
+    pub traced_destinations: Vec<Ipv4Net>,
+}
+
+impl Context {
+    pub fn label(&self, ip: Ipv4Addr) -> String {
+        match self.names.get(&ip) {
+            Some(name) => format!("{ip} ({name})"),
+            None => ip.to_string(),
+        }
+    }
+
+    fn expects_arrival(&self, dst: Ipv4Addr) -> bool {
+        self.traced_destinations.iter().any(|net| net.contains(&dst))
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HopLine {
+    /// Microseconds since the journey's first hop.
+    pub t_us: f64,
+    pub node: String,
+    pub iface: String,
+    pub role: Role,
+    pub direction: Direction,
+    pub skb_len: u32,
+    pub ttl: u8,
+    pub mark: u32,
+    pub tunnel: Option<Tunnel>,
+    pub note: String,
+}
+
+/// How the packet travelled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PathStep {
+    Bridged,
+    Routed,
+    Encapsulated,
+    Decapsulated,
+}
+
+/// Where the packet's journey ended, as far as the traced nodes can see.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    /// Sent out of the destination pod's host-side veth.
+    Delivered { node: String, iface: String },
+    /// Left the traced nodes through the underlay, toward an untraced node.
+    LeftNode { node: String, iface: String, toward: Ipv4Addr },
+    /// Seen at a hook, and never at the next one expected.
+    Vanished { node: String, iface: String, direction: Direction },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Verdict {
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    pub path: Vec<PathStep>,
+    /// First to last hop, in microseconds.
+    pub latency_us: f64,
+    pub summary: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Story {
+    pub packet: String,
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    pub src_name: Option<String>,
+    pub dst_name: Option<String>,
+    pub transport: Transport,
+    pub ip_id: u16,
+    pub hops: Vec<HopLine>,
+    pub verdict: Verdict,
+}
+
+pub fn tell(journey: &Journey, ctx: &Context) -> Story {
+    let first = &journey.hops[0];
+    let start = first.ktime_ns;
+    let packet = first.packet.packet;
+    let hops = journey
+        .hops
+        .iter()
+        .enumerate()
+        .map(|(i, hop)| HopLine {
+            t_us: micros(hop.ktime_ns - start),
+            node: hop.node.clone(),
+            iface: hop.iface.clone(),
+            role: hop.role,
+            direction: hop.direction,
+            skb_len: hop.skb_len,
+            ttl: hop.packet.packet.ttl,
+            mark: hop.mark,
+            tunnel: hop.packet.tunnel,
+            note: note(hop, i.checked_sub(1).map(|p| &journey.hops[p]), ctx),
+        })
+        .collect();
+    Story {
+        packet: describe_packet(&first.packet),
+        src: packet.src,
+        dst: packet.dst,
+        src_name: ctx.names.get(&packet.src).cloned(),
+        dst_name: ctx.names.get(&packet.dst).cloned(),
+        transport: packet.transport,
+        ip_id: packet.ip_id,
+        hops,
+        verdict: judge(journey, ctx),
+    }
+}
+
+fn micros(ns: u64) -> f64 {
+    (ns as f64 / 100.0).round() / 10.0
+}
+
+fn describe_packet(d: &Decoded) -> String {
+    let p = &d.packet;
+    match p.transport {
+        Transport::Icmp { icmp_type: 8, id, seq, .. } => format!("ICMP echo request id {id} seq {seq}"),
+        Transport::Icmp { icmp_type: 0, id, seq, .. } => format!("ICMP echo reply id {id} seq {seq}"),
+        Transport::Icmp { icmp_type, code, .. } => format!("ICMP type {icmp_type} code {code}"),
+        Transport::Tcp { sport, dport, flags, .. } => {
+            format!("TCP {sport} → {dport} [{}]", tcp_flags(flags))
+        }
+        Transport::Udp { sport, dport } => format!("UDP {sport} → {dport}"),
+        Transport::Other { number } => format!("IP protocol {number}"),
+    }
+}
+
+fn tcp_flags(flags: u8) -> String {
+    const NAMES: [(u8, &str); 6] =
+        [(0x02, "SYN"), (0x10, "ACK"), (0x01, "FIN"), (0x04, "RST"), (0x08, "PSH"), (0x20, "URG")];
+    let set: Vec<_> = NAMES.iter().filter(|(bit, _)| flags & bit != 0).map(|(_, n)| *n).collect();
+    set.join(",")
+}
+
+fn tunnel_text(t: &Tunnel) -> String {
+    let kind = match t.kind {
+        TunnelKind::Vxlan => "VXLAN",
+        TunnelKind::Geneve => "Geneve",
+        TunnelKind::Ipip => "IPIP",
+    };
+    let vni = t.vni.map(|v| format!(" VNI {v}")).unwrap_or_default();
+    match t.outer.transport {
+        Transport::Udp { sport, dport } => {
+            format!("{kind}{vni} {}:{sport} → {}:{dport}", t.outer.src, t.outer.dst)
+        }
+        _ => format!("{kind} {} → {}", t.outer.src, t.outer.dst),
+    }
+}
+
+/// What happened at `hop`, given the hop before it.
+fn note(hop: &Hop, prev: Option<&Hop>, ctx: &Context) -> String {
+    let p = &hop.packet.packet;
+    let ttl_drop = prev
+        .map(|prev| prev.packet.packet.ttl)
+        .filter(|before| *before > p.ttl)
+        .map(|before| format!("routed (TTL {before}→{})", p.ttl));
+    let what = match (hop.role, hop.direction, &hop.packet.tunnel) {
+        (_, Direction::Egress, Some(t)) => {
+            let added = t.outer.total_len.saturating_sub(p.total_len);
+            format!("encapsulated {} (+{added} B)", tunnel_text(t))
+        }
+        (_, Direction::Ingress, Some(t)) => {
+            format!("{} arrived from {}", tunnel_text(t), ctx.label(t.outer.src))
+        }
+        (Role::Tunnel, Direction::Ingress, None) => "decapsulated".to_string(),
+        (Role::Tunnel, Direction::Egress, None) => "into the tunnel device".to_string(),
+        (Role::PodVeth, Direction::Ingress, None) => format!("sent by {}", ctx.label(p.src)),
+        (Role::PodVeth, Direction::Egress, None) => format!("handed to {}", ctx.label(p.dst)),
+        (Role::Bridge, Direction::Ingress, None) => "bridge up to the host stack".to_string(),
+        (Role::Bridge, Direction::Egress, None) => "host stack down to the bridge".to_string(),
+        (Role::Underlay, Direction::Egress, None) => "leaves the node unencapsulated".to_string(),
+        (Role::Underlay, Direction::Ingress, None) => "arrives unencapsulated".to_string(),
+    };
+    match ttl_drop {
+        Some(routed) => format!("{routed}, {what}"),
+        None => what,
+    }
+}
+
+fn judge(journey: &Journey, ctx: &Context) -> Verdict {
+    let hops = &journey.hops;
+    let first = &hops[0];
+    let last = &hops[hops.len() - 1];
+    let dst = first.packet.packet.dst;
+
+    let mut path = Vec::new();
+    let routed = hops.windows(2).any(|w| w[1].packet.packet.ttl < w[0].packet.packet.ttl);
+    let encap = hops.iter().position(|h| h.packet.tunnel.is_some());
+    let decap = encap.and_then(|at| hops[at..].iter().position(|h| h.packet.tunnel.is_none()));
+    if routed {
+        path.push(PathStep::Routed);
+    }
+    if encap.is_some() {
+        path.push(PathStep::Encapsulated);
+    }
+    if decap.is_some() {
+        path.push(PathStep::Decapsulated);
+    }
+
+    let delivered = last.role == Role::PodVeth
+        && last.direction == Direction::Egress
+        && !(last.node == first.node && last.iface == first.iface);
+    if delivered && path.is_empty() {
+        path.push(PathStep::Bridged);
+    }
+    let outcome = if delivered {
+        Outcome::Delivered { node: last.node.clone(), iface: last.iface.clone() }
+    } else if last.role == Role::Underlay && last.direction == Direction::Egress && !ctx.expects_arrival(dst) {
+        let toward = last.packet.tunnel.map_or(dst, |t| t.outer.dst);
+        Outcome::LeftNode { node: last.node.clone(), iface: last.iface.clone(), toward }
+    } else {
+        Outcome::Vanished { node: last.node.clone(), iface: last.iface.clone(), direction: last.direction }
+    };
+
+    let latency_us = micros(last.ktime_ns - first.ktime_ns);
+    let how = path
+        .iter()
+        .map(|step| match step {
+            PathStep::Bridged => "bridged".to_string(),
+            PathStep::Routed => "routed".to_string(),
+            PathStep::Encapsulated => {
+                let t = hops[encap.unwrap_or(0)].packet.tunnel;
+                t.map_or("encapsulated".to_string(), |t| format!("encapsulated ({})", tunnel_text(&t)))
+            }
+            PathStep::Decapsulated => "decapsulated".to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let how = if how.is_empty() { String::new() } else { format!("; {how}") };
+    let summary = match &outcome {
+        Outcome::Delivered { node, iface } => {
+            format!("delivered to {} on {node} via {iface}{how}, {latency_us} µs end to end", ctx.label(dst))
+        }
+        Outcome::LeftNode { node, iface, toward } => format!(
+            "left {node} via {iface} toward {} (that node is not traced){how}",
+            ctx.label(*toward)
+        ),
+        Outcome::Vanished { node, iface, direction } => {
+            let dir = match direction {
+                Direction::Ingress => "ingress",
+                Direction::Egress => "egress",
+            };
+            format!("vanished: last seen on {node} {iface} {dir}, never at the next hook{how}")
+        }
+    };
+    Verdict { outcome, path, latency_us, summary }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        decode::tests as frames,
+        journey::{tests::hop, Direction::*},
+    };
+
+    fn cross_node_flannel() -> Journey {
+        let at_src = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
+        let routed = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 63, 1);
+        let delivered = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 62, 1);
+        let hops = vec![
+            hop(1_000, "node-1", "vethA", Role::PodVeth, Ingress, &at_src),
+            hop(2_000, "node-1", "cni0", Role::Bridge, Ingress, &at_src),
+            hop(3_000, "node-1", "flannel.1", Role::Tunnel, Egress, &routed),
+            hop(4_000, "node-1", "eth0", Role::Underlay, Egress, &frames::vxlan(&routed, 1)),
+            hop(9_000, "node-2", "eth0", Role::Underlay, Ingress, &frames::vxlan(&routed, 1)),
+            hop(10_000, "node-2", "flannel.1", Role::Tunnel, Ingress, &routed),
+            hop(11_000, "node-2", "cni0", Role::Bridge, Egress, &delivered),
+            hop(12_500, "node-2", "vethB", Role::PodVeth, Egress, &delivered),
+        ];
+        Journey { key: crate::journey::PacketKey::of(&hops[0].packet), hops }
+    }
+
+    fn ctx() -> Context {
+        let mut ctx = Context::default();
+        ctx.names.insert("10.244.2.2".parse().unwrap(), "default/db-0".into());
+        ctx.traced_destinations.push("10.244.2.0/24".parse().unwrap());
+        ctx
+    }
+
+    #[test]
+    fn cross_node_vxlan_is_routed_encapsulated_decapsulated_and_delivered() {
+        let story = tell(&cross_node_flannel(), &ctx());
+        assert_eq!(
+            story.verdict.outcome,
+            Outcome::Delivered { node: "node-2".into(), iface: "vethB".into() }
+        );
+        assert_eq!(
+            story.verdict.path,
+            [PathStep::Routed, PathStep::Encapsulated, PathStep::Decapsulated]
+        );
+        assert_eq!(story.verdict.latency_us, 11.5);
+        assert_eq!(story.hops[2].note, "routed (TTL 64→63), into the tunnel device");
+        assert_eq!(
+            story.hops[3].note,
+            "encapsulated VXLAN VNI 1 192.0.2.11:41000 → 192.0.2.12:8472 (+50 B)"
+        );
+        assert_eq!(story.hops[5].note, "decapsulated");
+        assert_eq!(story.hops[6].note, "routed (TTL 63→62), host stack down to the bridge");
+        assert_eq!(story.hops[7].note, "handed to 10.244.2.2 (default/db-0)");
+        assert!(story.verdict.summary.starts_with("delivered to 10.244.2.2 (default/db-0) on node-2"));
+    }
+
+    #[test]
+    fn a_journey_cut_at_the_underlay_left_the_node_or_vanished() {
+        let mut journey = cross_node_flannel();
+        journey.hops.truncate(4);
+        // Only node-1 traced: leaving by eth0 is the end of what it can see.
+        let story = tell(&journey, &Context::default());
+        assert_eq!(
+            story.verdict.outcome,
+            Outcome::LeftNode {
+                node: "node-1".into(),
+                iface: "eth0".into(),
+                toward: "192.0.2.12".parse().unwrap()
+            }
+        );
+        // node-2 traced too: the packet should have arrived there.
+        let story = tell(&journey, &ctx());
+        assert!(matches!(story.verdict.outcome, Outcome::Vanished { .. }));
+        assert!(story.verdict.summary.contains("last seen on node-1 eth0 egress"));
+    }
+
+    #[test]
+    fn same_node_pods_are_bridged() {
+        let frame = frames::icmp_echo([10, 244, 1, 2], [10, 244, 1, 3], 64, 1);
+        let hops = vec![
+            hop(0, "node-1", "vethA", Role::PodVeth, Ingress, &frame),
+            hop(800, "node-1", "vethC", Role::PodVeth, Egress, &frame),
+        ];
+        let story = tell(&Journey { key: crate::journey::PacketKey::of(&hops[0].packet), hops }, &ctx());
+        assert_eq!(story.verdict.path, [PathStep::Bridged]);
+        assert!(matches!(story.verdict.outcome, Outcome::Delivered { .. }));
+    }
+}
