@@ -94,11 +94,11 @@ pub fn human_story(n: u64, s: &Story, colour: bool) -> String {
         None => ip.to_string(),
     };
     let mut text = format!(
-        "{} {} {} → {}, IP id {}\n",
+        "{} {} → {}: {}, IP id {}\n",
         paint(colour, "1", &format!("#{n}")),
-        s.packet,
         name(s.src, &s.src_name),
         name(s.dst, &s.dst_name),
+        s.packet,
         s.ip_id
     );
     let node_w = s.hops.iter().map(|h| h.node.len()).max().unwrap_or(0);

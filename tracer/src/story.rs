@@ -182,7 +182,8 @@ fn note(hop: &Hop, prev: Option<&Hop>, ctx: &Context) -> String {
             format!("encapsulated {} (+{added} B)", tunnel_text(t))
         }
         (_, Direction::Ingress, Some(t)) => {
-            format!("{} arrived from {}", tunnel_text(t), ctx.label(t.outer.src))
+            let from = ctx.names.get(&t.outer.src).map(|n| format!(" from {n}")).unwrap_or_default();
+            format!("arrives encapsulated{from}: {}", tunnel_text(t))
         }
         (Role::Tunnel, Direction::Ingress, None) => "decapsulated".to_string(),
         (Role::Tunnel, Direction::Egress, None) => "into the tunnel device".to_string(),

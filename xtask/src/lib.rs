@@ -1,1 +1,5 @@
+//! Developer tasks for podtrace, and the netns lab that the integration
+//! tests share with `cargo xtask lab`.
 
+pub mod lab;
+pub mod setup;

@@ -1,1 +1,163 @@
-fn main() {}
+//! `cargo xtask <task>`: setup, lab, demo, test, bench.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::Instant,
+};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use ipnet::Ipv4Net;
+use xtask::{
+    lab::{Lab, LabGuard, Topology},
+    setup::{run, setup},
+};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what a fresh machine lacks (rust-src, LLVM 22, bpf-linker, lab tools).
+    Setup,
+    /// Bring a lab cluster up or down.
+    Lab {
+        #[command(subcommand)]
+        action: LabAction,
+    },
+    /// Set up, build, bring up the flannel-vxlan lab and trace a cross-node ping.
+    Demo,
+    /// Set up, then fmt, clippy, unit tests and kernel integration tests (as root).
+    Test,
+    /// Set up, then measure podtrace on the lab.
+    Bench,
+}
+
+#[derive(Subcommand)]
+enum LabAction {
+    Up {
+        #[arg(value_enum)]
+        topology: Topology,
+        #[arg(long, default_value = "lab")]
+        prefix: String,
+        /// Cluster pod CIDR (/16 or larger); each node gets one /24.
+        #[arg(long)]
+        pod_cidr: Option<Ipv4Net>,
+    },
+    Down {
+        #[arg(long, default_value = "lab")]
+        prefix: String,
+    },
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().task {
+        Task::Setup => setup(),
+        Task::Lab { action } => lab(action),
+        Task::Demo => demo(),
+        Task::Test => test(),
+        Task::Bench => bench(),
+    }
+}
+
+fn lab(action: LabAction) -> Result<()> {
+    require_root()?;
+    match action {
+        LabAction::Up { topology, prefix, pod_cidr } => {
+            let lab = Lab::new(&prefix, topology, pod_cidr)?;
+            lab.up()?;
+            println!("lab {prefix} ({}) is up", topology.name());
+            for node in 1..=2 {
+                println!("  {}: netns {}, IP {}, pods {}", Lab::node_name(node), lab.node_netns(node), Lab::node_ip(node), lab.node_subnet(node));
+            }
+            for pod in lab.pods() {
+                println!("  default/{}: {} on {} (netns {})", pod.name, pod.ip, Lab::node_name(pod.node), pod.netns);
+            }
+            println!("  pod inventory: {}", lab.pods_file().display());
+        }
+        LabAction::Down { prefix } => {
+            Lab::new(&prefix, Topology::FlannelVxlan, None)?.down()?;
+            println!("lab {prefix} is down");
+        }
+    }
+    Ok(())
+}
+
+fn require_root() -> Result<()> {
+    let uid = String::from_utf8(Command::new("id").arg("-u").output()?.stdout)?;
+    if uid.trim() != "0" {
+        bail!("this task needs root (network namespaces, eBPF): run it with sudo");
+    }
+    Ok(())
+}
+
+fn cargo(args: &[&str]) -> Result<()> {
+    run(env!("CARGO"), args)
+}
+
+fn podtrace_binary() -> Result<PathBuf> {
+    cargo(&["build", "--release", "--package", "podtrace"])?;
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    Ok(root.join("target/release/podtrace"))
+}
+
+fn demo() -> Result<()> {
+    require_root()?;
+    let started = Instant::now();
+    setup()?;
+    let podtrace = podtrace_binary()?;
+    eprintln!("demo: setup and build took {:.1} s", started.elapsed().as_secs_f64());
+    let guard = LabGuard::up("demo", Topology::FlannelVxlan)?;
+    let lab = &guard.0;
+    let (web, db) = (lab.pod("web-0"), lab.pod("db-0"));
+    println!("demo: flannel-vxlan lab up: web-0 {} on node-1, db-0 {} on node-2", web.ip, db.ip);
+    println!("demo: $ podtrace default/web-0 default/db-0 --pods-file {} --netns {} --netns {} --count 2\n", lab.pods_file().display(), lab.node_netns(1), lab.node_netns(2));
+    let mut child = Command::new(&podtrace)
+        .args(["default/web-0", "default/db-0", "--count", "2", "--duration", "20s", "--pods-file"])
+        .arg(lab.pods_file())
+        .args(["--netns", &lab.node_netns(1), "--netns", &lab.node_netns(2)])
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("cannot start podtrace")?;
+    let mut stderr = BufReader::new(child.stderr.take().expect("piped"));
+    let mut ready = String::new();
+    stderr.read_line(&mut ready)?;
+    eprint!("{ready}");
+    if !ready.contains("tracing") {
+        let _ = child.kill();
+        bail!("podtrace did not start");
+    }
+    run("ip", &["netns", "exec", &web.netns, "ping", "-c", "1", "-W", "2", &db.ip.to_string()])?;
+    println!();
+    let status = child.wait()?;
+    for line in stderr.lines() {
+        eprintln!("{}", line?);
+    }
+    if !status.success() {
+        bail!("podtrace failed ({status})");
+    }
+    Ok(())
+}
+
+fn test() -> Result<()> {
+    require_root()?;
+    let started = Instant::now();
+    setup()?;
+    cargo(&["fmt", "--all", "--check"])?;
+    cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    cargo(&["test", "--workspace"])?;
+    eprintln!("xtask test: all passed in {:.0} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn bench() -> Result<()> {
+    require_root()?;
+    setup()?;
+    cargo(&["test", "--release", "--package", "podtrace", "--test", "bench", "--", "--nocapture", "--test-threads", "1"])
+}

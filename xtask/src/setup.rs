@@ -1,0 +1,113 @@
+//! `cargo xtask setup`: everything a fresh machine lacks to build and test
+//! podtrace. Idempotent: each step checks before it installs.
+
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+/// Debian packages: LLVM 22 for bpf-linker, and the tools the lab and the
+/// tests drive (ip, bridge, ping, nft, iptables, bpftool).
+const APT_PACKAGES: &[&str] = &[
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "zlib1g-dev",
+    "libzstd-dev",
+    "iproute2",
+    "iptables",
+    "nftables",
+    "iputils-ping",
+    "bpftool",
+    "procps",
+];
+
+const BPF_LINKER_VERSION: &str = "0.13";
+
+pub fn setup() -> Result<()> {
+    rust_src()?;
+    apt()?;
+    bpf_linker()?;
+    Ok(())
+}
+
+fn rust_src() -> Result<()> {
+    let installed = output("rustup", &["component", "list", "--installed", "--toolchain", "nightly"])?;
+    if installed.lines().any(|l| l.starts_with("rust-src")) {
+        return Ok(());
+    }
+    run("rustup", &["component", "add", "rust-src", "--toolchain", "nightly"])
+}
+
+fn apt() -> Result<()> {
+    let missing: Vec<&str> = APT_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| {
+            !Command::new("dpkg-query")
+                .args(["-W", "-f=${Status}", p])
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        })
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("setup: installing {}", missing.join(" "));
+    run("apt-get", &["update", "-qq"])?;
+    let mut args = vec!["install", "-y", "-qq", "--no-install-recommends"];
+    args.extend(&missing);
+    let status = Command::new("apt-get")
+        .args(&args)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status()
+        .context("cannot run apt-get")?;
+    if !status.success() {
+        bail!("apt-get install {} failed", missing.join(" "));
+    }
+    Ok(())
+}
+
+fn bpf_linker() -> Result<()> {
+    let have = Command::new("bpf-linker").arg("--version").output();
+    if have.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(&format!("bpf-linker {BPF_LINKER_VERSION}"))) {
+        return Ok(());
+    }
+    eprintln!("setup: building bpf-linker {BPF_LINKER_VERSION} against LLVM 22 (about a minute)");
+    // bpf-linker ignores LLVM_SYS_* and /usr/bin/llvm-config is LLVM 14:
+    // LLVM_PREFIX is what points it at LLVM 22, the nightly's LLVM.
+    let status = Command::new("cargo")
+        .args([
+            "install",
+            "bpf-linker",
+            "--version",
+            &format!("~{BPF_LINKER_VERSION}"),
+            "--no-default-features",
+            "--features",
+            "llvm-22",
+        ])
+        .env("LLVM_PREFIX", "/usr/lib/llvm-22")
+        .status()
+        .context("cannot run cargo install")?;
+    if !status.success() {
+        bail!("cargo install bpf-linker failed");
+    }
+    Ok(())
+}
+
+pub fn run(program: &str, args: &[&str]) -> Result<()> {
+    let status = Command::new(program)
+        .args(args)
+        .status()
+        .with_context(|| format!("cannot run {program}"))?;
+    if !status.success() {
+        bail!("`{program} {}` failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
+
+fn output(program: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .with_context(|| format!("cannot run {program}"))?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
