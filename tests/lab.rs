@@ -1,0 +1,364 @@
+//! Kernel integration tests: real labs in network namespaces, real pings,
+//! the real podtrace binary, and the stories it tells.
+
+mod support;
+
+use serde_json::Value;
+use support::*;
+use xtask::lab::Topology;
+
+fn args(extra: &[&str], lab_args: Vec<String>) -> Vec<String> {
+    let mut all: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    all.extend(lab_args);
+    all
+}
+
+/// (node, role, direction) of every hop of a JSON story.
+fn hops(story: &Value) -> Vec<(String, String, String)> {
+    story["hops"]
+        .as_array()
+        .expect("hops")
+        .iter()
+        .map(|h| {
+            (
+                h["node"].as_str().unwrap().to_string(),
+                h["role"].as_str().unwrap().to_string(),
+                h["direction"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn hop(node: &str, role: &str, dir: &str) -> (String, String, String) {
+    (node.into(), role.into(), dir.into())
+}
+
+/// Traces one ping from `src` to `dst` (request and reply) in JSON.
+fn trace_ping(lab: &xtask::lab::Lab, src: &str, dst: &str, nodes: &[u8]) -> Vec<Value> {
+    let trace = Trace::start(&args(
+        &[
+            &format!("default/{src}"),
+            &format!("default/{dst}"),
+            "--count",
+            "2",
+            "--duration",
+            "20s",
+            "-o",
+            "json",
+        ],
+        lab_args(lab, nodes),
+    ));
+    assert!(
+        ping(lab, src, dst),
+        "the lab itself is broken: {src} cannot ping {dst}"
+    );
+    let done = trace.finish();
+    assert!(done.status.success(), "podtrace failed: {}", done.stderr);
+    let summary = done
+        .json()
+        .into_iter()
+        .find(|v| v["type"] == "summary")
+        .expect("a summary line");
+    assert_eq!(summary["lost_ringbuf_full"], 0);
+    assert_eq!(summary["undecodable"], 0);
+    let stories = done.stories();
+    assert_eq!(
+        stories.len(),
+        2,
+        "expected request and reply: {}",
+        done.stdout
+    );
+    stories
+}
+
+#[test]
+fn same_node_pods_are_bridged_and_delivered() {
+    let lab = lab(Topology::FlannelVxlan);
+    let stories = trace_ping(&lab.0, "web-0", "web-1", &[1]);
+    let request = &stories[0];
+    assert_eq!(request["src_name"], "default/web-0");
+    assert_eq!(request["transport"]["icmp_type"], 8);
+    assert_eq!(
+        hops(request),
+        [
+            hop("node-1", "pod_veth", "ingress"),
+            hop("node-1", "pod_veth", "egress")
+        ]
+    );
+    assert_eq!(request["hops"][0]["iface"], lab.0.pod("web-0").host_iface);
+    assert_eq!(request["hops"][1]["iface"], lab.0.pod("web-1").host_iface);
+    assert_eq!(request["verdict"]["outcome"], "delivered");
+    assert_eq!(request["verdict"]["path"], serde_json::json!(["bridged"]));
+    assert_eq!(
+        stories[1]["transport"]["icmp_type"], 0,
+        "the reply is the second story"
+    );
+}
+
+#[test]
+fn cross_node_vxlan_traced_on_both_nodes() {
+    let lab = lab(Topology::FlannelVxlan);
+    let stories = trace_ping(&lab.0, "web-0", "db-0", &[1, 2]);
+    let request = &stories[0];
+    assert_eq!(
+        hops(request),
+        [
+            hop("node-1", "pod_veth", "ingress"),
+            hop("node-1", "bridge", "ingress"),
+            hop("node-1", "tunnel", "egress"),
+            hop("node-1", "underlay", "egress"),
+            hop("node-2", "underlay", "ingress"),
+            hop("node-2", "tunnel", "ingress"),
+            hop("node-2", "bridge", "egress"),
+            hop("node-2", "pod_veth", "egress"),
+        ]
+    );
+    let h = &request["hops"];
+    assert_eq!(h[2]["iface"], "flannel.1");
+    assert_eq!(h[0]["ttl"], 64);
+    assert_eq!(h[7]["ttl"], 62, "two routing decisions, one per node");
+    let tunnel = &h[3]["tunnel"];
+    assert_eq!(tunnel["kind"], "vxlan");
+    assert_eq!(tunnel["vni"], 1);
+    assert_eq!(tunnel["outer"]["src"], "192.0.2.11");
+    assert_eq!(tunnel["outer"]["dst"], "192.0.2.12");
+    assert_eq!(tunnel["outer"]["transport"]["dport"], 8472);
+    assert_eq!(
+        h[3]["skb_len"].as_u64().unwrap() - h[2]["skb_len"].as_u64().unwrap(),
+        50
+    );
+    let verdict = &request["verdict"];
+    assert_eq!(verdict["outcome"], "delivered");
+    assert_eq!(verdict["node"], "node-2");
+    assert_eq!(
+        verdict["path"],
+        serde_json::json!(["routed", "encapsulated", "decapsulated"])
+    );
+    // Timestamps only grow along the journey.
+    let times: Vec<f64> = h
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["t_us"].as_f64().unwrap())
+        .collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    assert_eq!(hops(&stories[1])[0], hop("node-2", "pod_veth", "ingress"));
+}
+
+#[test]
+fn cross_node_vxlan_traced_from_each_node_alone() {
+    let lab = lab(Topology::FlannelVxlan);
+    let from_src_node = trace_ping(&lab.0, "web-0", "db-0", &[1]);
+    let request = &from_src_node[0];
+    assert_eq!(
+        hops(request).last().unwrap(),
+        &hop("node-1", "underlay", "egress")
+    );
+    assert_eq!(request["verdict"]["outcome"], "left_node");
+    assert_eq!(request["verdict"]["toward"], "192.0.2.12");
+    assert_eq!(
+        request["verdict"]["path"],
+        serde_json::json!(["routed", "encapsulated"])
+    );
+    // The reply comes back in over the tunnel and is delivered on node-1.
+    let reply = &from_src_node[1];
+    assert_eq!(hops(reply)[0], hop("node-1", "underlay", "ingress"));
+    assert_eq!(reply["verdict"]["outcome"], "delivered");
+
+    let from_dst_node = trace_ping(&lab.0, "web-0", "db-0", &[2]);
+    let request = &from_dst_node[0];
+    assert_eq!(hops(request)[0], hop("node-2", "underlay", "ingress"));
+    assert_eq!(request["hops"][0]["tunnel"]["vni"], 1);
+    assert_eq!(request["verdict"]["outcome"], "delivered");
+    assert_eq!(
+        request["verdict"]["path"],
+        serde_json::json!(["routed", "encapsulated", "decapsulated"])
+    );
+}
+
+fn routed_without_tunnel(topology: Topology) {
+    let lab = lab(topology);
+    let stories = trace_ping(&lab.0, "web-0", "db-0", &[1, 2]);
+    for story in &stories {
+        assert_eq!(story["verdict"]["outcome"], "delivered", "{story}");
+        assert_eq!(story["verdict"]["path"], serde_json::json!(["routed"]));
+        assert!(story["hops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|h| h["tunnel"].is_null()));
+        let roles = hops(story);
+        assert!(roles.contains(&hop(
+            "node-1",
+            "underlay",
+            if story == &stories[0] {
+                "egress"
+            } else {
+                "ingress"
+            }
+        )));
+    }
+}
+
+#[test]
+fn flannel_host_gw_is_routed_without_encapsulation() {
+    routed_without_tunnel(Topology::FlannelHostGw);
+}
+
+#[test]
+fn calico_bgp_is_routed_without_encapsulation() {
+    routed_without_tunnel(Topology::Calico);
+    let lab = lab(Topology::Calico);
+    let stories = trace_ping(&lab.0, "web-0", "db-0", &[1, 2]);
+    let first = &stories[0]["hops"][0];
+    assert!(
+        first["iface"].as_str().unwrap().starts_with("cali"),
+        "{first}"
+    );
+}
+
+#[test]
+fn human_output_tells_the_story_per_hop() {
+    let lab = lab(Topology::FlannelVxlan);
+    let trace = Trace::start(&args(
+        &["web-0", "db-0", "--count", "2", "--duration", "20s"],
+        lab_args(&lab.0, &[1, 2]),
+    ));
+    assert!(
+        trace
+            .banner
+            .contains("node-1 (eth0, cni0, flannel.1, 2 pod veths)"),
+        "{}",
+        trace.banner
+    );
+    assert!(ping(&lab.0, "web-0", "db-0"));
+    let done = trace.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    let out = &done.stdout;
+    assert!(
+        out.contains(
+            "#1 10.244.1.2 (default/web-0) → 10.244.2.2 (default/db-0): ICMP echo request"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("encapsulated VXLAN VNI 1 192.0.2.11:"),
+        "{out}"
+    );
+    assert!(out.contains("→ 192.0.2.12:8472 (+50 B)"), "{out}");
+    assert!(out.contains("decapsulated"), "{out}");
+    assert!(
+        out.contains("verdict: delivered to 10.244.2.2 (default/db-0) on node-2"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("\x1b["),
+        "no colour when stdout is not a terminal"
+    );
+    assert!(
+        out.contains(
+            "podtrace: 2 stories from 16 sightings on 20 hooks; lost: 0 (ring buffer full)"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
+fn nothing_stays_attached_after_sigint_or_sigkill() {
+    let lab = lab(Topology::FlannelVxlan);
+    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGKILL] {
+        let trace = Trace::start(&args(&["web-0", "db-0"], lab_args(&lab.0, &[1, 2])));
+        for node in [1, 2] {
+            let attached = tcx_programs(&lab.0.node_netns(node));
+            assert_eq!(
+                attached.len(),
+                10,
+                "five interfaces × two hooks on node {node}: {attached:?}"
+            );
+            assert!(
+                attached.iter().all(|p| p.contains("podtrace_")),
+                "{attached:?}"
+            );
+        }
+        trace.signal(signal);
+        let done = trace.finish();
+        if signal == libc::SIGKILL {
+            assert!(!done.status.success());
+        } else {
+            assert!(done.status.success(), "signal {signal}: {}", done.stderr);
+            assert!(
+                done.stdout.contains("podtrace: 0 stories"),
+                "a summary at exit: {}",
+                done.stdout
+            );
+        }
+        for node in [1, 2] {
+            let left = tcx_programs(&lab.0.node_netns(node));
+            assert!(
+                left.is_empty(),
+                "after signal {signal}, still attached on node {node}: {left:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_input_is_one_line_and_a_failure() {
+    let lab = lab(Topology::FlannelVxlan);
+    let pods = lab.0.pods_file().display().to_string();
+    let node1 = lab.0.node_netns(1);
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["web-0", "web-9", "--pods-file", &pods, "--netns", &node1],
+            "pod default/web-9 not found; did you mean default/web-0, default/web-1?",
+        ),
+        (
+            &["web-0", "web-0", "--pods-file", &pods, "--netns", &node1],
+            "source and destination are the same",
+        ),
+        (
+            &[
+                "web-0",
+                "db-0",
+                "--pods-file",
+                &pods,
+                "--netns",
+                "no-such-netns",
+            ],
+            "network namespace /run/netns/no-such-netns does not exist",
+        ),
+        (
+            &["web-0", "db-0", "--pods-file", "/nonexistent.json"],
+            "cannot read pods file /nonexistent.json",
+        ),
+    ];
+    for (argv, expected) in cases {
+        let done = run_podtrace(argv);
+        assert!(!done.status.success(), "{argv:?} succeeded");
+        assert_eq!(
+            done.stderr.lines().count(),
+            1,
+            "one line for {argv:?}: {}",
+            done.stderr
+        );
+        assert!(done.stderr.starts_with("podtrace: "), "{}", done.stderr);
+        assert!(done.stderr.contains(expected), "{argv:?}: {}", done.stderr);
+        assert!(
+            tcx_programs(&node1).is_empty(),
+            "{argv:?} left programs attached"
+        );
+    }
+
+    // Not root.
+    use std::os::unix::process::CommandExt;
+    let out = std::process::Command::new(PODTRACE)
+        .args(["10.244.1.2", "10.244.2.2"])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("run podtrace as nobody");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("needs root"), "{stderr}");
+}

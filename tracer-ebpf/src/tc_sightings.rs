@@ -60,7 +60,11 @@ pub fn podtrace_egress_l3(ctx: TcContext) -> i32 {
 
 #[inline(always)]
 fn observe(ctx: &TcContext, direction: Direction, has_l2: bool) -> i32 {
-    let l3 = if has_l2 { ethernet_payload(ctx, 0) } else { Some(0) };
+    let l3 = if has_l2 {
+        ethernet_payload(ctx, 0)
+    } else {
+        Some(0)
+    };
     if let Some(kind) = l3.and_then(|l3| classify(ctx, l3)) {
         report(ctx, direction, has_l2, kind);
     }
@@ -94,7 +98,7 @@ fn classify(ctx: &TcContext, l3: usize) -> Option<u8> {
 #[inline(always)]
 fn is_traced(ctx: &TcContext, l3: usize) -> Option<bool> {
     let key: FlowKey = ctx.load(l3 + 12).ok()?;
-    Some(unsafe { FLOWS.get(&key) }.is_some())
+    Some(unsafe { FLOWS.get(key) }.is_some())
 }
 
 /// Offset of the inner IPv4 header of a VXLAN, Geneve or IPIP packet.
@@ -113,9 +117,7 @@ fn tunnel_inner_ip(ctx: &TcContext, l3: usize) -> Option<usize> {
             let dport = u16::from_be(ctx.load::<u16>(l4 + 2).ok()?);
             let payload = l4 + UDP_HLEN;
             match dport {
-                VXLAN_PORT_FLANNEL | VXLAN_PORT_IANA => {
-                    ethernet_payload(ctx, payload + VXLAN_HLEN)
-                }
+                VXLAN_PORT_FLANNEL | VXLAN_PORT_IANA => ethernet_payload(ctx, payload + VXLAN_HLEN),
                 GENEVE_PORT => {
                     let opt_words: u8 = ctx.load(payload).ok()?;
                     let proto = u16::from_be(ctx.load::<u16>(payload + 2).ok()?);
@@ -174,14 +176,8 @@ fn copy_headers(ctx: &TcContext, dst: &mut [u8; SNAPSHOT_LEN], skb_len: u32) -> 
     if want == 0 || want > SNAPSHOT_LEN {
         return 0;
     }
-    let ret = unsafe {
-        bpf_skb_load_bytes(
-            ctx.skb.skb.cast(),
-            0,
-            dst.as_mut_ptr().cast(),
-            want as u32,
-        )
-    };
+    let ret =
+        unsafe { bpf_skb_load_bytes(ctx.skb.skb.cast(), 0, dst.as_mut_ptr().cast(), want as u32) };
     if ret == 0 {
         want as u16
     } else {

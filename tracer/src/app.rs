@@ -1,11 +1,7 @@
 //! One trace, from arguments to stories: resolve the pods, attach to every
 //! traced node, correlate, tell, and detach.
 
-use std::{
-    collections::HashMap,
-    io::IsTerminal,
-    time::Duration,
-};
+use std::{collections::HashMap, io::IsTerminal, time::Duration};
 
 use anyhow::{bail, Context as _, Result};
 use podtrace_common::{counter, Direction as KernelDirection, FlowKey, Sighting};
@@ -67,7 +63,15 @@ pub async fn run(args: Args) -> Result<()> {
     };
     let mut nodes = Vec::new();
     for (id, ns) in namespaces.iter().enumerate() {
-        let mut node = trace_node(id as u32, ns.as_deref(), &args, &inventory, &flows, &mut ctx).await?;
+        let mut node = trace_node(
+            id as u32,
+            ns.as_deref(),
+            &args,
+            &inventory,
+            &flows,
+            &mut ctx,
+        )
+        .await?;
         node.probe.stream(tx.clone())?;
         nodes.push(node);
     }
@@ -168,7 +172,10 @@ async fn trace_node(
     };
     let view = NodeView::read().await?;
     // The node is the inventory node whose IP this namespace holds.
-    let known = inventory.nodes().into_iter().find(|(_, ip)| view.link_with_address(*ip).is_some());
+    let known = inventory
+        .nodes()
+        .into_iter()
+        .find(|(_, ip)| view.link_with_address(*ip).is_some());
     let node_ip = args.node_ip.or(known.as_ref().map(|(_, ip)| *ip));
     let name = match (&known, ns) {
         (Some((name, _)), _) => name.clone(),
@@ -187,7 +194,11 @@ async fn trace_node(
     }
     let probe = NodeProbe::attach(id, &watched, flows, args.attach)
         .with_context(|| format!("node {name}"))?;
-    Ok(TracedNode { name, probe, interfaces: watched.into_iter().map(|w| (w.index, w)).collect() })
+    Ok(TracedNode {
+        name,
+        probe,
+        interfaces: watched.into_iter().map(|w| (w.index, w)).collect(),
+    })
 }
 
 /// Turns a raw sighting into a hop on a known node and interface.
@@ -222,7 +233,10 @@ fn place(s: &Sighting, nodes: &[TracedNode], summary: &mut Summary) -> Option<Ho
 }
 
 fn watched_list(interfaces: &HashMap<u32, Watched>) -> String {
-    let mut named: Vec<&Watched> = interfaces.values().filter(|w| w.role != Role::PodVeth).collect();
+    let mut named: Vec<&Watched> = interfaces
+        .values()
+        .filter(|w| w.role != Role::PodVeth)
+        .collect();
     named.sort_by_key(|w| w.index);
     let veths = interfaces.len() - named.len();
     let mut parts: Vec<String> = named.iter().map(|w| w.name.clone()).collect();
@@ -232,7 +246,10 @@ fn watched_list(interfaces: &HashMap<u32, Watched>) -> String {
 
 /// CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
 fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: valid pointer to a timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -243,4 +260,3 @@ fn hostname() -> String {
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "this-node".into())
 }
-

@@ -47,15 +47,23 @@ pub struct Args {
 }
 
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let split = text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len());
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let number: f64 = number.parse().map_err(|_| format!("not a duration: {text}"))?;
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("not a duration: {text}"))?;
     let seconds = match unit {
         "" | "s" => number,
         "ms" => number / 1000.0,
         "m" => number * 60.0,
         "h" => number * 3600.0,
-        _ => return Err(format!("unknown unit {unit:?} in {text} (use ms, s, m or h)")),
+        _ => {
+            return Err(format!(
+                "unknown unit {unit:?} in {text} (use ms, s, m or h)"
+            ))
+        }
     };
     Ok(Duration::from_secs_f64(seconds))
 }

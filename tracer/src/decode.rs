@@ -11,10 +11,25 @@ use serde::Serialize;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(tag = "proto", rename_all = "lowercase")]
 pub enum Transport {
-    Icmp { icmp_type: u8, code: u8, id: u16, seq: u16 },
-    Tcp { sport: u16, dport: u16, seq: u32, flags: u8 },
-    Udp { sport: u16, dport: u16 },
-    Other { number: u8 },
+    Icmp {
+        icmp_type: u8,
+        code: u8,
+        id: u16,
+        seq: u16,
+    },
+    Tcp {
+        sport: u16,
+        dport: u16,
+        seq: u32,
+        flags: u8,
+    },
+    Udp {
+        sport: u16,
+        dport: u16,
+    },
+    Other {
+        number: u8,
+    },
 }
 
 /// An IPv4 header and what follows it.
@@ -71,14 +86,24 @@ impl std::fmt::Display for DecodeError {
 /// Decodes a snapshot that starts at an Ethernet header (`has_l2`) or
 /// directly at the IPv4 header (L3 devices such as tunl0).
 pub fn decode(snapshot: &[u8], has_l2: bool) -> Result<Decoded, DecodeError> {
-    let l3 = if has_l2 { ethernet_payload(snapshot)? } else { snapshot };
+    let l3 = if has_l2 {
+        ethernet_payload(snapshot)?
+    } else {
+        snapshot
+    };
     let (outer, l4) = ipv4(l3)?;
     match tunnel_payload(&outer, l4)? {
-        Some((kind, vni, inner_l3)) => {
-            let (packet, _) = ipv4(inner_l3)?;
-            Ok(Decoded { packet, tunnel: Some(Tunnel { kind, vni, outer }) })
+        Some(TunnelPayload { kind, vni, inner }) => {
+            let (packet, _) = ipv4(inner)?;
+            Ok(Decoded {
+                packet,
+                tunnel: Some(Tunnel { kind, vni, outer }),
+            })
         }
-        None => Ok(Decoded { packet: outer, tunnel: None }),
+        None => Ok(Decoded {
+            packet: outer,
+            tunnel: None,
+        }),
     }
 }
 
@@ -152,20 +177,34 @@ fn transport(protocol: IpNumber, l4: &[u8]) -> Result<Transport, DecodeError> {
         }
         IpNumber::UDP => {
             let (udp, _) = UdpHeader::from_slice(l4).map_err(|_| DecodeError::Truncated("UDP"))?;
-            Transport::Udp { sport: udp.source_port, dport: udp.destination_port }
+            Transport::Udp {
+                sport: udp.source_port,
+                dport: udp.destination_port,
+            }
         }
         other => Transport::Other { number: other.0 },
     })
+}
+
+/// What a tunnel header says, and the inner IPv4 bytes after it.
+struct TunnelPayload<'a> {
+    kind: TunnelKind,
+    vni: Option<u32>,
+    inner: &'a [u8],
 }
 
 /// If `outer` is a tunnel packet, its kind, VNI and the inner IPv4 bytes.
 fn tunnel_payload<'a>(
     outer: &Ipv4Packet,
     l4: &'a [u8],
-) -> Result<Option<(TunnelKind, Option<u32>, &'a [u8])>, DecodeError> {
+) -> Result<Option<TunnelPayload<'a>>, DecodeError> {
     if let Transport::Other { number } = outer.transport {
         if IpNumber(number) == IpNumber::IPV4 {
-            return Ok(Some((TunnelKind::Ipip, None, l4)));
+            return Ok(Some(TunnelPayload {
+                kind: TunnelKind::Ipip,
+                vni: None,
+                inner: l4,
+            }));
         }
     }
     let Transport::Udp { dport, .. } = outer.transport else {
@@ -176,20 +215,31 @@ fn tunnel_payload<'a>(
         VXLAN_PORT_FLANNEL | VXLAN_PORT_IANA => {
             let h = payload.get(..8).ok_or(DecodeError::Truncated("VXLAN"))?;
             let vni = u32::from_be_bytes([0, h[4], h[5], h[6]]);
-            Ok(Some((TunnelKind::Vxlan, Some(vni), ethernet_payload(&payload[8..])?)))
+            let inner = ethernet_payload(&payload[8..])?;
+            Ok(Some(TunnelPayload {
+                kind: TunnelKind::Vxlan,
+                vni: Some(vni),
+                inner,
+            }))
         }
         GENEVE_PORT => {
             let h = payload.get(..8).ok_or(DecodeError::Truncated("Geneve"))?;
             let options = usize::from(h[0] & 0x3f) * 4;
             let protocol = u16::from_be_bytes([h[2], h[3]]);
             let vni = u32::from_be_bytes([0, h[4], h[5], h[6]]);
-            let inner = payload.get(8 + options..).ok_or(DecodeError::Truncated("Geneve"))?;
+            let inner = payload
+                .get(8 + options..)
+                .ok_or(DecodeError::Truncated("Geneve"))?;
             let inner = if EtherType(protocol) == EtherType::IPV4 {
                 inner
             } else {
                 ethernet_payload(inner)?
             };
-            Ok(Some((TunnelKind::Geneve, Some(vni), inner)))
+            Ok(Some(TunnelPayload {
+                kind: TunnelKind::Geneve,
+                vni: Some(vni),
+                inner,
+            }))
         }
         _ => Ok(None),
     }
@@ -231,7 +281,12 @@ pub(crate) mod tests {
         assert_eq!(d.packet.ttl, 64);
         assert_eq!(
             d.packet.transport,
-            Transport::Icmp { icmp_type: 8, code: 0, id: 7, seq: 3 }
+            Transport::Icmp {
+                icmp_type: 8,
+                code: 0,
+                id: 7,
+                seq: 3
+            }
         );
         assert!(d.tunnel.is_none());
     }
@@ -271,11 +326,17 @@ pub(crate) mod tests {
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
-        assert_eq!(decode(&[0u8; 10], true), Err(DecodeError::Truncated("Ethernet")));
+        assert_eq!(
+            decode(&[0u8; 10], true),
+            Err(DecodeError::Truncated("Ethernet"))
+        );
         let mut arp = icmp_echo([1, 1, 1, 1], [2, 2, 2, 2], 1, 1);
         arp[12..14].copy_from_slice(&[0x08, 0x06]);
         assert_eq!(decode(&arp, true), Err(DecodeError::NotIpv4));
         let frame = icmp_echo([1, 1, 1, 1], [2, 2, 2, 2], 1, 1);
-        assert!(matches!(decode(&frame[..30], true), Err(DecodeError::Truncated(_))));
+        assert!(matches!(
+            decode(&frame[..30], true),
+            Err(DecodeError::Truncated(_))
+        ));
     }
 }

@@ -72,8 +72,12 @@ fn underlay(view: &NodeView, node_ip: Option<Ipv4Addr>) -> Result<&Link> {
         .and_then(|oif| view.link(oif));
     match (default, node_ip) {
         (Some(link), _) => Ok(link),
-        (None, Some(ip)) => bail!("no interface holds the node IP {ip} and there is no default route"),
-        (None, None) => bail!("cannot find the underlay: no default route (name the node IP with --node-ip)"),
+        (None, Some(ip)) => {
+            bail!("no interface holds the node IP {ip} and there is no default route")
+        }
+        (None, None) => {
+            bail!("cannot find the underlay: no default route (name the node IP with --node-ip)")
+        }
     }
 }
 
@@ -102,7 +106,10 @@ mod tests {
                 link(5, "veth1a2b", "veth"),
                 link(6, "tunl0", "ipip"),
             ],
-            addresses: vec![(2, "192.0.2.11".parse().unwrap()), (3, "10.244.1.1".parse().unwrap())],
+            addresses: vec![
+                (2, "192.0.2.11".parse().unwrap()),
+                (3, "10.244.1.1".parse().unwrap()),
+            ],
             routes: vec![Route {
                 destination: "0.0.0.0/0".parse().unwrap(),
                 gateway: Some("192.0.2.1".parse().unwrap()),

@@ -97,17 +97,30 @@ impl Inventory {
             return Ok(Endpoint { ip, pod });
         }
         let (ns, name) = arg.split_once('/').unwrap_or((namespace, arg));
-        let Some(pod) = self.pods.iter().find(|p| p.namespace == ns && p.name == name) else {
+        let Some(pod) = self
+            .pods
+            .iter()
+            .find(|p| p.namespace == ns && p.name == name)
+        else {
             let near = self.close_names(name);
             if near.is_empty() {
                 bail!("pod {ns}/{name} not found");
             }
-            bail!("pod {ns}/{name} not found; did you mean {}?", near.join(", "));
+            bail!(
+                "pod {ns}/{name} not found; did you mean {}?",
+                near.join(", ")
+            );
         };
         let Some(ip) = pod.ip else {
-            bail!("pod {} has no IP yet (is it still Pending?)", pod.qualified());
+            bail!(
+                "pod {} has no IP yet (is it still Pending?)",
+                pod.qualified()
+            );
         };
-        Ok(Endpoint { ip, pod: Some(pod.clone()) })
+        Ok(Endpoint {
+            ip,
+            pod: Some(pod.clone()),
+        })
     }
 
     fn close_names(&self, name: &str) -> Vec<String> {
@@ -120,7 +133,10 @@ impl Inventory {
     }
 
     pub fn node_ip(&self, node: &str) -> Option<Ipv4Addr> {
-        self.pods.iter().find(|p| p.node.as_deref() == Some(node)).and_then(|p| p.host_ip)
+        self.pods
+            .iter()
+            .find(|p| p.node.as_deref() == Some(node))
+            .and_then(|p| p.host_ip)
     }
 
     /// Node names and their IPs, as far as the pods tell.
@@ -172,14 +188,31 @@ mod tests {
     #[test]
     fn resolves_names_ips_and_explains_failures() {
         let inv = Inventory::parse(PODS).unwrap();
-        assert_eq!(inv.resolve("default/db-0", "x").unwrap().ip, Ipv4Addr::new(10, 244, 2, 2));
-        assert_eq!(inv.resolve("web-0", "default").unwrap().pod.unwrap().node.as_deref(), Some("node-1"));
+        assert_eq!(
+            inv.resolve("default/db-0", "x").unwrap().ip,
+            Ipv4Addr::new(10, 244, 2, 2)
+        );
+        assert_eq!(
+            inv.resolve("web-0", "default")
+                .unwrap()
+                .pod
+                .unwrap()
+                .node
+                .as_deref(),
+            Some("node-1")
+        );
         let by_ip = inv.resolve("10.244.1.2", "default").unwrap();
         assert_eq!(by_ip.pod.unwrap().name, "web-0");
         assert!(inv.resolve("10.9.9.9", "default").unwrap().pod.is_none());
         let err = inv.resolve("web-1", "default").unwrap_err().to_string();
-        assert_eq!(err, "pod default/web-1 not found; did you mean default/web-0?");
-        let err = inv.resolve("kube-system/pending", "default").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "pod default/web-1 not found; did you mean default/web-0?"
+        );
+        let err = inv
+            .resolve("kube-system/pending", "default")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("no IP yet"), "{err}");
         assert_eq!(inv.nodes().len(), 2);
         assert_eq!(inv.node_ip("node-2"), Some(Ipv4Addr::new(192, 0, 2, 12)));

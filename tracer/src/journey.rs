@@ -46,7 +46,12 @@ pub struct PacketKey {
 impl PacketKey {
     pub fn of(packet: &Decoded) -> Self {
         let p = &packet.packet;
-        Self { src: p.src, dst: p.dst, ip_id: p.ip_id, transport: p.transport }
+        Self {
+            src: p.src,
+            dst: p.dst,
+            ip_id: p.ip_id,
+            transport: p.transport,
+        }
     }
 }
 
@@ -73,12 +78,18 @@ pub struct Correlator {
 
 impl Correlator {
     pub fn new(idle_ns: u64) -> Self {
-        Self { open: HashMap::new(), idle_ns }
+        Self {
+            open: HashMap::new(),
+            idle_ns,
+        }
     }
 
     pub fn observe(&mut self, hop: Hop) {
         let key = PacketKey::of(&hop.packet);
-        let journey = self.open.entry(key).or_insert_with(|| Journey { key, hops: Vec::new() });
+        let journey = self.open.entry(key).or_insert_with(|| Journey {
+            key,
+            hops: Vec::new(),
+        });
         // Different CPUs and ring buffers deliver slightly out of order.
         let at = journey.hops.partition_point(|h| h.ktime_ns <= hop.ktime_ns);
         journey.hops.insert(at, hop);
@@ -118,7 +129,14 @@ pub(crate) mod tests {
     use super::*;
     use crate::decode::{decode, tests as frames};
 
-    pub(crate) fn hop(t: u64, node: &str, iface: &str, role: Role, dir: Direction, frame: &[u8]) -> Hop {
+    pub(crate) fn hop(
+        t: u64,
+        node: &str,
+        iface: &str,
+        role: Role,
+        dir: Direction,
+        frame: &[u8],
+    ) -> Hop {
         Hop {
             ktime_ns: t,
             node: node.into(),
@@ -137,11 +155,39 @@ pub(crate) mod tests {
         let req1_routed = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 63, 1);
         let req2 = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 2);
         let mut c = Correlator::new(1_000_000);
-        c.observe(hop(100, "n1", "veth1", Role::PodVeth, Direction::Ingress, &req1));
-        c.observe(hop(300, "n1", "eth0", Role::Underlay, Direction::Egress, &frames::vxlan(&req1_routed, 1)));
+        c.observe(hop(
+            100,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &req1,
+        ));
+        c.observe(hop(
+            300,
+            "n1",
+            "eth0",
+            Role::Underlay,
+            Direction::Egress,
+            &frames::vxlan(&req1_routed, 1),
+        ));
         // Out of order across CPUs: still sorted by kernel time.
-        c.observe(hop(200, "n1", "flannel.1", Role::Tunnel, Direction::Egress, &req1_routed));
-        c.observe(hop(5_000, "n1", "veth1", Role::PodVeth, Direction::Ingress, &req2));
+        c.observe(hop(
+            200,
+            "n1",
+            "flannel.1",
+            Role::Tunnel,
+            Direction::Egress,
+            &req1_routed,
+        ));
+        c.observe(hop(
+            5_000,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &req2,
+        ));
         assert_eq!(c.pending(), 2);
         assert!(c.take_finished(1_000_100).is_empty());
         let done = c.take_finished(1_000_301);

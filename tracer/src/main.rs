@@ -4,7 +4,10 @@ fn main() -> std::process::ExitCode {
     let args = podtrace::cli::Args::parse();
     // One thread: setns(2) is per thread, and every netlink socket and tc
     // attachment must be made inside the namespace podtrace entered.
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("podtrace: cannot start: {e}");

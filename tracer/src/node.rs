@@ -107,7 +107,11 @@ impl NodeView {
                 .try_collect()
                 .await
                 .context("cannot list routes")?;
-            Ok(NodeView { links, addresses, routes })
+            Ok(NodeView {
+                links,
+                addresses,
+                routes,
+            })
         }
         .await;
         task.abort();
@@ -171,7 +175,12 @@ fn route_from(msg: RouteMessage) -> Option<Route> {
         msg.header.destination_prefix_length,
     )
     .ok()?;
-    Some(Route { destination, gateway, oif, table })
+    Some(Route {
+        destination,
+        gateway,
+        oif,
+        table,
+    })
 }
 
 #[cfg(test)]
@@ -179,7 +188,12 @@ mod tests {
     use super::*;
 
     fn route(dst: &str, oif: u32) -> Route {
-        Route { destination: dst.parse().unwrap(), gateway: None, oif: Some(oif), table: 254 }
+        Route {
+            destination: dst.parse().unwrap(),
+            gateway: None,
+            oif: Some(oif),
+            table: 254,
+        }
     }
 
     #[test]
@@ -189,12 +203,24 @@ mod tests {
                 route("0.0.0.0/0", 1),
                 route("10.244.0.0/16", 2),
                 route("10.244.2.0/24", 3),
-                Route { table: 255, ..route("10.244.2.2/32", 4) },
+                Route {
+                    table: 255,
+                    ..route("10.244.2.2/32", 4)
+                },
             ],
             ..Default::default()
         };
-        assert_eq!(view.route_to("10.244.2.2".parse().unwrap()).unwrap().oif, Some(3));
-        assert_eq!(view.route_to("10.244.9.1".parse().unwrap()).unwrap().oif, Some(2));
-        assert_eq!(view.route_to("8.8.8.8".parse().unwrap()).unwrap().oif, Some(1));
+        assert_eq!(
+            view.route_to("10.244.2.2".parse().unwrap()).unwrap().oif,
+            Some(3)
+        );
+        assert_eq!(
+            view.route_to("10.244.9.1".parse().unwrap()).unwrap().oif,
+            Some(2)
+        );
+        assert_eq!(
+            view.route_to("8.8.8.8".parse().unwrap()).unwrap().oif,
+            Some(1)
+        );
     }
 }

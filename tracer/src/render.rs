@@ -44,7 +44,12 @@ pub struct Renderer<W: Write> {
 
 impl<W: Write> Renderer<W> {
     pub fn new(out: W, format: Format, colour: bool) -> Self {
-        Self { out, format, colour, count: 0 }
+        Self {
+            out,
+            format,
+            colour,
+            count: 0,
+        }
     }
 
     pub fn story(&mut self, story: &Story) -> std::io::Result<()> {
@@ -118,7 +123,10 @@ pub fn human_story(n: u64, s: &Story, colour: bool) -> String {
         Outcome::LeftNode { .. } => "36",
         Outcome::Vanished { .. } => "31",
     };
-    text.push_str(&format!("  verdict: {}\n\n", paint(colour, code, &s.verdict.summary)));
+    text.push_str(&format!(
+        "  verdict: {}\n\n",
+        paint(colour, code, &s.verdict.summary)
+    ));
     text
 }
 

@@ -37,7 +37,11 @@ pub enum AttachMode {
 impl AttachMode {
     fn resolve(self) -> Self {
         match self {
-            Self::Auto if KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0)) => Self::Tcx,
+            Self::Auto
+                if KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0)) =>
+            {
+                Self::Tcx
+            }
             Self::Auto => Self::Clsact,
             other => other,
         }
@@ -50,23 +54,36 @@ pub struct NodeProbe {
     pub hooks: usize,
 }
 
-const PROGRAMS: [&str; 4] =
-    [names::TC_INGRESS, names::TC_EGRESS, names::TC_INGRESS_L3, names::TC_EGRESS_L3];
+const PROGRAMS: [&str; 4] = [
+    names::TC_INGRESS,
+    names::TC_EGRESS,
+    names::TC_INGRESS_L3,
+    names::TC_EGRESS_L3,
+];
 
 impl NodeProbe {
     /// Loads and attaches inside the calling thread's network namespace.
-    pub fn attach(node_id: u32, watched: &[Watched], flows: &[FlowKey], mode: AttachMode) -> Result<Self> {
+    pub fn attach(
+        node_id: u32,
+        watched: &[Watched],
+        flows: &[FlowKey],
+        mode: AttachMode,
+    ) -> Result<Self> {
         let mut ebpf = EbpfLoader::new()
             .override_global(names::NODE_ID, &node_id, true)
             .load(EBPF_OBJECT)
             .context("cannot load the eBPF programs")?;
-        let mut filter: BpfHashMap<_, FlowKey, u8> =
-            BpfHashMap::try_from(ebpf.map_mut(names::FLOWS).ok_or_else(|| anyhow!("no FLOWS map"))?)?;
+        let mut filter: BpfHashMap<_, FlowKey, u8> = BpfHashMap::try_from(
+            ebpf.map_mut(names::FLOWS)
+                .ok_or_else(|| anyhow!("no FLOWS map"))?,
+        )?;
         for key in flows {
             filter.insert(key, 1, 0)?;
         }
         for name in PROGRAMS {
-            program(&mut ebpf, name)?.load().with_context(|| format!("the kernel refused {name}"))?;
+            program(&mut ebpf, name)?
+                .load()
+                .with_context(|| format!("the kernel refused {name}"))?;
         }
         let mode = mode.resolve();
         let mut hooks = 0;
@@ -76,7 +93,10 @@ impl NodeProbe {
             } else {
                 (names::TC_INGRESS_L3, names::TC_EGRESS_L3)
             };
-            for (name, hook) in [(ingress, TcAttachType::Ingress), (egress, TcAttachType::Egress)] {
+            for (name, hook) in [
+                (ingress, TcAttachType::Ingress),
+                (egress, TcAttachType::Egress),
+            ] {
                 attach_one(program(&mut ebpf, name)?, name, &iface.name, hook, mode)?;
                 hooks += 1;
             }
@@ -86,7 +106,10 @@ impl NodeProbe {
 
     /// Moves the ring buffer into a task that forwards every sighting.
     pub fn stream(&mut self, tx: mpsc::UnboundedSender<Sighting>) -> Result<()> {
-        let map = self.ebpf.take_map(names::SIGHTINGS).ok_or_else(|| anyhow!("no SIGHTINGS map"))?;
+        let map = self
+            .ebpf
+            .take_map(names::SIGHTINGS)
+            .ok_or_else(|| anyhow!("no SIGHTINGS map"))?;
         let ring = RingBuf::try_from(map)?;
         // SAFETY: the ring buffer owns its fd, and the AsyncFd owns the ring
         // buffer, so the fd stays open for as long as it is registered.
@@ -94,12 +117,15 @@ impl NodeProbe {
             .map_err(|e| anyhow!("cannot poll the ring buffer: {e}"))?;
         tokio::spawn(async move {
             loop {
-                let Ok(mut guard) = ring.readable_mut().await else { return };
+                let Ok(mut guard) = ring.readable_mut().await else {
+                    return;
+                };
                 let ring = guard.get_inner_mut();
                 while let Some(item) = ring.next() {
                     if item.len() >= std::mem::size_of::<Sighting>() {
                         // SAFETY: the kernel wrote a whole Sighting here.
-                        let s = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<Sighting>()) };
+                        let s =
+                            unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<Sighting>()) };
                         if tx.send(s).is_err() {
                             return;
                         }
@@ -113,7 +139,10 @@ impl NodeProbe {
 
     /// The kernel-side loss counters, summed over CPUs.
     pub fn counters(&self) -> Result<[u64; counter::COUNT as usize]> {
-        let map = self.ebpf.map(names::COUNTERS).ok_or_else(|| anyhow!("no COUNTERS map"))?;
+        let map = self
+            .ebpf
+            .map(names::COUNTERS)
+            .ok_or_else(|| anyhow!("no COUNTERS map"))?;
         let array: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map)?;
         let mut out = [0; counter::COUNT as usize];
         for (i, slot) in out.iter_mut().enumerate() {
@@ -124,7 +153,9 @@ impl NodeProbe {
 }
 
 fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier> {
-    let program = ebpf.program_mut(name).ok_or_else(|| anyhow!("no program {name}"))?;
+    let program = ebpf
+        .program_mut(name)
+        .ok_or_else(|| anyhow!("no program {name}"))?;
     Ok(program.try_into()?)
 }
 
@@ -147,7 +178,14 @@ fn attach_one(
         }
         remove_stale_filter(iface, hook, name);
         program
-            .attach_with_options(iface, hook, TcAttachOptions::Netlink(NlOptions { priority: 1, ..Default::default() }))
+            .attach_with_options(
+                iface,
+                hook,
+                TcAttachOptions::Netlink(NlOptions {
+                    priority: 1,
+                    ..Default::default()
+                }),
+            )
             .with_context(gone)?;
     } else {
         program

@@ -31,7 +31,9 @@ impl Context {
     }
 
     fn expects_arrival(&self, dst: Ipv4Addr) -> bool {
-        self.traced_destinations.iter().any(|net| net.contains(&dst))
+        self.traced_destinations
+            .iter()
+            .any(|net| net.contains(&dst))
     }
 }
 
@@ -67,9 +69,17 @@ pub enum Outcome {
     /// Sent out of the destination pod's host-side veth.
     Delivered { node: String, iface: String },
     /// Left the traced nodes through the underlay, toward an untraced node.
-    LeftNode { node: String, iface: String, toward: Ipv4Addr },
+    LeftNode {
+        node: String,
+        iface: String,
+        toward: Ipv4Addr,
+    },
     /// Seen at a hook, and never at the next one expected.
-    Vanished { node: String, iface: String, direction: Direction },
+    Vanished {
+        node: String,
+        iface: String,
+        direction: Direction,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -136,10 +146,27 @@ fn micros(ns: u64) -> f64 {
 fn describe_packet(d: &Decoded) -> String {
     let p = &d.packet;
     match p.transport {
-        Transport::Icmp { icmp_type: 8, id, seq, .. } => format!("ICMP echo request id {id} seq {seq}"),
-        Transport::Icmp { icmp_type: 0, id, seq, .. } => format!("ICMP echo reply id {id} seq {seq}"),
-        Transport::Icmp { icmp_type, code, .. } => format!("ICMP type {icmp_type} code {code}"),
-        Transport::Tcp { sport, dport, flags, .. } => {
+        Transport::Icmp {
+            icmp_type: 8,
+            id,
+            seq,
+            ..
+        } => format!("ICMP echo request id {id} seq {seq}"),
+        Transport::Icmp {
+            icmp_type: 0,
+            id,
+            seq,
+            ..
+        } => format!("ICMP echo reply id {id} seq {seq}"),
+        Transport::Icmp {
+            icmp_type, code, ..
+        } => format!("ICMP type {icmp_type} code {code}"),
+        Transport::Tcp {
+            sport,
+            dport,
+            flags,
+            ..
+        } => {
             format!("TCP {sport} → {dport} [{}]", tcp_flags(flags))
         }
         Transport::Udp { sport, dport } => format!("UDP {sport} → {dport}"),
@@ -148,9 +175,19 @@ fn describe_packet(d: &Decoded) -> String {
 }
 
 fn tcp_flags(flags: u8) -> String {
-    const NAMES: [(u8, &str); 6] =
-        [(0x02, "SYN"), (0x10, "ACK"), (0x01, "FIN"), (0x04, "RST"), (0x08, "PSH"), (0x20, "URG")];
-    let set: Vec<_> = NAMES.iter().filter(|(bit, _)| flags & bit != 0).map(|(_, n)| *n).collect();
+    const NAMES: [(u8, &str); 6] = [
+        (0x02, "SYN"),
+        (0x10, "ACK"),
+        (0x01, "FIN"),
+        (0x04, "RST"),
+        (0x08, "PSH"),
+        (0x20, "URG"),
+    ];
+    let set: Vec<_> = NAMES
+        .iter()
+        .filter(|(bit, _)| flags & bit != 0)
+        .map(|(_, n)| *n)
+        .collect();
     set.join(",")
 }
 
@@ -163,7 +200,10 @@ fn tunnel_text(t: &Tunnel) -> String {
     let vni = t.vni.map(|v| format!(" VNI {v}")).unwrap_or_default();
     match t.outer.transport {
         Transport::Udp { sport, dport } => {
-            format!("{kind}{vni} {}:{sport} → {}:{dport}", t.outer.src, t.outer.dst)
+            format!(
+                "{kind}{vni} {}:{sport} → {}:{dport}",
+                t.outer.src, t.outer.dst
+            )
         }
         _ => format!("{kind} {} → {}", t.outer.src, t.outer.dst),
     }
@@ -182,7 +222,11 @@ fn note(hop: &Hop, prev: Option<&Hop>, ctx: &Context) -> String {
             format!("encapsulated {} (+{added} B)", tunnel_text(t))
         }
         (_, Direction::Ingress, Some(t)) => {
-            let from = ctx.names.get(&t.outer.src).map(|n| format!(" from {n}")).unwrap_or_default();
+            let from = ctx
+                .names
+                .get(&t.outer.src)
+                .map(|n| format!(" from {n}"))
+                .unwrap_or_default();
             format!("arrives encapsulated{from}: {}", tunnel_text(t))
         }
         (Role::Tunnel, Direction::Ingress, None) => "decapsulated".to_string(),
@@ -207,7 +251,9 @@ fn judge(journey: &Journey, ctx: &Context) -> Verdict {
     let dst = first.packet.packet.dst;
 
     let mut path = Vec::new();
-    let routed = hops.windows(2).any(|w| w[1].packet.packet.ttl < w[0].packet.packet.ttl);
+    let routed = hops
+        .windows(2)
+        .any(|w| w[1].packet.packet.ttl < w[0].packet.packet.ttl);
     let encap = hops.iter().position(|h| h.packet.tunnel.is_some());
     let decap = encap.and_then(|at| hops[at..].iter().position(|h| h.packet.tunnel.is_none()));
     if routed {
@@ -227,12 +273,26 @@ fn judge(journey: &Journey, ctx: &Context) -> Verdict {
         path.push(PathStep::Bridged);
     }
     let outcome = if delivered {
-        Outcome::Delivered { node: last.node.clone(), iface: last.iface.clone() }
-    } else if last.role == Role::Underlay && last.direction == Direction::Egress && !ctx.expects_arrival(dst) {
+        Outcome::Delivered {
+            node: last.node.clone(),
+            iface: last.iface.clone(),
+        }
+    } else if last.role == Role::Underlay
+        && last.direction == Direction::Egress
+        && !ctx.expects_arrival(dst)
+    {
         let toward = last.packet.tunnel.map_or(dst, |t| t.outer.dst);
-        Outcome::LeftNode { node: last.node.clone(), iface: last.iface.clone(), toward }
+        Outcome::LeftNode {
+            node: last.node.clone(),
+            iface: last.iface.clone(),
+            toward,
+        }
     } else {
-        Outcome::Vanished { node: last.node.clone(), iface: last.iface.clone(), direction: last.direction }
+        Outcome::Vanished {
+            node: last.node.clone(),
+            iface: last.iface.clone(),
+            direction: last.direction,
+        }
     };
 
     let latency_us = micros(last.ktime_ns - first.ktime_ns);
@@ -243,22 +303,39 @@ fn judge(journey: &Journey, ctx: &Context) -> Verdict {
             PathStep::Routed => "routed".to_string(),
             PathStep::Encapsulated => {
                 let t = hops[encap.unwrap_or(0)].packet.tunnel;
-                t.map_or("encapsulated".to_string(), |t| format!("encapsulated ({})", tunnel_text(&t)))
+                t.map_or("encapsulated".to_string(), |t| {
+                    format!("encapsulated ({})", tunnel_text(&t))
+                })
             }
             PathStep::Decapsulated => "decapsulated".to_string(),
         })
         .collect::<Vec<_>>()
         .join(", ");
-    let how = if how.is_empty() { String::new() } else { format!("; {how}") };
+    let how = if how.is_empty() {
+        String::new()
+    } else {
+        format!("; {how}")
+    };
     let summary = match &outcome {
         Outcome::Delivered { node, iface } => {
-            format!("delivered to {} on {node} via {iface}{how}, {latency_us} µs end to end", ctx.label(dst))
+            format!(
+                "delivered to {} on {node} via {iface}{how}, {latency_us} µs end to end",
+                ctx.label(dst)
+            )
         }
-        Outcome::LeftNode { node, iface, toward } => format!(
+        Outcome::LeftNode {
+            node,
+            iface,
+            toward,
+        } => format!(
             "left {node} via {iface} toward {} (that node is not traced){how}",
             ctx.label(*toward)
         ),
-        Outcome::Vanished { node, iface, direction } => {
+        Outcome::Vanished {
+            node,
+            iface,
+            direction,
+        } => {
             let dir = match direction {
                 Direction::Ingress => "ingress",
                 Direction::Egress => "egress",
@@ -266,7 +343,12 @@ fn judge(journey: &Journey, ctx: &Context) -> Verdict {
             format!("vanished: last seen on {node} {iface} {dir}, never at the next hook{how}")
         }
     };
-    Verdict { outcome, path, latency_us, summary }
+    Verdict {
+        outcome,
+        path,
+        latency_us,
+        summary,
+    }
 }
 
 #[cfg(test)]
@@ -285,19 +367,45 @@ mod tests {
             hop(1_000, "node-1", "vethA", Role::PodVeth, Ingress, &at_src),
             hop(2_000, "node-1", "cni0", Role::Bridge, Ingress, &at_src),
             hop(3_000, "node-1", "flannel.1", Role::Tunnel, Egress, &routed),
-            hop(4_000, "node-1", "eth0", Role::Underlay, Egress, &frames::vxlan(&routed, 1)),
-            hop(9_000, "node-2", "eth0", Role::Underlay, Ingress, &frames::vxlan(&routed, 1)),
-            hop(10_000, "node-2", "flannel.1", Role::Tunnel, Ingress, &routed),
+            hop(
+                4_000,
+                "node-1",
+                "eth0",
+                Role::Underlay,
+                Egress,
+                &frames::vxlan(&routed, 1),
+            ),
+            hop(
+                9_000,
+                "node-2",
+                "eth0",
+                Role::Underlay,
+                Ingress,
+                &frames::vxlan(&routed, 1),
+            ),
+            hop(
+                10_000,
+                "node-2",
+                "flannel.1",
+                Role::Tunnel,
+                Ingress,
+                &routed,
+            ),
             hop(11_000, "node-2", "cni0", Role::Bridge, Egress, &delivered),
             hop(12_500, "node-2", "vethB", Role::PodVeth, Egress, &delivered),
         ];
-        Journey { key: crate::journey::PacketKey::of(&hops[0].packet), hops }
+        Journey {
+            key: crate::journey::PacketKey::of(&hops[0].packet),
+            hops,
+        }
     }
 
     fn ctx() -> Context {
         let mut ctx = Context::default();
-        ctx.names.insert("10.244.2.2".parse().unwrap(), "default/db-0".into());
-        ctx.traced_destinations.push("10.244.2.0/24".parse().unwrap());
+        ctx.names
+            .insert("10.244.2.2".parse().unwrap(), "default/db-0".into());
+        ctx.traced_destinations
+            .push("10.244.2.0/24".parse().unwrap());
         ctx
     }
 
@@ -306,22 +414,38 @@ mod tests {
         let story = tell(&cross_node_flannel(), &ctx());
         assert_eq!(
             story.verdict.outcome,
-            Outcome::Delivered { node: "node-2".into(), iface: "vethB".into() }
+            Outcome::Delivered {
+                node: "node-2".into(),
+                iface: "vethB".into()
+            }
         );
         assert_eq!(
             story.verdict.path,
-            [PathStep::Routed, PathStep::Encapsulated, PathStep::Decapsulated]
+            [
+                PathStep::Routed,
+                PathStep::Encapsulated,
+                PathStep::Decapsulated
+            ]
         );
         assert_eq!(story.verdict.latency_us, 11.5);
-        assert_eq!(story.hops[2].note, "routed (TTL 64→63), into the tunnel device");
+        assert_eq!(
+            story.hops[2].note,
+            "routed (TTL 64→63), into the tunnel device"
+        );
         assert_eq!(
             story.hops[3].note,
             "encapsulated VXLAN VNI 1 192.0.2.11:41000 → 192.0.2.12:8472 (+50 B)"
         );
         assert_eq!(story.hops[5].note, "decapsulated");
-        assert_eq!(story.hops[6].note, "routed (TTL 63→62), host stack down to the bridge");
+        assert_eq!(
+            story.hops[6].note,
+            "routed (TTL 63→62), host stack down to the bridge"
+        );
         assert_eq!(story.hops[7].note, "handed to 10.244.2.2 (default/db-0)");
-        assert!(story.verdict.summary.starts_with("delivered to 10.244.2.2 (default/db-0) on node-2"));
+        assert!(story
+            .verdict
+            .summary
+            .starts_with("delivered to 10.244.2.2 (default/db-0) on node-2"));
     }
 
     #[test]
@@ -341,7 +465,10 @@ mod tests {
         // node-2 traced too: the packet should have arrived there.
         let story = tell(&journey, &ctx());
         assert!(matches!(story.verdict.outcome, Outcome::Vanished { .. }));
-        assert!(story.verdict.summary.contains("last seen on node-1 eth0 egress"));
+        assert!(story
+            .verdict
+            .summary
+            .contains("last seen on node-1 eth0 egress"));
     }
 
     #[test]
@@ -351,7 +478,13 @@ mod tests {
             hop(0, "node-1", "vethA", Role::PodVeth, Ingress, &frame),
             hop(800, "node-1", "vethC", Role::PodVeth, Egress, &frame),
         ];
-        let story = tell(&Journey { key: crate::journey::PacketKey::of(&hops[0].packet), hops }, &ctx());
+        let story = tell(
+            &Journey {
+                key: crate::journey::PacketKey::of(&hops[0].packet),
+                hops,
+            },
+            &ctx(),
+        );
         assert_eq!(story.verdict.path, [PathStep::Bridged]);
         assert!(matches!(story.verdict.outcome, Outcome::Delivered { .. }));
     }

@@ -70,12 +70,23 @@ impl Lab {
     pub fn new(prefix: &str, topology: Topology, pod_cidr: Option<Ipv4Net>) -> Result<Self> {
         let pod_cidr = pod_cidr.unwrap_or_else(|| topology.default_pod_cidr());
         if pod_cidr.prefix_len() > 16 {
-            bail!("pod CIDR {pod_cidr} is too small: the lab needs a /16 or larger, one /24 per node");
+            bail!(
+                "pod CIDR {pod_cidr} is too small: the lab needs a /16 or larger, one /24 per node"
+            );
         }
-        if prefix.is_empty() || prefix.len() > 20 || !prefix.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+        if prefix.is_empty()
+            || prefix.len() > 20
+            || !prefix
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-')
+        {
             bail!("lab prefix {prefix:?} must be 1-20 characters of [A-Za-z0-9-]");
         }
-        Ok(Self { prefix: prefix.into(), topology, pod_cidr })
+        Ok(Self {
+            prefix: prefix.into(),
+            topology,
+            pod_cidr,
+        })
     }
 
     pub fn underlay_netns(&self) -> String {
@@ -134,7 +145,10 @@ impl Lab {
     }
 
     pub fn pod(&self, name: &str) -> LabPod {
-        self.pods().into_iter().find(|p| p.name == name).expect("a lab pod")
+        self.pods()
+            .into_iter()
+            .find(|p| p.name == name)
+            .expect("a lab pod")
     }
 
     pub fn state_dir(&self) -> PathBuf {
@@ -169,8 +183,14 @@ impl Lab {
             let _ = self.down();
         })?;
         fs::create_dir_all(self.state_dir())?;
-        fs::write(self.pods_file(), serde_json::to_string_pretty(&self.pod_list())?)?;
-        fs::write(self.nodes_file(), serde_json::to_string_pretty(&self.node_list())?)?;
+        fs::write(
+            self.pods_file(),
+            serde_json::to_string_pretty(&self.pod_list())?,
+        )?;
+        fs::write(
+            self.nodes_file(),
+            serde_json::to_string_pretty(&self.node_list())?,
+        )?;
         fs::write(marker, self.topology.name())?;
         Ok(())
     }
@@ -200,12 +220,21 @@ impl Lab {
         for node in 1..=NODES {
             let ns = self.node_netns(node);
             sh(&["ip", "netns", "add", &ns])?;
-            ip(&ul, &format!("link add n{node} type veth peer name eth0 netns {ns}"))?;
+            ip(
+                &ul,
+                &format!("link add n{node} type veth peer name eth0 netns {ns}"),
+            )?;
             ip(&ul, &format!("link set n{node} master br0 up"))?;
             ip(&ns, "link set lo up")?;
-            ip(&ns, &format!("addr add {}/24 dev eth0", Self::node_ip(node)))?;
+            ip(
+                &ns,
+                &format!("addr add {}/24 dev eth0", Self::node_ip(node)),
+            )?;
             ip(&ns, "link set eth0 up")?;
-            ip(&ns, &format!("route add default via {UNDERLAY_GATEWAY} dev eth0"))?;
+            ip(
+                &ns,
+                &format!("route add default via {UNDERLAY_GATEWAY} dev eth0"),
+            )?;
             sysctl(&ns, "net.ipv4.ip_forward", "1")?;
             match self.topology {
                 Topology::Calico => self.build_calico_node(node)?,
@@ -219,7 +248,10 @@ impl Lab {
         let ns = self.node_netns(node);
         let subnet = self.node_subnet(node);
         ip(&ns, "link add cni0 type bridge")?;
-        ip(&ns, &format!("addr add {}/24 dev cni0", self.subnet_host(node, 1)))?;
+        ip(
+            &ns,
+            &format!("addr add {}/24 dev cni0", self.subnet_host(node, 1)),
+        )?;
         ip(&ns, "link set cni0 up")?;
         let vxlan = self.topology == Topology::FlannelVxlan;
         if vxlan {
@@ -227,8 +259,14 @@ impl Lab {
                 "link add flannel.1 type vxlan id {FLANNEL_VNI} dstport {FLANNEL_PORT} local {} dev eth0 nolearning",
                 Self::node_ip(node)
             ))?;
-            ip(&ns, &format!("link set flannel.1 address {}", Self::vtep_mac(node)))?;
-            ip(&ns, &format!("addr add {}/32 dev flannel.1", subnet.network()))?;
+            ip(
+                &ns,
+                &format!("link set flannel.1 address {}", Self::vtep_mac(node)),
+            )?;
+            ip(
+                &ns,
+                &format!("addr add {}/32 dev flannel.1", subnet.network()),
+            )?;
             ip(&ns, "link set flannel.1 up")?;
         }
         for remote in (1..=NODES).filter(|r| *r != node) {
@@ -236,24 +274,59 @@ impl Lab {
             if vxlan {
                 let vtep = remote_subnet.network();
                 let mac = Self::vtep_mac(remote);
-                ip(&ns, &format!("route add {remote_subnet} via {vtep} dev flannel.1 onlink"))?;
-                ip(&ns, &format!("neigh add {vtep} lladdr {mac} dev flannel.1 nud permanent"))?;
-                sh(&["bridge", "-n", &ns, "fdb", "append", &mac, "dev", "flannel.1", "dst", &Self::node_ip(remote).to_string()])?;
+                ip(
+                    &ns,
+                    &format!("route add {remote_subnet} via {vtep} dev flannel.1 onlink"),
+                )?;
+                ip(
+                    &ns,
+                    &format!("neigh add {vtep} lladdr {mac} dev flannel.1 nud permanent"),
+                )?;
+                sh(&[
+                    "bridge",
+                    "-n",
+                    &ns,
+                    "fdb",
+                    "append",
+                    &mac,
+                    "dev",
+                    "flannel.1",
+                    "dst",
+                    &Self::node_ip(remote).to_string(),
+                ])?;
             } else {
-                ip(&ns, &format!("route add {remote_subnet} via {} dev eth0", Self::node_ip(remote)))?;
+                ip(
+                    &ns,
+                    &format!(
+                        "route add {remote_subnet} via {} dev eth0",
+                        Self::node_ip(remote)
+                    ),
+                )?;
             }
         }
         // Flannel's vxlan backend lowers the pod MTU by the 50 B of VXLAN.
         let mtu = if vxlan { 1450 } else { 1500 };
         for pod in self.pods().into_iter().filter(|p| p.node == node) {
             sh(&["ip", "netns", "add", &pod.netns])?;
-            ip(&ns, &format!("link add {} mtu {mtu} type veth peer name eth0 netns {}", pod.host_iface, pod.netns))?;
+            ip(
+                &ns,
+                &format!(
+                    "link add {} mtu {mtu} type veth peer name eth0 netns {}",
+                    pod.host_iface, pod.netns
+                ),
+            )?;
             ip(&ns, &format!("link set {} master cni0 up", pod.host_iface))?;
             ip(&pod.netns, "link set lo up")?;
             ip(&pod.netns, &format!("link set eth0 mtu {mtu}"))?;
             ip(&pod.netns, &format!("addr add {}/24 dev eth0", pod.ip))?;
             ip(&pod.netns, "link set eth0 up")?;
-            ip(&pod.netns, &format!("route add default via {} dev eth0", self.subnet_host(node, 1)))?;
+            ip(
+                &pod.netns,
+                &format!(
+                    "route add default via {} dev eth0",
+                    self.subnet_host(node, 1)
+                ),
+            )?;
         }
         Ok(())
     }
@@ -261,22 +334,57 @@ impl Lab {
     fn build_calico_node(&self, node: u8) -> Result<()> {
         let ns = self.node_netns(node);
         // Calico's IPAM block: pods get /32s from it, the rest blackholes.
-        ip(&ns, &format!("route add blackhole {} proto bird", self.node_subnet(node)))?;
+        ip(
+            &ns,
+            &format!("route add blackhole {} proto bird", self.node_subnet(node)),
+        )?;
         for remote in (1..=NODES).filter(|r| *r != node) {
-            ip(&ns, &format!("route add {} via {} dev eth0 proto bird", self.node_subnet(remote), Self::node_ip(remote)))?;
+            ip(
+                &ns,
+                &format!(
+                    "route add {} via {} dev eth0 proto bird",
+                    self.node_subnet(remote),
+                    Self::node_ip(remote)
+                ),
+            )?;
         }
         for pod in self.pods().into_iter().filter(|p| p.node == node) {
             sh(&["ip", "netns", "add", &pod.netns])?;
-            ip(&ns, &format!("link add {} type veth peer name eth0 netns {}", pod.host_iface, pod.netns))?;
-            ip(&ns, &format!("link set {} address {CALICO_MAC} up", pod.host_iface))?;
-            sysctl(&ns, &format!("net.ipv4.conf.{}.proxy_arp", pod.host_iface), "1")?;
-            ip(&ns, &format!("route add {}/32 dev {} scope link", pod.ip, pod.host_iface))?;
+            ip(
+                &ns,
+                &format!(
+                    "link add {} type veth peer name eth0 netns {}",
+                    pod.host_iface, pod.netns
+                ),
+            )?;
+            ip(
+                &ns,
+                &format!("link set {} address {CALICO_MAC} up", pod.host_iface),
+            )?;
+            sysctl(
+                &ns,
+                &format!("net.ipv4.conf.{}.proxy_arp", pod.host_iface),
+                "1",
+            )?;
+            ip(
+                &ns,
+                &format!("route add {}/32 dev {} scope link", pod.ip, pod.host_iface),
+            )?;
             ip(&pod.netns, "link set lo up")?;
             ip(&pod.netns, &format!("addr add {}/32 dev eth0", pod.ip))?;
             ip(&pod.netns, "link set eth0 up")?;
-            ip(&pod.netns, &format!("route add {CALICO_GATEWAY} dev eth0 scope link"))?;
-            ip(&pod.netns, &format!("route add default via {CALICO_GATEWAY} dev eth0"))?;
-            ip(&pod.netns, &format!("neigh add {CALICO_GATEWAY} lladdr {CALICO_MAC} dev eth0 nud permanent"))?;
+            ip(
+                &pod.netns,
+                &format!("route add {CALICO_GATEWAY} dev eth0 scope link"),
+            )?;
+            ip(
+                &pod.netns,
+                &format!("route add default via {CALICO_GATEWAY} dev eth0"),
+            )?;
+            ip(
+                &pod.netns,
+                &format!("neigh add {CALICO_GATEWAY} lladdr {CALICO_MAC} dev eth0 nud permanent"),
+            )?;
         }
         Ok(())
     }
@@ -334,7 +442,9 @@ impl Lab {
 }
 
 fn fnv1a(text: &str) -> u64 {
-    text.bytes().fold(0xcbf29ce484222325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100000001b3))
+    text.bytes().fold(0xcbf29ce484222325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
+    })
 }
 
 fn netns_exists(name: &str) -> bool {
@@ -349,7 +459,15 @@ pub fn ip(ns: &str, args: &str) -> Result<()> {
 }
 
 fn sysctl(ns: &str, key: &str, value: &str) -> Result<()> {
-    sh(&["ip", "netns", "exec", ns, "sysctl", "-qw", &format!("{key}={value}")])
+    sh(&[
+        "ip",
+        "netns",
+        "exec",
+        ns,
+        "sysctl",
+        "-qw",
+        &format!("{key}={value}"),
+    ])
 }
 
 /// Runs a command; its stderr becomes the error.
@@ -359,7 +477,11 @@ pub fn sh(argv: &[&str]) -> Result<()> {
         .output()
         .with_context(|| format!("cannot run {}", argv[0]))?;
     if !out.status.success() {
-        bail!("`{}` failed: {}", argv.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "`{}` failed: {}",
+            argv.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(())
 }
@@ -391,12 +513,20 @@ mod tests {
 
     #[test]
     fn pod_cidr_is_a_parameter() {
-        let lab = Lab::new("t", Topology::FlannelVxlan, Some("10.100.0.0/16".parse().unwrap())).unwrap();
+        let lab = Lab::new(
+            "t",
+            Topology::FlannelVxlan,
+            Some("10.100.0.0/16".parse().unwrap()),
+        )
+        .unwrap();
         assert_eq!(lab.node_subnet(2).to_string(), "10.100.2.0/24");
         assert_eq!(lab.pod("db-0").ip, Ipv4Addr::new(10, 100, 2, 2));
         assert!(Lab::new("t", Topology::Calico, Some("10.1.2.0/24".parse().unwrap())).is_err());
         let calico = Lab::new("t", Topology::Calico, None).unwrap();
         assert_eq!(calico.pod("web-1").ip, Ipv4Addr::new(10, 245, 1, 3));
-        assert!(calico.pods().iter().all(|p| p.host_iface.starts_with("cali") && p.host_iface.len() <= 15));
+        assert!(calico
+            .pods()
+            .iter()
+            .all(|p| p.host_iface.starts_with("cali") && p.host_iface.len() <= 15));
     }
 }

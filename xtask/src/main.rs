@@ -69,15 +69,31 @@ fn main() -> Result<()> {
 fn lab(action: LabAction) -> Result<()> {
     require_root()?;
     match action {
-        LabAction::Up { topology, prefix, pod_cidr } => {
+        LabAction::Up {
+            topology,
+            prefix,
+            pod_cidr,
+        } => {
             let lab = Lab::new(&prefix, topology, pod_cidr)?;
             lab.up()?;
             println!("lab {prefix} ({}) is up", topology.name());
             for node in 1..=2 {
-                println!("  {}: netns {}, IP {}, pods {}", Lab::node_name(node), lab.node_netns(node), Lab::node_ip(node), lab.node_subnet(node));
+                println!(
+                    "  {}: netns {}, IP {}, pods {}",
+                    Lab::node_name(node),
+                    lab.node_netns(node),
+                    Lab::node_ip(node),
+                    lab.node_subnet(node)
+                );
             }
             for pod in lab.pods() {
-                println!("  default/{}: {} on {} (netns {})", pod.name, pod.ip, Lab::node_name(pod.node), pod.netns);
+                println!(
+                    "  default/{}: {} on {} (netns {})",
+                    pod.name,
+                    pod.ip,
+                    Lab::node_name(pod.node),
+                    pod.netns
+                );
             }
             println!("  pod inventory: {}", lab.pods_file().display());
         }
@@ -112,14 +128,28 @@ fn demo() -> Result<()> {
     let started = Instant::now();
     setup()?;
     let podtrace = podtrace_binary()?;
-    eprintln!("demo: setup and build took {:.1} s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "demo: setup and build took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
     let guard = LabGuard::up("demo", Topology::FlannelVxlan)?;
     let lab = &guard.0;
     let (web, db) = (lab.pod("web-0"), lab.pod("db-0"));
-    println!("demo: flannel-vxlan lab up: web-0 {} on node-1, db-0 {} on node-2", web.ip, db.ip);
+    println!(
+        "demo: flannel-vxlan lab up: web-0 {} on node-1, db-0 {} on node-2",
+        web.ip, db.ip
+    );
     println!("demo: $ podtrace default/web-0 default/db-0 --pods-file {} --netns {} --netns {} --count 2\n", lab.pods_file().display(), lab.node_netns(1), lab.node_netns(2));
     let mut child = Command::new(&podtrace)
-        .args(["default/web-0", "default/db-0", "--count", "2", "--duration", "20s", "--pods-file"])
+        .args([
+            "default/web-0",
+            "default/db-0",
+            "--count",
+            "2",
+            "--duration",
+            "20s",
+            "--pods-file",
+        ])
         .arg(lab.pods_file())
         .args(["--netns", &lab.node_netns(1), "--netns", &lab.node_netns(2)])
         .stderr(Stdio::piped())
@@ -133,7 +163,20 @@ fn demo() -> Result<()> {
         let _ = child.kill();
         bail!("podtrace did not start");
     }
-    run("ip", &["netns", "exec", &web.netns, "ping", "-c", "1", "-W", "2", &db.ip.to_string()])?;
+    run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &web.netns,
+            "ping",
+            "-c",
+            "1",
+            "-W",
+            "2",
+            &db.ip.to_string(),
+        ],
+    )?;
     println!();
     let status = child.wait()?;
     for line in stderr.lines() {
@@ -150,14 +193,35 @@ fn test() -> Result<()> {
     let started = Instant::now();
     setup()?;
     cargo(&["fmt", "--all", "--check"])?;
-    cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
     cargo(&["test", "--workspace"])?;
-    eprintln!("xtask test: all passed in {:.0} s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "xtask test: all passed in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
 fn bench() -> Result<()> {
     require_root()?;
     setup()?;
-    cargo(&["test", "--release", "--package", "podtrace", "--test", "bench", "--", "--nocapture", "--test-threads", "1"])
+    cargo(&[
+        "test",
+        "--release",
+        "--package",
+        "podtrace",
+        "--test",
+        "bench",
+        "--",
+        "--nocapture",
+        "--test-threads",
+        "1",
+    ])
 }

@@ -30,11 +30,17 @@ pub fn setup() -> Result<()> {
 }
 
 fn rust_src() -> Result<()> {
-    let installed = output("rustup", &["component", "list", "--installed", "--toolchain", "nightly"])?;
+    let installed = output(
+        "rustup",
+        &["component", "list", "--installed", "--toolchain", "nightly"],
+    )?;
     if installed.lines().any(|l| l.starts_with("rust-src")) {
         return Ok(());
     }
-    run("rustup", &["component", "add", "rust-src", "--toolchain", "nightly"])
+    run(
+        "rustup",
+        &["component", "add", "rust-src", "--toolchain", "nightly"],
+    )
 }
 
 fn apt() -> Result<()> {
@@ -68,7 +74,9 @@ fn apt() -> Result<()> {
 
 fn bpf_linker() -> Result<()> {
     let have = Command::new("bpf-linker").arg("--version").output();
-    if have.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(&format!("bpf-linker {BPF_LINKER_VERSION}"))) {
+    if have.is_ok_and(|o| {
+        String::from_utf8_lossy(&o.stdout).contains(&format!("bpf-linker {BPF_LINKER_VERSION}"))
+    }) {
         return Ok(());
     }
     eprintln!("setup: building bpf-linker {BPF_LINKER_VERSION} against LLVM 22 (about a minute)");

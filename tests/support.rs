@@ -1,0 +1,231 @@
+//! Shared by the kernel integration tests: preconditions, a running
+//! podtrace, traffic from inside pod namespaces, and attachment checks.
+
+use std::{
+    io::{BufRead, BufReader, Read},
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::{
+        atomic::{AtomicU32, Ordering},
+        mpsc,
+    },
+    time::Duration,
+};
+
+use aya::programs::{SchedClassifier, TcAttachType};
+use podtrace::netns;
+use serde_json::Value;
+use xtask::lab::{Lab, LabGuard, Topology};
+
+pub const PODTRACE: &str = env!("CARGO_BIN_EXE_podtrace");
+
+/// Kernel tests never pass silently: without root or BTF they fail and say why.
+pub fn require_kernel() {
+    // SAFETY: no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "kernel integration tests need root: run `cargo xtask test` as root"
+    );
+    assert!(
+        std::path::Path::new("/sys/kernel/btf/vmlinux").exists(),
+        "kernel integration tests need BTF (/sys/kernel/btf/vmlinux is missing)"
+    );
+}
+
+/// A lab under a name prefix no other test uses.
+pub fn lab(topology: Topology) -> LabGuard {
+    require_kernel();
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let prefix = format!(
+        "pt{}x{}",
+        std::process::id() % 100_000,
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    LabGuard::up(&prefix, topology).expect("lab up")
+}
+
+pub struct Trace {
+    child: Child,
+    stderr_lines: mpsc::Receiver<String>,
+    pub banner: String,
+}
+
+pub struct Finished {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Finished {
+    /// Parsed JSON lines of `--output json`.
+    pub fn json(&self) -> Vec<Value> {
+        self.stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+            .collect()
+    }
+
+    pub fn stories(&self) -> Vec<Value> {
+        self.json()
+            .into_iter()
+            .filter(|v| v["type"] == "story")
+            .collect()
+    }
+}
+
+/// `--netns` and `--pods-file` arguments for the given nodes of `lab`.
+pub fn lab_args(lab: &Lab, nodes: &[u8]) -> Vec<String> {
+    let mut args = vec![
+        "--pods-file".to_string(),
+        lab.pods_file().display().to_string(),
+    ];
+    for node in nodes {
+        args.push("--netns".into());
+        args.push(lab.node_netns(*node));
+    }
+    args
+}
+
+impl Trace {
+    /// Starts podtrace and waits until it says it is tracing.
+    pub fn start(args: &[String]) -> Self {
+        let mut child = Command::new(PODTRACE)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start podtrace");
+        let stderr = child.stderr.take().expect("piped");
+        let (tx, stderr_lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let banner = match stderr_lines.recv_timeout(Duration::from_secs(20)) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("podtrace printed nothing within 20 s");
+            }
+        };
+        assert!(
+            banner.contains("tracing"),
+            "podtrace did not start: {banner}"
+        );
+        Self {
+            child,
+            stderr_lines,
+            banner,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: a child we own.
+        unsafe { libc::kill(self.pid(), signal) };
+    }
+
+    /// Waits (at most 30 s) for podtrace to exit.
+    pub fn finish(mut self) -> Finished {
+        let mut stdout = String::new();
+        let mut out = self.child.stdout.take().expect("piped");
+        let reader = std::thread::spawn(move || {
+            let _ = out.read_to_string(&mut stdout);
+            stdout
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("podtrace did not exit within 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let stdout = reader.join().expect("stdout reader");
+        let mut stderr = self.banner.clone();
+        while let Ok(line) = self.stderr_lines.recv_timeout(Duration::from_millis(200)) {
+            stderr.push('\n');
+            stderr.push_str(&line);
+        }
+        Finished {
+            status,
+            stdout,
+            stderr,
+        }
+    }
+}
+
+/// Runs podtrace to completion (bad-input cases).
+pub fn run_podtrace(args: &[&str]) -> Finished {
+    let out = Command::new(PODTRACE)
+        .args(args)
+        .output()
+        .expect("run podtrace");
+    Finished {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// One ping from inside a pod; returns whether it was answered.
+pub fn ping(lab: &Lab, from_pod: &str, to_pod: &str) -> bool {
+    let (from, to) = (lab.pod(from_pod), lab.pod(to_pod));
+    Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &from.netns,
+            "ping",
+            "-c",
+            "1",
+            "-W",
+            "2",
+            &to.ip.to_string(),
+        ])
+        .stdout(Stdio::null())
+        .status()
+        .expect("ping")
+        .success()
+}
+
+/// Names of the programs attached by TCX to any interface of a node.
+pub fn tcx_programs(netns_name: &str) -> Vec<String> {
+    let _inside = netns::enter(&netns::resolve(netns_name)).expect("enter netns");
+    let mut names = Vec::new();
+    for iface in interfaces() {
+        for hook in [TcAttachType::Ingress, TcAttachType::Egress] {
+            if let Ok((_, programs)) = SchedClassifier::query_tcx(&iface, hook) {
+                names.extend(
+                    programs
+                        .iter()
+                        .map(|p| format!("{iface}:{}", String::from_utf8_lossy(p.name()))),
+                );
+            }
+        }
+    }
+    names
+}
+
+/// Interface names of the current thread's namespace.
+fn interfaces() -> Vec<String> {
+    let out = Command::new("ip")
+        .args(["-o", "link", "show"])
+        .output()
+        .expect("ip link");
+    // `ip` runs as a child of this thread, so it sees the entered namespace.
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split(": ").nth(1))
+        .map(|name| name.split('@').next().unwrap_or(name).to_string())
+        .collect()
+}
