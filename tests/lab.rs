@@ -362,3 +362,189 @@ fn bad_input_is_one_line_and_a_failure() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("needs root"), "{stderr}");
 }
+
+#[test]
+fn a_packet_lost_inside_a_node_vanishes_after_its_last_hook() {
+    let lab = lab(Topology::FlannelVxlan);
+    // node-2 cannot decapsulate: its VXLAN device is down.
+    xtask::lab::ip(&lab.0.node_netns(2), "link set flannel.1 down").expect("flannel.1 down");
+    let trace = Trace::start(&args(
+        &[
+            "web-0",
+            "db-0",
+            "--count",
+            "1",
+            "--duration",
+            "20s",
+            "-o",
+            "json",
+        ],
+        lab_args(&lab.0, &[1, 2]),
+    ));
+    assert!(
+        !ping(&lab.0, "web-0", "db-0"),
+        "the ping must fail with flannel.1 down"
+    );
+    let done = trace.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    let story = &done.stories()[0];
+    assert_eq!(
+        hops(story).last().unwrap(),
+        &hop("node-2", "underlay", "ingress")
+    );
+    let verdict = &story["verdict"];
+    assert_eq!(verdict["outcome"], "vanished");
+    assert_eq!(verdict["node"], "node-2");
+    assert_eq!(verdict["iface"], "eth0");
+    assert_eq!(verdict["direction"], "ingress");
+}
+
+#[test]
+fn clsact_fallback_attaches_and_cleans_up_even_after_sigkill() {
+    let lab = lab(Topology::FlannelVxlan);
+    let node1 = lab.0.node_netns(1);
+    let tc_filters = || {
+        let out = std::process::Command::new("ip")
+            .args([
+                "netns", "exec", &node1, "tc", "filter", "show", "dev", "cni0", "ingress",
+            ])
+            .output()
+            .expect("tc");
+        String::from_utf8_lossy(&out.stdout)
+            .matches("podtrace_ingress")
+            .count()
+    };
+    let stories = {
+        let trace = Trace::start(&args(
+            &[
+                "web-0",
+                "db-0",
+                "--attach",
+                "clsact",
+                "--count",
+                "2",
+                "--duration",
+                "20s",
+                "-o",
+                "json",
+            ],
+            lab_args(&lab.0, &[1]),
+        ));
+        assert_eq!(tc_filters(), 1, "one clsact filter on cni0 ingress");
+        assert!(
+            tcx_programs(&node1).is_empty(),
+            "clsact mode must not use TCX"
+        );
+        assert!(ping(&lab.0, "web-0", "db-0"));
+        trace.finish().stories()
+    };
+    assert_eq!(stories.len(), 2);
+    assert_eq!(stories[0]["verdict"]["outcome"], "left_node");
+    assert_eq!(tc_filters(), 0, "filters removed at a clean exit");
+
+    // After SIGKILL the filters stay; the next start removes them.
+    let trace = Trace::start(&args(
+        &["web-0", "db-0", "--attach", "clsact"],
+        lab_args(&lab.0, &[1]),
+    ));
+    trace.signal(libc::SIGKILL);
+    trace.finish();
+    assert_eq!(
+        tc_filters(),
+        1,
+        "a killed podtrace cannot clean up its clsact filters"
+    );
+    let trace = Trace::start(&args(
+        &["web-0", "db-0", "--attach", "clsact"],
+        lab_args(&lab.0, &[1]),
+    ));
+    assert_eq!(
+        tc_filters(),
+        1,
+        "the stale filter was replaced, not doubled"
+    );
+    trace.signal(libc::SIGINT);
+    assert!(trace.finish().status.success());
+    assert_eq!(tc_filters(), 0);
+}
+
+#[test]
+fn a_pod_veth_replaced_during_the_trace_is_followed() {
+    let lab = lab(Topology::FlannelVxlan);
+    let node1 = lab.0.node_netns(1);
+    let web = lab.0.pod("web-0");
+    let trace = Trace::start(&args(
+        &[
+            "web-0",
+            "db-0",
+            "--count",
+            "2",
+            "--duration",
+            "30s",
+            "-o",
+            "json",
+        ],
+        lab_args(&lab.0, &[1]),
+    ));
+    // The pod's sandbox is recreated: its veth goes, a new one comes.
+    let ip = xtask::lab::ip;
+    ip(&node1, &format!("link del {}", web.host_iface)).unwrap();
+    ip(
+        &node1,
+        &format!(
+            "link add vethrestart mtu 1450 type veth peer name eth0 netns {}",
+            web.netns
+        ),
+    )
+    .unwrap();
+    ip(&node1, "link set vethrestart master cni0 up").unwrap();
+    ip(&web.netns, "link set eth0 mtu 1450").unwrap();
+    ip(&web.netns, &format!("addr add {}/24 dev eth0", web.ip)).unwrap();
+    ip(&web.netns, "link set eth0 up").unwrap();
+    ip(
+        &web.netns,
+        &format!(
+            "route add default via {} dev eth0",
+            lab.0.node_subnet(1).hosts().next().unwrap()
+        ),
+    )
+    .unwrap();
+    // Attachment follows the link event; give it a moment before traffic.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !tcx_programs(&node1)
+        .iter()
+        .any(|p| p.starts_with("vethrestart:"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new veth was never attached"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(ping(&lab.0, "web-0", "db-0"));
+    let done = trace.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    assert!(
+        done.stderr.contains(&format!(
+            "interface {} vanished during the trace",
+            web.host_iface
+        )),
+        "{}",
+        done.stderr
+    );
+    assert!(
+        done.stderr
+            .contains("new interface vethrestart, now traced"),
+        "{}",
+        done.stderr
+    );
+    let stories = done.stories();
+    assert_eq!(stories[0]["hops"][0]["iface"], "vethrestart");
+    let summary = done
+        .json()
+        .into_iter()
+        .find(|v| v["type"] == "summary")
+        .unwrap();
+    assert_eq!(summary["interfaces_vanished"], 1);
+    assert_eq!(summary["interfaces_added"], 1);
+}

@@ -13,6 +13,7 @@ use crate::{
     interfaces::{self, Role, Watched},
     inventory::{Endpoint, Inventory},
     journey::{Correlator, Direction, Hop},
+    link_watch::{self, LinkChange},
     netns,
     node::NodeView,
     render::{Renderer, Summary},
@@ -25,8 +26,44 @@ const JOURNEY_IDLE: Duration = Duration::from_millis(250);
 
 struct TracedNode {
     name: String,
+    underlay: u32,
     probe: NodeProbe,
     interfaces: HashMap<u32, Watched>,
+}
+
+impl TracedNode {
+    /// A link appeared or vanished on this node during the trace.
+    fn link_changed(&mut self, change: LinkChange, summary: &mut Summary) {
+        match change {
+            LinkChange::Added(link) if !self.interfaces.contains_key(&link.index) => {
+                let Some(iface) = interfaces::watch(&link, self.underlay) else {
+                    return;
+                };
+                match self.probe.attach_interface(&iface) {
+                    Ok(()) => {
+                        eprintln!(
+                            "podtrace: {}: new interface {}, now traced",
+                            self.name, iface.name
+                        );
+                        summary.interfaces_added += 1;
+                        self.interfaces.insert(iface.index, iface);
+                    }
+                    Err(e) => eprintln!(
+                        "podtrace: {}: new interface {} is not traced: {e:#}",
+                        self.name, iface.name
+                    ),
+                }
+            }
+            LinkChange::Removed(link) if self.interfaces.contains_key(&link.index) => {
+                eprintln!(
+                    "podtrace: {}: interface {} vanished during the trace; its hooks went with it",
+                    self.name, link.name
+                );
+                summary.interfaces_vanished += 1;
+            }
+            _ => {}
+        }
+    }
 }
 
 pub async fn run(args: Args) -> Result<()> {
@@ -56,6 +93,7 @@ pub async fn run(args: Args) -> Result<()> {
     }
 
     let (tx, mut rx) = mpsc::unbounded_channel();
+    let (link_tx, mut link_rx) = mpsc::unbounded_channel();
     let namespaces: Vec<Option<String>> = if args.netns.is_empty() {
         vec![None]
     } else {
@@ -70,6 +108,7 @@ pub async fn run(args: Args) -> Result<()> {
             &inventory,
             &flows,
             &mut ctx,
+            link_tx.clone(),
         )
         .await?;
         node.probe.stream(tx.clone())?;
@@ -130,6 +169,11 @@ pub async fn run(args: Args) -> Result<()> {
                     }
                 }
             }
+            Some((node, change)) = link_rx.recv() => {
+                if let Some(node) = nodes.get_mut(node as usize) {
+                    node.link_changed(change, &mut summary);
+                }
+            }
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
             _ = &mut until_deadline => break,
@@ -165,11 +209,10 @@ async fn trace_node(
     inventory: &Inventory,
     flows: &[FlowKey],
     ctx: &mut Context,
+    link_tx: mpsc::UnboundedSender<(u32, LinkChange)>,
 ) -> Result<TracedNode> {
-    let _entered = match ns {
-        Some(ns) => Some(netns::enter(&netns::resolve(ns))?),
-        None => None,
-    };
+    let netns_path = ns.map(netns::resolve);
+    let _entered = netns_path.as_deref().map(netns::enter).transpose()?;
     let view = NodeView::read().await?;
     // The node is the inventory node whose IP this namespace holds.
     let known = inventory
@@ -192,10 +235,17 @@ async fn trace_node(
             ctx.traced_destinations.push(route.destination);
         }
     }
-    let probe = NodeProbe::attach(id, &watched, flows, args.attach)
+    let probe = NodeProbe::attach(id, netns_path.as_deref(), &watched, flows, args.attach)
         .with_context(|| format!("node {name}"))?;
+    // The subscription socket stays bound to the namespace it was opened in.
+    link_watch::watch(id, link_tx)?;
+    let underlay = watched
+        .iter()
+        .find(|w| w.role == Role::Underlay)
+        .map_or(0, |w| w.index);
     Ok(TracedNode {
         name,
+        underlay,
         probe,
         interfaces: watched.into_iter().map(|w| (w.index, w)).collect(),
     })

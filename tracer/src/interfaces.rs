@@ -35,28 +35,33 @@ const TUNNEL_KINDS: &[&str] = &["vxlan", "geneve", "ipip", "wireguard"];
 /// `node_ip`, or else the one the default route leaves by), CNI bridges,
 /// overlay devices, and every pod-facing veth.
 pub fn select(view: &NodeView, node_ip: Option<Ipv4Addr>) -> Result<Vec<Watched>> {
-    let underlay = underlay(view, node_ip)?;
-    let mut watched = Vec::new();
-    for link in &view.links {
-        let role = if link.index == underlay.index {
-            Role::Underlay
-        } else if link.kind == "bridge" {
-            Role::Bridge
-        } else if TUNNEL_KINDS.contains(&link.kind.as_str()) {
-            Role::Tunnel
-        } else if link.kind == "veth" {
-            Role::PodVeth
-        } else {
-            continue;
-        };
-        watched.push(Watched {
-            index: link.index,
-            name: link.name.clone(),
-            role,
-            has_ethernet_header: link.has_ethernet_header,
-        });
-    }
-    Ok(watched)
+    let underlay = underlay(view, node_ip)?.index;
+    Ok(view
+        .links
+        .iter()
+        .filter_map(|link| watch(link, underlay))
+        .collect())
+}
+
+/// The link as a watched interface, if it plays a part on the node.
+pub fn watch(link: &Link, underlay: u32) -> Option<Watched> {
+    let role = if link.index == underlay {
+        Role::Underlay
+    } else if link.kind == "bridge" {
+        Role::Bridge
+    } else if TUNNEL_KINDS.contains(&link.kind.as_str()) {
+        Role::Tunnel
+    } else if link.kind == "veth" {
+        Role::PodVeth
+    } else {
+        return None;
+    };
+    Some(Watched {
+        index: link.index,
+        name: link.name.clone(),
+        role,
+        has_ethernet_header: link.has_ethernet_header,
+    })
 }
 
 fn underlay(view: &NodeView, node_ip: Option<Ipv4Addr>) -> Result<&Link> {

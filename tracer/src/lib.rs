@@ -11,6 +11,7 @@ pub mod decode;
 pub mod interfaces;
 pub mod inventory;
 pub mod journey;
+pub mod link_watch;
 pub mod netns;
 pub mod node;
 pub mod render;

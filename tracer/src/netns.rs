@@ -53,3 +53,9 @@ impl Drop for Entered {
         }
     }
 }
+
+/// Runs `f` inside `path` (or where the thread already is, for None).
+pub fn inside<T>(path: Option<&Path>, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let _entered = path.map(enter).transpose()?;
+    f()
+}

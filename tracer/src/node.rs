@@ -9,7 +9,7 @@ use ipnet::Ipv4Net;
 use rtnetlink::{
     packet_route::{
         address::AddressAttribute,
-        link::{InfoKind, LinkAttribute, LinkInfo, LinkLayerType},
+        link::{InfoKind, LinkAttribute, LinkInfo, LinkLayerType, LinkMessage},
         route::{RouteAddress, RouteAttribute, RouteMessage},
     },
     RouteMessageBuilder,
@@ -56,30 +56,7 @@ impl NodeView {
                 .link()
                 .get()
                 .execute()
-                .map_ok(|msg| {
-                    let mut link = Link {
-                        index: msg.header.index,
-                        name: String::new(),
-                        kind: String::new(),
-                        controller: None,
-                        has_ethernet_header: msg.header.link_layer_type == LinkLayerType::Ether,
-                    };
-                    for attr in msg.attributes {
-                        match attr {
-                            LinkAttribute::IfName(name) => link.name = name,
-                            LinkAttribute::Controller(index) => link.controller = Some(index),
-                            LinkAttribute::LinkInfo(infos) => {
-                                for info in infos {
-                                    if let LinkInfo::Kind(kind) = info {
-                                        link.kind = kind_name(&kind);
-                                    }
-                                }
-                            }
-                            _ => {}
-                        }
-                    }
-                    link
-                })
+                .map_ok(Link::from)
                 .try_collect()
                 .await
                 .context("cannot list links")?;
@@ -140,6 +117,33 @@ impl NodeView {
             .iter()
             .filter(|r| r.table == RT_TABLE_MAIN && r.destination.contains(&dst))
             .max_by_key(|r| r.destination.prefix_len())
+    }
+}
+
+impl From<LinkMessage> for Link {
+    fn from(msg: LinkMessage) -> Self {
+        let mut link = Link {
+            index: msg.header.index,
+            name: String::new(),
+            kind: String::new(),
+            controller: None,
+            has_ethernet_header: msg.header.link_layer_type == LinkLayerType::Ether,
+        };
+        for attr in msg.attributes {
+            match attr {
+                LinkAttribute::IfName(name) => link.name = name,
+                LinkAttribute::Controller(index) => link.controller = Some(index),
+                LinkAttribute::LinkInfo(infos) => {
+                    for info in infos {
+                        if let LinkInfo::Kind(kind) = info {
+                            link.kind = kind_name(&kind);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        link
     }
 }
 

@@ -30,8 +30,12 @@ pub struct Summary {
     pub lost_snapshot: u64,
     /// Sightings whose headers could not be decoded.
     pub undecodable: u64,
-    /// Sightings on an interface podtrace no longer knows (it vanished).
+    /// Sightings on an interface podtrace does not know.
     pub unknown_interface: u64,
+    /// Traced interfaces that vanished during the trace.
+    pub interfaces_vanished: u64,
+    /// Interfaces that appeared during the trace and were attached.
+    pub interfaces_added: u64,
     pub hooks_attached: usize,
 }
 
@@ -132,13 +136,15 @@ pub fn human_story(n: u64, s: &Story, colour: bool) -> String {
 
 pub fn human_summary(s: &Summary) -> String {
     format!(
-        "podtrace: {} stories from {} sightings on {} hooks; lost: {} (ring buffer full), {} (header copy failed); undecodable: {}; on unknown interfaces: {}\n",
+        "podtrace: {} stories from {} sightings on {} hooks; lost: {} (ring buffer full), {} (header copy failed); undecodable: {}; on unknown interfaces: {}; interfaces vanished: {}, added: {}\n",
         s.stories,
         s.sightings,
         s.hooks_attached,
         s.lost_ringbuf_full,
         s.lost_snapshot,
         s.undecodable,
-        s.unknown_interface
+        s.unknown_interface,
+        s.interfaces_vanished,
+        s.interfaces_added
     )
 }

@@ -7,7 +7,12 @@
 //! get clsact filters instead, which podtrace removes on exit and, after a
 //! crash, on the next start.
 
-use std::{collections::HashMap, io};
+use std::{
+    collections::HashMap,
+    io,
+    mem::ManuallyDrop,
+    path::{Path, PathBuf},
+};
 
 use anyhow::{anyhow, Context, Result};
 use aya::{
@@ -22,7 +27,7 @@ use aya::{
 use podtrace_common::{counter, names, FlowKey, Sighting};
 use tokio::{io::unix::AsyncFd, sync::mpsc};
 
-use crate::interfaces::Watched;
+use crate::{interfaces::Watched, netns};
 
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
 
@@ -50,8 +55,30 @@ impl AttachMode {
 
 /// The programs of one node, attached; dropping it detaches everything.
 pub struct NodeProbe {
-    ebpf: Ebpf,
+    /// Dropped inside `netns`: clsact filters are detached over netlink by
+    /// ifindex, which means something only in the node's namespace.
+    ebpf: ManuallyDrop<Ebpf>,
+    /// The node's namespace (None: podtrace's own).
+    netns: Option<PathBuf>,
+    mode: AttachMode,
     pub hooks: usize,
+}
+
+impl Drop for NodeProbe {
+    fn drop(&mut self) {
+        let netns = self.netns.take();
+        let ebpf = &mut self.ebpf;
+        let detached = netns::inside(netns.as_deref(), || {
+            // SAFETY: dropped once, here, and never used again.
+            unsafe { ManuallyDrop::drop(ebpf) };
+            Ok(())
+        });
+        if let Err(e) = detached {
+            // TCX links close with the process; clsact filters are removed
+            // by the next start.
+            eprintln!("podtrace: cannot detach cleanly: {e:#}");
+        }
+    }
 }
 
 const PROGRAMS: [&str; 4] = [
@@ -62,9 +89,10 @@ const PROGRAMS: [&str; 4] = [
 ];
 
 impl NodeProbe {
-    /// Loads and attaches inside the calling thread's network namespace.
+    /// Loads the programs and attaches them to `watched` inside `netns`.
     pub fn attach(
         node_id: u32,
+        netns: Option<&Path>,
         watched: &[Watched],
         flows: &[FlowKey],
         mode: AttachMode,
@@ -85,23 +113,44 @@ impl NodeProbe {
                 .load()
                 .with_context(|| format!("the kernel refused {name}"))?;
         }
-        let mode = mode.resolve();
-        let mut hooks = 0;
+        let mut probe = Self {
+            ebpf: ManuallyDrop::new(ebpf),
+            netns: netns.map(Path::to_path_buf),
+            mode: mode.resolve(),
+            hooks: 0,
+        };
         for iface in watched {
-            let (ingress, egress) = if iface.has_ethernet_header {
-                (names::TC_INGRESS, names::TC_EGRESS)
-            } else {
-                (names::TC_INGRESS_L3, names::TC_EGRESS_L3)
-            };
-            for (name, hook) in [
-                (ingress, TcAttachType::Ingress),
-                (egress, TcAttachType::Egress),
-            ] {
-                attach_one(program(&mut ebpf, name)?, name, &iface.name, hook, mode)?;
-                hooks += 1;
-            }
+            probe.attach_interface(iface)?;
         }
-        Ok(Self { ebpf, hooks })
+        Ok(probe)
+    }
+
+    /// Attaches to both hooks of one more interface of the node.
+    pub fn attach_interface(&mut self, iface: &Watched) -> Result<()> {
+        let netns = self.netns.clone();
+        netns::inside(netns.as_deref(), || self.attach_here(iface))
+    }
+
+    fn attach_here(&mut self, iface: &Watched) -> Result<()> {
+        let (ingress, egress) = if iface.has_ethernet_header {
+            (names::TC_INGRESS, names::TC_EGRESS)
+        } else {
+            (names::TC_INGRESS_L3, names::TC_EGRESS_L3)
+        };
+        for (name, hook) in [
+            (ingress, TcAttachType::Ingress),
+            (egress, TcAttachType::Egress),
+        ] {
+            attach_one(
+                program(&mut self.ebpf, name)?,
+                name,
+                &iface.name,
+                hook,
+                self.mode,
+            )?;
+            self.hooks += 1;
+        }
+        Ok(())
     }
 
     /// Moves the ring buffer into a task that forwards every sighting.
