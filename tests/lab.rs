@@ -548,3 +548,62 @@ fn a_pod_veth_replaced_during_the_trace_is_followed() {
     assert_eq!(summary["interfaces_vanished"], 1);
     assert_eq!(summary["interfaces_added"], 1);
 }
+
+#[test]
+fn a_burst_of_packets_is_told_in_full() {
+    let lab = lab(Topology::FlannelVxlan);
+    let trace = Trace::start(&args(
+        &[
+            "web-0",
+            "db-0",
+            "--count",
+            "200",
+            "--duration",
+            "30s",
+            "-o",
+            "json",
+            "--profile",
+        ],
+        lab_args(&lab.0, &[1, 2]),
+    ));
+    let (web, db) = (lab.0.pod("web-0"), lab.0.pod("db-0"));
+    let burst = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &web.netns,
+            "ping",
+            "-q",
+            "-c",
+            "100",
+            "-i",
+            "0.002",
+            &db.ip.to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        burst.status.success(),
+        "{}",
+        String::from_utf8_lossy(&burst.stdout)
+    );
+    let done = trace.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    let stories = done.stories();
+    assert_eq!(stories.len(), 200, "100 requests and 100 replies");
+    assert!(stories.iter().all(
+        |s| s["verdict"]["outcome"] == "delivered" && s["hops"].as_array().unwrap().len() == 8
+    ));
+    let lines = done.json();
+    let summary = lines.iter().find(|v| v["type"] == "summary").unwrap();
+    assert_eq!(summary["sightings"], 1600);
+    let profile = lines
+        .iter()
+        .find(|v| v["type"] == "profile")
+        .expect("--profile prints the profile");
+    let steps = profile["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 14, "7 steps per direction");
+    assert!(steps
+        .iter()
+        .all(|s| s["count"] == 100 && s["p50_us"].as_f64().unwrap() >= 0.0));
+}

@@ -1,7 +1,11 @@
 //! One trace, from arguments to stories: resolve the pods, attach to every
 //! traced node, correlate, tell, and detach.
 
-use std::{collections::HashMap, io::IsTerminal, time::Duration};
+use std::{
+    collections::HashMap,
+    io::{IsTerminal, Write},
+    time::Duration,
+};
 
 use anyhow::{bail, Context as _, Result};
 use podtrace_common::{counter, Direction as KernelDirection, FlowKey, Sighting};
@@ -12,10 +16,11 @@ use crate::{
     decode,
     interfaces::{self, Role, Watched},
     inventory::{Endpoint, Inventory},
-    journey::{Correlator, Direction, Hop},
+    journey::{Correlator, Direction, Hop, Journey},
     link_watch::{self, LinkChange},
     netns,
     node::NodeView,
+    profile::Profile,
     render::{Renderer, Summary},
     sightings::NodeProbe,
     story::{self, Context},
@@ -136,7 +141,13 @@ pub async fn run(args: Args) -> Result<()> {
         "never" => false,
         _ => std::io::stdout().is_terminal(),
     };
-    let mut renderer = Renderer::new(std::io::stdout().lock(), args.output, colour);
+    let mut teller = Teller {
+        renderer: Renderer::new(std::io::stdout().lock(), args.output, colour),
+        ctx: &ctx,
+        profile: args.profile.then(Profile::default),
+        limit: args.count,
+        told: 0,
+    };
     let mut correlator = Correlator::new(JOURNEY_IDLE.as_nanos() as u64);
     let mut tick = tokio::time::interval(JOURNEY_IDLE / 2);
     let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
@@ -150,21 +161,15 @@ pub async fn run(args: Args) -> Result<()> {
     };
     tokio::pin!(until_deadline);
 
-    let done = |summary: &Summary| args.count.is_some_and(|n| summary.stories >= n);
     'trace: loop {
         tokio::select! {
             sighting = rx.recv() => {
                 let Some(sighting) = sighting else { break };
-                summary.sightings += 1;
-                if let Some(hop) = place(&sighting, &nodes, &mut summary) {
-                    correlator.observe(hop);
-                }
+                absorb(&sighting, &nodes, &mut summary, &mut correlator);
             }
             _ = tick.tick() => {
                 for journey in correlator.take_finished(monotonic_ns()) {
-                    renderer.story(&story::tell(&journey, &ctx))?;
-                    summary.stories += 1;
-                    if done(&summary) {
+                    if !teller.tell(&journey)? {
                         break 'trace;
                     }
                 }
@@ -179,12 +184,15 @@ pub async fn run(args: Args) -> Result<()> {
             _ = &mut until_deadline => break,
         }
     }
+    // Let the ring readers hand over what they have read, then take it.
+    tokio::task::yield_now().await;
+    while let Ok(sighting) = rx.try_recv() {
+        absorb(&sighting, &nodes, &mut summary, &mut correlator);
+    }
     for journey in correlator.take_all() {
-        if done(&summary) {
+        if !teller.tell(&journey)? {
             break;
         }
-        renderer.story(&story::tell(&journey, &ctx))?;
-        summary.stories += 1;
     }
     for node in &nodes {
         let counters = node.probe.counters()?;
@@ -192,8 +200,45 @@ pub async fn run(args: Args) -> Result<()> {
         summary.lost_snapshot += counters[counter::SNAPSHOT_FAILED as usize];
     }
     drop(nodes);
-    renderer.summary(&summary)?;
+    teller.finish(summary)?;
     Ok(())
+}
+
+/// Turns finished journeys into output, up to the `--count` limit.
+struct Teller<'a, W: Write> {
+    renderer: Renderer<W>,
+    ctx: &'a Context,
+    profile: Option<Profile>,
+    limit: Option<u64>,
+    told: u64,
+}
+
+impl<W: Write> Teller<'_, W> {
+    fn limit_reached(&self) -> bool {
+        self.limit.is_some_and(|n| self.told >= n)
+    }
+
+    /// Tells the journey's story; false once no more stories are wanted.
+    fn tell(&mut self, journey: &Journey) -> std::io::Result<bool> {
+        if self.limit_reached() {
+            return Ok(false);
+        }
+        let story = story::tell(journey, self.ctx);
+        self.renderer.story(&story)?;
+        if let Some(profile) = &mut self.profile {
+            profile.add(&story);
+        }
+        self.told += 1;
+        Ok(!self.limit_reached())
+    }
+
+    fn finish(mut self, mut summary: Summary) -> std::io::Result<()> {
+        if let Some(profile) = &self.profile {
+            self.renderer.profile(&profile.latencies())?;
+        }
+        summary.stories = self.told;
+        self.renderer.summary(&summary)
+    }
 }
 
 /// Both directions of the traced pair, as the kernel filter wants them.
@@ -249,6 +294,13 @@ async fn trace_node(
         probe,
         interfaces: watched.into_iter().map(|w| (w.index, w)).collect(),
     })
+}
+
+fn absorb(s: &Sighting, nodes: &[TracedNode], summary: &mut Summary, correlator: &mut Correlator) {
+    summary.sightings += 1;
+    if let Some(hop) = place(s, nodes, summary) {
+        correlator.observe(hop);
+    }
 }
 
 /// Turns a raw sighting into a hop on a known node and interface.

@@ -38,6 +38,9 @@ pub struct Args {
     /// Stop after this long (e.g. 10s, 500ms, 2m).
     #[arg(short, long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
+    /// At exit, print the latency of every hop-to-hop step (p50/p90/p99).
+    #[arg(long)]
+    pub profile: bool,
     /// How to attach to tc hooks.
     #[arg(long, value_enum, default_value = "auto")]
     pub attach: AttachMode,

@@ -14,6 +14,7 @@ pub mod journey;
 pub mod link_watch;
 pub mod netns;
 pub mod node;
+pub mod profile;
 pub mod render;
 pub mod sightings;
 pub mod story;

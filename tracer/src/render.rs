@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::{
     journey::Direction,
+    profile::StepLatency,
     story::{Outcome, Story},
 };
 
@@ -79,6 +80,18 @@ impl<W: Write> Renderer<W> {
         }
     }
 
+    /// The `--profile` table: per hop-to-hop step, its latency percentiles.
+    pub fn profile(&mut self, steps: &[StepLatency]) -> std::io::Result<()> {
+        match self.format {
+            Format::Json => self.json("profile", &serde_json::json!({ "steps": steps })),
+            Format::Human => {
+                let text = human_profile(steps);
+                self.out.write_all(text.as_bytes())?;
+                self.out.flush()
+            }
+        }
+    }
+
     fn json<T: Serialize>(&mut self, kind: &str, value: &T) -> std::io::Result<()> {
         let mut object = serde_json::to_value(value)?;
         if let Some(map) = object.as_object_mut() {
@@ -131,6 +144,33 @@ pub fn human_story(n: u64, s: &Story, colour: bool) -> String {
         "  verdict: {}\n\n",
         paint(colour, code, &s.verdict.summary)
     ));
+    text
+}
+
+pub fn human_profile(steps: &[StepLatency]) -> String {
+    let from_w = steps
+        .iter()
+        .map(|s| s.step.from.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let to_w = steps
+        .iter()
+        .map(|s| s.step.to.len())
+        .max()
+        .unwrap_or(2)
+        .max(2);
+    let mut text = format!(
+        "datapath profile (µs per step)\n  {:from_w$}    {:to_w$}  {:>6}  {:>8}  {:>8}  {:>8}  {:>8}\n",
+        "from", "to", "count", "p50", "p90", "p99", "max"
+    );
+    for s in steps {
+        text.push_str(&format!(
+            "  {:from_w$} →  {:to_w$}  {:>6}  {:>8.1}  {:>8.1}  {:>8.1}  {:>8.1}\n",
+            s.step.from, s.step.to, s.count, s.p50_us, s.p90_us, s.p99_us, s.max_us
+        ));
+    }
+    text.push('\n');
     text
 }
 

@@ -169,6 +169,9 @@ impl NodeProbe {
                 let Ok(mut guard) = ring.readable_mut().await else {
                     return;
                 };
+                // Clear before draining: a wakeup that lands while we drain
+                // must stay pending, or the ring stalls with data in it.
+                guard.clear_ready();
                 let ring = guard.get_inner_mut();
                 while let Some(item) = ring.next() {
                     if item.len() >= std::mem::size_of::<Sighting>() {
@@ -180,7 +183,6 @@ impl NodeProbe {
                         }
                     }
                 }
-                guard.clear_ready();
             }
         });
         Ok(())

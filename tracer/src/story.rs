@@ -352,7 +352,7 @@ fn judge(journey: &Journey, ctx: &Context) -> Verdict {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::{
         decode::tests as frames,
@@ -398,6 +398,10 @@ mod tests {
             key: crate::journey::PacketKey::of(&hops[0].packet),
             hops,
         }
+    }
+
+    pub(crate) fn sample_story() -> Story {
+        tell(&cross_node_flannel(), &ctx())
     }
 
     fn ctx() -> Context {

@@ -234,6 +234,7 @@ fn bench() -> Result<()> {
         "--test",
         "bench",
         "--",
+        "--ignored",
         "--nocapture",
         "--test-threads",
         "1",

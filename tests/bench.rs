@@ -1,0 +1,174 @@
+//! `cargo xtask bench`: numbers, not asserts. Userspace pipeline speed on
+//! recorded sightings, and on the real datapath of a flannel-vxlan lab:
+//! per-step latency, ping RTT with and without podtrace, podtrace's memory.
+
+// The bench uses only part of the helpers it shares with the lab tests.
+#[allow(dead_code)]
+mod support;
+
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use etherparse::PacketBuilder;
+use podtrace::{
+    decode::decode,
+    interfaces::Role,
+    journey::{Correlator, Direction, Hop},
+    story::{tell, Context},
+};
+use support::*;
+use xtask::lab::Topology;
+
+fn frame(seq: u16, ttl: u8) -> Vec<u8> {
+    let mut out = Vec::new();
+    PacketBuilder::ethernet2([2; 6], [4; 6])
+        .ipv4([10, 244, 1, 2], [10, 244, 2, 2], ttl)
+        .icmpv4_echo_request(7, seq)
+        .write(&mut out, &[0u8; 56])
+        .unwrap();
+    out
+}
+
+#[test]
+#[ignore = "benchmark: run with cargo xtask bench"]
+fn userspace_pipeline() {
+    const STORIES: u64 = 50_000;
+    const HOPS: u64 = 8;
+    let frames: Vec<Vec<u8>> = (0..STORIES).map(|i| frame(i as u16, 64)).collect();
+    let ctx = Context::default();
+    let started = Instant::now();
+    let mut correlator = Correlator::new(1_000_000);
+    let mut told = 0;
+    for (i, f) in frames.iter().enumerate() {
+        for h in 0..HOPS {
+            let packet = decode(&f[..f.len().min(128)], true).unwrap();
+            correlator.observe(Hop {
+                ktime_ns: i as u64 * 10_000_000 + h * 1_000,
+                node: "node-1".into(),
+                iface: format!("if{h}"),
+                role: Role::PodVeth,
+                direction: Direction::Ingress,
+                skb_len: f.len() as u32,
+                mark: 0,
+                packet,
+            });
+        }
+        for journey in correlator.take_finished(i as u64 * 10_000_000) {
+            told += usize::from(!tell(&journey, &ctx).hops.is_empty());
+        }
+    }
+    told += correlator.take_all().len();
+    let elapsed = started.elapsed();
+    assert_eq!(told as u64, STORIES);
+    println!(
+        "userspace: {} sightings → {} stories in {:.0} ms: {:.2} M sightings/s, {:.1} µs per story",
+        STORIES * HOPS,
+        STORIES,
+        elapsed.as_secs_f64() * 1e3,
+        (STORIES * HOPS) as f64 / elapsed.as_secs_f64() / 1e6,
+        elapsed.as_secs_f64() * 1e6 / STORIES as f64
+    );
+}
+
+/// `rtt min/avg/max/mdev = …` of `ping -q`, as (avg, max) in µs.
+fn ping_rtt(lab: &xtask::lab::Lab, count: u32) -> (f64, f64) {
+    let (from, to) = (lab.pod("web-0"), lab.pod("db-0"));
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &from.netns,
+            "ping",
+            "-q",
+            "-c",
+            &count.to_string(),
+            "-i",
+            "0.01",
+        ])
+        .arg(to.ip.to_string())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.contains("rtt"))
+        .expect("ping summary");
+    let numbers: Vec<f64> = line
+        .split('=')
+        .nth(1)
+        .unwrap()
+        .trim()
+        .trim_end_matches(" ms")
+        .split('/')
+        .map(|n| n.parse().unwrap())
+        .collect();
+    (numbers[1] * 1e3, numbers[2] * 1e3)
+}
+
+fn rss_kib(pid: i32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+#[test]
+#[ignore = "benchmark: run with cargo xtask bench"]
+fn vxlan_datapath() {
+    const PINGS: u32 = 500;
+    let lab = lab(Topology::FlannelVxlan);
+    ping_rtt(&lab.0, 20); // warm the neighbour and route caches
+    let (bare_avg, bare_max) = ping_rtt(&lab.0, PINGS);
+
+    let mut argv: Vec<String> = ["web-0", "db-0", "--profile", "-o", "json"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    argv.extend(lab_args(&lab.0, &[1, 2]));
+    let trace = Trace::start(&argv);
+    let (traced_avg, traced_max) = ping_rtt(&lab.0, PINGS);
+    std::thread::sleep(Duration::from_millis(600));
+    let (rss, hwm) = rss_kib(trace.pid());
+    trace.signal(libc::SIGINT);
+    let done = trace.finish();
+    let lines = done.json();
+    let profile = lines
+        .iter()
+        .find(|v| v["type"] == "profile")
+        .expect("profile");
+    let summary = lines
+        .iter()
+        .find(|v| v["type"] == "summary")
+        .expect("summary");
+
+    println!("datapath: {PINGS} pings web-0 → db-0 across flannel.1 (VXLAN), traced on both nodes");
+    println!("  ping RTT avg/max: {bare_avg:.0}/{bare_max:.0} µs untraced, {traced_avg:.0}/{traced_max:.0} µs traced ({:+.1}% avg)", (traced_avg / bare_avg - 1.0) * 100.0);
+    println!(
+        "  podtrace: {} stories from {} sightings, lost {} (ring buffer) {} (copy); RSS {} KiB, peak {} KiB",
+        summary["stories"], summary["sightings"], summary["lost_ringbuf_full"], summary["lost_snapshot"], rss, hwm
+    );
+    println!("  per-step latency on the datapath (µs):");
+    println!(
+        "    {:>5}  {:>7}  {:>7}  {:>7}  step",
+        "count", "p50", "p90", "p99"
+    );
+    for step in profile["steps"].as_array().unwrap() {
+        println!(
+            "    {:>5}  {:>7.1}  {:>7.1}  {:>7.1}  {} → {}",
+            step["count"],
+            step["p50_us"].as_f64().unwrap(),
+            step["p90_us"].as_f64().unwrap(),
+            step["p99_us"].as_f64().unwrap(),
+            step["from"].as_str().unwrap(),
+            step["to"].as_str().unwrap()
+        );
+    }
+}
