@@ -53,6 +53,7 @@ fn userspace_pipeline() {
                 skb_len: f.len() as u32,
                 mark: 0,
                 packet,
+                drop: None,
             });
         }
         for journey in correlator.take_finished(i as u64 * 10_000_000) {

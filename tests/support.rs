@@ -33,15 +33,19 @@ pub fn require_kernel() {
 }
 
 /// A lab under a name prefix no other test uses.
+///
+/// Each lab also gets its own pod CIDR (10.1xx.0.0/16): the drop
+/// tracepoint sees every namespace, so concurrent labs must not share pod
+/// addresses. It also keeps the CIDR a real parameter.
 pub fn lab(topology: Topology) -> LabGuard {
     require_kernel();
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let prefix = format!(
-        "pt{}x{}",
-        std::process::id() % 100_000,
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    );
-    LabGuard::up(&prefix, topology).expect("lab up")
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let prefix = format!("pt{}x{n}", std::process::id() % 100_000);
+    let pod_cidr = format!("10.{}.0.0/16", 100 + n % 100)
+        .parse()
+        .expect("a CIDR");
+    LabGuard::up(&prefix, topology, Some(pod_cidr)).expect("lab up")
 }
 
 pub struct Trace {

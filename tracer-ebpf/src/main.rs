@@ -8,6 +8,8 @@
 #![no_std]
 #![no_main]
 
+mod drops;
+mod maps;
 mod tc_sightings;
 
 #[cfg(not(test))]

@@ -3,29 +3,15 @@
 use aya_ebpf::{
     bindings::TC_ACT_UNSPEC,
     helpers::{bpf_ktime_get_ns, bpf_skb_load_bytes},
-    macros::{classifier, map},
-    maps::{HashMap, PerCpuArray, RingBuf},
+    macros::classifier,
     programs::TcContext,
 };
 use podtrace_common::{
-    counter, match_kind, Direction, FlowKey, Sighting, GENEVE_PORT, SNAPSHOT_LEN,
+    counter, match_kind, sighting_kind, Direction, FlowKey, Sighting, GENEVE_PORT, SNAPSHOT_LEN,
     VXLAN_PORT_FLANNEL, VXLAN_PORT_IANA,
 };
 
-/// Traced (src, dst) pairs; filled by userspace.
-#[map(name = "FLOWS")]
-static FLOWS: HashMap<FlowKey, u8> = HashMap::with_max_entries(1024, 0);
-
-#[map(name = "SIGHTINGS")]
-static SIGHTINGS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
-
-#[map(name = "COUNTERS")]
-static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
-
-/// Which traced node (network namespace) this instance serves; userspace
-/// sets it at load time, one program instance per namespace.
-#[unsafe(no_mangle)]
-static NODE_ID: u32 = 0;
+use crate::maps::{bump, is_traced as flow_is_traced, node_id, SIGHTINGS};
 
 const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
@@ -98,7 +84,7 @@ fn classify(ctx: &TcContext, l3: usize) -> Option<u8> {
 #[inline(always)]
 fn is_traced(ctx: &TcContext, l3: usize) -> Option<bool> {
     let key: FlowKey = ctx.load(l3 + 12).ok()?;
-    Some(unsafe { FLOWS.get(key) }.is_some())
+    Some(flow_is_traced(&key))
 }
 
 /// Offset of the inner IPv4 header of a VXLAN, Geneve or IPIP packet.
@@ -146,15 +132,18 @@ fn report(ctx: &TcContext, direction: Direction, has_l2: bool, kind: u8) {
     // Fill in place: a Sighting is too large for the eBPF stack.
     unsafe {
         (*sighting).ktime_ns = bpf_ktime_get_ns();
+        (*sighting).location = 0;
         (*sighting).ifindex = skb.ifindex;
         (*sighting).skb_len = skb.len;
         (*sighting).mark = skb.mark;
-        (*sighting).node_id = core::ptr::read_volatile(&NODE_ID);
+        (*sighting).node_id = node_id();
+        (*sighting).reason = 0;
+        (*sighting).netns_inum = 0;
         (*sighting).direction = direction as u8;
         (*sighting).has_l2 = has_l2 as u8;
         (*sighting).match_kind = kind;
-        (*sighting)._pad = 0;
-        (*sighting)._pad2 = [0; 6];
+        (*sighting).kind = sighting_kind::TC;
+        (*sighting)._pad = [0; 2];
         let copied = copy_headers(ctx, &mut (*sighting).snapshot, skb.len);
         if copied == 0 {
             bump(counter::SNAPSHOT_FAILED);
@@ -182,12 +171,5 @@ fn copy_headers(ctx: &TcContext, dst: &mut [u8; SNAPSHOT_LEN], skb_len: u32) -> 
         want as u16
     } else {
         0
-    }
-}
-
-#[inline(always)]
-fn bump(index: u32) {
-    if let Some(count) = COUNTERS.get_ptr_mut(index) {
-        unsafe { *count += 1 };
     }
 }

@@ -2,74 +2,26 @@
 //! traced node, correlate, tell, and detach.
 
 use std::{
-    collections::HashMap,
     io::{IsTerminal, Write},
     time::Duration,
 };
 
-use anyhow::{bail, Context as _, Result};
-use podtrace_common::{counter, Direction as KernelDirection, FlowKey, Sighting};
+use anyhow::{bail, Result};
+use podtrace_common::{counter, FlowKey, Sighting, MAX_NODES};
 use tokio::{signal::unix::SignalKind, sync::mpsc};
 
 use crate::{
     cli::Args,
-    decode,
-    interfaces::{self, Role, Watched},
     inventory::{Endpoint, Inventory},
-    journey::{Correlator, Direction, Hop, Journey},
-    link_watch::{self, LinkChange},
-    netns,
-    node::NodeView,
+    journey::{Correlator, Journey},
     profile::Profile,
     render::{Renderer, Summary},
-    sightings::NodeProbe,
     story::{self, Context},
+    traced::{place, Kernel, Namespace, Shared, TracedNode},
 };
 
 /// A journey is done once nothing joined it for this long.
 const JOURNEY_IDLE: Duration = Duration::from_millis(250);
-
-struct TracedNode {
-    name: String,
-    underlay: u32,
-    probe: NodeProbe,
-    interfaces: HashMap<u32, Watched>,
-}
-
-impl TracedNode {
-    /// A link appeared or vanished on this node during the trace.
-    fn link_changed(&mut self, change: LinkChange, summary: &mut Summary) {
-        match change {
-            LinkChange::Added(link) if !self.interfaces.contains_key(&link.index) => {
-                let Some(iface) = interfaces::watch(&link, self.underlay) else {
-                    return;
-                };
-                match self.probe.attach_interface(&iface) {
-                    Ok(()) => {
-                        eprintln!(
-                            "podtrace: {}: new interface {}, now traced",
-                            self.name, iface.name
-                        );
-                        summary.interfaces_added += 1;
-                        self.interfaces.insert(iface.index, iface);
-                    }
-                    Err(e) => eprintln!(
-                        "podtrace: {}: new interface {} is not traced: {e:#}",
-                        self.name, iface.name
-                    ),
-                }
-            }
-            LinkChange::Removed(link) if self.interfaces.contains_key(&link.index) => {
-                eprintln!(
-                    "podtrace: {}: interface {} vanished during the trace; its hooks went with it",
-                    self.name, link.name
-                );
-                summary.interfaces_vanished += 1;
-            }
-            _ => {}
-        }
-    }
-}
 
 pub async fn run(args: Args) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
@@ -97,25 +49,26 @@ pub async fn run(args: Args) -> Result<()> {
         ctx.names.insert(ip, node);
     }
 
+    let kernel = Kernel::read()?;
+    let namespaces = Namespace::all(&args.netns)?;
+    let mut traced_netns = [0; MAX_NODES];
+    for (slot, ns) in traced_netns.iter_mut().zip(&namespaces) {
+        *slot = ns.inum;
+    }
     let (tx, mut rx) = mpsc::unbounded_channel();
     let (link_tx, mut link_rx) = mpsc::unbounded_channel();
-    let namespaces: Vec<Option<String>> = if args.netns.is_empty() {
-        vec![None]
-    } else {
-        args.netns.iter().cloned().map(Some).collect()
+    let shared = Shared {
+        kernel: &kernel,
+        inventory: &inventory,
+        flows: &flows,
+        traced_netns,
+        node_ip: args.node_ip,
+        mode: args.attach,
+        link_tx,
     };
     let mut nodes = Vec::new();
     for (id, ns) in namespaces.iter().enumerate() {
-        let mut node = trace_node(
-            id as u32,
-            ns.as_deref(),
-            &args,
-            &inventory,
-            &flows,
-            &mut ctx,
-            link_tx.clone(),
-        )
-        .await?;
+        let mut node = TracedNode::trace(id as u32, ns, &shared, &mut ctx).await?;
         node.probe.stream(tx.clone())?;
         nodes.push(node);
     }
@@ -131,7 +84,7 @@ pub async fn run(args: Args) -> Result<()> {
         ctx.label(dst.ip),
         nodes
             .iter()
-            .map(|n| format!("{} ({})", n.name, watched_list(&n.interfaces)))
+            .map(|n| format!("{} ({})", n.name, n.watched_list()))
             .collect::<Vec<_>>()
             .join(", ")
     );
@@ -165,7 +118,7 @@ pub async fn run(args: Args) -> Result<()> {
         tokio::select! {
             sighting = rx.recv() => {
                 let Some(sighting) = sighting else { break };
-                absorb(&sighting, &nodes, &mut summary, &mut correlator);
+                absorb(&sighting, &nodes, &kernel, &mut summary, &mut correlator);
             }
             _ = tick.tick() => {
                 for journey in correlator.take_finished(monotonic_ns()) {
@@ -187,7 +140,7 @@ pub async fn run(args: Args) -> Result<()> {
     // Let the ring readers hand over what they have read, then take it.
     tokio::task::yield_now().await;
     while let Ok(sighting) = rx.try_recv() {
-        absorb(&sighting, &nodes, &mut summary, &mut correlator);
+        absorb(&sighting, &nodes, &kernel, &mut summary, &mut correlator);
     }
     for journey in correlator.take_all() {
         if !teller.tell(&journey)? {
@@ -247,103 +200,17 @@ fn flow_keys(src: &Endpoint, dst: &Endpoint) -> Vec<FlowKey> {
     vec![FlowKey { src: a, dst: b }, FlowKey { src: b, dst: a }]
 }
 
-async fn trace_node(
-    id: u32,
-    ns: Option<&str>,
-    args: &Args,
-    inventory: &Inventory,
-    flows: &[FlowKey],
-    ctx: &mut Context,
-    link_tx: mpsc::UnboundedSender<(u32, LinkChange)>,
-) -> Result<TracedNode> {
-    let netns_path = ns.map(netns::resolve);
-    let _entered = netns_path.as_deref().map(netns::enter).transpose()?;
-    let view = NodeView::read().await?;
-    // The node is the inventory node whose IP this namespace holds.
-    let known = inventory
-        .nodes()
-        .into_iter()
-        .find(|(_, ip)| view.link_with_address(*ip).is_some());
-    let node_ip = args.node_ip.or(known.as_ref().map(|(_, ip)| *ip));
-    let name = match (&known, ns) {
-        (Some((name, _)), _) => name.clone(),
-        (None, Some(ns)) => ns.rsplit('/').next().unwrap_or(ns).to_string(),
-        (None, None) => hostname(),
-    };
-    let watched = interfaces::select(&view, node_ip).with_context(|| format!("node {name}"))?;
-    for route in &view.routes {
-        let delivers_locally = route
-            .oif
-            .and_then(|oif| watched.iter().find(|w| w.index == oif))
-            .is_some_and(|w| matches!(w.role, Role::Bridge | Role::PodVeth));
-        if delivers_locally && route.destination.prefix_len() > 0 && route.gateway.is_none() {
-            ctx.traced_destinations.push(route.destination);
-        }
-    }
-    let probe = NodeProbe::attach(id, netns_path.as_deref(), &watched, flows, args.attach)
-        .with_context(|| format!("node {name}"))?;
-    // The subscription socket stays bound to the namespace it was opened in.
-    link_watch::watch(id, link_tx)?;
-    let underlay = watched
-        .iter()
-        .find(|w| w.role == Role::Underlay)
-        .map_or(0, |w| w.index);
-    Ok(TracedNode {
-        name,
-        underlay,
-        probe,
-        interfaces: watched.into_iter().map(|w| (w.index, w)).collect(),
-    })
-}
-
-fn absorb(s: &Sighting, nodes: &[TracedNode], summary: &mut Summary, correlator: &mut Correlator) {
+fn absorb(
+    s: &Sighting,
+    nodes: &[TracedNode],
+    kernel: &Kernel,
+    summary: &mut Summary,
+    correlator: &mut Correlator,
+) {
     summary.sightings += 1;
-    if let Some(hop) = place(s, nodes, summary) {
+    if let Some(hop) = place(s, nodes, kernel, summary) {
         correlator.observe(hop);
     }
-}
-
-/// Turns a raw sighting into a hop on a known node and interface.
-fn place(s: &Sighting, nodes: &[TracedNode], summary: &mut Summary) -> Option<Hop> {
-    let node = nodes.get(s.node_id as usize)?;
-    let Some(iface) = node.interfaces.get(&s.ifindex) else {
-        summary.unknown_interface += 1;
-        return None;
-    };
-    let snapshot = &s.snapshot[..usize::from(s.snapshot_len).min(s.snapshot.len())];
-    let packet = match decode::decode(snapshot, s.has_l2 != 0) {
-        Ok(packet) => packet,
-        Err(_) => {
-            summary.undecodable += 1;
-            return None;
-        }
-    };
-    Some(Hop {
-        ktime_ns: s.ktime_ns,
-        node: node.name.clone(),
-        iface: iface.name.clone(),
-        role: iface.role,
-        direction: if s.direction == KernelDirection::Egress as u8 {
-            Direction::Egress
-        } else {
-            Direction::Ingress
-        },
-        skb_len: s.skb_len,
-        mark: s.mark,
-        packet,
-    })
-}
-
-fn watched_list(interfaces: &HashMap<u32, Watched>) -> String {
-    let mut named: Vec<&Watched> = interfaces
-        .values()
-        .filter(|w| w.role != Role::PodVeth)
-        .collect();
-    named.sort_by_key(|w| w.index);
-    let veths = interfaces.len() - named.len();
-    let mut parts: Vec<String> = named.iter().map(|w| w.name.clone()).collect();
-    parts.push(format!("{veths} pod veths"));
-    parts.join(", ")
 }
 
 /// CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
@@ -355,10 +222,4 @@ fn monotonic_ns() -> u64 {
     // SAFETY: valid pointer to a timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "this-node".into())
 }

@@ -19,6 +19,8 @@ pub enum Role {
     Tunnel,
     /// The interface holding the node IP, where overlay packets leave.
     Underlay,
+    /// Not watched (a drop was reported on it).
+    Other,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -17,6 +17,27 @@ use crate::{
 pub enum Direction {
     Ingress,
     Egress,
+    /// Not a tc hook: the kernel dropped the packet here.
+    Drop,
+}
+
+impl Direction {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Ingress => "ingress",
+            Self::Egress => "egress",
+            Self::Drop => "drop",
+        }
+    }
+}
+
+/// Why and where the kernel dropped a packet.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DropInfo {
+    /// `enum skb_drop_reason` name, without SKB_DROP_REASON_.
+    pub reason: String,
+    /// The kernel function that freed the packet, `name+0xoff`.
+    pub location: String,
 }
 
 /// One sighting, placed on its node and interface.
@@ -30,6 +51,7 @@ pub struct Hop {
     pub skb_len: u32,
     pub mark: u32,
     pub packet: Decoded,
+    pub drop: Option<DropInfo>,
 }
 
 /// What stays the same for one packet on every hop, encapsulated or not:
@@ -146,6 +168,7 @@ pub(crate) mod tests {
             skb_len: frame.len() as u32,
             mark: 0,
             packet: decode(&frame[..frame.len().min(128)], true).unwrap(),
+            drop: None,
         }
     }
 

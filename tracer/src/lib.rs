@@ -6,8 +6,10 @@
 //! (hop notes and verdicts), `render` (text and JSON).
 
 pub mod app;
+pub mod btf;
 pub mod cli;
 pub mod decode;
+pub mod drops;
 pub mod interfaces;
 pub mod inventory;
 pub mod journey;
@@ -18,3 +20,4 @@ pub mod profile;
 pub mod render;
 pub mod sightings;
 pub mod story;
+pub mod traced;

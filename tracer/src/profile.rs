@@ -32,11 +32,7 @@ pub struct Profile {
 }
 
 fn hook(node: &str, iface: &str, direction: Direction) -> String {
-    let dir = match direction {
-        Direction::Ingress => "in",
-        Direction::Egress => "out",
-    };
-    format!("{node}/{iface}:{dir}")
+    format!("{node}/{iface}:{}", direction.label())
 }
 
 impl Profile {
@@ -114,7 +110,7 @@ mod tests {
         let s = &steps[0];
         assert_eq!(
             (s.step.from.as_str(), s.step.to.as_str()),
-            ("n1/veth:in", "n1/cni0:in")
+            ("n1/veth:ingress", "n1/cni0:ingress")
         );
         assert_eq!(s.count, 100);
         assert_eq!(

@@ -9,7 +9,6 @@ use std::io::Write;
 use serde::Serialize;
 
 use crate::{
-    journey::Direction,
     profile::StepLatency,
     story::{Outcome, Story},
 };
@@ -126,20 +125,23 @@ pub fn human_story(n: u64, s: &Story, colour: bool) -> String {
     let node_w = s.hops.iter().map(|h| h.node.len()).max().unwrap_or(0);
     let iface_w = s.hops.iter().map(|h| h.iface.len()).max().unwrap_or(0);
     for hop in &s.hops {
-        let dir = match hop.direction {
-            Direction::Ingress => "ingress",
-            Direction::Egress => "egress ",
-        };
+        let dir = hop.direction.label();
         text.push_str(&format!(
-            "  {:>10.1} µs  {:node_w$}  {:iface_w$}  {dir}  {:>5} B  {}\n",
+            "  {:>10.1} µs  {:node_w$}  {:iface_w$}  {dir:7}  {:>5} B  {}\n",
             hop.t_us, hop.node, hop.iface, hop.skb_len, hop.note
         ));
     }
     let code = match s.verdict.outcome {
         Outcome::Delivered { .. } => "32",
         Outcome::LeftNode { .. } => "36",
-        Outcome::Vanished { .. } => "31",
+        Outcome::Vanished { .. } | Outcome::Dropped { .. } => "31",
     };
+    for freed in &s.freed_after_delivery {
+        text.push_str(&format!(
+            "  (then freed inside the pod: {} in {}; the pod's own stack, not a drop on the path)\n",
+            freed.reason, freed.location
+        ));
+    }
     text.push_str(&format!(
         "  verdict: {}\n\n",
         paint(colour, code, &s.verdict.summary)

@@ -19,12 +19,12 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::{
         tc::{self, NlOptions, TcAttachOptions},
-        LinkOrder, SchedClassifier, TcAttachType,
+        BtfTracePoint, LinkOrder, RawTracePoint, SchedClassifier, TcAttachType,
     },
     util::KernelVersion,
-    Ebpf, EbpfLoader,
+    Btf, Ebpf, EbpfLoader,
 };
-use podtrace_common::{counter, names, FlowKey, Sighting};
+use podtrace_common::{counter, names, FlowKey, KernelLayout, Sighting, MAX_NODES};
 use tokio::{io::unix::AsyncFd, sync::mpsc};
 
 use crate::{interfaces::Watched, netns};
@@ -51,6 +51,20 @@ impl AttachMode {
             other => other,
         }
     }
+}
+
+/// What one node's probe needs to know.
+pub struct ProbeSpec<'a> {
+    pub node_id: u32,
+    /// The node's namespace (None: podtrace's own).
+    pub netns: Option<&'a Path>,
+    /// Inode of that namespace, and of every traced one.
+    pub netns_inum: u32,
+    pub traced_netns: &'a [u32; MAX_NODES],
+    pub layout: &'a KernelLayout,
+    pub btf: &'a Btf,
+    pub flows: &'a [FlowKey],
+    pub mode: AttachMode,
 }
 
 /// The programs of one node, attached; dropping it detaches everything.
@@ -89,23 +103,21 @@ const PROGRAMS: [&str; 4] = [
 ];
 
 impl NodeProbe {
-    /// Loads the programs and attaches them to `watched` inside `netns`.
-    pub fn attach(
-        node_id: u32,
-        netns: Option<&Path>,
-        watched: &[Watched],
-        flows: &[FlowKey],
-        mode: AttachMode,
-    ) -> Result<Self> {
+    /// Loads the programs, attaches the tc ones to `watched` inside the
+    /// node's namespace, and the drop program to kfree_skb.
+    pub fn attach(spec: &ProbeSpec<'_>, watched: &[Watched]) -> Result<Self> {
         let mut ebpf = EbpfLoader::new()
-            .override_global(names::NODE_ID, &node_id, true)
+            .override_global(names::NODE_ID, &spec.node_id, true)
+            .override_global(names::LAYOUT, spec.layout, true)
+            .override_global(names::NETNS_INUM, &spec.netns_inum, true)
+            .override_global(names::TRACED_NETNS, spec.traced_netns, true)
             .load(EBPF_OBJECT)
             .context("cannot load the eBPF programs")?;
         let mut filter: BpfHashMap<_, FlowKey, u8> = BpfHashMap::try_from(
             ebpf.map_mut(names::FLOWS)
                 .ok_or_else(|| anyhow!("no FLOWS map"))?,
         )?;
-        for key in flows {
+        for key in spec.flows {
             filter.insert(key, 1, 0)?;
         }
         for name in PROGRAMS {
@@ -113,10 +125,11 @@ impl NodeProbe {
                 .load()
                 .with_context(|| format!("the kernel refused {name}"))?;
         }
+        attach_drops(&mut ebpf, spec.btf)?;
         let mut probe = Self {
             ebpf: ManuallyDrop::new(ebpf),
-            netns: netns.map(Path::to_path_buf),
-            mode: mode.resolve(),
+            netns: spec.netns.map(Path::to_path_buf),
+            mode: spec.mode.resolve(),
             hooks: 0,
         };
         for iface in watched {
@@ -201,6 +214,31 @@ impl NodeProbe {
         }
         Ok(out)
     }
+}
+
+/// kfree_skb as a BTF-typed tracepoint, else as a raw one (the classic
+/// tracepoint would need tracefs).
+fn attach_drops(ebpf: &mut Ebpf, btf: &Btf) -> Result<()> {
+    let typed: Result<()> = (|| {
+        let program: &mut BtfTracePoint = ebpf
+            .program_mut(names::DROPS)
+            .ok_or_else(|| anyhow!("no program {}", names::DROPS))?
+            .try_into()?;
+        program.load("kfree_skb", btf)?;
+        program.attach()?;
+        Ok(())
+    })();
+    let Err(typed_error) = typed else {
+        return Ok(());
+    };
+    let program: &mut RawTracePoint = ebpf
+        .program_mut(names::DROPS_RAW)
+        .ok_or_else(|| anyhow!("no program {}", names::DROPS_RAW))?
+        .try_into()?;
+    program.load()?;
+    program.attach("kfree_skb").map(|_| ()).with_context(|| {
+        format!("cannot attach to the kfree_skb tracepoint (as tp_btf: {typed_error:#})")
+    })
 }
 
 fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier> {

@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::{
     decode::{Decoded, Transport, Tunnel, TunnelKind},
     interfaces::Role,
-    journey::{Direction, Hop, Journey},
+    journey::{Direction, DropInfo, Hop, Journey},
 };
 
 /// What podtrace knows about the traced part of the cluster.
@@ -74,6 +74,13 @@ pub enum Outcome {
         iface: String,
         toward: Ipv4Addr,
     },
+    /// Freed by the kernel with a drop reason, and seen nowhere after.
+    Dropped {
+        node: String,
+        iface: String,
+        reason: String,
+        location: String,
+    },
     /// Seen at a hook, and never at the next one expected.
     Vanished {
         node: String,
@@ -102,10 +109,25 @@ pub struct Story {
     pub transport: Transport,
     pub ip_id: u16,
     pub hops: Vec<HopLine>,
+    /// Frees after delivery (the pod's own stack, e.g. NO_SOCKET for a ping
+    /// reply that only a raw socket wanted): not drops on the path.
+    pub freed_after_delivery: Vec<DropInfo>,
     pub verdict: Verdict,
 }
 
+/// Where the packet was first handed to a pod other than its sender.
+fn delivery_index(hops: &[Hop]) -> Option<usize> {
+    let first = hops.first()?;
+    hops.iter().position(|h| {
+        h.role == Role::PodVeth
+            && h.direction == Direction::Egress
+            && !(h.node == first.node && h.iface == first.iface)
+    })
+}
+
 pub fn tell(journey: &Journey, ctx: &Context) -> Story {
+    let (journey, freed_after_delivery) = split_after_delivery(journey);
+    let journey = &journey;
     let first = &journey.hops[0];
     let start = first.ktime_ns;
     let packet = first.packet.packet;
@@ -135,6 +157,7 @@ pub fn tell(journey: &Journey, ctx: &Context) -> Story {
         transport: packet.transport,
         ip_id: packet.ip_id,
         hops,
+        freed_after_delivery,
         verdict: judge(journey, ctx),
     }
 }
@@ -217,6 +240,10 @@ fn note(hop: &Hop, prev: Option<&Hop>, ctx: &Context) -> String {
         .filter(|before| *before > p.ttl)
         .map(|before| format!("routed (TTL {before}→{})", p.ttl));
     let what = match (hop.role, hop.direction, &hop.packet.tunnel) {
+        (_, Direction::Drop, _) => match &hop.drop {
+            Some(d) => format!("dropped: {} in {}", d.reason, d.location),
+            None => "dropped".to_string(),
+        },
         (_, Direction::Egress, Some(t)) => {
             let added = t.outer.total_len.saturating_sub(p.total_len);
             format!("encapsulated {} (+{added} B)", tunnel_text(t))
@@ -237,11 +264,29 @@ fn note(hop: &Hop, prev: Option<&Hop>, ctx: &Context) -> String {
         (Role::Bridge, Direction::Egress, None) => "host stack down to the bridge".to_string(),
         (Role::Underlay, Direction::Egress, None) => "leaves the node unencapsulated".to_string(),
         (Role::Underlay, Direction::Ingress, None) => "arrives unencapsulated".to_string(),
+        (Role::Other, _, None) => "seen".to_string(),
     };
     match ttl_drop {
         Some(routed) => format!("{routed}, {what}"),
         None => what,
     }
+}
+
+/// Moves drops that follow delivery out of the path.
+fn split_after_delivery(journey: &Journey) -> (Journey, Vec<DropInfo>) {
+    let mut path = journey.clone();
+    let mut freed = Vec::new();
+    if let Some(delivered) = delivery_index(&journey.hops) {
+        let mut i = delivered + 1;
+        while i < path.hops.len() {
+            if path.hops[i].direction == Direction::Drop {
+                freed.extend(path.hops.remove(i).drop);
+            } else {
+                i += 1;
+            }
+        }
+    }
+    (path, freed)
 }
 
 fn judge(journey: &Journey, ctx: &Context) -> Verdict {
@@ -266,13 +311,18 @@ fn judge(journey: &Journey, ctx: &Context) -> Verdict {
         path.push(PathStep::Decapsulated);
     }
 
-    let delivered = last.role == Role::PodVeth
-        && last.direction == Direction::Egress
-        && !(last.node == first.node && last.iface == first.iface);
+    let delivered = delivery_index(hops) == Some(hops.len() - 1);
     if delivered && path.is_empty() {
         path.push(PathStep::Bridged);
     }
-    let outcome = if delivered {
+    let outcome = if let (Direction::Drop, Some(drop)) = (last.direction, &last.drop) {
+        Outcome::Dropped {
+            node: last.node.clone(),
+            iface: last.iface.clone(),
+            reason: drop.reason.clone(),
+            location: drop.location.clone(),
+        }
+    } else if delivered {
         Outcome::Delivered {
             node: last.node.clone(),
             iface: last.iface.clone(),
@@ -331,15 +381,20 @@ fn judge(journey: &Journey, ctx: &Context) -> Verdict {
             "left {node} via {iface} toward {} (that node is not traced){how}",
             ctx.label(*toward)
         ),
+        Outcome::Dropped {
+            node,
+            iface,
+            reason,
+            location,
+        } => {
+            format!("dropped on {node} at {iface}: {reason} in {location}{how}")
+        }
         Outcome::Vanished {
             node,
             iface,
             direction,
         } => {
-            let dir = match direction {
-                Direction::Ingress => "ingress",
-                Direction::Egress => "egress",
-            };
+            let dir = direction.label();
             format!("vanished: last seen on {node} {iface} {dir}, never at the next hook{how}")
         }
     };
@@ -473,6 +528,57 @@ pub(crate) mod tests {
             .verdict
             .summary
             .contains("last seen on node-1 eth0 egress"));
+    }
+
+    fn drop_hop(t: u64, node: &str, iface: &str, frame: &[u8], reason: &str) -> Hop {
+        let mut h = hop(t, node, iface, Role::Other, Drop, frame);
+        h.drop = Some(DropInfo {
+            reason: reason.into(),
+            location: "nf_hook_slow+0x9c".into(),
+        });
+        h
+    }
+
+    #[test]
+    fn a_drop_that_ends_the_journey_is_the_verdict() {
+        let mut journey = cross_node_flannel();
+        journey.hops.truncate(2);
+        let routed = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 63, 1);
+        journey
+            .hops
+            .push(drop_hop(2_500, "node-1", "cni0", &routed, "NETFILTER_DROP"));
+        let story = tell(&journey, &ctx());
+        assert_eq!(
+            story.verdict.outcome,
+            Outcome::Dropped {
+                node: "node-1".into(),
+                iface: "cni0".into(),
+                reason: "NETFILTER_DROP".into(),
+                location: "nf_hook_slow+0x9c".into()
+            }
+        );
+        assert_eq!(
+            story.hops[2].note,
+            "routed (TTL 64→63), dropped: NETFILTER_DROP in nf_hook_slow+0x9c"
+        );
+        assert!(story.freed_after_delivery.is_empty());
+    }
+
+    #[test]
+    fn a_free_inside_the_pod_after_delivery_is_not_a_drop_on_the_path() {
+        let mut journey = cross_node_flannel();
+        let delivered = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 62, 1);
+        journey.hops.push(drop_hop(
+            13_000,
+            "netns db-0",
+            "eth0",
+            &delivered,
+            "NO_SOCKET",
+        ));
+        let story = tell(&journey, &ctx());
+        assert!(matches!(story.verdict.outcome, Outcome::Delivered { .. }));
+        assert_eq!(story.hops.len(), 8);
+        assert_eq!(story.freed_after_delivery[0].reason, "NO_SOCKET");
     }
 
     #[test]

@@ -491,8 +491,8 @@ pub fn sh(argv: &[&str]) -> Result<()> {
 pub struct LabGuard(pub Lab);
 
 impl LabGuard {
-    pub fn up(prefix: &str, topology: Topology) -> Result<Self> {
-        let lab = Lab::new(prefix, topology, None)?;
+    pub fn up(prefix: &str, topology: Topology, pod_cidr: Option<Ipv4Net>) -> Result<Self> {
+        let lab = Lab::new(prefix, topology, pod_cidr)?;
         let guard = Self(lab);
         guard.0.up()?;
         Ok(guard)

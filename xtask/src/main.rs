@@ -132,7 +132,7 @@ fn demo() -> Result<()> {
         "demo: setup and build took {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    let guard = LabGuard::up("demo", Topology::FlannelVxlan)?;
+    let guard = LabGuard::up("demo", Topology::FlannelVxlan, None)?;
     let lab = &guard.0;
     let (web, db) = (lab.pod("web-0"), lab.pod("db-0"));
     println!(

@@ -31,33 +31,72 @@ pub mod match_kind {
     pub const INNER: u8 = 2;
 }
 
-/// One packet seen on one tc hook. Fixed size, so one ring-buffer
-/// reservation per sighting and no allocation on either side.
+/// What saw the packet.
+pub mod sighting_kind {
+    /// A tc hook (ingress or egress of an interface).
+    pub const TC: u8 = 0;
+    /// The kernel's kfree_skb tracepoint: the packet was dropped.
+    pub const DROP: u8 = 1;
+}
+
+/// `node_id` of a drop in a namespace that no traced node owns (a pod's).
+pub const NODE_OTHER_NETNS: u32 = u32::MAX;
+
+/// How many traced namespaces the drop program can tell apart.
+pub const MAX_NODES: usize = 8;
+
+/// One packet seen at one place: a tc hook, or the drop tracepoint.
+/// Fixed size, so one ring-buffer record per sighting and no allocation on
+/// either side.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct Sighting {
     /// bpf_ktime_get_ns(): CLOCK_MONOTONIC, shared by all namespaces.
     pub ktime_ns: u64,
-    /// __sk_buff.ifindex: the device the hook is on (in the traced netns).
+    /// Drops: the kernel address that freed the skb.
+    pub location: u64,
+    /// The device the packet was on (0 for a drop with no device).
     pub ifindex: u32,
-    /// __sk_buff.len: bytes from the L2 (or L3 on L3 devices) header on.
+    /// skb length: from the L2 header at tc (L3 on L3 devices).
     pub skb_len: u32,
-    /// __sk_buff.mark at the hook.
+    /// skb mark.
     pub mark: u32,
-    /// Which traced network namespace (node) this program instance serves,
-    /// set by userspace at load time.
+    /// Which traced node (network namespace) this program instance serves,
+    /// set by userspace at load time; [`NODE_OTHER_NETNS`] for drops
+    /// elsewhere.
     pub node_id: u32,
-    /// A [`Direction`] as u8.
+    /// Drops: the kernel's `enum skb_drop_reason` value.
+    pub reason: u32,
+    /// Drops: inode number of the network namespace of the device.
+    pub netns_inum: u32,
+    /// A [`Direction`] as u8 (tc only).
     pub direction: u8,
-    /// 1 when the snapshot starts with an Ethernet header, 0 on L3 devices.
+    /// 1 when the snapshot starts with an Ethernet header, 0 when it starts
+    /// at the IPv4 header (L3 devices, drops).
     pub has_l2: u8,
     /// One of [`match_kind`].
     pub match_kind: u8,
-    pub _pad: u8,
+    /// One of [`sighting_kind`].
+    pub kind: u8,
     /// Valid bytes in `snapshot`.
     pub snapshot_len: u16,
-    pub _pad2: [u8; 6],
+    pub _pad: [u8; 2],
     pub snapshot: [u8; SNAPSHOT_LEN],
+}
+
+/// Kernel layout the drop program needs, read from BTF by userspace (Rust
+/// eBPF has no CO-RE). Byte offsets.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelLayout {
+    pub skb_head: u32,
+    pub skb_network_header: u32,
+    pub skb_dev: u32,
+    pub skb_len: u32,
+    pub skb_mark: u32,
+    pub dev_ifindex: u32,
+    pub dev_nd_net: u32,
+    pub net_ns_inum: u32,
 }
 
 /// Key of the flow filter map: an IPv4 source and destination, each in
@@ -79,16 +118,22 @@ pub mod counter {
     pub const COUNT: u32 = 2;
 }
 
-/// Map and program names, shared so that neither side spells them twice.
+/// Map, global and program names, shared so that neither side spells them
+/// twice.
 pub mod names {
     pub const FLOWS: &str = "FLOWS";
     pub const SIGHTINGS: &str = "SIGHTINGS";
     pub const COUNTERS: &str = "COUNTERS";
     pub const NODE_ID: &str = "NODE_ID";
+    pub const LAYOUT: &str = "LAYOUT";
+    pub const NETNS_INUM: &str = "NETNS_INUM";
+    pub const TRACED_NETNS: &str = "TRACED_NETNS";
     pub const TC_INGRESS: &str = "podtrace_ingress";
     pub const TC_EGRESS: &str = "podtrace_egress";
     pub const TC_INGRESS_L3: &str = "podtrace_ingress_l3";
     pub const TC_EGRESS_L3: &str = "podtrace_egress_l3";
+    pub const DROPS: &str = "podtrace_kfree_skb";
+    pub const DROPS_RAW: &str = "podtrace_kfree_skb_raw";
 }
 
 #[cfg(feature = "user")]
@@ -96,4 +141,5 @@ mod user {
     // SAFETY: plain #[repr(C)] data with explicit padding and no pointers.
     unsafe impl aya::Pod for super::Sighting {}
     unsafe impl aya::Pod for super::FlowKey {}
+    unsafe impl aya::Pod for super::KernelLayout {}
 }

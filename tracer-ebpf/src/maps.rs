@@ -1,0 +1,39 @@
+//! Maps and globals shared by every podtrace program.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{HashMap, PerCpuArray, RingBuf},
+};
+use podtrace_common::{counter, FlowKey};
+
+/// Traced (src, dst) pairs; filled by userspace.
+#[map(name = "FLOWS")]
+pub static FLOWS: HashMap<FlowKey, u8> = HashMap::with_max_entries(1024, 0);
+
+#[map(name = "SIGHTINGS")]
+pub static SIGHTINGS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
+
+#[map(name = "COUNTERS")]
+static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+
+/// Which traced node (network namespace) this instance serves; userspace
+/// sets it at load time, one program instance per namespace.
+#[unsafe(no_mangle)]
+pub static NODE_ID: u32 = 0;
+
+#[inline(always)]
+pub fn node_id() -> u32 {
+    unsafe { core::ptr::read_volatile(&NODE_ID) }
+}
+
+#[inline(always)]
+pub fn is_traced(key: &FlowKey) -> bool {
+    unsafe { FLOWS.get(key) }.is_some()
+}
+
+#[inline(always)]
+pub fn bump(index: u32) {
+    if let Some(count) = COUNTERS.get_ptr_mut(index) {
+        unsafe { *count += 1 };
+    }
+}

@@ -1,0 +1,103 @@
+//! Drops, userspace side: the kernel layout the drop program needs, the
+//! names of drop reasons, and drop locations as symbols — all read from the
+//! running kernel (BTF, /proc/kallsyms), never from a table of our own.
+
+use std::collections::HashMap;
+
+use anyhow::{Context, Result};
+use podtrace_common::KernelLayout;
+
+use crate::btf::Btf;
+
+/// Offsets of the sk_buff, net_device and net fields the drop program reads.
+pub fn kernel_layout(btf: &Btf) -> Result<KernelLayout> {
+    Ok(KernelLayout {
+        skb_head: btf.member_offset("sk_buff", "head")?,
+        skb_network_header: btf.member_offset("sk_buff", "network_header")?,
+        skb_dev: btf.member_offset("sk_buff", "dev")?,
+        skb_len: btf.member_offset("sk_buff", "len")?,
+        skb_mark: btf.member_offset("sk_buff", "mark")?,
+        dev_ifindex: btf.member_offset("net_device", "ifindex")?,
+        dev_nd_net: btf.member_offset("net_device", "nd_net")?,
+        net_ns_inum: btf.member_offset("net", "ns")? + btf.member_offset("ns_common", "inum")?,
+    })
+}
+
+/// `enum skb_drop_reason` of the running kernel: value → name without the
+/// SKB_DROP_REASON_ prefix (NETFILTER_DROP, IP_INNOROUTES, …).
+pub struct ReasonNames(HashMap<u32, String>);
+
+impl ReasonNames {
+    pub fn from_btf(btf: &Btf) -> Result<Self> {
+        let values = btf.enum_values("skb_drop_reason")?;
+        Ok(Self(
+            values
+                .into_iter()
+                .map(|(name, value)| {
+                    let short = name
+                        .strip_prefix("SKB_DROP_REASON_")
+                        .unwrap_or(&name)
+                        .to_string();
+                    (value as u32, short)
+                })
+                .collect(),
+        ))
+    }
+
+    pub fn name(&self, reason: u32) -> String {
+        self.0
+            .get(&reason)
+            .cloned()
+            .unwrap_or_else(|| format!("reason {reason}"))
+    }
+}
+
+/// Kernel text symbols, for naming drop locations (`nf_hook_slow+0x9c`).
+pub struct Symbols(Vec<(u64, String)>);
+
+impl Symbols {
+    pub fn from_kallsyms() -> Result<Self> {
+        let text =
+            std::fs::read_to_string("/proc/kallsyms").context("cannot read /proc/kallsyms")?;
+        Ok(Self::parse(&text))
+    }
+
+    pub fn parse(text: &str) -> Self {
+        let mut symbols: Vec<(u64, String)> = text
+            .lines()
+            .filter_map(|line| {
+                let mut fields = line.split_whitespace();
+                let addr = u64::from_str_radix(fields.next()?, 16).ok()?;
+                let kind = fields.next()?;
+                let name = fields.next()?;
+                (addr != 0 && matches!(kind, "t" | "T")).then(|| (addr, name.to_string()))
+            })
+            .collect();
+        symbols.sort_unstable();
+        Self(symbols)
+    }
+
+    /// `name+0xoffset` of the function holding `addr`, or the raw address.
+    pub fn name(&self, addr: u64) -> String {
+        let at = self.0.partition_point(|(a, _)| *a <= addr);
+        match at.checked_sub(1).map(|i| &self.0[i]) {
+            Some((start, name)) => format!("{name}+{:#x}", addr - start),
+            None => format!("{addr:#x}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_are_named_by_the_function_that_holds_them() {
+        let symbols = Symbols::parse(
+            "ffffffff81000000 T _stext\nffffffff81a00000 t nf_hook_slow\nffffffff81a00200 T ip_forward\n0000000000000000 A fixed\nffffffff81a00100 d some_data\n",
+        );
+        assert_eq!(symbols.name(0xffffffff81a0009c), "nf_hook_slow+0x9c");
+        assert_eq!(symbols.name(0xffffffff81a00200), "ip_forward+0x0");
+        assert_eq!(symbols.name(0x10), "0x10");
+    }
+}
