@@ -2,6 +2,7 @@
 //! traced node, correlate, tell, and detach.
 
 use std::{
+    collections::HashMap,
     io::{IsTerminal, Write},
     time::Duration,
 };
@@ -14,6 +15,7 @@ use crate::{
     cli::Args,
     inventory::{Endpoint, Inventory},
     journey::{Correlator, Journey},
+    netfilter::{Backend, NetfilterRule, PacketId},
     profile::Profile,
     render::{Renderer, Summary},
     story::{self, Context},
@@ -57,6 +59,15 @@ pub async fn run(args: Args) -> Result<()> {
     }
     let (tx, mut rx) = mpsc::unbounded_channel();
     let (link_tx, mut link_rx) = mpsc::unbounded_channel();
+    let (netfilter_tx, mut netfilter_rx) = mpsc::unbounded_channel();
+    let why_unnamed = match (args.no_ruleset_changes, Backend::detect()) {
+        (true, _) => Some("rule tracing is off (--no-ruleset-changes)"),
+        (false, Backend::Legacy) => {
+            Some("this node uses iptables-legacy, which has no rule tracing")
+        }
+        (false, Backend::Missing) => Some("iptables is not installed here"),
+        (false, Backend::Nft) => None,
+    };
     let shared = Shared {
         kernel: &kernel,
         inventory: &inventory,
@@ -65,6 +76,8 @@ pub async fn run(args: Args) -> Result<()> {
         node_ip: args.node_ip,
         mode: args.attach,
         link_tx,
+        netfilter_tx: why_unnamed.is_none().then_some(netfilter_tx),
+        pairs: vec![(src.ip, dst.ip), (dst.ip, src.ip)],
     };
     let mut nodes = Vec::new();
     for (id, ns) in namespaces.iter().enumerate() {
@@ -100,6 +113,8 @@ pub async fn run(args: Args) -> Result<()> {
         profile: args.profile.then(Profile::default),
         limit: args.count,
         told: 0,
+        rules: HashMap::new(),
+        why_unnamed: why_unnamed.unwrap_or("no DROP verdict was traced for this packet"),
     };
     let mut correlator = Correlator::new(JOURNEY_IDLE.as_nanos() as u64);
     let mut tick = tokio::time::interval(JOURNEY_IDLE / 2);
@@ -126,6 +141,9 @@ pub async fn run(args: Args) -> Result<()> {
                         break 'trace;
                     }
                 }
+            }
+            Some((_node, drop)) = netfilter_rx.recv() => {
+                teller.rules.insert((drop.src, drop.dst, drop.ip_id), drop.rule);
             }
             Some((node, change)) = link_rx.recv() => {
                 if let Some(node) = nodes.get_mut(node as usize) {
@@ -164,6 +182,9 @@ struct Teller<'a, W: Write> {
     profile: Option<Profile>,
     limit: Option<u64>,
     told: u64,
+    /// Netfilter DROP verdicts by (src, dst, IP ID), from rule tracing.
+    rules: HashMap<PacketId, NetfilterRule>,
+    why_unnamed: &'static str,
 }
 
 impl<W: Write> Teller<'_, W> {
@@ -176,7 +197,11 @@ impl<W: Write> Teller<'_, W> {
         if self.limit_reached() {
             return Ok(false);
         }
-        let story = story::tell(journey, self.ctx);
+        let mut story = story::tell(journey, self.ctx);
+        if story.netfilter_drop() {
+            let rule = self.rules.remove(&(story.src, story.dst, story.ip_id));
+            story.name_rule(rule.as_ref(), self.why_unnamed);
+        }
         self.renderer.story(&story)?;
         if let Some(profile) = &mut self.profile {
             profile.add(&story);

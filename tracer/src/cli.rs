@@ -41,6 +41,10 @@ pub struct Args {
     /// At exit, print the latency of every hop-to-hop step (p50/p90/p99).
     #[arg(long)]
     pub profile: bool,
+    /// Do not add podtrace's nft tracing table: netfilter drops are then
+    /// reported without the rule that dropped them.
+    #[arg(long)]
+    pub no_ruleset_changes: bool,
     /// How to attach to tc hooks.
     #[arg(long, value_enum, default_value = "auto")]
     pub attach: AttachMode,

@@ -14,6 +14,7 @@ pub mod interfaces;
 pub mod inventory;
 pub mod journey;
 pub mod link_watch;
+pub mod netfilter;
 pub mod netns;
 pub mod node;
 pub mod profile;

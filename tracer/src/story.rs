@@ -10,6 +10,7 @@ use crate::{
     decode::{Decoded, Transport, Tunnel, TunnelKind},
     interfaces::Role,
     journey::{Direction, DropInfo, Hop, Journey},
+    netfilter::NetfilterRule,
 };
 
 /// What podtrace knows about the traced part of the cluster.
@@ -97,6 +98,36 @@ pub struct Verdict {
     /// First to last hop, in microseconds.
     pub latency_us: f64,
     pub summary: String,
+    /// For a netfilter drop: the rule, from nftables tracing.
+    pub netfilter: Option<NetfilterRule>,
+}
+
+/// The reason name of a drop by an iptables / nftables verdict.
+pub const NETFILTER_DROP: &str = "NETFILTER_DROP";
+
+impl Story {
+    /// Whether the packet was dropped by a netfilter rule.
+    pub fn netfilter_drop(&self) -> bool {
+        matches!(&self.verdict.outcome, Outcome::Dropped { reason, .. } if reason == NETFILTER_DROP)
+    }
+
+    /// Names the netfilter rule that dropped the packet, or says why it
+    /// cannot be named.
+    pub fn name_rule(&mut self, rule: Option<&NetfilterRule>, why_unnamed: &str) {
+        match rule {
+            Some(rule) => {
+                self.verdict.summary.push_str(&format!(
+                    "; by table {} chain {} (hook {}): {}",
+                    rule.table, rule.chain, rule.hook, rule.rule
+                ));
+                self.verdict.netfilter = Some(rule.clone());
+            }
+            None => self
+                .verdict
+                .summary
+                .push_str(&format!("; the rule is not named: {why_unnamed}")),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -403,6 +434,7 @@ fn judge(journey: &Journey, ctx: &Context) -> Verdict {
         path,
         latency_us,
         summary,
+        netfilter: None,
     }
 }
 

@@ -19,6 +19,7 @@ use crate::{
     inventory::Inventory,
     journey::{Direction, DropInfo, Hop},
     link_watch::{self, LinkChange},
+    netfilter::{NodeTrace, TracedDrop},
     netns,
     node::NodeView,
     render::Summary,
@@ -55,6 +56,10 @@ pub struct Shared<'a> {
     pub node_ip: Option<Ipv4Addr>,
     pub mode: AttachMode,
     pub link_tx: mpsc::UnboundedSender<(u32, LinkChange)>,
+    /// Where netfilter drops go, when rule tracing is on.
+    pub netfilter_tx: Option<mpsc::UnboundedSender<(u32, TracedDrop)>>,
+    /// The traced address pairs, both directions.
+    pub pairs: Vec<(Ipv4Addr, Ipv4Addr)>,
 }
 
 /// The namespaces to trace: each `--netns`, or podtrace's own.
@@ -100,6 +105,8 @@ pub struct TracedNode {
     pub interfaces: HashMap<u32, Watched>,
     /// Every link's name, for drops on interfaces that are not watched.
     link_names: HashMap<u32, String>,
+    /// Its nft tracing table and monitor; removed when dropped.
+    _netfilter: Option<NodeTrace>,
 }
 
 impl TracedNode {
@@ -148,6 +155,13 @@ impl TracedNode {
         let probe = NodeProbe::attach(&spec, &watched).with_context(|| format!("node {name}"))?;
         // The subscription socket stays bound to the namespace it was opened in.
         link_watch::watch(id, shared.link_tx.clone())?;
+        let netfilter = match &shared.netfilter_tx {
+            Some(tx) => Some(
+                NodeTrace::start(netns_path.as_deref(), id, &shared.pairs, tx.clone())
+                    .with_context(|| format!("node {name}"))?,
+            ),
+            None => None,
+        };
         let underlay = watched
             .iter()
             .find(|w| w.role == Role::Underlay)
@@ -158,6 +172,7 @@ impl TracedNode {
             probe,
             interfaces: watched.into_iter().map(|w| (w.index, w)).collect(),
             link_names: view.links.into_iter().map(|l| (l.index, l.name)).collect(),
+            _netfilter: netfilter,
         })
     }
 
