@@ -13,7 +13,7 @@ use tokio::{signal::unix::SignalKind, sync::mpsc};
 
 use crate::{
     cli::Args,
-    inventory::{Endpoint, Inventory},
+    inventory::{self, Endpoint, Inventory},
     journey::{Correlator, Journey},
     netfilter::{Backend, NetfilterRule, PacketId},
     profile::Profile,
@@ -50,6 +50,11 @@ pub async fn run(args: Args) -> Result<()> {
     for (node, ip) in inventory.nodes() {
         ctx.names.insert(ip, node);
     }
+    if let Some(path) = &args.nodes_file {
+        ctx.subnets = inventory::load_nodes(path)?;
+    }
+    ctx.pod_cidrs = args.pod_cidr.clone();
+    ctx.pod_cidrs.extend(inventory::flannel_network());
 
     let kernel = Kernel::read()?;
     let namespaces = Namespace::all(&args.netns)?;

@@ -21,6 +21,14 @@ pub struct Args {
     /// Pod inventory in `kubectl get pods -A -o json` format.
     #[arg(long, value_name = "FILE")]
     pub pods_file: Option<PathBuf>,
+    /// Node list in `kubectl get nodes -o json` format: pod subnets and
+    /// CNI annotations, to name the route a node should have had.
+    #[arg(long, value_name = "FILE")]
+    pub nodes_file: Option<PathBuf>,
+    /// The cluster's pod CIDR (repeatable), e.g. 10.244.0.0/16; also read
+    /// from /run/flannel/subnet.env when present.
+    #[arg(long, value_name = "CIDR")]
+    pub pod_cidr: Vec<ipnet::Ipv4Net>,
     /// Trace inside this network namespace (a name from `ip netns` or a
     /// path such as /proc/PID/ns/net). Repeat it to trace several nodes in
     /// one run.

@@ -91,40 +91,7 @@ fn underlay(view: &NodeView, node_ip: Option<Ipv4Addr>) -> Result<&Link> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::Route;
-
-    fn link(index: u32, name: &str, kind: &str) -> Link {
-        Link {
-            index,
-            name: name.into(),
-            kind: kind.into(),
-            controller: None,
-            has_ethernet_header: kind != "ipip",
-        }
-    }
-
-    fn flannel_node() -> NodeView {
-        NodeView {
-            links: vec![
-                link(1, "lo", ""),
-                link(2, "eth0", "veth"),
-                link(3, "cni0", "bridge"),
-                link(4, "flannel.1", "vxlan"),
-                link(5, "veth1a2b", "veth"),
-                link(6, "tunl0", "ipip"),
-            ],
-            addresses: vec![
-                (2, "192.0.2.11".parse().unwrap()),
-                (3, "10.244.1.1".parse().unwrap()),
-            ],
-            routes: vec![Route {
-                destination: "0.0.0.0/0".parse().unwrap(),
-                gateway: Some("192.0.2.1".parse().unwrap()),
-                oif: Some(2),
-                table: 254,
-            }],
-        }
-    }
+    use crate::node::fixtures::flannel_node;
 
     #[test]
     fn the_underlay_is_the_link_with_the_node_ip_even_when_it_is_a_veth() {

@@ -10,6 +10,7 @@ pub mod btf;
 pub mod cli;
 pub mod decode;
 pub mod drops;
+pub mod explain;
 pub mod interfaces;
 pub mod inventory;
 pub mod journey;

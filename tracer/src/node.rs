@@ -10,7 +10,7 @@ use rtnetlink::{
     packet_route::{
         address::AddressAttribute,
         link::{InfoKind, LinkAttribute, LinkInfo, LinkLayerType, LinkMessage},
-        route::{RouteAddress, RouteAttribute, RouteMessage},
+        route::{RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteType},
     },
     RouteMessageBuilder,
 };
@@ -25,10 +25,23 @@ pub struct Link {
     /// Bridge (controller) this link is a port of.
     pub controller: Option<u32>,
     pub has_ethernet_header: bool,
+    pub mtu: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RouteKind {
+    Unicast,
+    Local,
+    Blackhole,
+    Unreachable,
+    Prohibit,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Route {
+    pub onlink: bool,
+    pub kind: RouteKind,
     pub destination: Ipv4Net,
     pub gateway: Option<Ipv4Addr>,
     pub oif: Option<u32>,
@@ -111,6 +124,53 @@ impl NodeView {
             .and_then(|(index, _)| self.link(*index))
     }
 
+    /// The route as `ip route` prints it, then as `route -n` does
+    /// (Destination Gateway Genmask Flags Iface).
+    pub fn describe(&self, route: &Route) -> String {
+        let dev = route
+            .oif
+            .and_then(|i| self.link(i))
+            .map_or("?", |l| l.name.as_str());
+        let net = route.destination;
+        let mut ip_route = match route.kind {
+            RouteKind::Unicast | RouteKind::Local => String::new(),
+            RouteKind::Blackhole => "blackhole ".into(),
+            RouteKind::Unreachable => "unreachable ".into(),
+            RouteKind::Prohibit => "prohibit ".into(),
+        };
+        ip_route.push_str(&if net.prefix_len() == 0 {
+            "default".to_string()
+        } else {
+            net.to_string()
+        });
+        if let Some(gw) = route.gateway {
+            ip_route.push_str(&format!(" via {gw}"));
+        }
+        if route.oif.is_some() {
+            ip_route.push_str(&format!(" dev {dev}"));
+        }
+        if route.onlink {
+            ip_route.push_str(" onlink");
+        }
+        let mut flags = String::from("U");
+        if route.gateway.is_some() {
+            flags.push('G');
+        }
+        if net.prefix_len() == 32 {
+            flags.push('H');
+        }
+        if route.kind != RouteKind::Unicast {
+            flags = "!".into();
+        }
+        let gateway = route.gateway.unwrap_or(Ipv4Addr::UNSPECIFIED);
+        let iface = if route.oif.is_some() { dev } else { "-" };
+        format!(
+            "{ip_route} (route -n: {} {gateway} {} {flags} {iface})",
+            net.network(),
+            net.netmask()
+        )
+    }
+
     /// The main-table route the kernel would pick for `dst` (longest prefix).
     pub fn route_to(&self, dst: Ipv4Addr) -> Option<&Route> {
         self.routes
@@ -128,11 +188,13 @@ impl From<LinkMessage> for Link {
             kind: String::new(),
             controller: None,
             has_ethernet_header: msg.header.link_layer_type == LinkLayerType::Ether,
+            mtu: 0,
         };
         for attr in msg.attributes {
             match attr {
                 LinkAttribute::IfName(name) => link.name = name,
                 LinkAttribute::Controller(index) => link.controller = Some(index),
+                LinkAttribute::Mtu(mtu) => link.mtu = mtu,
                 LinkAttribute::LinkInfo(infos) => {
                     for info in infos {
                         if let LinkInfo::Kind(kind) = info {
@@ -184,20 +246,111 @@ fn route_from(msg: RouteMessage) -> Option<Route> {
         gateway,
         oif,
         table,
+        onlink: msg.header.flags.contains(RouteFlags::Onlink),
+        kind: match msg.header.kind {
+            RouteType::BlackHole => RouteKind::Blackhole,
+            RouteType::Unreachable => RouteKind::Unreachable,
+            RouteType::Prohibit => RouteKind::Prohibit,
+            RouteType::Local | RouteType::Broadcast => RouteKind::Local,
+            _ => RouteKind::Unicast,
+        },
     })
 }
 
+/// Node views for tests: a Flannel vxlan node-1 as the lab builds it.
 #[cfg(test)]
-mod tests {
+pub(crate) mod fixtures {
     use super::*;
 
-    fn route(dst: &str, oif: u32) -> Route {
+    pub(crate) fn link(index: u32, name: &str, kind: &str) -> Link {
+        Link {
+            index,
+            name: name.into(),
+            kind: kind.into(),
+            controller: None,
+            has_ethernet_header: kind != "ipip",
+            mtu: if kind == "vxlan" { 1450 } else { 1500 },
+        }
+    }
+
+    pub(crate) fn route(dst: &str, oif: u32) -> Route {
         Route {
             destination: dst.parse().unwrap(),
             gateway: None,
             oif: Some(oif),
             table: 254,
+            onlink: false,
+            kind: RouteKind::Unicast,
         }
+    }
+
+    pub(crate) fn flannel_node() -> NodeView {
+        let mut veth = link(5, "veth1a2b", "veth");
+        veth.controller = Some(3);
+        NodeView {
+            links: vec![
+                link(1, "lo", ""),
+                link(2, "eth0", "veth"),
+                link(3, "cni0", "bridge"),
+                link(4, "flannel.1", "vxlan"),
+                veth,
+                link(6, "tunl0", "ipip"),
+            ],
+            addresses: vec![
+                (2, "192.0.2.11".parse().unwrap()),
+                (3, "10.244.1.1".parse().unwrap()),
+            ],
+            routes: vec![
+                Route {
+                    gateway: Some("192.0.2.1".parse().unwrap()),
+                    ..route("0.0.0.0/0", 2)
+                },
+                route("10.244.1.0/24", 3),
+                Route {
+                    gateway: Some("10.244.2.0".parse().unwrap()),
+                    onlink: true,
+                    ..route("10.244.2.0/24", 4)
+                },
+            ],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{fixtures::route, *};
+
+    #[test]
+    fn routes_read_as_ip_route_and_route_n_print_them() {
+        let view = NodeView {
+            links: vec![Link {
+                index: 4,
+                name: "flannel.1".into(),
+                kind: "vxlan".into(),
+                controller: None,
+                has_ethernet_header: true,
+                mtu: 1450,
+            }],
+            ..Default::default()
+        };
+        let flannel = Route {
+            gateway: Some("10.244.2.0".parse().unwrap()),
+            onlink: true,
+            ..route("10.244.2.0/24", 4)
+        };
+        assert_eq!(
+            view.describe(&flannel),
+            "10.244.2.0/24 via 10.244.2.0 dev flannel.1 onlink (route -n: 10.244.2.0 10.244.2.0 255.255.255.0 UG flannel.1)"
+        );
+        let blackhole = Route {
+            kind: RouteKind::Blackhole,
+            oif: None,
+            ..route("10.245.1.0/24", 0)
+        };
+        assert_eq!(
+            view.describe(&blackhole),
+            "blackhole 10.245.1.0/24 (route -n: 10.245.1.0 0.0.0.0 255.255.255.0 ! -)"
+        );
     }
 
     #[test]

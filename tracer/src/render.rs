@@ -134,7 +134,7 @@ pub fn human_story(n: u64, s: &Story, colour: bool) -> String {
     let code = match s.verdict.outcome {
         Outcome::Delivered { .. } => "32",
         Outcome::LeftNode { .. } => "36",
-        Outcome::Vanished { .. } | Outcome::Dropped { .. } => "31",
+        Outcome::Vanished { .. } | Outcome::Dropped { .. } | Outcome::NoRoute { .. } => "31",
     };
     for freed in &s.freed_after_delivery {
         text.push_str(&format!(

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::{
     decode::{Decoded, Transport, Tunnel, TunnelKind},
+    explain::{explain, NodeFacts, NodeSubnet, RouteCheck},
     interfaces::Role,
     journey::{Direction, DropInfo, Hop, Journey},
     netfilter::NetfilterRule,
@@ -21,6 +22,12 @@ pub struct Context {
     /// Pod subnets delivered locally (via a bridge or pod veth) by one of
     /// the traced nodes: a packet heading there must show up again.
     pub traced_destinations: Vec<Ipv4Net>,
+    /// What each traced node looked like at start, by node name.
+    pub nodes: HashMap<String, NodeFacts>,
+    /// Every node's pod subnet (`--nodes-file`).
+    pub subnets: Vec<NodeSubnet>,
+    /// The cluster's pod CIDRs (`--pod-cidr`).
+    pub pod_cidrs: Vec<Ipv4Net>,
 }
 
 impl Context {
@@ -75,6 +82,12 @@ pub enum Outcome {
         iface: String,
         toward: Ipv4Addr,
     },
+    /// The node had no route for the destination's pods: the route it
+    /// needed, the one it used, and what became of the packet.
+    NoRoute {
+        check: RouteCheck,
+        then: Box<Outcome>,
+    },
     /// Freed by the kernel with a drop reason, and seen nowhere after.
     Dropped {
         node: String,
@@ -100,6 +113,9 @@ pub struct Verdict {
     pub summary: String,
     /// For a netfilter drop: the rule, from nftables tracing.
     pub netfilter: Option<NetfilterRule>,
+    /// What on the node explains the outcome (forwarding off, a veth
+    /// without its bridge, an MTU too small, …).
+    pub hint: Option<String>,
 }
 
 /// The reason name of a drop by an iptables / nftables verdict.
@@ -376,6 +392,14 @@ fn judge(journey: &Journey, ctx: &Context) -> Verdict {
         }
     };
 
+    let explanation = explain(hops, &ctx.nodes, &ctx.subnets, &ctx.pod_cidrs);
+    let outcome = match explanation.no_route {
+        Some(check) => Outcome::NoRoute {
+            check,
+            then: Box::new(outcome),
+        },
+        None => outcome,
+    };
     let latency_us = micros(last.ktime_ns - first.ktime_ns);
     let how = path
         .iter()
@@ -397,7 +421,21 @@ fn judge(journey: &Journey, ctx: &Context) -> Verdict {
     } else {
         format!("; {how}")
     };
-    let summary = match &outcome {
+    let mut summary = match &outcome {
+        Outcome::NoRoute { check, then } => format!(
+            "no route on {} to {}: expected {}; the kernel used {}{}",
+            check.node,
+            ctx.label(dst),
+            check.expected,
+            check.used,
+            match then.as_ref() {
+                Outcome::Dropped { node, reason, .. } =>
+                    format!(" (then dropped on {node}: {reason})"),
+                Outcome::LeftNode { node, iface, .. } =>
+                    format!(" (the packet left {node} by {iface})"),
+                _ => String::new(),
+            }
+        ),
         Outcome::Delivered { node, iface } => {
             format!(
                 "delivered to {} on {node} via {iface}{how}, {latency_us} µs end to end",
@@ -429,12 +467,16 @@ fn judge(journey: &Journey, ctx: &Context) -> Verdict {
             format!("vanished: last seen on {node} {iface} {dir}, never at the next hook{how}")
         }
     };
+    if let Some(hint) = &explanation.hint {
+        summary.push_str(&format!("; {hint}"));
+    }
     Verdict {
         outcome,
         path,
         latency_us,
         summary,
         netfilter: None,
+        hint: explanation.hint,
     }
 }
 

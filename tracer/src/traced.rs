@@ -15,6 +15,7 @@ use crate::{
     btf::Btf,
     decode,
     drops::{kernel_layout, ReasonNames, Symbols},
+    explain::NodeFacts,
     interfaces::{self, Role, Watched},
     inventory::Inventory,
     journey::{Direction, DropInfo, Hop},
@@ -162,6 +163,16 @@ impl TracedNode {
             ),
             None => None,
         };
+        let forwarding = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward")
+            .map(|v| v.trim() == "1")
+            .unwrap_or(true);
+        ctx.nodes.insert(
+            name.clone(),
+            NodeFacts {
+                view: view.clone(),
+                forwarding,
+            },
+        );
         let underlay = watched
             .iter()
             .find(|w| w.role == Role::Underlay)

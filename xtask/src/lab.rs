@@ -191,8 +191,27 @@ impl Lab {
             self.nodes_file(),
             serde_json::to_string_pretty(&self.node_list())?,
         )?;
+        fs::write(self.state_dir().join("pod-cidr"), self.pod_cidr.to_string())?;
         fs::write(marker, self.topology.name())?;
         Ok(())
+    }
+
+    /// The lab that is up under `prefix`, as `up` recorded it.
+    pub fn load(prefix: &str) -> Result<Self> {
+        let dir = Path::new("/run/podtrace-lab").join(prefix);
+        let topology = fs::read_to_string(dir.join("topology")).with_context(|| {
+            format!("no lab {prefix} is up (cargo xtask lab up … --prefix {prefix})")
+        })?;
+        let topology = [
+            Topology::FlannelVxlan,
+            Topology::FlannelHostGw,
+            Topology::Calico,
+        ]
+        .into_iter()
+        .find(|t| t.name() == topology)
+        .with_context(|| format!("lab {prefix} has an unknown topology {topology}"))?;
+        let pod_cidr = fs::read_to_string(dir.join("pod-cidr"))?.trim().parse()?;
+        Self::new(prefix, topology, Some(pod_cidr))
     }
 
     /// Deletes every namespace with the lab's prefix, and its state.
@@ -247,7 +266,13 @@ impl Lab {
     fn build_flannel_node(&self, node: u8) -> Result<()> {
         let ns = self.node_netns(node);
         let subnet = self.node_subnet(node);
-        ip(&ns, "link add cni0 type bridge")?;
+        // A fixed MAC, as the CNI bridge plugin sets one (0a:58 + the
+        // gateway IP); otherwise the bridge borrows its lowest port's MAC.
+        let [a, b, c, d] = self.subnet_host(node, 1).octets();
+        ip(
+            &ns,
+            &format!("link add cni0 address 0a:58:{a:02x}:{b:02x}:{c:02x}:{d:02x} type bridge"),
+        )?;
         ip(
             &ns,
             &format!("addr add {}/24 dev cni0", self.subnet_host(node, 1)),

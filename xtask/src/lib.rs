@@ -1,5 +1,6 @@
 //! Developer tasks for podtrace, and the netns lab that the integration
 //! tests share with `cargo xtask lab`.
 
+pub mod faults;
 pub mod lab;
 pub mod setup;

@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use ipnet::Ipv4Net;
 use xtask::{
+    faults::Fault,
     lab::{Lab, LabGuard, Topology},
     setup::{run, setup},
 };
@@ -51,6 +52,18 @@ enum LabAction {
         pod_cidr: Option<Ipv4Net>,
     },
     Down {
+        #[arg(long, default_value = "lab")]
+        prefix: String,
+    },
+    /// Break the lab as a real cluster broke (see the fault catalogue).
+    Fault {
+        #[arg(value_enum)]
+        fault: Fault,
+        #[arg(long, default_value = "lab")]
+        prefix: String,
+    },
+    /// Restore the healthy topology (rebuilds the lab).
+    Heal {
         #[arg(long, default_value = "lab")]
         prefix: String,
     },
@@ -100,6 +113,16 @@ fn lab(action: LabAction) -> Result<()> {
         LabAction::Down { prefix } => {
             Lab::new(&prefix, Topology::FlannelVxlan, None)?.down()?;
             println!("lab {prefix} is down");
+        }
+        LabAction::Fault { fault, prefix } => {
+            fault.apply(&Lab::load(&prefix)?)?;
+            println!("lab {prefix}: {} applied", fault.name());
+        }
+        LabAction::Heal { prefix } => {
+            let lab = Lab::load(&prefix)?;
+            lab.down()?;
+            lab.up()?;
+            println!("lab {prefix} is healthy again");
         }
     }
     Ok(())

@@ -1,0 +1,295 @@
+//! The fault catalogue against the real kernel: each fault from a real
+//! troubleshooting write-up, and the verdict podtrace must give for it, in
+//! JSON and in human output. The healthy lab gives no drop verdict.
+
+#[allow(dead_code)]
+mod support;
+
+use serde_json::Value;
+use support::*;
+use xtask::{
+    faults::Fault,
+    lab::{LabGuard, Topology},
+};
+
+/// The story of one ping web-0 → db-0 (or a big DF ping), traced on both
+/// nodes, as JSON and as text.
+fn trace_once(lab: &LabGuard, big: bool) -> (Value, String) {
+    let mut json = None;
+    let mut human = None;
+    for output in ["json", "human"] {
+        let mut argv: Vec<String> = [
+            "web-0",
+            "db-0",
+            "--count",
+            "1",
+            "--duration",
+            "20s",
+            "-o",
+            output,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        argv.extend(lab_args(&lab.0, &[1, 2]));
+        argv.push("--nodes-file".into());
+        argv.push(lab.0.nodes_file().display().to_string());
+        let trace = Trace::start(&argv);
+        let (web, db) = (lab.0.pod("web-0"), lab.0.pod("db-0"));
+        // Forget any path MTU learnt by the run before.
+        xtask::lab::ip(&web.netns, "route flush cache").expect("flush");
+        let mut ping = std::process::Command::new("ip");
+        ping.args(["netns", "exec", &web.netns, "ping", "-c", "1", "-W", "2"]);
+        if big {
+            ping.args(["-s", "1472", "-M", "do"]);
+        }
+        ping.arg(db.ip.to_string()).output().expect("ping");
+        let done = trace.finish();
+        assert!(done.status.success(), "{}", done.stderr);
+        match output {
+            "json" => json = Some(done.stories().into_iter().next().expect("a story")),
+            _ => human = Some(done.stdout),
+        }
+    }
+    (json.unwrap(), human.unwrap())
+}
+
+fn faulty(fault: Fault) -> LabGuard {
+    let lab = lab(fault.topology());
+    fault.apply(&lab.0).expect("apply the fault");
+    lab
+}
+
+fn assert_dropped(story: &Value, node: &str, reason: &str) {
+    let verdict = &story["verdict"];
+    assert_eq!(verdict["outcome"], "dropped", "{verdict}");
+    assert_eq!(verdict["node"], node, "{verdict}");
+    assert_eq!(verdict["reason"], reason, "{verdict}");
+}
+
+#[test]
+fn iptables_forward_drop_names_the_rule() {
+    let lab = faulty(Fault::IptablesForwardDrop);
+    let (story, human) = trace_once(&lab, false);
+    assert_dropped(&story, "node-1", "NETFILTER_DROP");
+    let rule = &story["verdict"]["netfilter"];
+    assert_eq!(rule["table"], "filter");
+    assert_eq!(rule["chain"], "FORWARD");
+    assert_eq!(rule["hook"], "FORWARD");
+    let expected = format!("-A FORWARD -s {}/32 -j DROP", lab.0.pod("web-0").ip);
+    assert_eq!(rule["rule"], expected.as_str());
+    assert!(
+        human.contains(&format!(
+            "by table filter chain FORWARD (hook FORWARD): {expected}"
+        )),
+        "{human}"
+    );
+}
+
+#[test]
+fn calico_profile_drop_names_the_rule_with_its_comments() {
+    let lab = faulty(Fault::CalicoProfileDrop);
+    let (story, human) = trace_once(&lab, false);
+    assert_dropped(&story, "node-2", "NETFILTER_DROP");
+    let rule = &story["verdict"]["netfilter"];
+    let chain = format!("cali-tw-{}", lab.0.pod("db-0").host_iface);
+    assert_eq!(rule["chain"], chain.as_str());
+    assert_eq!(rule["hook"], "FORWARD");
+    let expected = format!(
+        r#"-A {chain} -m comment --comment "cali:s4tXYq2MQ2b8zM1b" -m comment --comment "Drop if no profiles matched" -j DROP"#
+    );
+    assert_eq!(rule["rule"], expected.as_str());
+    assert!(human.contains("Drop if no profiles matched"), "{human}");
+}
+
+#[test]
+fn kube_firewall_mark_drop_is_named_at_kube_firewall() {
+    let lab = faulty(Fault::KubeFirewallMarkDrop);
+    let (story, human) = trace_once(&lab, false);
+    assert_dropped(&story, "node-1", "NETFILTER_DROP");
+    let rule = &story["verdict"]["netfilter"];
+    assert_eq!(rule["chain"], "KUBE-FIREWALL");
+    assert_eq!(
+        rule["rule"],
+        r#"-A KUBE-FIREWALL -m comment --comment "kubernetes firewall for dropping marked packets" -m mark --mark 0x8000/0x8000 -j DROP"#
+    );
+    assert!(
+        human.contains("chain KUBE-FIREWALL (hook FORWARD)"),
+        "{human}"
+    );
+}
+
+fn assert_no_route(story: &Value, human: &str, lab: &LabGuard, then_reason: &str) {
+    let verdict = &story["verdict"];
+    assert_eq!(verdict["outcome"], "no_route", "{verdict}");
+    let subnet = lab.0.node_subnet(2);
+    let expected = format!(
+        "{subnet} via {} dev flannel.1 onlink (pod subnet of node-2)",
+        subnet.network()
+    );
+    assert_eq!(verdict["check"]["node"], "node-1");
+    assert_eq!(verdict["check"]["expected"], expected.as_str());
+    assert_eq!(verdict["then"]["reason"], then_reason, "{verdict}");
+    assert!(
+        human.contains(&format!(
+            "verdict: no route on node-1 to {}",
+            lab.0.pod("db-0").ip
+        )),
+        "{human}"
+    );
+    assert!(human.contains(&expected), "{human}");
+}
+
+#[test]
+fn flannel_route_missing_is_no_route_even_with_a_default_route() {
+    let lab = faulty(Fault::FlannelRouteMissing);
+    let (story, human) = trace_once(&lab, false);
+    // The packet left by the default route, unencapsulated; the underlay
+    // gateway (which does not forward) dropped it.
+    assert_no_route(&story, &human, &lab, "IP_INADDRERRORS");
+    assert_eq!(
+        story["verdict"]["check"]["used"],
+        "default via 192.0.2.1 dev eth0 (route -n: 0.0.0.0 192.0.2.1 0.0.0.0 UG eth0)"
+    );
+}
+
+#[test]
+fn flannel_route_missing_without_default_route_is_no_route() {
+    let lab = faulty(Fault::FlannelRouteMissingNoDefault);
+    let (story, human) = trace_once(&lab, false);
+    assert_no_route(&story, &human, &lab, "IP_INNOROUTES");
+    assert_eq!(story["verdict"]["check"]["used"], "no route at all");
+}
+
+#[test]
+fn cni0_deleted_says_the_bridge_is_missing() {
+    let lab = faulty(Fault::Cni0Deleted);
+    let (story, human) = trace_once(&lab, false);
+    let veth = lab.0.pod("web-0").host_iface;
+    assert_dropped(&story, "node-1", "OTHERHOST");
+    assert_eq!(story["verdict"]["iface"], veth.as_str());
+    let hint = story["verdict"]["hint"].as_str().expect("a hint");
+    assert!(
+        hint.starts_with(&format!(
+            "{veth} is not attached to any bridge (there is no cni0 on this node)"
+        )),
+        "{hint}"
+    );
+    assert!(human.contains("there is no cni0 on this node"), "{human}");
+}
+
+#[test]
+fn flannel_fdb_missing_is_what_vxlan_said() {
+    let lab = faulty(Fault::FlannelFdbMissing);
+    let (story, human) = trace_once(&lab, false);
+    assert_dropped(&story, "node-1", "NO_TX_TARGET");
+    assert_eq!(story["verdict"]["iface"], "flannel.1");
+    assert!(story["verdict"]["location"]
+        .as_str()
+        .unwrap()
+        .starts_with("vxlan_xmit+"));
+    assert!(
+        human.contains("flannel.1 has no forwarding entry (FDB)"),
+        "{human}"
+    );
+}
+
+#[test]
+fn ip_forward_off_is_reported_as_such() {
+    let lab = faulty(Fault::IpForwardOff);
+    let (story, human) = trace_once(&lab, false);
+    assert_dropped(&story, "node-1", "IP_INADDRERRORS");
+    assert!(
+        human.contains("IP forwarding is off on node-1 (net.ipv4.ip_forward = 0)"),
+        "{human}"
+    );
+    assert!(story["verdict"]["hint"]
+        .as_str()
+        .unwrap()
+        .starts_with("IP forwarding is off on node-1"));
+}
+
+#[test]
+fn mtu_too_big_is_dropped_with_the_mtu_named() {
+    let lab = faulty(Fault::MtuTooBig);
+    let (story, human) = trace_once(&lab, true);
+    assert_dropped(&story, "node-1", "PKT_TOO_BIG");
+    let hint = story["verdict"]["hint"].as_str().unwrap();
+    assert!(
+        hint.ends_with("leaves by flannel.1 with MTU 1450"),
+        "{hint}"
+    );
+    assert!(
+        human.contains("the packet is 1500 B with DF set"),
+        "{human}"
+    );
+}
+
+#[test]
+fn the_healthy_lab_has_no_drop_verdict() {
+    for topology in [Topology::FlannelVxlan, Topology::Calico] {
+        let lab = lab(topology);
+        let (story, _) = trace_once(&lab, false);
+        assert_eq!(story["verdict"]["outcome"], "delivered", "{story}");
+        assert!(story["hops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|h| h["direction"] != "drop"));
+    }
+}
+
+#[test]
+fn the_nft_table_is_gone_after_sigint_sigterm_and_sigkill() {
+    let lab = lab(Topology::FlannelVxlan);
+    let tables = || {
+        let out = std::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &lab.0.node_netns(1),
+                "nft",
+                "list",
+                "tables",
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains("podtrace_"))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGKILL] {
+        let trace = Trace::start(&lab_args_with(&lab, &["web-0", "db-0"]));
+        assert_eq!(tables(), [format!("table inet podtrace_{}", trace.pid())]);
+        trace.signal(signal);
+        trace.finish();
+        if signal == libc::SIGKILL {
+            assert_eq!(
+                tables().len(),
+                1,
+                "a killed podtrace cannot remove its table"
+            );
+            // The next start removes it.
+            let next = Trace::start(&lab_args_with(&lab, &["web-0", "db-0"]));
+            assert_eq!(tables(), [format!("table inet podtrace_{}", next.pid())]);
+            next.signal(libc::SIGINT);
+            next.finish();
+        }
+        assert!(tables().is_empty(), "after signal {signal}: {:?}", tables());
+    }
+    let no_changes = Trace::start(&lab_args_with(
+        &lab,
+        &["web-0", "db-0", "--no-ruleset-changes"],
+    ));
+    assert!(tables().is_empty(), "--no-ruleset-changes adds no table");
+    no_changes.signal(libc::SIGINT);
+    no_changes.finish();
+}
+
+fn lab_args_with(lab: &LabGuard, first: &[&str]) -> Vec<String> {
+    let mut argv: Vec<String> = first.iter().map(|s| s.to_string()).collect();
+    argv.extend(lab_args(&lab.0, &[1, 2]));
+    argv
+}

@@ -1,0 +1,331 @@
+//! Why a packet died, in the operator's terms: the route that was missing
+//! (as `route -n` shows it), forwarding switched off, a veth without its
+//! bridge, a VXLAN device without a forwarding entry, an MTU too small.
+//! Pure: it reads the journey and the facts podtrace gathered at start.
+
+use std::{collections::HashMap, net::Ipv4Addr};
+
+use ipnet::Ipv4Net;
+use serde::Serialize;
+
+use crate::{
+    interfaces::Role,
+    journey::{Direction, Hop},
+    node::NodeView,
+};
+
+/// What podtrace read from one traced node at start.
+#[derive(Clone, Debug, Default)]
+pub struct NodeFacts {
+    pub view: NodeView,
+    /// net.ipv4.ip_forward.
+    pub forwarding: bool,
+}
+
+/// A node's pod subnet, from the Kubernetes nodes (`--nodes-file`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeSubnet {
+    pub node: String,
+    pub subnet: Ipv4Net,
+    pub node_ip: Ipv4Addr,
+    /// Flannel's backend-type annotation ("vxlan", "host-gw"), or "calico".
+    pub backend: Option<String>,
+}
+
+/// The route the packet needed, and the one the kernel used.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RouteCheck {
+    pub node: String,
+    pub expected: String,
+    pub used: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Explanation {
+    pub no_route: Option<RouteCheck>,
+    pub hint: Option<String>,
+}
+
+/// Reasons the kernel gives when it has no route.
+const NO_ROUTE_REASONS: &[&str] = &["IP_INNOROUTES", "IP_OUTNOROUTES"];
+
+pub fn explain(
+    hops: &[Hop],
+    nodes: &HashMap<String, NodeFacts>,
+    subnets: &[NodeSubnet],
+    pod_cidrs: &[Ipv4Net],
+) -> Explanation {
+    let Some(last) = hops.last() else {
+        return Explanation::default();
+    };
+    let dst = hops[0].packet.packet.dst;
+    let reason = last.drop.as_ref().map(|d| d.reason.as_str());
+
+    // No route: the kernel said so, or the packet for another node's pods
+    // left a node by its default route, unencapsulated.
+    let left_by_default = hops.iter().rev().find_map(|h| {
+        let facts = nodes.get(&h.node)?;
+        let leaves_plain = h.role == Role::Underlay
+            && h.direction == Direction::Egress
+            && h.packet.tunnel.is_none();
+        let route = facts.view.route_to(dst)?;
+        (leaves_plain && route.destination.prefix_len() == 0).then_some(h)
+    });
+    let dst_is_pod = subnets.iter().any(|s| s.subnet.contains(&dst))
+        || pod_cidrs.iter().any(|c| c.contains(&dst));
+    let routing_hop = match (reason, left_by_default) {
+        (Some(r), _) if NO_ROUTE_REASONS.contains(&r) => Some(last),
+        (_, Some(h)) if dst_is_pod => Some(h),
+        _ => None,
+    };
+    if let Some(h) = routing_hop {
+        if let Some(facts) = nodes.get(&h.node) {
+            let used = facts
+                .view
+                .route_to(dst)
+                .map_or("no route at all".to_string(), |r| facts.view.describe(r));
+            return Explanation {
+                no_route: Some(RouteCheck {
+                    node: h.node.clone(),
+                    expected: expected_route(dst, subnets, pod_cidrs, &facts.view),
+                    used,
+                }),
+                hint: None,
+            };
+        }
+    }
+
+    let hint = match (reason, nodes.get(&last.node)) {
+        (Some("IP_INADDRERRORS"), Some(facts)) if !facts.forwarding => Some(format!(
+            "IP forwarding is off on {} (net.ipv4.ip_forward = 0): it does not route pod traffic",
+            last.node
+        )),
+        (Some(_), Some(facts)) if last.role == Role::PodVeth => {
+            let veth = facts.view.link_named(&last.iface);
+            veth.filter(|l| l.controller.is_none()).map(|_| {
+                let bridge = facts.view.link_named("cni0").map_or(" (there is no cni0 on this node)", |_| "");
+                format!("{} is not attached to any bridge{bridge}: the pod's frames reach the host addressed to a bridge that is gone", last.iface)
+            })
+        }
+        (Some("NO_TX_TARGET"), Some(facts)) if facts.view.link_named(&last.iface).is_some_and(|l| l.kind == "vxlan") => Some(format!(
+            "{} has no forwarding entry (FDB) for the next hop's VTEP: the kernel does not know which node to send the encapsulated packet to (bridge fdb show dev {})",
+            last.iface, last.iface
+        )),
+        (Some("PKT_TOO_BIG"), Some(facts)) => facts.view.route_to(dst).and_then(|r| r.oif).and_then(|oif| facts.view.link(oif)).map(|dev| {
+            format!(
+                "the packet is {} B with DF set; the route to {dst} leaves by {} with MTU {}",
+                last.packet.packet.total_len, dev.name, dev.mtu
+            )
+        }),
+        _ => None,
+    };
+    let hint = hint.or_else(|| tunnel_nobody_took(hops));
+    Explanation {
+        no_route: None,
+        hint,
+    }
+}
+
+/// An encapsulated packet freed with NO_SOCKET where it arrived: no VXLAN
+/// device listens on its port.
+fn tunnel_nobody_took(hops: &[Hop]) -> Option<String> {
+    let last = hops.last()?;
+    let tunnel = last.packet.tunnel?;
+    let port = match tunnel.outer.transport {
+        crate::decode::Transport::Udp { dport, .. } => dport,
+        _ => return None,
+    };
+    (last.drop.as_ref()?.reason == "NO_SOCKET").then(|| {
+        format!("nothing listens on UDP {port} on {}: its VXLAN device (flannel.1 or vxlan.calico) is down or missing", last.node)
+    })
+}
+
+/// The route the node should have had for `dst`.
+fn expected_route(
+    dst: Ipv4Addr,
+    subnets: &[NodeSubnet],
+    pod_cidrs: &[Ipv4Net],
+    view: &NodeView,
+) -> String {
+    let underlay = view.addresses.iter().find_map(|(index, ip)| {
+        subnets
+            .iter()
+            .any(|s| s.node_ip == *ip)
+            .then(|| view.link(*index))
+            .flatten()
+    });
+    let underlay = underlay.map_or("<underlay>", |l| l.name.as_str());
+    if let Some(s) = subnets.iter().find(|s| s.subnet.contains(&dst)) {
+        return match s.backend.as_deref() {
+            Some("vxlan") => format!(
+                "{} via {} dev flannel.1 onlink (pod subnet of {})",
+                s.subnet,
+                s.subnet.network(),
+                s.node
+            ),
+            Some("calico") => format!(
+                "{} via {} dev {underlay} proto bird (pod block of {})",
+                s.subnet, s.node_ip, s.node
+            ),
+            _ => format!(
+                "{} via {} dev {underlay} (pod subnet of {})",
+                s.subnet, s.node_ip, s.node
+            ),
+        };
+    }
+    match pod_cidrs.iter().find(|c| c.contains(&dst)) {
+        Some(cidr) => {
+            format!("a route for {dst} inside the pod CIDR {cidr}, not the default route")
+        }
+        None => format!("a route for {dst}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        decode::tests as frames,
+        journey::{tests::hop, DropInfo},
+        node::fixtures::flannel_node,
+    };
+
+    fn node_1(view: NodeView, forwarding: bool) -> HashMap<String, NodeFacts> {
+        HashMap::from([("node-1".to_string(), NodeFacts { view, forwarding })])
+    }
+
+    fn subnets() -> Vec<NodeSubnet> {
+        vec![NodeSubnet {
+            node: "node-2".into(),
+            subnet: "10.244.2.0/24".parse().unwrap(),
+            node_ip: "192.0.2.12".parse().unwrap(),
+            backend: Some("vxlan".into()),
+        }]
+    }
+
+    fn dropped(iface: &str, role: Role, reason: &str, frame: &[u8]) -> Hop {
+        let mut h = hop(9, "node-1", iface, role, Direction::Drop, frame);
+        h.drop = Some(DropInfo {
+            reason: reason.into(),
+            location: "ip_error+0x94".into(),
+        });
+        h
+    }
+
+    #[test]
+    fn a_missing_pod_subnet_route_names_the_expected_and_the_used_route() {
+        let frame = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
+        let mut view = flannel_node();
+        view.routes
+            .retain(|r| r.destination.to_string() != "10.244.2.0/24");
+        let node = &node_1(view, true);
+        let hops = vec![
+            hop(
+                1,
+                "node-1",
+                "cni0",
+                Role::Bridge,
+                Direction::Ingress,
+                &frame,
+            ),
+            hop(
+                2,
+                "node-1",
+                "eth0",
+                Role::Underlay,
+                Direction::Egress,
+                &frame,
+            ),
+        ];
+        let check = explain(&hops, node, &subnets(), &[]).no_route.unwrap();
+        assert_eq!(
+            check.expected,
+            "10.244.2.0/24 via 10.244.2.0 dev flannel.1 onlink (pod subnet of node-2)"
+        );
+        assert_eq!(
+            check.used,
+            "default via 192.0.2.1 dev eth0 (route -n: 0.0.0.0 192.0.2.1 0.0.0.0 UG eth0)"
+        );
+        // Without the nodes, the pod CIDR still tells it is pod traffic.
+        let check = explain(&hops, node, &[], &["10.244.0.0/16".parse().unwrap()])
+            .no_route
+            .unwrap();
+        assert!(
+            check.expected.contains("inside the pod CIDR 10.244.0.0/16"),
+            "{}",
+            check.expected
+        );
+        // With neither, leaving by the default route may be right.
+        assert!(explain(&hops, node, &[], &[]).no_route.is_none());
+
+        let no_default = vec![dropped("cni0", Role::Bridge, "IP_INNOROUTES", &frame)];
+        let no_routes = node_1(
+            NodeView {
+                routes: vec![],
+                ..flannel_node()
+            },
+            true,
+        );
+        let check = explain(&no_default, &no_routes, &subnets(), &[])
+            .no_route
+            .unwrap();
+        assert_eq!(check.used, "no route at all");
+    }
+
+    #[test]
+    fn hints_for_forwarding_bridges_fdb_and_mtu() {
+        let frame = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
+        let hint = |hop: Hop, forwarding: bool| {
+            explain(&[hop], &node_1(flannel_node(), forwarding), &subnets(), &[])
+                .hint
+                .unwrap_or_default()
+        };
+        assert!(hint(
+            dropped("cni0", Role::Bridge, "IP_INADDRERRORS", &frame),
+            false
+        )
+        .starts_with("IP forwarding is off on node-1"));
+        assert_eq!(
+            hint(
+                dropped("cni0", Role::Bridge, "IP_INADDRERRORS", &frame),
+                true
+            ),
+            ""
+        );
+        assert!(hint(
+            dropped("flannel.1", Role::Tunnel, "NO_TX_TARGET", &frame),
+            true
+        )
+        .starts_with("flannel.1 has no forwarding entry (FDB)"));
+        assert!(
+            hint(dropped("cni0", Role::Bridge, "PKT_TOO_BIG", &frame), true)
+                .ends_with("leaves by flannel.1 with MTU 1450")
+        );
+        // The fixture's veth is on cni0: no hint. Off the bridge: one.
+        assert_eq!(
+            hint(
+                dropped("veth1a2b", Role::PodVeth, "OTHERHOST", &frame),
+                true
+            ),
+            ""
+        );
+        let mut view = flannel_node();
+        view.links.retain(|l| l.name != "cni0");
+        view.links.iter_mut().for_each(|l| l.controller = None);
+        let bridgeless = node_1(view, true);
+        let text = explain(
+            &[dropped("veth1a2b", Role::PodVeth, "OTHERHOST", &frame)],
+            &bridgeless,
+            &[],
+            &[],
+        )
+        .hint
+        .unwrap();
+        assert!(
+            text.starts_with(
+                "veth1a2b is not attached to any bridge (there is no cni0 on this node)"
+            ),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,224 @@
+//! The fault catalogue: failures from real troubleshooting write-ups,
+//! reproduced on a lab. Each breaks the path web-0 (node-1) → db-0
+//! (node-2) the way it broke for someone at 3 a.m.; `heal` rebuilds the
+//! healthy lab.
+
+use anyhow::{bail, Result};
+
+use crate::lab::{ip, sh, Lab, Topology};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Fault {
+    /// `-A FORWARD -s <web-0>/32 -j DROP` on node-1.
+    IptablesForwardDrop,
+    /// Calico's per-workload chains on node-2 ending in "Drop if no profiles matched".
+    CalicoProfileDrop,
+    /// KUBE-MARK-DROP marks 0x8000, KUBE-FIREWALL drops marked packets (node-1).
+    KubeFirewallMarkDrop,
+    /// node-1 loses `<node-2 subnet> via … dev flannel.1` (the default route stays).
+    FlannelRouteMissing,
+    /// As flannel-route-missing, and node-1 has no default route either.
+    FlannelRouteMissingNoDefault,
+    /// cni0 deleted on node-1; the pods' veths are left without a bridge.
+    Cni0Deleted,
+    /// node-1's flannel.1 loses the FDB entry for node-2's VTEP.
+    FlannelFdbMissing,
+    /// net.ipv4.ip_forward=0 on node-1.
+    IpForwardOff,
+    /// web-0 gets MTU 1500 over a VXLAN path that carries 1450.
+    MtuTooBig,
+}
+
+impl Fault {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::IptablesForwardDrop => "iptables-forward-drop",
+            Self::CalicoProfileDrop => "calico-profile-drop",
+            Self::KubeFirewallMarkDrop => "kube-firewall-mark-drop",
+            Self::FlannelRouteMissing => "flannel-route-missing",
+            Self::FlannelRouteMissingNoDefault => "flannel-route-missing-no-default",
+            Self::Cni0Deleted => "cni0-deleted",
+            Self::FlannelFdbMissing => "flannel-fdb-missing",
+            Self::IpForwardOff => "ip-forward-off",
+            Self::MtuTooBig => "mtu-too-big",
+        }
+    }
+
+    /// The topology the fault belongs to.
+    pub fn topology(self) -> Topology {
+        match self {
+            Self::CalicoProfileDrop => Topology::Calico,
+            _ => Topology::FlannelVxlan,
+        }
+    }
+
+    pub fn apply(self, lab: &Lab) -> Result<()> {
+        if lab.topology != self.topology() {
+            bail!(
+                "fault {} needs the {} lab",
+                self.name(),
+                self.topology().name()
+            );
+        }
+        let (node1, node2) = (lab.node_netns(1), lab.node_netns(2));
+        let web = lab.pod("web-0");
+
+        match self {
+            Self::IptablesForwardDrop => {
+                iptables(&node1, &format!("-A FORWARD -s {}/32 -j DROP", web.ip))?
+            }
+            Self::CalicoProfileDrop => {
+                let db = lab.pod("db-0");
+                let tw = format!("cali-tw-{}", db.host_iface);
+                for chain in [
+                    "cali-FORWARD",
+                    "cali-from-wl-dispatch",
+                    "cali-to-wl-dispatch",
+                    &tw,
+                ] {
+                    iptables(&node2, &format!("-N {chain}"))?;
+                }
+                for rule in [
+                    r#"-A FORWARD -m comment --comment "cali:wUHhoiAYhphO9Mso" -j cali-FORWARD"#.to_string(),
+                    r#"-A cali-FORWARD -m comment --comment "cali:vjrMJCRpqwy5oRoX" -j MARK --set-xmark 0x0/0xe0000"#.to_string(),
+                    r#"-A cali-FORWARD -i cali+ -m comment --comment "cali:A_sPAO0mcxbT9mOV" -j cali-from-wl-dispatch"#.to_string(),
+                    r#"-A cali-FORWARD -o cali+ -m comment --comment "cali:8ZoYfO5HKXWbB3pk" -j cali-to-wl-dispatch"#.to_string(),
+                    format!(r#"-A cali-to-wl-dispatch -o {} -m comment --comment "cali:lSj8x5fXYVtbL3Kq" -g {tw}"#, db.host_iface),
+                    format!(r#"-A {tw} -m comment --comment "cali:Pm-1Bm8LtZKnFmxV" -j MARK --set-xmark 0x0/0x10000"#),
+                    format!(r#"-A {tw} -m comment --comment "cali:s4tXYq2MQ2b8zM1b" -m comment --comment "Drop if no profiles matched" -j DROP"#),
+                ] {
+                    iptables(&node2, &rule)?;
+                }
+            }
+            Self::KubeFirewallMarkDrop => {
+                iptables(&node1, "-N KUBE-MARK-DROP")?;
+                iptables(&node1, "-N KUBE-FIREWALL")?;
+                iptables(
+                    &node1,
+                    "-A KUBE-MARK-DROP -j MARK --set-xmark 0x8000/0x8000",
+                )?;
+                iptables(
+                    &node1,
+                    r#"-A KUBE-FIREWALL -m comment --comment "kubernetes firewall for dropping marked packets" -m mark --mark 0x8000/0x8000 -j DROP"#,
+                )?;
+                iptables(
+                    &node1,
+                    &format!("-A FORWARD -s {}/32 -j KUBE-MARK-DROP", web.ip),
+                )?;
+                iptables(&node1, "-A FORWARD -j KUBE-FIREWALL")?;
+            }
+            Self::FlannelRouteMissing => {
+                ip(&node1, &format!("route del {}", lab.node_subnet(2)))?;
+            }
+            Self::FlannelRouteMissingNoDefault => {
+                ip(&node1, &format!("route del {}", lab.node_subnet(2)))?;
+                ip(&node1, "route del default")?;
+            }
+            Self::Cni0Deleted => {
+                // The pod has talked before: its neighbour entry for the
+                // gateway is still there, so its packets do leave it.
+                let gateway = lab.node_subnet(1).hosts().next().expect("a gateway");
+                sh(&[
+                    "ip",
+                    "netns",
+                    "exec",
+                    &web.netns,
+                    "ping",
+                    "-c",
+                    "1",
+                    "-W",
+                    "1",
+                    &gateway.to_string(),
+                ])?;
+                ip(
+                    &web.netns,
+                    &format!("neigh change {gateway} dev eth0 nud permanent"),
+                )?;
+                ip(&node1, "link del cni0")?;
+            }
+            Self::FlannelFdbMissing => {
+                let mac = Lab::vtep_mac(2);
+                sh(&[
+                    "bridge",
+                    "-n",
+                    &node1,
+                    "fdb",
+                    "del",
+                    &mac,
+                    "dev",
+                    "flannel.1",
+                    "dst",
+                    &Lab::node_ip(2).to_string(),
+                ])?;
+            }
+            Self::IpForwardOff => {
+                sh(&[
+                    "ip",
+                    "netns",
+                    "exec",
+                    &node1,
+                    "sysctl",
+                    "-qw",
+                    "net.ipv4.ip_forward=0",
+                ])?;
+            }
+            Self::MtuTooBig => {
+                ip(&node1, &format!("link set {} mtu 1500", web.host_iface))?;
+                ip(&web.netns, "link set eth0 mtu 1500")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs `iptables <rule>` inside a namespace.
+fn iptables(ns: &str, rule: &str) -> Result<()> {
+    let words = shell_words(rule);
+    let mut argv = vec!["ip", "netns", "exec", ns, "iptables"];
+    argv.extend(words.iter().map(String::as_str));
+    sh(&argv)
+}
+
+/// Splits a rule on spaces, keeping "double-quoted words" together.
+fn shell_words(text: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut quoted = false;
+    for c in text.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            ' ' if !quoted => {
+                if !word.is_empty() {
+                    words.push(std::mem::take(&mut word));
+                }
+            }
+            c => word.push(c),
+        }
+    }
+    if !word.is_empty() {
+        words.push(word);
+    }
+    words
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoted_comments_stay_one_word() {
+        assert_eq!(
+            shell_words(r#"-A X -m comment --comment "Drop if no profiles matched" -j DROP"#),
+            [
+                "-A",
+                "X",
+                "-m",
+                "comment",
+                "--comment",
+                "Drop if no profiles matched",
+                "-j",
+                "DROP"
+            ]
+        );
+    }
+}
