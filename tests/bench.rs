@@ -39,7 +39,7 @@ fn userspace_pipeline() {
     let frames: Vec<Vec<u8>> = (0..STORIES).map(|i| frame(i as u16, 64)).collect();
     let ctx = Context::default();
     let started = Instant::now();
-    let mut correlator = Correlator::new(1_000_000);
+    let mut correlator = Correlator::new(1_000_000, 1_000_000);
     let mut told = 0;
     for (i, f) in frames.iter().enumerate() {
         for h in 0..HOPS {
@@ -54,6 +54,7 @@ fn userspace_pipeline() {
                 mark: 0,
                 packet,
                 drop: None,
+                route: None,
             });
         }
         for journey in correlator.take_finished(i as u64 * 10_000_000) {

@@ -199,8 +199,12 @@ fn ip_forward_off_is_reported_as_such() {
     let lab = faulty(Fault::IpForwardOff);
     let (story, human) = trace_once(&lab, false);
     assert_dropped(&story, "node-1", "IP_INADDRERRORS");
+    // The kernel's own route lookup at the pod's veth says so.
+    assert_eq!(story["hops"][0]["route"]["result"], "forwarding_disabled");
     assert!(
-        human.contains("IP forwarding is off on node-1 (net.ipv4.ip_forward = 0)"),
+        human.contains(
+            "IP forwarding is off on node-1 (the kernel's route lookup said forwarding_disabled)"
+        ),
         "{human}"
     );
     assert!(story["verdict"]["hint"]

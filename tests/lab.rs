@@ -61,7 +61,7 @@ fn trace_ping(lab: &xtask::lab::Lab, src: &str, dst: &str, nodes: &[u8]) -> Vec<
         .expect("a summary line");
     assert_eq!(summary["lost_ringbuf_full"], 0);
     assert_eq!(summary["undecodable"], 0);
-    let stories = done.stories();
+    let stories = done.ping_stories();
     assert_eq!(
         stories.len(),
         2,
@@ -115,6 +115,11 @@ fn cross_node_vxlan_traced_on_both_nodes() {
     );
     let h = &request["hops"];
     assert_eq!(h[2]["iface"], "flannel.1");
+    // The kernel's route, asked as the packet arrived from the pod.
+    let subnet = lab.0.node_subnet(2);
+    assert_eq!(h[0]["route"]["result"], "success");
+    assert_eq!(h[0]["route"]["dev"], "flannel.1");
+    assert_eq!(h[0]["route"]["via"], subnet.network().to_string().as_str());
     assert_eq!(h[0]["ttl"], 64);
     assert_eq!(h[7]["ttl"], 62, "two routing decisions, one per node");
     let tunnel = &h[3]["tunnel"];
@@ -445,7 +450,7 @@ fn clsact_fallback_attaches_and_cleans_up_even_after_sigkill() {
             "clsact mode must not use TCX"
         );
         assert!(ping(&lab.0, "web-0", "db-0"));
-        trace.finish().stories()
+        trace.finish().ping_stories()
     };
     assert_eq!(stories.len(), 2);
     assert_eq!(stories[0]["verdict"]["outcome"], "left_node");
@@ -547,7 +552,7 @@ fn a_pod_veth_replaced_during_the_trace_is_followed() {
         "{}",
         done.stderr
     );
-    let stories = done.stories();
+    let stories = done.ping_stories();
     assert_eq!(stories[0]["hops"][0]["iface"], "vethrestart");
     let summary = done
         .json()

@@ -69,6 +69,19 @@ impl Finished {
             .collect()
     }
 
+    /// Stories of pings in the order the packets were sent: by sequence,
+    /// each request before its reply. (podtrace tells a story when its
+    /// journey is over, so a delivered reply can come before a request
+    /// still awaited elsewhere.)
+    pub fn ping_stories(&self) -> Vec<Value> {
+        let mut stories = self.stories();
+        stories.sort_by_key(|s| {
+            let t = &s["transport"];
+            (t["seq"].as_u64(), t["icmp_type"].as_u64() == Some(0))
+        });
+        stories
+    }
+
     pub fn stories(&self) -> Vec<Value> {
         self.json()
             .into_iter()

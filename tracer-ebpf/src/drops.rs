@@ -11,8 +11,8 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, RawTracePointContext},
 };
 use podtrace_common::{
-    counter, match_kind, sighting_kind, FlowKey, KernelLayout, Sighting, GENEVE_PORT, MAX_NODES,
-    NODE_OTHER_NETNS, VXLAN_PORT_FLANNEL, VXLAN_PORT_IANA,
+    counter, match_kind, sighting_kind, FlowKey, KernelLayout, Sighting, FIB_NOT_LOOKED_UP,
+    GENEVE_PORT, MAX_NODES, NODE_OTHER_NETNS, VXLAN_PORT_FLANNEL, VXLAN_PORT_IANA,
 };
 
 use crate::maps::{bump, is_traced, node_id, SIGHTINGS};
@@ -122,7 +122,10 @@ fn on_drop(skb: *const u8, location: u64, reason: u32) {
     s.match_kind = kind;
     s.kind = sighting_kind::DROP;
     s.snapshot_len = s.snapshot.len() as u16;
-    s._pad = [0; 2];
+    s.fib_ifindex = 0;
+    s.fib_nexthop = [0; 4];
+    s.fib_result = FIB_NOT_LOOKED_UP;
+    s._pad = 0;
     if SIGHTINGS.output::<Sighting>(&*s, 0).is_err() {
         bump(counter::RINGBUF_FULL);
     }

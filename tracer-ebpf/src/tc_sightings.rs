@@ -1,18 +1,19 @@
 //! tc sightings: which traced packet crossed which hook, and when.
 
 use aya_ebpf::{
-    bindings::TC_ACT_UNSPEC,
-    helpers::{bpf_ktime_get_ns, bpf_skb_load_bytes},
+    bindings::{bpf_fib_lookup, TC_ACT_UNSPEC},
+    helpers::{bpf_fib_lookup, bpf_ktime_get_ns, bpf_skb_load_bytes},
     macros::classifier,
     programs::TcContext,
 };
 use podtrace_common::{
-    counter, match_kind, sighting_kind, Direction, FlowKey, Sighting, GENEVE_PORT, SNAPSHOT_LEN,
-    VXLAN_PORT_FLANNEL, VXLAN_PORT_IANA,
+    counter, match_kind, sighting_kind, Direction, FlowKey, Sighting, FIB_NOT_LOOKED_UP,
+    GENEVE_PORT, SNAPSHOT_LEN, VXLAN_PORT_FLANNEL, VXLAN_PORT_IANA,
 };
 
 use crate::maps::{bump, is_traced as flow_is_traced, node_id, SIGHTINGS};
 
+const AF_INET: u8 = 2;
 const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_8021Q: u16 = 0x8100;
@@ -51,8 +52,10 @@ fn observe(ctx: &TcContext, direction: Direction, has_l2: bool) -> i32 {
     } else {
         Some(0)
     };
-    if let Some(kind) = l3.and_then(|l3| classify(ctx, l3)) {
-        report(ctx, direction, has_l2, kind);
+    if let Some(l3) = l3 {
+        if let Some(kind) = classify(ctx, l3) {
+            report(ctx, direction, has_l2, kind, l3);
+        }
     }
     TC_ACT_UNSPEC
 }
@@ -122,7 +125,13 @@ fn tunnel_inner_ip(ctx: &TcContext, l3: usize) -> Option<usize> {
 }
 
 #[inline(always)]
-fn report(ctx: &TcContext, direction: Direction, has_l2: bool, kind: u8) {
+fn report(ctx: &TcContext, direction: Direction, has_l2: bool, kind: u8, l3: usize) {
+    // Where the kernel will route this packet, asked as it arrives.
+    let route = if direction == Direction::Ingress && kind == match_kind::PLAIN {
+        route_lookup(ctx, l3)
+    } else {
+        None
+    };
     let Some(mut entry) = SIGHTINGS.reserve::<Sighting>(0) else {
         bump(counter::RINGBUF_FULL);
         return;
@@ -143,7 +152,12 @@ fn report(ctx: &TcContext, direction: Direction, has_l2: bool, kind: u8) {
         (*sighting).has_l2 = has_l2 as u8;
         (*sighting).match_kind = kind;
         (*sighting).kind = sighting_kind::TC;
-        (*sighting)._pad = [0; 2];
+        let (fib_result, fib_ifindex, fib_nexthop) =
+            route.unwrap_or((FIB_NOT_LOOKED_UP, 0, [0; 4]));
+        (*sighting).fib_result = fib_result;
+        (*sighting).fib_ifindex = fib_ifindex;
+        (*sighting).fib_nexthop = fib_nexthop;
+        (*sighting)._pad = 0;
         let copied = copy_headers(ctx, &mut (*sighting).snapshot, skb.len);
         if copied == 0 {
             bump(counter::SNAPSHOT_FAILED);
@@ -151,6 +165,38 @@ fn report(ctx: &TcContext, direction: Direction, has_l2: bool, kind: u8) {
         (*sighting).snapshot_len = copied;
     }
     entry.submit(0);
+}
+
+/// bpf_fib_lookup for the IPv4 packet at `l3`, as arriving on this
+/// interface: (BPF_FIB_LKUP_RET_*, output ifindex, next hop).
+#[inline(always)]
+fn route_lookup(ctx: &TcContext, l3: usize) -> Option<(u8, u32, [u8; 4])> {
+    let tos: u8 = ctx.load(l3 + 1).ok()?;
+    let total_len = u16::from_be(ctx.load::<u16>(l3 + 2).ok()?);
+    let protocol: u8 = ctx.load(l3 + 9).ok()?;
+    let src: u32 = ctx.load(l3 + 12).ok()?;
+    let dst: u32 = ctx.load(l3 + 16).ok()?;
+    let mut params: bpf_fib_lookup = unsafe { core::mem::zeroed() };
+    params.family = AF_INET;
+    params.l4_protocol = protocol;
+    params.__bindgen_anon_1.tot_len = total_len;
+    params.ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    params.__bindgen_anon_2.tos = tos;
+    params.__bindgen_anon_3.ipv4_src = src;
+    params.__bindgen_anon_4.ipv4_dst = dst;
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.skb.skb.cast(),
+            &mut params,
+            core::mem::size_of::<bpf_fib_lookup>() as i32,
+            0,
+        )
+    };
+    if rc < 0 {
+        return None;
+    }
+    let nexthop = unsafe { params.__bindgen_anon_4.ipv4_dst }.to_ne_bytes();
+    Some((rc as u8, params.ifindex, nexthop))
 }
 
 /// Copies the first min(len, SNAPSHOT_LEN) bytes of the packet; returns how

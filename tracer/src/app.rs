@@ -24,6 +24,8 @@ use crate::{
 
 /// A journey is done once nothing joined it for this long.
 const JOURNEY_IDLE: Duration = Duration::from_millis(250);
+/// …or this long, while it is still under way (ARP retries after 1 s).
+const JOURNEY_PATIENCE: Duration = Duration::from_millis(1500);
 
 pub async fn run(args: Args) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
@@ -121,7 +123,10 @@ pub async fn run(args: Args) -> Result<()> {
         rules: HashMap::new(),
         why_unnamed: why_unnamed.unwrap_or("no DROP verdict was traced for this packet"),
     };
-    let mut correlator = Correlator::new(JOURNEY_IDLE.as_nanos() as u64);
+    let mut correlator = Correlator::new(
+        JOURNEY_IDLE.as_nanos() as u64,
+        JOURNEY_PATIENCE.as_nanos() as u64,
+    );
     let mut tick = tokio::time::interval(JOURNEY_IDLE / 2);
     let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
     let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;

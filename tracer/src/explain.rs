@@ -95,11 +95,22 @@ pub fn explain(
         }
     }
 
+    // The kernel's own answer at ingress, where podtrace asked it.
+    let forwarding_disabled = hops.iter().any(|h| {
+        h.node == last.node
+            && h.route
+                .as_ref()
+                .is_some_and(|r| r.result == "forwarding_disabled")
+    });
     let hint = match (reason, nodes.get(&last.node)) {
-        (Some("IP_INADDRERRORS"), Some(facts)) if !facts.forwarding => Some(format!(
-            "IP forwarding is off on {} (net.ipv4.ip_forward = 0): it does not route pod traffic",
-            last.node
-        )),
+        (Some("IP_INADDRERRORS"), Some(facts)) if !facts.forwarding || forwarding_disabled => {
+            let evidence = if forwarding_disabled {
+                "the kernel's route lookup said forwarding_disabled"
+            } else {
+                "net.ipv4.ip_forward = 0"
+            };
+            Some(format!("IP forwarding is off on {} ({evidence}): it does not route pod traffic", last.node))
+        }
         (Some(_), Some(facts)) if last.role == Role::PodVeth => {
             let veth = facts.view.link_named(&last.iface);
             veth.filter(|l| l.controller.is_none()).map(|_| {

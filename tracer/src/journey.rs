@@ -31,6 +31,46 @@ impl Direction {
     }
 }
 
+/// The kernel's route for a packet as it arrived (bpf_fib_lookup at tc
+/// ingress).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct KernelRoute {
+    /// success, blackhole, unreachable, prohibit, not_forwarded,
+    /// forwarding_disabled, no_neighbour, frag_needed, …
+    pub result: String,
+    /// Output device and next hop, when the lookup found a route.
+    pub dev: Option<String>,
+    pub via: Option<Ipv4Addr>,
+}
+
+impl KernelRoute {
+    /// Names a `BPF_FIB_LKUP_RET_*` code (UAPI, stable).
+    pub fn result_name(code: u8) -> String {
+        const NAMES: [&str; 10] = [
+            "success",
+            "blackhole",
+            "unreachable",
+            "prohibit",
+            "not_forwarded",
+            "forwarding_disabled",
+            "unsupported_lwt",
+            "no_neighbour",
+            "frag_needed",
+            "no_source_address",
+        ];
+        NAMES
+            .get(usize::from(code))
+            .map_or_else(|| format!("code {code}"), |n| n.to_string())
+    }
+
+    pub fn found(&self) -> bool {
+        matches!(
+            self.result.as_str(),
+            "success" | "no_neighbour" | "frag_needed"
+        )
+    }
+}
+
 /// Why and where the kernel dropped a packet.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DropInfo {
@@ -52,6 +92,7 @@ pub struct Hop {
     pub mark: u32,
     pub packet: Decoded,
     pub drop: Option<DropInfo>,
+    pub route: Option<KernelRoute>,
 }
 
 /// What stays the same for one packet on every hop, encapsulated or not:
@@ -88,21 +129,43 @@ impl Journey {
     fn last_seen(&self) -> u64 {
         self.hops.last().map_or(0, |h| h.ktime_ns)
     }
+
+    /// Where the packet was first handed to a pod other than its sender.
+    pub fn delivered_at(&self) -> Option<usize> {
+        let first = self.hops.first()?;
+        self.hops.iter().position(|h| {
+            h.role == Role::PodVeth
+                && h.direction == Direction::Egress
+                && !(h.node == first.node && h.iface == first.iface)
+        })
+    }
+
+    /// Delivered or dropped: nothing on the path is still to come.
+    fn reached_an_end(&self) -> bool {
+        self.delivered_at().is_some()
+            || self
+                .hops
+                .last()
+                .is_some_and(|h| h.direction == Direction::Drop)
+    }
 }
 
-/// Groups hops into journeys; a journey is finished once no hop has joined
-/// it for `idle_ns` (packets cross a node in microseconds, so a gap of a few
-/// hundred milliseconds means the packet is gone, or the key was reused).
+/// Groups hops into journeys. A journey that reached an end (delivered or
+/// dropped) is finished once no hop has joined it for `idle_ns`; one still
+/// under way gets `patience_ns`, since a first packet may wait for ARP on
+/// the way (the kernel retries after a second).
 pub struct Correlator {
     open: HashMap<PacketKey, Journey>,
     idle_ns: u64,
+    patience_ns: u64,
 }
 
 impl Correlator {
-    pub fn new(idle_ns: u64) -> Self {
+    pub fn new(idle_ns: u64, patience_ns: u64) -> Self {
         Self {
             open: HashMap::new(),
             idle_ns,
+            patience_ns,
         }
     }
 
@@ -117,13 +180,19 @@ impl Correlator {
         journey.hops.insert(at, hop);
     }
 
-    /// Journeys idle since before `now_ns - idle_ns`, oldest first.
+    /// Journeys that are done by `now_ns`, oldest first.
     pub fn take_finished(&mut self, now_ns: u64) -> Vec<Journey> {
-        let deadline = now_ns.saturating_sub(self.idle_ns);
         let keys: Vec<_> = self
             .open
             .iter()
-            .filter(|(_, j)| j.last_seen() < deadline)
+            .filter(|(_, j)| {
+                let wait = if j.reached_an_end() {
+                    self.idle_ns
+                } else {
+                    self.patience_ns
+                };
+                j.last_seen().saturating_add(wait) < now_ns
+            })
             .map(|(k, _)| *k)
             .collect();
         self.drain(keys)
@@ -169,6 +238,7 @@ pub(crate) mod tests {
             mark: 0,
             packet: decode(&frame[..frame.len().min(128)], true).unwrap(),
             drop: None,
+            route: None,
         }
     }
 
@@ -177,7 +247,7 @@ pub(crate) mod tests {
         let req1 = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
         let req1_routed = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 63, 1);
         let req2 = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 2);
-        let mut c = Correlator::new(1_000_000);
+        let mut c = Correlator::new(1_000_000, 1_000_000);
         c.observe(hop(
             100,
             "n1",
@@ -222,5 +292,64 @@ pub(crate) mod tests {
         assert_eq!(rest.len(), 1);
         assert_eq!(rest[0].hops.len(), 1);
         assert_eq!(c.pending(), 0);
+    }
+
+    #[test]
+    fn a_journey_under_way_waits_longer_than_one_that_ended() {
+        let out = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
+        let back = frames::icmp_echo([10, 244, 2, 2], [10, 244, 1, 2], 64, 1);
+        let mut c = Correlator::new(1_000, 50_000);
+        // Left node-1, not yet seen on node-2 (say, waiting for ARP there).
+        c.observe(hop(
+            0,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &out,
+        ));
+        c.observe(hop(
+            10,
+            "n1",
+            "eth0",
+            Role::Underlay,
+            Direction::Egress,
+            &out,
+        ));
+        // Delivered: done.
+        c.observe(hop(
+            0,
+            "n2",
+            "veth2",
+            Role::PodVeth,
+            Direction::Ingress,
+            &back,
+        ));
+        c.observe(hop(
+            20,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Egress,
+            &back,
+        ));
+        let done = c.take_finished(2_000);
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].hops[0].node, "n2");
+        assert!(c.take_finished(40_000).is_empty());
+        c.observe(hop(
+            45_000,
+            "n2",
+            "veth2",
+            Role::PodVeth,
+            Direction::Egress,
+            &out,
+        ));
+        let done = c.take_finished(47_000);
+        assert_eq!(
+            done[0].hops.len(),
+            3,
+            "the late hops joined the same journey"
+        );
     }
 }

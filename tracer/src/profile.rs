@@ -89,6 +89,7 @@ mod tests {
             ttl: 64,
             mark: 0,
             tunnel: None,
+            route: None,
             note: String::new(),
         }
     }

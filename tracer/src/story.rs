@@ -10,7 +10,7 @@ use crate::{
     decode::{Decoded, Transport, Tunnel, TunnelKind},
     explain::{explain, NodeFacts, NodeSubnet, RouteCheck},
     interfaces::Role,
-    journey::{Direction, DropInfo, Hop, Journey},
+    journey::{Direction, DropInfo, Hop, Journey, KernelRoute},
     netfilter::NetfilterRule,
 };
 
@@ -57,6 +57,8 @@ pub struct HopLine {
     pub ttl: u8,
     pub mark: u32,
     pub tunnel: Option<Tunnel>,
+    /// The kernel's route for the packet, asked at this hook (ingress).
+    pub route: Option<KernelRoute>,
     pub note: String,
 }
 
@@ -162,16 +164,6 @@ pub struct Story {
     pub verdict: Verdict,
 }
 
-/// Where the packet was first handed to a pod other than its sender.
-fn delivery_index(hops: &[Hop]) -> Option<usize> {
-    let first = hops.first()?;
-    hops.iter().position(|h| {
-        h.role == Role::PodVeth
-            && h.direction == Direction::Egress
-            && !(h.node == first.node && h.iface == first.iface)
-    })
-}
-
 pub fn tell(journey: &Journey, ctx: &Context) -> Story {
     let (journey, freed_after_delivery) = split_after_delivery(journey);
     let journey = &journey;
@@ -192,6 +184,7 @@ pub fn tell(journey: &Journey, ctx: &Context) -> Story {
             ttl: hop.packet.packet.ttl,
             mark: hop.mark,
             tunnel: hop.packet.tunnel,
+            route: hop.route.clone(),
             note: note(hop, i.checked_sub(1).map(|p| &journey.hops[p]), ctx),
         })
         .collect();
@@ -313,6 +306,15 @@ fn note(hop: &Hop, prev: Option<&Hop>, ctx: &Context) -> String {
         (Role::Underlay, Direction::Ingress, None) => "arrives unencapsulated".to_string(),
         (Role::Other, _, None) => "seen".to_string(),
     };
+    let what = match &hop.route {
+        Some(route) if route.found() => {
+            let via = route.via.map(|v| format!(" via {v}")).unwrap_or_default();
+            let dev = route.dev.as_deref().unwrap_or("?");
+            format!("{what}; kernel route{via} dev {dev}")
+        }
+        Some(route) => format!("{what}; kernel route lookup: {}", route.result),
+        None => what,
+    };
     match ttl_drop {
         Some(routed) => format!("{routed}, {what}"),
         None => what,
@@ -323,7 +325,7 @@ fn note(hop: &Hop, prev: Option<&Hop>, ctx: &Context) -> String {
 fn split_after_delivery(journey: &Journey) -> (Journey, Vec<DropInfo>) {
     let mut path = journey.clone();
     let mut freed = Vec::new();
-    if let Some(delivered) = delivery_index(&journey.hops) {
+    if let Some(delivered) = journey.delivered_at() {
         let mut i = delivered + 1;
         while i < path.hops.len() {
             if path.hops[i].direction == Direction::Drop {
@@ -358,7 +360,7 @@ fn judge(journey: &Journey, ctx: &Context) -> Verdict {
         path.push(PathStep::Decapsulated);
     }
 
-    let delivered = delivery_index(hops) == Some(hops.len() - 1);
+    let delivered = journey.delivered_at() == Some(hops.len() - 1);
     if delivered && path.is_empty() {
         path.push(PathStep::Bridged);
     }

@@ -6,8 +6,8 @@ use std::{collections::HashMap, net::Ipv4Addr, os::unix::fs::MetadataExt, path::
 
 use anyhow::{Context as _, Result};
 use podtrace_common::{
-    sighting_kind, Direction as KernelDirection, FlowKey, KernelLayout, Sighting, MAX_NODES,
-    NODE_OTHER_NETNS,
+    sighting_kind, Direction as KernelDirection, FlowKey, KernelLayout, Sighting,
+    FIB_NOT_LOOKED_UP, MAX_NODES, NODE_OTHER_NETNS,
 };
 use tokio::sync::mpsc;
 
@@ -18,7 +18,7 @@ use crate::{
     explain::NodeFacts,
     interfaces::{self, Role, Watched},
     inventory::Inventory,
-    journey::{Direction, DropInfo, Hop},
+    journey::{Direction, DropInfo, Hop, KernelRoute},
     link_watch::{self, LinkChange},
     netfilter::{NodeTrace, TracedDrop},
     netns,
@@ -287,6 +287,23 @@ pub fn place(
     } else {
         (Direction::Ingress, None)
     };
+    let route = (s.fib_result != FIB_NOT_LOOKED_UP).then(|| {
+        let route = KernelRoute {
+            result: KernelRoute::result_name(s.fib_result),
+            dev: None,
+            via: None,
+        };
+        if !route.found() {
+            return route;
+        }
+        let dev = node.and_then(|n| n.link_names.get(&s.fib_ifindex).cloned());
+        let via = Ipv4Addr::from(s.fib_nexthop);
+        KernelRoute {
+            dev,
+            via: (via != packet.packet.dst).then_some(via),
+            ..route
+        }
+    });
     Some(Hop {
         ktime_ns: s.ktime_ns,
         node: node.map_or_else(|| netns_name(s.netns_inum), |n| n.name.clone()),
@@ -297,6 +314,7 @@ pub fn place(
         mark: s.mark,
         packet,
         drop,
+        route,
     })
 }
 

@@ -69,6 +69,10 @@ pub struct Sighting {
     pub reason: u32,
     /// Drops: inode number of the network namespace of the device.
     pub netns_inum: u32,
+    /// tc ingress: the kernel's route for the packet (bpf_fib_lookup):
+    /// output device and next hop, when `fib_result` is success or no-neigh.
+    pub fib_ifindex: u32,
+    pub fib_nexthop: [u8; 4],
     /// A [`Direction`] as u8 (tc only).
     pub direction: u8,
     /// 1 when the snapshot starts with an Ethernet header, 0 when it starts
@@ -80,9 +84,14 @@ pub struct Sighting {
     pub kind: u8,
     /// Valid bytes in `snapshot`.
     pub snapshot_len: u16,
-    pub _pad: [u8; 2],
+    /// A `BPF_FIB_LKUP_RET_*` code, or [`FIB_NOT_LOOKED_UP`].
+    pub fib_result: u8,
+    pub _pad: u8,
     pub snapshot: [u8; SNAPSHOT_LEN],
 }
+
+/// `fib_result` of a sighting where no route lookup was made.
+pub const FIB_NOT_LOOKED_UP: u8 = 0xff;
 
 /// Kernel layout the drop program needs, read from BTF by userspace (Rust
 /// eBPF has no CO-RE). Byte offsets.
