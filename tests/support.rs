@@ -121,17 +121,24 @@ impl Trace {
                 }
             }
         });
-        let banner = match stderr_lines.recv_timeout(Duration::from_secs(20)) {
-            Ok(line) => line,
-            Err(_) => {
-                let _ = child.kill();
-                panic!("podtrace printed nothing within 20 s");
+        // Notes may come first; the trace has started at "podtrace: tracing".
+        let mut banner = String::new();
+        loop {
+            match stderr_lines.recv_timeout(Duration::from_secs(20)) {
+                Ok(line) => {
+                    let started = line.starts_with("podtrace: tracing");
+                    banner.push_str(&line);
+                    banner.push('\n');
+                    if started {
+                        break;
+                    }
+                }
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!("podtrace did not start within 20 s: {banner}");
+                }
             }
-        };
-        assert!(
-            banner.contains("tracing"),
-            "podtrace did not start: {banner}"
-        );
+        }
         Self {
             child,
             stderr_lines,

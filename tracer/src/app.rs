@@ -4,6 +4,7 @@
 use std::{
     collections::HashMap,
     io::{IsTerminal, Write},
+    net::Ipv4Addr,
     time::Duration,
 };
 
@@ -13,12 +14,13 @@ use tokio::{signal::unix::SignalKind, sync::mpsc};
 
 use crate::{
     cli::Args,
-    inventory::{self, Endpoint, Inventory},
+    inventory::{self, Endpoint},
     journey::{Correlator, Journey},
     netfilter::{Backend, NetfilterRule, PacketId},
     profile::Profile,
     render::{Renderer, Summary},
     story::{self, Context},
+    targets::{vantage, Targets},
     traced::{place, Kernel, Namespace, Shared, TracedNode},
 };
 
@@ -32,29 +34,26 @@ pub async fn run(args: Args) -> Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("podtrace needs root (CAP_BPF and CAP_NET_ADMIN) to load eBPF programs: run it with sudo");
     }
-    let inventory = match &args.pods_file {
-        Some(path) => Inventory::load(path)?,
-        None => Inventory::default(),
-    };
-    let src = inventory.resolve(&args.src, &args.namespace)?;
-    let dst = inventory.resolve(&args.dst, &args.namespace)?;
-    if src.ip == dst.ip {
-        bail!("source and destination are the same address ({})", src.ip);
-    }
-    let flows = flow_keys(&src, &dst);
+    let targets = Targets::resolve(&args).await?;
+    let (src, dst) = (&targets.src, &targets.dst);
+    let flows = flow_keys(src, dst);
 
     let mut ctx = Context::default();
-    for pod in &inventory.pods {
+    for pod in &targets.inventory.pods {
         if let Some(ip) = pod.ip {
             ctx.names.insert(ip, pod.qualified());
         }
     }
-    for (node, ip) in inventory.nodes() {
-        ctx.names.insert(ip, node);
+    for endpoint in [src, dst] {
+        if let Some(name) = endpoint.name() {
+            ctx.names.insert(endpoint.ip, name);
+        }
     }
-    if let Some(path) = &args.nodes_file {
-        ctx.subnets = inventory::load_nodes(path)?;
+    let known_nodes = targets.known_nodes();
+    for (node, ip) in &known_nodes {
+        ctx.names.insert(*ip, node.clone());
     }
+    ctx.subnets = targets.subnets.clone();
     ctx.pod_cidrs = args.pod_cidr.clone();
     ctx.pod_cidrs.extend(inventory::flannel_network());
 
@@ -77,7 +76,7 @@ pub async fn run(args: Args) -> Result<()> {
     };
     let shared = Shared {
         kernel: &kernel,
-        inventory: &inventory,
+        known_nodes: &known_nodes,
         flows: &flows,
         traced_netns,
         node_ip: args.node_ip,
@@ -98,6 +97,19 @@ pub async fn run(args: Args) -> Result<()> {
         hooks_attached: nodes.iter().map(|n| n.probe.hooks).sum(),
         ..Default::default()
     };
+    let traced_names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+    let ends = [src, dst].map(|e| {
+        (
+            e.name().unwrap_or_else(|| e.ip.to_string()),
+            Targets::node_of(e),
+        )
+    });
+    if let Some(view) = vantage(
+        [(&ends[0].0, ends[0].1), (&ends[1].0, ends[1].1)],
+        &traced_names,
+    ) {
+        eprintln!("podtrace: {view}");
+    }
     eprintln!(
         "podtrace: tracing {} ⇄ {} on {}; Ctrl-C to stop",
         ctx.label(src.ip),
@@ -108,6 +120,13 @@ pub async fn run(args: Args) -> Result<()> {
             .collect::<Vec<_>>()
             .join(", ")
     );
+    let (moved_tx, mut moved_rx) = mpsc::unbounded_channel();
+    if let Some(cluster) = &targets.cluster {
+        for pod in [src, dst].into_iter().filter_map(|e| e.pod.as_ref()) {
+            cluster.watch(pod, moved_tx.clone());
+        }
+    }
+    let mut traced_ips = (src.ip, dst.ip);
 
     let colour = match args.color.as_str() {
         "always" => true,
@@ -116,7 +135,7 @@ pub async fn run(args: Args) -> Result<()> {
     };
     let mut teller = Teller {
         renderer: Renderer::new(std::io::stdout().lock(), args.output, colour),
-        ctx: &ctx,
+        ctx,
         profile: args.profile.then(Profile::default),
         limit: args.count,
         told: 0,
@@ -150,6 +169,16 @@ pub async fn run(args: Args) -> Result<()> {
                     if !teller.tell(&journey)? {
                         break 'trace;
                     }
+                }
+            }
+            Some(moved) = moved_rx.recv() => {
+                let old = flow_ips(traced_ips);
+                if traced_ips.0 == moved.old { traced_ips.0 = moved.new; }
+                if traced_ips.1 == moved.old { traced_ips.1 = moved.new; }
+                eprintln!("podtrace: {} moved from {} to {}; now tracing its new IP", moved.pod, moved.old, moved.new);
+                teller.ctx.names.insert(moved.new, moved.pod.clone());
+                for node in &mut nodes {
+                    node.probe.replace_flows(&old, &flow_ips(traced_ips))?;
                 }
             }
             Some((_node, drop)) = netfilter_rx.recv() => {
@@ -186,9 +215,9 @@ pub async fn run(args: Args) -> Result<()> {
 }
 
 /// Turns finished journeys into output, up to the `--count` limit.
-struct Teller<'a, W: Write> {
+struct Teller<W: Write> {
     renderer: Renderer<W>,
-    ctx: &'a Context,
+    ctx: Context,
     profile: Option<Profile>,
     limit: Option<u64>,
     told: u64,
@@ -197,7 +226,7 @@ struct Teller<'a, W: Write> {
     why_unnamed: &'static str,
 }
 
-impl<W: Write> Teller<'_, W> {
+impl<W: Write> Teller<W> {
     fn limit_reached(&self) -> bool {
         self.limit.is_some_and(|n| self.told >= n)
     }
@@ -207,7 +236,7 @@ impl<W: Write> Teller<'_, W> {
         if self.limit_reached() {
             return Ok(false);
         }
-        let mut story = story::tell(journey, self.ctx);
+        let mut story = story::tell(journey, &self.ctx);
         if story.netfilter_drop() {
             let rule = self.rules.remove(&(story.src, story.dst, story.ip_id));
             story.name_rule(rule.as_ref(), self.why_unnamed);
@@ -231,7 +260,11 @@ impl<W: Write> Teller<'_, W> {
 
 /// Both directions of the traced pair, as the kernel filter wants them.
 fn flow_keys(src: &Endpoint, dst: &Endpoint) -> Vec<FlowKey> {
-    let (a, b) = (src.ip.octets(), dst.ip.octets());
+    flow_ips((src.ip, dst.ip))
+}
+
+fn flow_ips((a, b): (Ipv4Addr, Ipv4Addr)) -> Vec<FlowKey> {
+    let (a, b) = (a.octets(), b.octets());
     vec![FlowKey { src: a, dst: b }, FlowKey { src: b, dst: a }]
 }
 

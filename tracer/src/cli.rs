@@ -18,7 +18,15 @@ pub struct Args {
     /// Namespace for pod names given without one.
     #[arg(short = 'n', long, default_value = "default")]
     pub namespace: String,
-    /// Pod inventory in `kubectl get pods -A -o json` format.
+    /// Kubeconfig to reach the API (default: KUBECONFIG, ~/.kube/config,
+    /// then the in-cluster service account).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context to use.
+    #[arg(long)]
+    pub context: Option<String>,
+    /// Pod inventory in `kubectl get pods -A -o json` format, instead of
+    /// the API.
     #[arg(long, value_name = "FILE")]
     pub pods_file: Option<PathBuf>,
     /// Node list in `kubectl get nodes -o json` format: pod subnets and

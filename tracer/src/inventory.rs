@@ -13,6 +13,8 @@ pub struct Pod {
     pub ip: Option<Ipv4Addr>,
     pub node: Option<String>,
     pub host_ip: Option<Ipv4Addr>,
+    pub phase: Option<String>,
+    pub host_network: bool,
 }
 
 impl Pod {
@@ -46,6 +48,8 @@ struct Metadata {
 #[serde(rename_all = "camelCase")]
 struct Spec {
     node_name: Option<String>,
+    #[serde(default)]
+    host_network: bool,
 }
 
 #[derive(Deserialize, Default)]
@@ -55,6 +59,7 @@ struct Status {
     pod_ip: Option<String>,
     #[serde(rename = "hostIP")]
     host_ip: Option<String>,
+    phase: Option<String>,
 }
 
 fn default_namespace() -> String {
@@ -75,26 +80,22 @@ impl Inventory {
 
     pub fn parse(json: &str) -> Result<Self> {
         let list: List = serde_json::from_str(json)?;
-        let pods = list
-            .items
-            .into_iter()
-            .map(|item| Pod {
-                namespace: item.metadata.namespace,
-                name: item.metadata.name,
-                ip: item.status.pod_ip.and_then(|ip| ip.parse().ok()),
-                node: item.spec.node_name,
-                host_ip: item.status.host_ip.and_then(|ip| ip.parse().ok()),
-            })
-            .collect();
-        Ok(Self { pods })
+        Ok(Self {
+            pods: list.items.into_iter().map(Pod::from).collect(),
+        })
     }
 
     /// A pod argument: an IPv4 address, `namespace/name`, or a name in
     /// `namespace`.
     pub fn resolve(&self, arg: &str, namespace: &str) -> Result<Endpoint> {
         if let Ok(ip) = arg.parse::<Ipv4Addr>() {
-            let pod = self.pods.iter().find(|p| p.ip == Some(ip)).cloned();
-            return Ok(Endpoint { ip, pod });
+            let pods: Vec<Pod> = self
+                .pods
+                .iter()
+                .filter(|p| p.ip == Some(ip))
+                .cloned()
+                .collect();
+            return Endpoint::of_ip(ip, pods);
         }
         let (ns, name) = arg.split_once('/').unwrap_or((namespace, arg));
         let Some(pod) = self
@@ -102,34 +103,9 @@ impl Inventory {
             .iter()
             .find(|p| p.namespace == ns && p.name == name)
         else {
-            let near = self.close_names(name);
-            if near.is_empty() {
-                bail!("pod {ns}/{name} not found");
-            }
-            bail!(
-                "pod {ns}/{name} not found; did you mean {}?",
-                near.join(", ")
-            );
+            bail!(not_found(ns, name, &self.pods));
         };
-        let Some(ip) = pod.ip else {
-            bail!(
-                "pod {} has no IP yet (is it still Pending?)",
-                pod.qualified()
-            );
-        };
-        Ok(Endpoint {
-            ip,
-            pod: Some(pod.clone()),
-        })
-    }
-
-    fn close_names(&self, name: &str) -> Vec<String> {
-        let prefix: String = name.chars().take(3).collect();
-        self.pods
-            .iter()
-            .filter(|p| p.name.starts_with(&prefix) || edit_distance(&p.name, name) <= 2)
-            .map(Pod::qualified)
-            .collect()
+        Endpoint::of_pod(pod.clone())
     }
 
     pub fn node_ip(&self, node: &str) -> Option<Ipv4Addr> {
@@ -157,6 +133,93 @@ impl Inventory {
 pub struct Endpoint {
     pub ip: Ipv4Addr,
     pub pod: Option<Pod>,
+    /// How to call it when it is not a pod: `node/worker-1`, `svc/ns/name`.
+    pub label: Option<String>,
+}
+
+impl Endpoint {
+    /// A pod, once it has an IP to trace.
+    pub fn of_pod(pod: Pod) -> Result<Self> {
+        let Some(ip) = pod.ip else {
+            let phase = pod.phase.as_deref().unwrap_or("Pending");
+            bail!("pod {} has no IP yet (phase {phase})", pod.qualified());
+        };
+        Ok(Self {
+            ip,
+            pod: Some(pod),
+            label: None,
+        })
+    }
+
+    /// An IP and the pods that have it: none (not a pod), one, or several
+    /// host-network pods sharing a node IP (ambiguous).
+    pub fn of_ip(ip: Ipv4Addr, pods: Vec<Pod>) -> Result<Self> {
+        match pods.as_slice() {
+            [] => Ok(Self {
+                ip,
+                pod: None,
+                label: None,
+            }),
+            [pod] => Ok(Self {
+                ip,
+                pod: Some(pod.clone()),
+                label: None,
+            }),
+            many => {
+                let names: Vec<String> = many.iter().map(Pod::qualified).collect();
+                bail!(
+                    "{ip} is ambiguous: {} pods have it ({}); name one of them",
+                    names.len(),
+                    names.join(", ")
+                )
+            }
+        }
+    }
+
+    /// What to call it in stories.
+    pub fn name(&self) -> Option<String> {
+        self.pod
+            .as_ref()
+            .map(Pod::qualified)
+            .or_else(|| self.label.clone())
+    }
+}
+
+impl From<Item> for Pod {
+    fn from(item: Item) -> Self {
+        Pod {
+            namespace: item.metadata.namespace,
+            name: item.metadata.name,
+            ip: item.status.pod_ip.and_then(|ip| ip.parse().ok()),
+            node: item.spec.node_name,
+            host_ip: item.status.host_ip.and_then(|ip| ip.parse().ok()),
+            phase: item.status.phase,
+            host_network: item.spec.host_network,
+        }
+    }
+}
+
+/// A pod object as the API serves it (`v1.Pod` JSON).
+pub fn pod_from_json(value: serde_json::Value) -> Result<Pod> {
+    Ok(serde_json::from_value::<Item>(value)?.into())
+}
+
+/// "pod ns/name not found", with the close names among `candidates`.
+pub fn not_found(ns: &str, name: &str, candidates: &[Pod]) -> String {
+    let prefix: String = name.chars().take(3).collect();
+    let near: Vec<String> = candidates
+        .iter()
+        .filter(|p| p.name.starts_with(&prefix) || edit_distance(&p.name, name) <= 2)
+        .map(Pod::qualified)
+        .collect();
+    if near.is_empty() {
+        format!("pod {ns}/{name} not found")
+    } else {
+        format!(
+            "pod {ns}/{name} not found; did you mean {}?",
+            near.join(", ")
+        )
+    }
 }
 
 fn edit_distance(a: &str, b: &str) -> usize {
@@ -184,7 +247,11 @@ pub fn load_nodes(path: &Path) -> Result<Vec<crate::explain::NodeSubnet>> {
 
 pub fn parse_nodes(json: &str) -> Result<Vec<crate::explain::NodeSubnet>> {
     let list: serde_json::Value = serde_json::from_str(json)?;
-    let items = list["items"].as_array().context("no items")?;
+    nodes_from_items(list["items"].as_array().context("no items")?)
+}
+
+/// Node objects (`v1.Node` JSON, from a file or the API) as pod subnets.
+pub fn nodes_from_items(items: &[serde_json::Value]) -> Result<Vec<crate::explain::NodeSubnet>> {
     let mut subnets = Vec::new();
     for node in items {
         let name = node["metadata"]["name"]

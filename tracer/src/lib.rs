@@ -8,6 +8,7 @@
 pub mod app;
 pub mod btf;
 pub mod cli;
+pub mod cluster;
 pub mod decode;
 pub mod drops;
 pub mod explain;
@@ -22,4 +23,5 @@ pub mod profile;
 pub mod render;
 pub mod sightings;
 pub mod story;
+pub mod targets;
 pub mod traced;

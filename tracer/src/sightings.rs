@@ -166,6 +166,24 @@ impl NodeProbe {
         Ok(())
     }
 
+    /// Swaps traced pairs in the kernel filter (a pod came back with a new
+    /// IP).
+    pub fn replace_flows(&mut self, old: &[FlowKey], new: &[FlowKey]) -> Result<()> {
+        let map = self
+            .ebpf
+            .map_mut(names::FLOWS)
+            .ok_or_else(|| anyhow!("no FLOWS map"))?;
+        let mut filter: BpfHashMap<_, FlowKey, u8> = BpfHashMap::try_from(map)?;
+        for key in old {
+            // Absent already is fine: the pair may have changed twice.
+            let _ = filter.remove(key);
+        }
+        for key in new {
+            filter.insert(key, 1, 0)?;
+        }
+        Ok(())
+    }
+
     /// Moves the ring buffer into a task that forwards every sighting.
     pub fn stream(&mut self, tx: mpsc::UnboundedSender<Sighting>) -> Result<()> {
         let map = self

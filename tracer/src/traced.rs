@@ -17,7 +17,6 @@ use crate::{
     drops::{kernel_layout, ReasonNames, Symbols},
     explain::NodeFacts,
     interfaces::{self, Role, Watched},
-    inventory::Inventory,
     journey::{Direction, DropInfo, Hop, KernelRoute},
     link_watch::{self, LinkChange},
     netfilter::{NodeTrace, TracedDrop},
@@ -51,7 +50,8 @@ impl Kernel {
 /// Settings every node shares.
 pub struct Shared<'a> {
     pub kernel: &'a Kernel,
-    pub inventory: &'a Inventory,
+    /// Node names and IPs of the cluster, to tell which node a namespace is.
+    pub known_nodes: &'a [(String, Ipv4Addr)],
     pub flows: &'a [FlowKey],
     pub traced_netns: [u32; MAX_NODES],
     pub node_ip: Option<Ipv4Addr>,
@@ -121,12 +121,12 @@ impl TracedNode {
         let netns_path = ns.arg.as_deref().map(netns::resolve);
         let _entered = netns_path.as_deref().map(netns::enter).transpose()?;
         let view = NodeView::read().await?;
-        // The node is the inventory node whose IP this namespace holds.
+        // The node is the cluster node whose IP this namespace holds.
         let known = shared
-            .inventory
-            .nodes()
-            .into_iter()
-            .find(|(_, ip)| view.link_with_address(*ip).is_some());
+            .known_nodes
+            .iter()
+            .find(|(_, ip)| view.link_with_address(*ip).is_some())
+            .cloned();
         let node_ip = shared.node_ip.or(known.as_ref().map(|(_, ip)| *ip));
         let name = match (&known, ns.arg.as_deref()) {
             (Some((name, _)), _) => name.clone(),

@@ -25,6 +25,7 @@ const BPF_LINKER_VERSION: &str = "0.13";
 pub fn setup() -> Result<()> {
     rust_src()?;
     apt()?;
+    kubectl()?;
     bpf_linker()?;
     Ok(())
 }
@@ -57,19 +58,36 @@ fn apt() -> Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
-    eprintln!("setup: installing {}", missing.join(" "));
+    apt_install(&missing)
+}
+
+fn apt_install(packages: &[&str]) -> Result<()> {
+    eprintln!("setup: installing {}", packages.join(" "));
     run("apt-get", &["update", "-qq"])?;
     let mut args = vec!["install", "-y", "-qq", "--no-install-recommends"];
-    args.extend(&missing);
+    args.extend(packages);
     let status = Command::new("apt-get")
         .args(&args)
         .env("DEBIAN_FRONTEND", "noninteractive")
         .status()
         .context("cannot run apt-get")?;
     if !status.success() {
-        bail!("apt-get install {} failed", missing.join(" "));
+        bail!("apt-get install {} failed", packages.join(" "));
     }
     Ok(())
+}
+
+/// kubectl, for the plugin test: the machine image ships one; Debian's
+/// kubernetes-client where it does not.
+fn kubectl() -> Result<()> {
+    if Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        return Ok(());
+    }
+    apt_install(&["kubernetes-client"])
 }
 
 fn bpf_linker() -> Result<()> {

@@ -1,0 +1,374 @@
+//! `podtrace <ns/pod> <ns/pod>` through the Kubernetes API, against the API
+//! stub of kube_stub.rs (HTTPS, bearer token, real REST) fed with the lab's
+//! pods and nodes, on the real kernel.
+
+#[allow(dead_code)]
+mod kube_stub;
+#[allow(dead_code)]
+mod support;
+
+use std::path::PathBuf;
+
+use kube_stub::{Stub, TOKEN};
+use serde_json::{json, Value};
+use support::*;
+use xtask::lab::{LabGuard, Topology};
+
+fn scratch() -> PathBuf {
+    std::env::temp_dir().join(format!("podtrace-kube-tests-{}", std::process::id()))
+}
+
+fn stub_for(lab: &LabGuard) -> Stub {
+    Stub::start(&lab.0.pod_list(), &lab.0.node_list())
+}
+
+fn netns_args(lab: &LabGuard, nodes: &[u8]) -> Vec<String> {
+    nodes
+        .iter()
+        .flat_map(|n| ["--netns".to_string(), lab.0.node_netns(*n)])
+        .collect()
+}
+
+fn argv(first: &[&str], rest: Vec<String>) -> Vec<String> {
+    first.iter().map(|s| s.to_string()).chain(rest).collect()
+}
+
+#[test]
+fn a_named_trace_tells_the_same_story_as_by_ip_with_names() {
+    let lab = lab(Topology::FlannelVxlan);
+    let stub = stub_for(&lab);
+    let kubeconfig = stub.kubeconfig(&scratch(), TOKEN);
+    let kubeconfig = kubeconfig.display().to_string();
+
+    let by_name = Trace::start(&argv(
+        &[
+            "default/web-0",
+            "db-0",
+            "-n",
+            "default",
+            "--kubeconfig",
+            &kubeconfig,
+            "--context",
+            "stub",
+            "-o",
+            "json",
+            "--count",
+            "2",
+            "--duration",
+            "20s",
+        ],
+        netns_args(&lab, &[1, 2]),
+    ));
+    assert!(
+        by_name.banner.contains(
+            "default/web-0 is on node-1 and default/db-0 on node-2: both ends are traced"
+        ),
+        "{}",
+        by_name.banner
+    );
+    assert!(ping(&lab.0, "web-0", "db-0"));
+    let named = by_name.finish();
+    assert!(named.status.success(), "{}", named.stderr);
+    let named = named.ping_stories();
+
+    let (web, db) = (
+        lab.0.pod("web-0").ip.to_string(),
+        lab.0.pod("db-0").ip.to_string(),
+    );
+    let by_ip = Trace::start(&argv(
+        &[&web, &db, "-o", "json", "--count", "2", "--duration", "20s"],
+        netns_args(&lab, &[1, 2]),
+    ));
+    assert!(ping(&lab.0, "web-0", "db-0"));
+    let plain = by_ip.finish().ping_stories();
+
+    // By IP there are no node names (the namespaces name the nodes).
+    let shape = |s: &Value| -> Vec<(Value, Value, Value)> {
+        s["hops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| (h["iface"].clone(), h["direction"].clone(), h["ttl"].clone()))
+            .collect()
+    };
+    for (n, p) in named.iter().zip(&plain) {
+        assert_eq!(shape(n), shape(p), "the same path, by name and by IP");
+        assert_eq!(n["verdict"]["outcome"], p["verdict"]["outcome"]);
+    }
+    let request = &named[0];
+    assert_eq!(request["src_name"], "default/web-0");
+    assert_eq!(request["dst_name"], "default/db-0");
+    assert_eq!(request["verdict"]["outcome"], "delivered");
+    assert!(request["verdict"]["summary"]
+        .as_str()
+        .unwrap()
+        .contains("(default/db-0) on node-2"));
+    // Node names label the outer addresses too.
+    assert!(
+        request["hops"][4]["note"]
+            .as_str()
+            .unwrap()
+            .contains("from node-1"),
+        "{}",
+        request["hops"][4]
+    );
+}
+
+#[test]
+fn a_pod_that_comes_back_with_a_new_ip_is_followed() {
+    let lab = lab(Topology::FlannelVxlan);
+    let stub = stub_for(&lab);
+    let kubeconfig = stub.kubeconfig(&scratch(), TOKEN).display().to_string();
+    let trace = Trace::start(&argv(
+        &[
+            "default/web-0",
+            "default/db-0",
+            "--kubeconfig",
+            &kubeconfig,
+            "-o",
+            "json",
+            "--count",
+            "2",
+            "--duration",
+            "30s",
+        ],
+        netns_args(&lab, &[1, 2]),
+    ));
+    // db-0 is recreated with a new IP: the lab moves it, the API says so.
+    let db = lab.0.pod("db-0");
+    let new_ip = lab.0.node_subnet(2).hosts().nth(8).unwrap();
+    let gateway = lab.0.node_subnet(2).hosts().next().unwrap();
+    xtask::lab::ip(&db.netns, "addr flush dev eth0").unwrap();
+    xtask::lab::ip(&db.netns, &format!("addr add {new_ip}/24 dev eth0")).unwrap();
+    xtask::lab::ip(
+        &db.netns,
+        &format!("route add default via {gateway} dev eth0"),
+    )
+    .unwrap();
+    stub.set_pod_ip("default", "db-0", &new_ip.to_string());
+    // Give the watch a moment, then talk to the new IP.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let web = lab.0.pod("web-0");
+    let pinged = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &web.netns,
+            "ping",
+            "-c",
+            "1",
+            "-W",
+            "2",
+            &new_ip.to_string(),
+        ])
+        .status()
+        .unwrap();
+    assert!(pinged.success());
+    let done = trace.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    assert!(
+        done.stderr
+            .contains(&format!("default/db-0 moved from {} to {new_ip}", db.ip)),
+        "{}",
+        done.stderr
+    );
+    let stories = done.ping_stories();
+    assert_eq!(stories.len(), 2, "{}", done.stdout);
+    assert_eq!(stories[0]["dst"], new_ip.to_string().as_str());
+    assert_eq!(stories[0]["dst_name"], "default/db-0");
+    assert_eq!(stories[0]["verdict"]["outcome"], "delivered");
+}
+
+#[test]
+fn bad_input_through_the_api_is_one_line_and_nothing_is_attached() {
+    let lab = lab(Topology::FlannelVxlan);
+    let stub = stub_for(&lab);
+    let dir = scratch();
+    let good = stub.kubeconfig(&dir, TOKEN).display().to_string();
+    let wrong_token = stub.kubeconfig(&dir, "not-the-token").display().to_string();
+    let foreign_ca = stub
+        .kubeconfig_with(
+            &dir,
+            TOKEN,
+            &Stub::foreign_ca(),
+            &format!("https://{}", stub.addr),
+        )
+        .display()
+        .to_string();
+    let unreachable = {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        stub.kubeconfig_with(
+            &dir,
+            TOKEN,
+            &Stub::foreign_ca(),
+            &format!("https://127.0.0.1:{port}"),
+        )
+        .display()
+        .to_string()
+    };
+    let node_ip = xtask::lab::Lab::node_ip(1).to_string();
+    for (name, host_network) in [("kube-proxy-a", true), ("kube-proxy-b", true)] {
+        stub.add_pod(json!({"metadata": {"name": name, "namespace": "kube-system"}, "spec": {"nodeName": "node-1", "hostNetwork": host_network},
+            "status": {"phase": "Running", "podIP": node_ip, "hostIP": node_ip}}));
+    }
+    stub.add_pod(json!({"metadata": {"name": "pending-0", "namespace": "default"}, "spec": {}, "status": {"phase": "Pending"}}));
+
+    let node1 = lab.0.node_netns(1);
+    let cases: Vec<(Vec<&str>, String)> = vec![
+        (vec!["web-0", "web-9", "--kubeconfig", &good], "pod default/web-9 not found; did you mean default/web-0, default/web-1?".into()),
+        (vec!["web-0", &node_ip, "--kubeconfig", &good], format!("{node_ip} is ambiguous: 2 pods have it (kube-system/kube-proxy-a, kube-system/kube-proxy-b)")),
+        (vec!["web-0", "pending-0", "--kubeconfig", &good], "pod default/pending-0 has no IP yet (phase Pending)".into()),
+        (vec!["web-0", "default/web-0", "--kubeconfig", &good], "source and destination are the same address".into()),
+        (vec!["web-0", "db-0", "--kubeconfig", &unreachable], "cannot reach the Kubernetes API at https://127.0.0.1:".into()),
+        (vec!["web-0", "db-0", "--kubeconfig", &unreachable], "without the API, pass --pods-file and --nodes-file".into()),
+        (vec!["web-0", "db-0", "--kubeconfig", &foreign_ca], "TLS with the Kubernetes API".into()),
+        (vec!["web-0", "db-0", "--kubeconfig", &wrong_token], "rejected podtrace's credentials (401 Unauthorized)".into()),
+    ];
+    let check = |args: Vec<&str>, expected: &str| {
+        let mut all = args.clone();
+        all.extend(["--netns", &node1]);
+        let done = run_podtrace(&all);
+        assert!(!done.status.success(), "{all:?} succeeded");
+        assert_eq!(
+            done.stderr.lines().count(),
+            1,
+            "one line for {all:?}: {}",
+            done.stderr
+        );
+        assert!(done.stderr.starts_with("podtrace: "), "{}", done.stderr);
+        assert!(done.stderr.contains(expected), "{all:?}: {}", done.stderr);
+        assert!(
+            tcx_programs(&node1).is_empty(),
+            "{all:?} left programs attached"
+        );
+    };
+    for (args, expected) in cases {
+        check(args, &expected);
+    }
+    stub.forbid("get", "pods");
+    check(
+        vec!["web-0", "db-0", "--kubeconfig", &good],
+        "the Kubernetes API forbids this: podtrace needs RBAC permission to get pods in namespace default",
+    );
+}
+
+#[test]
+fn the_stub_watch_answers_410_for_a_stale_resource_version() {
+    // kube-rs's watcher relists after 410 Gone: the trace keeps following.
+    let lab = lab(Topology::FlannelVxlan);
+    let stub = stub_for(&lab);
+    let kubeconfig = stub.kubeconfig(&scratch(), TOKEN).display().to_string();
+    let trace = Trace::start(&argv(
+        &[
+            "default/web-0",
+            "default/db-0",
+            "--kubeconfig",
+            &kubeconfig,
+            "-o",
+            "json",
+            "--count",
+            "2",
+            "--duration",
+            "30s",
+        ],
+        netns_args(&lab, &[1, 2]),
+    ));
+    stub.compact();
+    stub.set_pod_ip("default", "web-1", &lab.0.pod("web-1").ip.to_string());
+    assert!(ping(&lab.0, "web-0", "db-0"));
+    let done = trace.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    assert_eq!(done.ping_stories()[0]["verdict"]["outcome"], "delivered");
+}
+
+#[test]
+fn kubectl_runs_podtrace_as_a_plugin() {
+    let lab = lab(Topology::FlannelVxlan);
+    let stub = stub_for(&lab);
+    let kubeconfig = stub.kubeconfig(&scratch(), TOKEN).display().to_string();
+    let bin = scratch().join("plugin-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let plugin = bin.join("kubectl-podtrace");
+    let _ = std::fs::remove_file(&plugin);
+    std::os::unix::fs::symlink(PODTRACE, &plugin).unwrap();
+    let kubectl = which("kubectl")
+        .expect("kubectl is installed by cargo xtask setup (package kubernetes-client)");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut child = std::process::Command::new(kubectl)
+        .args([
+            "podtrace",
+            "default/web-0",
+            "default/db-0",
+            "--kubeconfig",
+            &kubeconfig,
+            "-o",
+            "json",
+            "--count",
+            "2",
+            "--duration",
+            "20s",
+        ])
+        .args(netns_args(&lab, &[1, 2]))
+        .env("PATH", path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert!(ping(&lab.0, "web-0", "db-0"));
+    let out = wait_output(&mut child);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let story: Value = serde_json::from_str(text.lines().next().expect("a story")).unwrap();
+    assert_eq!(story["verdict"]["outcome"], "delivered");
+    assert!(story["src_name"] == "default/web-0" || story["src_name"] == "default/db-0");
+}
+
+fn wait_output(child: &mut std::process::Child) -> std::process::Output {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "kubectl podtrace did not finish"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    use std::io::Read;
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_end(&mut stdout)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_end(&mut stderr)
+        .unwrap();
+    std::process::Output {
+        status: child.wait().unwrap(),
+        stdout,
+        stderr,
+    }
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var("PATH")
+        .ok()?
+        .split(':')
+        .map(|d| PathBuf::from(d).join(program))
+        .find(|p| p.exists())
+}

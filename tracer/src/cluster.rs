@@ -1,0 +1,281 @@
+//! The Kubernetes API: pods and nodes by name, and watching the traced
+//! pods while podtrace runs (kube-rs over the real REST wire format).
+
+use std::{net::Ipv4Addr, path::PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod as KubePod, Service};
+use kube::{
+    api::ListParams,
+    config::{KubeConfigOptions, Kubeconfig},
+    runtime::watcher,
+    Api, Client, Config,
+};
+use tokio::sync::mpsc;
+
+use crate::{
+    explain::NodeSubnet,
+    inventory::{nodes_from_items, not_found, pod_from_json, Endpoint, Pod},
+};
+
+/// How to reach the API, as kubectl takes it.
+#[derive(Clone, Debug, Default)]
+pub struct Access {
+    pub kubeconfig: Option<PathBuf>,
+    pub context: Option<String>,
+}
+
+impl Access {
+    /// Whether any way to the API is configured: a kubeconfig (flag,
+    /// KUBECONFIG, ~/.kube/config) or the in-cluster service account.
+    pub fn configured(&self) -> bool {
+        self.kubeconfig.is_some()
+            || std::env::var_os("KUBECONFIG").is_some()
+            || home_kubeconfig().is_some_and(|p| p.exists())
+            || std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
+    }
+}
+
+fn home_kubeconfig() -> Option<PathBuf> {
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".kube/config"))
+}
+
+pub struct Cluster {
+    client: Client,
+    url: String,
+}
+
+/// A traced pod changed its IP (it was recreated).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodMoved {
+    pub pod: String,
+    pub old: Ipv4Addr,
+    pub new: Ipv4Addr,
+}
+
+impl Cluster {
+    /// `--kubeconfig`, then KUBECONFIG, then ~/.kube/config, then the
+    /// in-cluster service account.
+    pub async fn connect(access: &Access) -> Result<Self> {
+        let options = KubeConfigOptions {
+            context: access.context.clone(),
+            ..Default::default()
+        };
+        let config = match &access.kubeconfig {
+            Some(path) => {
+                let file = Kubeconfig::read_from(path)
+                    .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+                Config::from_custom_kubeconfig(file, &options).await?
+            }
+            None if std::env::var_os("KUBECONFIG").is_some()
+                || home_kubeconfig().is_some_and(|p| p.exists()) =>
+            {
+                Config::from_kubeconfig(&options).await?
+            }
+            None => Config::incluster().context("no kubeconfig, and not running in a pod")?,
+        };
+        let url = config.cluster_url.to_string();
+        let client = Client::try_from(config).context("cannot set up the Kubernetes client")?;
+        let cluster = Self { client, url };
+        // One cheap request, so that an unreachable API, TLS or credentials
+        // fail here, in one line, before anything is attached.
+        cluster
+            .client
+            .apiserver_version()
+            .await
+            .map_err(|e| cluster.explain(e, "get", "version", None))?;
+        Ok(cluster)
+    }
+
+    /// A pod argument: `ns/name`, `name` (in `namespace`), an IPv4 address,
+    /// `node/<name>` or `svc/<name>`.
+    pub async fn resolve(&self, arg: &str, namespace: &str) -> Result<Endpoint> {
+        if let Some(node) = arg.strip_prefix("node/") {
+            let nodes: Api<Node> = Api::all(self.client.clone());
+            let found = nodes
+                .get_opt(node)
+                .await
+                .map_err(|e| self.explain(e, "get", "nodes", None))?;
+            let node_obj = found.ok_or_else(|| anyhow!("node {node} not found"))?;
+            let ip = nodes_from_items(&[serde_json::to_value(&node_obj)?])?
+                .first()
+                .map(|s| s.node_ip)
+                .or_else(|| internal_ip(&node_obj))
+                .ok_or_else(|| anyhow!("node {node} has no InternalIP"))?;
+            return Ok(Endpoint {
+                ip,
+                pod: None,
+                label: Some(format!("node/{node}")),
+            });
+        }
+        if let Some(service) = arg.strip_prefix("svc/") {
+            let (ns, name) = service.split_once('/').unwrap_or((namespace, service));
+            let services: Api<Service> = Api::namespaced(self.client.clone(), ns);
+            let svc = services
+                .get_opt(name)
+                .await
+                .map_err(|e| self.explain(e, "get", "services", Some(ns)))?
+                .ok_or_else(|| anyhow!("service {ns}/{name} not found"))?;
+            let ip = svc
+                .spec
+                .and_then(|s| s.cluster_ip)
+                .and_then(|ip| ip.parse().ok())
+                .ok_or_else(|| anyhow!("service {ns}/{name} has no ClusterIP (headless?)"))?;
+            eprintln!(
+                "podtrace: warning: svc/{name} is traced by its ClusterIP {ip}; kube-proxy DNAT rewrites it to a pod IP on the way, so name the pod to follow the packet after that"
+            );
+            return Ok(Endpoint {
+                ip,
+                pod: None,
+                label: Some(format!("svc/{ns}/{name}")),
+            });
+        }
+        let pods: Api<KubePod> = Api::all(self.client.clone());
+        if let Ok(ip) = arg.parse::<Ipv4Addr>() {
+            let list = pods
+                .list(&ListParams::default().fields(&format!("status.podIP={ip}")))
+                .await
+                .map_err(|e| self.explain(e, "list", "pods", None))?;
+            let found: Vec<Pod> = list.items.into_iter().map(convert).collect::<Result<_>>()?;
+            return Endpoint::of_ip(ip, found);
+        }
+        let (ns, name) = arg.split_once('/').unwrap_or((namespace, arg));
+        let in_ns: Api<KubePod> = Api::namespaced(self.client.clone(), ns);
+        match in_ns
+            .get_opt(name)
+            .await
+            .map_err(|e| self.explain(e, "get", "pods", Some(ns)))?
+        {
+            Some(pod) => Endpoint::of_pod(convert(pod)?),
+            None => {
+                let others = in_ns
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| self.explain(e, "list", "pods", Some(ns)))?;
+                let candidates: Vec<Pod> = others
+                    .items
+                    .into_iter()
+                    .map(convert)
+                    .collect::<Result<_>>()?;
+                bail!(not_found(ns, name, &candidates))
+            }
+        }
+    }
+
+    /// Every node's pod subnet, IP and CNI backend.
+    pub async fn nodes(&self) -> Result<Vec<NodeSubnet>> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let list = nodes
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| self.explain(e, "list", "nodes", None))?;
+        let items: Vec<serde_json::Value> = list
+            .items
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<Result<_, _>>()?;
+        nodes_from_items(&items)
+    }
+
+    /// Watches `pod`; when it comes back with another IP, says so on `tx`.
+    pub fn watch(&self, pod: &Pod, tx: mpsc::UnboundedSender<PodMoved>) {
+        let api: Api<KubePod> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let config = watcher::Config::default().fields(&format!("metadata.name={}", pod.name));
+        let qualified = pod.qualified();
+        let mut current = pod.ip;
+        tokio::spawn(async move {
+            let mut events = std::pin::pin!(watcher(api, config));
+            while let Some(event) = events.next().await {
+                let (watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) = (match event {
+                    Ok(event) => event,
+                    Err(e) => {
+                        eprintln!("podtrace: watching {qualified}: {e}");
+                        continue;
+                    }
+                }) else {
+                    continue;
+                };
+                let Ok(seen) = convert(obj) else { continue };
+                if let (Some(old), Some(new)) = (current, seen.ip) {
+                    if old != new
+                        && tx
+                            .send(PodMoved {
+                                pod: qualified.clone(),
+                                old,
+                                new,
+                            })
+                            .is_err()
+                    {
+                        return;
+                    }
+                }
+                if seen.ip.is_some() {
+                    current = seen.ip;
+                }
+            }
+        });
+    }
+
+    /// One line for an API error: what failed, why, and what to do.
+    fn explain(
+        &self,
+        error: kube::Error,
+        verb: &str,
+        resource: &str,
+        namespace: Option<&str>,
+    ) -> anyhow::Error {
+        let scope = namespace.map_or("at the cluster scope".to_string(), |ns| {
+            format!("in namespace {ns}")
+        });
+        match &error {
+            kube::Error::Api(status) if status.code == 403 => anyhow!(
+                "the Kubernetes API forbids this: podtrace needs RBAC permission to {verb} {resource} {scope} ({})",
+                status.message
+            ),
+            kube::Error::Api(status) if status.code == 401 => anyhow!(
+                "the Kubernetes API at {} rejected podtrace's credentials (401 Unauthorized): check the token or certificate in the kubeconfig",
+                self.url
+            ),
+            kube::Error::Api(status) => anyhow!("the Kubernetes API answered {} to {verb} {resource}: {}", status.code, status.message),
+            other => {
+                let text = format!("{other}");
+                let text = error_chain(other).unwrap_or(text);
+                if text.to_lowercase().contains("certificate") || text.contains("tls") || text.contains("TLS") {
+                    anyhow!("TLS with the Kubernetes API at {} failed: {text}", self.url)
+                } else {
+                    anyhow!(
+                        "cannot reach the Kubernetes API at {}: {text}; without the API, pass --pods-file and --nodes-file (kubectl get pods -A -o json, kubectl get nodes -o json) or pod IPs",
+                        self.url
+                    )
+                }
+            }
+        }
+    }
+}
+
+/// The innermost cause of an error, which says what really happened.
+fn error_chain(error: &dyn std::error::Error) -> Option<String> {
+    let mut source = error.source()?;
+    while let Some(next) = source.source() {
+        source = next;
+    }
+    Some(source.to_string())
+}
+
+fn internal_ip(node: &Node) -> Option<Ipv4Addr> {
+    node.status
+        .as_ref()?
+        .addresses
+        .as_ref()?
+        .iter()
+        .find(|a| a.type_ == "InternalIP")?
+        .address
+        .parse()
+        .ok()
+}
+
+/// The API's pod object as podtrace's own.
+fn convert(pod: KubePod) -> Result<Pod> {
+    pod_from_json(serde_json::to_value(pod)?)
+}

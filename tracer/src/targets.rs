@@ -1,0 +1,140 @@
+//! From the two pod arguments to the traced endpoints and what is known of
+//! the cluster around them: from a pods file, from the Kubernetes API, or
+//! from plain IPs with no Kubernetes at all.
+
+use std::net::Ipv4Addr;
+
+use anyhow::{bail, Result};
+
+use crate::{
+    cli::Args,
+    cluster::{Access, Cluster},
+    explain::NodeSubnet,
+    inventory::{self, Endpoint, Inventory},
+};
+
+pub struct Targets {
+    pub src: Endpoint,
+    pub dst: Endpoint,
+    /// Pods known by name (the pods file, or the two resolved ones).
+    pub inventory: Inventory,
+    /// Every node's pod subnet, IP and CNI (nodes file or API).
+    pub subnets: Vec<NodeSubnet>,
+    /// Set when names came from the API: it also watches the pods.
+    pub cluster: Option<Cluster>,
+}
+
+impl Targets {
+    pub async fn resolve(args: &Args) -> Result<Self> {
+        let access = Access {
+            kubeconfig: args.kubeconfig.clone(),
+            context: args.context.clone(),
+        };
+        let plain_ips = [&args.src, &args.dst]
+            .iter()
+            .all(|a| a.parse::<Ipv4Addr>().is_ok());
+        let mut subnets = match &args.nodes_file {
+            Some(path) => inventory::load_nodes(path)?,
+            None => Vec::new(),
+        };
+        let (src, dst, inventory, cluster) = if let Some(path) = &args.pods_file {
+            let inventory = Inventory::load(path)?;
+            let src = inventory.resolve(&args.src, &args.namespace)?;
+            let dst = inventory.resolve(&args.dst, &args.namespace)?;
+            (src, dst, inventory, None)
+        } else if plain_ips && !access.configured() {
+            let src = Endpoint::of_ip(args.src.parse()?, vec![])?;
+            let dst = Endpoint::of_ip(args.dst.parse()?, vec![])?;
+            (src, dst, Inventory::default(), None)
+        } else {
+            let cluster = Cluster::connect(&access).await?;
+            let src = cluster.resolve(&args.src, &args.namespace).await?;
+            let dst = cluster.resolve(&args.dst, &args.namespace).await?;
+            if args.nodes_file.is_none() {
+                subnets = cluster.nodes().await?;
+            }
+            let inventory = Inventory {
+                pods: [&src, &dst].iter().filter_map(|e| e.pod.clone()).collect(),
+            };
+            (src, dst, inventory, Some(cluster))
+        };
+        if src.ip == dst.ip {
+            bail!("source and destination are the same address ({})", src.ip);
+        }
+        for pod in [&src, &dst].into_iter().filter_map(|e| e.pod.as_ref()) {
+            if pod.host_network {
+                eprintln!(
+                    "podtrace: note: {} uses the host network: its packets use the node's own interfaces, not a pod veth",
+                    pod.qualified()
+                );
+            }
+        }
+        Ok(Self {
+            src,
+            dst,
+            inventory,
+            subnets,
+            cluster,
+        })
+    }
+
+    /// Node names and IPs, from the pods and the nodes.
+    pub fn known_nodes(&self) -> Vec<(String, Ipv4Addr)> {
+        let mut nodes = self.inventory.nodes();
+        nodes.extend(self.subnets.iter().map(|s| (s.node.clone(), s.node_ip)));
+        nodes.sort();
+        nodes.dedup();
+        nodes
+    }
+
+    /// Where each endpoint runs, when known.
+    pub fn node_of(endpoint: &Endpoint) -> Option<&str> {
+        endpoint.pod.as_ref()?.node.as_deref()
+    }
+}
+
+/// What the traced node(s) can see of the path, and where to run instead
+/// when neither pod is local. `None` when nothing is known of the nodes.
+pub fn vantage(ends: [(&str, Option<&str>); 2], traced: &[String]) -> Option<String> {
+    let [(src, src_node), (dst, dst_node)] = ends;
+    let (src_node, dst_node) = (src_node?, dst_node?);
+    let here = traced.join(", ");
+    let local = |node: &str| traced.iter().any(|t| t == node);
+    Some(match (local(src_node), local(dst_node)) {
+        (true, true) if src_node == dst_node => format!("{src} and {dst} are both on {src_node}: the whole path is on this node"),
+        (true, true) => format!("{src} is on {src_node} and {dst} on {dst_node}: both ends are traced"),
+        (true, false) => format!(
+            "{src} is local ({src_node}); {dst} is on {dst_node}: {here} sees the packet up to where it leaves for {dst_node}; trace {dst_node} too to see it arrive"
+        ),
+        (false, true) => format!(
+            "{dst} is local ({dst_node}); {src} is on {src_node}: {here} sees the packet from where it arrives from {src_node}"
+        ),
+        (false, false) => format!(
+            "neither {src} ({src_node}) nor {dst} ({dst_node}) runs on {here}: run podtrace on {src_node} or {dst_node}"
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vantage_says_what_this_node_sees_and_where_to_go() {
+        let ends = [
+            ("default/web-0", Some("node-1")),
+            ("default/db-0", Some("node-2")),
+        ];
+        let one = vantage(ends, &["node-1".into()]).unwrap();
+        assert!(
+            one.starts_with("default/web-0 is local (node-1); default/db-0 is on node-2"),
+            "{one}"
+        );
+        let neither = vantage(ends, &["node-3".into()]).unwrap();
+        assert_eq!(neither, "neither default/web-0 (node-1) nor default/db-0 (node-2) runs on node-3: run podtrace on node-1 or node-2");
+        assert!(vantage(ends, &["node-1".into(), "node-2".into()])
+            .unwrap()
+            .contains("both ends are traced"));
+        assert!(vantage([("a", None), ("b", Some("n"))], &[]).is_none());
+    }
+}
