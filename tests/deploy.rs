@@ -1,0 +1,105 @@
+//! deploy/ cannot be applied here (no cluster): its manifests are parsed
+//! and checked for what running podtrace needs, and nothing more.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+fn documents(file: &str) -> Vec<Value> {
+    let path = format!("{}/../deploy/{file}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|doc| Value::deserialize(doc).unwrap_or_else(|e| panic!("{file} is not YAML: {e}")))
+        .collect()
+}
+
+#[test]
+fn rbac_grants_get_list_watch_on_pods_and_nodes_and_nothing_else() {
+    let docs = documents("rbac.yaml");
+    let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"]
+    );
+    let rules = docs[1]["rules"].as_array().unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0]["apiGroups"], serde_json::json!([""]));
+    assert_eq!(rules[0]["resources"], serde_json::json!(["pods", "nodes"]));
+    assert_eq!(
+        rules[0]["verbs"],
+        serde_json::json!(["get", "list", "watch"])
+    );
+    let binding = &docs[2];
+    assert_eq!(binding["roleRef"]["name"], "podtrace");
+    assert_eq!(binding["subjects"][0]["name"], docs[0]["metadata"]["name"]);
+    assert_eq!(
+        binding["subjects"][0]["namespace"],
+        docs[0]["metadata"]["namespace"]
+    );
+}
+
+fn check_pod_spec(spec: &Value, what: &str) {
+    assert_eq!(spec["serviceAccountName"], "podtrace", "{what}");
+    assert_eq!(
+        spec["hostNetwork"], true,
+        "{what}: the node's interfaces live in its network namespace"
+    );
+    assert_eq!(
+        spec["hostPID"], true,
+        "{what}: --netns /proc/<pid>/ns/net needs the host's /proc"
+    );
+    let container = &spec["containers"][0];
+    let security = &container["securityContext"];
+    assert!(
+        security["privileged"].is_null(),
+        "{what}: capabilities, not privileged"
+    );
+    let added: Vec<&str> = security["capabilities"]["add"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    for cap in &added {
+        assert!(
+            ["BPF", "PERFMON", "NET_ADMIN", "SYS_ADMIN"].contains(cap),
+            "{what}: {cap} is not needed"
+        );
+    }
+    assert!(
+        added.contains(&"BPF") && added.contains(&"NET_ADMIN"),
+        "{what}: {added:?}"
+    );
+    assert_eq!(security["capabilities"]["drop"], serde_json::json!(["ALL"]));
+    let mounts = container["volumeMounts"].as_array().unwrap();
+    let btf = mounts
+        .iter()
+        .find(|m| m["mountPath"] == "/sys/kernel/btf")
+        .expect("BTF mounted");
+    assert_eq!(btf["readOnly"], true, "{what}");
+}
+
+#[test]
+fn the_debug_pod_and_the_daemonset_have_what_podtrace_needs() {
+    let pod = &documents("debug-pod.yaml")[0];
+    assert_eq!(pod["kind"], "Pod");
+    check_pod_spec(&pod["spec"], "debug-pod.yaml");
+    let ds = &documents("daemonset.yaml")[0];
+    assert_eq!(ds["kind"], "DaemonSet");
+    assert_eq!(
+        ds["spec"]["selector"]["matchLabels"],
+        ds["spec"]["template"]["metadata"]["labels"]
+    );
+    check_pod_spec(&ds["spec"]["template"]["spec"], "daemonset.yaml");
+}
+
+#[test]
+fn the_image_ships_podtrace_and_its_kubectl_plugin_name() {
+    let path = format!("{}/../deploy/Dockerfile", env!("CARGO_MANIFEST_DIR"));
+    let dockerfile = std::fs::read_to_string(path).unwrap();
+    assert!(dockerfile.contains("cargo build --release --package podtrace"));
+    assert!(dockerfile.contains("kubectl-podtrace"));
+    assert!(
+        dockerfile.contains("nftables"),
+        "rule tracing needs nft and xtables-monitor"
+    );
+}
