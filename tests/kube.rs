@@ -29,6 +29,25 @@ fn netns_args(lab: &LabGuard, nodes: &[u8]) -> Vec<String> {
         .collect()
 }
 
+/// web-0 → db-0 by name through the stub, on both nodes, two stories.
+fn named_trace(lab: &LabGuard, kubeconfig: &str) -> Trace {
+    Trace::start(&argv(
+        &[
+            "default/web-0",
+            "default/db-0",
+            "--kubeconfig",
+            kubeconfig,
+            "-o",
+            "json",
+            "--count",
+            "2",
+            "--duration",
+            "30s",
+        ],
+        netns_args(lab, &[1, 2]),
+    ))
+}
+
 fn argv(first: &[&str], rest: Vec<String>) -> Vec<String> {
     first.iter().map(|s| s.to_string()).chain(rest).collect()
 }
@@ -119,21 +138,7 @@ fn a_pod_that_comes_back_with_a_new_ip_is_followed() {
     let lab = lab(Topology::FlannelVxlan);
     let stub = stub_for(&lab);
     let kubeconfig = stub.kubeconfig(&scratch(), TOKEN).display().to_string();
-    let trace = Trace::start(&argv(
-        &[
-            "default/web-0",
-            "default/db-0",
-            "--kubeconfig",
-            &kubeconfig,
-            "-o",
-            "json",
-            "--count",
-            "2",
-            "--duration",
-            "30s",
-        ],
-        netns_args(&lab, &[1, 2]),
-    ));
+    let trace = named_trace(&lab, &kubeconfig);
     // db-0 is recreated with a new IP: the lab moves it, the API says so.
     let db = lab.0.pod("db-0");
     let new_ip = lab.0.node_subnet(2).hosts().nth(8).unwrap();
@@ -148,22 +153,7 @@ fn a_pod_that_comes_back_with_a_new_ip_is_followed() {
     stub.set_pod_ip("default", "db-0", &new_ip.to_string());
     // Give the watch a moment, then talk to the new IP.
     std::thread::sleep(std::time::Duration::from_secs(2));
-    let web = lab.0.pod("web-0");
-    let pinged = std::process::Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &web.netns,
-            "ping",
-            "-c",
-            "1",
-            "-W",
-            "2",
-            &new_ip.to_string(),
-        ])
-        .status()
-        .unwrap();
-    assert!(pinged.success());
+    assert!(lab.0.ping("web-0", new_ip, &[]));
     let done = trace.finish();
     assert!(done.status.success(), "{}", done.stderr);
     assert!(
@@ -260,21 +250,7 @@ fn the_stub_watch_answers_410_for_a_stale_resource_version() {
     let lab = lab(Topology::FlannelVxlan);
     let stub = stub_for(&lab);
     let kubeconfig = stub.kubeconfig(&scratch(), TOKEN).display().to_string();
-    let trace = Trace::start(&argv(
-        &[
-            "default/web-0",
-            "default/db-0",
-            "--kubeconfig",
-            &kubeconfig,
-            "-o",
-            "json",
-            "--count",
-            "2",
-            "--duration",
-            "30s",
-        ],
-        netns_args(&lab, &[1, 2]),
-    ));
+    let trace = named_trace(&lab, &kubeconfig);
     stub.compact();
     stub.set_pod_ip("default", "web-1", &lab.0.pod("web-1").ip.to_string());
     assert!(ping(&lab.0, "web-0", "db-0"));

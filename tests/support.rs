@@ -203,23 +203,7 @@ pub fn run_podtrace(args: &[&str]) -> Finished {
 
 /// One ping from inside a pod; returns whether it was answered.
 pub fn ping(lab: &Lab, from_pod: &str, to_pod: &str) -> bool {
-    let (from, to) = (lab.pod(from_pod), lab.pod(to_pod));
-    Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &from.netns,
-            "ping",
-            "-c",
-            "1",
-            "-W",
-            "2",
-            &to.ip.to_string(),
-        ])
-        .stdout(Stdio::null())
-        .status()
-        .expect("ping")
-        .success()
+    lab.ping(from_pod, lab.pod(to_pod).ip, &[])
 }
 
 /// Names of the programs attached by TCX to any interface of a node.

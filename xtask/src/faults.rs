@@ -118,18 +118,9 @@ impl Fault {
                 // The pod has talked before: its neighbour entry for the
                 // gateway is still there, so its packets do leave it.
                 let gateway = lab.node_subnet(1).hosts().next().expect("a gateway");
-                sh(&[
-                    "ip",
-                    "netns",
-                    "exec",
-                    &web.netns,
-                    "ping",
-                    "-c",
-                    "1",
-                    "-W",
-                    "1",
-                    &gateway.to_string(),
-                ])?;
+                if !lab.ping("web-0", gateway, &[]) {
+                    bail!("web-0 cannot reach its gateway {gateway}");
+                }
                 ip(
                     &web.netns,
                     &format!("neigh change {gateway} dev eth0 nud permanent"),

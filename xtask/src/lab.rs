@@ -151,6 +151,19 @@ impl Lab {
             .expect("a lab pod")
     }
 
+    /// One ping from inside a pod (`extra`: more ping flags); whether it
+    /// was answered.
+    pub fn ping(&self, from_pod: &str, to: Ipv4Addr, extra: &[&str]) -> bool {
+        let from = self.pod(from_pod);
+        Command::new("ip")
+            .args(["netns", "exec", &from.netns, "ping", "-c", "1", "-W", "2"])
+            .args(extra)
+            .arg(to.to_string())
+            .stdout(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
     pub fn state_dir(&self) -> PathBuf {
         Path::new("/run/podtrace-lab").join(&self.prefix)
     }

@@ -186,20 +186,9 @@ fn demo() -> Result<()> {
         let _ = child.kill();
         bail!("podtrace did not start");
     }
-    run(
-        "ip",
-        &[
-            "netns",
-            "exec",
-            &web.netns,
-            "ping",
-            "-c",
-            "1",
-            "-W",
-            "2",
-            &db.ip.to_string(),
-        ],
-    )?;
+    if !lab.ping("web-0", db.ip, &[]) {
+        bail!("web-0 cannot ping db-0: the lab is broken");
+    }
     println!();
     let status = child.wait()?;
     for line in stderr.lines() {
