@@ -88,6 +88,38 @@ fn iptables_forward_drop_names_the_rule() {
 }
 
 #[test]
+fn without_ruleset_changes_the_drop_names_the_hook_but_not_the_rule() {
+    let lab = faulty(Fault::IptablesForwardDrop);
+    let mut argv: Vec<String> = [
+        "web-0",
+        "db-0",
+        "--count",
+        "1",
+        "--duration",
+        "20s",
+        "-o",
+        "json",
+        "--no-ruleset-changes",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    argv.extend(lab_args(&lab.0, &[1, 2]));
+    let trace = Trace::start(&argv);
+    let _answered = lab.0.ping("web-0", lab.0.pod("db-0").ip, &[]);
+    let done = trace.finish();
+    let story = &done.stories()[0];
+    assert_dropped(story, "node-1", "NETFILTER_DROP");
+    assert!(story["verdict"]["netfilter"].is_null());
+    assert_eq!(story["verdict"]["netfilter_hook"], "FORWARD");
+    let summary = story["verdict"]["summary"].as_str().unwrap();
+    assert!(
+        summary.ends_with("dropped by netfilter at hook FORWARD; the rule is not named: rule tracing is off (--no-ruleset-changes)"),
+        "{summary}"
+    );
+}
+
+#[test]
 fn calico_profile_drop_names_the_rule_with_its_comments() {
     let lab = faulty(Fault::CalicoProfileDrop);
     let (story, human) = trace_once(&lab, false);

@@ -237,6 +237,30 @@ fn bad_input_through_the_api_is_one_line_and_nothing_is_attached() {
     for (args, expected) in cases {
         check(args, &expected);
     }
+    // A host-network pod is allowed, with a note that says what it means.
+    let node2_ip = xtask::lab::Lab::node_ip(2).to_string();
+    stub.add_pod(
+        json!({"metadata": {"name": "node-exporter-0", "namespace": "monitoring"},
+        "spec": {"nodeName": "node-2", "hostNetwork": true},
+        "status": {"phase": "Running", "podIP": node2_ip, "hostIP": node2_ip}}),
+    );
+    let done = run_podtrace(&[
+        "monitoring/node-exporter-0",
+        "default/web-0",
+        "--kubeconfig",
+        &good,
+        "--netns",
+        &node1,
+        "--duration",
+        "1s",
+    ]);
+    assert!(done.status.success(), "{}", done.stderr);
+    assert!(
+        done.stderr.contains("note: monitoring/node-exporter-0 uses the host network: its packets use the node's own interfaces"),
+        "{}",
+        done.stderr
+    );
+
     stub.forbid("get", "pods");
     check(
         vec!["web-0", "db-0", "--kubeconfig", &good],

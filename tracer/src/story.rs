@@ -115,6 +115,9 @@ pub struct Verdict {
     pub summary: String,
     /// For a netfilter drop: the rule, from nftables tracing.
     pub netfilter: Option<NetfilterRule>,
+    /// For a netfilter drop whose rule is not named: the hook, as far as
+    /// the packet tells (FORWARD when the node had routed it).
+    pub netfilter_hook: Option<String>,
     /// What on the node explains the outcome (forwarding off, a veth
     /// without its bridge, an MTU too small, …).
     pub hint: Option<String>,
@@ -140,10 +143,27 @@ impl Story {
                 ));
                 self.verdict.netfilter = Some(rule.clone());
             }
-            None => self
-                .verdict
-                .summary
-                .push_str(&format!("; the rule is not named: {why_unnamed}")),
+            None => {
+                let hook = self.netfilter_hook();
+                self.verdict.summary.push_str(&format!(
+                    "; dropped by netfilter at hook {hook}; the rule is not named: {why_unnamed}"
+                ));
+                self.verdict.netfilter_hook = Some(hook.to_string());
+            }
+        }
+    }
+
+    /// The netfilter hook of a drop, from the packet alone: routed on the
+    /// dropping node (TTL lower than when it arrived there) means FORWARD.
+    fn netfilter_hook(&self) -> &'static str {
+        let Some(last) = self.hops.last() else {
+            return "unknown";
+        };
+        let arrived = self.hops.iter().find(|h| h.node == last.node);
+        match arrived {
+            Some(first) if last.ttl < first.ttl => "FORWARD",
+            Some(first) if first.direction == Direction::Egress => "OUTPUT or POSTROUTING",
+            _ => "PREROUTING or INPUT",
         }
     }
 }
@@ -478,6 +498,7 @@ fn judge(journey: &Journey, ctx: &Context) -> Verdict {
         latency_us,
         summary,
         netfilter: None,
+        netfilter_hook: None,
         hint: explanation.hint,
     }
 }

@@ -69,13 +69,20 @@ enum LabAction {
     },
 }
 
-fn main() -> Result<()> {
-    match Cli::parse().task {
+fn main() -> std::process::ExitCode {
+    let done = match Cli::parse().task {
         Task::Setup => setup(),
         Task::Lab { action } => lab(action),
         Task::Demo => demo(),
         Task::Test => test(),
         Task::Bench => bench(),
+    };
+    match done {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
     }
 }
 
