@@ -27,6 +27,13 @@ static LAYOUT: KernelLayout = KernelLayout {
     dev_ifindex: 0,
     dev_nd_net: 0,
     net_ns_inum: 0,
+    skb_sk: 0,
+    sk_rcv_saddr: 0,
+    sk_daddr: 0,
+    sk_num: 0,
+    sk_dport: 0,
+    sk_protocol: 0,
+    sk_net: 0,
 };
 
 /// Inode of this instance's network namespace.
@@ -70,36 +77,46 @@ fn on_drop(skb: *const u8, location: u64, reason: u32) {
         return;
     };
     let s = unsafe { &mut *scratch };
-    let (Some(head), Some(network_header)) =
-        (unsafe { read::<u64>(skb, layout.skb_head) }, unsafe {
-            read::<u16>(skb, layout.skb_network_header)
-        })
-    else {
-        return;
+    let head = unsafe { read::<u64>(skb, layout.skb_head) }.unwrap_or(0);
+    let network_header =
+        unsafe { read::<u16>(skb, layout.skb_network_header) }.unwrap_or(NO_HEADER);
+    let has_header = head != 0
+        && network_header != NO_HEADER
+        && unsafe {
+            bpf_probe_read_kernel_buf(
+                (head + u64::from(network_header)) as *const u8,
+                &mut s.snapshot,
+            )
+        }
+        .is_ok();
+    let kind = if has_header {
+        classify(&s.snapshot)
+    } else {
+        None
     };
-    if head == 0 || network_header == NO_HEADER {
-        return;
-    }
-    let l3 = (head + u64::from(network_header)) as *const u8;
-    if unsafe { bpf_probe_read_kernel_buf(l3, &mut s.snapshot) }.is_err() {
-        return;
-    }
-    let Some(kind) = classify(&s.snapshot) else {
+    let Some(kind) = kind.or_else(|| socket_match(skb, &layout, &mut s.snapshot)) else {
         return;
     };
 
     let dev = unsafe { read::<u64>(skb, layout.skb_dev) }.unwrap_or(0) as *const u8;
-    let (ifindex, inum) = if dev.is_null() {
-        (0, 0)
-    } else {
-        let ifindex = unsafe { read::<u32>(dev, layout.dev_ifindex) }.unwrap_or(0);
-        let net = unsafe { read::<u64>(dev, layout.dev_nd_net) }.unwrap_or(0) as *const u8;
-        let inum = if net.is_null() {
+    let (ifindex, net) = if dev.is_null() {
+        // No device yet: a local sender's socket knows its namespace.
+        let sk = unsafe { read::<u64>(skb, layout.skb_sk) }.unwrap_or(0) as *const u8;
+        let net = if sk.is_null() || layout.sk_net == 0 {
             0
         } else {
-            unsafe { read::<u32>(net, layout.net_ns_inum) }.unwrap_or(0)
+            unsafe { read::<u64>(sk, layout.sk_net) }.unwrap_or(0)
         };
-        (ifindex, inum)
+        (0, net as *const u8)
+    } else {
+        let ifindex = unsafe { read::<u32>(dev, layout.dev_ifindex) }.unwrap_or(0);
+        let net = unsafe { read::<u64>(dev, layout.dev_nd_net) }.unwrap_or(0);
+        (ifindex, net as *const u8)
+    };
+    let inum = if net.is_null() {
+        0
+    } else {
+        unsafe { read::<u32>(net, layout.net_ns_inum) }.unwrap_or(0)
     };
     let node = if inum != 0 && inum == unsafe { core::ptr::read_volatile(&NETNS_INUM) } {
         node_id()
@@ -121,7 +138,11 @@ fn on_drop(skb: *const u8, location: u64, reason: u32) {
     s.has_l2 = 0;
     s.match_kind = kind;
     s.kind = sighting_kind::DROP;
-    s.snapshot_len = s.snapshot.len() as u16;
+    s.snapshot_len = if kind == match_kind::SOCKET {
+        SOCKET_HEADER_LEN as u16
+    } else {
+        s.snapshot.len() as u16
+    };
     s.fib_ifindex = 0;
     s.fib_nexthop = [0; 4];
     s.fib_result = FIB_NOT_LOOKED_UP;
@@ -129,6 +150,51 @@ fn on_drop(skb: *const u8, location: u64, reason: u32) {
     if SIGHTINGS.output::<Sighting>(&*s, 0).is_err() {
         bump(counter::RINGBUF_FULL);
     }
+}
+
+/// IPv4 header + the first 20 bytes of L4, built from a socket.
+const SOCKET_HEADER_LEN: usize = 40;
+
+/// A drop with no IP header (yet): its socket's addresses may still be the
+/// traced pair. If so, writes an IPv4 + L4 header built from the socket.
+#[inline(always)]
+fn socket_match(
+    skb: *const u8,
+    layout: &KernelLayout,
+    b: &mut [u8; podtrace_common::SNAPSHOT_LEN],
+) -> Option<u8> {
+    if layout.sk_daddr == 0 || layout.skb_sk == 0 {
+        return None;
+    }
+    let sk = unsafe { read::<u64>(skb, layout.skb_sk) }? as *const u8;
+    if sk.is_null() {
+        return None;
+    }
+    let src = unsafe { read::<[u8; 4]>(sk, layout.sk_rcv_saddr) }?;
+    let dst = unsafe { read::<[u8; 4]>(sk, layout.sk_daddr) }?;
+    if !is_traced(&FlowKey { src, dst }) {
+        return None;
+    }
+    let protocol = unsafe { read::<u16>(sk, layout.sk_protocol) }.unwrap_or(0) as u8;
+    let local_port = unsafe { read::<u16>(sk, layout.sk_num) }
+        .unwrap_or(0)
+        .to_be_bytes();
+    let remote_port = unsafe { read::<[u8; 2]>(sk, layout.sk_dport) }.unwrap_or([0; 2]);
+    let mut i = 0;
+    while i < SOCKET_HEADER_LEN {
+        b[i] = 0;
+        i += 1;
+    }
+    b[0] = 0x45;
+    b[3] = SOCKET_HEADER_LEN as u8;
+    b[9] = protocol;
+    b[12..16].copy_from_slice(&src);
+    b[16..20].copy_from_slice(&dst);
+    b[20..22].copy_from_slice(&local_port);
+    b[22..24].copy_from_slice(&remote_port);
+    // TCP data offset 5 (20 bytes), so that the header decodes.
+    b[32] = 0x50;
+    Some(match_kind::SOCKET)
 }
 
 #[inline(always)]

@@ -10,8 +10,10 @@ use podtrace_common::KernelLayout;
 use crate::btf::Btf;
 
 /// Offsets of the sk_buff, net_device and net fields the drop program reads.
+/// The socket fields are optional: without them, drops that have no IP
+/// header yet are not matched (and podtrace says so at start).
 pub fn kernel_layout(btf: &Btf) -> Result<KernelLayout> {
-    Ok(KernelLayout {
+    let layout = KernelLayout {
         skb_head: btf.member_offset("sk_buff", "head")?,
         skb_network_header: btf.member_offset("sk_buff", "network_header")?,
         skb_dev: btf.member_offset("sk_buff", "dev")?,
@@ -20,6 +22,41 @@ pub fn kernel_layout(btf: &Btf) -> Result<KernelLayout> {
         dev_ifindex: btf.member_offset("net_device", "ifindex")?,
         dev_nd_net: btf.member_offset("net_device", "nd_net")?,
         net_ns_inum: btf.member_offset("net", "ns")? + btf.member_offset("ns_common", "inum")?,
+        ..Default::default()
+    };
+    match socket_layout(btf) {
+        Ok(with_socket) => Ok(with_socket(layout)),
+        Err(e) => {
+            eprintln!("podtrace: note: drops before the IP header exists cannot be matched on this kernel ({e:#})");
+            Ok(layout)
+        }
+    }
+}
+
+/// The socket offsets, as a function that adds them to a layout.
+fn socket_layout(btf: &Btf) -> Result<impl Fn(KernelLayout) -> KernelLayout> {
+    let common = btf.member_offset("sock", "__sk_common")?;
+    let in_common = |member: &str| btf.member_offset("sock_common", member).map(|o| common + o);
+    let (skb_sk, sk_rcv_saddr, sk_daddr) = (
+        btf.member_offset("sk_buff", "sk")?,
+        in_common("skc_rcv_saddr")?,
+        in_common("skc_daddr")?,
+    );
+    let (sk_num, sk_dport, sk_net) = (
+        in_common("skc_num")?,
+        in_common("skc_dport")?,
+        in_common("skc_net")?,
+    );
+    let sk_protocol = btf.member_offset("sock", "sk_protocol")?;
+    Ok(move |layout: KernelLayout| KernelLayout {
+        skb_sk,
+        sk_rcv_saddr,
+        sk_daddr,
+        sk_num,
+        sk_dport,
+        sk_protocol,
+        sk_net,
+        ..layout
     })
 }
 

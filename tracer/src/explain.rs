@@ -102,7 +102,12 @@ pub fn explain(
                 .as_ref()
                 .is_some_and(|r| r.result == "forwarding_disabled")
     });
+    let by_socket = last.drop.as_ref().is_some_and(|d| d.by_socket);
     let hint = match (reason, nodes.get(&last.node)) {
+        (Some(r), _) if by_socket && NO_ROUTE_REASONS.contains(&r) => Some(format!(
+            "the sender {} has no route to {dst} in its own network namespace ({}): the packet never left it",
+            hops[0].packet.packet.src, last.node
+        )),
         (Some("IP_INADDRERRORS"), Some(facts)) if !facts.forwarding || forwarding_disabled => {
             let evidence = if forwarding_disabled {
                 "the kernel's route lookup said forwarding_disabled"
@@ -197,7 +202,7 @@ mod tests {
     use super::*;
     use crate::{
         decode::tests as frames,
-        journey::{tests::hop, DropInfo},
+        journey::tests::{drop_hop, hop},
         node::fixtures::flannel_node,
     };
 
@@ -215,12 +220,7 @@ mod tests {
     }
 
     fn dropped(iface: &str, role: Role, reason: &str, frame: &[u8]) -> Hop {
-        let mut h = hop(9, "node-1", iface, role, Direction::Drop, frame);
-        h.drop = Some(DropInfo {
-            reason: reason.into(),
-            location: "ip_error+0x94".into(),
-        });
-        h
+        drop_hop(9, "node-1", iface, role, frame, reason)
     }
 
     #[test]

@@ -78,6 +78,8 @@ pub struct DropInfo {
     pub reason: String,
     /// The kernel function that freed the packet, `name+0xoff`.
     pub location: String,
+    /// The packet had no IP header yet; it was matched by its socket.
+    pub by_socket: bool,
 }
 
 /// One sighting, placed on its node and interface.
@@ -240,6 +242,24 @@ pub(crate) mod tests {
             drop: None,
             route: None,
         }
+    }
+
+    /// A drop of `frame` at `iface`, freed in nf_hook_slow+0x9c.
+    pub(crate) fn drop_hop(
+        t: u64,
+        node: &str,
+        iface: &str,
+        role: Role,
+        frame: &[u8],
+        reason: &str,
+    ) -> Hop {
+        let mut h = hop(t, node, iface, role, Direction::Drop, frame);
+        h.drop = Some(DropInfo {
+            reason: reason.into(),
+            location: "nf_hook_slow+0x9c".into(),
+            by_socket: false,
+        });
+        h
     }
 
     #[test]

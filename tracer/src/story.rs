@@ -301,6 +301,10 @@ fn note(hop: &Hop, prev: Option<&Hop>, ctx: &Context) -> String {
         .map(|before| format!("routed (TTL {before}→{})", p.ttl));
     let what = match (hop.role, hop.direction, &hop.packet.tunnel) {
         (_, Direction::Drop, _) => match &hop.drop {
+            Some(d) if d.by_socket => format!(
+                "dropped before it had an IP header (matched by its socket): {} in {}",
+                d.reason, d.location
+            ),
             Some(d) => format!("dropped: {} in {}", d.reason, d.location),
             None => "dropped".to_string(),
         },
@@ -628,12 +632,7 @@ pub(crate) mod tests {
     }
 
     fn drop_hop(t: u64, node: &str, iface: &str, frame: &[u8], reason: &str) -> Hop {
-        let mut h = hop(t, node, iface, Role::Other, Drop, frame);
-        h.drop = Some(DropInfo {
-            reason: reason.into(),
-            location: "nf_hook_slow+0x9c".into(),
-        });
-        h
+        crate::journey::tests::drop_hop(t, node, iface, Role::Other, frame, reason)
     }
 
     #[test]

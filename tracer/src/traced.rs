@@ -6,7 +6,7 @@ use std::{collections::HashMap, net::Ipv4Addr, os::unix::fs::MetadataExt, path::
 
 use anyhow::{Context as _, Result};
 use podtrace_common::{
-    sighting_kind, Direction as KernelDirection, FlowKey, KernelLayout, Sighting,
+    match_kind, sighting_kind, Direction as KernelDirection, FlowKey, KernelLayout, Sighting,
     FIB_NOT_LOOKED_UP, MAX_NODES, NODE_OTHER_NETNS,
 };
 use tokio::sync::mpsc;
@@ -280,6 +280,7 @@ pub fn place(
         let info = DropInfo {
             reason: kernel.reasons.name(s.reason),
             location: kernel.symbols.name(s.location),
+            by_socket: s.match_kind == match_kind::SOCKET,
         };
         (Direction::Drop, Some(info))
     } else if s.direction == KernelDirection::Egress as u8 {

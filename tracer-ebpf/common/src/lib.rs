@@ -29,6 +29,9 @@ pub mod match_kind {
     pub const PLAIN: u8 = 1;
     /// It is a tunnel packet whose inner IPv4 header carries a traced pair.
     pub const INNER: u8 = 2;
+    /// A drop with no IP header yet, matched by its socket's addresses; the
+    /// snapshot holds a header built from the socket.
+    pub const SOCKET: u8 = 3;
 }
 
 /// What saw the packet.
@@ -106,6 +109,17 @@ pub struct KernelLayout {
     pub dev_ifindex: u32,
     pub dev_nd_net: u32,
     pub net_ns_inum: u32,
+    /// Socket fields, to match a drop that has no IP header yet (a local
+    /// sender's packet dropped before ip_queue_xmit built it). All zero
+    /// when the kernel's layout could not be read: then such drops are
+    /// not matched.
+    pub skb_sk: u32,
+    pub sk_rcv_saddr: u32,
+    pub sk_daddr: u32,
+    pub sk_num: u32,
+    pub sk_dport: u32,
+    pub sk_protocol: u32,
+    pub sk_net: u32,
 }
 
 /// Key of the flow filter map: an IPv4 source and destination, each in
