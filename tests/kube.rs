@@ -153,6 +153,25 @@ fn a_pod_that_comes_back_with_a_new_ip_is_followed() {
     stub.set_pod_ip("default", "db-0", &new_ip.to_string());
     // Give the watch a moment, then talk to the new IP.
     std::thread::sleep(std::time::Duration::from_secs(2));
+    // The nft rule tracing follows too.
+    let table = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &lab.0.node_netns(1),
+            "nft",
+            "list",
+            "table",
+            "inet",
+        ])
+        .arg(format!("podtrace_{}", trace.pid()))
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains(&format!("ip daddr {new_ip} meta nftrace set 1")),
+        "{table}"
+    );
     assert!(lab.0.ping("web-0", new_ip, &[]));
     let done = trace.finish();
     assert!(done.status.success(), "{}", done.stderr);

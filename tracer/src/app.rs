@@ -178,7 +178,7 @@ pub async fn run(args: Args) -> Result<()> {
                 eprintln!("podtrace: {} moved from {} to {}; now tracing its new IP", moved.pod, moved.old, moved.new);
                 teller.ctx.names.insert(moved.new, moved.pod.clone());
                 for node in &mut nodes {
-                    node.probe.replace_flows(&old, &flow_ips(traced_ips))?;
+                    node.follow(&old, &flow_ips(traced_ips))?;
                 }
             }
             Some((_node, drop)) = netfilter_rx.recv() => {

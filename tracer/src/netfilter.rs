@@ -177,13 +177,7 @@ impl NodeTrace {
             let mut script = format!(
                 "table inet {table} {{\n chain prerouting {{ type filter hook prerouting priority -350; }}\n chain output {{ type filter hook output priority -350; }}\n}}\n"
             );
-            for (src, dst) in pairs {
-                for chain in ["prerouting", "output"] {
-                    script.push_str(&format!(
-                        "add rule inet {table} {chain} ip saddr {src} ip daddr {dst} meta nftrace set 1\n"
-                    ));
-                }
-            }
+            script.push_str(&trace_rules(&table, pairs));
             nft_script(&script).context("cannot add podtrace's nft tracing table")?;
             let mut command = Command::new("xtables-monitor");
             command
@@ -224,6 +218,28 @@ impl NodeTrace {
             })
         })
     }
+}
+
+impl NodeTrace {
+    /// Traces more pairs too (a traced pod came back with a new IP).
+    pub fn follow(&self, pairs: &[(Ipv4Addr, Ipv4Addr)]) -> Result<()> {
+        netns::inside(self.netns.as_deref(), || {
+            nft_script(&trace_rules(&self.table, pairs))
+        })
+    }
+}
+
+/// The rules that mark the traced pairs for tracing, before raw.
+fn trace_rules(table: &str, pairs: &[(Ipv4Addr, Ipv4Addr)]) -> String {
+    let mut rules = String::new();
+    for (src, dst) in pairs {
+        for chain in ["prerouting", "output"] {
+            rules.push_str(&format!(
+                "add rule inet {table} {chain} ip saddr {src} ip daddr {dst} meta nftrace set 1\n"
+            ));
+        }
+    }
+    rules
 }
 
 impl Drop for NodeTrace {

@@ -107,7 +107,7 @@ pub struct TracedNode {
     /// Every link's name, for drops on interfaces that are not watched.
     link_names: HashMap<u32, String>,
     /// Its nft tracing table and monitor; removed when dropped.
-    _netfilter: Option<NodeTrace>,
+    netfilter: Option<NodeTrace>,
 }
 
 impl TracedNode {
@@ -183,8 +183,21 @@ impl TracedNode {
             probe,
             interfaces: watched.into_iter().map(|w| (w.index, w)).collect(),
             link_names: view.links.into_iter().map(|l| (l.index, l.name)).collect(),
-            _netfilter: netfilter,
+            netfilter,
         })
+    }
+
+    /// Traces a new pair of addresses from now on (a pod moved).
+    pub fn follow(&mut self, old: &[FlowKey], new: &[FlowKey]) -> Result<()> {
+        self.probe.replace_flows(old, new)?;
+        if let Some(netfilter) = &self.netfilter {
+            let pairs: Vec<_> = new
+                .iter()
+                .map(|k| (Ipv4Addr::from(k.src), Ipv4Addr::from(k.dst)))
+                .collect();
+            netfilter.follow(&pairs)?;
+        }
+        Ok(())
     }
 
     /// A link appeared or vanished on this node during the trace.
