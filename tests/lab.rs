@@ -455,6 +455,16 @@ fn clsact_fallback_attaches_and_cleans_up_even_after_sigkill() {
     assert_eq!(stories.len(), 2);
     assert_eq!(stories[0]["verdict"]["outcome"], "left_node");
     assert_eq!(tc_filters(), 0, "filters removed at a clean exit");
+    let qdiscs = std::process::Command::new("ip")
+        .args([
+            "netns", "exec", &node1, "tc", "qdisc", "show", "dev", "cni0",
+        ])
+        .output()
+        .expect("tc");
+    assert!(
+        !String::from_utf8_lossy(&qdiscs.stdout).contains("clsact"),
+        "the clsact qdisc podtrace added is removed too"
+    );
 
     // After SIGKILL the filters stay; the next start removes them.
     let trace = Trace::start(&args(

@@ -8,7 +8,6 @@
 //! crash, on the next start.
 
 use std::{
-    collections::HashMap,
     io,
     mem::ManuallyDrop,
     path::{Path, PathBuf},
@@ -76,15 +75,25 @@ pub struct NodeProbe {
     netns: Option<PathBuf>,
     mode: AttachMode,
     pub hooks: usize,
+    /// Interfaces where podtrace added the clsact qdisc, to remove it again.
+    added_qdiscs: Vec<String>,
 }
 
 impl Drop for NodeProbe {
     fn drop(&mut self) {
         let netns = self.netns.take();
         let ebpf = &mut self.ebpf;
+        let added_qdiscs = std::mem::take(&mut self.added_qdiscs);
         let detached = netns::inside(netns.as_deref(), || {
             // SAFETY: dropped once, here, and never used again.
             unsafe { ManuallyDrop::drop(ebpf) };
+            for iface in &added_qdiscs {
+                // The child starts in this thread's namespace, the node's.
+                let _ = std::process::Command::new("tc")
+                    .args(["qdisc", "del", "dev", iface, "clsact"])
+                    .stderr(std::process::Stdio::null())
+                    .status();
+            }
             Ok(())
         });
         if let Err(e) = detached {
@@ -131,6 +140,7 @@ impl NodeProbe {
             netns: spec.netns.map(Path::to_path_buf),
             mode: spec.mode.resolve(),
             hooks: 0,
+            added_qdiscs: Vec::new(),
         };
         for iface in watched {
             probe.attach_interface(iface)?;
@@ -154,13 +164,16 @@ impl NodeProbe {
             (ingress, TcAttachType::Ingress),
             (egress, TcAttachType::Egress),
         ] {
-            attach_one(
+            let added_qdisc = attach_one(
                 program(&mut self.ebpf, name)?,
                 name,
                 &iface.name,
                 hook,
                 self.mode,
             )?;
+            if added_qdisc {
+                self.added_qdiscs.push(iface.name.clone());
+            }
             self.hooks += 1;
         }
         Ok(())
@@ -272,11 +285,12 @@ fn attach_one(
     iface: &str,
     hook: TcAttachType,
     mode: AttachMode,
-) -> Result<()> {
+) -> Result<bool> {
     let gone = || format!("cannot attach to {iface} (is the interface gone?)");
+    let mut added_qdisc = false;
     if mode == AttachMode::Clsact {
         match tc::qdisc_add_clsact(iface) {
-            Ok(()) => {}
+            Ok(()) => added_qdisc = true,
             Err(tc::TcError::IoError(e)) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(anyhow!(e)).with_context(gone)
             }
@@ -299,7 +313,7 @@ fn attach_one(
             .attach_with_options(iface, hook, TcAttachOptions::TcxOrder(LinkOrder::first()))
             .with_context(gone)?;
     }
-    Ok(())
+    Ok(added_qdisc)
 }
 
 /// A clsact filter of ours left by a podtrace that was killed.
@@ -307,6 +321,3 @@ fn remove_stale_filter(iface: &str, hook: TcAttachType, name: &str) {
     // NotFound is the normal case; anything else will surface at attach.
     let _ = tc::qdisc_detach_program(iface, hook, name);
 }
-
-/// Interface facts the stories need, per node and ifindex.
-pub type InterfaceMap = HashMap<(u32, u32), Watched>;
