@@ -220,6 +220,20 @@ fn calico_bgp_is_routed_without_encapsulation() {
         first["iface"].as_str().unwrap().starts_with("cali"),
         "{first}"
     );
+    // Each traced pod's host-side interface is found from the node's tables
+    // (Calico: the pod's /32 route), and said at start.
+    let mut argv = vec!["web-0", "db-0", "--duration", "1s"];
+    let extra = lab_args(&lab.0, &[1, 2]);
+    argv.extend(extra.iter().map(String::as_str));
+    let done = run_podtrace(&argv);
+    for (node, pod) in [("node-1", "web-0"), ("node-2", "db-0")] {
+        let p = lab.0.pod(pod);
+        let line = format!(
+            "podtrace: {node}: {} (default/{pod}) is behind {}",
+            p.ip, p.host_iface
+        );
+        assert!(done.stderr.contains(&line), "{line}\n{}", done.stderr);
+    }
 }
 
 #[test]

@@ -10,7 +10,9 @@ use rtnetlink::{
     packet_route::{
         address::AddressAttribute,
         link::{InfoKind, LinkAttribute, LinkInfo, LinkLayerType, LinkMessage},
+        neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage},
         route::{RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteType},
+        AddressFamily,
     },
     RouteMessageBuilder,
 };
@@ -54,6 +56,10 @@ pub struct NodeView {
     /// (link index, address) for every IPv4 address.
     pub addresses: Vec<(u32, Ipv4Addr)>,
     pub routes: Vec<Route>,
+    /// IPv4 neighbours: (link index, address, MAC).
+    pub neighbours: Vec<(u32, Ipv4Addr, [u8; 6])>,
+    /// Bridge forwarding entries: (MAC, port link index).
+    pub fdb: Vec<([u8; 6], u32)>,
 }
 
 const RT_TABLE_MAIN: u32 = 254;
@@ -97,7 +103,42 @@ impl NodeView {
                 .try_collect()
                 .await
                 .context("cannot list routes")?;
+            let mut neighbours = Vec::new();
+            let mut fdb = Vec::new();
+            for family in [AddressFamily::Inet, AddressFamily::Bridge] {
+                let entries: Vec<NeighbourMessage> = handle
+                    .neighbours()
+                    .get()
+                    .set_address_family(family)
+                    .execute()
+                    .try_collect()
+                    .await
+                    .context("cannot list neighbours")?;
+                for entry in entries {
+                    let mac = entry.attributes.iter().find_map(|a| match a {
+                        NeighbourAttribute::LinkLayerAddress(mac) => {
+                            <[u8; 6]>::try_from(mac.as_slice()).ok()
+                        }
+                        _ => None,
+                    });
+                    let ip = entry.attributes.iter().find_map(|a| match a {
+                        NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) => Some(*ip),
+                        _ => None,
+                    });
+                    match (family, mac, ip) {
+                        (AddressFamily::Inet, Some(mac), Some(ip)) => {
+                            neighbours.push((entry.header.ifindex, ip, mac))
+                        }
+                        (AddressFamily::Bridge, Some(mac), _) => {
+                            fdb.push((mac, entry.header.ifindex))
+                        }
+                        _ => {}
+                    }
+                }
+            }
             Ok(NodeView {
+                neighbours,
+                fdb,
                 links,
                 addresses,
                 routes,
@@ -169,6 +210,28 @@ impl NodeView {
             net.network(),
             net.netmask()
         )
+    }
+
+    /// The host-side interface of the local pod with `ip`: the device of
+    /// its /32 route (Calico), or the bridge port its MAC was learnt on
+    /// (Flannel: neighbour entry on the bridge, then the bridge's FDB).
+    pub fn pod_interface(&self, ip: Ipv4Addr) -> Option<&Link> {
+        let host_route = self
+            .route_to(ip)
+            .filter(|r| r.destination.prefix_len() == 32 && r.gateway.is_none())
+            .and_then(|r| r.oif)
+            .and_then(|oif| self.link(oif))
+            .filter(|l| l.kind == "veth");
+        host_route.or_else(|| {
+            let (bridge, _, mac) = self.neighbours.iter().find(|(_, addr, _)| *addr == ip)?;
+            let port = self
+                .fdb
+                .iter()
+                .filter(|(m, _)| m == mac)
+                .filter_map(|(_, port)| self.link(*port))
+                .find(|l| l.controller == Some(*bridge) && l.kind == "veth")?;
+            Some(port)
+        })
     }
 
     /// The main-table route the kernel would pick for `dst` (longest prefix).
@@ -300,6 +363,8 @@ pub(crate) mod fixtures {
                 (2, "192.0.2.11".parse().unwrap()),
                 (3, "10.244.1.1".parse().unwrap()),
             ],
+            neighbours: vec![(3, "10.244.1.2".parse().unwrap(), [2, 0, 0, 0, 1, 2])],
+            fdb: vec![([2, 0, 0, 0, 1, 2], 5), ([2, 0, 0, 0, 1, 2], 3)],
             routes: vec![
                 Route {
                     gateway: Some("192.0.2.1".parse().unwrap()),
@@ -319,6 +384,30 @@ pub(crate) mod fixtures {
 #[cfg(test)]
 mod tests {
     use super::{fixtures::route, *};
+
+    #[test]
+    fn a_local_pods_host_interface_is_found_by_route_or_by_bridge_fdb() {
+        // Flannel: the neighbour entry on cni0 gives the MAC, the FDB the port.
+        let view = fixtures::flannel_node();
+        assert_eq!(
+            view.pod_interface("10.244.1.2".parse().unwrap())
+                .unwrap()
+                .name,
+            "veth1a2b"
+        );
+        assert!(view.pod_interface("10.244.1.9".parse().unwrap()).is_none());
+        // Calico: the /32 route's device.
+        let mut calico = fixtures::flannel_node();
+        calico.links.push(fixtures::link(7, "cali12345", "veth"));
+        calico.routes.push(route("10.245.1.2/32", 7));
+        assert_eq!(
+            calico
+                .pod_interface("10.245.1.2".parse().unwrap())
+                .unwrap()
+                .name,
+            "cali12345"
+        );
+    }
 
     #[test]
     fn routes_read_as_ip_route_and_route_n_print_them() {

@@ -134,6 +134,17 @@ impl TracedNode {
             (None, None) => hostname(),
         };
         let watched = interfaces::select(&view, node_ip).with_context(|| format!("node {name}"))?;
+        let mut endpoints: Vec<Ipv4Addr> = shared.pairs.iter().map(|(src, _)| *src).collect();
+        endpoints.dedup();
+        for ip in endpoints {
+            if let Some(link) = view.pod_interface(ip) {
+                eprintln!(
+                    "podtrace: {name}: {} is behind {}",
+                    ctx.label(ip),
+                    link.name
+                );
+            }
+        }
         for route in &view.routes {
             let delivers_locally = route
                 .oif
