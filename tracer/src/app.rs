@@ -74,8 +74,10 @@ pub async fn run(args: Args) -> Result<()> {
         (false, Backend::Missing) => Some("iptables is not installed here"),
         (false, Backend::Nft) => None,
     };
+    let typed_btf = Kernel::typed_btf()?;
     let shared = Shared {
         kernel: &kernel,
+        btf: &typed_btf,
         known_nodes: &known_nodes,
         flows: &flows,
         traced_netns,
@@ -92,6 +94,11 @@ pub async fn run(args: Args) -> Result<()> {
         nodes.push(node);
     }
     drop(tx);
+    drop(shared);
+    drop(typed_btf);
+    // Hand the parsed BTF's memory back: podtrace may run for hours.
+    // SAFETY: no preconditions.
+    unsafe { libc::malloc_trim(0) };
 
     let mut summary = Summary {
         hooks_attached: nodes.iter().map(|n| n.probe.hooks).sum(),

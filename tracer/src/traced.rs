@@ -32,7 +32,6 @@ pub struct Kernel {
     pub layout: KernelLayout,
     pub reasons: ReasonNames,
     pub symbols: Symbols,
-    pub btf: aya::Btf,
 }
 
 impl Kernel {
@@ -42,14 +41,20 @@ impl Kernel {
             layout: kernel_layout(&btf)?,
             reasons: ReasonNames::from_btf(&btf)?,
             symbols: Symbols::from_kallsyms()?,
-            btf: aya::Btf::from_sys_fs().context("aya cannot read the kernel's BTF")?,
         })
+    }
+
+    /// The kernel's BTF as aya loads BTF-typed programs with it; only
+    /// needed while attaching (it is large: drop it after).
+    pub fn typed_btf() -> Result<aya::Btf> {
+        aya::Btf::from_sys_fs().context("aya cannot read the kernel's BTF")
     }
 }
 
 /// Settings every node shares.
 pub struct Shared<'a> {
     pub kernel: &'a Kernel,
+    pub btf: &'a aya::Btf,
     /// Node names and IPs of the cluster, to tell which node a namespace is.
     pub known_nodes: &'a [(String, Ipv4Addr)],
     pub flows: &'a [FlowKey],
@@ -160,7 +165,7 @@ impl TracedNode {
             netns_inum: ns.inum,
             traced_netns: &shared.traced_netns,
             layout: &shared.kernel.layout,
-            btf: &shared.kernel.btf,
+            btf: shared.btf,
             flows: shared.flows,
             mode: shared.mode,
         };
