@@ -326,7 +326,5 @@ fn the_nft_table_is_gone_after_sigint_sigterm_and_sigkill() {
 }
 
 fn lab_args_with(lab: &LabGuard, first: &[&str]) -> Vec<String> {
-    let mut argv: Vec<String> = first.iter().map(|s| s.to_string()).collect();
-    argv.extend(lab_args(&lab.0, &[1, 2]));
-    argv
+    argv(first, lab_args(&lab.0, &[1, 2]))
 }

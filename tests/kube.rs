@@ -48,10 +48,6 @@ fn named_trace(lab: &LabGuard, kubeconfig: &str) -> Trace {
     ))
 }
 
-fn argv(first: &[&str], rest: Vec<String>) -> Vec<String> {
-    first.iter().map(|s| s.to_string()).chain(rest).collect()
-}
-
 #[test]
 fn a_named_trace_tells_the_same_story_as_by_ip_with_names() {
     let lab = lab(Topology::FlannelVxlan);

@@ -7,12 +7,6 @@ use serde_json::Value;
 use support::*;
 use xtask::lab::Topology;
 
-fn args(extra: &[&str], lab_args: Vec<String>) -> Vec<String> {
-    let mut all: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-    all.extend(lab_args);
-    all
-}
-
 /// (node, role, direction) of every hop of a JSON story.
 fn hops(story: &Value) -> Vec<(String, String, String)> {
     story["hops"]
@@ -35,7 +29,7 @@ fn hop(node: &str, role: &str, dir: &str) -> (String, String, String) {
 
 /// Traces one ping from `src` to `dst` (request and reply) in JSON.
 fn trace_ping(lab: &xtask::lab::Lab, src: &str, dst: &str, nodes: &[u8]) -> Vec<Value> {
-    let trace = Trace::start(&args(
+    let trace = Trace::start(&argv(
         &[
             &format!("default/{src}"),
             &format!("default/{dst}"),
@@ -239,7 +233,7 @@ fn calico_bgp_is_routed_without_encapsulation() {
 #[test]
 fn human_output_tells_the_story_per_hop() {
     let lab = lab(Topology::FlannelVxlan);
-    let trace = Trace::start(&args(
+    let trace = Trace::start(&argv(
         &["web-0", "db-0", "--count", "2", "--duration", "20s"],
         lab_args(&lab.0, &[1, 2]),
     ));
@@ -288,7 +282,7 @@ fn human_output_tells_the_story_per_hop() {
 fn nothing_stays_attached_after_sigint_or_sigkill() {
     let lab = lab(Topology::FlannelVxlan);
     for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGKILL] {
-        let trace = Trace::start(&args(&["web-0", "db-0"], lab_args(&lab.0, &[1, 2])));
+        let trace = Trace::start(&argv(&["web-0", "db-0"], lab_args(&lab.0, &[1, 2])));
         for node in [1, 2] {
             let attached = tcx_programs(&lab.0.node_netns(node));
             assert_eq!(
@@ -389,7 +383,7 @@ fn a_vxlan_packet_with_no_vtep_to_take_it_is_dropped_with_the_kernels_reason() {
     let lab = lab(Topology::FlannelVxlan);
     // node-2 cannot decapsulate: its VXLAN device is down.
     xtask::lab::ip(&lab.0.node_netns(2), "link set flannel.1 down").expect("flannel.1 down");
-    let trace = Trace::start(&args(
+    let trace = Trace::start(&argv(
         &[
             "web-0",
             "db-0",
@@ -443,7 +437,7 @@ fn clsact_fallback_attaches_and_cleans_up_even_after_sigkill() {
             .count()
     };
     let stories = {
-        let trace = Trace::start(&args(
+        let trace = Trace::start(&argv(
             &[
                 "web-0",
                 "db-0",
@@ -481,7 +475,7 @@ fn clsact_fallback_attaches_and_cleans_up_even_after_sigkill() {
     );
 
     // After SIGKILL the filters stay; the next start removes them.
-    let trace = Trace::start(&args(
+    let trace = Trace::start(&argv(
         &["web-0", "db-0", "--attach", "clsact"],
         lab_args(&lab.0, &[1]),
     ));
@@ -492,7 +486,7 @@ fn clsact_fallback_attaches_and_cleans_up_even_after_sigkill() {
         1,
         "a killed podtrace cannot clean up its clsact filters"
     );
-    let trace = Trace::start(&args(
+    let trace = Trace::start(&argv(
         &["web-0", "db-0", "--attach", "clsact"],
         lab_args(&lab.0, &[1]),
     ));
@@ -511,7 +505,7 @@ fn a_pod_veth_replaced_during_the_trace_is_followed() {
     let lab = lab(Topology::FlannelVxlan);
     let node1 = lab.0.node_netns(1);
     let web = lab.0.pod("web-0");
-    let trace = Trace::start(&args(
+    let trace = Trace::start(&argv(
         &[
             "web-0",
             "db-0",
@@ -590,7 +584,7 @@ fn a_pod_veth_replaced_during_the_trace_is_followed() {
 #[test]
 fn a_burst_of_packets_is_told_in_full() {
     let lab = lab(Topology::FlannelVxlan);
-    let trace = Trace::start(&args(
+    let trace = Trace::start(&argv(
         &[
             "web-0",
             "db-0",

@@ -90,6 +90,11 @@ impl Finished {
     }
 }
 
+/// Arguments: `first`, then `rest`.
+pub fn argv(first: &[&str], rest: Vec<String>) -> Vec<String> {
+    first.iter().map(|s| s.to_string()).chain(rest).collect()
+}
+
 /// `--netns` and `--pods-file` arguments for the given nodes of `lab`.
 pub fn lab_args(lab: &Lab, nodes: &[u8]) -> Vec<String> {
     let mut args = vec![
