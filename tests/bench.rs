@@ -13,10 +13,12 @@ use std::{
 
 use etherparse::PacketBuilder;
 use podtrace::{
-    decode::decode,
-    interfaces::Role,
-    journey::{Correlator, Direction, Hop},
-    story::{tell, Context},
+    decode::{
+        decode,
+        hop::{Direction, Hop},
+    },
+    node::interfaces::Role,
+    story::{journey::Correlator, tell, Context},
 };
 use support::*;
 use xtask::lab::Topology;

@@ -12,7 +12,7 @@ use std::{
 };
 
 use aya::programs::{SchedClassifier, TcAttachType};
-use podtrace::netns;
+use podtrace::node::netns;
 use serde_json::Value;
 use xtask::lab::{Lab, LabGuard, Topology};
 

@@ -4,7 +4,7 @@ use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
 
 use clap::Parser;
 
-use crate::{render::Format, sightings::AttachMode};
+use crate::{output::Format, probe::AttachMode};
 
 /// Traces packets between two pods through every hook of the node(s) and
 /// tells, per packet, where it went and what happened to it.

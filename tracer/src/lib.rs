@@ -1,27 +1,27 @@
 //! podtrace: an eBPF packet tracer for Kubernetes pod traffic.
 //!
-//! One module per job: `sightings` (tc programs, the kernel signal),
-//! `node` (the node's links and routes), `interfaces` (what to watch),
-//! `decode` (header snapshots), `journey` (pure correlation), `story`
-//! (hop notes and verdicts), `render` (text and JSON).
+//! The pipeline runs one way, one folder per stage:
+//! - [`probe`]: kernel signals and their loading and attaching — tc
+//!   sightings (`probe::tc`), drops (`probe::drops`), netfilter rule tracing
+//!   (`probe::netfilter`), link changes, the kernel's BTF layout;
+//! - [`node`]: what a node looks like (links, routes, neighbours), which
+//!   interfaces are watched, the traced namespaces, a traced node set up;
+//! - [`cni`]: one file per CNI backend (flannel-vxlan, flannel-host-gw,
+//!   calico-bird, calico-vxlan, calico-ipip, unknown): how it is recognised,
+//!   its tunnel, the routes it needs, where a pod's interface is;
+//! - [`cluster`]: the Kubernetes API, inventory files, argument resolution;
+//! - [`decode`]: a kernel record into a hop (headers, node, interface);
+//! - [`story`]: journeys (pure correlation), hop notes (`story::notes`),
+//!   verdicts, explanations, the profile;
+//! - [`output`]: one file per format (human, JSON);
+//! - [`app`]: one trace in phases (resolve, attach, stream, finish).
 
 pub mod app;
-pub mod btf;
 pub mod cli;
 pub mod cluster;
+pub mod cni;
 pub mod decode;
-pub mod drops;
-pub mod explain;
-pub mod interfaces;
-pub mod inventory;
-pub mod journey;
-pub mod link_watch;
-pub mod netfilter;
-pub mod netns;
 pub mod node;
-pub mod profile;
-pub mod render;
-pub mod sightings;
+pub mod output;
+pub mod probe;
 pub mod story;
-pub mod targets;
-pub mod traced;

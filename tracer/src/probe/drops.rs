@@ -1,13 +1,43 @@
-//! Drops, userspace side: the kernel layout the drop program needs, the
-//! names of drop reasons, and drop locations as symbols — all read from the
-//! running kernel (BTF, /proc/kallsyms), never from a table of our own.
+//! The drop signal, userspace side: attaching to kfree_skb, the kernel
+//! layout the drop program needs, the names of drop reasons, and drop
+//! locations as symbols — all read from the running kernel (BTF,
+//! /proc/kallsyms), never from a table of our own.
 
 use std::collections::HashMap;
 
-use anyhow::{Context, Result};
-use podtrace_common::KernelLayout;
+use anyhow::{anyhow, Context, Result};
+use aya::{
+    programs::{BtfTracePoint, RawTracePoint},
+    Ebpf,
+};
+use podtrace_common::{names, KernelLayout};
 
-use crate::btf::Btf;
+use super::btf::Btf;
+
+/// kfree_skb as a BTF-typed tracepoint, else as a raw one (the classic
+/// tracepoint would need tracefs).
+pub(super) fn attach(ebpf: &mut Ebpf, btf: &aya::Btf) -> Result<()> {
+    let typed: Result<()> = (|| {
+        let program: &mut BtfTracePoint = ebpf
+            .program_mut(names::DROPS)
+            .ok_or_else(|| anyhow!("no program {}", names::DROPS))?
+            .try_into()?;
+        program.load("kfree_skb", btf)?;
+        program.attach()?;
+        Ok(())
+    })();
+    let Err(typed_error) = typed else {
+        return Ok(());
+    };
+    let program: &mut RawTracePoint = ebpf
+        .program_mut(names::DROPS_RAW)
+        .ok_or_else(|| anyhow!("no program {}", names::DROPS_RAW))?
+        .try_into()?;
+    program.load()?;
+    program.attach("kfree_skb").map(|_| ()).with_context(|| {
+        format!("cannot attach to the kfree_skb tracepoint (as tp_btf: {typed_error:#})")
+    })
+}
 
 /// Offsets of the sk_buff, net_device and net fields the drop program reads.
 /// The socket fields are optional: without them, drops that have no IP

@@ -237,66 +237,6 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
-/// Nodes of a `kubectl get nodes -o json` file: their pod subnets, IPs and
-/// CNI backend (Flannel's backend-type annotation; Calico's IPv4Address).
-pub fn load_nodes(path: &Path) -> Result<Vec<crate::explain::NodeSubnet>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read nodes file {}", path.display()))?;
-    parse_nodes(&text).with_context(|| format!("{} is not a node list", path.display()))
-}
-
-pub fn parse_nodes(json: &str) -> Result<Vec<crate::explain::NodeSubnet>> {
-    let list: serde_json::Value = serde_json::from_str(json)?;
-    nodes_from_items(list["items"].as_array().context("no items")?)
-}
-
-/// Node objects (`v1.Node` JSON, from a file or the API) as pod subnets.
-pub fn nodes_from_items(items: &[serde_json::Value]) -> Result<Vec<crate::explain::NodeSubnet>> {
-    let mut subnets = Vec::new();
-    for node in items {
-        let name = node["metadata"]["name"]
-            .as_str()
-            .context("a node without a name")?;
-        let annotations = &node["metadata"]["annotations"];
-        let internal_ip = node["status"]["addresses"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|a| a["type"] == "InternalIP")
-            .and_then(|a| a["address"].as_str()?.parse().ok());
-        let backend = annotations["flannel.alpha.coreos.com/backend-type"]
-            .as_str()
-            .map(str::to_string)
-            .or_else(|| {
-                annotations["projectcalico.org/IPv4Address"]
-                    .is_string()
-                    .then(|| "calico".into())
-            });
-        let cidrs = node["spec"]["podCIDRs"]
-            .as_array()
-            .cloned()
-            .unwrap_or_else(|| vec![node["spec"]["podCIDR"].clone()]);
-        for cidr in cidrs.iter().filter_map(|c| c.as_str()?.parse().ok()) {
-            if let Some(node_ip) = internal_ip {
-                subnets.push(crate::explain::NodeSubnet {
-                    node: name.to_string(),
-                    subnet: cidr,
-                    node_ip,
-                    backend: backend.clone(),
-                });
-            }
-        }
-    }
-    Ok(subnets)
-}
-
-/// FLANNEL_NETWORK from /run/flannel/subnet.env, where Flannel runs.
-pub fn flannel_network() -> Option<ipnet::Ipv4Net> {
-    let env = std::fs::read_to_string("/run/flannel/subnet.env").ok()?;
-    env.lines()
-        .find_map(|l| l.strip_prefix("FLANNEL_NETWORK=")?.trim().parse().ok())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -339,23 +279,6 @@ mod tests {
         assert!(err.contains("no IP yet"), "{err}");
         assert_eq!(inv.nodes().len(), 2);
         assert_eq!(inv.node_ip("node-2"), Some(Ipv4Addr::new(192, 0, 2, 12)));
-    }
-
-    #[test]
-    fn node_subnets_and_backends_from_a_node_list() {
-        let nodes = parse_nodes(
-            r#"{"items":[{"metadata":{"name":"node-2","annotations":{"flannel.alpha.coreos.com/backend-type":"vxlan"}},
-              "spec":{"podCIDR":"10.244.2.0/24","podCIDRs":["10.244.2.0/24"]},
-              "status":{"addresses":[{"type":"InternalIP","address":"192.0.2.12"}]}},
-              {"metadata":{"name":"cal-1","annotations":{"projectcalico.org/IPv4Address":"192.0.2.21/24"}},
-              "spec":{"podCIDR":"10.245.1.0/24"},"status":{"addresses":[{"type":"InternalIP","address":"192.0.2.21"}]}}]}"#,
-        )
-        .unwrap();
-        assert_eq!(nodes.len(), 2);
-        assert_eq!(nodes[0].subnet.to_string(), "10.244.2.0/24");
-        assert_eq!(nodes[0].backend.as_deref(), Some("vxlan"));
-        assert_eq!(nodes[1].backend.as_deref(), Some("calico"));
-        assert_eq!(nodes[1].node_ip, Ipv4Addr::new(192, 0, 2, 21));
     }
 
     #[test]

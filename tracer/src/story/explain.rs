@@ -9,28 +9,14 @@ use ipnet::Ipv4Net;
 use serde::Serialize;
 
 use crate::{
-    interfaces::Role,
-    journey::{Direction, Hop},
-    node::NodeView,
+    cluster::NodeSubnet,
+    cni,
+    decode::{
+        hop::{Direction, Hop},
+        Transport,
+    },
+    node::{interfaces::Role, NodeFacts},
 };
-
-/// What podtrace read from one traced node at start.
-#[derive(Clone, Debug, Default)]
-pub struct NodeFacts {
-    pub view: NodeView,
-    /// net.ipv4.ip_forward.
-    pub forwarding: bool,
-}
-
-/// A node's pod subnet, from the Kubernetes nodes (`--nodes-file`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeSubnet {
-    pub node: String,
-    pub subnet: Ipv4Net,
-    pub node_ip: Ipv4Addr,
-    /// Flannel's backend-type annotation ("vxlan", "host-gw"), or "calico".
-    pub backend: Option<String>,
-}
 
 /// The route the packet needed, and the one the kernel used.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -55,14 +41,32 @@ pub fn explain(
     subnets: &[NodeSubnet],
     pod_cidrs: &[Ipv4Net],
 ) -> Explanation {
-    let Some(last) = hops.last() else {
+    if hops.is_empty() {
         return Explanation::default();
-    };
+    }
+    if let Some(check) = missing_route(hops, nodes, subnets, pod_cidrs) {
+        return Explanation {
+            no_route: Some(check),
+            hint: None,
+        };
+    }
+    Explanation {
+        no_route: None,
+        hint: hint(hops, nodes).or_else(|| tunnel_nobody_took(hops)),
+    }
+}
+
+/// No route: the kernel said so, or the packet for another node's pods
+/// left a node by its default route, unencapsulated.
+fn missing_route(
+    hops: &[Hop],
+    nodes: &HashMap<String, NodeFacts>,
+    subnets: &[NodeSubnet],
+    pod_cidrs: &[Ipv4Net],
+) -> Option<RouteCheck> {
+    let last = hops.last()?;
     let dst = hops[0].packet.packet.dst;
     let reason = last.drop.as_ref().map(|d| d.reason.as_str());
-
-    // No route: the kernel said so, or the packet for another node's pods
-    // left a node by its default route, unencapsulated.
     let left_by_default = hops.iter().rev().find_map(|h| {
         let facts = nodes.get(&h.node)?;
         let leaves_plain = h.role == Role::Underlay
@@ -74,27 +78,27 @@ pub fn explain(
     let dst_is_pod = subnets.iter().any(|s| s.subnet.contains(&dst))
         || pod_cidrs.iter().any(|c| c.contains(&dst));
     let routing_hop = match (reason, left_by_default) {
-        (Some(r), _) if NO_ROUTE_REASONS.contains(&r) => Some(last),
-        (_, Some(h)) if dst_is_pod => Some(h),
-        _ => None,
+        (Some(r), _) if NO_ROUTE_REASONS.contains(&r) => last,
+        (_, Some(h)) if dst_is_pod => h,
+        _ => return None,
     };
-    if let Some(h) = routing_hop {
-        if let Some(facts) = nodes.get(&h.node) {
-            let used = facts
-                .view
-                .route_to(dst)
-                .map_or("no route at all".to_string(), |r| facts.view.describe(r));
-            return Explanation {
-                no_route: Some(RouteCheck {
-                    node: h.node.clone(),
-                    expected: expected_route(dst, subnets, pod_cidrs, &facts.view),
-                    used,
-                }),
-                hint: None,
-            };
-        }
-    }
+    let facts = nodes.get(&routing_hop.node)?;
+    let used = facts
+        .view
+        .route_to(dst)
+        .map_or("no route at all".to_string(), |r| facts.view.describe(r));
+    Some(RouteCheck {
+        node: routing_hop.node.clone(),
+        expected: expected_route(dst, subnets, pod_cidrs, facts),
+        used,
+    })
+}
 
+/// What on the dropping node explains the drop.
+fn hint(hops: &[Hop], nodes: &HashMap<String, NodeFacts>) -> Option<String> {
+    let last = hops.last()?;
+    let dst = hops[0].packet.packet.dst;
+    let reason = last.drop.as_ref().map(|d| d.reason.as_str());
     // The kernel's own answer at ingress, where podtrace asked it.
     let forwarding_disabled = hops.iter().any(|h| {
         h.node == last.node
@@ -103,7 +107,7 @@ pub fn explain(
                 .is_some_and(|r| r.result == "forwarding_disabled")
     });
     let by_socket = last.drop.as_ref().is_some_and(|d| d.by_socket);
-    let hint = match (reason, nodes.get(&last.node)) {
+    match (reason, nodes.get(&last.node)) {
         (Some(r), _) if by_socket && NO_ROUTE_REASONS.contains(&r) => Some(format!(
             "the sender {} has no route to {dst} in its own network namespace ({}): the packet never left it",
             hops[0].packet.packet.src, last.node
@@ -119,7 +123,8 @@ pub fn explain(
         (Some(_), Some(facts)) if last.role == Role::PodVeth => {
             let veth = facts.view.link_named(&last.iface);
             veth.filter(|l| l.controller.is_none()).map(|_| {
-                let bridge = facts.view.link_named("cni0").map_or(" (there is no cni0 on this node)", |_| "");
+                let bridge = cni::by_name(facts.cni).and_then(|b| b.bridge()).unwrap_or("bridge");
+                let bridge = facts.view.link_named(bridge).map_or(format!(" (there is no {bridge} on this node)"), |_| String::new());
                 format!("{} is not attached to any bridge{bridge}: the pod's frames reach the host addressed to a bridge that is gone", last.iface)
             })
         }
@@ -134,11 +139,6 @@ pub fn explain(
             )
         }),
         _ => None,
-    };
-    let hint = hint.or_else(|| tunnel_nobody_took(hops));
-    Explanation {
-        no_route: None,
-        hint,
     }
 }
 
@@ -148,21 +148,31 @@ fn tunnel_nobody_took(hops: &[Hop]) -> Option<String> {
     let last = hops.last()?;
     let tunnel = last.packet.tunnel?;
     let port = match tunnel.outer.transport {
-        crate::decode::Transport::Udp { dport, .. } => dport,
+        Transport::Udp { dport, .. } => dport,
         _ => return None,
     };
+    let device = cni::by_tunnel_port(port)
+        .and_then(|b| b.tunnel())
+        .map_or("VXLAN device".to_string(), |t| {
+            format!("VXLAN device ({})", t.device)
+        });
     (last.drop.as_ref()?.reason == "NO_SOCKET").then(|| {
-        format!("nothing listens on UDP {port} on {}: its VXLAN device (flannel.1 or vxlan.calico) is down or missing", last.node)
+        format!(
+            "nothing listens on UDP {port} on {}: its {device} is down or missing",
+            last.node
+        )
     })
 }
 
-/// The route the node should have had for `dst`.
+/// The route the node should have had for `dst`, in the terms of the
+/// CNI backend: the remote node's (its annotations), else this node's.
 fn expected_route(
     dst: Ipv4Addr,
     subnets: &[NodeSubnet],
     pod_cidrs: &[Ipv4Net],
-    view: &NodeView,
+    facts: &NodeFacts,
 ) -> String {
+    let view = &facts.view;
     let underlay = view.addresses.iter().find_map(|(index, ip)| {
         subnets
             .iter()
@@ -171,23 +181,13 @@ fn expected_route(
             .flatten()
     });
     let underlay = underlay.map_or("<underlay>", |l| l.name.as_str());
-    if let Some(s) = subnets.iter().find(|s| s.subnet.contains(&dst)) {
-        return match s.backend.as_deref() {
-            Some("vxlan") => format!(
-                "{} via {} dev flannel.1 onlink (pod subnet of {})",
-                s.subnet,
-                s.subnet.network(),
-                s.node
-            ),
-            Some("calico") => format!(
-                "{} via {} dev {underlay} proto bird (pod block of {})",
-                s.subnet, s.node_ip, s.node
-            ),
-            _ => format!(
-                "{} via {} dev {underlay} (pod subnet of {})",
-                s.subnet, s.node_ip, s.node
-            ),
-        };
+    if let Some(remote) = subnets.iter().find(|s| s.subnet.contains(&dst)) {
+        let backend = remote
+            .cni
+            .and_then(cni::by_name)
+            .or_else(|| cni::by_name(facts.cni))
+            .unwrap_or_else(cni::unknown);
+        return backend.expected_route(remote, underlay);
     }
     match pod_cidrs.iter().find(|c| c.contains(&dst)) {
         Some(cidr) => {
@@ -201,13 +201,21 @@ fn expected_route(
 mod tests {
     use super::*;
     use crate::{
-        decode::tests as frames,
-        journey::tests::{drop_hop, hop},
-        node::fixtures::flannel_node,
+        decode::{
+            hop::tests::{drop_hop, hop},
+            tests as frames,
+        },
+        node::{fixtures::flannel_node, NodeView},
     };
 
     fn node_1(view: NodeView, forwarding: bool) -> HashMap<String, NodeFacts> {
-        HashMap::from([("node-1".to_string(), NodeFacts { view, forwarding })])
+        let facts = NodeFacts {
+            cni: crate::cni::detect(&view, None).name(),
+            view,
+            forwarding,
+            ..Default::default()
+        };
+        HashMap::from([("node-1".to_string(), facts)])
     }
 
     fn subnets() -> Vec<NodeSubnet> {
@@ -215,7 +223,8 @@ mod tests {
             node: "node-2".into(),
             subnet: "10.244.2.0/24".parse().unwrap(),
             node_ip: "192.0.2.12".parse().unwrap(),
-            backend: Some("vxlan".into()),
+            cni: Some("flannel-vxlan"),
+            tunnel_ip: None,
         }]
     }
 

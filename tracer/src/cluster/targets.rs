@@ -6,12 +6,12 @@ use std::net::Ipv4Addr;
 
 use anyhow::{bail, Result};
 
-use crate::{
-    cli::Args,
-    cluster::{Access, Cluster},
-    explain::NodeSubnet,
-    inventory::{self, Endpoint, Inventory},
+use super::{
+    api::{Access, Cluster},
+    inventory::{Endpoint, Inventory},
+    nodes::{self, NodeSubnet},
 };
+use crate::cli::Args;
 
 pub struct Targets {
     pub src: Endpoint,
@@ -34,7 +34,7 @@ impl Targets {
             .iter()
             .all(|a| a.parse::<Ipv4Addr>().is_ok());
         let mut subnets = match &args.nodes_file {
-            Some(path) => inventory::load_nodes(path)?,
+            Some(path) => nodes::load_nodes(path)?,
             None => Vec::new(),
         };
         let (src, dst, inventory, cluster) = if let Some(path) = &args.pods_file {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::{journey::Direction, story::Story};
+use crate::{decode::hop::Direction, story::Story};
 
 /// One step between two consecutive hooks of a journey.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -76,7 +76,7 @@ impl Profile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{interfaces::Role, story::HopLine};
+    use crate::{node::interfaces::Role, story::HopLine};
 
     fn line(t_us: f64, iface: &str, direction: Direction) -> HopLine {
         HopLine {

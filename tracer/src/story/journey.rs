@@ -1,101 +1,30 @@
-//! Correlation: grouping the sightings of one packet into one journey.
+//! Correlation: grouping the sightings of one packet into one journey,
+//! with the evidence other signals give about it (the netfilter rule that
+//! dropped it), so that a journey is complete when it is told.
 //!
-//! Pure: it sees only recorded hops and timestamps, so it is tested on
-//! recorded event sequences without a kernel.
+//! Pure: it sees only recorded hops, rules and timestamps, so it is tested
+//! on recorded event sequences without a kernel. Nothing in it grows
+//! without bound: evidence that finds no journey expires.
 
-use std::{collections::HashMap, net::Ipv4Addr};
-
-use serde::Serialize;
-
-use crate::{
-    decode::{Decoded, Transport},
-    interfaces::Role,
+use std::{
+    collections::{HashMap, VecDeque},
+    net::Ipv4Addr,
 };
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Direction {
-    Ingress,
-    Egress,
-    /// Not a tc hook: the kernel dropped the packet here.
-    Drop,
-}
+use crate::{
+    decode::{
+        hop::{Direction, Hop},
+        Decoded, Transport,
+    },
+    node::interfaces::Role,
+    probe::netfilter::{NetfilterRule, PacketId},
+};
 
-impl Direction {
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Ingress => "ingress",
-            Self::Egress => "egress",
-            Self::Drop => "drop",
-        }
-    }
-}
+/// The reason name of a drop by an iptables / nftables verdict.
+pub const NETFILTER_DROP: &str = "NETFILTER_DROP";
 
-/// The kernel's route for a packet as it arrived (bpf_fib_lookup at tc
-/// ingress).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct KernelRoute {
-    /// success, blackhole, unreachable, prohibit, not_forwarded,
-    /// forwarding_disabled, no_neighbour, frag_needed, …
-    pub result: String,
-    /// Output device and next hop, when the lookup found a route.
-    pub dev: Option<String>,
-    pub via: Option<Ipv4Addr>,
-}
-
-impl KernelRoute {
-    /// Names a `BPF_FIB_LKUP_RET_*` code (UAPI, stable).
-    pub fn result_name(code: u8) -> String {
-        const NAMES: [&str; 10] = [
-            "success",
-            "blackhole",
-            "unreachable",
-            "prohibit",
-            "not_forwarded",
-            "forwarding_disabled",
-            "unsupported_lwt",
-            "no_neighbour",
-            "frag_needed",
-            "no_source_address",
-        ];
-        NAMES
-            .get(usize::from(code))
-            .map_or_else(|| format!("code {code}"), |n| n.to_string())
-    }
-
-    pub fn found(&self) -> bool {
-        matches!(
-            self.result.as_str(),
-            "success" | "no_neighbour" | "frag_needed"
-        )
-    }
-}
-
-/// Why and where the kernel dropped a packet.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct DropInfo {
-    /// `enum skb_drop_reason` name, without SKB_DROP_REASON_.
-    pub reason: String,
-    /// The kernel function that freed the packet, `name+0xoff`.
-    pub location: String,
-    /// The packet had no IP header yet; it was matched by its socket.
-    pub by_socket: bool,
-}
-
-/// One sighting, placed on its node and interface.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Hop {
-    pub ktime_ns: u64,
-    pub node: String,
-    pub iface: String,
-    pub role: Role,
-    pub direction: Direction,
-    pub skb_len: u32,
-    pub mark: u32,
-    pub packet: Decoded,
-    pub drop: Option<DropInfo>,
-    pub route: Option<KernelRoute>,
-}
+/// Rules waiting for their journey, at most this many.
+const MAX_WAITING_RULES: usize = 4096;
 
 /// What stays the same for one packet on every hop, encapsulated or not:
 /// addresses, IP ID and the transport identity. TTL and the tunnel are
@@ -118,6 +47,10 @@ impl PacketKey {
             transport: p.transport,
         }
     }
+
+    fn id(&self) -> PacketId {
+        (self.src, self.dst, self.ip_id)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -125,9 +58,20 @@ pub struct Journey {
     pub key: PacketKey,
     /// In kernel time order.
     pub hops: Vec<Hop>,
+    /// The netfilter rule that dropped it, from rule tracing.
+    pub rule: Option<NetfilterRule>,
 }
 
 impl Journey {
+    /// A journey of recorded hops (in kernel time order), with no rule.
+    pub fn new(hops: Vec<Hop>) -> Self {
+        Self {
+            key: PacketKey::of(&hops[0].packet),
+            hops,
+            rule: None,
+        }
+    }
+
     fn last_seen(&self) -> u64 {
         self.hops.last().map_or(0, |h| h.ktime_ns)
     }
@@ -140,6 +84,15 @@ impl Journey {
                 && h.direction == Direction::Egress
                 && !(h.node == first.node && h.iface == first.iface)
         })
+    }
+
+    /// Ended in a netfilter drop whose rule has not arrived yet.
+    fn awaits_rule(&self) -> bool {
+        self.rule.is_none()
+            && self
+                .hops
+                .last()
+                .is_some_and(|h| h.drop.as_ref().is_some_and(|d| d.reason == NETFILTER_DROP))
     }
 
     /// Delivered or dropped: nothing on the path is still to come.
@@ -160,6 +113,12 @@ pub struct Correlator {
     open: HashMap<PacketKey, Journey>,
     idle_ns: u64,
     patience_ns: u64,
+    /// Whether netfilter rules are traced: a netfilter drop then waits for
+    /// its rule as long as a journey under way would.
+    rules_traced: bool,
+    /// Rules that arrived before their journey's first hop: (when, packet,
+    /// rule), oldest first.
+    waiting_rules: VecDeque<(u64, PacketId, NetfilterRule)>,
 }
 
 impl Correlator {
@@ -168,27 +127,63 @@ impl Correlator {
             open: HashMap::new(),
             idle_ns,
             patience_ns,
+            rules_traced: false,
+            waiting_rules: VecDeque::new(),
         }
+    }
+
+    /// Netfilter drops will be named by rule tracing: wait for the rule.
+    pub fn expect_rules(mut self) -> Self {
+        self.rules_traced = true;
+        self
     }
 
     pub fn observe(&mut self, hop: Hop) {
         let key = PacketKey::of(&hop.packet);
+        let waiting = &mut self.waiting_rules;
         let journey = self.open.entry(key).or_insert_with(|| Journey {
             key,
             hops: Vec::new(),
+            rule: waiting
+                .iter()
+                .position(|(_, id, _)| *id == key.id())
+                .and_then(|at| waiting.remove(at))
+                .map(|(_, _, rule)| rule),
         });
         // Different CPUs and ring buffers deliver slightly out of order.
         let at = journey.hops.partition_point(|h| h.ktime_ns <= hop.ktime_ns);
         journey.hops.insert(at, hop);
     }
 
+    /// The rule that dropped packet `id` (netfilter tracing), seen at
+    /// `now_ns`: it joins the packet's journey, now or when it opens.
+    pub fn observe_rule(&mut self, id: PacketId, rule: NetfilterRule, now_ns: u64) {
+        if let Some(journey) = self.open.values_mut().find(|j| j.key.id() == id) {
+            journey.rule = Some(rule);
+            return;
+        }
+        if self.waiting_rules.len() == MAX_WAITING_RULES {
+            self.waiting_rules.pop_front();
+        }
+        self.waiting_rules.push_back((now_ns, id, rule));
+    }
+
     /// Journeys that are done by `now_ns`, oldest first.
     pub fn take_finished(&mut self, now_ns: u64) -> Vec<Journey> {
+        let expired = now_ns.saturating_sub(self.patience_ns);
+        while self
+            .waiting_rules
+            .front()
+            .is_some_and(|(at, _, _)| *at < expired)
+        {
+            self.waiting_rules.pop_front();
+        }
+        let rules_traced = self.rules_traced;
         let keys: Vec<_> = self
             .open
             .iter()
             .filter(|(_, j)| {
-                let wait = if j.reached_an_end() {
+                let wait = if j.reached_an_end() && !(rules_traced && j.awaits_rule()) {
                     self.idle_ns
                 } else {
                     self.patience_ns
@@ -210,6 +205,11 @@ impl Correlator {
         self.open.len()
     }
 
+    /// Rules still waiting for their journey.
+    pub fn waiting_rules(&self) -> usize {
+        self.waiting_rules.len()
+    }
+
     fn drain(&mut self, keys: Vec<PacketKey>) -> Vec<Journey> {
         let mut out: Vec<_> = keys.iter().filter_map(|k| self.open.remove(k)).collect();
         out.sort_by_key(|j| j.hops.first().map_or(0, |h| h.ktime_ns));
@@ -220,47 +220,10 @@ impl Correlator {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::decode::{decode, tests as frames};
-
-    pub(crate) fn hop(
-        t: u64,
-        node: &str,
-        iface: &str,
-        role: Role,
-        dir: Direction,
-        frame: &[u8],
-    ) -> Hop {
-        Hop {
-            ktime_ns: t,
-            node: node.into(),
-            iface: iface.into(),
-            role,
-            direction: dir,
-            skb_len: frame.len() as u32,
-            mark: 0,
-            packet: decode(&frame[..frame.len().min(128)], true).unwrap(),
-            drop: None,
-            route: None,
-        }
-    }
-
-    /// A drop of `frame` at `iface`, freed in nf_hook_slow+0x9c.
-    pub(crate) fn drop_hop(
-        t: u64,
-        node: &str,
-        iface: &str,
-        role: Role,
-        frame: &[u8],
-        reason: &str,
-    ) -> Hop {
-        let mut h = hop(t, node, iface, role, Direction::Drop, frame);
-        h.drop = Some(DropInfo {
-            reason: reason.into(),
-            location: "nf_hook_slow+0x9c".into(),
-            by_socket: false,
-        });
-        h
-    }
+    use crate::decode::{
+        hop::tests::{drop_hop, hop},
+        tests as frames,
+    };
 
     #[test]
     fn encapsulated_copies_join_the_inner_packet_and_others_stay_apart() {
@@ -371,5 +334,64 @@ pub(crate) mod tests {
             3,
             "the late hops joined the same journey"
         );
+    }
+
+    fn rule() -> NetfilterRule {
+        NetfilterRule {
+            table: "filter".into(),
+            chain: "FORWARD".into(),
+            hook: "FORWARD".into(),
+            rule: "-A FORWARD -j DROP".into(),
+        }
+    }
+
+    #[test]
+    fn a_netfilter_rule_joins_its_journey_before_or_after_the_drop_and_expires_alone() {
+        let echo = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
+        let id =
+            PacketKey::of(&hop(0, "n1", "cni0", Role::Bridge, Direction::Ingress, &echo).packet)
+                .id();
+        let mut c = Correlator::new(1_000, 50_000).expect_rules();
+        // The rule first, then the packet's hops.
+        c.observe_rule(id, rule(), 0);
+        c.observe(hop(
+            10,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &echo,
+        ));
+        c.observe(drop_hop(
+            20,
+            "n1",
+            "cni0",
+            Role::Bridge,
+            &echo,
+            NETFILTER_DROP,
+        ));
+        let done = c.take_finished(2_000);
+        assert_eq!(done[0].rule, Some(rule()));
+        assert_eq!(c.waiting_rules(), 0);
+
+        // The drop first: it waits for its rule, which then joins it.
+        c.observe(drop_hop(
+            3_000,
+            "n1",
+            "cni0",
+            Role::Bridge,
+            &echo,
+            NETFILTER_DROP,
+        ));
+        assert!(c.take_finished(5_000).is_empty(), "waits for the rule");
+        c.observe_rule(id, rule(), 5_000);
+        let done = c.take_finished(60_000);
+        assert_eq!(done[0].rule, Some(rule()));
+
+        // A rule whose packet never shows up expires.
+        c.observe_rule(id, rule(), 100_000);
+        assert_eq!(c.waiting_rules(), 1);
+        c.take_finished(200_000);
+        assert_eq!(c.waiting_rules(), 0);
     }
 }

@@ -1,5 +1,8 @@
 //! Decoding of the header snapshots the kernel copies: outer headers, the
 //! tunnel (VXLAN, Geneve, IPIP) if any, and the traced packet inside it.
+//! `hop` places a whole kernel record on its node and interface.
+
+pub mod hop;
 
 use std::net::Ipv4Addr;
 

@@ -14,9 +14,9 @@ use kube::{
 };
 use tokio::sync::mpsc;
 
-use crate::{
-    explain::NodeSubnet,
-    inventory::{nodes_from_items, not_found, pod_from_json, Endpoint, Pod},
+use super::{
+    inventory::{not_found, pod_from_json, Endpoint, Pod},
+    nodes::{nodes_from_items, NodeSubnet},
 };
 
 /// How to reach the API, as kubectl takes it.

@@ -15,7 +15,7 @@ use std::{
     io::{BufRead, BufReader, Write},
     net::Ipv4Addr,
     os::unix::process::CommandExt,
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, Command, Stdio},
 };
 
@@ -23,7 +23,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::netns;
+use crate::node::netns::Namespace;
 
 /// The rule that gave a traced packet its final DROP.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -157,7 +157,7 @@ fn table_name(pid: u32) -> String {
 
 /// The tracing table and monitor of one node.
 pub struct NodeTrace {
-    netns: Option<PathBuf>,
+    netns: Namespace,
     monitor: Child,
     table: String,
 }
@@ -166,12 +166,12 @@ impl NodeTrace {
     /// Inside `netns`: removes stale podtrace tables, adds ours for the
     /// traced pairs, and starts the monitor; its drops go to `tx`.
     pub fn start(
-        netns: Option<&Path>,
+        netns: &Namespace,
         node_id: u32,
         pairs: &[(Ipv4Addr, Ipv4Addr)],
         tx: mpsc::UnboundedSender<(u32, TracedDrop)>,
     ) -> Result<Self> {
-        netns::inside(netns, || {
+        netns.run(|| {
             remove_stale_tables()?;
             let table = table_name(std::process::id());
             let mut script = format!(
@@ -212,7 +212,7 @@ impl NodeTrace {
                 }
             });
             Ok(Self {
-                netns: netns.map(Path::to_path_buf),
+                netns: netns.clone(),
                 monitor,
                 table,
             })
@@ -223,9 +223,8 @@ impl NodeTrace {
 impl NodeTrace {
     /// Traces more pairs too (a traced pod came back with a new IP).
     pub fn follow(&self, pairs: &[(Ipv4Addr, Ipv4Addr)]) -> Result<()> {
-        netns::inside(self.netns.as_deref(), || {
-            nft_script(&trace_rules(&self.table, pairs))
-        })
+        self.netns
+            .run(|| nft_script(&trace_rules(&self.table, pairs)))
     }
 }
 
@@ -247,9 +246,9 @@ impl Drop for NodeTrace {
         let _ = self.monitor.kill();
         let _ = self.monitor.wait();
         let table = self.table.clone();
-        let removed = netns::inside(self.netns.as_deref(), || {
-            nft_script(&format!("delete table inet {table}\n"))
-        });
+        let removed = self
+            .netns
+            .run(|| nft_script(&format!("delete table inet {table}\n")));
         if let Err(e) = removed {
             eprintln!("podtrace: cannot remove nft table {table}: {e:#}");
         }

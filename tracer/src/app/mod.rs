@@ -1,0 +1,369 @@
+//! One trace, from arguments to stories, in four phases:
+//! - `resolve`: the pod arguments, names of addresses, the namespaces;
+//! - `attach`: every traced node set up (`node::traced`);
+//! - `stream`: sightings, rules and link changes into journeys, told as
+//!   they finish (`teller`);
+//! - `finish`: what is still open, the loss counters, the summary; then
+//!   everything attached is dropped.
+
+mod teller;
+
+use std::{io::IsTerminal, net::Ipv4Addr, time::Duration};
+
+use anyhow::{bail, Result};
+use podtrace_common::{counter, FlowKey, Sighting, MAX_NODES};
+use tokio::{signal::unix::SignalKind, sync::mpsc};
+
+use crate::{
+    cli::Args,
+    cluster::{
+        api::PodMoved,
+        targets::{vantage, Targets},
+    },
+    cni,
+    decode::hop::{place, Unplaced},
+    node::{
+        netns::Namespace,
+        traced::{LinkOutcome, Shared, TracedNode},
+    },
+    output::{self, Summary},
+    probe::{
+        link_watch::LinkChange,
+        netfilter::{Backend, TracedDrop},
+        Kernel,
+    },
+    story::{journey::Correlator, profile::Profile, Context},
+};
+use teller::Teller;
+
+/// A journey is done once nothing joined it for this long.
+const JOURNEY_IDLE: Duration = Duration::from_millis(250);
+/// …or this long, while it is still under way (ARP retries after 1 s).
+const JOURNEY_PATIENCE: Duration = Duration::from_millis(1500);
+
+pub async fn run(args: Args) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("podtrace needs root (CAP_BPF and CAP_NET_ADMIN) to load eBPF programs: run it with sudo");
+    }
+    let resolved = resolve(&args).await?;
+    let mut trace = attach(&args, resolved).await?;
+    let summary = stream(&args, &mut trace).await?;
+    finish(trace, summary)
+}
+
+/// What the resolve phase learnt: who is traced, where, and the names.
+struct Resolved {
+    targets: Targets,
+    namespaces: Vec<Namespace>,
+    ctx: Context,
+    why_rule_unnamed: Option<&'static str>,
+}
+
+async fn resolve(args: &Args) -> Result<Resolved> {
+    let targets = Targets::resolve(args).await?;
+    let namespaces = Namespace::all(&args.netns)?;
+    let mut ctx = Context::default();
+    for pod in &targets.inventory.pods {
+        if let Some(ip) = pod.ip {
+            ctx.names.insert(ip, pod.qualified());
+        }
+    }
+    for endpoint in [&targets.src, &targets.dst] {
+        if let Some(name) = endpoint.name() {
+            ctx.names.insert(endpoint.ip, name);
+        }
+    }
+    for (node, ip) in targets.known_nodes() {
+        ctx.names.insert(ip, node);
+    }
+    ctx.subnets = targets.subnets.clone();
+    ctx.pod_cidrs = args.pod_cidr.clone();
+    ctx.pod_cidrs.extend(cni::subnet_env_network());
+    let why_rule_unnamed = match (args.no_ruleset_changes, Backend::detect()) {
+        (true, _) => Some("rule tracing is off (--no-ruleset-changes)"),
+        (false, Backend::Legacy) => {
+            Some("this node uses iptables-legacy, which has no rule tracing")
+        }
+        (false, Backend::Missing) => Some("iptables is not installed here"),
+        (false, Backend::Nft) => None,
+    };
+    ctx.why_rule_unnamed = why_rule_unnamed.unwrap_or("no DROP verdict was traced for this packet");
+    Ok(Resolved {
+        targets,
+        namespaces,
+        ctx,
+        why_rule_unnamed,
+    })
+}
+
+/// A trace under way: the attached nodes and the channels they feed.
+struct Trace {
+    targets: Targets,
+    nodes: Vec<TracedNode>,
+    kernel: Kernel,
+    ctx: Context,
+    rules_traced: bool,
+    sightings: mpsc::UnboundedReceiver<Sighting>,
+    links: mpsc::UnboundedReceiver<(u32, LinkChange)>,
+    rules: mpsc::UnboundedReceiver<(u32, TracedDrop)>,
+}
+
+async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
+    let Resolved {
+        targets,
+        namespaces,
+        mut ctx,
+        why_rule_unnamed,
+    } = resolved;
+    let (src, dst) = (&targets.src, &targets.dst);
+    let flows = flow_ips((src.ip, dst.ip));
+    let kernel = Kernel::read()?;
+    let mut traced_netns = [0; MAX_NODES];
+    for (slot, ns) in traced_netns.iter_mut().zip(&namespaces) {
+        *slot = ns.inum;
+    }
+    let (tx, sightings) = mpsc::unbounded_channel();
+    let (link_tx, links) = mpsc::unbounded_channel();
+    let (netfilter_tx, rules) = mpsc::unbounded_channel();
+    let typed_btf = Kernel::typed_btf()?;
+    let known_nodes = targets.known_nodes();
+    let shared = Shared {
+        kernel: &kernel,
+        btf: &typed_btf,
+        known_nodes: &known_nodes,
+        subnets: &targets.subnets,
+        flows: &flows,
+        traced_netns,
+        mode: args.attach,
+        link_tx,
+        netfilter_tx: why_rule_unnamed.is_none().then_some(netfilter_tx),
+        pairs: vec![(src.ip, dst.ip), (dst.ip, src.ip)],
+    };
+    let mut nodes = Vec::new();
+    for (id, ns) in namespaces.iter().enumerate() {
+        let (mut node, facts) = TracedNode::trace(id as u32, ns, args.node_ip, &shared).await?;
+        for (ip, iface) in &facts.pod_interfaces {
+            eprintln!(
+                "podtrace: {}: {} is behind {iface}",
+                node.name,
+                ctx.label(*ip)
+            );
+        }
+        node.probe.stream(tx.clone())?;
+        ctx.nodes.insert(node.name.clone(), facts);
+        nodes.push(node);
+    }
+    drop(shared);
+    drop(typed_btf);
+    // Hand the parsed BTF's memory back: podtrace may run for hours.
+    // SAFETY: no preconditions.
+    unsafe { libc::malloc_trim(0) };
+    announce(&targets, &nodes, &ctx);
+    Ok(Trace {
+        targets,
+        nodes,
+        kernel,
+        ctx,
+        rules_traced: why_rule_unnamed.is_none(),
+        sightings,
+        links,
+        rules,
+    })
+}
+
+/// Says what the traced nodes can see, and that the trace has started.
+fn announce(targets: &Targets, nodes: &[TracedNode], ctx: &Context) {
+    let traced_names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+    let ends = [&targets.src, &targets.dst].map(|e| {
+        (
+            e.name().unwrap_or_else(|| e.ip.to_string()),
+            Targets::node_of(e),
+        )
+    });
+    if let Some(view) = vantage(
+        [(&ends[0].0, ends[0].1), (&ends[1].0, ends[1].1)],
+        &traced_names,
+    ) {
+        eprintln!("podtrace: {view}");
+    }
+    eprintln!(
+        "podtrace: tracing {} ⇄ {} on {}; Ctrl-C to stop",
+        ctx.label(targets.src.ip),
+        ctx.label(targets.dst.ip),
+        nodes
+            .iter()
+            .map(|n| format!("{} ({})", n.name, n.watched_list()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+}
+
+/// Streams until Ctrl-C, SIGTERM, `--duration` or `--count`; returns the
+/// summary so far and a teller holding what is still to be told.
+async fn stream(args: &Args, trace: &mut Trace) -> Result<(Summary, Teller<'static>)> {
+    let (moved_tx, mut moved_rx) = mpsc::unbounded_channel::<PodMoved>();
+    if let Some(cluster) = &trace.targets.cluster {
+        for pod in [&trace.targets.src, &trace.targets.dst]
+            .into_iter()
+            .filter_map(|e| e.pod.as_ref())
+        {
+            cluster.watch(pod, moved_tx.clone());
+        }
+    }
+    let mut traced_ips = (trace.targets.src.ip, trace.targets.dst.ip);
+    let mut teller = new_teller(args, std::mem::take(&mut trace.ctx));
+    let mut summary = Summary {
+        hooks_attached: trace.nodes.iter().map(TracedNode::hooks).sum(),
+        ..Default::default()
+    };
+    let mut correlator = Correlator::new(
+        JOURNEY_IDLE.as_nanos() as u64,
+        JOURNEY_PATIENCE.as_nanos() as u64,
+    );
+    if trace.rules_traced {
+        correlator = correlator.expect_rules();
+    }
+    let mut tick = tokio::time::interval(JOURNEY_IDLE / 2);
+    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
+    let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;
+    let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
+    let until_deadline = async {
+        match deadline {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(until_deadline);
+
+    'trace: loop {
+        tokio::select! {
+            sighting = trace.sightings.recv() => {
+                let Some(sighting) = sighting else { break };
+                absorb(&sighting, trace, &mut summary, &mut correlator);
+            }
+            _ = tick.tick() => {
+                for journey in correlator.take_finished(monotonic_ns()) {
+                    if !teller.tell(&journey)? {
+                        break 'trace;
+                    }
+                }
+            }
+            Some(moved) = moved_rx.recv() => {
+                follow_move(trace, &mut traced_ips, &moved)?;
+                teller.ctx.names.insert(moved.new, moved.pod.clone());
+            }
+            Some((_node, drop)) = trace.rules.recv() => {
+                correlator.observe_rule((drop.src, drop.dst, drop.ip_id), drop.rule, monotonic_ns());
+            }
+            Some((node, change)) = trace.links.recv() => {
+                link_changed(trace, node, change, &mut summary);
+            }
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+            _ = &mut until_deadline => break,
+        }
+    }
+    // Let the ring readers hand over what they have read, then take it.
+    tokio::task::yield_now().await;
+    while let Ok(sighting) = trace.sightings.try_recv() {
+        absorb(&sighting, trace, &mut summary, &mut correlator);
+    }
+    for journey in correlator.take_all() {
+        if !teller.tell(&journey)? {
+            break;
+        }
+    }
+    Ok((summary, teller))
+}
+
+fn new_teller(args: &Args, ctx: Context) -> Teller<'static> {
+    let colour = match args.color.as_str() {
+        "always" => true,
+        "never" => false,
+        _ => std::io::stdout().is_terminal(),
+    };
+    Teller {
+        sink: output::sink(args.output, std::io::stdout(), colour),
+        ctx,
+        profile: args.profile.then(Profile::default),
+        limit: args.count,
+        told: 0,
+    }
+}
+
+/// A traced pod came back with a new IP: trace the new pair everywhere.
+fn follow_move(
+    trace: &mut Trace,
+    traced_ips: &mut (Ipv4Addr, Ipv4Addr),
+    moved: &PodMoved,
+) -> Result<()> {
+    let old = flow_ips(*traced_ips);
+    if traced_ips.0 == moved.old {
+        traced_ips.0 = moved.new;
+    }
+    if traced_ips.1 == moved.old {
+        traced_ips.1 = moved.new;
+    }
+    eprintln!(
+        "podtrace: {} moved from {} to {}; now tracing its new IP",
+        moved.pod, moved.old, moved.new
+    );
+    for node in &mut trace.nodes {
+        node.follow(&old, &flow_ips(*traced_ips))?;
+    }
+    Ok(())
+}
+
+/// An interface came or went on a node: attach to it, and keep the
+/// summary's hook count current.
+fn link_changed(trace: &mut Trace, node: u32, change: LinkChange, summary: &mut Summary) {
+    let Some(node) = trace.nodes.get_mut(node as usize) else {
+        return;
+    };
+    match node.link_changed(change) {
+        LinkOutcome::Added => summary.interfaces_added += 1,
+        LinkOutcome::Vanished => summary.interfaces_vanished += 1,
+        LinkOutcome::Ignored => {}
+    }
+    summary.hooks_attached = trace.nodes.iter().map(TracedNode::hooks).sum();
+}
+
+/// Adds the kernel's loss counters, detaches, and prints the summary.
+fn finish(trace: Trace, (mut summary, teller): (Summary, Teller<'static>)) -> Result<()> {
+    for node in &trace.nodes {
+        let counters = node.probe.counters()?;
+        summary.lost_ringbuf_full += counters[counter::RINGBUF_FULL as usize];
+        summary.lost_snapshot += counters[counter::SNAPSHOT_FAILED as usize];
+    }
+    drop(trace);
+    teller.finish(summary)?;
+    Ok(())
+}
+
+/// Both directions of the traced pair, as the kernel filter wants them.
+fn flow_ips((a, b): (Ipv4Addr, Ipv4Addr)) -> Vec<FlowKey> {
+    let (a, b) = (a.octets(), b.octets());
+    vec![FlowKey { src: a, dst: b }, FlowKey { src: b, dst: a }]
+}
+
+/// One sighting into the correlator, or into the summary's counts.
+fn absorb(s: &Sighting, trace: &Trace, summary: &mut Summary, correlator: &mut Correlator) {
+    summary.sightings += 1;
+    match place(s, &trace.nodes, &trace.kernel) {
+        Ok(hop) => correlator.observe(hop),
+        Err(Unplaced::UnknownInterface) => summary.unknown_interface += 1,
+        Err(Unplaced::Undecodable) => summary.undecodable += 1,
+    }
+}
+
+/// CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

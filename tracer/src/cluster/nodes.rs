@@ -1,0 +1,94 @@
+//! The cluster's nodes as podtrace needs them: each node's pod subnet, IP
+//! and CNI (from its annotations), from `kubectl get nodes -o json` or the
+//! API's Node objects.
+
+use std::{net::Ipv4Addr, path::Path};
+
+use anyhow::{Context, Result};
+use ipnet::Ipv4Net;
+
+use crate::cni;
+
+/// A node's pod subnet, from the Kubernetes nodes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeSubnet {
+    pub node: String,
+    pub subnet: Ipv4Net,
+    pub node_ip: Ipv4Addr,
+    /// The CNI backend its annotations name (`cni::Backend::name`).
+    pub cni: Option<&'static str>,
+    /// Its VXLAN VTEP address, where the CNI annotates one (Calico).
+    pub tunnel_ip: Option<Ipv4Addr>,
+}
+
+/// Nodes of a `kubectl get nodes -o json` file: their pod subnets, IPs and
+/// CNI backend (Flannel's backend-type annotation; Calico's IPv4Address).
+pub fn load_nodes(path: &Path) -> Result<Vec<NodeSubnet>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read nodes file {}", path.display()))?;
+    parse_nodes(&text).with_context(|| format!("{} is not a node list", path.display()))
+}
+
+pub fn parse_nodes(json: &str) -> Result<Vec<NodeSubnet>> {
+    let list: serde_json::Value = serde_json::from_str(json)?;
+    nodes_from_items(list["items"].as_array().context("no items")?)
+}
+
+/// Node objects (`v1.Node` JSON, from a file or the API) as pod subnets.
+pub fn nodes_from_items(items: &[serde_json::Value]) -> Result<Vec<NodeSubnet>> {
+    let mut subnets = Vec::new();
+    for node in items {
+        let name = node["metadata"]["name"]
+            .as_str()
+            .context("a node without a name")?;
+        let annotations = &node["metadata"]["annotations"];
+        let internal_ip = node["status"]["addresses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|a| a["type"] == "InternalIP")
+            .and_then(|a| a["address"].as_str()?.parse().ok());
+        let cni = cni::from_annotations(annotations);
+        let tunnel_ip = annotations[cni::VXLAN_TUNNEL_ADDR]
+            .as_str()
+            .and_then(|ip| ip.parse().ok());
+        let cidrs = node["spec"]["podCIDRs"]
+            .as_array()
+            .cloned()
+            .unwrap_or_else(|| vec![node["spec"]["podCIDR"].clone()]);
+        for cidr in cidrs.iter().filter_map(|c| c.as_str()?.parse().ok()) {
+            if let Some(node_ip) = internal_ip {
+                subnets.push(NodeSubnet {
+                    node: name.to_string(),
+                    subnet: cidr,
+                    node_ip,
+                    cni,
+                    tunnel_ip,
+                });
+            }
+        }
+    }
+    Ok(subnets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_subnets_and_backends_from_a_node_list() {
+        let nodes = parse_nodes(
+            r#"{"items":[{"metadata":{"name":"node-2","annotations":{"flannel.alpha.coreos.com/backend-type":"vxlan"}},
+              "spec":{"podCIDR":"10.244.2.0/24","podCIDRs":["10.244.2.0/24"]},
+              "status":{"addresses":[{"type":"InternalIP","address":"192.0.2.12"}]}},
+              {"metadata":{"name":"cal-1","annotations":{"projectcalico.org/IPv4Address":"192.0.2.21/24"}},
+              "spec":{"podCIDR":"10.245.1.0/24"},"status":{"addresses":[{"type":"InternalIP","address":"192.0.2.21"}]}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(nodes.len(), 2);
+        assert_eq!(nodes[0].subnet.to_string(), "10.244.2.0/24");
+        assert_eq!(nodes[0].cni, Some("flannel-vxlan"));
+        assert_eq!(nodes[1].cni, Some("calico-bird"));
+        assert_eq!(nodes[1].node_ip, Ipv4Addr::new(192, 0, 2, 21));
+    }
+}

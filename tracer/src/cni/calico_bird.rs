@@ -1,0 +1,41 @@
+//! Calico without encapsulation (BGP through BIRD): `cali…` veths with
+//! proxy ARP and a /32 route per local pod, the node's own block
+//! blackholed, and per remote block a route `via <node IP> proto bird`.
+
+use std::net::Ipv4Addr;
+
+use super::{annotation, Backend};
+use crate::{
+    cluster::NodeSubnet,
+    node::{Link, NodeView, RouteOrigin},
+};
+
+pub struct CalicoBird;
+
+/// calico-node writes the node's address, with its prefix, on every node.
+pub(super) const IPV4_ADDRESS: &str = "projectcalico.org/IPv4Address";
+
+impl Backend for CalicoBird {
+    fn name(&self) -> &'static str {
+        "calico-bird"
+    }
+
+    fn annotated(&self, annotations: &serde_json::Value) -> bool {
+        annotation(annotations, IPV4_ADDRESS).is_some()
+    }
+
+    fn runs_on(&self, view: &NodeView) -> bool {
+        view.routes.iter().any(|r| r.protocol == RouteOrigin::Bird)
+    }
+
+    fn expected_route(&self, remote: &NodeSubnet, underlay: &str) -> String {
+        format!(
+            "{} via {} dev {underlay} proto bird (pod block of {})",
+            remote.subnet, remote.node_ip, remote.node
+        )
+    }
+
+    fn pod_interface<'a>(&self, view: &'a NodeView, ip: Ipv4Addr) -> Option<&'a Link> {
+        view.host_route_interface(ip)
+    }
+}

@@ -1,0 +1,58 @@
+//! Calico in IPIP mode: `cali…` veths as in BGP mode, and the kernel's
+//! `tunl0` toward other nodes, with a route per remote block
+//! `via <node IP> dev tunl0 onlink proto bird`.
+
+use std::net::Ipv4Addr;
+
+use super::{annotation, Backend, TunnelSpec};
+use crate::{
+    cluster::NodeSubnet,
+    node::{Link, NodeView, RouteOrigin},
+};
+
+pub struct CalicoIpip;
+
+/// The tunnel address calico-node gives tunl0 in IPIP mode.
+const IPIP_TUNNEL_ADDR: &str = "projectcalico.org/IPv4IPIPTunnelAddr";
+
+const TUNNEL: TunnelSpec = TunnelSpec {
+    device: "tunl0",
+    port: None,
+    vni: None,
+};
+
+impl Backend for CalicoIpip {
+    fn name(&self) -> &'static str {
+        "calico-ipip"
+    }
+
+    fn annotated(&self, annotations: &serde_json::Value) -> bool {
+        annotation(annotations, IPIP_TUNNEL_ADDR).is_some()
+    }
+
+    /// tunl0 exists wherever the ipip module is loaded; Calico's mark is
+    /// BIRD routes through it.
+    fn runs_on(&self, view: &NodeView) -> bool {
+        let Some(tunl0) = view.link_named(TUNNEL.device) else {
+            return false;
+        };
+        view.routes
+            .iter()
+            .any(|r| r.protocol == RouteOrigin::Bird && r.oif == Some(tunl0.index))
+    }
+
+    fn tunnel(&self) -> Option<TunnelSpec> {
+        Some(TUNNEL)
+    }
+
+    fn expected_route(&self, remote: &NodeSubnet, _underlay: &str) -> String {
+        format!(
+            "{} via {} dev {} onlink proto bird (pod block of {})",
+            remote.subnet, remote.node_ip, TUNNEL.device, remote.node
+        )
+    }
+
+    fn pod_interface<'a>(&self, view: &'a NodeView, ip: Ipv4Addr) -> Option<&'a Link> {
+        view.host_route_interface(ip)
+    }
+}

@@ -1,0 +1,54 @@
+//! Calico in VXLAN mode: `cali…` veths as in BGP mode, and `vxlan.calico`
+//! (VNI 4096, UDP 4789) toward other nodes, with a route per remote block
+//! `via <remote VTEP address> dev vxlan.calico onlink`.
+
+use std::net::Ipv4Addr;
+
+use super::{annotation, Backend, TunnelSpec};
+use crate::{
+    cluster::NodeSubnet,
+    node::{Link, NodeView},
+};
+
+pub struct CalicoVxlan;
+
+/// The VTEP address calico-node gives the node in VXLAN mode.
+pub const VXLAN_TUNNEL_ADDR: &str = "projectcalico.org/IPv4VXLANTunnelAddr";
+
+const TUNNEL: TunnelSpec = TunnelSpec {
+    device: "vxlan.calico",
+    port: Some(4789),
+    vni: Some(4096),
+};
+
+impl Backend for CalicoVxlan {
+    fn name(&self) -> &'static str {
+        "calico-vxlan"
+    }
+
+    fn annotated(&self, annotations: &serde_json::Value) -> bool {
+        annotation(annotations, VXLAN_TUNNEL_ADDR).is_some()
+    }
+
+    fn runs_on(&self, view: &NodeView) -> bool {
+        view.link_named(TUNNEL.device).is_some()
+    }
+
+    fn tunnel(&self) -> Option<TunnelSpec> {
+        Some(TUNNEL)
+    }
+
+    fn expected_route(&self, remote: &NodeSubnet, _underlay: &str) -> String {
+        let via = remote
+            .tunnel_ip
+            .map_or("<its VTEP address>".to_string(), |ip| ip.to_string());
+        format!(
+            "{} via {via} dev {} onlink (pod block of {})",
+            remote.subnet, TUNNEL.device, remote.node
+        )
+    }
+
+    fn pod_interface<'a>(&self, view: &'a NodeView, ip: Ipv4Addr) -> Option<&'a Link> {
+        view.host_route_interface(ip)
+    }
+}

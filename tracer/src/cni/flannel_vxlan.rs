@@ -1,0 +1,70 @@
+//! Flannel's vxlan backend: pods on the `cni0` bridge; `flannel.<VNI>`
+//! (VNI 1, UDP 8472 by default) toward other nodes; per remote node a
+//! route `<subnet> via <subnet>.0 dev flannel.1 onlink`, a neighbour entry
+//! with the remote VTEP MAC and an FDB entry to the remote node IP.
+
+use std::net::Ipv4Addr;
+
+use super::{annotation, vxlan_device, Backend, TunnelSpec};
+use crate::{
+    cluster::NodeSubnet,
+    node::{Link, NodeView},
+};
+
+pub struct FlannelVxlan;
+
+/// Flannel writes its backend type on every node it runs on.
+pub(super) const BACKEND_TYPE: &str = "flannel.alpha.coreos.com/backend-type";
+
+const TUNNEL: TunnelSpec = TunnelSpec {
+    device: "flannel.1",
+    port: Some(8472),
+    vni: Some(1),
+};
+
+impl Backend for FlannelVxlan {
+    fn name(&self) -> &'static str {
+        "flannel-vxlan"
+    }
+
+    fn annotated(&self, annotations: &serde_json::Value) -> bool {
+        annotation(annotations, BACKEND_TYPE) == Some("vxlan")
+    }
+
+    fn runs_on(&self, view: &NodeView) -> bool {
+        vxlan_device(view, &TUNNEL).is_some()
+            || view
+                .links_of_kind("vxlan")
+                .any(|l| l.name.starts_with("flannel."))
+    }
+
+    fn tunnel(&self) -> Option<TunnelSpec> {
+        Some(TUNNEL)
+    }
+
+    fn expected_route(&self, remote: &NodeSubnet, _underlay: &str) -> String {
+        format!(
+            "{} via {} dev {} onlink (pod subnet of {})",
+            remote.subnet,
+            remote.subnet.network(),
+            TUNNEL.device,
+            remote.node
+        )
+    }
+
+    fn bridge(&self) -> Option<&'static str> {
+        Some(super::FLANNEL_BRIDGE)
+    }
+
+    fn pod_interface<'a>(&self, view: &'a NodeView, ip: Ipv4Addr) -> Option<&'a Link> {
+        view.bridge_port_of(ip)
+    }
+}
+
+/// FLANNEL_NETWORK from /run/flannel/subnet.env, where Flannel runs: the
+/// cluster's pod CIDR, written by flanneld on every node.
+pub fn subnet_env_network() -> Option<ipnet::Ipv4Net> {
+    let env = std::fs::read_to_string("/run/flannel/subnet.env").ok()?;
+    env.lines()
+        .find_map(|l| l.strip_prefix("FLANNEL_NETWORK=")?.trim().parse().ok())
+}

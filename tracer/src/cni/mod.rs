@@ -1,0 +1,272 @@
+//! One home per CNI backend: how it wires a node, so that everything
+//! podtrace infers from a node's devices, routes and annotations about the
+//! CNI is said in one file per backend.
+//!
+//! A backend owns:
+//! - how it is recognised: from the node's Kubernetes annotations, else
+//!   from what the node has (tunnel devices, route protocols, veths);
+//! - the tunnel it encapsulates with (device, port, VNI), if any;
+//! - the route a node needs toward another node's pods;
+//! - how a local pod's host-side interface is found;
+//! - the part each interface plays (pod veth, bridge, tunnel).
+//!
+//! A new CNI is one new file here, one line in [`BACKENDS`], and its lab
+//! topology in `xtask/src/lab/`.
+
+mod calico_bird;
+mod calico_ipip;
+mod calico_vxlan;
+mod flannel_host_gw;
+mod flannel_vxlan;
+mod unknown;
+
+use std::net::Ipv4Addr;
+
+use crate::{
+    cluster::NodeSubnet,
+    node::{interfaces::Role, Link, NodeView},
+};
+
+pub use calico_vxlan::VXLAN_TUNNEL_ADDR;
+pub use flannel_vxlan::subnet_env_network;
+
+/// The bridge Flannel's CNI config names (the bridge plugin's default).
+const FLANNEL_BRIDGE: &str = "cni0";
+
+/// How a backend encapsulates traffic between nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TunnelSpec {
+    /// The device name the backend gives its tunnel (flannel.1 is
+    /// `flannel.<VNI>`, Calico's are fixed).
+    pub device: &'static str,
+    /// UDP port for VXLAN; None for IPIP.
+    pub port: Option<u16>,
+    pub vni: Option<u32>,
+}
+
+pub trait Backend: Sync {
+    /// e.g. "flannel-vxlan".
+    fn name(&self) -> &'static str;
+
+    /// Whether a node's annotations (`metadata.annotations` of a v1.Node)
+    /// say it runs this backend.
+    fn annotated(&self, annotations: &serde_json::Value) -> bool;
+
+    /// Whether the node's own devices and routes say it runs this backend.
+    fn runs_on(&self, view: &NodeView) -> bool;
+
+    /// The tunnel this backend sends other nodes' pod traffic through.
+    fn tunnel(&self) -> Option<TunnelSpec> {
+        None
+    }
+
+    /// The bridge its pods hang off, by the name the CNI gives it.
+    fn bridge(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// The route a node needs toward `remote`'s pods, as `ip route` shows
+    /// it. `underlay` names the node's underlay interface.
+    fn expected_route(&self, remote: &NodeSubnet, underlay: &str) -> String;
+
+    /// The host-side interface of the local pod with `ip`.
+    fn pod_interface<'a>(&self, view: &'a NodeView, ip: Ipv4Addr) -> Option<&'a Link>;
+
+    /// The part `link` plays on a node of this backend (None: not watched).
+    /// The underlay is chosen before this is asked.
+    fn role(&self, link: &Link) -> Option<Role> {
+        role_by_kind(link)
+    }
+}
+
+/// Every backend, most specific first: detection takes the first match,
+/// and `unknown` matches every node.
+pub const BACKENDS: &[&dyn Backend] = &[
+    &flannel_vxlan::FlannelVxlan,
+    &calico_vxlan::CalicoVxlan,
+    &calico_ipip::CalicoIpip,
+    &calico_bird::CalicoBird,
+    &flannel_host_gw::FlannelHostGw,
+    &unknown::Unknown,
+];
+
+/// The backend a node runs: its annotations first (they are what the CNI
+/// itself wrote), then its devices and routes.
+pub fn detect(view: &NodeView, annotated: Option<&str>) -> &'static dyn Backend {
+    annotated
+        .and_then(by_name)
+        .or_else(|| BACKENDS.iter().copied().find(|b| b.runs_on(view)))
+        .unwrap_or_else(unknown)
+}
+
+/// The backend for a CNI podtrace has no file for.
+pub fn unknown() -> &'static dyn Backend {
+    &unknown::Unknown
+}
+
+pub fn by_name(name: &str) -> Option<&'static dyn Backend> {
+    BACKENDS.iter().copied().find(|b| b.name() == name)
+}
+
+/// The backend a node's annotations name, if any.
+pub fn from_annotations(annotations: &serde_json::Value) -> Option<&'static str> {
+    BACKENDS
+        .iter()
+        .find(|b| b.annotated(annotations))
+        .map(|b| b.name())
+}
+
+/// The backend whose tunnel listens on UDP `port`, on any node.
+pub fn by_tunnel_port(port: u16) -> Option<&'static dyn Backend> {
+    BACKENDS
+        .iter()
+        .copied()
+        .find(|b| b.tunnel().and_then(|t| t.port) == Some(port))
+}
+
+/// Roles every backend shares: bridges, tunnel devices, and veths whose
+/// other end is in another namespace (a pod's). A veth with both ends on
+/// the host (cilium_host/cilium_net, the lab's underlay) is no pod's.
+pub fn role_by_kind(link: &Link) -> Option<Role> {
+    const TUNNEL_KINDS: &[&str] = &["vxlan", "geneve", "ipip", "wireguard"];
+    match link.kind.as_str() {
+        "bridge" => Some(Role::Bridge),
+        kind if TUNNEL_KINDS.contains(&kind) => Some(Role::Tunnel),
+        "veth" if link.peer_in_other_netns => Some(Role::PodVeth),
+        _ => None,
+    }
+}
+
+/// The VXLAN device of `spec` on this node: by the backend's device name,
+/// else by its port (a renamed device still carries the port).
+fn vxlan_device<'a>(view: &'a NodeView, spec: &TunnelSpec) -> Option<&'a Link> {
+    view.links_of_kind("vxlan").find(|l| {
+        l.name == spec.device || (spec.port.is_some() && l.vxlan.and_then(|v| v.port) == spec.port)
+    })
+}
+
+/// `<subnet> via <node IP> dev <underlay>`: the route of every backend
+/// that routes pod traffic to the node itself, without a tunnel.
+fn via_node_ip(remote: &NodeSubnet, underlay: &str) -> String {
+    format!(
+        "{} via {} dev {underlay} (pod subnet of {})",
+        remote.subnet, remote.node_ip, remote.node
+    )
+}
+
+/// Annotation value as a string, if present.
+fn annotation<'a>(annotations: &'a serde_json::Value, key: &str) -> Option<&'a str> {
+    annotations[key].as_str()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::{
+        fixtures::{flannel_node, link, route},
+        RouteOrigin,
+    };
+
+    fn subnet(backend: &str) -> NodeSubnet {
+        NodeSubnet {
+            node: "node-2".into(),
+            subnet: "10.244.2.0/24".parse().unwrap(),
+            node_ip: "192.0.2.12".parse().unwrap(),
+            cni: Some(by_name(backend).unwrap().name()),
+            tunnel_ip: None,
+        }
+    }
+
+    #[test]
+    fn a_node_is_recognised_by_its_annotations_then_by_its_devices_and_routes() {
+        let flannel = flannel_node();
+        assert_eq!(detect(&flannel, None).name(), "flannel-vxlan");
+        assert_eq!(
+            detect(&flannel, Some("flannel-host-gw")).name(),
+            "flannel-host-gw"
+        );
+
+        let mut calico = flannel_node();
+        calico
+            .links
+            .retain(|l| l.kind != "vxlan" && l.kind != "bridge");
+        calico.routes.push(crate::node::Route {
+            protocol: RouteOrigin::Bird,
+            gateway: Some("192.0.2.12".parse().unwrap()),
+            ..route("10.245.2.0/24", 2)
+        });
+        assert_eq!(detect(&calico, None).name(), "calico-bird");
+
+        let mut calico_vxlan = calico.clone();
+        calico_vxlan.links.push(link(9, "vxlan.calico", "vxlan"));
+        assert_eq!(detect(&calico_vxlan, None).name(), "calico-vxlan");
+
+        let annotations = serde_json::json!({
+            "flannel.alpha.coreos.com/backend-type": "host-gw",
+        });
+        assert_eq!(from_annotations(&annotations), Some("flannel-host-gw"));
+        let annotations = serde_json::json!({
+            "projectcalico.org/IPv4Address": "192.0.2.12/24",
+            "projectcalico.org/IPv4VXLANTunnelAddr": "10.245.2.0",
+        });
+        assert_eq!(from_annotations(&annotations), Some("calico-vxlan"));
+    }
+
+    #[test]
+    fn each_backend_names_the_route_a_node_needs_in_its_own_terms() {
+        let route = |b: &str| by_name(b).unwrap().expected_route(&subnet(b), "eth0");
+        assert_eq!(
+            route("flannel-vxlan"),
+            "10.244.2.0/24 via 10.244.2.0 dev flannel.1 onlink (pod subnet of node-2)"
+        );
+        assert_eq!(
+            route("flannel-host-gw"),
+            "10.244.2.0/24 via 192.0.2.12 dev eth0 (pod subnet of node-2)"
+        );
+        assert_eq!(
+            route("calico-bird"),
+            "10.244.2.0/24 via 192.0.2.12 dev eth0 proto bird (pod block of node-2)"
+        );
+        assert!(route("calico-vxlan").contains("dev vxlan.calico onlink"));
+        assert!(route("calico-ipip").contains("dev tunl0 onlink proto bird"));
+    }
+
+    #[test]
+    fn a_local_pods_host_interface_is_found_by_route_or_by_bridge_fdb() {
+        // Flannel: the neighbour entry on cni0 gives the MAC, the FDB the port.
+        let view = flannel_node();
+        let flannel = by_name("flannel-vxlan").unwrap();
+        let found = flannel.pod_interface(&view, "10.244.1.2".parse().unwrap());
+        assert_eq!(found.unwrap().name, "veth1a2b");
+        assert!(flannel
+            .pod_interface(&view, "10.244.1.9".parse().unwrap())
+            .is_none());
+        // Calico: the /32 route's device.
+        let mut calico = flannel_node();
+        calico.links.push(link(7, "cali12345", "veth"));
+        calico.routes.push(route("10.245.1.2/32", 7));
+        let found = by_name("calico-bird")
+            .unwrap()
+            .pod_interface(&calico, "10.245.1.2".parse().unwrap());
+        assert_eq!(found.unwrap().name, "cali12345");
+        // Not knowing the CNI, either way works.
+        let unknown = by_name("unknown").unwrap();
+        assert!(unknown
+            .pod_interface(&calico, "10.245.1.2".parse().unwrap())
+            .is_some());
+        assert!(unknown
+            .pod_interface(&view, "10.244.1.2".parse().unwrap())
+            .is_some());
+    }
+
+    #[test]
+    fn a_veth_with_both_ends_on_the_host_is_no_pods() {
+        let mut cilium_host = link(8, "cilium_host", "veth");
+        cilium_host.peer_in_other_netns = false;
+        assert_eq!(role_by_kind(&cilium_host), None);
+        assert_eq!(
+            role_by_kind(&link(5, "veth1a2b", "veth")),
+            Some(Role::PodVeth)
+        );
+    }
+}

@@ -1,0 +1,36 @@
+//! A CNI podtrace has no file for: routes to other nodes' pods are named
+//! generically, and a local pod's interface is found either way (a /32
+//! route, or a bridge port).
+
+use std::net::Ipv4Addr;
+
+use super::Backend;
+use crate::{
+    cluster::NodeSubnet,
+    node::{Link, NodeView},
+};
+
+pub struct Unknown;
+
+impl Backend for Unknown {
+    fn name(&self) -> &'static str {
+        "unknown"
+    }
+
+    fn annotated(&self, _annotations: &serde_json::Value) -> bool {
+        false
+    }
+
+    fn runs_on(&self, _view: &NodeView) -> bool {
+        true
+    }
+
+    fn expected_route(&self, remote: &NodeSubnet, underlay: &str) -> String {
+        super::via_node_ip(remote, underlay)
+    }
+
+    fn pod_interface<'a>(&self, view: &'a NodeView, ip: Ipv4Addr) -> Option<&'a Link> {
+        view.host_route_interface(ip)
+            .or_else(|| view.bridge_port_of(ip))
+    }
+}

@@ -1,0 +1,232 @@
+//! From a raw kernel record to a hop: which node and interface it was
+//! seen on, what the headers say, and the drop or route evidence it
+//! carries. The hop is what correlation and stories work on.
+
+use std::net::Ipv4Addr;
+
+use podtrace_common::{
+    match_kind, sighting_kind, Direction as KernelDirection, Sighting, FIB_NOT_LOOKED_UP,
+    NODE_OTHER_NETNS,
+};
+use serde::Serialize;
+
+use super::{decode, Decoded};
+use crate::{
+    node::{interfaces::Role, netns::describe_inode, traced::TracedNode},
+    probe::Kernel,
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    Ingress,
+    Egress,
+    /// Not a tc hook: the kernel dropped the packet here.
+    Drop,
+}
+
+impl Direction {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Ingress => "ingress",
+            Self::Egress => "egress",
+            Self::Drop => "drop",
+        }
+    }
+}
+
+/// The kernel's route for a packet as it arrived (bpf_fib_lookup at tc
+/// ingress).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct KernelRoute {
+    /// success, blackhole, unreachable, prohibit, not_forwarded,
+    /// forwarding_disabled, no_neighbour, frag_needed, …
+    pub result: String,
+    /// Output device and next hop, when the lookup found a route.
+    pub dev: Option<String>,
+    pub via: Option<Ipv4Addr>,
+}
+
+impl KernelRoute {
+    /// Names a `BPF_FIB_LKUP_RET_*` code (UAPI, stable).
+    pub fn result_name(code: u8) -> String {
+        const NAMES: [&str; 10] = [
+            "success",
+            "blackhole",
+            "unreachable",
+            "prohibit",
+            "not_forwarded",
+            "forwarding_disabled",
+            "unsupported_lwt",
+            "no_neighbour",
+            "frag_needed",
+            "no_source_address",
+        ];
+        NAMES
+            .get(usize::from(code))
+            .map_or_else(|| format!("code {code}"), |n| n.to_string())
+    }
+
+    pub fn found(&self) -> bool {
+        matches!(
+            self.result.as_str(),
+            "success" | "no_neighbour" | "frag_needed"
+        )
+    }
+}
+
+/// Why and where the kernel dropped a packet.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DropInfo {
+    /// `enum skb_drop_reason` name, without SKB_DROP_REASON_.
+    pub reason: String,
+    /// The kernel function that freed the packet, `name+0xoff`.
+    pub location: String,
+    /// The packet had no IP header yet; it was matched by its socket.
+    pub by_socket: bool,
+}
+
+/// One sighting, placed on its node and interface.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Hop {
+    pub ktime_ns: u64,
+    pub node: String,
+    pub iface: String,
+    pub role: Role,
+    pub direction: Direction,
+    pub skb_len: u32,
+    pub mark: u32,
+    pub packet: Decoded,
+    pub drop: Option<DropInfo>,
+    pub route: Option<KernelRoute>,
+}
+
+/// Why a record could not become a hop (counted in the summary).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unplaced {
+    /// Seen on an interface podtrace no longer knows (it vanished).
+    UnknownInterface,
+    /// The headers did not parse.
+    Undecodable,
+}
+
+/// Turns a raw sighting into a hop on a known node and interface.
+pub fn place(s: &Sighting, nodes: &[TracedNode], kernel: &Kernel) -> Result<Hop, Unplaced> {
+    let is_drop = s.kind == sighting_kind::DROP;
+    let node = if s.node_id == NODE_OTHER_NETNS {
+        None
+    } else {
+        Some(
+            nodes
+                .get(s.node_id as usize)
+                .ok_or(Unplaced::UnknownInterface)?,
+        )
+    };
+    let watched = node.and_then(|n| n.interfaces.get(&s.ifindex));
+    let (iface, role) = match (watched, node) {
+        (Some(w), _) => (w.name.clone(), w.role),
+        // A drop may happen anywhere: name the interface as best we can.
+        (None, _) if is_drop => {
+            let name = node.and_then(|n| n.link_names.get(&s.ifindex).cloned());
+            (
+                name.unwrap_or_else(|| {
+                    if s.ifindex == 0 {
+                        "-".into()
+                    } else {
+                        format!("if{}", s.ifindex)
+                    }
+                }),
+                Role::Other,
+            )
+        }
+        (None, _) => return Err(Unplaced::UnknownInterface),
+    };
+    let snapshot = &s.snapshot[..usize::from(s.snapshot_len).min(s.snapshot.len())];
+    let packet = decode(snapshot, s.has_l2 != 0).map_err(|_| Unplaced::Undecodable)?;
+    let (direction, drop) = if is_drop {
+        let info = DropInfo {
+            reason: kernel.reasons.name(s.reason),
+            location: kernel.symbols.name(s.location),
+            by_socket: s.match_kind == match_kind::SOCKET,
+        };
+        (Direction::Drop, Some(info))
+    } else if s.direction == KernelDirection::Egress as u8 {
+        (Direction::Egress, None)
+    } else {
+        (Direction::Ingress, None)
+    };
+    let route = (s.fib_result != FIB_NOT_LOOKED_UP).then(|| {
+        let route = KernelRoute {
+            result: KernelRoute::result_name(s.fib_result),
+            dev: None,
+            via: None,
+        };
+        if !route.found() {
+            return route;
+        }
+        let dev = node.and_then(|n| n.link_names.get(&s.fib_ifindex).cloned());
+        let via = Ipv4Addr::from(s.fib_nexthop);
+        KernelRoute {
+            dev,
+            via: (via != packet.packet.dst).then_some(via),
+            ..route
+        }
+    });
+    Ok(Hop {
+        ktime_ns: s.ktime_ns,
+        node: node.map_or_else(|| describe_inode(s.netns_inum), |n| n.name.clone()),
+        iface,
+        role,
+        direction,
+        skb_len: s.skb_len,
+        mark: s.mark,
+        packet,
+        drop,
+        route,
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn hop(
+        t: u64,
+        node: &str,
+        iface: &str,
+        role: Role,
+        dir: Direction,
+        frame: &[u8],
+    ) -> Hop {
+        Hop {
+            ktime_ns: t,
+            node: node.into(),
+            iface: iface.into(),
+            role,
+            direction: dir,
+            skb_len: frame.len() as u32,
+            mark: 0,
+            packet: decode(&frame[..frame.len().min(128)], true).unwrap(),
+            drop: None,
+            route: None,
+        }
+    }
+
+    /// A drop of `frame` at `iface`, freed in nf_hook_slow+0x9c.
+    pub(crate) fn drop_hop(
+        t: u64,
+        node: &str,
+        iface: &str,
+        role: Role,
+        frame: &[u8],
+        reason: &str,
+    ) -> Hop {
+        let mut h = hop(t, node, iface, role, Direction::Drop, frame);
+        h.drop = Some(DropInfo {
+            reason: reason.into(),
+            location: "nf_hook_slow+0x9c".into(),
+            by_socket: false,
+        });
+        h
+    }
+}

@@ -1,0 +1,347 @@
+//! What a node looks like: its links, addresses, IPv4 routes, neighbours
+//! and bridge FDB, read over rtnetlink; which of its interfaces podtrace
+//! watches (`interfaces`); the namespaces of traced nodes (`netns`); and a
+//! traced node set up end to end (`traced`).
+
+pub mod interfaces;
+mod netlink;
+pub mod netns;
+pub mod traced;
+
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use serde::Serialize;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Link {
+    pub index: u32,
+    pub name: String,
+    /// rtnetlink kind: "veth", "bridge", "vxlan", "ipip", … ("" for physical).
+    pub kind: String,
+    /// Bridge (controller) this link is a port of.
+    pub controller: Option<u32>,
+    pub has_ethernet_header: bool,
+    pub mtu: u32,
+    /// The other end lives in another network namespace (a veth whose peer
+    /// is a pod's eth0, unlike cilium_host/cilium_net, both on the host).
+    pub peer_in_other_netns: bool,
+    /// For a VXLAN device: what the kernel encapsulates with.
+    pub vxlan: Option<VxlanDevice>,
+}
+
+/// A VXLAN device's settings (`ip -d link show`): `id`, `dstport`,
+/// `local` and `dev`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct VxlanDevice {
+    pub vni: Option<u32>,
+    pub port: Option<u16>,
+    pub local: Option<Ipv4Addr>,
+    /// The underlay link it sends through.
+    pub dev: Option<u32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RouteKind {
+    Unicast,
+    Local,
+    Blackhole,
+    Unreachable,
+    Prohibit,
+}
+
+/// The `proto` of a route, as `ip route` names it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RouteOrigin {
+    Kernel,
+    Boot,
+    Static,
+    Bird,
+    #[default]
+    Other,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Route {
+    /// Who installed it (`proto bird` is Calico's BGP daemon).
+    pub protocol: RouteOrigin,
+    pub onlink: bool,
+    pub kind: RouteKind,
+    pub destination: Ipv4Net,
+    pub gateway: Option<Ipv4Addr>,
+    pub oif: Option<u32>,
+    pub table: u32,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct NodeView {
+    pub links: Vec<Link>,
+    /// (link index, address) for every IPv4 address.
+    pub addresses: Vec<(u32, Ipv4Addr)>,
+    pub routes: Vec<Route>,
+    /// IPv4 neighbours: (link index, address, MAC).
+    pub neighbours: Vec<(u32, Ipv4Addr, [u8; 6])>,
+    /// Bridge forwarding entries: (MAC, port link index).
+    pub fdb: Vec<([u8; 6], u32)>,
+}
+
+/// What podtrace learnt about one traced node at start.
+#[derive(Clone, Debug, Default)]
+pub struct NodeFacts {
+    pub view: NodeView,
+    /// net.ipv4.ip_forward.
+    pub forwarding: bool,
+    /// The CNI backend it runs (`cni::Backend::name`).
+    pub cni: &'static str,
+    /// Subnets it delivers locally, through a bridge or a pod veth.
+    pub local_pod_subnets: Vec<Ipv4Net>,
+    /// The traced pods that are local here, and their host interfaces.
+    pub pod_interfaces: Vec<(Ipv4Addr, String)>,
+}
+
+pub(crate) const RT_TABLE_MAIN: u32 = 254;
+
+impl NodeView {
+    pub fn link(&self, index: u32) -> Option<&Link> {
+        self.links.iter().find(|l| l.index == index)
+    }
+
+    pub fn link_named(&self, name: &str) -> Option<&Link> {
+        self.links.iter().find(|l| l.name == name)
+    }
+
+    /// The link holding `ip`, if the node owns it.
+    pub fn link_with_address(&self, ip: Ipv4Addr) -> Option<&Link> {
+        self.addresses
+            .iter()
+            .find(|(_, a)| *a == ip)
+            .and_then(|(index, _)| self.link(*index))
+    }
+
+    /// The route as `ip route` prints it, then as `route -n` does
+    /// (Destination Gateway Genmask Flags Iface).
+    pub fn describe(&self, route: &Route) -> String {
+        let dev = route
+            .oif
+            .and_then(|i| self.link(i))
+            .map_or("?", |l| l.name.as_str());
+        let net = route.destination;
+        let mut ip_route = match route.kind {
+            RouteKind::Unicast | RouteKind::Local => String::new(),
+            RouteKind::Blackhole => "blackhole ".into(),
+            RouteKind::Unreachable => "unreachable ".into(),
+            RouteKind::Prohibit => "prohibit ".into(),
+        };
+        ip_route.push_str(&if net.prefix_len() == 0 {
+            "default".to_string()
+        } else {
+            net.to_string()
+        });
+        if let Some(gw) = route.gateway {
+            ip_route.push_str(&format!(" via {gw}"));
+        }
+        if route.oif.is_some() {
+            ip_route.push_str(&format!(" dev {dev}"));
+        }
+        if route.protocol == RouteOrigin::Bird {
+            ip_route.push_str(" proto bird");
+        }
+        if route.onlink {
+            ip_route.push_str(" onlink");
+        }
+        let mut flags = String::from("U");
+        if route.gateway.is_some() {
+            flags.push('G');
+        }
+        if net.prefix_len() == 32 {
+            flags.push('H');
+        }
+        if route.kind != RouteKind::Unicast {
+            flags = "!".into();
+        }
+        let gateway = route.gateway.unwrap_or(Ipv4Addr::UNSPECIFIED);
+        let iface = if route.oif.is_some() { dev } else { "-" };
+        format!(
+            "{ip_route} (route -n: {} {gateway} {} {flags} {iface})",
+            net.network(),
+            net.netmask()
+        )
+    }
+
+    /// The veth a /32 route sends `ip` to (Calico's way of reaching a
+    /// local pod).
+    pub fn host_route_interface(&self, ip: Ipv4Addr) -> Option<&Link> {
+        self.route_to(ip)
+            .filter(|r| r.destination.prefix_len() == 32 && r.gateway.is_none())
+            .and_then(|r| r.oif)
+            .and_then(|oif| self.link(oif))
+            .filter(|l| l.kind == "veth")
+    }
+
+    /// The bridge port `ip`'s MAC was learnt on: the neighbour entry on a
+    /// bridge gives the MAC, the bridge's FDB the port (a local pod behind
+    /// cni0, as Flannel and the bridge plugin wire it).
+    pub fn bridge_port_of(&self, ip: Ipv4Addr) -> Option<&Link> {
+        let (bridge, _, mac) = self.neighbours.iter().find(|(_, addr, _)| *addr == ip)?;
+        self.fdb
+            .iter()
+            .filter(|(m, _)| m == mac)
+            .filter_map(|(_, port)| self.link(*port))
+            .find(|l| l.controller == Some(*bridge) && l.kind == "veth")
+    }
+
+    /// The links of a kind ("vxlan", "bridge", …).
+    pub fn links_of_kind<'a>(&'a self, kind: &'a str) -> impl Iterator<Item = &'a Link> + 'a {
+        self.links.iter().filter(move |l| l.kind == kind)
+    }
+
+    /// The main-table route the kernel would pick for `dst` (longest prefix).
+    pub fn route_to(&self, dst: Ipv4Addr) -> Option<&Route> {
+        self.routes
+            .iter()
+            .filter(|r| r.table == RT_TABLE_MAIN && r.destination.contains(&dst))
+            .max_by_key(|r| r.destination.prefix_len())
+    }
+}
+
+/// Node views for tests: a Flannel vxlan node-1 as the lab builds it.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use super::*;
+
+    pub(crate) fn link(index: u32, name: &str, kind: &str) -> Link {
+        Link {
+            index,
+            name: name.into(),
+            kind: kind.into(),
+            controller: None,
+            has_ethernet_header: kind != "ipip",
+            mtu: if kind == "vxlan" { 1450 } else { 1500 },
+            peer_in_other_netns: kind == "veth",
+            vxlan: None,
+        }
+    }
+
+    pub(crate) fn route(dst: &str, oif: u32) -> Route {
+        Route {
+            destination: dst.parse().unwrap(),
+            gateway: None,
+            oif: Some(oif),
+            table: 254,
+            onlink: false,
+            kind: RouteKind::Unicast,
+            protocol: RouteOrigin::Boot,
+        }
+    }
+
+    pub(crate) fn flannel_node() -> NodeView {
+        let mut veth = link(5, "veth1a2b", "veth");
+        veth.controller = Some(3);
+        NodeView {
+            links: vec![
+                link(1, "lo", ""),
+                link(2, "eth0", "veth"),
+                link(3, "cni0", "bridge"),
+                Link {
+                    vxlan: Some(VxlanDevice {
+                        vni: Some(1),
+                        port: Some(8472),
+                        local: Some("192.0.2.11".parse().unwrap()),
+                        dev: Some(2),
+                    }),
+                    ..link(4, "flannel.1", "vxlan")
+                },
+                veth,
+                link(6, "tunl0", "ipip"),
+            ],
+            addresses: vec![
+                (2, "192.0.2.11".parse().unwrap()),
+                (3, "10.244.1.1".parse().unwrap()),
+            ],
+            neighbours: vec![(3, "10.244.1.2".parse().unwrap(), [2, 0, 0, 0, 1, 2])],
+            fdb: vec![([2, 0, 0, 0, 1, 2], 5), ([2, 0, 0, 0, 1, 2], 3)],
+            routes: vec![
+                Route {
+                    gateway: Some("192.0.2.1".parse().unwrap()),
+                    ..route("0.0.0.0/0", 2)
+                },
+                route("10.244.1.0/24", 3),
+                Route {
+                    gateway: Some("10.244.2.0".parse().unwrap()),
+                    onlink: true,
+                    ..route("10.244.2.0/24", 4)
+                },
+            ],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{fixtures::route, *};
+
+    #[test]
+    fn routes_read_as_ip_route_and_route_n_print_them() {
+        let view = NodeView {
+            links: vec![Link {
+                index: 4,
+                name: "flannel.1".into(),
+                kind: "vxlan".into(),
+                controller: None,
+                has_ethernet_header: true,
+                mtu: 1450,
+                peer_in_other_netns: false,
+                vxlan: None,
+            }],
+            ..Default::default()
+        };
+        let flannel = Route {
+            gateway: Some("10.244.2.0".parse().unwrap()),
+            onlink: true,
+            ..route("10.244.2.0/24", 4)
+        };
+        assert_eq!(
+            view.describe(&flannel),
+            "10.244.2.0/24 via 10.244.2.0 dev flannel.1 onlink (route -n: 10.244.2.0 10.244.2.0 255.255.255.0 UG flannel.1)"
+        );
+        let blackhole = Route {
+            kind: RouteKind::Blackhole,
+            oif: None,
+            ..route("10.245.1.0/24", 0)
+        };
+        assert_eq!(
+            view.describe(&blackhole),
+            "blackhole 10.245.1.0/24 (route -n: 10.245.1.0 0.0.0.0 255.255.255.0 ! -)"
+        );
+    }
+
+    #[test]
+    fn longest_prefix_wins_and_other_tables_are_ignored() {
+        let view = NodeView {
+            routes: vec![
+                route("0.0.0.0/0", 1),
+                route("10.244.0.0/16", 2),
+                route("10.244.2.0/24", 3),
+                Route {
+                    table: 255,
+                    ..route("10.244.2.2/32", 4)
+                },
+            ],
+            ..Default::default()
+        };
+        assert_eq!(
+            view.route_to("10.244.2.2".parse().unwrap()).unwrap().oif,
+            Some(3)
+        );
+        assert_eq!(
+            view.route_to("10.244.9.1".parse().unwrap()).unwrap().oif,
+            Some(2)
+        );
+        assert_eq!(
+            view.route_to("8.8.8.8".parse().unwrap()).unwrap().oif,
+            Some(1)
+        );
+    }
+}

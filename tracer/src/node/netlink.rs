@@ -1,0 +1,219 @@
+//! Reading a node over rtnetlink: links (with their VXLAN settings),
+//! addresses, routes (with their protocol), neighbours and the bridge FDB.
+
+use std::net::Ipv4Addr;
+
+use anyhow::{Context, Result};
+use futures::TryStreamExt;
+use ipnet::Ipv4Net;
+use rtnetlink::{
+    packet_route::{
+        address::AddressAttribute,
+        link::{
+            InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkInfo, LinkLayerType, LinkMessage,
+        },
+        neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage},
+        route::{RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol, RouteType},
+        AddressFamily,
+    },
+    Handle, RouteMessageBuilder,
+};
+
+use super::{Link, NodeView, Route, RouteKind, RouteOrigin, VxlanDevice};
+
+impl NodeView {
+    /// Reads the view of the network namespace the calling thread is in.
+    pub async fn read() -> Result<Self> {
+        let (connection, handle, _) =
+            rtnetlink::new_connection().context("cannot open an rtnetlink socket")?;
+        let task = tokio::spawn(connection);
+        let result = async {
+            let links: Vec<Link> = handle
+                .link()
+                .get()
+                .execute()
+                .map_ok(Link::from)
+                .try_collect()
+                .await
+                .context("cannot list links")?;
+            let addresses = handle
+                .address()
+                .get()
+                .execute()
+                .try_filter_map(|msg| async move {
+                    Ok(msg.attributes.iter().find_map(|a| match a {
+                        AddressAttribute::Local(std::net::IpAddr::V4(ip))
+                        | AddressAttribute::Address(std::net::IpAddr::V4(ip)) => {
+                            Some((msg.header.index, *ip))
+                        }
+                        _ => None,
+                    }))
+                })
+                .try_collect()
+                .await
+                .context("cannot list addresses")?;
+            let routes = handle
+                .route()
+                .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
+                .execute()
+                .try_filter_map(|msg| async move { Ok(route_from(msg)) })
+                .try_collect()
+                .await
+                .context("cannot list routes")?;
+            let (neighbours, fdb) = read_neighbours(&handle).await?;
+            Ok(NodeView {
+                neighbours,
+                fdb,
+                links,
+                addresses,
+                routes,
+            })
+        }
+        .await;
+        task.abort();
+        result
+    }
+}
+
+/// IPv4 neighbours (link, address, MAC) and bridge FDB entries (MAC, port).
+async fn read_neighbours(
+    handle: &Handle,
+) -> Result<(Vec<(u32, Ipv4Addr, [u8; 6])>, Vec<([u8; 6], u32)>)> {
+    let mut neighbours = Vec::new();
+    let mut fdb = Vec::new();
+    for family in [AddressFamily::Inet, AddressFamily::Bridge] {
+        let entries: Vec<NeighbourMessage> = handle
+            .neighbours()
+            .get()
+            .set_address_family(family)
+            .execute()
+            .try_collect()
+            .await
+            .context("cannot list neighbours")?;
+        for entry in entries {
+            let mac = entry.attributes.iter().find_map(|a| match a {
+                NeighbourAttribute::LinkLayerAddress(mac) => {
+                    <[u8; 6]>::try_from(mac.as_slice()).ok()
+                }
+                _ => None,
+            });
+            let ip = entry.attributes.iter().find_map(|a| match a {
+                NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) => Some(*ip),
+                _ => None,
+            });
+            match (family, mac, ip) {
+                (AddressFamily::Inet, Some(mac), Some(ip)) => {
+                    neighbours.push((entry.header.ifindex, ip, mac))
+                }
+                (AddressFamily::Bridge, Some(mac), _) => fdb.push((mac, entry.header.ifindex)),
+                _ => {}
+            }
+        }
+    }
+    Ok((neighbours, fdb))
+}
+
+impl From<LinkMessage> for Link {
+    fn from(msg: LinkMessage) -> Self {
+        let mut link = Link {
+            index: msg.header.index,
+            name: String::new(),
+            kind: String::new(),
+            controller: None,
+            has_ethernet_header: msg.header.link_layer_type == LinkLayerType::Ether,
+            mtu: 0,
+            peer_in_other_netns: false,
+            vxlan: None,
+        };
+        for attr in msg.attributes {
+            match attr {
+                LinkAttribute::IfName(name) => link.name = name,
+                LinkAttribute::Controller(index) => link.controller = Some(index),
+                LinkAttribute::Mtu(mtu) => link.mtu = mtu,
+                LinkAttribute::LinkNetNsId(_) => link.peer_in_other_netns = true,
+                LinkAttribute::LinkInfo(infos) => {
+                    for info in infos {
+                        match info {
+                            LinkInfo::Kind(kind) => link.kind = kind_name(&kind),
+                            LinkInfo::Data(InfoData::Vxlan(settings)) => {
+                                link.vxlan = Some(vxlan_device(&settings))
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        link
+    }
+}
+
+fn vxlan_device(settings: &[InfoVxlan]) -> VxlanDevice {
+    let mut device = VxlanDevice::default();
+    for setting in settings {
+        match setting {
+            InfoVxlan::Id(vni) => device.vni = Some(*vni),
+            InfoVxlan::Port(port) => device.port = Some(*port),
+            InfoVxlan::Local(ip) => device.local = Some(*ip),
+            InfoVxlan::Link(index) => device.dev = Some(*index),
+            _ => {}
+        }
+    }
+    device
+}
+
+fn kind_name(kind: &InfoKind) -> String {
+    match kind {
+        InfoKind::Veth => "veth".into(),
+        InfoKind::Bridge => "bridge".into(),
+        InfoKind::Vxlan => "vxlan".into(),
+        InfoKind::IpIp => "ipip".into(),
+        InfoKind::Geneve => "geneve".into(),
+        InfoKind::Wireguard => "wireguard".into(),
+        InfoKind::Dummy => "dummy".into(),
+        other => format!("{other:?}").to_lowercase(),
+    }
+}
+
+fn route_from(msg: RouteMessage) -> Option<Route> {
+    let mut destination = None;
+    let mut gateway = None;
+    let mut oif = None;
+    let mut table = u32::from(msg.header.table);
+    for attr in &msg.attributes {
+        match attr {
+            RouteAttribute::Destination(RouteAddress::Inet(ip)) => destination = Some(*ip),
+            RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gateway = Some(*ip),
+            RouteAttribute::Oif(index) => oif = Some(*index),
+            RouteAttribute::Table(t) => table = *t,
+            _ => {}
+        }
+    }
+    let destination = Ipv4Net::new(
+        destination.unwrap_or(Ipv4Addr::UNSPECIFIED),
+        msg.header.destination_prefix_length,
+    )
+    .ok()?;
+    Some(Route {
+        destination,
+        gateway,
+        oif,
+        table,
+        onlink: msg.header.flags.contains(RouteFlags::Onlink),
+        protocol: match msg.header.protocol {
+            RouteProtocol::Kernel => RouteOrigin::Kernel,
+            RouteProtocol::Boot => RouteOrigin::Boot,
+            RouteProtocol::Static => RouteOrigin::Static,
+            RouteProtocol::Bird => RouteOrigin::Bird,
+            _ => RouteOrigin::Other,
+        },
+        kind: match msg.header.kind {
+            RouteType::BlackHole => RouteKind::Blackhole,
+            RouteType::Unreachable => RouteKind::Unreachable,
+            RouteType::Prohibit => RouteKind::Prohibit,
+            RouteType::Local | RouteType::Broadcast => RouteKind::Local,
+            _ => RouteKind::Unicast,
+        },
+    })
+}

@@ -1,0 +1,239 @@
+//! A traced node, set up end to end: its view read, its CNI recognised, its
+//! interfaces picked, the probe attached, link changes followed, and rule
+//! tracing started. Setting one up returns what was learnt about it
+//! ([`NodeFacts`]) instead of writing into a shared context.
+
+use std::{collections::HashMap, net::Ipv4Addr};
+
+use anyhow::{Context as _, Result};
+use podtrace_common::{FlowKey, MAX_NODES};
+use tokio::sync::mpsc;
+
+use super::{
+    interfaces::{self, Role, Watched},
+    netns::Namespace,
+    NodeFacts, NodeView,
+};
+use crate::{
+    cluster::NodeSubnet,
+    cni::{self, Backend},
+    probe::{
+        link_watch::{self, LinkChange},
+        netfilter::{NodeTrace, TracedDrop},
+        AttachMode, Kernel, NodeProbe, ProbeSpec,
+    },
+};
+
+/// Settings every node shares.
+pub struct Shared<'a> {
+    pub kernel: &'a Kernel,
+    pub btf: &'a aya::Btf,
+    /// Node names and IPs of the cluster, to tell which node a namespace is.
+    pub known_nodes: &'a [(String, Ipv4Addr)],
+    /// Pod subnets and CNI annotations of the cluster's nodes.
+    pub subnets: &'a [NodeSubnet],
+    pub flows: &'a [FlowKey],
+    pub traced_netns: [u32; MAX_NODES],
+    pub mode: AttachMode,
+    pub link_tx: mpsc::UnboundedSender<(u32, LinkChange)>,
+    /// Where netfilter drops go, when rule tracing is on.
+    pub netfilter_tx: Option<mpsc::UnboundedSender<(u32, TracedDrop)>>,
+    /// The traced address pairs, both directions.
+    pub pairs: Vec<(Ipv4Addr, Ipv4Addr)>,
+}
+
+pub struct TracedNode {
+    pub name: String,
+    underlay: u32,
+    cni: &'static dyn Backend,
+    pub probe: NodeProbe,
+    pub interfaces: HashMap<u32, Watched>,
+    /// Every link's name, for drops on interfaces that are not watched.
+    pub link_names: HashMap<u32, String>,
+    /// Its nft tracing table and monitor; removed when dropped.
+    netfilter: Option<NodeTrace>,
+}
+
+impl TracedNode {
+    /// Sets up one node: reads it, picks its interfaces, attaches.
+    pub async fn trace(
+        id: u32,
+        ns: &Namespace,
+        node_ip: Option<Ipv4Addr>,
+        shared: &Shared<'_>,
+    ) -> Result<(Self, NodeFacts)> {
+        let _entered = ns.path.as_deref().map(super::netns::enter).transpose()?;
+        let view = NodeView::read().await?;
+        // The node is the cluster node whose IP this namespace holds.
+        let known = shared
+            .known_nodes
+            .iter()
+            .find(|(_, ip)| view.link_with_address(*ip).is_some())
+            .cloned();
+        let node_ip = node_ip.or(known.as_ref().map(|(_, ip)| *ip));
+        let name = match (&known, ns.arg.as_deref()) {
+            (Some((name, _)), _) => name.clone(),
+            (None, Some(arg)) => arg.rsplit('/').next().unwrap_or(arg).to_string(),
+            (None, None) => hostname(),
+        };
+        let annotated = shared
+            .subnets
+            .iter()
+            .find(|s| known.as_ref().is_some_and(|(n, _)| *n == s.node))
+            .and_then(|s| s.cni);
+        let cni = cni::detect(&view, annotated);
+        let other_nodes: Vec<Ipv4Addr> = shared
+            .known_nodes
+            .iter()
+            .map(|(_, ip)| *ip)
+            .filter(|ip| Some(*ip) != node_ip)
+            .collect();
+        let underlay = interfaces::underlay(&view, node_ip, &other_nodes)
+            .with_context(|| format!("node {name}"))?
+            .index;
+        let watched = interfaces::select(&view, underlay, cni);
+        let spec = ProbeSpec {
+            node_id: id,
+            netns: ns,
+            traced_netns: &shared.traced_netns,
+            layout: &shared.kernel.layout,
+            btf: shared.btf,
+            flows: shared.flows,
+            mode: shared.mode,
+        };
+        let probe = NodeProbe::attach(&spec, &watched).with_context(|| format!("node {name}"))?;
+        // The subscription socket stays bound to the namespace it was opened in.
+        link_watch::watch(id, shared.link_tx.clone())?;
+        let netfilter = match &shared.netfilter_tx {
+            Some(tx) => Some(
+                NodeTrace::start(ns, id, &shared.pairs, tx.clone())
+                    .with_context(|| format!("node {name}"))?,
+            ),
+            None => None,
+        };
+        let facts = NodeFacts {
+            forwarding: std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward")
+                .map(|v| v.trim() == "1")
+                .unwrap_or(true),
+            cni: cni.name(),
+            local_pod_subnets: local_pod_subnets(&view, &watched),
+            pod_interfaces: shared
+                .pairs
+                .iter()
+                .filter_map(|(src, _)| Some((*src, cni.pod_interface(&view, *src)?.name.clone())))
+                .collect(),
+            view: view.clone(),
+        };
+        let node = Self {
+            name,
+            underlay,
+            cni,
+            probe,
+            interfaces: watched.into_iter().map(|w| (w.index, w)).collect(),
+            link_names: view.links.into_iter().map(|l| (l.index, l.name)).collect(),
+            netfilter,
+        };
+        Ok((node, facts))
+    }
+
+    /// Traces a new pair of addresses from now on (a pod moved).
+    pub fn follow(&mut self, old: &[FlowKey], new: &[FlowKey]) -> Result<()> {
+        self.probe.replace_flows(old, new)?;
+        if let Some(netfilter) = &self.netfilter {
+            let pairs: Vec<_> = new
+                .iter()
+                .map(|k| (Ipv4Addr::from(k.src), Ipv4Addr::from(k.dst)))
+                .collect();
+            netfilter.follow(&pairs)?;
+        }
+        Ok(())
+    }
+
+    /// A link appeared or vanished on this node during the trace. Returns
+    /// the change in attached hooks, for the summary.
+    pub fn link_changed(&mut self, change: LinkChange) -> LinkOutcome {
+        match change {
+            LinkChange::Added(link) if !self.interfaces.contains_key(&link.index) => {
+                self.link_names.insert(link.index, link.name.clone());
+                let Some(iface) = interfaces::watch(&link, self.underlay, self.cni) else {
+                    return LinkOutcome::Ignored;
+                };
+                match self.probe.attach_interface(&iface) {
+                    Ok(()) => {
+                        eprintln!(
+                            "podtrace: {}: new interface {}, now traced",
+                            self.name, iface.name
+                        );
+                        self.interfaces.insert(iface.index, iface);
+                        LinkOutcome::Added
+                    }
+                    Err(e) => {
+                        eprintln!(
+                            "podtrace: {}: new interface {} is not traced: {e:#}",
+                            self.name, iface.name
+                        );
+                        LinkOutcome::Ignored
+                    }
+                }
+            }
+            LinkChange::Removed(link) if self.interfaces.contains_key(&link.index) => {
+                eprintln!(
+                    "podtrace: {}: interface {} vanished during the trace; its hooks went with it",
+                    self.name, link.name
+                );
+                self.interfaces.remove(&link.index);
+                LinkOutcome::Vanished
+            }
+            _ => LinkOutcome::Ignored,
+        }
+    }
+
+    /// Hooks attached now (two per watched interface).
+    pub fn hooks(&self) -> usize {
+        self.interfaces.len() * 2
+    }
+
+    /// "eth0, cni0, flannel.1, 2 pod veths".
+    pub fn watched_list(&self) -> String {
+        let mut named: Vec<&Watched> = self
+            .interfaces
+            .values()
+            .filter(|w| w.role != Role::PodVeth)
+            .collect();
+        named.sort_by_key(|w| w.index);
+        let veths = self.interfaces.len() - named.len();
+        let mut parts: Vec<String> = named.iter().map(|w| w.name.clone()).collect();
+        parts.push(format!("{veths} pod veths"));
+        parts.join(", ")
+    }
+}
+
+/// What became of a link change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkOutcome {
+    Added,
+    Vanished,
+    Ignored,
+}
+
+/// Subnets the node delivers locally, through a bridge or a pod veth: a
+/// packet heading there must show up again on this node.
+fn local_pod_subnets(view: &NodeView, watched: &[Watched]) -> Vec<ipnet::Ipv4Net> {
+    view.routes
+        .iter()
+        .filter(|route| {
+            let delivers_locally = route
+                .oif
+                .and_then(|oif| watched.iter().find(|w| w.index == oif))
+                .is_some_and(|w| matches!(w.role, Role::Bridge | Role::PodVeth));
+            delivers_locally && route.destination.prefix_len() > 0 && route.gateway.is_none()
+        })
+        .map(|route| route.destination)
+        .collect()
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "this-node".into())
+}

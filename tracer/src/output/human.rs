@@ -1,0 +1,124 @@
+//! The human format: one block per story (hops, then the verdict,
+//! coloured on a terminal), the profile table, and the summary line.
+
+use std::io::Write;
+
+use super::{Sink, Summary};
+use crate::story::{profile::StepLatency, Outcome, Story};
+
+/// Writes stories as people read them.
+pub struct Human<W: Write> {
+    pub out: W,
+    pub colour: bool,
+}
+
+impl<W: Write> Sink for Human<W> {
+    fn story(&mut self, n: u64, story: &Story) -> std::io::Result<()> {
+        self.write(&human_story(n, story, self.colour))
+    }
+
+    fn profile(&mut self, steps: &[StepLatency]) -> std::io::Result<()> {
+        self.write(&human_profile(steps))
+    }
+
+    fn summary(&mut self, summary: &Summary) -> std::io::Result<()> {
+        self.write(&human_summary(summary))
+    }
+}
+
+impl<W: Write> Human<W> {
+    fn write(&mut self, text: &str) -> std::io::Result<()> {
+        self.out.write_all(text.as_bytes())?;
+        self.out.flush()
+    }
+}
+
+fn paint(colour: bool, code: &str, text: &str) -> String {
+    if colour {
+        format!("\x1b[{code}m{text}\x1b[0m")
+    } else {
+        text.to_string()
+    }
+}
+
+pub fn human_story(n: u64, s: &Story, colour: bool) -> String {
+    let name = |ip: std::net::Ipv4Addr, name: &Option<String>| match name {
+        Some(n) => format!("{ip} ({n})"),
+        None => ip.to_string(),
+    };
+    let mut text = format!(
+        "{} {} → {}: {}, IP id {}\n",
+        paint(colour, "1", &format!("#{n}")),
+        name(s.src, &s.src_name),
+        name(s.dst, &s.dst_name),
+        s.packet,
+        s.ip_id
+    );
+    let node_w = s.hops.iter().map(|h| h.node.len()).max().unwrap_or(0);
+    let iface_w = s.hops.iter().map(|h| h.iface.len()).max().unwrap_or(0);
+    for hop in &s.hops {
+        let dir = hop.direction.label();
+        text.push_str(&format!(
+            "  {:>10.1} µs  {:node_w$}  {:iface_w$}  {dir:7}  {:>5} B  {}\n",
+            hop.t_us, hop.node, hop.iface, hop.skb_len, hop.note
+        ));
+    }
+    let code = match s.verdict.outcome {
+        Outcome::Delivered { .. } => "32",
+        Outcome::LeftNode { .. } => "36",
+        Outcome::Vanished { .. } | Outcome::Dropped { .. } | Outcome::NoRoute { .. } => "31",
+    };
+    for freed in &s.freed_after_delivery {
+        text.push_str(&format!(
+            "  (then freed inside the pod: {} in {}; the pod's own stack, not a drop on the path)\n",
+            freed.reason, freed.location
+        ));
+    }
+    text.push_str(&format!(
+        "  verdict: {}\n\n",
+        paint(colour, code, &s.verdict.summary)
+    ));
+    text
+}
+
+pub fn human_profile(steps: &[StepLatency]) -> String {
+    let from_w = steps
+        .iter()
+        .map(|s| s.step.from.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let to_w = steps
+        .iter()
+        .map(|s| s.step.to.len())
+        .max()
+        .unwrap_or(2)
+        .max(2);
+    let mut text = format!(
+        "datapath profile (µs per step)\n  {:from_w$}    {:to_w$}  {:>6}  {:>8}  {:>8}  {:>8}  {:>8}\n",
+        "from", "to", "count", "p50", "p90", "p99", "max"
+    );
+    for s in steps {
+        text.push_str(&format!(
+            "  {:from_w$} →  {:to_w$}  {:>6}  {:>8.1}  {:>8.1}  {:>8.1}  {:>8.1}\n",
+            s.step.from, s.step.to, s.count, s.p50_us, s.p90_us, s.p99_us, s.max_us
+        ));
+    }
+    text.push('\n');
+    text
+}
+
+pub fn human_summary(s: &Summary) -> String {
+    format!(
+        "podtrace: {} stories from {} sightings on {} hooks; lost: {} (ring buffer full), {} (header copy failed); undecodable: {}; on unknown interfaces: {}; interfaces vanished: {}, added: {}\n",
+        s.stories,
+        s.sightings,
+        s.hooks_attached,
+        s.lost_ringbuf_full,
+        s.lost_snapshot,
+        s.undecodable,
+        s.unknown_interface,
+        s.interfaces_vanished,
+        s.interfaces_added
+    )
+}

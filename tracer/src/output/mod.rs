@@ -1,0 +1,62 @@
+//! Writing stories, the profile and the closing summary: one file per
+//! format (`human`, `json`), each a [`Sink`].
+//!
+//! JSON lines schema (stable; fields are only ever added):
+//! - `{"type":"story", ...Story}`: one per packet; see `story::Story`.
+//! - `{"type":"profile", "steps": [...]}`: with `--profile`, at exit.
+//! - `{"type":"summary", ...Summary}`: one at exit.
+
+mod human;
+mod json;
+
+use std::io::Write;
+
+use serde::Serialize;
+
+pub use human::{human_profile, human_story, human_summary, Human};
+pub use json::Json;
+
+use crate::story::{profile::StepLatency, Story};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Human,
+    Json,
+}
+
+/// Counts shown at exit: nothing is lost silently.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Summary {
+    pub sightings: u64,
+    pub stories: u64,
+    /// Matching packets the kernel could not report: the ring buffer was full.
+    pub lost_ringbuf_full: u64,
+    /// Matching packets whose headers could not be copied.
+    pub lost_snapshot: u64,
+    /// Sightings whose headers could not be decoded.
+    pub undecodable: u64,
+    /// Sightings on an interface podtrace does not know.
+    pub unknown_interface: u64,
+    /// Traced interfaces that vanished during the trace.
+    pub interfaces_vanished: u64,
+    /// Interfaces that appeared during the trace and were attached.
+    pub interfaces_added: u64,
+    pub hooks_attached: usize,
+}
+
+/// Where stories go, in one format.
+pub trait Sink {
+    /// The `n`th story told.
+    fn story(&mut self, n: u64, story: &Story) -> std::io::Result<()>;
+    /// The `--profile` table: per hop-to-hop step, its latency percentiles.
+    fn profile(&mut self, steps: &[StepLatency]) -> std::io::Result<()>;
+    fn summary(&mut self, summary: &Summary) -> std::io::Result<()>;
+}
+
+/// The sink for `format`, writing to `out`.
+pub fn sink<'a, W: Write + 'a>(format: Format, out: W, colour: bool) -> Box<dyn Sink + 'a> {
+    match format {
+        Format::Human => Box::new(Human { out, colour }),
+        Format::Json => Box::new(Json { out }),
+    }
+}

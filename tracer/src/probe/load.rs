@@ -1,0 +1,192 @@
+//! Loading podtrace's eBPF object into one node (network namespace):
+//! the globals that tell it where it runs, the traced pairs, the tc and
+//! drop programs attached, and the ring buffer streamed out. Dropping the
+//! probe detaches everything.
+
+use std::mem::ManuallyDrop;
+
+use anyhow::{anyhow, Context, Result};
+use aya::{
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    Btf, Ebpf, EbpfLoader,
+};
+use podtrace_common::{counter, names, FlowKey, KernelLayout, Sighting, MAX_NODES};
+use tokio::{io::unix::AsyncFd, sync::mpsc};
+
+use super::{
+    drops,
+    tc::{self, AttachMode},
+};
+use crate::node::{interfaces::Watched, netns::Namespace};
+
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
+
+/// What one node's probe needs to know.
+pub struct ProbeSpec<'a> {
+    pub node_id: u32,
+    pub netns: &'a Namespace,
+    /// Inode of every traced namespace: drops there are told by their node.
+    pub traced_netns: &'a [u32; MAX_NODES],
+    pub layout: &'a KernelLayout,
+    pub btf: &'a Btf,
+    pub flows: &'a [FlowKey],
+    pub mode: AttachMode,
+}
+
+/// The programs of one node, attached; dropping it detaches everything.
+pub struct NodeProbe {
+    /// Dropped inside `netns`: clsact filters are detached over netlink by
+    /// ifindex, which means something only in the node's namespace.
+    ebpf: ManuallyDrop<Ebpf>,
+    netns: Namespace,
+    mode: AttachMode,
+    pub hooks: usize,
+    /// Interfaces where podtrace added the clsact qdisc, to remove it again.
+    added_qdiscs: Vec<String>,
+}
+
+impl Drop for NodeProbe {
+    fn drop(&mut self) {
+        let ebpf = &mut self.ebpf;
+        let added_qdiscs = std::mem::take(&mut self.added_qdiscs);
+        let detached = self.netns.run(|| {
+            // SAFETY: dropped once, here, and never used again.
+            unsafe { ManuallyDrop::drop(ebpf) };
+            for iface in &added_qdiscs {
+                // The child starts in this thread's namespace, the node's.
+                let _ = std::process::Command::new("tc")
+                    .args(["qdisc", "del", "dev", iface, "clsact"])
+                    .stderr(std::process::Stdio::null())
+                    .status();
+            }
+            Ok(())
+        });
+        if let Err(e) = detached {
+            // TCX links close with the process; clsact filters are removed
+            // by the next start.
+            eprintln!("podtrace: cannot detach cleanly: {e:#}");
+        }
+    }
+}
+
+impl NodeProbe {
+    /// Loads the programs, attaches the tc ones to `watched` inside the
+    /// node's namespace, and the drop program to kfree_skb.
+    pub fn attach(spec: &ProbeSpec<'_>, watched: &[Watched]) -> Result<Self> {
+        let mut ebpf = EbpfLoader::new()
+            .override_global(names::NODE_ID, &spec.node_id, true)
+            .override_global(names::LAYOUT, spec.layout, true)
+            .override_global(names::NETNS_INUM, &spec.netns.inum, true)
+            .override_global(names::TRACED_NETNS, spec.traced_netns, true)
+            .load(EBPF_OBJECT)
+            .context("cannot load the eBPF programs")?;
+        flow_filter(&mut ebpf)?.replace(&[], spec.flows)?;
+        for name in tc::PROGRAMS {
+            tc::program(&mut ebpf, name)?
+                .load()
+                .with_context(|| format!("the kernel refused {name}"))?;
+        }
+        drops::attach(&mut ebpf, spec.btf)?;
+        let mut probe = Self {
+            ebpf: ManuallyDrop::new(ebpf),
+            netns: spec.netns.clone(),
+            mode: spec.mode.resolve(),
+            hooks: 0,
+            added_qdiscs: Vec::new(),
+        };
+        for iface in watched {
+            probe.attach_interface(iface)?;
+        }
+        Ok(probe)
+    }
+
+    /// Attaches to both hooks of one more interface of the node.
+    pub fn attach_interface(&mut self, iface: &Watched) -> Result<()> {
+        let added_qdisc = self
+            .netns
+            .run(|| tc::attach_interface(&mut self.ebpf, iface, self.mode))?;
+        if added_qdisc {
+            self.added_qdiscs.push(iface.name.clone());
+        }
+        self.hooks += 2;
+        Ok(())
+    }
+
+    /// Swaps traced pairs in the kernel filter (a pod came back with a new
+    /// IP).
+    pub fn replace_flows(&mut self, old: &[FlowKey], new: &[FlowKey]) -> Result<()> {
+        flow_filter(&mut self.ebpf)?.replace(old, new)
+    }
+
+    /// Moves the ring buffer into a task that forwards every sighting.
+    pub fn stream(&mut self, tx: mpsc::UnboundedSender<Sighting>) -> Result<()> {
+        let map = self
+            .ebpf
+            .take_map(names::SIGHTINGS)
+            .ok_or_else(|| anyhow!("no SIGHTINGS map"))?;
+        let ring = RingBuf::try_from(map)?;
+        // SAFETY: the ring buffer owns its fd, and the AsyncFd owns the ring
+        // buffer, so the fd stays open for as long as it is registered.
+        let mut ring = unsafe { AsyncFd::register(ring) }
+            .map_err(|e| anyhow!("cannot poll the ring buffer: {e}"))?;
+        tokio::spawn(async move {
+            loop {
+                let Ok(mut guard) = ring.readable_mut().await else {
+                    return;
+                };
+                // Clear before draining: a wakeup that lands while we drain
+                // must stay pending, or the ring stalls with data in it.
+                guard.clear_ready();
+                let ring = guard.get_inner_mut();
+                while let Some(item) = ring.next() {
+                    if item.len() >= std::mem::size_of::<Sighting>() {
+                        // SAFETY: the kernel wrote a whole Sighting here.
+                        let s =
+                            unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<Sighting>()) };
+                        if tx.send(s).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// The kernel-side loss counters, summed over CPUs.
+    pub fn counters(&self) -> Result<[u64; counter::COUNT as usize]> {
+        let map = self
+            .ebpf
+            .map(names::COUNTERS)
+            .ok_or_else(|| anyhow!("no COUNTERS map"))?;
+        let array: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map)?;
+        let mut out = [0; counter::COUNT as usize];
+        for (i, slot) in out.iter_mut().enumerate() {
+            *slot = array.get(&(i as u32), 0)?.iter().sum();
+        }
+        Ok(out)
+    }
+}
+
+/// The kernel's filter of traced pairs (both eBPF programs read it).
+struct FlowFilter<'a>(BpfHashMap<&'a mut MapData, FlowKey, u8>);
+
+fn flow_filter(ebpf: &mut Ebpf) -> Result<FlowFilter<'_>> {
+    let map = ebpf
+        .map_mut(names::FLOWS)
+        .ok_or_else(|| anyhow!("no FLOWS map"))?;
+    Ok(FlowFilter(BpfHashMap::try_from(map)?))
+}
+
+impl FlowFilter<'_> {
+    fn replace(&mut self, old: &[FlowKey], new: &[FlowKey]) -> Result<()> {
+        for key in old {
+            // Absent already is fine: the pair may have changed twice.
+            let _ = self.0.remove(key);
+        }
+        for key in new {
+            self.0.insert(key, 1, 0)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,51 @@
+//! Kernel signals, and loading and attaching the programs that catch them.
+//!
+//! - `tc`: the classifiers on every watched interface (one sighting per
+//!   hook a traced packet crosses);
+//! - `drops`: the kfree_skb tracepoint (the kernel's drop reasons);
+//! - `netfilter`: nftables packet tracing (which rule dropped a packet);
+//! - `link_watch`: interfaces that come and go during a trace;
+//! - `btf`: the running kernel's struct layout, since Rust eBPF has no CO-RE;
+//! - `load`: one node's probe, the eBPF object loaded with its globals.
+
+pub mod btf;
+pub mod drops;
+pub mod link_watch;
+mod load;
+pub mod netfilter;
+pub mod tc;
+
+use anyhow::{Context as _, Result};
+use podtrace_common::KernelLayout;
+
+pub use load::{NodeProbe, ProbeSpec};
+pub use tc::AttachMode;
+
+use self::{
+    btf::Btf,
+    drops::{ReasonNames, Symbols},
+};
+
+/// What the running kernel says about itself, read once.
+pub struct Kernel {
+    pub layout: KernelLayout,
+    pub reasons: ReasonNames,
+    pub symbols: Symbols,
+}
+
+impl Kernel {
+    pub fn read() -> Result<Self> {
+        let btf = Btf::from_sys_fs()?;
+        Ok(Self {
+            layout: drops::kernel_layout(&btf)?,
+            reasons: ReasonNames::from_btf(&btf)?,
+            symbols: Symbols::from_kallsyms()?,
+        })
+    }
+
+    /// The kernel's BTF as aya loads BTF-typed programs with it; only
+    /// needed while attaching (it is large: drop it after).
+    pub fn typed_btf() -> Result<aya::Btf> {
+        aya::Btf::from_sys_fs().context("aya cannot read the kernel's BTF")
+    }
+}

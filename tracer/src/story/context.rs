@@ -1,0 +1,42 @@
+//! What podtrace knows about the traced part of the cluster, for telling
+//! stories: names of addresses, the traced nodes' facts, pod subnets, and
+//! why a netfilter rule could not be named.
+
+use std::{collections::HashMap, net::Ipv4Addr};
+
+use ipnet::Ipv4Net;
+
+use crate::{cluster::NodeSubnet, node::NodeFacts};
+
+/// What podtrace knows about the traced part of the cluster.
+#[derive(Clone, Debug, Default)]
+pub struct Context {
+    /// Labels for addresses: pods ("default/web-0") and nodes ("node-1").
+    pub names: HashMap<Ipv4Addr, String>,
+    /// What each traced node looked like at start, by node name.
+    pub nodes: HashMap<String, NodeFacts>,
+    /// Every node's pod subnet (`--nodes-file`).
+    pub subnets: Vec<NodeSubnet>,
+    /// The cluster's pod CIDRs (`--pod-cidr`).
+    pub pod_cidrs: Vec<Ipv4Net>,
+    /// Why a netfilter drop's rule may be missing (rule tracing off, …).
+    pub why_rule_unnamed: &'static str,
+}
+
+impl Context {
+    pub fn label(&self, ip: Ipv4Addr) -> String {
+        match self.names.get(&ip) {
+            Some(name) => format!("{ip} ({name})"),
+            None => ip.to_string(),
+        }
+    }
+
+    /// A packet for `dst` must show up again: a traced node delivers
+    /// `dst`'s subnet locally (via a bridge or pod veth).
+    pub fn expects_arrival(&self, dst: Ipv4Addr) -> bool {
+        self.nodes
+            .values()
+            .flat_map(|facts| &facts.local_pod_subnets)
+            .any(|net| net.contains(&dst))
+    }
+}

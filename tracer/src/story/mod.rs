@@ -1,0 +1,312 @@
+//! From a journey to its story: what happened at each hop, and the
+//! verdict. Pure; rendering (text, JSON) is in `output`.
+//!
+//! - `journey`: grouping the sightings of one packet (correlation);
+//! - `notes`: the wording of each hop;
+//! - `verdict`: how the packet travelled and where it ended;
+//! - `explain`: why, in the operator's terms (route -n, hints);
+//! - `profile`: per-step latency over many stories.
+
+mod context;
+pub mod explain;
+pub mod journey;
+mod notes;
+pub mod profile;
+mod verdict;
+
+use std::net::Ipv4Addr;
+
+use serde::Serialize;
+
+pub use context::Context;
+pub use verdict::{Outcome, PathStep, Verdict};
+
+use crate::{
+    decode::{
+        hop::{Direction, DropInfo, KernelRoute},
+        Transport, Tunnel,
+    },
+    node::interfaces::Role,
+};
+use journey::Journey;
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HopLine {
+    /// Microseconds since the journey's first hop.
+    pub t_us: f64,
+    pub node: String,
+    pub iface: String,
+    pub role: Role,
+    pub direction: Direction,
+    pub skb_len: u32,
+    pub ttl: u8,
+    pub mark: u32,
+    pub tunnel: Option<Tunnel>,
+    /// The kernel's route for the packet, asked at this hook (ingress).
+    pub route: Option<KernelRoute>,
+    pub note: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Story {
+    pub packet: String,
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    pub src_name: Option<String>,
+    pub dst_name: Option<String>,
+    pub transport: Transport,
+    pub ip_id: u16,
+    pub hops: Vec<HopLine>,
+    /// Frees after delivery (the pod's own stack, e.g. NO_SOCKET for a ping
+    /// reply that only a raw socket wanted): not drops on the path.
+    pub freed_after_delivery: Vec<DropInfo>,
+    pub verdict: Verdict,
+}
+
+pub fn tell(journey: &Journey, ctx: &Context) -> Story {
+    let (journey, freed_after_delivery) = split_after_delivery(journey);
+    let journey = &journey;
+    let first = &journey.hops[0];
+    let start = first.ktime_ns;
+    let packet = first.packet.packet;
+    let hops = journey
+        .hops
+        .iter()
+        .enumerate()
+        .map(|(i, hop)| HopLine {
+            t_us: micros(hop.ktime_ns - start),
+            node: hop.node.clone(),
+            iface: hop.iface.clone(),
+            role: hop.role,
+            direction: hop.direction,
+            skb_len: hop.skb_len,
+            ttl: hop.packet.packet.ttl,
+            mark: hop.mark,
+            tunnel: hop.packet.tunnel,
+            route: hop.route.clone(),
+            note: notes::note(hop, i.checked_sub(1).map(|p| &journey.hops[p]), ctx),
+        })
+        .collect();
+    let mut story = Story {
+        packet: notes::describe_packet(&first.packet),
+        src: packet.src,
+        dst: packet.dst,
+        src_name: ctx.names.get(&packet.src).cloned(),
+        dst_name: ctx.names.get(&packet.dst).cloned(),
+        transport: packet.transport,
+        ip_id: packet.ip_id,
+        hops,
+        freed_after_delivery,
+        verdict: verdict::judge(journey, ctx),
+    };
+    if story.netfilter_drop() {
+        story.name_rule(journey.rule.as_ref(), ctx.why_rule_unnamed);
+    }
+    story
+}
+
+pub(super) fn micros(ns: u64) -> f64 {
+    (ns as f64 / 100.0).round() / 10.0
+}
+
+/// Moves drops that follow delivery out of the path.
+fn split_after_delivery(journey: &Journey) -> (Journey, Vec<DropInfo>) {
+    let mut path = journey.clone();
+    let mut freed = Vec::new();
+    if let Some(delivered) = journey.delivered_at() {
+        let mut i = delivered + 1;
+        while i < path.hops.len() {
+            if path.hops[i].direction == Direction::Drop {
+                freed.extend(path.hops.remove(i).drop);
+            } else {
+                i += 1;
+            }
+        }
+    }
+    (path, freed)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::{
+        decode::hop::{tests::hop, Direction::*, Hop},
+        decode::tests as frames,
+    };
+
+    fn cross_node_flannel() -> Journey {
+        let at_src = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
+        let routed = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 63, 1);
+        let delivered = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 62, 1);
+        let hops = vec![
+            hop(1_000, "node-1", "vethA", Role::PodVeth, Ingress, &at_src),
+            hop(2_000, "node-1", "cni0", Role::Bridge, Ingress, &at_src),
+            hop(3_000, "node-1", "flannel.1", Role::Tunnel, Egress, &routed),
+            hop(
+                4_000,
+                "node-1",
+                "eth0",
+                Role::Underlay,
+                Egress,
+                &frames::vxlan(&routed, 1),
+            ),
+            hop(
+                9_000,
+                "node-2",
+                "eth0",
+                Role::Underlay,
+                Ingress,
+                &frames::vxlan(&routed, 1),
+            ),
+            hop(
+                10_000,
+                "node-2",
+                "flannel.1",
+                Role::Tunnel,
+                Ingress,
+                &routed,
+            ),
+            hop(11_000, "node-2", "cni0", Role::Bridge, Egress, &delivered),
+            hop(12_500, "node-2", "vethB", Role::PodVeth, Egress, &delivered),
+        ];
+        Journey::new(hops)
+    }
+
+    pub(crate) fn sample_story() -> Story {
+        tell(&cross_node_flannel(), &ctx())
+    }
+
+    fn ctx() -> Context {
+        let mut ctx = Context::default();
+        ctx.names
+            .insert("10.244.2.2".parse().unwrap(), "default/db-0".into());
+        ctx.nodes.insert(
+            "node-2".into(),
+            crate::node::NodeFacts {
+                local_pod_subnets: vec!["10.244.2.0/24".parse().unwrap()],
+                ..Default::default()
+            },
+        );
+        ctx
+    }
+
+    #[test]
+    fn cross_node_vxlan_is_routed_encapsulated_decapsulated_and_delivered() {
+        let story = tell(&cross_node_flannel(), &ctx());
+        assert_eq!(
+            story.verdict.outcome,
+            Outcome::Delivered {
+                node: "node-2".into(),
+                iface: "vethB".into()
+            }
+        );
+        assert_eq!(
+            story.verdict.path,
+            [
+                PathStep::Routed,
+                PathStep::Encapsulated,
+                PathStep::Decapsulated
+            ]
+        );
+        assert_eq!(story.verdict.latency_us, 11.5);
+        assert_eq!(
+            story.hops[2].note,
+            "routed (TTL 64→63), into the tunnel device"
+        );
+        assert_eq!(
+            story.hops[3].note,
+            "encapsulated VXLAN VNI 1 192.0.2.11:41000 → 192.0.2.12:8472 (+50 B)"
+        );
+        assert_eq!(story.hops[5].note, "decapsulated");
+        assert_eq!(
+            story.hops[6].note,
+            "routed (TTL 63→62), host stack down to the bridge"
+        );
+        assert_eq!(story.hops[7].note, "handed to 10.244.2.2 (default/db-0)");
+        assert!(story
+            .verdict
+            .summary
+            .starts_with("delivered to 10.244.2.2 (default/db-0) on node-2"));
+    }
+
+    #[test]
+    fn a_journey_cut_at_the_underlay_left_the_node_or_vanished() {
+        let mut journey = cross_node_flannel();
+        journey.hops.truncate(4);
+        // Only node-1 traced: leaving by eth0 is the end of what it can see.
+        let story = tell(&journey, &Context::default());
+        assert_eq!(
+            story.verdict.outcome,
+            Outcome::LeftNode {
+                node: "node-1".into(),
+                iface: "eth0".into(),
+                toward: "192.0.2.12".parse().unwrap()
+            }
+        );
+        // node-2 traced too: the packet should have arrived there.
+        let story = tell(&journey, &ctx());
+        assert!(matches!(story.verdict.outcome, Outcome::Vanished { .. }));
+        assert!(story
+            .verdict
+            .summary
+            .contains("last seen on node-1 eth0 egress"));
+    }
+
+    fn drop_hop(t: u64, node: &str, iface: &str, frame: &[u8], reason: &str) -> Hop {
+        crate::decode::hop::tests::drop_hop(t, node, iface, Role::Other, frame, reason)
+    }
+
+    #[test]
+    fn a_drop_that_ends_the_journey_is_the_verdict() {
+        let mut journey = cross_node_flannel();
+        journey.hops.truncate(2);
+        let routed = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 63, 1);
+        journey
+            .hops
+            .push(drop_hop(2_500, "node-1", "cni0", &routed, "NETFILTER_DROP"));
+        let story = tell(&journey, &ctx());
+        assert_eq!(
+            story.verdict.outcome,
+            Outcome::Dropped {
+                node: "node-1".into(),
+                iface: "cni0".into(),
+                reason: "NETFILTER_DROP".into(),
+                location: "nf_hook_slow+0x9c".into()
+            }
+        );
+        assert_eq!(
+            story.hops[2].note,
+            "routed (TTL 64→63), dropped: NETFILTER_DROP in nf_hook_slow+0x9c"
+        );
+        assert!(story.freed_after_delivery.is_empty());
+    }
+
+    #[test]
+    fn a_free_inside_the_pod_after_delivery_is_not_a_drop_on_the_path() {
+        let mut journey = cross_node_flannel();
+        let delivered = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 62, 1);
+        journey.hops.push(drop_hop(
+            13_000,
+            "netns db-0",
+            "eth0",
+            &delivered,
+            "NO_SOCKET",
+        ));
+        let story = tell(&journey, &ctx());
+        assert!(matches!(story.verdict.outcome, Outcome::Delivered { .. }));
+        assert_eq!(story.hops.len(), 8);
+        assert_eq!(story.freed_after_delivery[0].reason, "NO_SOCKET");
+    }
+
+    #[test]
+    fn same_node_pods_are_bridged() {
+        let frame = frames::icmp_echo([10, 244, 1, 2], [10, 244, 1, 3], 64, 1);
+        let hops = vec![
+            hop(0, "node-1", "vethA", Role::PodVeth, Ingress, &frame),
+            hop(800, "node-1", "vethC", Role::PodVeth, Egress, &frame),
+        ];
+        let story = tell(&Journey::new(hops), &ctx());
+        assert_eq!(story.verdict.path, [PathStep::Bridged]);
+        assert!(matches!(story.verdict.outcome, Outcome::Delivered { .. }));
+    }
+}

@@ -1,0 +1,295 @@
+//! The verdict on a journey: how the packet travelled (bridged, routed,
+//! encapsulated, decapsulated), where it ended, why (with the explanation
+//! from `explain`), and for a netfilter drop, the rule.
+
+use std::net::Ipv4Addr;
+
+use serde::Serialize;
+
+use super::{explain::explain, micros, notes::tunnel_text, Context, Story};
+use crate::{
+    decode::hop::Direction,
+    node::interfaces::Role,
+    probe::netfilter::NetfilterRule,
+    story::{
+        explain::RouteCheck,
+        journey::{Journey, NETFILTER_DROP},
+    },
+};
+
+/// How the packet travelled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PathStep {
+    Bridged,
+    Routed,
+    Encapsulated,
+    Decapsulated,
+}
+
+/// Where the packet's journey ended, as far as the traced nodes can see.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    /// Sent out of the destination pod's host-side veth.
+    Delivered { node: String, iface: String },
+    /// Left the traced nodes through the underlay, toward an untraced node.
+    LeftNode {
+        node: String,
+        iface: String,
+        toward: Ipv4Addr,
+    },
+    /// The node had no route for the destination's pods: the route it
+    /// needed, the one it used, and what became of the packet.
+    NoRoute {
+        check: RouteCheck,
+        then: Box<Outcome>,
+    },
+    /// Freed by the kernel with a drop reason, and seen nowhere after.
+    Dropped {
+        node: String,
+        iface: String,
+        reason: String,
+        location: String,
+    },
+    /// Seen at a hook, and never at the next one expected.
+    Vanished {
+        node: String,
+        iface: String,
+        direction: Direction,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Verdict {
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    pub path: Vec<PathStep>,
+    /// First to last hop, in microseconds.
+    pub latency_us: f64,
+    pub summary: String,
+    /// For a netfilter drop: the rule, from nftables tracing.
+    pub netfilter: Option<NetfilterRule>,
+    /// For a netfilter drop whose rule is not named: the hook, as far as
+    /// the packet tells (FORWARD when the node had routed it).
+    pub netfilter_hook: Option<String>,
+    /// What on the node explains the outcome (forwarding off, a veth
+    /// without its bridge, an MTU too small, …).
+    pub hint: Option<String>,
+}
+
+impl Story {
+    /// Whether the packet was dropped by a netfilter rule.
+    pub fn netfilter_drop(&self) -> bool {
+        matches!(&self.verdict.outcome, Outcome::Dropped { reason, .. } if reason == NETFILTER_DROP)
+    }
+
+    /// Names the netfilter rule that dropped the packet, or says why it
+    /// cannot be named.
+    pub(super) fn name_rule(&mut self, rule: Option<&NetfilterRule>, why_unnamed: &str) {
+        match rule {
+            Some(rule) => {
+                self.verdict.summary.push_str(&format!(
+                    "; by table {} chain {} (hook {}): {}",
+                    rule.table, rule.chain, rule.hook, rule.rule
+                ));
+                self.verdict.netfilter = Some(rule.clone());
+            }
+            None => {
+                let hook = self.netfilter_hook();
+                self.verdict.summary.push_str(&format!(
+                    "; dropped by netfilter at hook {hook}; the rule is not named: {why_unnamed}"
+                ));
+                self.verdict.netfilter_hook = Some(hook.to_string());
+            }
+        }
+    }
+
+    /// The netfilter hook of a drop, from the packet alone: routed on the
+    /// dropping node (TTL lower than when it arrived there) means FORWARD.
+    fn netfilter_hook(&self) -> &'static str {
+        let Some(last) = self.hops.last() else {
+            return "unknown";
+        };
+        let arrived = self.hops.iter().find(|h| h.node == last.node);
+        match arrived {
+            Some(first) if last.ttl < first.ttl => "FORWARD",
+            Some(first) if first.direction == Direction::Egress => "OUTPUT or POSTROUTING",
+            _ => "PREROUTING or INPUT",
+        }
+    }
+}
+
+pub(super) fn judge(journey: &Journey, ctx: &Context) -> Verdict {
+    let hops = &journey.hops;
+    let (first, last) = (&hops[0], &hops[hops.len() - 1]);
+    let delivered = journey.delivered_at() == Some(hops.len() - 1);
+    let path = path_of(journey, delivered);
+    let outcome = outcome_of(journey, delivered, ctx);
+    let explanation = explain(hops, &ctx.nodes, &ctx.subnets, &ctx.pod_cidrs);
+    let outcome = match explanation.no_route {
+        Some(check) => Outcome::NoRoute {
+            check,
+            then: Box::new(outcome),
+        },
+        None => outcome,
+    };
+    let latency_us = micros(last.ktime_ns - first.ktime_ns);
+    let mut summary = summarise(
+        &outcome,
+        &how(journey, &path),
+        latency_us,
+        first.packet.packet.dst,
+        ctx,
+    );
+    if let Some(hint) = &explanation.hint {
+        summary.push_str(&format!("; {hint}"));
+    }
+    Verdict {
+        outcome,
+        path,
+        latency_us,
+        summary,
+        netfilter: None,
+        netfilter_hook: None,
+        hint: explanation.hint,
+    }
+}
+
+/// How the packet travelled: a TTL that went down means routed; a tunnel
+/// header, encapsulated; a hop without one after it, decapsulated.
+fn path_of(journey: &Journey, delivered: bool) -> Vec<PathStep> {
+    let hops = &journey.hops;
+    let mut path = Vec::new();
+    let routed = hops
+        .windows(2)
+        .any(|w| w[1].packet.packet.ttl < w[0].packet.packet.ttl);
+    let encap = hops.iter().position(|h| h.packet.tunnel.is_some());
+    let decap = encap.and_then(|at| hops[at..].iter().position(|h| h.packet.tunnel.is_none()));
+    if routed {
+        path.push(PathStep::Routed);
+    }
+    if encap.is_some() {
+        path.push(PathStep::Encapsulated);
+    }
+    if decap.is_some() {
+        path.push(PathStep::Decapsulated);
+    }
+    if delivered && path.is_empty() {
+        path.push(PathStep::Bridged);
+    }
+    path
+}
+
+/// Where the journey ended, from its last hop.
+fn outcome_of(journey: &Journey, delivered: bool, ctx: &Context) -> Outcome {
+    let last = &journey.hops[journey.hops.len() - 1];
+    let dst = journey.hops[0].packet.packet.dst;
+    if let (Direction::Drop, Some(drop)) = (last.direction, &last.drop) {
+        Outcome::Dropped {
+            node: last.node.clone(),
+            iface: last.iface.clone(),
+            reason: drop.reason.clone(),
+            location: drop.location.clone(),
+        }
+    } else if delivered {
+        Outcome::Delivered {
+            node: last.node.clone(),
+            iface: last.iface.clone(),
+        }
+    } else if last.role == Role::Underlay
+        && last.direction == Direction::Egress
+        && !ctx.expects_arrival(dst)
+    {
+        let toward = last.packet.tunnel.map_or(dst, |t| t.outer.dst);
+        Outcome::LeftNode {
+            node: last.node.clone(),
+            iface: last.iface.clone(),
+            toward,
+        }
+    } else {
+        Outcome::Vanished {
+            node: last.node.clone(),
+            iface: last.iface.clone(),
+            direction: last.direction,
+        }
+    }
+}
+
+/// "; routed, encapsulated (VXLAN …), decapsulated", or nothing.
+fn how(journey: &Journey, path: &[PathStep]) -> String {
+    let encap = journey.hops.iter().find_map(|h| h.packet.tunnel);
+    let how = path
+        .iter()
+        .map(|step| match step {
+            PathStep::Bridged => "bridged".to_string(),
+            PathStep::Routed => "routed".to_string(),
+            PathStep::Encapsulated => encap.map_or("encapsulated".to_string(), |t| {
+                format!("encapsulated ({})", tunnel_text(&t))
+            }),
+            PathStep::Decapsulated => "decapsulated".to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    if how.is_empty() {
+        String::new()
+    } else {
+        format!("; {how}")
+    }
+}
+
+/// The verdict in one line.
+fn summarise(
+    outcome: &Outcome,
+    how: &str,
+    latency_us: f64,
+    dst: Ipv4Addr,
+    ctx: &Context,
+) -> String {
+    match outcome {
+        Outcome::NoRoute { check, then } => format!(
+            "no route on {} to {}: expected {}; the kernel used {}{}",
+            check.node,
+            ctx.label(dst),
+            check.expected,
+            check.used,
+            match then.as_ref() {
+                Outcome::Dropped { node, reason, .. } =>
+                    format!(" (then dropped on {node}: {reason})"),
+                Outcome::LeftNode { node, iface, .. } =>
+                    format!(" (the packet left {node} by {iface})"),
+                _ => String::new(),
+            }
+        ),
+        Outcome::Delivered { node, iface } => {
+            format!(
+                "delivered to {} on {node} via {iface}{how}, {latency_us} µs end to end",
+                ctx.label(dst)
+            )
+        }
+        Outcome::LeftNode {
+            node,
+            iface,
+            toward,
+        } => format!(
+            "left {node} via {iface} toward {} (that node is not traced){how}",
+            ctx.label(*toward)
+        ),
+        Outcome::Dropped {
+            node,
+            iface,
+            reason,
+            location,
+        } => {
+            format!("dropped on {node} at {iface}: {reason} in {location}{how}")
+        }
+        Outcome::Vanished {
+            node,
+            iface,
+            direction,
+        } => {
+            let dir = direction.label();
+            format!("vanished: last seen on {node} {iface} {dir}, never at the next hook{how}")
+        }
+    }
+}
