@@ -5,7 +5,7 @@
 
 use anyhow::{bail, Result};
 
-use crate::lab::{ip, sh, Lab, Topology};
+use crate::lab::{fdb, in_netns, ip, run, sysctl, Lab, Topology};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Fault {
@@ -128,31 +128,15 @@ impl Fault {
                 ip(&node1, "link del cni0")?;
             }
             Self::FlannelFdbMissing => {
-                let mac = Lab::vtep_mac(2);
-                sh(&[
-                    "bridge",
-                    "-n",
+                fdb(
                     &node1,
-                    "fdb",
                     "del",
-                    &mac,
-                    "dev",
+                    &Lab::vtep_mac(2),
                     "flannel.1",
-                    "dst",
                     &Lab::node_ip(2).to_string(),
-                ])?;
+                )?;
             }
-            Self::IpForwardOff => {
-                sh(&[
-                    "ip",
-                    "netns",
-                    "exec",
-                    &node1,
-                    "sysctl",
-                    "-qw",
-                    "net.ipv4.ip_forward=0",
-                ])?;
-            }
+            Self::IpForwardOff => sysctl(&node1, "net.ipv4.ip_forward", "0")?,
             Self::MtuTooBig => {
                 ip(&node1, &format!("link set {} mtu 1500", web.host_iface))?;
                 ip(&web.netns, "link set eth0 mtu 1500")?;
@@ -164,10 +148,7 @@ impl Fault {
 
 /// Runs `iptables <rule>` inside a namespace.
 fn iptables(ns: &str, rule: &str) -> Result<()> {
-    let words = shell_words(rule);
-    let mut argv = vec!["ip", "netns", "exec", ns, "iptables"];
-    argv.extend(words.iter().map(String::as_str));
-    sh(&argv)
+    run(in_netns(ns, "iptables").args(shell_words(rule)))
 }
 
 /// Splits a rule on spaces, keeping "double-quoted words" together.
