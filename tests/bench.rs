@@ -6,10 +6,7 @@
 #[allow(dead_code)]
 mod support;
 
-use std::{
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use etherparse::PacketBuilder;
 use podtrace::{
@@ -79,18 +76,8 @@ fn userspace_pipeline() {
 /// `rtt min/avg/max/mdev = …` of `ping -q`, as (avg, max) in µs.
 fn ping_rtt(lab: &xtask::lab::Lab, count: u32) -> (f64, f64) {
     let (from, to) = (lab.pod("web-0"), lab.pod("db-0"));
-    let out = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &from.netns,
-            "ping",
-            "-q",
-            "-c",
-            &count.to_string(),
-            "-i",
-            "0.01",
-        ])
+    let out = xtask::lab::in_netns(&from.netns, "ping")
+        .args(["-q", "-c", &count.to_string(), "-i", "0.01"])
         .arg(to.ip.to_string())
         .output()
         .unwrap();

@@ -280,15 +280,8 @@ fn the_healthy_lab_has_no_drop_verdict() {
 fn the_nft_table_is_gone_after_sigint_sigterm_and_sigkill() {
     let lab = lab(Topology::FlannelVxlan);
     let tables = || {
-        let out = std::process::Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &lab.0.node_netns(1),
-                "nft",
-                "list",
-                "tables",
-            ])
+        let out = xtask::lab::in_netns(&lab.0.node_netns(1), "nft")
+            .args(["list", "tables"])
             .output()
             .unwrap();
         String::from_utf8_lossy(&out.stdout)

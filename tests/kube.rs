@@ -140,26 +140,13 @@ fn a_pod_that_comes_back_with_a_new_ip_is_followed() {
     let new_ip = lab.0.node_subnet(2).hosts().nth(8).unwrap();
     let gateway = lab.0.node_subnet(2).hosts().next().unwrap();
     xtask::lab::ip(&db.netns, "addr flush dev eth0").unwrap();
-    xtask::lab::ip(&db.netns, &format!("addr add {new_ip}/24 dev eth0")).unwrap();
-    xtask::lab::ip(
-        &db.netns,
-        &format!("route add default via {gateway} dev eth0"),
-    )
-    .unwrap();
+    xtask::lab::flannel::address_pod(&db.netns, new_ip, gateway).unwrap();
     stub.set_pod_ip("default", "db-0", &new_ip.to_string());
     // Give the watch a moment, then talk to the new IP.
     std::thread::sleep(std::time::Duration::from_secs(2));
     // The nft rule tracing follows too.
-    let table = std::process::Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &lab.0.node_netns(1),
-            "nft",
-            "list",
-            "table",
-            "inet",
-        ])
+    let table = xtask::lab::in_netns(&lab.0.node_netns(1), "nft")
+        .args(["list", "table", "inet"])
         .arg(format!("podtrace_{}", trace.pid()))
         .output()
         .unwrap();

@@ -426,10 +426,8 @@ fn clsact_fallback_attaches_and_cleans_up_even_after_sigkill() {
     let lab = lab(Topology::FlannelVxlan);
     let node1 = lab.0.node_netns(1);
     let tc_filters = || {
-        let out = std::process::Command::new("ip")
-            .args([
-                "netns", "exec", &node1, "tc", "filter", "show", "dev", "cni0", "ingress",
-            ])
+        let out = xtask::lab::in_netns(&node1, "tc")
+            .args(["filter", "show", "dev", "cni0", "ingress"])
             .output()
             .expect("tc");
         String::from_utf8_lossy(&out.stdout)
@@ -463,10 +461,8 @@ fn clsact_fallback_attaches_and_cleans_up_even_after_sigkill() {
     assert_eq!(stories.len(), 2);
     assert_eq!(stories[0]["verdict"]["outcome"], "left_node");
     assert_eq!(tc_filters(), 0, "filters removed at a clean exit");
-    let qdiscs = std::process::Command::new("ip")
-        .args([
-            "netns", "exec", &node1, "tc", "qdisc", "show", "dev", "cni0",
-        ])
+    let qdiscs = xtask::lab::in_netns(&node1, "tc")
+        .args(["qdisc", "show", "dev", "cni0"])
         .output()
         .expect("tc");
     assert!(
@@ -519,28 +515,12 @@ fn a_pod_veth_replaced_during_the_trace_is_followed() {
         lab_args(&lab.0, &[1]),
     ));
     // The pod's sandbox is recreated: its veth goes, a new one comes.
-    let ip = xtask::lab::ip;
-    ip(&node1, &format!("link del {}", web.host_iface)).unwrap();
-    ip(
-        &node1,
-        &format!(
-            "link add vethrestart mtu 1450 type veth peer name eth0 netns {}",
-            web.netns
-        ),
-    )
-    .unwrap();
-    ip(&node1, "link set vethrestart master cni0 up").unwrap();
-    ip(&web.netns, "link set eth0 mtu 1450").unwrap();
-    ip(&web.netns, &format!("addr add {}/24 dev eth0", web.ip)).unwrap();
-    ip(&web.netns, "link set eth0 up").unwrap();
-    ip(
-        &web.netns,
-        &format!(
-            "route add default via {} dev eth0",
-            lab.0.node_subnet(1).hosts().next().unwrap()
-        ),
-    )
-    .unwrap();
+    xtask::lab::ip(&node1, &format!("link del {}", web.host_iface)).unwrap();
+    let restarted = xtask::lab::LabPod {
+        host_iface: "vethrestart".into(),
+        ..web.clone()
+    };
+    xtask::lab::flannel::wire_pod(&lab.0, &restarted, 1450).unwrap();
     // Attachment follows the link event; give it a moment before traffic.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while !tcx_programs(&node1)
@@ -599,19 +579,8 @@ fn a_burst_of_packets_is_told_in_full() {
         lab_args(&lab.0, &[1, 2]),
     ));
     let (web, db) = (lab.0.pod("web-0"), lab.0.pod("db-0"));
-    let burst = std::process::Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &web.netns,
-            "ping",
-            "-q",
-            "-c",
-            "100",
-            "-i",
-            "0.002",
-            &db.ip.to_string(),
-        ])
+    let burst = xtask::lab::in_netns(&web.netns, "ping")
+        .args(["-q", "-c", "100", "-i", "0.002", &db.ip.to_string()])
         .output()
         .unwrap();
     assert!(

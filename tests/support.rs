@@ -2,7 +2,7 @@
 //! podtrace, traffic from inside pod namespaces, and attachment checks.
 
 use std::{
-    io::{BufRead, BufReader, Read},
+    io::Read,
     process::{Child, Command, ExitStatus, Stdio},
     sync::{
         atomic::{AtomicU32, Ordering},
@@ -14,7 +14,10 @@ use std::{
 use aya::programs::{SchedClassifier, TcAttachType};
 use podtrace::node::netns;
 use serde_json::Value;
-use xtask::lab::{Lab, LabGuard, Topology};
+use xtask::{
+    lab::{Lab, LabGuard, Topology},
+    podtrace_run,
+};
 
 pub const PODTRACE: &str = env!("CARGO_BIN_EXE_podtrace");
 
@@ -111,43 +114,14 @@ pub fn lab_args(lab: &Lab, nodes: &[u8]) -> Vec<String> {
 impl Trace {
     /// Starts podtrace and waits until it says it is tracing.
     pub fn start(args: &[String]) -> Self {
-        let mut child = Command::new(PODTRACE)
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start podtrace");
-        let stderr = child.stderr.take().expect("piped");
-        let (tx, stderr_lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        // Notes may come first; the trace has started at "podtrace: tracing".
-        let mut banner = String::new();
-        loop {
-            match stderr_lines.recv_timeout(Duration::from_secs(20)) {
-                Ok(line) => {
-                    let started = line.starts_with("podtrace: tracing");
-                    banner.push_str(&line);
-                    banner.push('\n');
-                    if started {
-                        break;
-                    }
-                }
-                Err(_) => {
-                    let _ = child.kill();
-                    panic!("podtrace did not start within 20 s: {banner}");
-                }
-            }
-        }
+        let mut command = Command::new(PODTRACE);
+        command.args(args).stdout(Stdio::piped());
+        let started = podtrace_run::start(command, Duration::from_secs(20))
+            .unwrap_or_else(|e| panic!("{e:#}"));
         Self {
-            child,
-            stderr_lines,
-            banner,
+            child: started.child,
+            stderr_lines: started.stderr_lines,
+            banner: started.banner,
         }
     }
 

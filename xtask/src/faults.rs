@@ -5,7 +5,7 @@
 
 use anyhow::{bail, Result};
 
-use crate::lab::{ip, sh, Lab, Topology};
+use crate::lab::{fdb, in_netns, ip, run, sysctl, Lab, LabPod, Topology};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Fault {
@@ -67,46 +67,8 @@ impl Fault {
             Self::IptablesForwardDrop => {
                 iptables(&node1, &format!("-A FORWARD -s {}/32 -j DROP", web.ip))?
             }
-            Self::CalicoProfileDrop => {
-                let db = lab.pod("db-0");
-                let tw = format!("cali-tw-{}", db.host_iface);
-                for chain in [
-                    "cali-FORWARD",
-                    "cali-from-wl-dispatch",
-                    "cali-to-wl-dispatch",
-                    &tw,
-                ] {
-                    iptables(&node2, &format!("-N {chain}"))?;
-                }
-                for rule in [
-                    r#"-A FORWARD -m comment --comment "cali:wUHhoiAYhphO9Mso" -j cali-FORWARD"#.to_string(),
-                    r#"-A cali-FORWARD -m comment --comment "cali:vjrMJCRpqwy5oRoX" -j MARK --set-xmark 0x0/0xe0000"#.to_string(),
-                    r#"-A cali-FORWARD -i cali+ -m comment --comment "cali:A_sPAO0mcxbT9mOV" -j cali-from-wl-dispatch"#.to_string(),
-                    r#"-A cali-FORWARD -o cali+ -m comment --comment "cali:8ZoYfO5HKXWbB3pk" -j cali-to-wl-dispatch"#.to_string(),
-                    format!(r#"-A cali-to-wl-dispatch -o {} -m comment --comment "cali:lSj8x5fXYVtbL3Kq" -g {tw}"#, db.host_iface),
-                    format!(r#"-A {tw} -m comment --comment "cali:Pm-1Bm8LtZKnFmxV" -j MARK --set-xmark 0x0/0x10000"#),
-                    format!(r#"-A {tw} -m comment --comment "cali:s4tXYq2MQ2b8zM1b" -m comment --comment "Drop if no profiles matched" -j DROP"#),
-                ] {
-                    iptables(&node2, &rule)?;
-                }
-            }
-            Self::KubeFirewallMarkDrop => {
-                iptables(&node1, "-N KUBE-MARK-DROP")?;
-                iptables(&node1, "-N KUBE-FIREWALL")?;
-                iptables(
-                    &node1,
-                    "-A KUBE-MARK-DROP -j MARK --set-xmark 0x8000/0x8000",
-                )?;
-                iptables(
-                    &node1,
-                    r#"-A KUBE-FIREWALL -m comment --comment "kubernetes firewall for dropping marked packets" -m mark --mark 0x8000/0x8000 -j DROP"#,
-                )?;
-                iptables(
-                    &node1,
-                    &format!("-A FORWARD -s {}/32 -j KUBE-MARK-DROP", web.ip),
-                )?;
-                iptables(&node1, "-A FORWARD -j KUBE-FIREWALL")?;
-            }
+            Self::CalicoProfileDrop => calico_profile_drop(&node2, &lab.pod("db-0"))?,
+            Self::KubeFirewallMarkDrop => kube_firewall_mark_drop(&node1, &web)?,
             Self::FlannelRouteMissing => {
                 ip(&node1, &format!("route del {}", lab.node_subnet(2)))?;
             }
@@ -128,31 +90,15 @@ impl Fault {
                 ip(&node1, "link del cni0")?;
             }
             Self::FlannelFdbMissing => {
-                let mac = Lab::vtep_mac(2);
-                sh(&[
-                    "bridge",
-                    "-n",
+                fdb(
                     &node1,
-                    "fdb",
                     "del",
-                    &mac,
-                    "dev",
+                    &Lab::vtep_mac(2),
                     "flannel.1",
-                    "dst",
                     &Lab::node_ip(2).to_string(),
-                ])?;
+                )?;
             }
-            Self::IpForwardOff => {
-                sh(&[
-                    "ip",
-                    "netns",
-                    "exec",
-                    &node1,
-                    "sysctl",
-                    "-qw",
-                    "net.ipv4.ip_forward=0",
-                ])?;
-            }
+            Self::IpForwardOff => sysctl(&node1, "net.ipv4.ip_forward", "0")?,
             Self::MtuTooBig => {
                 ip(&node1, &format!("link set {} mtu 1500", web.host_iface))?;
                 ip(&web.netns, "link set eth0 mtu 1500")?;
@@ -162,12 +108,52 @@ impl Fault {
     }
 }
 
+/// Calico's per-workload chains on node-2 for `db`, ending in "Drop if
+/// no profiles matched", as Felix writes them.
+fn calico_profile_drop(node2: &str, db: &LabPod) -> Result<()> {
+    let tw = format!("cali-tw-{}", db.host_iface);
+    for chain in [
+        "cali-FORWARD",
+        "cali-from-wl-dispatch",
+        "cali-to-wl-dispatch",
+        &tw,
+    ] {
+        iptables(node2, &format!("-N {chain}"))?;
+    }
+    for rule in [
+        r#"-A FORWARD -m comment --comment "cali:wUHhoiAYhphO9Mso" -j cali-FORWARD"#.to_string(),
+        r#"-A cali-FORWARD -m comment --comment "cali:vjrMJCRpqwy5oRoX" -j MARK --set-xmark 0x0/0xe0000"#.to_string(),
+        r#"-A cali-FORWARD -i cali+ -m comment --comment "cali:A_sPAO0mcxbT9mOV" -j cali-from-wl-dispatch"#.to_string(),
+        r#"-A cali-FORWARD -o cali+ -m comment --comment "cali:8ZoYfO5HKXWbB3pk" -j cali-to-wl-dispatch"#.to_string(),
+        format!(r#"-A cali-to-wl-dispatch -o {} -m comment --comment "cali:lSj8x5fXYVtbL3Kq" -g {tw}"#, db.host_iface),
+        format!(r#"-A {tw} -m comment --comment "cali:Pm-1Bm8LtZKnFmxV" -j MARK --set-xmark 0x0/0x10000"#),
+        format!(r#"-A {tw} -m comment --comment "cali:s4tXYq2MQ2b8zM1b" -m comment --comment "Drop if no profiles matched" -j DROP"#),
+    ] {
+        iptables(node2, &rule)?;
+    }
+    Ok(())
+}
+
+/// kube-proxy's mark-then-drop pair, marking `web`'s forwarded packets.
+fn kube_firewall_mark_drop(node1: &str, web: &LabPod) -> Result<()> {
+    iptables(node1, "-N KUBE-MARK-DROP")?;
+    iptables(node1, "-N KUBE-FIREWALL")?;
+    iptables(node1, "-A KUBE-MARK-DROP -j MARK --set-xmark 0x8000/0x8000")?;
+    iptables(
+        node1,
+        r#"-A KUBE-FIREWALL -m comment --comment "kubernetes firewall for dropping marked packets" -m mark --mark 0x8000/0x8000 -j DROP"#,
+    )?;
+    iptables(
+        node1,
+        &format!("-A FORWARD -s {}/32 -j KUBE-MARK-DROP", web.ip),
+    )?;
+    iptables(node1, "-A FORWARD -j KUBE-FIREWALL")?;
+    Ok(())
+}
+
 /// Runs `iptables <rule>` inside a namespace.
 fn iptables(ns: &str, rule: &str) -> Result<()> {
-    let words = shell_words(rule);
-    let mut argv = vec!["ip", "netns", "exec", ns, "iptables"];
-    argv.extend(words.iter().map(String::as_str));
-    sh(&argv)
+    run(in_netns(ns, "iptables").args(shell_words(rule)))
 }
 
 /// Splits a rule on spaces, keeping "double-quoted words" together.

@@ -3,4 +3,5 @@
 
 pub mod faults;
 pub mod lab;
+pub mod podtrace_run;
 pub mod setup;

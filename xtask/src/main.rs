@@ -1,18 +1,18 @@
 //! `cargo xtask <task>`: setup, lab, demo, test, bench.
 
 use std::{
-    io::{BufRead, BufReader},
-    path::PathBuf,
-    process::{Command, Stdio},
-    time::Instant,
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
 use ipnet::Ipv4Net;
 use xtask::{
     faults::Fault,
     lab::{Lab, LabGuard, Topology},
+    podtrace_run,
     setup::{run, setup},
 };
 
@@ -163,14 +163,19 @@ fn demo() -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     let guard = LabGuard::up("demo", Topology::FlannelVxlan, None)?;
-    let lab = &guard.0;
+    demo_trace(&podtrace, &guard.0)
+}
+
+/// Traces web-0 → db-0 on both nodes while web-0 pings db-0 once.
+fn demo_trace(podtrace: &Path, lab: &Lab) -> Result<()> {
     let (web, db) = (lab.pod("web-0"), lab.pod("db-0"));
     println!(
         "demo: flannel-vxlan lab up: web-0 {} on node-1, db-0 {} on node-2",
         web.ip, db.ip
     );
     println!("demo: $ podtrace default/web-0 default/db-0 --pods-file {} --netns {} --netns {} --count 2\n", lab.pods_file().display(), lab.node_netns(1), lab.node_netns(2));
-    let mut child = Command::new(&podtrace)
+    let mut command = Command::new(podtrace);
+    command
         .args([
             "default/web-0",
             "default/db-0",
@@ -181,30 +186,16 @@ fn demo() -> Result<()> {
             "--pods-file",
         ])
         .arg(lab.pods_file())
-        .args(["--netns", &lab.node_netns(1), "--netns", &lab.node_netns(2)])
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("cannot start podtrace")?;
-    let mut stderr = BufReader::new(child.stderr.take().expect("piped"));
-    // Notes may come first; the trace has started at "podtrace: tracing".
-    loop {
-        let mut line = String::new();
-        if stderr.read_line(&mut line)? == 0 {
-            let _ = child.kill();
-            bail!("podtrace did not start");
-        }
-        eprint!("{line}");
-        if line.starts_with("podtrace: tracing") {
-            break;
-        }
-    }
+        .args(["--netns", &lab.node_netns(1), "--netns", &lab.node_netns(2)]);
+    let mut tracing = podtrace_run::start(command, Duration::from_secs(20))?;
+    eprint!("{}", tracing.banner);
     if !lab.ping("web-0", db.ip, &[]) {
         bail!("web-0 cannot ping db-0: the lab is broken");
     }
     println!();
-    let status = child.wait()?;
-    for line in stderr.lines() {
-        eprintln!("{}", line?);
+    let status = tracing.child.wait()?;
+    for line in tracing.stderr_lines {
+        eprintln!("{line}");
     }
     if !status.success() {
         bail!("podtrace failed ({status})");

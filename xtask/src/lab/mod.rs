@@ -3,17 +3,30 @@
 //!
 //! Everything lives in namespaces named `<prefix>-…`; nothing is linked to
 //! the root namespace, and `down` deletes every namespace with the prefix.
+//!
+//! This module holds what every topology shares (the underlay, the nodes,
+//! the pods' names and addresses, the inventory `kubectl` would print);
+//! each CNI's wiring is one file that implements [`Cni`] (a Flannel
+//! backend implements `flannel::Backend`). A new topology is that file
+//! plus one [`Topology`] variant.
+
+mod calico;
+mod cmd;
+pub mod flannel;
+mod flannel_host_gw;
+mod flannel_vxlan;
 
 use std::{
     fs,
     net::Ipv4Addr,
     path::{Path, PathBuf},
-    process::Command,
 };
 
 use anyhow::{bail, Context, Result};
 use ipnet::Ipv4Net;
 use serde_json::{json, Value};
+
+pub use cmd::{fdb, in_netns, ip, netns_exists, run, sh, sysctl, veth};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Topology {
@@ -22,29 +35,39 @@ pub enum Topology {
     Calico,
 }
 
+/// What one CNI decides about a lab: names, addresses and node wiring.
+pub trait Cni: Sync {
+    fn name(&self) -> &'static str;
+    fn default_pod_cidr(&self) -> Ipv4Net;
+    /// The host side of a pod's veth, as the CNI names it (15 chars at most).
+    fn host_iface(&self, pod_netns: &str) -> String;
+    /// Wires one node whose uplink (eth0 on the underlay) is up: its pod
+    /// network, the routes to the other nodes' pods, and its pods.
+    fn build_node(&self, lab: &Lab, node: u8) -> Result<()>;
+    /// The annotations the CNI puts on its Node objects.
+    fn node_annotations(&self, lab: &Lab, node: u8) -> Value;
+}
+
 impl Topology {
-    pub fn name(self) -> &'static str {
+    /// The one place a topology is tied to its wiring.
+    pub fn cni(self) -> &'static dyn Cni {
         match self {
-            Self::FlannelVxlan => "flannel-vxlan",
-            Self::FlannelHostGw => "flannel-host-gw",
-            Self::Calico => "calico",
+            Self::FlannelVxlan => &flannel::Flannel(flannel_vxlan::Vxlan),
+            Self::FlannelHostGw => &flannel::Flannel(flannel_host_gw::HostGw),
+            Self::Calico => &calico::Calico,
         }
+    }
+
+    pub fn name(self) -> &'static str {
+        self.cni().name()
     }
 
     pub fn default_pod_cidr(self) -> Ipv4Net {
-        match self {
-            Self::Calico => "10.245.0.0/16".parse().expect("literal"),
-            _ => "10.244.0.0/16".parse().expect("literal"),
-        }
+        self.cni().default_pod_cidr()
     }
 }
 
-/// VNI and port of Flannel's vxlan backend.
-const FLANNEL_VNI: u32 = 1;
-const FLANNEL_PORT: u16 = 8472;
 const UNDERLAY_GATEWAY: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
-const CALICO_GATEWAY: &str = "169.254.1.1";
-const CALICO_MAC: &str = "ee:ee:ee:ee:ee:ee";
 /// Pods per node, and their names: node 1 runs web-*, node 2 db-*.
 const PODS_PER_NODE: u8 = 2;
 const NODES: u8 = 2;
@@ -105,19 +128,25 @@ impl Lab {
         Ipv4Addr::new(192, 0, 2, 10 + node)
     }
 
+    /// The other nodes, the ones `node` routes to.
+    pub fn remotes(node: u8) -> impl Iterator<Item = u8> {
+        (1..=NODES).filter(move |r| *r != node)
+    }
+
     /// The node's pod subnet: the n-th /24 of the pod CIDR.
     pub fn node_subnet(&self, node: u8) -> Ipv4Net {
         let base = u32::from(self.pod_cidr.network()) + (u32::from(node) << 8);
         Ipv4Net::new(Ipv4Addr::from(base), 24).expect("/24")
     }
 
-    fn subnet_host(&self, node: u8, host: u8) -> Ipv4Addr {
+    /// The `host`-th address of the node's pod subnet.
+    pub fn subnet_host(&self, node: u8, host: u8) -> Ipv4Addr {
         Ipv4Addr::from(u32::from(self.node_subnet(node).network()) + u32::from(host))
     }
 
     /// MAC of a node's flannel.1, as Flannel records it in backend-data.
     pub fn vtep_mac(node: u8) -> String {
-        format!("0a:58:c0:00:02:{:02x}", 10 + node)
+        flannel::vtep_mac(node)
     }
 
     pub fn pods(&self) -> Vec<LabPod> {
@@ -127,21 +156,21 @@ impl Lab {
             for i in 0..PODS_PER_NODE {
                 let name = format!("{app}-{i}");
                 let netns = format!("{}-{name}", self.prefix);
-                // As the CNIs name them: a hash of the pod, 15 chars at most.
-                let host_iface = match self.topology {
-                    Topology::Calico => format!("cali{:011x}", fnv1a(&netns) >> 20),
-                    _ => format!("veth{:08x}", fnv1a(&netns) as u32),
-                };
                 pods.push(LabPod {
+                    host_iface: self.topology.cni().host_iface(&netns),
                     netns,
                     ip: self.subnet_host(node, 2 + i),
                     node,
-                    host_iface,
                     name,
                 });
             }
         }
         pods
+    }
+
+    /// The pods that run on `node`.
+    pub fn pods_on(&self, node: u8) -> impl Iterator<Item = LabPod> {
+        self.pods().into_iter().filter(move |p| p.node == node)
     }
 
     pub fn pod(&self, name: &str) -> LabPod {
@@ -155,8 +184,8 @@ impl Lab {
     /// was answered.
     pub fn ping(&self, from_pod: &str, to: Ipv4Addr, extra: &[&str]) -> bool {
         let from = self.pod(from_pod);
-        Command::new("ip")
-            .args(["netns", "exec", &from.netns, "ping", "-c", "1", "-W", "2"])
+        in_netns(&from.netns, "ping")
+            .args(["-c", "1", "-W", "2"])
             .args(extra)
             .arg(to.to_string())
             .stdout(std::process::Stdio::null())
@@ -215,14 +244,11 @@ impl Lab {
         let topology = fs::read_to_string(dir.join("topology")).with_context(|| {
             format!("no lab {prefix} is up (cargo xtask lab up … --prefix {prefix})")
         })?;
-        let topology = [
-            Topology::FlannelVxlan,
-            Topology::FlannelHostGw,
-            Topology::Calico,
-        ]
-        .into_iter()
-        .find(|t| t.name() == topology)
-        .with_context(|| format!("lab {prefix} has an unknown topology {topology}"))?;
+        let topology = <Topology as clap::ValueEnum>::value_variants()
+            .iter()
+            .copied()
+            .find(|t| t.name() == topology)
+            .with_context(|| format!("lab {prefix} has an unknown topology {topology}"))?;
         let pod_cidr = fs::read_to_string(dir.join("pod-cidr"))?.trim().parse()?;
         Self::new(prefix, topology, Some(pod_cidr))
     }
@@ -242,20 +268,18 @@ impl Lab {
         Ok(())
     }
 
+    /// The underlay bridge, each node on it, then the CNI's wiring.
     fn build(&self) -> Result<()> {
         let ul = self.underlay_netns();
-        sh(&["ip", "netns", "add", &ul])?;
+        cmd::netns_add(&ul)?;
         ip(&ul, "link add br0 type bridge")?;
         ip(&ul, &format!("addr add {UNDERLAY_GATEWAY}/24 dev br0"))?;
         ip(&ul, "link set br0 up")?;
         ip(&ul, "link set lo up")?;
         for node in 1..=NODES {
             let ns = self.node_netns(node);
-            sh(&["ip", "netns", "add", &ns])?;
-            ip(
-                &ul,
-                &format!("link add n{node} type veth peer name eth0 netns {ns}"),
-            )?;
+            cmd::netns_add(&ns)?;
+            veth(&ul, &format!("n{node}"), &ns, None)?;
             ip(&ul, &format!("link set n{node} master br0 up"))?;
             ip(&ns, "link set lo up")?;
             ip(
@@ -268,161 +292,7 @@ impl Lab {
                 &format!("route add default via {UNDERLAY_GATEWAY} dev eth0"),
             )?;
             sysctl(&ns, "net.ipv4.ip_forward", "1")?;
-            match self.topology {
-                Topology::Calico => self.build_calico_node(node)?,
-                _ => self.build_flannel_node(node)?,
-            }
-        }
-        Ok(())
-    }
-
-    fn build_flannel_node(&self, node: u8) -> Result<()> {
-        let ns = self.node_netns(node);
-        let subnet = self.node_subnet(node);
-        // A fixed MAC, as the CNI bridge plugin sets one (0a:58 + the
-        // gateway IP); otherwise the bridge borrows its lowest port's MAC.
-        let [a, b, c, d] = self.subnet_host(node, 1).octets();
-        ip(
-            &ns,
-            &format!("link add cni0 address 0a:58:{a:02x}:{b:02x}:{c:02x}:{d:02x} type bridge"),
-        )?;
-        ip(
-            &ns,
-            &format!("addr add {}/24 dev cni0", self.subnet_host(node, 1)),
-        )?;
-        ip(&ns, "link set cni0 up")?;
-        let vxlan = self.topology == Topology::FlannelVxlan;
-        if vxlan {
-            ip(&ns, &format!(
-                "link add flannel.1 type vxlan id {FLANNEL_VNI} dstport {FLANNEL_PORT} local {} dev eth0 nolearning",
-                Self::node_ip(node)
-            ))?;
-            ip(
-                &ns,
-                &format!("link set flannel.1 address {}", Self::vtep_mac(node)),
-            )?;
-            ip(
-                &ns,
-                &format!("addr add {}/32 dev flannel.1", subnet.network()),
-            )?;
-            ip(&ns, "link set flannel.1 up")?;
-        }
-        for remote in (1..=NODES).filter(|r| *r != node) {
-            let remote_subnet = self.node_subnet(remote);
-            if vxlan {
-                let vtep = remote_subnet.network();
-                let mac = Self::vtep_mac(remote);
-                ip(
-                    &ns,
-                    &format!("route add {remote_subnet} via {vtep} dev flannel.1 onlink"),
-                )?;
-                ip(
-                    &ns,
-                    &format!("neigh add {vtep} lladdr {mac} dev flannel.1 nud permanent"),
-                )?;
-                sh(&[
-                    "bridge",
-                    "-n",
-                    &ns,
-                    "fdb",
-                    "append",
-                    &mac,
-                    "dev",
-                    "flannel.1",
-                    "dst",
-                    &Self::node_ip(remote).to_string(),
-                ])?;
-            } else {
-                ip(
-                    &ns,
-                    &format!(
-                        "route add {remote_subnet} via {} dev eth0",
-                        Self::node_ip(remote)
-                    ),
-                )?;
-            }
-        }
-        // Flannel's vxlan backend lowers the pod MTU by the 50 B of VXLAN.
-        let mtu = if vxlan { 1450 } else { 1500 };
-        for pod in self.pods().into_iter().filter(|p| p.node == node) {
-            sh(&["ip", "netns", "add", &pod.netns])?;
-            ip(
-                &ns,
-                &format!(
-                    "link add {} mtu {mtu} type veth peer name eth0 netns {}",
-                    pod.host_iface, pod.netns
-                ),
-            )?;
-            ip(&ns, &format!("link set {} master cni0 up", pod.host_iface))?;
-            ip(&pod.netns, "link set lo up")?;
-            ip(&pod.netns, &format!("link set eth0 mtu {mtu}"))?;
-            ip(&pod.netns, &format!("addr add {}/24 dev eth0", pod.ip))?;
-            ip(&pod.netns, "link set eth0 up")?;
-            ip(
-                &pod.netns,
-                &format!(
-                    "route add default via {} dev eth0",
-                    self.subnet_host(node, 1)
-                ),
-            )?;
-        }
-        Ok(())
-    }
-
-    fn build_calico_node(&self, node: u8) -> Result<()> {
-        let ns = self.node_netns(node);
-        // Calico's IPAM block: pods get /32s from it, the rest blackholes.
-        ip(
-            &ns,
-            &format!("route add blackhole {} proto bird", self.node_subnet(node)),
-        )?;
-        for remote in (1..=NODES).filter(|r| *r != node) {
-            ip(
-                &ns,
-                &format!(
-                    "route add {} via {} dev eth0 proto bird",
-                    self.node_subnet(remote),
-                    Self::node_ip(remote)
-                ),
-            )?;
-        }
-        for pod in self.pods().into_iter().filter(|p| p.node == node) {
-            sh(&["ip", "netns", "add", &pod.netns])?;
-            ip(
-                &ns,
-                &format!(
-                    "link add {} type veth peer name eth0 netns {}",
-                    pod.host_iface, pod.netns
-                ),
-            )?;
-            ip(
-                &ns,
-                &format!("link set {} address {CALICO_MAC} up", pod.host_iface),
-            )?;
-            sysctl(
-                &ns,
-                &format!("net.ipv4.conf.{}.proxy_arp", pod.host_iface),
-                "1",
-            )?;
-            ip(
-                &ns,
-                &format!("route add {}/32 dev {} scope link", pod.ip, pod.host_iface),
-            )?;
-            ip(&pod.netns, "link set lo up")?;
-            ip(&pod.netns, &format!("addr add {}/32 dev eth0", pod.ip))?;
-            ip(&pod.netns, "link set eth0 up")?;
-            ip(
-                &pod.netns,
-                &format!("route add {CALICO_GATEWAY} dev eth0 scope link"),
-            )?;
-            ip(
-                &pod.netns,
-                &format!("route add default via {CALICO_GATEWAY} dev eth0"),
-            )?;
-            ip(
-                &pod.netns,
-                &format!("neigh add {CALICO_GATEWAY} lladdr {CALICO_MAC} dev eth0 nud permanent"),
-            )?;
+            self.topology.cni().build_node(self, node)?;
         }
         Ok(())
     }
@@ -456,16 +326,7 @@ impl Lab {
         let items: Vec<Value> = (1..=NODES)
             .map(|n| {
                 let ip = Self::node_ip(n).to_string();
-                let annotations = match self.topology {
-                    Topology::Calico => json!({
-                        "projectcalico.org/IPv4Address": format!("{ip}/24"),
-                    }),
-                    t => json!({
-                        "flannel.alpha.coreos.com/backend-type": if t == Topology::FlannelVxlan { "vxlan" } else { "host-gw" },
-                        "flannel.alpha.coreos.com/public-ip": ip,
-                        "flannel.alpha.coreos.com/backend-data": format!("{{\"VNI\":{FLANNEL_VNI},\"VtepMAC\":\"{}\"}}", Self::vtep_mac(n)),
-                    }),
-                };
+                let annotations = self.topology.cni().node_annotations(self, n);
                 json!({
                     "apiVersion": "v1",
                     "kind": "Node",
@@ -479,49 +340,11 @@ impl Lab {
     }
 }
 
+/// A short stable hash of a pod, for interface names as the CNIs make them.
 fn fnv1a(text: &str) -> u64 {
     text.bytes().fold(0xcbf29ce484222325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
     })
-}
-
-fn netns_exists(name: &str) -> bool {
-    Path::new("/run/netns").join(name).exists()
-}
-
-/// Runs `ip -n <ns> <args>`.
-pub fn ip(ns: &str, args: &str) -> Result<()> {
-    let mut argv = vec!["ip", "-n", ns];
-    argv.extend(args.split_whitespace());
-    sh(&argv)
-}
-
-fn sysctl(ns: &str, key: &str, value: &str) -> Result<()> {
-    sh(&[
-        "ip",
-        "netns",
-        "exec",
-        ns,
-        "sysctl",
-        "-qw",
-        &format!("{key}={value}"),
-    ])
-}
-
-/// Runs a command; its stderr becomes the error.
-pub fn sh(argv: &[&str]) -> Result<()> {
-    let out = Command::new(argv[0])
-        .args(&argv[1..])
-        .output()
-        .with_context(|| format!("cannot run {}", argv[0]))?;
-    if !out.status.success() {
-        bail!(
-            "`{}` failed: {}",
-            argv.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
 }
 
 /// Takes the lab down when dropped, so a test that fails halfway leaves
@@ -566,5 +389,13 @@ mod tests {
             .pods()
             .iter()
             .all(|p| p.host_iface.starts_with("cali") && p.host_iface.len() <= 15));
+    }
+
+    #[test]
+    fn every_topology_loads_back_by_its_name() {
+        for t in <Topology as clap::ValueEnum>::value_variants() {
+            let name = clap::ValueEnum::to_possible_value(t).unwrap();
+            assert_eq!(name.get_name(), t.name());
+        }
     }
 }

@@ -1,0 +1,93 @@
+//! Calico with BGP, as bird leaves a node: an IPAM-block blackhole, routes
+//! to the other nodes' blocks, and per pod a /32 route to a `cali…` veth
+//! that answers ARP for the pods' fake gateway 169.254.1.1 (proxy ARP).
+
+use anyhow::Result;
+use ipnet::Ipv4Net;
+use serde_json::{json, Value};
+
+use super::{cmd, ip, sysctl, Cni, Lab, LabPod};
+
+const GATEWAY: &str = "169.254.1.1";
+const MAC: &str = "ee:ee:ee:ee:ee:ee";
+
+pub struct Calico;
+
+impl Cni for Calico {
+    fn name(&self) -> &'static str {
+        "calico"
+    }
+
+    fn default_pod_cidr(&self) -> Ipv4Net {
+        "10.245.0.0/16".parse().expect("literal")
+    }
+
+    fn host_iface(&self, pod_netns: &str) -> String {
+        format!("cali{:011x}", super::fnv1a(pod_netns) >> 20)
+    }
+
+    fn build_node(&self, lab: &Lab, node: u8) -> Result<()> {
+        let ns = lab.node_netns(node);
+        // Calico's IPAM block: pods get /32s from it, the rest blackholes.
+        ip(
+            &ns,
+            &format!("route add blackhole {} proto bird", lab.node_subnet(node)),
+        )?;
+        for remote in Lab::remotes(node) {
+            ip(
+                &ns,
+                &format!(
+                    "route add {} via {} dev eth0 proto bird",
+                    lab.node_subnet(remote),
+                    Lab::node_ip(remote)
+                ),
+            )?;
+        }
+        for pod in lab.pods_on(node) {
+            cmd::netns_add(&pod.netns)?;
+            host_side(&ns, &pod)?;
+            pod_side(&pod)?;
+        }
+        Ok(())
+    }
+
+    fn node_annotations(&self, _lab: &Lab, node: u8) -> Value {
+        json!({
+            "projectcalico.org/IPv4Address": format!("{}/24", Lab::node_ip(node)),
+        })
+    }
+}
+
+/// The `cali…` end: Calico's MAC, proxy ARP, and the pod's /32 route.
+fn host_side(ns: &str, pod: &LabPod) -> Result<()> {
+    cmd::veth(ns, &pod.host_iface, &pod.netns, None)?;
+    ip(ns, &format!("link set {} address {MAC} up", pod.host_iface))?;
+    sysctl(
+        ns,
+        &format!("net.ipv4.conf.{}.proxy_arp", pod.host_iface),
+        "1",
+    )?;
+    ip(
+        ns,
+        &format!("route add {}/32 dev {} scope link", pod.ip, pod.host_iface),
+    )
+}
+
+/// The pod's eth0: a /32, and a default route via the link-local gateway.
+fn pod_side(pod: &LabPod) -> Result<()> {
+    ip(&pod.netns, "link set lo up")?;
+    ip(&pod.netns, &format!("addr add {}/32 dev eth0", pod.ip))?;
+    ip(&pod.netns, "link set eth0 up")?;
+    ip(
+        &pod.netns,
+        &format!("route add {GATEWAY} dev eth0 scope link"),
+    )?;
+    ip(
+        &pod.netns,
+        &format!("route add default via {GATEWAY} dev eth0"),
+    )?;
+    ip(
+        &pod.netns,
+        &format!("neigh add {GATEWAY} lladdr {MAC} dev eth0 nud permanent"),
+    )
+}

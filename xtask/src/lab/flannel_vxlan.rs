@@ -1,0 +1,85 @@
+//! Flannel's vxlan backend: each node has a flannel.1 VTEP, and reaches a
+//! remote pod subnet through it with the route, neighbour and FDB entries
+//! flanneld writes (no learning). Pods get the MTU less the 50 B of VXLAN.
+
+use anyhow::Result;
+
+use super::{
+    cmd,
+    flannel::{self, Backend},
+    ip, Lab,
+};
+
+/// UDP port of Flannel's vxlan backend (not IANA's 4789).
+const PORT: u16 = 8472;
+
+pub struct Vxlan;
+
+impl Backend for Vxlan {
+    fn name(&self) -> &'static str {
+        "flannel-vxlan"
+    }
+
+    fn backend_type(&self) -> &'static str {
+        "vxlan"
+    }
+
+    /// Flannel's vxlan backend lowers the pod MTU by the 50 B of VXLAN.
+    fn pod_mtu(&self) -> u16 {
+        1450
+    }
+
+    fn routes(&self, lab: &Lab, ns: &str, node: u8) -> Result<()> {
+        vtep(lab, ns, node)?;
+        for remote in Lab::remotes(node) {
+            route_to(lab, ns, remote)?;
+        }
+        Ok(())
+    }
+}
+
+/// flannel.1 on the node's uplink, with the node subnet's network address.
+fn vtep(lab: &Lab, ns: &str, node: u8) -> Result<()> {
+    ip(
+        ns,
+        &format!(
+            "link add flannel.1 type vxlan id {} dstport {PORT} local {} dev eth0 nolearning",
+            flannel::VNI,
+            Lab::node_ip(node)
+        ),
+    )?;
+    ip(
+        ns,
+        &format!("link set flannel.1 address {}", flannel::vtep_mac(node)),
+    )?;
+    ip(
+        ns,
+        &format!(
+            "addr add {}/32 dev flannel.1",
+            lab.node_subnet(node).network()
+        ),
+    )?;
+    ip(ns, "link set flannel.1 up")
+}
+
+/// The route, neighbour and FDB entry flanneld writes for a remote node.
+fn route_to(lab: &Lab, ns: &str, remote: u8) -> Result<()> {
+    let remote_subnet = lab.node_subnet(remote);
+    let vtep = remote_subnet.network();
+    let mac = flannel::vtep_mac(remote);
+    ip(
+        ns,
+        &format!("route add {remote_subnet} via {vtep} dev flannel.1 onlink"),
+    )?;
+    ip(
+        ns,
+        &format!("neigh add {vtep} lladdr {mac} dev flannel.1 nud permanent"),
+    )?;
+    cmd::fdb(
+        ns,
+        "append",
+        &mac,
+        "flannel.1",
+        &Lab::node_ip(remote).to_string(),
+    )
+}

@@ -1,0 +1,64 @@
+//! Starting podtrace and knowing when it traces. Notes may come first on
+//! stderr; the trace has started at the `podtrace: tracing` banner, and
+//! only then may traffic be sent. `cargo xtask demo` and the kernel tests
+//! both wait for it, here.
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::Duration,
+};
+
+use anyhow::{bail, Context, Result};
+
+/// The stderr line that says podtrace is attached and tracing.
+pub const BANNER: &str = "podtrace: tracing";
+
+/// A podtrace that has said it is tracing.
+pub struct Started {
+    pub child: Child,
+    /// stderr after the banner, line by line, until podtrace exits.
+    pub stderr_lines: mpsc::Receiver<String>,
+    /// stderr up to and including the banner, each line ending in '\n'.
+    pub banner: String,
+}
+
+/// Spawns `command` with stderr piped (stdout as the caller set it) and
+/// waits at most `timeout` for each line until the banner; a podtrace that
+/// exits or stalls before it is killed and the error says what it said.
+pub fn start(mut command: Command, timeout: Duration) -> Result<Started> {
+    let mut child = command
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("cannot start podtrace")?;
+    let stderr = child.stderr.take().expect("piped");
+    let (tx, stderr_lines) = mpsc::channel();
+    // A thread, so that waiting for a line can time out.
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut banner = String::new();
+    loop {
+        let Ok(line) = stderr_lines.recv_timeout(timeout) else {
+            let _ = child.kill();
+            bail!(
+                "podtrace did not start within {} s: {banner}",
+                timeout.as_secs()
+            );
+        };
+        banner.push_str(&line);
+        banner.push('\n');
+        if line.starts_with(BANNER) {
+            return Ok(Started {
+                child,
+                stderr_lines,
+                banner,
+            });
+        }
+    }
+}
