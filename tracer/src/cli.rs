@@ -42,16 +42,16 @@ pub struct Args {
     /// one run.
     #[arg(long, value_name = "NETNS")]
     pub netns: Vec<String>,
-    /// The node's own IP, to find the underlay interface when neither the
-    /// pod inventory nor the default route tells.
-    #[arg(long)]
-    pub node_ip: Option<Ipv4Addr>,
+    /// A node's own IP, to find its underlay interface when nothing else
+    /// tells (repeatable: each traced node takes the one it holds).
+    #[arg(long, value_name = "IP")]
+    pub node_ip: Vec<Ipv4Addr>,
     #[arg(short, long, value_enum, default_value = "human")]
     pub output: Format,
-    /// Stop after this many packet stories.
-    #[arg(short, long)]
+    /// Stop after this many packet stories (at least 1).
+    #[arg(short, long, value_parser = clap::value_parser!(u64).range(1..))]
     pub count: Option<u64>,
-    /// Stop after this long (e.g. 10s, 500ms, 2m).
+    /// Stop after this long (e.g. 10s, 500ms, 2m, 1h 30m).
     #[arg(short, long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
     /// At exit, print the latency of every hop-to-hop step (p50/p90/p99).
@@ -69,26 +69,25 @@ pub struct Args {
     pub color: String,
 }
 
+/// A duration as people write it (humantime: `10s`, `500ms`, `1h 30m`); a
+/// bare number is seconds. Too large a value is an error, not a panic.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let split = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: f64 = number
-        .parse()
-        .map_err(|_| format!("not a duration: {text}"))?;
-    let seconds = match unit {
-        "" | "s" => number,
-        "ms" => number / 1000.0,
-        "m" => number * 60.0,
-        "h" => number * 3600.0,
-        _ => {
-            return Err(format!(
-                "unknown unit {unit:?} in {text} (use ms, s, m or h)"
-            ))
-        }
+    let text = text.trim();
+    let parsed = if !text.is_empty() && text.chars().all(|c| c.is_ascii_digit()) {
+        text.parse::<u64>()
+            .map(Duration::from_secs)
+            .map_err(|_| "the number is too large".to_string())
+    } else {
+        humantime::parse_duration(text).map_err(|e| e.to_string())
     };
-    Ok(Duration::from_secs_f64(seconds))
+    let duration =
+        parsed.map_err(|e| format!("not a duration: {text:?} ({e}; use e.g. 10s, 500ms, 2m)"))?;
+    // tokio's timer cannot sleep past about 2 years from now.
+    const LONGEST: Duration = Duration::from_secs(365 * 24 * 3600);
+    if duration > LONGEST {
+        return Err(format!("--duration {text} is longer than a year"));
+    }
+    Ok(duration)
 }
 
 #[cfg(test)]
@@ -100,6 +99,22 @@ mod tests {
         assert_eq!(parse_duration("10").unwrap(), Duration::from_secs(10));
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert!(parse_duration("3 weeks").is_err());
+        assert_eq!(parse_duration("1h 30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(
+            parse_duration("3 weeks").unwrap(),
+            Duration::from_secs(3 * 7 * 86400)
+        );
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn absurd_durations_are_errors_not_panics() {
+        let e = parse_duration("99999999999999999999h").unwrap_err();
+        assert!(e.contains("not a duration"), "{e}");
+        assert!(parse_duration("99999999999999999999").is_err());
+        assert!(parse_duration("20000h")
+            .unwrap_err()
+            .contains("longer than a year"));
     }
 }

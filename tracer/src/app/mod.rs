@@ -139,10 +139,12 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         link_tx,
         netfilter_tx: why_rule_unnamed.is_none().then_some(netfilter_tx),
         pairs: vec![(src.ip, dst.ip), (dst.ip, src.ip)],
+        node_ips: &args.node_ip,
+        single_node: namespaces.len() == 1,
     };
     let mut nodes = Vec::new();
     for (id, ns) in namespaces.iter().enumerate() {
-        let (mut node, facts) = TracedNode::trace(id as u32, ns, args.node_ip, &shared).await?;
+        let (mut node, facts) = TracedNode::trace(id as u32, ns, &shared).await?;
         for (ip, iface) in &facts.pod_interfaces {
             eprintln!(
                 "podtrace: {}: {} is behind {iface}",

@@ -51,19 +51,23 @@ impl Namespace {
                 inum: inode(Path::new("/proc/thread-self/ns/net"))?,
             }]);
         }
-        args.iter()
-            .map(|arg| {
-                let path = resolve(arg);
-                let inum = inode(&path).with_context(|| {
-                    format!("network namespace {} does not exist", path.display())
-                })?;
-                Ok(Self {
-                    path: Some(path),
-                    arg: Some(arg.clone()),
-                    inum,
-                })
-            })
-            .collect()
+        let mut all: Vec<Self> = Vec::new();
+        for arg in args {
+            let path = resolve(arg);
+            let inum = inode(&path)
+                .with_context(|| format!("network namespace {} does not exist", path.display()))?;
+            // Tracing one namespace twice would double every hop.
+            if let Some(same) = all.iter().find(|ns| ns.inum == inum) {
+                let first = same.arg.as_deref().unwrap_or_default();
+                bail!("--netns {first} and --netns {arg} are the same network namespace: name each node once");
+            }
+            all.push(Self {
+                path: Some(path),
+                arg: Some(arg.clone()),
+                inum,
+            });
+        }
+        Ok(all)
     }
 
     /// Runs `f` inside this namespace.

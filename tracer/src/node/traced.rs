@@ -40,6 +40,11 @@ pub struct Shared<'a> {
     pub netfilter_tx: Option<mpsc::UnboundedSender<(u32, TracedDrop)>>,
     /// The traced address pairs, both directions.
     pub pairs: Vec<(Ipv4Addr, Ipv4Addr)>,
+    /// `--node-ip`s: each node takes the one it holds.
+    pub node_ips: &'a [Ipv4Addr],
+    /// Only one node is traced: a `--node-ip` it does not hold is an error
+    /// to report, not someone else's address.
+    pub single_node: bool,
 }
 
 pub struct TracedNode {
@@ -56,12 +61,7 @@ pub struct TracedNode {
 
 impl TracedNode {
     /// Sets up one node: reads it, picks its interfaces, attaches.
-    pub async fn trace(
-        id: u32,
-        ns: &Namespace,
-        node_ip: Option<Ipv4Addr>,
-        shared: &Shared<'_>,
-    ) -> Result<(Self, NodeFacts)> {
+    pub async fn trace(id: u32, ns: &Namespace, shared: &Shared<'_>) -> Result<(Self, NodeFacts)> {
         let _entered = ns.path.as_deref().map(super::netns::enter).transpose()?;
         let view = NodeView::read().await?;
         // The node is the cluster node whose IP this namespace holds.
@@ -70,7 +70,16 @@ impl TracedNode {
             .iter()
             .find(|(_, ip)| view.link_with_address(*ip).is_some())
             .cloned();
-        let node_ip = node_ip.or(known.as_ref().map(|(_, ip)| *ip));
+        let held = shared
+            .node_ips
+            .iter()
+            .copied()
+            .find(|ip| view.link_with_address(*ip).is_some());
+        let only_given = match shared.node_ips {
+            [ip] if shared.single_node => Some(*ip),
+            _ => None,
+        };
+        let node_ip = held.or(known.as_ref().map(|(_, ip)| *ip)).or(only_given);
         let name = match (&known, ns.arg.as_deref()) {
             (Some((name, _)), _) => name.clone(),
             (None, Some(arg)) => arg.rsplit('/').next().unwrap_or(arg).to_string(),
