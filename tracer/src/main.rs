@@ -1,7 +1,19 @@
-use clap::Parser;
+use clap::{error::ErrorKind, Parser};
 
 fn main() -> std::process::ExitCode {
-    let args = podtrace::cli::Args::parse();
+    let args = match podtrace::cli::Args::try_parse() {
+        Ok(args) => args,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            e.exit()
+        }
+        Err(e) => {
+            // Bad input is one line, like every other podtrace error.
+            let rendered = e.render().to_string();
+            let first = rendered.lines().next().unwrap_or_default();
+            eprintln!("podtrace: {}", first.trim_start_matches("error: "));
+            return std::process::ExitCode::from(2);
+        }
+    };
     // One thread: setns(2) is per thread, and every netlink socket and tc
     // attachment must be made inside the namespace podtrace entered.
     let runtime = match tokio::runtime::Builder::new_current_thread()

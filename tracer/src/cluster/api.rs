@@ -15,6 +15,7 @@ use kube::{
 use tokio::sync::mpsc;
 
 use super::{
+    argument::Target,
     inventory::{not_found, pod_from_json, Endpoint, Pod},
     nodes::{nodes_from_items, NodeSubnet},
 };
@@ -88,10 +89,18 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// A pod argument: `ns/name`, `name` (in `namespace`), an IPv4 address,
-    /// `node/<name>` or `svc/<name>`.
-    pub async fn resolve(&self, arg: &str, namespace: &str) -> Result<Endpoint> {
-        if let Some(node) = arg.strip_prefix("node/") {
+    /// An endpoint argument, through the API.
+    pub async fn resolve(&self, target: &Target) -> Result<Endpoint> {
+        match target {
+            Target::Node(node) => self.node(node).await,
+            Target::Service { namespace, name } => self.service(namespace, name).await,
+            Target::Ip(ip) => self.pod_with_ip(*ip).await,
+            Target::Pod { namespace, name } => self.pod(namespace, name).await,
+        }
+    }
+
+    async fn node(&self, node: &str) -> Result<Endpoint> {
+        {
             let nodes: Api<Node> = Api::all(self.client.clone());
             let found = nodes
                 .get_opt(node)
@@ -103,14 +112,16 @@ impl Cluster {
                 .map(|s| s.node_ip)
                 .or_else(|| internal_ip(&node_obj))
                 .ok_or_else(|| anyhow!("node {node} has no InternalIP"))?;
-            return Ok(Endpoint {
+            Ok(Endpoint {
                 ip,
                 pod: None,
                 label: Some(format!("node/{node}")),
-            });
+            })
         }
-        if let Some(service) = arg.strip_prefix("svc/") {
-            let (ns, name) = service.split_once('/').unwrap_or((namespace, service));
+    }
+
+    async fn service(&self, ns: &str, name: &str) -> Result<Endpoint> {
+        {
             let services: Api<Service> = Api::namespaced(self.client.clone(), ns);
             let svc = services
                 .get_opt(name)
@@ -125,22 +136,27 @@ impl Cluster {
             eprintln!(
                 "podtrace: warning: svc/{name} is traced by its ClusterIP {ip}; kube-proxy DNAT rewrites it to a pod IP on the way, so name the pod to follow the packet after that"
             );
-            return Ok(Endpoint {
+            Ok(Endpoint {
                 ip,
                 pod: None,
                 label: Some(format!("svc/{ns}/{name}")),
-            });
+            })
         }
+    }
+
+    async fn pod_with_ip(&self, ip: Ipv4Addr) -> Result<Endpoint> {
         let pods: Api<KubePod> = Api::all(self.client.clone());
-        if let Ok(ip) = arg.parse::<Ipv4Addr>() {
+        {
             let list = pods
                 .list(&ListParams::default().fields(&format!("status.podIP={ip}")))
                 .await
                 .map_err(|e| self.explain(e, "list", "pods", None))?;
             let found: Vec<Pod> = list.items.into_iter().map(convert).collect::<Result<_>>()?;
-            return Endpoint::of_ip(ip, found);
+            Endpoint::of_ip(ip, found)
         }
-        let (ns, name) = arg.split_once('/').unwrap_or((namespace, arg));
+    }
+
+    async fn pod(&self, ns: &str, name: &str) -> Result<Endpoint> {
         let in_ns: Api<KubePod> = Api::namespaced(self.client.clone(), ns);
         match in_ns
             .get_opt(name)

@@ -4,6 +4,8 @@
 use std::{net::Ipv4Addr, path::Path};
 
 use anyhow::{bail, Context, Result};
+
+use super::argument::Target;
 use serde::Deserialize;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,8 +75,7 @@ pub struct Inventory {
 
 impl Inventory {
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read pods file {}", path.display()))?;
+        let text = super::read_file(path, "pods file")?;
         Self::parse(&text).with_context(|| format!("{} is not a pod list", path.display()))
     }
 
@@ -85,27 +86,42 @@ impl Inventory {
         })
     }
 
-    /// A pod argument: an IPv4 address, `namespace/name`, or a name in
-    /// `namespace`.
-    pub fn resolve(&self, arg: &str, namespace: &str) -> Result<Endpoint> {
-        if let Ok(ip) = arg.parse::<Ipv4Addr>() {
-            let pods: Vec<Pod> = self
-                .pods
-                .iter()
-                .filter(|p| p.ip == Some(ip))
-                .cloned()
-                .collect();
-            return Endpoint::of_ip(ip, pods);
+    /// An endpoint argument, from the pods in the file.
+    pub fn resolve(&self, target: &Target) -> Result<Endpoint> {
+        match target {
+            Target::Ip(ip) => {
+                let pods: Vec<Pod> = self
+                    .pods
+                    .iter()
+                    .filter(|p| p.ip == Some(*ip))
+                    .cloned()
+                    .collect();
+                Endpoint::of_ip(*ip, pods)
+            }
+            Target::Pod { namespace, name } => {
+                let Some(pod) = self
+                    .pods
+                    .iter()
+                    .find(|p| p.namespace == *namespace && p.name == *name)
+                else {
+                    bail!(not_found(namespace, name, &self.pods));
+                };
+                Endpoint::of_pod(pod.clone())
+            }
+            Target::Node(node) => {
+                let ip = self.node_ip(node).with_context(|| {
+                    format!("node {node} runs none of the pods in the pods file, so its IP is not known: give its IP")
+                })?;
+                Ok(Endpoint {
+                    ip,
+                    pod: None,
+                    label: Some(format!("node/{node}")),
+                })
+            }
+            Target::Service { namespace, name } => bail!(
+                "svc/{namespace}/{name} needs the Kubernetes API to find its ClusterIP: give the ClusterIP instead"
+            ),
         }
-        let (ns, name) = arg.split_once('/').unwrap_or((namespace, arg));
-        let Some(pod) = self
-            .pods
-            .iter()
-            .find(|p| p.namespace == ns && p.name == name)
-        else {
-            bail!(not_found(ns, name, &self.pods));
-        };
-        Endpoint::of_pod(pod.clone())
     }
 
     pub fn node_ip(&self, node: &str) -> Option<Ipv4Addr> {
@@ -204,21 +220,39 @@ pub fn pod_from_json(value: serde_json::Value) -> Result<Pod> {
     Ok(serde_json::from_value::<Item>(value)?.into())
 }
 
-/// "pod ns/name not found", with the close names among `candidates`.
+/// How many close names "did you mean" offers at most.
+const MAX_SUGGESTIONS: usize = 5;
+
+/// "pod ns/name not found", with the closest names among `candidates`
+/// (a few: a cluster may have thousands of pods).
 pub fn not_found(ns: &str, name: &str, candidates: &[Pod]) -> String {
     let prefix: String = name.chars().take(3).collect();
-    let near: Vec<String> = candidates
+    let mut near: Vec<(usize, String)> = candidates
         .iter()
-        .filter(|p| p.name.starts_with(&prefix) || edit_distance(&p.name, name) <= 2)
-        .map(Pod::qualified)
+        .filter_map(|p| {
+            let distance = edit_distance(&p.name, name);
+            let close = p.name.starts_with(&prefix) || distance <= 2;
+            (close && p.namespace == ns || distance <= 2).then(|| (distance, p.qualified()))
+        })
         .collect();
-    if near.is_empty() {
-        format!("pod {ns}/{name} not found")
-    } else {
-        format!(
+    near.sort();
+    near.dedup();
+    let more = near.len().saturating_sub(MAX_SUGGESTIONS);
+    let shown: Vec<String> = near
+        .into_iter()
+        .take(MAX_SUGGESTIONS)
+        .map(|(_, name)| name)
+        .collect();
+    match (shown.is_empty(), more) {
+        (true, _) => format!("pod {ns}/{name} not found"),
+        (false, 0) => format!(
             "pod {ns}/{name} not found; did you mean {}?",
-            near.join(", ")
-        )
+            shown.join(", ")
+        ),
+        (false, more) => format!(
+            "pod {ns}/{name} not found; did you mean {} (or {more} more)?",
+            shown.join(", ")
+        ),
     }
 }
 
@@ -248,15 +282,19 @@ mod tests {
        "status":{"podIP":"10.244.2.2","hostIP":"192.0.2.12","phase":"Running"}},
       {"metadata":{"name":"pending","namespace":"kube-system"},"spec":{},"status":{"phase":"Pending"}}]}"#;
 
+    fn resolve(inv: &Inventory, arg: &str, ns: &str) -> Result<Endpoint> {
+        inv.resolve(&Target::parse(arg, ns)?)
+    }
+
     #[test]
     fn resolves_names_ips_and_explains_failures() {
         let inv = Inventory::parse(PODS).unwrap();
         assert_eq!(
-            inv.resolve("default/db-0", "x").unwrap().ip,
+            resolve(&inv, "default/db-0", "x").unwrap().ip,
             Ipv4Addr::new(10, 244, 2, 2)
         );
         assert_eq!(
-            inv.resolve("web-0", "default")
+            resolve(&inv, "web-0", "default")
                 .unwrap()
                 .pod
                 .unwrap()
@@ -264,21 +302,38 @@ mod tests {
                 .as_deref(),
             Some("node-1")
         );
-        let by_ip = inv.resolve("10.244.1.2", "default").unwrap();
+        let by_ip = resolve(&inv, "10.244.1.2", "default").unwrap();
         assert_eq!(by_ip.pod.unwrap().name, "web-0");
-        assert!(inv.resolve("10.9.9.9", "default").unwrap().pod.is_none());
-        let err = inv.resolve("web-1", "default").unwrap_err().to_string();
+        assert!(resolve(&inv, "10.9.9.9", "default").unwrap().pod.is_none());
+        let err = resolve(&inv, "web-1", "default").unwrap_err().to_string();
         assert_eq!(
             err,
             "pod default/web-1 not found; did you mean default/web-0?"
         );
-        let err = inv
-            .resolve("kube-system/pending", "default")
+        let err = resolve(&inv, "kube-system/pending", "default")
             .unwrap_err()
             .to_string();
         assert!(err.contains("no IP yet"), "{err}");
         assert_eq!(inv.nodes().len(), 2);
         assert_eq!(inv.node_ip("node-2"), Some(Ipv4Addr::new(192, 0, 2, 12)));
+    }
+
+    #[test]
+    fn a_huge_inventory_offers_a_few_close_names_not_all() {
+        let pods: Vec<Pod> = (0..100_000)
+            .map(|i| Pod {
+                namespace: "default".into(),
+                name: format!("web-{i}"),
+                ip: None,
+                node: None,
+                host_ip: None,
+                phase: None,
+                host_network: false,
+            })
+            .collect();
+        let message = not_found("default", "web-x", &pods);
+        assert!(message.len() < 200, "{message}");
+        assert!(message.contains("more)?"), "{message}");
     }
 
     #[test]

@@ -24,8 +24,7 @@ pub struct NodeSubnet {
 /// Nodes of a `kubectl get nodes -o json` file: their pod subnets, IPs and
 /// CNI backend (Flannel's backend-type annotation; Calico's IPv4Address).
 pub fn load_nodes(path: &Path) -> Result<Vec<NodeSubnet>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read nodes file {}", path.display()))?;
+    let text = super::read_file(path, "nodes file")?;
     parse_nodes(&text).with_context(|| format!("{} is not a node list", path.display()))
 }
 

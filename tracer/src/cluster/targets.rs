@@ -8,6 +8,7 @@ use anyhow::{bail, Result};
 
 use super::{
     api::{Access, Cluster},
+    argument::Target,
     inventory::{Endpoint, Inventory},
     nodes::{self, NodeSubnet},
 };
@@ -30,26 +31,29 @@ impl Targets {
             kubeconfig: args.kubeconfig.clone(),
             context: args.context.clone(),
         };
-        let plain_ips = [&args.src, &args.dst]
-            .iter()
-            .all(|a| a.parse::<Ipv4Addr>().is_ok());
+        // Garbage in an argument is said before anything else is tried.
+        let src_target = Target::parse(&args.src, &args.namespace)?;
+        let dst_target = Target::parse(&args.dst, &args.namespace)?;
         let mut subnets = match &args.nodes_file {
             Some(path) => nodes::load_nodes(path)?,
             None => Vec::new(),
         };
         let (src, dst, inventory, cluster) = if let Some(path) = &args.pods_file {
             let inventory = Inventory::load(path)?;
-            let src = inventory.resolve(&args.src, &args.namespace)?;
-            let dst = inventory.resolve(&args.dst, &args.namespace)?;
+            let src = inventory.resolve(&src_target)?;
+            let dst = inventory.resolve(&dst_target)?;
             (src, dst, inventory, None)
-        } else if plain_ips && !access.configured() {
-            let src = Endpoint::of_ip(args.src.parse()?, vec![])?;
-            let dst = Endpoint::of_ip(args.dst.parse()?, vec![])?;
+        } else if let (Some(src), Some(dst), false) =
+            (src_target.ip(), dst_target.ip(), access.configured())
+        {
+            // Plain IPs and no Kubernetes at all.
+            let src = Endpoint::of_ip(src, vec![])?;
+            let dst = Endpoint::of_ip(dst, vec![])?;
             (src, dst, Inventory::default(), None)
         } else {
             let cluster = Cluster::connect(&access).await?;
-            let src = cluster.resolve(&args.src, &args.namespace).await?;
-            let dst = cluster.resolve(&args.dst, &args.namespace).await?;
+            let src = cluster.resolve(&src_target).await?;
+            let dst = cluster.resolve(&dst_target).await?;
             if args.nodes_file.is_none() {
                 subnets = cluster.nodes().await?;
             }

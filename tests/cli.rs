@@ -1,0 +1,166 @@
+//! Bad input on the command line: each case gets one line on stderr that
+//! names what was wrong, a non-zero exit, and nothing attached.
+
+// The helpers are shared with the other kernel tests.
+#[allow(dead_code)]
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::*;
+use xtask::lab::Topology;
+
+/// Runs podtrace with `argv` and checks the one-line failure.
+fn refused(argv: &[&str], expected: &str, node_netns: &str) {
+    let done = run_podtrace(argv);
+    assert!(!done.status.success(), "{argv:?} succeeded");
+    assert_ne!(
+        done.status.code(),
+        Some(101),
+        "{argv:?} panicked: {}",
+        done.stderr
+    );
+    assert_eq!(
+        done.stderr.lines().count(),
+        1,
+        "one line for {argv:?}: {}",
+        done.stderr
+    );
+    assert!(done.stderr.contains(expected), "{argv:?}: {}", done.stderr);
+    assert!(
+        tcx_programs(node_netns).is_empty(),
+        "{argv:?} left programs attached"
+    );
+}
+
+#[test]
+fn garbage_arguments_say_what_is_wrong_with_them() {
+    let lab = lab(Topology::FlannelVxlan);
+    let pods = lab.0.pods_file().display().to_string();
+    let node1 = lab.0.node_netns(1);
+    let with_lab = |src: &'static str, dst: &'static str| {
+        vec![
+            src,
+            dst,
+            "--netns",
+            Box::leak(node1.clone().into_boxed_str()),
+        ]
+    };
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            with_lab("foo bar", "10.244.2.2"),
+            "\"foo bar\" is not a pod or an IPv4 address",
+        ),
+        (
+            with_lab("10.244.1.300", "10.244.2.2"),
+            "10.244.1.300 is not an IPv4 address",
+        ),
+        (
+            with_lab("10.244.1.2/24", "10.244.2.2"),
+            "10.244.1.2/24 is a network",
+        ),
+        (with_lab("", "10.244.2.2"), "an empty pod argument"),
+        (
+            with_lab("10.244.1.2", "fd00::2"),
+            "IPv6 address: podtrace traces IPv4 only",
+        ),
+        (
+            with_lab("10.244.1.2", "Web_0"),
+            "\"Web_0\" is not a pod name",
+        ),
+        (
+            vec![
+                "10.244.1.2",
+                "10.244.2.2",
+                "--duration",
+                "99999999999999999999h",
+            ],
+            "not a duration",
+        ),
+        (vec!["10.244.1.2", "10.244.2.2", "--count", "0"], "--count"),
+        (
+            vec![
+                "web-0",
+                "db-0",
+                "--pods-file",
+                &pods,
+                "--netns",
+                &node1,
+                "--netns",
+                &node1,
+            ],
+            "are the same network namespace",
+        ),
+    ];
+    for (argv, expected) in cases {
+        refused(&argv, expected, &node1);
+    }
+}
+
+#[test]
+fn a_huge_pods_file_with_a_missing_pod_suggests_a_few_names() {
+    let lab = lab(Topology::FlannelVxlan);
+    let node1 = lab.0.node_netns(1);
+    // About 50 MB of pods named like the missing one.
+    let items: Vec<String> = (0..200_000)
+        .map(|i| {
+            format!(
+                r#"{{"metadata":{{"name":"web-{i}","namespace":"default","labels":{{"app":"web","pad":"{}"}}}},"spec":{{"nodeName":"node-1"}},"status":{{"podIP":"10.9.{}.{}","phase":"Running"}}}}"#,
+                "x".repeat(160),
+                i / 250 % 250,
+                i % 250
+            )
+        })
+        .collect();
+    let file = std::env::temp_dir().join(format!("podtrace-huge-{}.json", std::process::id()));
+    std::fs::write(&file, format!(r#"{{"items":[{}]}}"#, items.join(","))).unwrap();
+    let path = file.display().to_string();
+    let done = run_podtrace(&["web-x", "web-1", "--pods-file", &path, "--netns", &node1]);
+    let _ = std::fs::remove_file(&file);
+    assert!(!done.status.success());
+    assert_eq!(
+        done.stderr.lines().count(),
+        1,
+        "{}",
+        &done.stderr[..done.stderr.len().min(500)]
+    );
+    assert!(
+        done.stderr.len() < 300,
+        "a short line: {} bytes",
+        done.stderr.len()
+    );
+    assert!(
+        done.stderr
+            .contains("pod default/web-x not found; did you mean"),
+        "{}",
+        done.stderr
+    );
+    assert!(tcx_programs(&node1).is_empty());
+}
+
+#[test]
+fn a_fifo_with_no_writer_as_pods_file_fails_instead_of_hanging() {
+    let lab = lab(Topology::FlannelVxlan);
+    let node1 = lab.0.node_netns(1);
+    let fifo = std::env::temp_dir().join(format!("podtrace-fifo-{}", std::process::id()));
+    let _ = std::fs::remove_file(&fifo);
+    let status = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(status.success(), "mkfifo");
+    let path = fifo.display().to_string();
+    let started = Instant::now();
+    let done = run_podtrace(&["web-0", "db-0", "--pods-file", &path, "--netns", &node1]);
+    let _ = std::fs::remove_file(&fifo);
+    assert!(started.elapsed() < Duration::from_secs(30), "it hung");
+    assert!(!done.status.success());
+    assert_eq!(done.stderr.lines().count(), 1, "{}", done.stderr);
+    assert!(
+        done.stderr
+            .contains("is not a regular file and nothing was written to it"),
+        "{}",
+        done.stderr
+    );
+    assert!(tcx_programs(&node1).is_empty());
+}

@@ -1,0 +1,185 @@
+//! The SRC and DST arguments, checked before anything else runs: what
+//! each one names (a pod, an IPv4 address, a node, a Service), or a
+//! one-line reason why it names nothing.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use anyhow::{bail, Result};
+
+/// What one endpoint argument names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    Ip(Ipv4Addr),
+    Pod {
+        namespace: String,
+        name: String,
+    },
+    /// `node/<name>`: the node's InternalIP.
+    Node(String),
+    /// `svc/<name>` or `svc/<namespace>/<name>`: the ClusterIP.
+    Service {
+        namespace: String,
+        name: String,
+    },
+}
+
+impl Target {
+    /// Parses `arg`; names without a namespace are in `namespace`.
+    pub fn parse(arg: &str, namespace: &str) -> Result<Self> {
+        let shown = format!("{arg:?}");
+        if arg.trim().is_empty() {
+            bail!("an empty pod argument: give namespace/name, a name with -n, or an IPv4 address");
+        }
+        if arg.chars().any(char::is_whitespace) {
+            bail!("{shown} is not a pod or an IPv4 address: it has spaces (give namespace/name, a name with -n, or an IPv4 address)");
+        }
+        if let Some(target) = address(arg)? {
+            return Ok(target);
+        }
+        if let Some(node) = arg.strip_prefix("node/") {
+            check_name(node, "node", arg)?;
+            return Ok(Self::Node(node.to_string()));
+        }
+        if let Some(service) = arg.strip_prefix("svc/") {
+            let (ns, name) = service.split_once('/').unwrap_or((namespace, service));
+            check_label(ns, arg)?;
+            check_name(name, "service", arg)?;
+            return Ok(Self::Service {
+                namespace: ns.into(),
+                name: name.into(),
+            });
+        }
+        let (ns, name) = arg.split_once('/').unwrap_or((namespace, arg));
+        check_label(ns, arg)?;
+        check_name(name, "pod", arg)?;
+        Ok(Self::Pod {
+            namespace: ns.into(),
+            name: name.into(),
+        })
+    }
+
+    pub fn ip(&self) -> Option<Ipv4Addr> {
+        match self {
+            Self::Ip(ip) => Some(*ip),
+            _ => None,
+        }
+    }
+}
+
+/// An argument that looks like an address: an IPv4 address, or why it is
+/// not one (an octet over 255, a CIDR, a port, IPv6).
+fn address(arg: &str) -> Result<Option<Target>> {
+    if let Ok(ip) = arg.parse::<Ipv4Addr>() {
+        return Ok(Some(Target::Ip(ip)));
+    }
+    if let Ok(IpAddr::V6(ip)) = arg.parse::<IpAddr>() {
+        bail!("{ip} is an IPv6 address: podtrace traces IPv4 only for now");
+    }
+    if let Some((ip, len)) = arg.split_once('/') {
+        if ip.parse::<Ipv4Addr>().is_ok() && len.parse::<u8>().is_ok() {
+            bail!("{arg} is a network, not an address: give one address (e.g. {ip})");
+        }
+    }
+    if let Some((ip, port)) = arg.rsplit_once(':') {
+        if ip.parse::<Ipv4Addr>().is_ok() && port.parse::<u16>().is_ok() {
+            bail!("{arg}: give the address without a port ({ip}); podtrace traces every port between the two");
+        }
+    }
+    let dotted_digits = arg.contains('.') && arg.chars().all(|c| c.is_ascii_digit() || c == '.');
+    if dotted_digits {
+        bail!(
+            "{arg} is not an IPv4 address: it needs four numbers from 0 to 255, as in 10.244.1.2"
+        );
+    }
+    Ok(None)
+}
+
+/// A namespace is an RFC 1123 label.
+fn check_label(ns: &str, arg: &str) -> Result<()> {
+    let valid = !ns.is_empty()
+        && ns.len() <= 63
+        && ns
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !ns.starts_with('-')
+        && !ns.ends_with('-');
+    if !valid {
+        bail!("{arg:?}: {ns:?} is not a namespace (lowercase letters, digits and '-', at most 63)");
+    }
+    Ok(())
+}
+
+/// Pod, node and Service names are RFC 1123 subdomains (Services are
+/// labels, which are subdomains too).
+fn check_name(name: &str, kind: &str, arg: &str) -> Result<()> {
+    let valid = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|part| {
+            !part.is_empty()
+                && part
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !part.starts_with('-')
+                && !part.ends_with('-')
+        });
+    if !valid {
+        if name.contains('/') {
+            bail!("{arg:?} has too many '/': a {kind} is namespace/name");
+        }
+        bail!("{arg:?}: {name:?} is not a {kind} name (lowercase letters, digits, '-' and '.')");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(arg: &str) -> String {
+        Target::parse(arg, "default").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn pods_addresses_nodes_and_services() {
+        let pod = |ns: &str, name: &str| Target::Pod {
+            namespace: ns.into(),
+            name: name.into(),
+        };
+        assert_eq!(
+            Target::parse("web-0", "default").unwrap(),
+            pod("default", "web-0")
+        );
+        assert_eq!(
+            Target::parse("kube-system/coredns-5d78c9869d-abcde", "x").unwrap(),
+            pod("kube-system", "coredns-5d78c9869d-abcde")
+        );
+        assert_eq!(
+            Target::parse("10.244.1.2", "x").unwrap(),
+            Target::Ip(Ipv4Addr::new(10, 244, 1, 2))
+        );
+        assert_eq!(
+            Target::parse("node/worker-1", "x").unwrap(),
+            Target::Node("worker-1".into())
+        );
+        assert_eq!(
+            Target::parse("svc/db", "prod").unwrap(),
+            Target::Service {
+                namespace: "prod".into(),
+                name: "db".into()
+            }
+        );
+    }
+
+    #[test]
+    fn garbage_says_what_is_wrong_with_the_argument() {
+        assert!(error("").contains("empty"), "{}", error(""));
+        assert!(error("foo bar").contains("has spaces"));
+        assert!(error("10.244.1.300").contains("not an IPv4 address"));
+        assert!(error("10.244.1.2/24").contains("is a network"));
+        assert!(error("10.96.0.1:80").contains("without a port"));
+        assert!(error("fd00::1").contains("IPv6"));
+        assert!(error("Web_0").contains("not a pod name"));
+        assert!(error("a/b/c").contains("too many '/'"));
+        assert!(error("Kube-System/x").contains("not a namespace"));
+    }
+}
