@@ -10,29 +10,6 @@ use std::time::{Duration, Instant};
 use support::*;
 use xtask::lab::Topology;
 
-/// Runs podtrace with `argv` and checks the one-line failure.
-fn refused(argv: &[&str], expected: &str, node_netns: &str) {
-    let done = run_podtrace(argv);
-    assert!(!done.status.success(), "{argv:?} succeeded");
-    assert_ne!(
-        done.status.code(),
-        Some(101),
-        "{argv:?} panicked: {}",
-        done.stderr
-    );
-    assert_eq!(
-        done.stderr.lines().count(),
-        1,
-        "one line for {argv:?}: {}",
-        done.stderr
-    );
-    assert!(done.stderr.contains(expected), "{argv:?}: {}", done.stderr);
-    assert!(
-        tcx_programs(node_netns).is_empty(),
-        "{argv:?} left programs attached"
-    );
-}
-
 #[test]
 fn garbage_arguments_say_what_is_wrong_with_them() {
     let lab = lab(Topology::FlannelVxlan);
@@ -93,7 +70,7 @@ fn garbage_arguments_say_what_is_wrong_with_them() {
         ),
     ];
     for (argv, expected) in cases {
-        refused(&argv, expected, &node1);
+        assert_refused(&argv, expected, &node1);
     }
 }
 

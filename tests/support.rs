@@ -180,6 +180,30 @@ pub fn run_podtrace(args: &[&str]) -> Finished {
     }
 }
 
+/// Runs podtrace with `argv` and checks the failure: one line on stderr
+/// that says `expected`, no panic, and nothing attached on `node_netns`.
+pub fn assert_refused(argv: &[&str], expected: &str, node_netns: &str) {
+    let done = run_podtrace(argv);
+    assert!(!done.status.success(), "{argv:?} succeeded");
+    assert_ne!(
+        done.status.code(),
+        Some(101),
+        "{argv:?} panicked: {}",
+        done.stderr
+    );
+    assert_eq!(
+        done.stderr.lines().count(),
+        1,
+        "one line for {argv:?}: {}",
+        done.stderr
+    );
+    assert!(done.stderr.contains(expected), "{argv:?}: {}", done.stderr);
+    assert!(
+        tcx_programs(node_netns).is_empty(),
+        "{argv:?} left programs attached"
+    );
+}
+
 /// One ping from inside a pod; returns whether it was answered.
 pub fn ping(lab: &Lab, from_pod: &str, to_pod: &str) -> bool {
     lab.ping(from_pod, lab.pod(to_pod).ip, &[])
