@@ -15,7 +15,10 @@ use podtrace::{
         hop::{Direction, Hop},
     },
     node::interfaces::Role,
-    story::{journey::Correlator, tell, Context},
+    story::{
+        journey::{Correlator, Waits},
+        tell, Context,
+    },
 };
 use support::*;
 use xtask::lab::Topology;
@@ -38,7 +41,12 @@ fn userspace_pipeline() {
     let frames: Vec<Vec<u8>> = (0..STORIES).map(|i| frame(i as u16, 64)).collect();
     let ctx = Context::default();
     let started = Instant::now();
-    let mut correlator = Correlator::new(1_000_000, 1_000_000);
+    let mut correlator = Correlator::new(Waits {
+        idle_ns: 1_000_000,
+        patience_ns: 1_000_000,
+        arp_ns: 1_000_000,
+        ..Waits::default()
+    });
     let mut told = 0;
     for (i, f) in frames.iter().enumerate() {
         for h in 0..HOPS {

@@ -7,6 +7,9 @@ use anyhow::{bail, Result};
 
 use crate::lab::{fdb, in_netns, ip, run, sysctl, Lab, LabPod, Topology};
 
+/// An address on the underlay that no node holds.
+pub const GONE_GATEWAY: &str = "192.0.2.254";
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Fault {
     /// `-A FORWARD -s <web-0>/32 -j DROP` on node-1.
@@ -27,6 +30,9 @@ pub enum Fault {
     IpForwardOff,
     /// web-0 gets MTU 1500 over a VXLAN path that carries 1450.
     MtuTooBig,
+    /// node-1 routes node-2's pod subnet via 192.0.2.254, a gateway that is
+    /// gone (nothing answers ARP for it).
+    NextHopNoArp,
 }
 
 impl Fault {
@@ -41,6 +47,7 @@ impl Fault {
             Self::FlannelFdbMissing => "flannel-fdb-missing",
             Self::IpForwardOff => "ip-forward-off",
             Self::MtuTooBig => "mtu-too-big",
+            Self::NextHopNoArp => "next-hop-no-arp",
         }
     }
 
@@ -71,6 +78,13 @@ impl Fault {
             Self::KubeFirewallMarkDrop => kube_firewall_mark_drop(&node1, &web)?,
             Self::FlannelRouteMissing => {
                 ip(&node1, &format!("route del {}", lab.node_subnet(2)))?;
+            }
+            Self::NextHopNoArp => {
+                let subnet = lab.node_subnet(2);
+                ip(
+                    &node1,
+                    &format!("route replace {subnet} via {GONE_GATEWAY} dev eth0"),
+                )?;
             }
             Self::FlannelRouteMissingNoDefault => {
                 ip(&node1, &format!("route del {}", lab.node_subnet(2)))?;

@@ -6,6 +6,7 @@
 //! - `finish`: what is still open, the loss counters, the summary; then
 //!   everything attached is dropped.
 
+mod losses;
 mod teller;
 
 use std::{io::IsTerminal, net::Ipv4Addr, time::Duration};
@@ -32,14 +33,22 @@ use crate::{
         netfilter::{Backend, TracedDrop},
         Kernel,
     },
-    story::{journey::Correlator, profile::Profile, Context},
+    story::{
+        journey::{Correlator, Waits},
+        profile::Profile,
+        Context,
+    },
 };
+use losses::LossWatch;
 use teller::Teller;
 
 /// A journey is done once nothing joined it for this long.
 const JOURNEY_IDLE: Duration = Duration::from_millis(250);
 /// …or this long, while it is still under way (ARP retries after 1 s).
 const JOURNEY_PATIENCE: Duration = Duration::from_millis(1500);
+/// …or this long, while it waits for ARP: the kernel frees it with
+/// NEIGH_FAILED after its probes (ucast 3 + mcast 3, 1 s apart).
+const ARP_PATIENCE: Duration = Duration::from_millis(6500);
 
 pub async fn run(args: Args) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
@@ -219,13 +228,19 @@ async fn stream(args: &Args, trace: &mut Trace) -> Result<(Summary, Teller<'stat
         hooks_attached: trace.nodes.iter().map(TracedNode::hooks).sum(),
         ..Default::default()
     };
-    let mut correlator = Correlator::new(
-        JOURNEY_IDLE.as_nanos() as u64,
-        JOURNEY_PATIENCE.as_nanos() as u64,
-    );
-    if trace.rules_traced {
-        correlator = correlator.expect_rules();
-    }
+    let mut correlator = Correlator::new(Waits {
+        idle_ns: JOURNEY_IDLE.as_nanos() as u64,
+        patience_ns: JOURNEY_PATIENCE.as_nanos() as u64,
+        arp_ns: ARP_PATIENCE.as_nanos() as u64,
+        rules_traced: trace.rules_traced,
+        traced_destinations: teller
+            .ctx
+            .nodes
+            .values()
+            .flat_map(|facts| facts.local_pod_subnets.iter().copied())
+            .collect(),
+    });
+    let mut losses = LossWatch::new(&trace.nodes, monotonic_ns());
     let mut tick = tokio::time::interval(JOURNEY_IDLE / 2);
     let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
     let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;
@@ -245,7 +260,9 @@ async fn stream(args: &Args, trace: &mut Trace) -> Result<(Summary, Teller<'stat
                 absorb(&sighting, trace, &mut summary, &mut correlator);
             }
             _ = tick.tick() => {
-                for journey in correlator.take_finished(monotonic_ns()) {
+                let now = monotonic_ns();
+                losses.check(&trace.nodes, &mut correlator, now)?;
+                for journey in correlator.take_finished(now) {
                     if !teller.tell(&journey)? {
                         break 'trace;
                     }

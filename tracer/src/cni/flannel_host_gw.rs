@@ -35,6 +35,10 @@ impl Backend for FlannelHostGw {
         super::via_node_ip(remote, underlay)
     }
 
+    fn inferred_pod_cidr(&self, view: &NodeView) -> Option<(ipnet::Ipv4Net, String)> {
+        super::widened(view, view.link_named(super::FLANNEL_BRIDGE)?)
+    }
+
     fn bridge(&self) -> Option<&'static str> {
         Some(super::FLANNEL_BRIDGE)
     }

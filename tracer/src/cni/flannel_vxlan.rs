@@ -52,6 +52,14 @@ impl Backend for FlannelVxlan {
         )
     }
 
+    fn inferred_pod_cidr(&self, view: &NodeView) -> Option<(ipnet::Ipv4Net, String)> {
+        let tunnel = vxlan_device(view, &TUNNEL);
+        let bridge = view.link_named(super::FLANNEL_BRIDGE);
+        tunnel
+            .and_then(|l| super::widened(view, l))
+            .or_else(|| super::widened(view, bridge?))
+    }
+
     fn bridge(&self) -> Option<&'static str> {
         Some(super::FLANNEL_BRIDGE)
     }

@@ -22,6 +22,8 @@ mod unknown;
 
 use std::net::Ipv4Addr;
 
+use ipnet::Ipv4Net;
+
 use crate::{
     cluster::NodeSubnet,
     node::{interfaces::Role, Link, NodeView},
@@ -57,6 +59,12 @@ pub trait Backend: Sync {
 
     /// The tunnel this backend sends other nodes' pod traffic through.
     fn tunnel(&self) -> Option<TunnelSpec> {
+        None
+    }
+
+    /// The cluster's pod CIDR as this node's devices suggest it, with the
+    /// evidence, when nothing better (`--pod-cidr`, the nodes) is known.
+    fn inferred_pod_cidr(&self, _view: &NodeView) -> Option<(Ipv4Net, String)> {
         None
     }
 
@@ -152,6 +160,14 @@ fn via_node_ip(remote: &NodeSubnet, underlay: &str) -> String {
         "{} via {} dev {underlay} (pod subnet of {})",
         remote.subnet, remote.node_ip, remote.node
     )
+}
+
+/// The /16 around `address` of `link`: Flannel hands each node a /24 (its
+/// default SubnetLen) out of the cluster's Network, a /16 by default.
+fn widened(view: &NodeView, link: &Link) -> Option<(Ipv4Net, String)> {
+    let (_, address) = view.addresses.iter().find(|(i, _)| *i == link.index)?;
+    let cidr = Ipv4Net::new(*address, 16).ok()?.trunc();
+    Some((cidr, format!("{}'s {address}", link.name)))
 }
 
 /// Annotation value as a string, if present.

@@ -48,6 +48,11 @@ pub struct KernelRoute {
 }
 
 impl KernelRoute {
+    /// The next hop's MAC is not known yet (the packet waits for ARP).
+    pub const NO_NEIGHBOUR: &'static str = "no_neighbour";
+    /// The packet is larger than the route's MTU.
+    pub const FRAG_NEEDED: &'static str = "frag_needed";
+
     /// Names a `BPF_FIB_LKUP_RET_*` code (UAPI, stable).
     pub fn result_name(code: u8) -> String {
         const NAMES: [&str; 10] = [

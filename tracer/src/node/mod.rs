@@ -99,6 +99,9 @@ pub struct NodeFacts {
     pub local_pod_subnets: Vec<Ipv4Net>,
     /// The traced pods that are local here, and their host interfaces.
     pub pod_interfaces: Vec<(Ipv4Addr, String)>,
+    /// The cluster's pod CIDR as the node's CNI devices suggest it, and
+    /// the evidence ("flannel.1's 10.244.1.0/32").
+    pub inferred_pod_cidr: Option<(Ipv4Net, String)>,
 }
 
 pub(crate) const RT_TABLE_MAIN: u32 = 254;

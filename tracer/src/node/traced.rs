@@ -125,6 +125,7 @@ impl TracedNode {
                 .map(|v| v.trim() == "1")
                 .unwrap_or(true),
             cni: cni.name(),
+            inferred_pod_cidr: cni.inferred_pod_cidr(&view),
             local_pod_subnets: local_pod_subnets(&view, &watched),
             pod_interfaces: shared
                 .pairs

@@ -32,6 +32,23 @@ pub struct Explanation {
     pub hint: Option<String>,
 }
 
+/// Reasons the kernel gives when the next hop never answered ARP.
+const NEIGHBOUR_REASONS: &[&str] = &["NEIGH_FAILED", "NEIGH_QUEUEFULL", "NEIGH_DEAD"];
+
+/// The next hop the packet waited for: the gateway the kernel named when
+/// podtrace asked it on this node, else the route's, else the destination
+/// itself (on-link).
+fn next_hop(hops: &[Hop], facts: &NodeFacts) -> Ipv4Addr {
+    let last = &hops[hops.len() - 1];
+    let dst = hops[0].packet.packet.dst;
+    hops.iter()
+        .rev()
+        .filter(|h| h.node == last.node)
+        .find_map(|h| h.route.as_ref()?.via)
+        .or_else(|| facts.view.route_to(dst)?.gateway)
+        .unwrap_or(dst)
+}
+
 /// Reasons the kernel gives when it has no route.
 const NO_ROUTE_REASONS: &[&str] = &["IP_INNOROUTES", "IP_OUTNOROUTES"];
 
@@ -76,7 +93,14 @@ fn missing_route(
         (leaves_plain && route.destination.prefix_len() == 0).then_some(h)
     });
     let dst_is_pod = subnets.iter().any(|s| s.subnet.contains(&dst))
-        || pod_cidrs.iter().any(|c| c.contains(&dst));
+        || pod_cidrs.iter().any(|c| c.contains(&dst))
+        || nodes.values().any(|facts| {
+            facts.local_pod_subnets.iter().any(|n| n.contains(&dst))
+                || facts
+                    .inferred_pod_cidr
+                    .as_ref()
+                    .is_some_and(|(c, _)| c.contains(&dst))
+        });
     let routing_hop = match (reason, left_by_default) {
         (Some(r), _) if NO_ROUTE_REASONS.contains(&r) => last,
         (_, Some(h)) if dst_is_pod => h,
@@ -132,6 +156,14 @@ fn hint(hops: &[Hop], nodes: &HashMap<String, NodeFacts>) -> Option<String> {
             "{} has no forwarding entry (FDB) for the next hop's VTEP: the kernel does not know which node to send the encapsulated packet to (bridge fdb show dev {})",
             last.iface, last.iface
         )),
+        (Some(r), Some(facts)) if NEIGHBOUR_REASONS.contains(&r) => {
+            let next_hop = next_hop(hops, facts);
+            let state = if r == "NEIGH_QUEUEFULL" { "its queue was full" } else { "neighbour FAILED" };
+            Some(format!(
+                "no ARP reply from {next_hop} on {} ({state}): the next hop is gone or does not answer",
+                last.iface
+            ))
+        }
         (Some("PKT_TOO_BIG"), Some(facts)) => facts.view.route_to(dst).and_then(|r| r.oif).and_then(|oif| facts.view.link(oif)).map(|dev| {
             format!(
                 "the packet is {} B with DF set; the route to {dst} leaves by {} with MTU {}",
@@ -189,11 +221,14 @@ fn expected_route(
             .unwrap_or_else(cni::unknown);
         return backend.expected_route(remote, underlay);
     }
-    match pod_cidrs.iter().find(|c| c.contains(&dst)) {
-        Some(cidr) => {
-            format!("a route for {dst} inside the pod CIDR {cidr}, not the default route")
-        }
-        None => format!("a route for {dst}"),
+    if let Some(cidr) = pod_cidrs.iter().find(|c| c.contains(&dst)) {
+        return format!("a route for {dst} inside the pod CIDR {cidr}, not the default route");
+    }
+    match &facts.inferred_pod_cidr {
+        Some((cidr, evidence)) if cidr.contains(&dst) => format!(
+            "a route for {dst} inside the pod CIDR {cidr} (inferred from {evidence}), not the default route"
+        ),
+        _ => format!("a route for {dst}"),
     }
 }
 
@@ -275,8 +310,26 @@ mod tests {
             "{}",
             check.expected
         );
-        // With neither, leaving by the default route may be right.
+        // With neither, leaving by the default route may be right…
         assert!(explain(&hops, node, &[], &[]).no_route.is_none());
+        // …unless the node's CNI devices tell the pod CIDR.
+        let mut inferred = node.clone();
+        let facts = inferred.get_mut("node-1").unwrap();
+        facts.inferred_pod_cidr = crate::cni::by_name("flannel-vxlan")
+            .unwrap()
+            .inferred_pod_cidr(&facts.view);
+        assert_eq!(
+            facts.inferred_pod_cidr.as_ref().unwrap().0.to_string(),
+            "10.244.0.0/16"
+        );
+        let check = explain(&hops, &inferred, &[], &[]).no_route.unwrap();
+        assert!(
+            check
+                .expected
+                .contains("inside the pod CIDR 10.244.0.0/16 (inferred from"),
+            "{}",
+            check.expected
+        );
 
         let no_default = vec![dropped("cni0", Role::Bridge, "IP_INNOROUTES", &frame)];
         let no_routes = node_1(

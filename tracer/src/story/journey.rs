@@ -11,9 +11,11 @@ use std::{
     net::Ipv4Addr,
 };
 
+use ipnet::Ipv4Net;
+
 use crate::{
     decode::{
-        hop::{Direction, Hop},
+        hop::{Direction, Hop, KernelRoute},
         Decoded, Transport,
     },
     node::interfaces::Role,
@@ -60,6 +62,9 @@ pub struct Journey {
     pub hops: Vec<Hop>,
     /// The netfilter rule that dropped it, from rule tracing.
     pub rule: Option<NetfilterRule>,
+    /// The kernel could not report some records while this packet was in
+    /// flight (ring buffer full): its hops may have gaps.
+    pub records_lost: bool,
 }
 
 impl Journey {
@@ -69,7 +74,12 @@ impl Journey {
             key: PacketKey::of(&hops[0].packet),
             hops,
             rule: None,
+            records_lost: false,
         }
+    }
+
+    fn first_seen(&self) -> u64 {
+        self.hops.first().map_or(0, |h| h.ktime_ns)
     }
 
     fn last_seen(&self) -> u64 {
@@ -95,6 +105,28 @@ impl Journey {
                 .is_some_and(|h| h.drop.as_ref().is_some_and(|d| d.reason == NETFILTER_DROP))
     }
 
+    /// Waiting for the next hop's MAC: the kernel said so when asked for
+    /// the route, and queues the packet until ARP answers or gives up.
+    fn waits_for_arp(&self) -> bool {
+        self.hops.last().is_some_and(|h| {
+            h.route
+                .as_ref()
+                .is_some_and(|r| r.result == KernelRoute::NO_NEIGHBOUR)
+        })
+    }
+
+    /// Left the last traced node toward one that is not traced: nothing
+    /// more of it can be seen.
+    fn left_the_traced_nodes(&self, traced_destinations: &[Ipv4Net]) -> bool {
+        self.hops.last().is_some_and(|h| {
+            h.role == Role::Underlay
+                && h.direction == Direction::Egress
+                && !traced_destinations
+                    .iter()
+                    .any(|net| net.contains(&self.key.dst))
+        })
+    }
+
     /// Delivered or dropped: nothing on the path is still to come.
     fn reached_an_end(&self) -> bool {
         self.delivered_at().is_some()
@@ -105,37 +137,46 @@ impl Journey {
     }
 }
 
-/// Groups hops into journeys. A journey that reached an end (delivered or
-/// dropped) is finished once no hop has joined it for `idle_ns`; one still
-/// under way gets `patience_ns`, since a first packet may wait for ARP on
-/// the way (the kernel retries after a second).
+/// How long journeys wait for more hops.
+#[derive(Clone, Debug, Default)]
+pub struct Waits {
+    /// After the last hop of a journey that reached an end.
+    pub idle_ns: u64,
+    /// After the last hop of a journey still under way.
+    pub patience_ns: u64,
+    /// After a hop whose route lookup said the next hop's MAC is unknown:
+    /// the kernel gives up on ARP after its probes (3 × 1 s by default)
+    /// and frees the packet with NEIGH_FAILED.
+    pub arp_ns: u64,
+    /// Netfilter rules are traced: a netfilter drop waits for its rule.
+    pub rules_traced: bool,
+    /// Pod subnets a traced node delivers locally: a packet heading
+    /// elsewhere that leaves by the underlay is done.
+    pub traced_destinations: Vec<Ipv4Net>,
+}
+
+/// Groups hops into journeys, and hands them over in the order their
+/// packets were sent, once each is done (see [`Waits`]). Nothing in it
+/// grows without bound: rules that find no journey, and loss windows,
+/// expire.
 pub struct Correlator {
     open: HashMap<PacketKey, Journey>,
-    idle_ns: u64,
-    patience_ns: u64,
-    /// Whether netfilter rules are traced: a netfilter drop then waits for
-    /// its rule as long as a journey under way would.
-    rules_traced: bool,
+    waits: Waits,
     /// Rules that arrived before their journey's first hop: (when, packet,
     /// rule), oldest first.
     waiting_rules: VecDeque<(u64, PacketId, NetfilterRule)>,
+    /// Kernel time spans in which records were lost, oldest first.
+    losses: VecDeque<(u64, u64)>,
 }
 
 impl Correlator {
-    pub fn new(idle_ns: u64, patience_ns: u64) -> Self {
+    pub fn new(waits: Waits) -> Self {
         Self {
             open: HashMap::new(),
-            idle_ns,
-            patience_ns,
-            rules_traced: false,
+            waits,
             waiting_rules: VecDeque::new(),
+            losses: VecDeque::new(),
         }
-    }
-
-    /// Netfilter drops will be named by rule tracing: wait for the rule.
-    pub fn expect_rules(mut self) -> Self {
-        self.rules_traced = true;
-        self
     }
 
     pub fn observe(&mut self, hop: Hop) {
@@ -149,10 +190,18 @@ impl Correlator {
                 .position(|(_, id, _)| *id == key.id())
                 .and_then(|at| waiting.remove(at))
                 .map(|(_, _, rule)| rule),
+            records_lost: false,
         });
         // Different CPUs and ring buffers deliver slightly out of order.
         let at = journey.hops.partition_point(|h| h.ktime_ns <= hop.ktime_ns);
         journey.hops.insert(at, hop);
+        if !journey.records_lost {
+            let (first, last) = (journey.first_seen(), journey.last_seen());
+            journey.records_lost = self
+                .losses
+                .iter()
+                .any(|(from, to)| *from <= last && first <= *to);
+        }
     }
 
     /// The rule that dropped packet `id` (netfilter tracing), seen at
@@ -168,31 +217,65 @@ impl Correlator {
         self.waiting_rules.push_back((now_ns, id, rule));
     }
 
-    /// Journeys that are done by `now_ns`, oldest first.
+    /// The kernel lost records between `from_ns` and `to_ns`: every
+    /// packet in flight then may have gaps, and one that opens later but
+    /// was sent in that span too.
+    pub fn observe_loss(&mut self, from_ns: u64, to_ns: u64) {
+        for journey in self.open.values_mut() {
+            if journey.first_seen() <= to_ns {
+                journey.records_lost = true;
+            }
+        }
+        self.losses.push_back((from_ns, to_ns));
+    }
+
+    /// Journeys that are done by `now_ns`, in the order their packets were
+    /// sent: one that is done waits for every earlier one.
     pub fn take_finished(&mut self, now_ns: u64) -> Vec<Journey> {
-        let expired = now_ns.saturating_sub(self.patience_ns);
+        self.expire(now_ns);
+        let (done, open): (Vec<&Journey>, Vec<&Journey>) =
+            self.open.values().partition(|j| self.is_done(j, now_ns));
+        let oldest_open = open.iter().map(|j| j.first_seen()).min();
+        let keys: Vec<_> = done
+            .iter()
+            .filter(|j| oldest_open.is_none_or(|t| j.first_seen() <= t))
+            .map(|j| j.key)
+            .collect();
+        self.drain(keys)
+    }
+
+    fn is_done(&self, journey: &Journey, now_ns: u64) -> bool {
+        let waits = &self.waits;
+        let wait = if journey.waits_for_arp() {
+            waits.arp_ns
+        } else if (journey.reached_an_end() && !(waits.rules_traced && journey.awaits_rule()))
+            || journey.left_the_traced_nodes(&waits.traced_destinations)
+        {
+            waits.idle_ns
+        } else {
+            waits.patience_ns
+        };
+        journey.last_seen().saturating_add(wait) < now_ns
+    }
+
+    /// Evidence older than any wait can no longer find its journey.
+    fn expire(&mut self, now_ns: u64) {
+        let horizon = now_ns.saturating_sub(self.waits.patience_ns.max(self.waits.arp_ns));
         while self
             .waiting_rules
             .front()
-            .is_some_and(|(at, _, _)| *at < expired)
+            .is_some_and(|(at, _, _)| *at < horizon)
         {
             self.waiting_rules.pop_front();
         }
-        let rules_traced = self.rules_traced;
-        let keys: Vec<_> = self
-            .open
-            .iter()
-            .filter(|(_, j)| {
-                let wait = if j.reached_an_end() && !(rules_traced && j.awaits_rule()) {
-                    self.idle_ns
-                } else {
-                    self.patience_ns
-                };
-                j.last_seen().saturating_add(wait) < now_ns
-            })
-            .map(|(k, _)| *k)
-            .collect();
-        self.drain(keys)
+        let oldest_open = self.open.values().map(Journey::first_seen).min();
+        while self
+            .losses
+            .front()
+            .is_some_and(|(_, to)| *to < horizon && oldest_open.is_none_or(|t| *to < t))
+        {
+            self.losses.pop_front();
+        }
     }
 
     /// Every open journey, oldest first (at exit).
@@ -212,7 +295,7 @@ impl Correlator {
 
     fn drain(&mut self, keys: Vec<PacketKey>) -> Vec<Journey> {
         let mut out: Vec<_> = keys.iter().filter_map(|k| self.open.remove(k)).collect();
-        out.sort_by_key(|j| j.hops.first().map_or(0, |h| h.ktime_ns));
+        out.sort_by_key(Journey::first_seen);
         out
     }
 }
@@ -225,12 +308,23 @@ pub(crate) mod tests {
         tests as frames,
     };
 
+    fn waits(idle_ns: u64, patience_ns: u64) -> Waits {
+        Waits {
+            idle_ns,
+            patience_ns,
+            arp_ns: patience_ns * 4,
+            rules_traced: false,
+            // The tests' pods are all on traced nodes.
+            traced_destinations: vec!["10.244.0.0/16".parse().unwrap()],
+        }
+    }
+
     #[test]
     fn encapsulated_copies_join_the_inner_packet_and_others_stay_apart() {
         let req1 = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
         let req1_routed = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 63, 1);
         let req2 = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 2);
-        let mut c = Correlator::new(1_000_000, 1_000_000);
+        let mut c = Correlator::new(waits(1_000_000, 1_000_000));
         c.observe(hop(
             100,
             "n1",
@@ -281,7 +375,7 @@ pub(crate) mod tests {
     fn a_journey_under_way_waits_longer_than_one_that_ended() {
         let out = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
         let back = frames::icmp_echo([10, 244, 2, 2], [10, 244, 1, 2], 64, 1);
-        let mut c = Correlator::new(1_000, 50_000);
+        let mut c = Correlator::new(waits(1_000, 50_000));
         // Left node-1, not yet seen on node-2 (say, waiting for ARP there).
         c.observe(hop(
             0,
@@ -351,7 +445,10 @@ pub(crate) mod tests {
         let id =
             PacketKey::of(&hop(0, "n1", "cni0", Role::Bridge, Direction::Ingress, &echo).packet)
                 .id();
-        let mut c = Correlator::new(1_000, 50_000).expect_rules();
+        let mut c = Correlator::new(Waits {
+            rules_traced: true,
+            ..waits(1_000, 50_000)
+        });
         // The rule first, then the packet's hops.
         c.observe_rule(id, rule(), 0);
         c.observe(hop(
@@ -391,7 +488,138 @@ pub(crate) mod tests {
         // A rule whose packet never shows up expires.
         c.observe_rule(id, rule(), 100_000);
         assert_eq!(c.waiting_rules(), 1);
-        c.take_finished(200_000);
+        c.take_finished(400_000);
         assert_eq!(c.waiting_rules(), 0);
+    }
+
+    #[test]
+    fn stories_come_in_the_order_their_packets_were_sent() {
+        let first = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
+        let second = frames::icmp_echo([10, 244, 2, 2], [10, 244, 1, 2], 64, 1);
+        let mut c = Correlator::new(waits(1_000, 50_000));
+        // The first is under way (left node-1, not yet seen on node-2)…
+        c.observe(hop(
+            0,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &first,
+        ));
+        c.observe(hop(
+            10,
+            "n1",
+            "eth0",
+            Role::Underlay,
+            Direction::Egress,
+            &first,
+        ));
+        // …while the second, sent later, is delivered at once.
+        c.observe(hop(
+            20,
+            "n2",
+            "veth2",
+            Role::PodVeth,
+            Direction::Ingress,
+            &second,
+        ));
+        c.observe(hop(
+            30,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Egress,
+            &second,
+        ));
+        assert!(
+            c.take_finished(5_000).is_empty(),
+            "the second waits for the first"
+        );
+        let done = c.take_finished(60_000);
+        let order: Vec<_> = done.iter().map(|j| j.key.src).collect();
+        assert_eq!(
+            order,
+            [Ipv4Addr::new(10, 244, 1, 2), Ipv4Addr::new(10, 244, 2, 2)]
+        );
+    }
+
+    #[test]
+    fn a_packet_that_left_for_an_untraced_node_is_done_at_once() {
+        let out = frames::icmp_echo([10, 244, 1, 2], [10, 245, 2, 2], 64, 1);
+        let mut c = Correlator::new(waits(1_000, 50_000));
+        c.observe(hop(
+            0,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &out,
+        ));
+        c.observe(hop(
+            10,
+            "n1",
+            "eth0",
+            Role::Underlay,
+            Direction::Egress,
+            &out,
+        ));
+        assert_eq!(c.take_finished(2_000).len(), 1);
+    }
+
+    #[test]
+    fn a_packet_waiting_for_arp_waits_for_the_kernel_to_give_up() {
+        let out = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
+        let mut c = Correlator::new(waits(1_000, 50_000));
+        let mut at_bridge = hop(0, "n1", "cni0", Role::Bridge, Direction::Ingress, &out);
+        at_bridge.route = Some(KernelRoute {
+            result: KernelRoute::NO_NEIGHBOUR.into(),
+            dev: Some("eth0".into()),
+            via: Some(Ipv4Addr::new(192, 0, 2, 254)),
+        });
+        c.observe(at_bridge);
+        assert!(
+            c.take_finished(100_000).is_empty(),
+            "still within ARP's time"
+        );
+        c.observe(drop_hop(
+            150_000,
+            "n1",
+            "eth0",
+            Role::Underlay,
+            &out,
+            "NEIGH_FAILED",
+        ));
+        let done = c.take_finished(160_000);
+        assert_eq!(done[0].hops.len(), 2);
+    }
+
+    #[test]
+    fn packets_in_flight_while_records_were_lost_say_so() {
+        let a = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
+        let b = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 2);
+        let c_ = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 3);
+        let mut c = Correlator::new(waits(1_000, 50_000));
+        c.observe(hop(0, "n1", "veth1", Role::PodVeth, Direction::Ingress, &a));
+        c.observe_loss(100, 200);
+        // Seen after the loss was noticed, but sent within it.
+        c.observe(hop(
+            150,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &b,
+        ));
+        // Sent after it.
+        c.observe(hop(
+            500,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &c_,
+        ));
+        let lost: Vec<bool> = c.take_all().iter().map(|j| j.records_lost).collect();
+        assert_eq!(lost, [true, true, false]);
     }
 }

@@ -61,6 +61,9 @@ pub struct Story {
     /// reply that only a raw socket wanted): not drops on the path.
     pub freed_after_delivery: Vec<DropInfo>,
     pub verdict: Verdict,
+    /// The kernel lost records while this packet was in flight: hops may
+    /// be missing.
+    pub records_lost: bool,
 }
 
 pub fn tell(journey: &Journey, ctx: &Context) -> Story {
@@ -98,6 +101,7 @@ pub fn tell(journey: &Journey, ctx: &Context) -> Story {
         hops,
         freed_after_delivery,
         verdict: verdict::judge(journey, ctx),
+        records_lost: journey.records_lost,
     };
     if story.netfilter_drop() {
         story.name_rule(journey.rule.as_ref(), ctx.why_rule_unnamed);

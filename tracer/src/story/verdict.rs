@@ -58,6 +58,13 @@ pub enum Outcome {
         iface: String,
         direction: Direction,
     },
+    /// Not seen again, but the kernel lost records while it was in flight:
+    /// whether it went on cannot be told.
+    Incomplete {
+        node: String,
+        iface: String,
+        direction: Direction,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -145,6 +152,10 @@ pub(super) fn judge(journey: &Journey, ctx: &Context) -> Verdict {
     if let Some(hint) = &explanation.hint {
         summary.push_str(&format!("; {hint}"));
     }
+    if journey.records_lost && !matches!(outcome, Outcome::Incomplete { .. }) {
+        summary
+            .push_str("; records were lost while this packet was in flight: hops may be missing");
+    }
     Verdict {
         outcome,
         path,
@@ -206,6 +217,12 @@ fn outcome_of(journey: &Journey, delivered: bool, ctx: &Context) -> Outcome {
             node: last.node.clone(),
             iface: last.iface.clone(),
             toward,
+        }
+    } else if journey.records_lost {
+        Outcome::Incomplete {
+            node: last.node.clone(),
+            iface: last.iface.clone(),
+            direction: last.direction,
         }
     } else {
         Outcome::Vanished {
@@ -290,6 +307,14 @@ fn summarise(
         } => {
             let dir = direction.label();
             format!("vanished: last seen on {node} {iface} {dir}, never at the next hook{how}")
+        }
+        Outcome::Incomplete {
+            node,
+            iface,
+            direction,
+        } => {
+            let dir = direction.label();
+            format!("incomplete: records were lost while this packet was in flight; last seen on {node} {iface} {dir}{how}")
         }
     }
 }

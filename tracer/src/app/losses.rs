@@ -1,0 +1,82 @@
+//! Kernel losses as they happen: the probes' counters are read on every
+//! tick, a rise becomes a loss window for the correlator (so the stories
+//! of packets in flight then say they may have gaps), and stderr hears of
+//! it at most once a second.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use podtrace_common::counter;
+
+use crate::{node::traced::TracedNode, story::journey::Correlator};
+
+/// How often the loss is said on stderr, at most.
+const REPORT_EVERY: Duration = Duration::from_secs(1);
+
+pub(super) struct LossWatch {
+    /// Per node: records lost so far (ring buffer full, header copy failed).
+    seen: Vec<u64>,
+    /// Kernel time of the last reading.
+    read_at_ns: u64,
+    /// Lost since the last line on stderr, per node name.
+    unreported: Vec<u64>,
+    reported_at: Instant,
+}
+
+impl LossWatch {
+    pub fn new(nodes: &[TracedNode], now_ns: u64) -> Self {
+        Self {
+            seen: vec![0; nodes.len()],
+            read_at_ns: now_ns,
+            unreported: vec![0; nodes.len()],
+            reported_at: Instant::now(),
+        }
+    }
+
+    /// Reads the counters; any rise since the last reading is a loss
+    /// window in (last reading, now].
+    pub fn check(
+        &mut self,
+        nodes: &[TracedNode],
+        correlator: &mut Correlator,
+        now_ns: u64,
+    ) -> Result<()> {
+        let mut lost_now = false;
+        for (i, node) in nodes.iter().enumerate() {
+            let total = lost(node)?;
+            if total > self.seen[i] {
+                self.unreported[i] += total - self.seen[i];
+                self.seen[i] = total;
+                lost_now = true;
+            }
+        }
+        if lost_now {
+            correlator.observe_loss(self.read_at_ns, now_ns);
+        }
+        self.read_at_ns = now_ns;
+        if self.unreported.iter().any(|n| *n > 0) && self.reported_at.elapsed() >= REPORT_EVERY {
+            self.report(nodes);
+        }
+        Ok(())
+    }
+
+    fn report(&mut self, nodes: &[TracedNode]) {
+        let elapsed = self.reported_at.elapsed().as_secs_f64();
+        for (node, lost) in nodes.iter().zip(&mut self.unreported) {
+            if *lost > 0 {
+                eprintln!(
+                    "podtrace: {}: {lost} records lost in the last {elapsed:.1} s (ring buffer full); stories of packets in flight then are marked incomplete",
+                    node.name
+                );
+                *lost = 0;
+            }
+        }
+        self.reported_at = Instant::now();
+    }
+}
+
+/// Records a node's probe could not report, so far.
+fn lost(node: &TracedNode) -> Result<u64> {
+    let counters = node.probe.counters()?;
+    Ok(counters[counter::RINGBUF_FULL as usize] + counters[counter::SNAPSHOT_FAILED as usize])
+}
