@@ -183,3 +183,54 @@ fn vxlan_datapath() {
         );
     }
 }
+
+/// Start and stop with a crowded node: `CROWD` more pod veths on node-1's
+/// cni0 (their peers in one extra namespace), as on a node with hundreds
+/// of pods. podtrace attaches only to what the trace needs.
+#[test]
+#[ignore = "benchmark: run with cargo xtask bench"]
+fn start_and_stop_on_a_crowded_node() {
+    const CROWD: usize = 500;
+    let lab = lab(Topology::FlannelVxlan);
+    let crowd = format!("{}-crowd", lab.0.prefix);
+    xtask::lab::sh(&["ip", "netns", "add", &crowd]).unwrap();
+    let mut batch = String::new();
+    for i in 0..CROWD {
+        batch.push_str(&format!(
+            "link add vcrowd{i} type veth peer name p{i} netns {crowd}\nlink set vcrowd{i} master cni0 up\n"
+        ));
+    }
+    let file = std::env::temp_dir().join(format!("podtrace-crowd-{}", std::process::id()));
+    std::fs::write(&file, batch).unwrap();
+    let node1 = lab.0.node_netns(1);
+    xtask::lab::sh(&["ip", "-n", &node1, "-batch", &file.display().to_string()]).unwrap();
+    let _ = std::fs::remove_file(&file);
+    // Both pods have talked, so their interfaces can be found.
+    assert!(ping(&lab.0, "web-0", "db-0"));
+
+    let mut argv: Vec<String> = ["web-0", "db-0"].iter().map(|s| s.to_string()).collect();
+    argv.extend(lab_args(&lab.0, &[1, 2]));
+    let mut starts = Vec::new();
+    let mut stops = Vec::new();
+    for _ in 0..3 {
+        let started = Instant::now();
+        let trace = Trace::start(&argv);
+        starts.push(started.elapsed());
+        let stopping = Instant::now();
+        trace.signal(libc::SIGINT);
+        let done = trace.finish();
+        stops.push(stopping.elapsed());
+        assert!(done.status.success(), "{}", done.stderr);
+    }
+    let ms = |d: &[Duration]| {
+        d.iter()
+            .map(|d| format!("{:.0}", d.as_secs_f64() * 1e3))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!(
+        "crowded node: {CROWD} extra pod veths on node-1; start to \"tracing\": {} ms; SIGINT to exit: {} ms (3 runs)",
+        ms(&starts),
+        ms(&stops)
+    );
+}

@@ -148,6 +148,10 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         link_tx,
         netfilter_tx: why_rule_unnamed.is_none().then_some(netfilter_tx),
         pairs: vec![(src.ip, dst.ip), (dst.ip, src.ip)],
+        endpoint_nodes: [src, dst]
+            .iter()
+            .filter_map(|e| Some((e.ip, Targets::node_of(e)?.to_string())))
+            .collect(),
         node_ips: &args.node_ip,
         single_node: namespaces.len() == 1,
     };

@@ -40,6 +40,8 @@ pub struct Shared<'a> {
     pub netfilter_tx: Option<mpsc::UnboundedSender<(u32, TracedDrop)>>,
     /// The traced address pairs, both directions.
     pub pairs: Vec<(Ipv4Addr, Ipv4Addr)>,
+    /// The traced endpoints' nodes, where the pod list says.
+    pub endpoint_nodes: Vec<(Ipv4Addr, String)>,
     /// `--node-ip`s: each node takes the one it holds.
     pub node_ips: &'a [Ipv4Addr],
     /// Only one node is traced: a `--node-ip` it does not hold is an error
@@ -64,43 +66,38 @@ impl TracedNode {
     pub async fn trace(id: u32, ns: &Namespace, shared: &Shared<'_>) -> Result<(Self, NodeFacts)> {
         let _entered = ns.path.as_deref().map(super::netns::enter).transpose()?;
         let view = NodeView::read().await?;
-        // The node is the cluster node whose IP this namespace holds.
-        let known = shared
-            .known_nodes
-            .iter()
-            .find(|(_, ip)| view.link_with_address(*ip).is_some())
-            .cloned();
-        let held = shared
-            .node_ips
-            .iter()
-            .copied()
-            .find(|ip| view.link_with_address(*ip).is_some());
-        let only_given = match shared.node_ips {
-            [ip] if shared.single_node => Some(*ip),
-            _ => None,
-        };
-        let node_ip = held.or(known.as_ref().map(|(_, ip)| *ip)).or(only_given);
-        let name = match (&known, ns.arg.as_deref()) {
-            (Some((name, _)), _) => name.clone(),
-            (None, Some(arg)) => arg.rsplit('/').next().unwrap_or(arg).to_string(),
-            (None, None) => hostname(),
-        };
-        let annotated = shared
-            .subnets
-            .iter()
-            .find(|s| known.as_ref().is_some_and(|(n, _)| *n == s.node))
-            .and_then(|s| s.cni);
-        let cni = cni::detect(&view, annotated);
+        let identity = Identity::of(&view, ns, shared);
+        let name = identity.name.clone();
+        let cni = cni::detect(&view, identity.annotated_cni);
         let other_nodes: Vec<Ipv4Addr> = shared
             .known_nodes
             .iter()
             .map(|(_, ip)| *ip)
-            .filter(|ip| Some(*ip) != node_ip)
+            .filter(|ip| Some(*ip) != identity.node_ip)
             .collect();
-        let underlay = interfaces::underlay(&view, node_ip, &other_nodes)
+        let underlay = interfaces::underlay(&view, identity.node_ip, &other_nodes)
             .with_context(|| format!("node {name}"))?
             .index;
-        let watched = interfaces::select(&view, underlay, cni);
+        let every = interfaces::select(&view, underlay, cni);
+        let local_pod_subnets = local_pod_subnets(&view, &every);
+        let endpoints: Vec<Ipv4Addr> = shared.pairs.iter().map(|(src, _)| *src).collect();
+        let pod_interfaces: Vec<(Ipv4Addr, String)> = endpoints
+            .iter()
+            .filter_map(|ip| Some((*ip, cni.pod_interface(&view, *ip)?.name.clone())))
+            .collect();
+        let lost_pods: Vec<Ipv4Addr> = endpoints
+            .iter()
+            .copied()
+            .filter(|ip| {
+                let runs_here = shared
+                    .endpoint_nodes
+                    .iter()
+                    .any(|(e, node)| e == ip && *node == name);
+                runs_here || local_pod_subnets.iter().any(|n| n.contains(ip))
+            })
+            .filter(|ip| !pod_interfaces.iter().any(|(p, _)| p == ip))
+            .collect();
+        let watched = needed(every, &pod_interfaces, &lost_pods, &name);
         let spec = ProbeSpec {
             node_id: id,
             netns: ns,
@@ -126,12 +123,8 @@ impl TracedNode {
                 .unwrap_or(true),
             cni: cni.name(),
             inferred_pod_cidr: cni.inferred_pod_cidr(&view),
-            local_pod_subnets: local_pod_subnets(&view, &watched),
-            pod_interfaces: shared
-                .pairs
-                .iter()
-                .filter_map(|(src, _)| Some((*src, cni.pod_interface(&view, *src)?.name.clone())))
-                .collect(),
+            local_pod_subnets,
+            pod_interfaces,
             view: view.clone(),
         };
         let node = Self {
@@ -213,7 +206,10 @@ impl TracedNode {
         named.sort_by_key(|w| w.index);
         let veths = self.interfaces.len() - named.len();
         let mut parts: Vec<String> = named.iter().map(|w| w.name.clone()).collect();
-        parts.push(format!("{veths} pod veths"));
+        parts.push(match veths {
+            1 => "1 pod veth".to_string(),
+            n => format!("{n} pod veths"),
+        });
         parts.join(", ")
     }
 }
@@ -224,6 +220,78 @@ pub enum LinkOutcome {
     Added,
     Vanished,
     Ignored,
+}
+
+/// Who a namespace is in the cluster: its node's name, IP and the CNI its
+/// annotations name.
+struct Identity {
+    name: String,
+    node_ip: Option<Ipv4Addr>,
+    annotated_cni: Option<&'static str>,
+}
+
+impl Identity {
+    fn of(view: &NodeView, ns: &Namespace, shared: &Shared<'_>) -> Self {
+        // The node is the cluster node whose IP this namespace holds.
+        let known = shared
+            .known_nodes
+            .iter()
+            .find(|(_, ip)| view.link_with_address(*ip).is_some())
+            .cloned();
+        let held = shared
+            .node_ips
+            .iter()
+            .copied()
+            .find(|ip| view.link_with_address(*ip).is_some());
+        let only_given = match shared.node_ips {
+            [ip] if shared.single_node => Some(*ip),
+            _ => None,
+        };
+        let node_ip = held.or(known.as_ref().map(|(_, ip)| *ip)).or(only_given);
+        let name = match (&known, ns.arg.as_deref()) {
+            (Some((name, _)), _) => name.clone(),
+            (None, Some(arg)) => arg.rsplit('/').next().unwrap_or(arg).to_string(),
+            (None, None) => hostname(),
+        };
+        let annotated_cni = shared
+            .subnets
+            .iter()
+            .find(|s| s.node == name)
+            .and_then(|s| s.cni);
+        Self {
+            name,
+            node_ip,
+            annotated_cni,
+        }
+    }
+}
+
+/// What the trace needs of a node's interfaces: the underlay, bridges and
+/// tunnels, and the veths of the traced pods that are local here. A node
+/// may have hundreds of pods; attaching to every veth made starting and
+/// stopping take seconds. Only when a local traced pod's interface cannot
+/// be found is every pod veth watched.
+fn needed(
+    every: Vec<Watched>,
+    pod_interfaces: &[(Ipv4Addr, String)],
+    lost_pods: &[Ipv4Addr],
+    node: &str,
+) -> Vec<Watched> {
+    if !lost_pods.is_empty() {
+        let veths = every.iter().filter(|w| w.role == Role::PodVeth).count();
+        let lost: Vec<String> = lost_pods.iter().map(ToString::to_string).collect();
+        eprintln!(
+            "podtrace: {node}: cannot tell which interface {} is behind; watching all {veths} pod veths",
+            lost.join(" and ")
+        );
+        return every;
+    }
+    every
+        .into_iter()
+        .filter(|w| {
+            w.role != Role::PodVeth || pod_interfaces.iter().any(|(_, name)| *name == w.name)
+        })
+        .collect()
 }
 
 /// Subnets the node delivers locally, through a bridge or a pod veth: a
