@@ -6,6 +6,8 @@ use aya_ebpf::{
 };
 use podtrace_common::{counter, FlowKey};
 
+use crate::kernel::{contains, global, with_per_cpu};
+
 /// Traced (src, dst) pairs; filled by userspace.
 #[map(name = "FLOWS")]
 pub static FLOWS: HashMap<FlowKey, u8> = HashMap::with_max_entries(1024, 0);
@@ -23,17 +25,15 @@ pub static NODE_ID: u32 = 0;
 
 #[inline(always)]
 pub fn node_id() -> u32 {
-    unsafe { core::ptr::read_volatile(&NODE_ID) }
+    global(&NODE_ID)
 }
 
 #[inline(always)]
 pub fn is_traced(key: &FlowKey) -> bool {
-    unsafe { FLOWS.get(key) }.is_some()
+    contains(&FLOWS, key)
 }
 
 #[inline(always)]
 pub fn bump(index: u32) {
-    if let Some(count) = COUNTERS.get_ptr_mut(index) {
-        unsafe { *count += 1 };
-    }
+    with_per_cpu(&COUNTERS, index, |count| *count += 1);
 }
