@@ -29,6 +29,8 @@ use aya_ebpf::{
 };
 use podtrace_common::{headers::IPV4_SADDR, packet::Bytes, FlowKey, SNAPSHOT_LEN};
 
+use crate::sighting::Route;
+
 /// The value userspace gave a global at load time.
 #[inline(always)]
 pub fn global<T: Copy>(g: &'static T) -> T {
@@ -124,7 +126,7 @@ impl Skb<'_> {
     /// bpf_fib_lookup for the packet as arriving on this interface: the
     /// BPF_FIB_LKUP_RET_* code and the output ifindex and IPv4 next hop.
     #[inline(always)]
-    pub fn fib_lookup(&self, fill: impl FnOnce(&mut FibParams)) -> Option<(u8, u32, [u8; 4])> {
+    pub fn fib_lookup(&self, fill: impl FnOnce(&mut FibParams)) -> Option<Route> {
         let mut params: FibParams = unsafe { core::mem::zeroed() };
         fill(&mut params);
         params.ifindex = self.ifindex();

@@ -8,12 +8,18 @@ use podtrace_common::{counter, FlowKey};
 
 use crate::kernel::{contains, global, with_per_cpu};
 
+/// Both directions of every traced pair, with room to spare.
+const MAX_FLOWS: u32 = 1024;
+
+/// 4 MiB: a burst of some 20,000 sightings before userspace must drain.
+const SIGHTINGS_BYTES: u32 = 1 << 22;
+
 /// Traced (src, dst) pairs; filled by userspace.
 #[map(name = "FLOWS")]
-pub static FLOWS: HashMap<FlowKey, u8> = HashMap::with_max_entries(1024, 0);
+pub static FLOWS: HashMap<FlowKey, u8> = HashMap::with_max_entries(MAX_FLOWS, 0);
 
 #[map(name = "SIGHTINGS")]
-pub static SIGHTINGS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
+pub static SIGHTINGS: RingBuf = RingBuf::with_byte_size(SIGHTINGS_BYTES, 0);
 
 #[map(name = "COUNTERS")]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);

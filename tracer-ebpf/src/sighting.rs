@@ -6,6 +6,10 @@ use podtrace_common::{Sighting, FIB_NOT_LOOKED_UP};
 
 use crate::kernel::ktime_ns;
 
+/// The kernel's route for a packet: (BPF_FIB_LKUP_RET_*, output ifindex,
+/// IPv4 next hop).
+pub type Route = (u8, u32, [u8; 4]);
+
 pub struct Meta {
     /// One of `sighting_kind`.
     pub kind: u8,
@@ -20,8 +24,7 @@ pub struct Meta {
     pub netns_inum: u32,
     pub direction: u8,
     pub has_l2: u8,
-    /// (BPF_FIB_LKUP_RET_*, output ifindex, next hop).
-    pub route: Option<(u8, u32, [u8; 4])>,
+    pub route: Option<Route>,
 }
 
 impl Meta {

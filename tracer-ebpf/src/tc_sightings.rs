@@ -12,7 +12,7 @@ use podtrace_common::{
 use crate::{
     kernel::{submit_with, Skb},
     maps::{bump, is_traced, node_id, SIGHTINGS},
-    sighting::Meta,
+    sighting::{Meta, Route},
 };
 
 /// bpf_fib_lookup's address family for IPv4.
@@ -93,7 +93,7 @@ fn report(skb: &Skb, direction: Direction, has_l2: bool, kind: u8, l3: usize) {
 /// bpf_fib_lookup for the IPv4 packet at `l3`, as arriving on this
 /// interface.
 #[inline(always)]
-fn route_lookup(skb: &Skb, l3: usize) -> Option<(u8, u32, [u8; 4])> {
+fn route_lookup(skb: &Skb, l3: usize) -> Option<Route> {
     let tos = skb.u8_at(l3 + IPV4_TOS)?;
     let total_len = skb.u16_at(l3 + IPV4_TOT_LEN)?;
     let protocol = skb.u8_at(l3 + IPV4_PROTOCOL)?;
