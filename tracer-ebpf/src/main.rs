@@ -9,7 +9,9 @@
 #![no_main]
 
 mod drops;
+mod kernel;
 mod maps;
+mod sighting;
 mod tc_sightings;
 
 #[cfg(not(test))]

@@ -4,16 +4,16 @@
 //! sides; the kernel writes them, userspace reads them byte for byte.
 #![no_std]
 
+pub mod headers;
+pub mod packet;
+
+pub use headers::{GENEVE_PORT, VXLAN_PORT_FLANNEL, VXLAN_PORT_IANA};
+
 /// Bytes of packet header copied into each sighting. Enough for outer
 /// Ethernet + IPv4 + UDP + VXLAN (50 B) followed by inner Ethernet + IPv4 +
 /// the first bytes of L4 (14 + 20 + 20), with room for IP options or Geneve
 /// options.
 pub const SNAPSHOT_LEN: usize = 128;
-
-/// Well-known UDP ports of the overlays podtrace looks inside.
-pub const VXLAN_PORT_FLANNEL: u16 = 8472;
-pub const VXLAN_PORT_IANA: u16 = 4789;
-pub const GENEVE_PORT: u16 = 6081;
 
 /// Where on the tc hook a packet was seen.
 #[repr(u8)]
@@ -158,6 +158,16 @@ pub mod names {
     pub const DROPS: &str = "podtrace_kfree_skb";
     pub const DROPS_RAW: &str = "podtrace_kfree_skb_raw";
 }
+
+// The ABI, checked where it is defined: the kernel side and userspace copy
+// these byte for byte, so a field added or moved must fail the build here.
+const _: () = assert!(core::mem::size_of::<Sighting>() == 56 + SNAPSHOT_LEN);
+const _: () = assert!(core::mem::align_of::<Sighting>() == 8);
+const _: () = assert!(core::mem::offset_of!(Sighting, snapshot) == 56);
+const _: () = assert!(core::mem::size_of::<KernelLayout>() == 15 * 4);
+const _: () = assert!(core::mem::size_of::<FlowKey>() == 8);
+const _: () = assert!(core::mem::size_of::<[u32; MAX_NODES]>() == 32);
+const _: () = assert!(packet::SOCKET_HEADER_LEN <= SNAPSHOT_LEN);
 
 #[cfg(feature = "user")]
 mod user {

@@ -9,16 +9,26 @@ use anyhow::{anyhow, bail, Context, Result};
 pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 
 const MAGIC: u16 = 0xeb9f;
-const KIND_INT: u32 = 1;
-const KIND_ARRAY: u32 = 3;
-const KIND_STRUCT: u32 = 4;
-const KIND_UNION: u32 = 5;
-const KIND_ENUM: u32 = 6;
-const KIND_FUNC_PROTO: u32 = 13;
-const KIND_VAR: u32 = 14;
-const KIND_DATASEC: u32 = 15;
-const KIND_DECL_TAG: u32 = 17;
-const KIND_ENUM64: u32 = 19;
+// BTF kinds, numbered as in the kernel's include/uapi/linux/btf.h.
+const BTF_KIND_INT: u32 = 1;
+const BTF_KIND_PTR: u32 = 2;
+const BTF_KIND_ARRAY: u32 = 3;
+const BTF_KIND_STRUCT: u32 = 4;
+const BTF_KIND_UNION: u32 = 5;
+const BTF_KIND_ENUM: u32 = 6;
+const BTF_KIND_FWD: u32 = 7;
+const BTF_KIND_TYPEDEF: u32 = 8;
+const BTF_KIND_VOLATILE: u32 = 9;
+const BTF_KIND_CONST: u32 = 10;
+const BTF_KIND_RESTRICT: u32 = 11;
+const BTF_KIND_FUNC: u32 = 12;
+const BTF_KIND_FUNC_PROTO: u32 = 13;
+const BTF_KIND_VAR: u32 = 14;
+const BTF_KIND_DATASEC: u32 = 15;
+const BTF_KIND_FLOAT: u32 = 16;
+const BTF_KIND_DECL_TAG: u32 = 17;
+const BTF_KIND_TYPE_TAG: u32 = 18;
+const BTF_KIND_ENUM64: u32 = 19;
 
 #[derive(Clone, Debug)]
 struct Type {
@@ -89,11 +99,14 @@ impl Btf {
             let vlen = (info & 0xffff) as usize;
             let extra = at + 12;
             let size = match kind {
-                KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
-                KIND_ARRAY => 12,
-                KIND_STRUCT | KIND_UNION | KIND_DATASEC | KIND_ENUM64 => 12 * vlen,
-                KIND_ENUM | KIND_FUNC_PROTO => 8 * vlen,
-                2 | 7..=12 | 16 | 18 => 0,
+                BTF_KIND_INT | BTF_KIND_VAR | BTF_KIND_DECL_TAG => 4,
+                BTF_KIND_ARRAY => 12,
+                BTF_KIND_STRUCT | BTF_KIND_UNION | BTF_KIND_DATASEC | BTF_KIND_ENUM64 => 12 * vlen,
+                BTF_KIND_ENUM | BTF_KIND_FUNC_PROTO => 8 * vlen,
+                // Only the 12-byte common header.
+                BTF_KIND_PTR | BTF_KIND_FWD | BTF_KIND_TYPEDEF | BTF_KIND_VOLATILE
+                | BTF_KIND_CONST | BTF_KIND_RESTRICT | BTF_KIND_FUNC | BTF_KIND_FLOAT
+                | BTF_KIND_TYPE_TAG => 0,
                 other => bail!("unknown BTF kind {other}"),
             };
             types.push(Type {
@@ -142,7 +155,7 @@ impl Btf {
     fn members(&self, id: u32) -> Vec<Member> {
         let Some(t) = self
             .get(id)
-            .filter(|t| matches!(t.kind, KIND_STRUCT | KIND_UNION))
+            .filter(|t| matches!(t.kind, BTF_KIND_STRUCT | BTF_KIND_UNION))
         else {
             return Vec::new();
         };
@@ -169,7 +182,7 @@ impl Btf {
     pub fn member_offset(&self, name: &str, member: &str) -> Result<u32> {
         let id = self
             .by_name
-            .get(&(KIND_STRUCT, name.to_string()))
+            .get(&(BTF_KIND_STRUCT, name.to_string()))
             .copied()
             .ok_or_else(|| anyhow!("the kernel's BTF has no struct {name}"))?;
         let bits = self
@@ -199,14 +212,14 @@ impl Btf {
     pub fn enum_values(&self, name: &str) -> Result<Vec<(String, i64)>> {
         let id = self
             .by_name
-            .get(&(KIND_ENUM, name.to_string()))
-            .or_else(|| self.by_name.get(&(KIND_ENUM64, name.to_string())))
+            .get(&(BTF_KIND_ENUM, name.to_string()))
+            .or_else(|| self.by_name.get(&(BTF_KIND_ENUM64, name.to_string())))
             .copied()
             .ok_or_else(|| anyhow!("the kernel's BTF has no enum {name}"))?;
         let t = self.get(id).expect("indexed");
         Ok((0..t.vlen)
             .map(|i| {
-                if t.kind == KIND_ENUM {
+                if t.kind == BTF_KIND_ENUM {
                     let at = t.extra + i * 8;
                     (
                         self.string(self.u32_at(at)),
@@ -245,14 +258,24 @@ mod tests {
                 .for_each(|w| types.extend_from_slice(&w.to_le_bytes()))
         };
         let info = |kind: u32, vlen: u32| (kind << 24) | vlen;
-        push(&[s("int"), info(KIND_INT, 0), 4, 32]); // 1: int
-        push(&[s("long"), info(KIND_INT, 0), 8, 64]); // 2: long
-        push(&[0, info(KIND_STRUCT, 2), 16, s("b"), 1, 0, s("c"), 2, 64]); // 3: anon struct
-        push(&[0, info(KIND_UNION, 2), 16, 0, 3, 0, s("d"), 1, 0]); // 4: anon union
-        push(&[s("outer"), info(KIND_STRUCT, 2), 24, s("a"), 1, 0, 0, 4, 64]); // 5
+        push(&[s("int"), info(BTF_KIND_INT, 0), 4, 32]); // 1: int
+        push(&[s("long"), info(BTF_KIND_INT, 0), 8, 64]); // 2: long
+        push(&[0, info(BTF_KIND_STRUCT, 2), 16, s("b"), 1, 0, s("c"), 2, 64]); // 3: anon struct
+        push(&[0, info(BTF_KIND_UNION, 2), 16, 0, 3, 0, s("d"), 1, 0]); // 4: anon union
+        push(&[
+            s("outer"),
+            info(BTF_KIND_STRUCT, 2),
+            24,
+            s("a"),
+            1,
+            0,
+            0,
+            4,
+            64,
+        ]); // 5: outer
         push(&[
             s("reason"),
-            info(KIND_ENUM, 2),
+            info(BTF_KIND_ENUM, 2),
             4,
             s("R_OK"),
             0,

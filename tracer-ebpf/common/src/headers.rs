@@ -1,0 +1,68 @@
+//! Wire-format numbers of the headers podtrace reads: one definition for
+//! both eBPF programs, userspace and the host tests, so that no program
+//! spells an offset as a bare number.
+//!
+//! Offsets are in bytes from the start of their own header; multi-byte
+//! fields are big-endian on the wire.
+
+/// Ethernet: destination and source MAC, then the ethertype.
+pub const ETH_HLEN: usize = 14;
+pub const ETH_TYPE: usize = 12;
+/// An 802.1Q tag sits before the real ethertype and adds this much.
+pub const VLAN_HLEN: usize = 4;
+
+pub const ETH_P_IP: u16 = 0x0800;
+pub const ETH_P_8021Q: u16 = 0x8100;
+/// Transparent Ethernet bridging: a Geneve payload that is a whole frame.
+pub const ETH_P_TEB: u16 = 0x6558;
+
+/// IPv4 header without options.
+pub const IPV4_HLEN: usize = 20;
+/// Version in the high nibble, header length in 32-bit words in the low.
+pub const IPV4_VER_IHL: usize = 0;
+pub const IPV4_TOS: usize = 1;
+pub const IPV4_TOT_LEN: usize = 2;
+pub const IPV4_FRAG_OFF: usize = 6;
+pub const IPV4_PROTOCOL: usize = 9;
+pub const IPV4_SADDR: usize = 12;
+pub const IPV4_DADDR: usize = 16;
+// The flow key is read as one 8-byte run from the source address on.
+const _: () = assert!(IPV4_DADDR == IPV4_SADDR + 4);
+pub const IPV4_VERSION: u8 = 4;
+pub const IPV4_IHL_MASK: u8 = 0x0f;
+/// Version 4, five words: a header without options.
+pub const IPV4_VER_IHL_PLAIN: u8 = (IPV4_VERSION << 4) | (IPV4_HLEN / 4) as u8;
+
+pub const IPPROTO_ICMP: u8 = 1;
+pub const IPPROTO_IPIP: u8 = 4;
+pub const IPPROTO_TCP: u8 = 6;
+pub const IPPROTO_UDP: u8 = 17;
+
+/// TCP and UDP both start with the source and destination ports.
+pub const L4_SPORT: usize = 0;
+pub const L4_DPORT: usize = 2;
+
+pub const UDP_HLEN: usize = 8;
+
+pub const TCP_HLEN: usize = 20;
+/// Data offset in 32-bit words, in the high nibble.
+pub const TCP_DOFF: usize = 12;
+/// Data offset 5: a header without options.
+pub const TCP_DOFF_PLAIN: u8 = ((TCP_HLEN / 4) as u8) << 4;
+
+/// Well-known UDP ports of the overlays podtrace looks inside.
+pub const VXLAN_PORT_FLANNEL: u16 = 8472;
+pub const VXLAN_PORT_IANA: u16 = 4789;
+pub const GENEVE_PORT: u16 = 6081;
+
+pub const VXLAN_HLEN: usize = 8;
+pub const VXLAN_FLAGS: usize = 0;
+/// The "VNI is valid" flag, set in every VXLAN header Linux sends.
+pub const VXLAN_FLAG_VNI: u8 = 0x08;
+
+/// Geneve's fixed header; its options follow it.
+pub const GENEVE_HLEN: usize = 8;
+/// Version (2 bits) and option length in 32-bit words (6 bits).
+pub const GENEVE_VER_OPT_LEN: usize = 0;
+pub const GENEVE_OPT_LEN_MASK: u8 = 0x3f;
+pub const GENEVE_PROTOCOL: usize = 2;

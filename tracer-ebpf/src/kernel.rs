@@ -1,0 +1,165 @@
+//! Every `unsafe` of podtrace's eBPF code, behind safe functions, so that
+//! the programs themselves read as plain Rust and the one argument for
+//! soundness is made once, here.
+//!
+//! SAFETY, for every block in this file:
+//! - Globals are plain integers that userspace writes before loading and
+//!   that nothing writes afterwards; a volatile read only stops the
+//!   compiler from folding in the zero they are declared with.
+//! - Kernel memory (sk_buff, net_device, sock, net) is read only through
+//!   bpf_probe_read_kernel, which checks the address and returns an error
+//!   instead of faulting, so any pointer value is acceptable.
+//! - Packet bytes are read through bpf_skb_load_bytes, which bounds-checks
+//!   against the skb; `__sk_buff` fields are read through the context
+//!   pointer the kernel hands the program, valid for the whole run.
+//! - Map values (per-CPU scratch, ring-buffer records, counters) are
+//!   written through pointers the map helpers return: per-CPU or freshly
+//!   reserved, so no other program run aliases them while this one runs
+//!   (tc and tracepoint programs do not sleep and run one at a time per
+//!   CPU), and every byte pattern is a valid value of their plain-integer
+//!   types.
+//! - The helpers are called with the argument types their kernel
+//!   prototypes declare.
+
+use aya_ebpf::{
+    bindings::{__sk_buff, bpf_fib_lookup as FibParams},
+    helpers::{bpf_fib_lookup, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_buf},
+    maps::{HashMap, PerCpuArray, RingBuf},
+    programs::TcContext,
+};
+use podtrace_common::{headers::IPV4_SADDR, packet::Bytes, FlowKey, SNAPSHOT_LEN};
+
+use crate::sighting::Route;
+
+/// The value userspace gave a global at load time.
+#[inline(always)]
+pub fn global<T: Copy>(g: &'static T) -> T {
+    unsafe { core::ptr::read_volatile(g) }
+}
+
+/// A `T` at `base + offset` in kernel memory; `None` if unreadable.
+#[inline(always)]
+pub fn kernel_read<T>(base: u64, offset: u32) -> Option<T> {
+    unsafe { bpf_probe_read_kernel((base + u64::from(offset)) as *const T).ok() }
+}
+
+/// Fills `dst` from kernel memory at `addr`; false if unreadable.
+#[inline(always)]
+pub fn kernel_read_buf(addr: u64, dst: &mut [u8]) -> bool {
+    unsafe { bpf_probe_read_kernel_buf(addr as *const u8, dst) }.is_ok()
+}
+
+/// CLOCK_MONOTONIC, shared by all namespaces.
+#[inline(always)]
+pub fn ktime_ns() -> u64 {
+    unsafe { bpf_ktime_get_ns() }
+}
+
+#[inline(always)]
+pub fn contains<K, V>(map: &HashMap<K, V>, key: &K) -> bool {
+    unsafe { map.get(key) }.is_some()
+}
+
+/// Runs `f` on this CPU's value at `index`; `None` if there is none.
+#[inline(always)]
+pub fn with_per_cpu<T, R>(
+    map: &PerCpuArray<T>,
+    index: u32,
+    f: impl FnOnce(&mut T) -> R,
+) -> Option<R> {
+    let value = map.get_ptr_mut(index)?;
+    Some(f(unsafe { &mut *value }))
+}
+
+/// Reserves a `T` on the ring buffer, lets `fill` write all of it, then
+/// submits it; false if the ring buffer is full.
+#[inline(always)]
+pub fn submit_with<T: 'static>(ring: &RingBuf, fill: impl FnOnce(&mut T)) -> bool {
+    let Some(mut entry) = ring.reserve::<T>(0) else {
+        return false;
+    };
+    fill(unsafe { &mut *entry.as_mut_ptr() });
+    entry.submit(0);
+    true
+}
+
+/// The packet of a tc program, as a byte source for the shared parser.
+pub struct Skb<'a>(pub &'a TcContext);
+
+impl Skb<'_> {
+    #[inline(always)]
+    fn fields(&self) -> &__sk_buff {
+        unsafe { &*self.0.skb.skb }
+    }
+
+    #[inline(always)]
+    pub fn ifindex(&self) -> u32 {
+        self.fields().ifindex
+    }
+
+    #[inline(always)]
+    pub fn len(&self) -> u32 {
+        self.fields().len
+    }
+
+    #[inline(always)]
+    pub fn mark(&self) -> u32 {
+        self.fields().mark
+    }
+
+    /// Copies the packet's first `len` bytes (1..=SNAPSHOT_LEN, which the
+    /// verifier must be able to see) into `dst`.
+    #[inline(always)]
+    pub fn copy_start(&self, dst: &mut [u8; SNAPSHOT_LEN], len: usize) -> bool {
+        len != 0
+            && len <= SNAPSHOT_LEN
+            && unsafe {
+                aya_ebpf::helpers::bpf_skb_load_bytes(
+                    self.0.skb.skb.cast(),
+                    0,
+                    dst.as_mut_ptr().cast(),
+                    len as u32,
+                )
+            } == 0
+    }
+
+    /// bpf_fib_lookup for the packet as arriving on this interface: the
+    /// BPF_FIB_LKUP_RET_* code and the output ifindex and IPv4 next hop.
+    #[inline(always)]
+    pub fn fib_lookup(&self, fill: impl FnOnce(&mut FibParams)) -> Option<Route> {
+        let mut params: FibParams = unsafe { core::mem::zeroed() };
+        fill(&mut params);
+        params.ifindex = self.ifindex();
+        let rc = unsafe {
+            bpf_fib_lookup(
+                self.0.skb.skb.cast(),
+                &mut params,
+                core::mem::size_of::<FibParams>() as i32,
+                0,
+            )
+        };
+        if rc < 0 {
+            return None;
+        }
+        let nexthop = unsafe { params.__bindgen_anon_4.ipv4_dst }.to_ne_bytes();
+        Some((rc as u8, params.ifindex, nexthop))
+    }
+}
+
+impl Bytes for Skb<'_> {
+    #[inline(always)]
+    fn u8_at(&self, at: usize) -> Option<u8> {
+        self.0.load(at).ok()
+    }
+
+    #[inline(always)]
+    fn u16_at(&self, at: usize) -> Option<u16> {
+        self.0.load::<u16>(at).ok().map(u16::from_be)
+    }
+
+    /// One skb load for the whole pair.
+    #[inline(always)]
+    fn pair_at(&self, l3: usize) -> Option<FlowKey> {
+        self.0.load(l3 + IPV4_SADDR).ok()
+    }
+}

@@ -1,0 +1,54 @@
+//! What a sighting says besides its header snapshot, written into the
+//! record by one function for both programs, so that a field added to the
+//! ABI is set in one place and no record leaves with stale bytes.
+
+use podtrace_common::{Sighting, FIB_NOT_LOOKED_UP};
+
+use crate::kernel::ktime_ns;
+
+/// The kernel's route for a packet: (BPF_FIB_LKUP_RET_*, output ifindex,
+/// IPv4 next hop).
+pub type Route = (u8, u32, [u8; 4]);
+
+pub struct Meta {
+    /// One of `sighting_kind`.
+    pub kind: u8,
+    /// One of `match_kind`.
+    pub match_kind: u8,
+    pub node_id: u32,
+    pub ifindex: u32,
+    pub skb_len: u32,
+    pub mark: u32,
+    pub location: u64,
+    pub reason: u32,
+    pub netns_inum: u32,
+    pub direction: u8,
+    pub has_l2: u8,
+    pub route: Option<Route>,
+}
+
+impl Meta {
+    /// Fills every field of `s` but the snapshot bytes, and stamps the time.
+    #[inline(always)]
+    pub fn write(&self, s: &mut Sighting, snapshot_len: u16) {
+        let (fib_result, fib_ifindex, fib_nexthop) =
+            self.route.unwrap_or((FIB_NOT_LOOKED_UP, 0, [0; 4]));
+        s.ktime_ns = ktime_ns();
+        s.location = self.location;
+        s.ifindex = self.ifindex;
+        s.skb_len = self.skb_len;
+        s.mark = self.mark;
+        s.node_id = self.node_id;
+        s.reason = self.reason;
+        s.netns_inum = self.netns_inum;
+        s.fib_ifindex = fib_ifindex;
+        s.fib_nexthop = fib_nexthop;
+        s.direction = self.direction;
+        s.has_l2 = self.has_l2;
+        s.match_kind = self.match_kind;
+        s.kind = self.kind;
+        s.snapshot_len = snapshot_len;
+        s.fib_result = fib_result;
+        s._pad = 0;
+    }
+}
