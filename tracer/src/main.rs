@@ -14,7 +14,10 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(podtrace::app::run(args)) {
+    let outcome = runtime.block_on(podtrace::app::run(args));
+    // Everything attached is dropped by now: this run's file can go.
+    podtrace::probe::run_registry::close();
+    match outcome {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("podtrace: {e:#}");
