@@ -160,6 +160,73 @@ fn a_qdisc_podtrace_did_not_add_stays_with_its_filters() {
     assert_eq!(count_foreign(), 1);
 }
 
+/// Every tc filter and qdisc line of every interface of a node.
+fn tc_state(netns: &str) -> String {
+    let mut state = run_in(netns, "tc", &["qdisc", "show"]);
+    let links = run_in(netns, "ip", &["-o", "link", "show"]);
+    for iface in links.lines().filter_map(|l| l.split(": ").nth(1)) {
+        let iface = iface.split('@').next().unwrap_or(iface);
+        for hook in ["ingress", "egress"] {
+            state.push_str(&run_in(
+                netns,
+                "tc",
+                &["filter", "show", "dev", iface, hook],
+            ));
+        }
+    }
+    state
+}
+
+#[test]
+fn a_signal_during_start_leaves_nothing_behind() {
+    let lab = lab(Topology::FlannelVxlan);
+    let nodes = [lab.0.node_netns(1), lab.0.node_netns(2)];
+    let before: Vec<String> = nodes.iter().map(|n| tc_state(n)).collect();
+    for mode in ["auto", "clsact"] {
+        for delay in [0, 50, 100, 200, 400] {
+            let args = argv(
+                &["web-0", "db-0", "--attach", mode],
+                lab_args(&lab.0, &[1, 2]),
+            );
+            let mut child = Command::new(PODTRACE)
+                .args(&args)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn podtrace");
+            std::thread::sleep(Duration::from_millis(delay));
+            // SAFETY: a child we own.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while child.try_wait().expect("wait").is_none() {
+                assert!(Instant::now() < deadline, "podtrace did not exit");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let out = child.wait_with_output().expect("output");
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let what = format!("{mode}, SIGTERM after {delay} ms");
+            // At 0 ms the signal may come before main: nothing is attached.
+            if delay > 0 {
+                assert!(out.status.success(), "{what}: {:?} {stderr}", out.status);
+                assert!(
+                    stdout.contains("podtrace: 0 stories"),
+                    "{what}: a summary: {stdout} {stderr}"
+                );
+            }
+            for (node, before) in nodes.iter().zip(&before) {
+                assert!(
+                    !nft_tables(node).contains("podtrace"),
+                    "{what}: {}",
+                    nft_tables(node)
+                );
+                assert_eq!(&tc_state(node), before, "{what}: tc on {node}");
+                assert!(tcx_programs(node).is_empty(), "{what}");
+            }
+        }
+    }
+}
+
 /// A run that looks alive to podtrace: its registry file, locked.
 struct FakeRun {
     id: String,

@@ -1,6 +1,8 @@
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
+    // Before the runtime and anything attached; `app::run` catches them.
+    podtrace::app::block_signals();
     let args = podtrace::cli::Args::parse();
     // One thread: setns(2) is per thread, and every netlink socket and tc
     // attachment must be made inside the namespace podtrace entered.
