@@ -240,7 +240,7 @@ fn human_output_tells_the_story_per_hop() {
     assert!(
         trace
             .banner
-            .contains("node-1 (eth0, cni0, flannel.1, 2 pod veths)"),
+            .contains("node-1 (eth0, cni0, flannel.1, 1 pod veth)"),
         "{}",
         trace.banner
     );

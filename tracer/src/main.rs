@@ -1,6 +1,8 @@
 use clap::{error::ErrorKind, Parser};
 
 fn main() -> std::process::ExitCode {
+    // Before the runtime and anything attached; `app::run` catches them.
+    podtrace::app::block_signals();
     let args = match podtrace::cli::Args::try_parse() {
         Ok(args) => args,
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
@@ -26,7 +28,10 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(podtrace::app::run(args)) {
+    let outcome = runtime.block_on(podtrace::app::run(args));
+    // Everything attached is dropped by now: this run's file can go.
+    podtrace::probe::run_registry::close();
+    match outcome {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("podtrace: {e:#}");

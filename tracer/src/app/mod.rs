@@ -7,13 +7,16 @@
 //!   everything attached is dropped.
 
 mod losses;
+mod stop;
 mod teller;
+
+pub use stop::block_signals;
 
 use std::{io::IsTerminal, net::Ipv4Addr, time::Duration};
 
 use anyhow::{bail, Result};
 use podtrace_common::{counter, FlowKey, Sighting, MAX_NODES};
-use tokio::{signal::unix::SignalKind, sync::mpsc};
+use tokio::sync::mpsc;
 
 use crate::{
     cli::Args,
@@ -40,6 +43,7 @@ use crate::{
     },
 };
 use losses::LossWatch;
+use stop::Stop;
 use teller::Teller;
 
 /// A journey is done once nothing joined it for this long.
@@ -55,9 +59,15 @@ pub async fn run(args: Args) -> Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("podtrace needs root (CAP_BPF and CAP_NET_ADMIN) to load eBPF programs: run it with sudo");
     }
-    let resolved = resolve(&args).await?;
+    // Before anything is attached: a signal from here on ends the trace
+    // through the normal drop path.
+    let mut stop = Stop::catch()?;
+    let resolved = tokio::select! {
+        resolved = resolve(&args) => resolved?,
+        () = stop.recv() => return Ok(()),
+    };
     let mut trace = attach(&args, resolved).await?;
-    let summary = stream(&args, &mut trace).await?;
+    let summary = stream(&args, &mut trace, &mut stop).await?;
     finish(trace, summary)
 }
 
@@ -216,7 +226,11 @@ fn announce(targets: &Targets, nodes: &[TracedNode], ctx: &Context) {
 
 /// Streams until Ctrl-C, SIGTERM, `--duration` or `--count`; returns the
 /// summary so far and a teller holding what is still to be told.
-async fn stream(args: &Args, trace: &mut Trace) -> Result<(Summary, Teller<'static>)> {
+async fn stream(
+    args: &Args,
+    trace: &mut Trace,
+    stop: &mut Stop,
+) -> Result<(Summary, Teller<'static>)> {
     let (moved_tx, mut moved_rx) = mpsc::unbounded_channel::<PodMoved>();
     if let Some(cluster) = &trace.targets.cluster {
         for pod in [&trace.targets.src, &trace.targets.dst]
@@ -246,8 +260,6 @@ async fn stream(args: &Args, trace: &mut Trace) -> Result<(Summary, Teller<'stat
     });
     let mut losses = LossWatch::new(&trace.nodes, monotonic_ns());
     let mut tick = tokio::time::interval(JOURNEY_IDLE / 2);
-    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())?;
-    let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt())?;
     let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
     let until_deadline = async {
         match deadline {
@@ -282,8 +294,7 @@ async fn stream(args: &Args, trace: &mut Trace) -> Result<(Summary, Teller<'stat
             Some((node, change)) = trace.links.recv() => {
                 link_changed(trace, node, change, &mut summary);
             }
-            _ = sigint.recv() => break,
-            _ = sigterm.recv() => break,
+            () = stop.recv() => break,
             _ = &mut until_deadline => break,
         }
     }

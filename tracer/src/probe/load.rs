@@ -1,7 +1,8 @@
 //! Loading podtrace's eBPF object into one node (network namespace):
 //! the globals that tell it where it runs, the traced pairs, the tc and
 //! drop programs attached, and the ring buffer streamed out. Dropping the
-//! probe detaches everything.
+//! probe detaches everything
+//! it attached, and nothing another podtrace did.
 
 use std::mem::ManuallyDrop;
 
@@ -15,6 +16,7 @@ use tokio::{io::unix::AsyncFd, sync::mpsc};
 
 use super::{
     drops,
+    run_registry::{self, Record},
     tc::{self, AttachMode},
 };
 use crate::node::{interfaces::Watched, netns::Namespace};
@@ -41,29 +43,23 @@ pub struct NodeProbe {
     netns: Namespace,
     mode: AttachMode,
     pub hooks: usize,
-    /// Interfaces where podtrace added the clsact qdisc, to remove it again.
-    added_qdiscs: Vec<String>,
+    /// The clsact filters this probe attached, as the run registry has them.
+    filters: Vec<Record>,
 }
 
 impl Drop for NodeProbe {
     fn drop(&mut self) {
         let ebpf = &mut self.ebpf;
-        let added_qdiscs = std::mem::take(&mut self.added_qdiscs);
+        let filters = std::mem::take(&mut self.filters);
         let detached = self.netns.run(|| {
             // SAFETY: dropped once, here, and never used again.
             unsafe { ManuallyDrop::drop(ebpf) };
-            for iface in &added_qdiscs {
-                // The child starts in this thread's namespace, the node's.
-                let _ = std::process::Command::new("tc")
-                    .args(["qdisc", "del", "dev", iface, "clsact"])
-                    .stderr(std::process::Stdio::null())
-                    .status();
-            }
+            tc::released(&filters);
             Ok(())
         });
         if let Err(e) = detached {
-            // TCX links close with the process; clsact filters are removed
-            // by the next start.
+            // TCX links close with the process; clsact filters stay
+            // recorded, for the next start to remove.
             eprintln!("podtrace: cannot detach cleanly: {e:#}");
         }
     }
@@ -73,6 +69,8 @@ impl NodeProbe {
     /// Loads the programs, attaches the tc ones to `watched` inside the
     /// node's namespace, and the drop program to kfree_skb.
     pub fn attach(spec: &ProbeSpec<'_>, watched: &[Watched]) -> Result<Self> {
+        // Whatever killed runs left goes first, in every mode.
+        run_registry::sweep_dead_runs()?;
         let mut ebpf = EbpfLoader::new()
             .override_global(names::NODE_ID, &spec.node_id, true)
             .override_global(names::LAYOUT, spec.layout, true)
@@ -92,7 +90,7 @@ impl NodeProbe {
             netns: spec.netns.clone(),
             mode: spec.mode.resolve(),
             hooks: 0,
-            added_qdiscs: Vec::new(),
+            filters: Vec::new(),
         };
         for iface in watched {
             probe.attach_interface(iface)?;
@@ -102,12 +100,10 @@ impl NodeProbe {
 
     /// Attaches to both hooks of one more interface of the node.
     pub fn attach_interface(&mut self, iface: &Watched) -> Result<()> {
-        let added_qdisc = self
+        let filters = self
             .netns
-            .run(|| tc::attach_interface(&mut self.ebpf, iface, self.mode))?;
-        if added_qdisc {
-            self.added_qdiscs.push(iface.name.clone());
-        }
+            .run(|| tc::attach_interface(&mut self.ebpf, iface, self.mode, &self.netns))?;
+        self.filters.extend(filters);
         self.hooks += 2;
         Ok(())
     }

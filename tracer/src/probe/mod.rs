@@ -6,13 +6,15 @@
 //! - `netfilter`: nftables packet tracing (which rule dropped a packet);
 //! - `link_watch`: interfaces that come and go during a trace;
 //! - `btf`: the running kernel's struct layout, since Rust eBPF has no CO-RE;
-//! - `load`: one node's probe, the eBPF object loaded with its globals.
+//! - `load`: one node's probe, the eBPF object loaded with its globals;
+//! - `run_registry`: which run owns which filter and table, alive or not.
 
 pub mod btf;
 pub mod drops;
 pub mod link_watch;
 mod load;
 pub mod netfilter;
+pub mod run_registry;
 pub mod tc;
 
 use anyhow::{Context as _, Result};

@@ -1,14 +1,18 @@
 //! Which iptables / nftables rule dropped the packet, from nftables packet
 //! tracing (the kernel's NFT_MSG_TRACE events).
 //!
-//! podtrace adds one table of its own per traced node, `inet podtrace_<pid>`,
+//! podtrace adds one table of its own per traced node, `inet podtrace_r<run id>`,
 //! whose chains run before raw (priority -350) and set `meta nftrace 1` on
 //! the traced flow only; no other table is touched. The events are read by
 //! the system's `xtables-monitor --trace`, which prints iptables-nft rules
 //! in the syntax their author wrote (`-A FORWARD -s … -j DROP`, comments
 //! included) — decoding xt match payloads ourselves would mean
 //! re-implementing iptables' extension printers. The table goes away on
-//! exit; a table left by a killed podtrace is removed on the next start.
+//! exit; a table left by a killed podtrace is removed on the next start,
+//! which tells dead from alive by the run registry (`run_registry`), not
+//! by PID: a podtrace in another PID namespace cannot see the host's PIDs.
+//! Tables of older podtraces (`podtrace_<pid>`) are judged by their PID
+//! only from the initial PID namespace, where every PID is visible.
 
 use std::{
     collections::HashMap,
@@ -23,6 +27,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+use super::run_registry::{self, Held, Liveness, Record};
 use crate::node::netns::Namespace;
 
 /// The rule that gave a traced packet its final DROP.
@@ -151,8 +156,8 @@ fn strip_family_and_table(text: &str) -> String {
     rest.to_string()
 }
 
-fn table_name(pid: u32) -> String {
-    format!("podtrace_{pid}")
+fn table_name(run_id: u64) -> String {
+    format!("podtrace_r{run_id:016x}")
 }
 
 /// The tracing table and monitor of one node.
@@ -160,6 +165,7 @@ pub struct NodeTrace {
     netns: Namespace,
     monitor: Child,
     table: String,
+    record: Record,
 }
 
 impl NodeTrace {
@@ -171,9 +177,18 @@ impl NodeTrace {
         pairs: &[(Ipv4Addr, Ipv4Addr)],
         tx: mpsc::UnboundedSender<(u32, TracedDrop)>,
     ) -> Result<Self> {
-        netns.run(|| {
+        run_registry::sweep_dead_runs()?;
+        let table = table_name(run_registry::id()?);
+        let record = Record::at(
+            netns,
+            Held::Table {
+                name: table.clone(),
+            },
+        );
+        // Recorded before it exists: a kill in between leaves no orphan.
+        run_registry::claim(record.clone())?;
+        let started = netns.run(|| {
             remove_stale_tables()?;
-            let table = table_name(std::process::id());
             let mut script = format!(
                 "table inet {table} {{\n chain prerouting {{ type filter hook prerouting priority -350; }}\n chain output {{ type filter hook output priority -350; }}\n}}\n"
             );
@@ -196,7 +211,7 @@ impl NodeTrace {
             let mut monitor = match spawned {
                 Ok(child) => child,
                 Err(e) => {
-                    let _ = nft_script(&format!("delete table inet {table}\n"));
+                    let _ = delete_table(&table);
                     bail!("cannot run xtables-monitor (package iptables): {e}");
                 }
             };
@@ -214,9 +229,16 @@ impl NodeTrace {
             Ok(Self {
                 netns: netns.clone(),
                 monitor,
-                table,
+                table: table.clone(),
+                record: record.clone(),
             })
-        })
+        });
+        if started.is_err() {
+            // Absent already is fine.
+            let _ = netns.run(|| delete_table(&table));
+            run_registry::release(&record);
+        }
+        started
     }
 }
 
@@ -246,11 +268,10 @@ impl Drop for NodeTrace {
         let _ = self.monitor.kill();
         let _ = self.monitor.wait();
         let table = self.table.clone();
-        let removed = self
-            .netns
-            .run(|| nft_script(&format!("delete table inet {table}\n")));
-        if let Err(e) = removed {
-            eprintln!("podtrace: cannot remove nft table {table}: {e:#}");
+        let removed = self.netns.run(|| delete_table(&table));
+        match removed {
+            Ok(()) => run_registry::release(&self.record),
+            Err(e) => eprintln!("podtrace: cannot remove nft table {table}: {e:#}"),
         }
     }
 }
@@ -276,7 +297,17 @@ fn nft_script(script: &str) -> Result<()> {
     Ok(())
 }
 
-/// Tables `podtrace_<pid>` whose podtrace is gone (killed).
+/// Deletes a podtrace table of the current thread's namespace; absent
+/// already is fine.
+pub(super) fn delete_table(name: &str) -> Result<()> {
+    match nft_script(&format!("delete table inet {name}\n")) {
+        Err(e) if e.to_string().contains("No such file or directory") => Ok(()),
+        other => other,
+    }
+}
+
+/// podtrace tables whose podtrace is gone (killed); those of live runs,
+/// and of runs this one cannot judge, stay.
 fn remove_stale_tables() -> Result<()> {
     let out = Command::new("nft")
         .args(["list", "tables"])
@@ -286,17 +317,37 @@ fn remove_stale_tables() -> Result<()> {
         let Some(name) = line.strip_prefix("table inet ") else {
             continue;
         };
-        let Some(pid) = name
-            .strip_prefix("podtrace_")
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            nft_script(&format!("delete table inet {name}\n"))?;
+        if table_is_stale(name) {
+            delete_table(name)?;
         }
     }
     Ok(())
+}
+
+fn table_is_stale(name: &str) -> bool {
+    let Some(owner) = name.strip_prefix("podtrace_") else {
+        return false;
+    };
+    if let Some(id) = owner
+        .strip_prefix('r')
+        .and_then(|h| u64::from_str_radix(h, 16).ok())
+    {
+        return run_registry::liveness(id) == Liveness::Dead;
+    }
+    match owner.parse::<u32>() {
+        Ok(pid) => in_initial_pid_namespace() && !Path::new(&format!("/proc/{pid}")).exists(),
+        Err(_) => false,
+    }
+}
+
+/// Whether every PID on the machine is visible here.
+fn in_initial_pid_namespace() -> bool {
+    // PROC_PID_INIT_INO: the inode the kernel gives the initial namespace.
+    const INITIAL: u64 = 0xEFFF_FFFC;
+    std::fs::metadata("/proc/self/ns/pid").is_ok_and(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.ino() == INITIAL
+    })
 }
 
 #[cfg(test)]
