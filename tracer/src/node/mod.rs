@@ -6,6 +6,7 @@
 pub mod interfaces;
 mod netlink;
 pub mod netns;
+pub mod pod_netns;
 pub mod traced;
 
 use std::net::Ipv4Addr;
@@ -26,6 +27,9 @@ pub struct Link {
     /// The other end lives in another network namespace (a veth whose peer
     /// is a pod's eth0, unlike cilium_host/cilium_net, both on the host).
     pub peer_in_other_netns: bool,
+    /// The ifindex of its other end (a veth's peer), in that end's
+    /// namespace.
+    pub peer_index: Option<u32>,
     /// For a VXLAN device: what the kernel encapsulates with.
     pub vxlan: Option<VxlanDevice>,
 }
@@ -223,6 +227,7 @@ pub(crate) mod fixtures {
             has_ethernet_header: kind != "ipip",
             mtu: if kind == "vxlan" { 1450 } else { 1500 },
             peer_in_other_netns: kind == "veth",
+            peer_index: None,
             vxlan: None,
         }
     }
@@ -296,6 +301,7 @@ mod tests {
                 has_ethernet_header: true,
                 mtu: 1450,
                 peer_in_other_netns: false,
+                peer_index: None,
                 vxlan: None,
             }],
             ..Default::default()

@@ -22,6 +22,17 @@ use rtnetlink::{
 use super::{Link, NodeView, Route, RouteKind, RouteOrigin, VxlanDevice};
 
 impl NodeView {
+    /// Only the IPv4 addresses of the calling thread's namespace: the
+    /// cheap look at a namespace that may be a pod's.
+    pub async fn read_addresses() -> Result<Vec<(u32, Ipv4Addr)>> {
+        let (connection, handle, _) =
+            rtnetlink::new_connection().context("cannot open an rtnetlink socket")?;
+        let task = tokio::spawn(connection);
+        let addresses = read_addresses(&handle).await;
+        task.abort();
+        addresses
+    }
+
     /// Reads the view of the network namespace the calling thread is in.
     pub async fn read() -> Result<Self> {
         let (connection, handle, _) =
@@ -36,22 +47,7 @@ impl NodeView {
                 .try_collect()
                 .await
                 .context("cannot list links")?;
-            let addresses = handle
-                .address()
-                .get()
-                .execute()
-                .try_filter_map(|msg| async move {
-                    Ok(msg.attributes.iter().find_map(|a| match a {
-                        AddressAttribute::Local(std::net::IpAddr::V4(ip))
-                        | AddressAttribute::Address(std::net::IpAddr::V4(ip)) => {
-                            Some((msg.header.index, *ip))
-                        }
-                        _ => None,
-                    }))
-                })
-                .try_collect()
-                .await
-                .context("cannot list addresses")?;
+            let addresses = read_addresses(&handle).await?;
             let routes = handle
                 .route()
                 .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
@@ -73,6 +69,26 @@ impl NodeView {
         task.abort();
         result
     }
+}
+
+/// (link index, address) of every IPv4 address.
+async fn read_addresses(handle: &Handle) -> Result<Vec<(u32, Ipv4Addr)>> {
+    handle
+        .address()
+        .get()
+        .execute()
+        .try_filter_map(|msg| async move {
+            Ok(msg.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Local(std::net::IpAddr::V4(ip))
+                | AddressAttribute::Address(std::net::IpAddr::V4(ip)) => {
+                    Some((msg.header.index, *ip))
+                }
+                _ => None,
+            }))
+        })
+        .try_collect()
+        .await
+        .context("cannot list addresses")
 }
 
 /// IPv4 neighbours (link, address, MAC) and bridge FDB entries (MAC, port).
@@ -123,6 +139,7 @@ impl From<LinkMessage> for Link {
             has_ethernet_header: msg.header.link_layer_type == LinkLayerType::Ether,
             mtu: 0,
             peer_in_other_netns: false,
+            peer_index: None,
             vxlan: None,
         };
         for attr in msg.attributes {
@@ -131,6 +148,7 @@ impl From<LinkMessage> for Link {
                 LinkAttribute::Controller(index) => link.controller = Some(index),
                 LinkAttribute::Mtu(mtu) => link.mtu = mtu,
                 LinkAttribute::LinkNetNsId(_) => link.peer_in_other_netns = true,
+                LinkAttribute::Link(index) => link.peer_index = Some(index),
                 LinkAttribute::LinkInfo(infos) => {
                     for info in infos {
                         match info {

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use super::{
     interfaces::{self, Role, Watched},
     netns::Namespace,
-    NodeFacts, NodeView,
+    pod_netns, NodeFacts, NodeView,
 };
 use crate::{
     cluster::NodeSubnet,
@@ -81,11 +81,7 @@ impl TracedNode {
         let every = interfaces::select(&view, underlay, cni);
         let local_pod_subnets = local_pod_subnets(&view, &every);
         let endpoints: Vec<Ipv4Addr> = shared.pairs.iter().map(|(src, _)| *src).collect();
-        let pod_interfaces: Vec<(Ipv4Addr, String)> = endpoints
-            .iter()
-            .filter_map(|ip| Some((*ip, cni.pod_interface(&view, *ip)?.name.clone())))
-            .collect();
-        let lost_pods: Vec<Ipv4Addr> = endpoints
+        let local: Vec<Ipv4Addr> = endpoints
             .iter()
             .copied()
             .filter(|ip| {
@@ -95,8 +91,8 @@ impl TracedNode {
                     .any(|(e, node)| e == ip && *node == name);
                 runs_here || local_pod_subnets.iter().any(|n| n.contains(ip))
             })
-            .filter(|ip| !pod_interfaces.iter().any(|(p, _)| p == ip))
             .collect();
+        let (pod_interfaces, lost_pods) = find_pod_interfaces(&view, cni, &endpoints, &local).await;
         let watched = needed(every, &pod_interfaces, &lost_pods, &name);
         let spec = ProbeSpec {
             node_id: id,
@@ -264,6 +260,32 @@ impl Identity {
             annotated_cni,
         }
     }
+}
+
+/// The host interfaces of the traced pods: by the CNI's own tables, else
+/// (for a local pod) from the pod's namespace. Also the local pods whose
+/// interface could not be found.
+async fn find_pod_interfaces(
+    view: &NodeView,
+    cni: &dyn Backend,
+    endpoints: &[Ipv4Addr],
+    local: &[Ipv4Addr],
+) -> (Vec<(Ipv4Addr, String)>, Vec<Ipv4Addr>) {
+    let mut found = Vec::new();
+    let mut lost = Vec::new();
+    for ip in endpoints {
+        let index = match cni.pod_interface(view, *ip) {
+            Some(link) => Some(link.index),
+            None if local.contains(ip) => pod_netns::host_veth(*ip, view).await,
+            None => None,
+        };
+        match index.and_then(|index| view.link(index)) {
+            Some(link) => found.push((*ip, link.name.clone())),
+            None if local.contains(ip) => lost.push(*ip),
+            None => {}
+        }
+    }
+    (found, lost)
 }
 
 /// What the trace needs of a node's interfaces: the underlay, bridges and

@@ -1,0 +1,75 @@
+//! A local pod's host-side veth, found from the pod's own namespace when
+//! the node's tables cannot tell (a pod that has not talked yet leaves no
+//! neighbour or FDB entry on the bridge): the namespace that holds the
+//! pod's IP, the veth there that holds it, and its peer on the node — the
+//! node's veth whose own peer is that very interface.
+
+use std::{
+    collections::HashSet,
+    net::Ipv4Addr,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+};
+
+use super::{netns, NodeView};
+
+/// The host-side veth (its ifindex on `node`) of the pod with `ip`, if a
+/// namespace on this machine holds `ip` behind a veth whose peer is on
+/// `node`. Called inside the node's namespace, and returns there.
+pub async fn host_veth(ip: Ipv4Addr, node: &NodeView) -> Option<u32> {
+    let own = std::fs::metadata("/proc/thread-self/ns/net").ok()?.ino();
+    for candidate in namespaces(own) {
+        let Ok(entered) = netns::enter(&candidate) else {
+            continue;
+        };
+        let holds = NodeView::read_addresses()
+            .await
+            .is_ok_and(|addresses| addresses.iter().any(|(_, a)| *a == ip));
+        if !holds {
+            drop(entered);
+            continue;
+        }
+        let pod = NodeView::read().await.ok();
+        drop(entered);
+        let pod_end = pod.as_ref()?.link_with_address(ip)?;
+        let host_end = node.link(pod_end.peer_index?)?;
+        // Both ends name each other: not some other pair with the same
+        // ifindexes in another node's namespace.
+        if host_end.kind == "veth" && host_end.peer_index == Some(pod_end.index) {
+            return Some(host_end.index);
+        }
+    }
+    None
+}
+
+/// Every network namespace on this machine but `own`: named ones (`ip
+/// netns`, and the container runtime's `cni-…`) first, then those of
+/// running processes.
+fn namespaces(own: u64) -> Vec<PathBuf> {
+    let mut seen = HashSet::from([own]);
+    let named = ["/run/netns", "/var/run/netns"]
+        .iter()
+        .filter_map(|dir| std::fs::read_dir(dir).ok())
+        .flatten()
+        .flatten()
+        .map(|e| e.path());
+    let of_processes = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .map(|e| e.path().join("ns/net"));
+    named
+        .chain(of_processes)
+        .filter(|path| inode(path).is_some_and(|ino| seen.insert(ino)))
+        .collect()
+}
+
+fn inode(path: &Path) -> Option<u64> {
+    std::fs::metadata(path).ok().map(|m| m.ino())
+}
