@@ -115,7 +115,11 @@ fn a_default_run_removes_what_a_killed_clsact_run_left() {
     assert_eq!(our_filters(&node1, "cni0", "ingress"), 0);
     assert_eq!(our_filters(&node1, "cni0", "egress"), 0);
     assert!(!has_clsact(&node1, "cni0"), "the empty qdisc goes too");
-    assert_eq!(tcx_programs(&node1).len(), 10);
+    assert_eq!(
+        tcx_programs(&node1).len(),
+        8,
+        "eth0, cni0, flannel.1 and web-0's veth, two hooks each"
+    );
     tcx.signal(libc::SIGINT);
     assert!(tcx.finish().status.success());
 }
