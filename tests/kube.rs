@@ -145,9 +145,9 @@ fn a_pod_that_comes_back_with_a_new_ip_is_followed() {
     // Give the watch a moment, then talk to the new IP.
     std::thread::sleep(std::time::Duration::from_secs(2));
     // The nft rule tracing follows too.
+    // The run's table (`podtrace_r<run id>`) is the only one in the lab.
     let table = xtask::lab::in_netns(&lab.0.node_netns(1), "nft")
-        .args(["list", "table", "inet"])
-        .arg(format!("podtrace_{}", trace.pid()))
+        .args(["list", "ruleset"])
         .output()
         .unwrap();
     let table = String::from_utf8_lossy(&table.stdout);

@@ -3,7 +3,7 @@
 use aya_ebpf::{bindings::TC_ACT_UNSPEC, macros::classifier, programs::TcContext};
 use podtrace_common::{
     counter,
-    headers::{IPV4_PROTOCOL, IPV4_TOS, IPV4_TOT_LEN},
+    headers::{IPV4_PROTOCOL, IPV4_TOS},
     match_kind,
     packet::{classify, ethernet_payload, Bytes},
     sighting_kind, Direction, Sighting, SNAPSHOT_LEN,
@@ -95,13 +95,16 @@ fn report(skb: &Skb, direction: Direction, has_l2: bool, kind: u8, l3: usize) {
 #[inline(always)]
 fn route_lookup(skb: &Skb, l3: usize) -> Option<Route> {
     let tos = skb.u8_at(l3 + IPV4_TOS)?;
-    let total_len = skb.u16_at(l3 + IPV4_TOT_LEN)?;
     let protocol = skb.u8_at(l3 + IPV4_PROTOCOL)?;
     let pair = skb.pair_at(l3)?;
     skb.fib_lookup(|params| {
         params.family = AF_INET;
         params.l4_protocol = protocol;
-        params.__bindgen_anon_1.tot_len = total_len;
+        // No tot_len: the kernel then checks the skb itself against the
+        // MTU of the device the route leaves by (GSO-aware, so a TCP
+        // super-segment is not "too big"), and still names that device
+        // and next hop when the answer is FRAG_NEEDED.
+        params.__bindgen_anon_1.tot_len = 0;
         params.__bindgen_anon_2.tos = tos;
         params.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(pair.src);
         params.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(pair.dst);

@@ -33,6 +33,25 @@ pub enum Transport {
     Other {
         number: u8,
     },
+    /// A fragment after the first: it carries no transport header, only
+    /// bytes of the middle of the payload.
+    Fragment {
+        number: u8,
+        /// Bytes into the original payload.
+        offset: u16,
+    },
+}
+
+impl Transport {
+    /// The IP protocol number.
+    pub fn protocol(&self) -> u8 {
+        match self {
+            Self::Icmp { .. } => 1,
+            Self::Tcp { .. } => 6,
+            Self::Udp { .. } => 17,
+            Self::Other { number } | Self::Fragment { number, .. } => *number,
+        }
+    }
 }
 
 /// An IPv4 header and what follows it.
@@ -44,6 +63,9 @@ pub struct Ipv4Packet {
     pub ip_id: u16,
     pub total_len: u16,
     pub dont_fragment: bool,
+    /// More fragments follow (MF), or this is not the first (offset > 0):
+    /// a piece of a larger packet.
+    pub fragment: bool,
     pub transport: Transport,
 }
 
@@ -137,7 +159,17 @@ fn ipv4(bytes: &[u8]) -> Result<(Ipv4Packet, &[u8]), DecodeError> {
         });
     }
     let (ip, l4) = Ipv4Header::from_slice(bytes).map_err(|_| DecodeError::Truncated("IPv4"))?;
-    let transport = transport(ip.protocol, l4)?;
+    let offset = ip.fragment_offset.value() * 8;
+    // Only the first fragment has a transport header; reading one from a
+    // later fragment would invent ports and ICMP types from payload bytes.
+    let transport = if offset > 0 {
+        Transport::Fragment {
+            number: ip.protocol.0,
+            offset,
+        }
+    } else {
+        transport(ip.protocol, l4)?
+    };
     Ok((
         Ipv4Packet {
             src: Ipv4Addr::from(ip.source),
@@ -146,6 +178,7 @@ fn ipv4(bytes: &[u8]) -> Result<(Ipv4Packet, &[u8]), DecodeError> {
             ip_id: ip.identification,
             total_len: ip.total_len,
             dont_fragment: ip.dont_fragment,
+            fragment: ip.more_fragments || offset > 0,
             transport,
         },
         l4,

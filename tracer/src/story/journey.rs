@@ -42,12 +42,34 @@ pub struct PacketKey {
 impl PacketKey {
     pub fn of(packet: &Decoded) -> Self {
         let p = &packet.packet;
+        // All fragments of a packet share one key: only the first has a
+        // transport header to tell them by.
+        let transport = if p.fragment {
+            Transport::Fragment {
+                number: p.transport.protocol(),
+                offset: 0,
+            }
+        } else {
+            p.transport
+        };
         Self {
             src: p.src,
             dst: p.dst,
             ip_id: p.ip_id,
-            transport: p.transport,
+            transport,
         }
+    }
+
+    /// The same packet, one key whole and the other in fragments (it was
+    /// fragmented on the way, where a route's MTU was smaller).
+    fn same_packet_in_pieces(&self, other: &Self) -> bool {
+        self.id() == other.id()
+            && self.transport.protocol() == other.transport.protocol()
+            && self.in_pieces() != other.in_pieces()
+    }
+
+    fn in_pieces(&self) -> bool {
+        matches!(self.transport, Transport::Fragment { .. })
     }
 
     fn id(&self) -> PacketId {
@@ -167,6 +189,8 @@ pub struct Correlator {
     waiting_rules: VecDeque<(u64, PacketId, NetfilterRule)>,
     /// Kernel time spans in which records were lost, oldest first.
     losses: VecDeque<(u64, u64)>,
+    /// Open journeys keyed as fragments.
+    open_in_pieces: usize,
 }
 
 impl Correlator {
@@ -176,11 +200,23 @@ impl Correlator {
             waits,
             waiting_rules: VecDeque::new(),
             losses: VecDeque::new(),
+            open_in_pieces: 0,
         }
     }
 
     pub fn observe(&mut self, hop: Hop) {
-        let key = PacketKey::of(&hop.packet);
+        let mut key = PacketKey::of(&hop.packet);
+        // Looked for only where fragments are about: a scan per new packet
+        // would cost dearly at line rate.
+        let may_be_pieces = hop.packet.packet.fragment || self.open_in_pieces > 0;
+        if may_be_pieces && !self.open.contains_key(&key) {
+            if let Some(whole) = self.open.keys().find(|k| k.same_packet_in_pieces(&key)) {
+                key = *whole;
+            }
+        }
+        if key.in_pieces() && !self.open.contains_key(&key) {
+            self.open_in_pieces += 1;
+        }
         let waiting = &mut self.waiting_rules;
         let journey = self.open.entry(key).or_insert_with(|| Journey {
             key,
@@ -295,6 +331,7 @@ impl Correlator {
 
     fn drain(&mut self, keys: Vec<PacketKey>) -> Vec<Journey> {
         let mut out: Vec<_> = keys.iter().filter_map(|k| self.open.remove(k)).collect();
+        self.open_in_pieces -= out.iter().filter(|j| j.key.in_pieces()).count();
         out.sort_by_key(Journey::first_seen);
         out
     }
@@ -621,5 +658,81 @@ pub(crate) mod tests {
         ));
         let lost: Vec<bool> = c.take_all().iter().map(|j| j.records_lost).collect();
         assert_eq!(lost, [true, true, false]);
+    }
+
+    /// `frame` (Ethernet + IPv4) as a fragment at `offset` bytes, with
+    /// payload bytes that would read as ICMP type 136 code 137.
+    fn fragment(frame: &[u8], offset: u16, more: bool) -> Vec<u8> {
+        let mut f = frame.to_vec();
+        let flags_offset = (u16::from(more) << 13) | (offset / 8);
+        f[20..22].copy_from_slice(&flags_offset.to_be_bytes());
+        if offset > 0 {
+            f[34] = 136;
+            f[35] = 137;
+        }
+        f
+    }
+
+    #[test]
+    fn fragments_are_one_story_with_the_packet_and_invent_no_transport() {
+        let whole = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
+        let first = fragment(&whole, 0, true);
+        let second = fragment(&whole, 1480, false);
+        let later = hop(
+            30,
+            "n1",
+            "flannel.1",
+            Role::Tunnel,
+            Direction::Egress,
+            &second,
+        );
+        assert!(matches!(
+            later.packet.packet.transport,
+            crate::decode::Transport::Fragment {
+                number: 1,
+                offset: 1480
+            }
+        ));
+        let mut c = Correlator::new(waits(1_000, 50_000));
+        // Whole at the pod's veth, fragmented where the MTU is smaller.
+        c.observe(hop(
+            0,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &whole,
+        ));
+        c.observe(hop(
+            20,
+            "n1",
+            "flannel.1",
+            Role::Tunnel,
+            Direction::Egress,
+            &first,
+        ));
+        c.observe(later);
+        let journeys = c.take_all();
+        assert_eq!(journeys.len(), 1, "one packet, one story");
+        assert_eq!(journeys[0].hops.len(), 3);
+        // Fragments from the start (the sender fragmented) are one too.
+        c.observe(hop(
+            100,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &first,
+        ));
+        c.observe(hop(
+            110,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &second,
+        ));
+        assert_eq!(c.take_all().len(), 1);
+        assert_eq!(c.open_in_pieces, 0);
     }
 }

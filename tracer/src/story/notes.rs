@@ -2,7 +2,7 @@
 //! line, a tunnel in one phrase.
 
 use crate::decode::{
-    hop::{Direction, Hop},
+    hop::{Direction, Hop, KernelRoute},
     Decoded, Transport, Tunnel, TunnelKind,
 };
 use crate::node::interfaces::Role;
@@ -37,6 +37,9 @@ pub(super) fn describe_packet(d: &Decoded) -> String {
         }
         Transport::Udp { sport, dport } => format!("UDP {sport} → {dport}"),
         Transport::Other { number } => format!("IP protocol {number}"),
+        Transport::Fragment { number, offset } => {
+            format!("IP protocol {number}, a fragment at byte {offset} (no transport header)")
+        }
     }
 }
 
@@ -73,6 +76,26 @@ pub(super) fn tunnel_text(t: &Tunnel) -> String {
         }
         _ => format!("{kind} {} → {}", t.outer.src, t.outer.dst),
     }
+}
+
+/// "; the packet (1500 B, DF) is larger than dev's MTU 1450": what the
+/// kernel's FRAG_NEEDED answer means for this packet.
+fn larger_than_mtu(hop: &Hop, dev: &str, ctx: &Context) -> String {
+    let p = &hop.packet.packet;
+    let mtu = ctx
+        .nodes
+        .get(&hop.node)
+        .and_then(|facts| facts.view.link_named(dev))
+        .map_or(String::new(), |link| format!(" {}", link.mtu));
+    let then = if p.dont_fragment {
+        "DF is set: the kernel drops it and answers ICMP fragmentation needed"
+    } else {
+        "the kernel fragments it"
+    };
+    format!(
+        "; the packet ({} B) is larger than {dev}'s MTU{mtu}: {then}",
+        p.total_len
+    )
 }
 
 /// What happened at `hop`, given the hop before it.
@@ -117,10 +140,20 @@ pub(super) fn note(hop: &Hop, prev: Option<&Hop>, ctx: &Context) -> String {
         Some(route) if route.found() => {
             let via = route.via.map(|v| format!(" via {v}")).unwrap_or_default();
             let dev = route.dev.as_deref().unwrap_or("?");
-            format!("{what}; kernel route{via} dev {dev}")
+            let too_big = if route.result == KernelRoute::FRAG_NEEDED {
+                larger_than_mtu(hop, dev, ctx)
+            } else {
+                String::new()
+            };
+            format!("{what}; kernel route{via} dev {dev}{too_big}")
         }
         Some(route) => format!("{what}; kernel route lookup: {}", route.result),
         None => what,
+    };
+    let what = match (p.fragment, p.transport) {
+        (true, Transport::Fragment { offset, .. }) => format!("fragment @{offset}: {what}"),
+        (true, _) => format!("first fragment: {what}"),
+        (false, _) => what,
     };
     match ttl_drop {
         Some(routed) => format!("{routed}, {what}"),
