@@ -12,18 +12,30 @@ use xtask::{
     lab::{in_netns, Topology},
 };
 
-/// web-0 → db-0 traced on `nodes`, `pings` pings one second apart; the
-/// stories in the order podtrace told them.
-fn trace_pings(lab: &xtask::lab::Lab, nodes: &[u8], pings: u32, extra: &[&str]) -> Finished {
+/// web-0 → db-0 traced in JSON on `nodes` (at most 15 s) while `during`
+/// makes traffic; podtrace's output once it stopped.
+fn traced(lab: &xtask::lab::Lab, nodes: &[u8], extra: &[&str], during: impl FnOnce()) -> Finished {
     let mut args = vec!["web-0", "db-0", "--duration", "15s", "-o", "json"];
     args.extend_from_slice(extra);
     let trace = Trace::start(&argv(&args, lab_args(lab, nodes)));
+    during();
+    trace.finish()
+}
+
+/// `pings` pings web-0 → db-0, one second apart, with ping's `options`.
+fn ping_db(lab: &xtask::lab::Lab, pings: u32, options: &[&str]) {
     let db = lab.pod("db-0");
     let _ = in_netns(&lab.pod("web-0").netns, "ping")
-        .args(["-c", &pings.to_string(), "-W", "2", &db.ip.to_string()])
+        .args(["-c", &pings.to_string(), "-W", "2"])
+        .args(options)
+        .arg(db.ip.to_string())
         .stdout(std::process::Stdio::null())
         .status();
-    trace.finish()
+}
+
+/// The stories of `pings` pings web-0 → db-0 traced on `nodes`.
+fn trace_pings(lab: &xtask::lab::Lab, nodes: &[u8], pings: u32, extra: &[&str]) -> Finished {
+    traced(lab, nodes, extra, || ping_db(lab, pings, &[]))
 }
 
 fn icmp_type(story: &Value) -> u64 {
@@ -87,4 +99,169 @@ fn a_missing_pod_subnet_route_is_no_route_without_the_nodes_file() {
     assert_eq!(verdict["check"]["node"], "node-1", "{verdict}");
     let expected = verdict["check"]["expected"].as_str().unwrap_or_default();
     assert!(expected.contains("inside the pod CIDR"), "{expected}");
+}
+
+#[test]
+fn frag_needed_names_the_route_and_its_mtu() {
+    let lab = lab(Topology::FlannelVxlan);
+    Fault::MtuTooBig.apply(&lab.0).expect("apply the fault");
+    let big_df = ["-s", "1472", "-M", "do"];
+    let done = traced(&lab.0, &[1, 2], &["--count", "1"], || {
+        ping_db(&lab.0, 1, &big_df)
+    });
+    assert!(done.status.success(), "{}", done.stderr);
+    let story = done.stories().into_iter().next().expect("a story");
+    let first = story["hops"][0]["note"].as_str().unwrap_or_default();
+    assert!(
+        first.contains("dev flannel.1; the packet (1500 B) is larger than flannel.1's MTU 1450"),
+        "{first}"
+    );
+}
+
+#[test]
+fn tcp_segments_larger_than_the_mtu_are_no_mtu_problem() {
+    let lab = lab(Topology::FlannelVxlan);
+    let (web, db) = (lab.0.pod("web-0"), lab.0.pod("db-0"));
+    let mut server = in_netns(&db.netns, "python3")
+        .args(["-c", "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('0.0.0.0',5001))\ns.listen(1)\nc,_=s.accept()\nwhile c.recv(65536): pass"])
+        .spawn()
+        .expect("server");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // A TCP transfer: the pod's stack hands its veth GSO super-segments.
+    let client = format!(
+        "import socket\ns=socket.create_connection(('{}',5001))\ns.sendall(b'x'*2000000)\ns.close()",
+        db.ip
+    );
+    let done = traced(&lab.0, &[1, 2], &["--count", "30"], || {
+        let sent = in_netns(&web.netns, "python3")
+            .args(["-c", &client])
+            .status()
+            .expect("client");
+        assert!(sent.success(), "the transfer itself failed");
+    });
+    let _ = server.kill();
+    let _ = server.wait();
+    let big = done
+        .stories()
+        .iter()
+        .flat_map(|s| s["hops"].as_array().cloned().unwrap_or_default())
+        .filter(|h| h["skb_len"].as_u64().unwrap_or(0) > 1500)
+        .count();
+    assert!(big > 0, "no GSO segment was seen: {}", done.stdout);
+    assert!(
+        !done.stdout.contains("is larger than"),
+        "a GSO segment was called too big: {}",
+        done.stdout
+    );
+}
+
+#[test]
+fn a_pod_cannot_forge_another_pairs_story_with_a_tunnel_payload() {
+    let lab = lab(Topology::FlannelVxlan);
+    let (web0, db0) = (lab.0.pod("web-0"), lab.0.pod("db-0"));
+    let (web1, db1) = (lab.0.pod("web-1"), lab.0.pod("db-1"));
+    // web-1 sends db-1 a UDP datagram to the VXLAN port whose payload is a
+    // VXLAN header (flannel's VNI) and a frame web-0 → db-0, ICMP echo.
+    let forge = format!(
+        r#"
+import socket, struct
+def csum(b):
+    s = sum(struct.unpack('!%dH' % (len(b) // 2), b))
+    s = (s >> 16) + (s & 0xffff); s += s >> 16
+    return (~s) & 0xffff
+icmp = struct.pack('!BBHHH', 8, 0, 0, 0x4242, 1) + b'forged!!'
+icmp = icmp[:2] + struct.pack('!H', csum(icmp)) + icmp[4:]
+ip = struct.pack('!BBHHHBBH4s4s', 0x45, 0, 20 + len(icmp), 7, 0, 64, 1, 0,
+                 socket.inet_aton('{src}'), socket.inet_aton('{dst}'))
+ip = ip[:10] + struct.pack('!H', csum(ip)) + ip[12:]
+frame = b'\x02' * 6 + b'\x04' * 6 + b'\x08\x00' + ip + icmp
+vxlan = struct.pack('!II', 0x08000000, 1 << 8)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for _ in range(3):
+    s.sendto(vxlan + frame, ('{to}', 8472))
+"#,
+        src = web0.ip,
+        dst = db0.ip,
+        to = db1.ip
+    );
+    let done = traced(&lab.0, &[1, 2], &["--duration", "4s"], || {
+        let sent = in_netns(&web1.netns, "python3")
+            .args(["-c", &forge])
+            .status()
+            .expect("python3");
+        assert!(sent.success(), "the forged datagrams were not sent");
+    });
+    assert!(done.status.success(), "{}", done.stderr);
+    assert!(
+        done.stories().is_empty(),
+        "a pod's payload told a story about another pair: {}",
+        done.stdout
+    );
+}
+
+#[test]
+fn fragmented_pings_are_told_with_their_fragments_and_no_invented_transport() {
+    let lab = lab(Topology::FlannelVxlan);
+    let done = traced(&lab.0, &[1, 2], &["--count", "2"], || {
+        ping_db(&lab.0, 1, &["-s", "3000"])
+    });
+    assert!(done.status.success(), "{}", done.stderr);
+    let stories = done.stories();
+    assert_eq!(stories.len(), 2, "request and reply: {}", done.stdout);
+    for story in &stories {
+        let t = &story["transport"];
+        assert_eq!(t["proto"], "icmp", "{story}");
+        assert!(matches!(t["icmp_type"].as_u64(), Some(0 | 8)), "{story}");
+        assert_eq!(story["verdict"]["outcome"], "delivered", "{story}");
+        let notes: Vec<&str> = story["hops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|h| h["note"].as_str())
+            .collect();
+        assert!(
+            notes.iter().any(|n| n.starts_with("fragment @")),
+            "{notes:?}"
+        );
+    }
+    assert!(!done.stdout.contains("type 136"), "{}", done.stdout);
+}
+
+/// Adds an iptables rule inside a pod's own namespace.
+fn pod_rule(netns: &str, rule: &str) {
+    let added = in_netns(netns, "iptables")
+        .args(rule.split(' '))
+        .status()
+        .expect("iptables");
+    assert!(added.success(), "{rule}");
+}
+
+#[test]
+fn a_drop_inside_a_pod_names_the_pod() {
+    let lab = lab(Topology::FlannelVxlan);
+    let (web, db) = (lab.0.pod("web-0"), lab.0.pod("db-0"));
+    // The destination pod's own firewall: the packet reached its veth.
+    pod_rule(
+        &db.netns,
+        &format!("-A INPUT -s {} -p icmp -j DROP", web.ip),
+    );
+    let done = trace_pings(&lab.0, &[1, 2], 1, &["--count", "1"]);
+    assert!(done.status.success(), "{}", done.stderr);
+    let story = done.stories().into_iter().next().expect("a story");
+    let verdict = &story["verdict"];
+    assert_eq!(verdict["outcome"], "dropped", "{verdict}");
+    assert_eq!(verdict["reason"], "NETFILTER_DROP", "{verdict}");
+    assert_eq!(verdict["node"], "pod default/db-0", "{verdict}");
+    assert_eq!(verdict["iface"], "eth0", "{verdict}");
+
+    // The sender's own firewall: the packet never left it (no device yet).
+    pod_rule(
+        &web.netns,
+        &format!("-A OUTPUT -d {} -p icmp -j DROP", db.ip),
+    );
+    let done = trace_pings(&lab.0, &[1, 2], 1, &["--count", "1"]);
+    let story = done.stories().into_iter().next().expect("a story");
+    let verdict = &story["verdict"];
+    assert_eq!(verdict["outcome"], "dropped", "{verdict}");
+    assert_eq!(verdict["node"], "pod default/web-0", "{verdict}");
 }

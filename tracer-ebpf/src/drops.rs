@@ -17,7 +17,7 @@ use podtrace_common::{
 
 use crate::{
     kernel::{global, kernel_read, kernel_read_buf, with_per_cpu},
-    maps::{bump, is_traced, node_id, SIGHTINGS},
+    maps::{bump, is_traced, node_id, trusted_tunnel, SIGHTINGS},
     sighting::Meta,
 };
 
@@ -100,8 +100,13 @@ fn report(s: &mut Sighting, skb: u64, location: u64, reason: u32) {
     let has_header = head != 0
         && network_header != NO_HEADER
         && kernel_read_buf(head + u64::from(network_header), &mut s.snapshot);
+    let (ifindex, inum) = device_netns(skb, &layout);
     let plain_or_inner = if has_header {
-        classify(&s.snapshot[..], 0, is_traced)
+        // Only this node's tunnels are known: elsewhere (a pod's
+        // namespace) an encapsulated-looking packet is a payload.
+        let here = inum != 0 && inum == global(&NETNS_INUM);
+        let trusted = |outer: &_, tunnel: &_| here && trusted_tunnel(ifindex, outer, tunnel);
+        classify(&s.snapshot[..], 0, is_traced, trusted)
     } else {
         None
     };
@@ -112,7 +117,6 @@ fn report(s: &mut Sighting, skb: u64, location: u64, reason: u32) {
             None => return,
         },
     };
-    let (ifindex, inum) = device_netns(skb, &layout);
     let node = if inum != 0 && inum == global(&NETNS_INUM) {
         node_id()
     } else if node_id() == FIRST_NODE && !is_traced_netns(inum) {

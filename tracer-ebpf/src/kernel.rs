@@ -60,6 +60,12 @@ pub fn contains<K, V>(map: &HashMap<K, V>, key: &K) -> bool {
     unsafe { map.get(key) }.is_some()
 }
 
+/// A copy of the value at `key`, if there is one.
+#[inline(always)]
+pub fn lookup<K, V: Copy>(map: &HashMap<K, V>, key: &K) -> Option<V> {
+    unsafe { map.get(key) }.copied()
+}
+
 /// Runs `f` on this CPU's value at `index`; `None` if there is none.
 #[inline(always)]
 pub fn with_per_cpu<T, R>(

@@ -4,12 +4,18 @@ use aya_ebpf::{
     macros::map,
     maps::{HashMap, PerCpuArray, RingBuf},
 };
-use podtrace_common::{counter, FlowKey};
+use podtrace_common::{counter, node_addr, FlowKey, TunnelKey, ANY_VNI};
 
-use crate::kernel::{contains, global, with_per_cpu};
+use crate::kernel::{contains, global, lookup, with_per_cpu};
 
 /// Both directions of every traced pair, with room to spare.
 const MAX_FLOWS: u32 = 1024;
+
+/// Tunnel devices on one node, and interfaces they send through.
+const MAX_TUNNELS: u32 = 16;
+
+/// Node addresses: the node's own and every other node's.
+const MAX_NODE_ADDRS: u32 = 8192;
 
 /// 4 MiB: a burst of some 20,000 sightings before userspace must drain.
 const SIGHTINGS_BYTES: u32 = 1 << 22;
@@ -17,6 +23,19 @@ const SIGHTINGS_BYTES: u32 = 1 << 22;
 /// Traced (src, dst) pairs; filled by userspace.
 #[map(name = "FLOWS")]
 pub static FLOWS: HashMap<FlowKey, u8> = HashMap::with_max_entries(MAX_FLOWS, 0);
+
+/// The node's tunnels (VXLAN/Geneve port and VNI, IPIP); filled by
+/// userspace from the node's devices.
+#[map(name = "TUNNELS")]
+static TUNNELS: HashMap<TunnelKey, u8> = HashMap::with_max_entries(MAX_TUNNELS, 0);
+
+/// The node's own addresses and its tunnel peers (`node_addr`).
+#[map(name = "NODE_ADDRS")]
+static NODE_ADDRS: HashMap<[u8; 4], u8> = HashMap::with_max_entries(MAX_NODE_ADDRS, 0);
+
+/// Interfaces where encapsulated packets are real: the underlay.
+#[map(name = "TUNNEL_HOOKS")]
+static TUNNEL_HOOKS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TUNNELS, 0);
 
 #[map(name = "SIGHTINGS")]
 pub static SIGHTINGS: RingBuf = RingBuf::with_byte_size(SIGHTINGS_BYTES, 0);
@@ -42,4 +61,31 @@ pub fn is_traced(key: &FlowKey) -> bool {
 #[inline(always)]
 pub fn bump(index: u32) {
     with_per_cpu(&COUNTERS, index, |count| *count += 1);
+}
+
+/// Whether this node's kernel treats a packet with outer pair `outer` and
+/// tunnel `tunnel`, seen on `ifindex`, as encapsulated: on the underlay,
+/// between one of its addresses and a peer node's, on a tunnel it has.
+/// Anything else is a payload, which a pod may have crafted.
+#[inline(always)]
+pub fn trusted_tunnel(ifindex: u32, outer: &FlowKey, tunnel: &TunnelKey) -> bool {
+    contains(&TUNNEL_HOOKS, &ifindex) && between_nodes(outer) && node_has(tunnel)
+}
+
+#[inline(always)]
+fn between_nodes(outer: &FlowKey) -> bool {
+    let what = |ip: &[u8; 4]| lookup(&NODE_ADDRS, ip).unwrap_or(0);
+    let any_peer = what(&node_addr::ANY) & node_addr::PEER != 0;
+    let (src, dst) = (what(&outer.src), what(&outer.dst));
+    let peer = |flags: u8| any_peer || flags & node_addr::PEER != 0;
+    (src & node_addr::LOCAL != 0 && peer(dst)) || (dst & node_addr::LOCAL != 0 && peer(src))
+}
+
+#[inline(always)]
+fn node_has(tunnel: &TunnelKey) -> bool {
+    let any_vni = TunnelKey {
+        vni: ANY_VNI,
+        ..*tunnel
+    };
+    contains(&TUNNELS, tunnel) || contains(&TUNNELS, &any_vni)
 }

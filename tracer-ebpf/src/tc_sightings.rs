@@ -11,7 +11,7 @@ use podtrace_common::{
 
 use crate::{
     kernel::{submit_with, Skb},
-    maps::{bump, is_traced, node_id, SIGHTINGS},
+    maps::{bump, is_traced, node_id, trusted_tunnel, SIGHTINGS},
     sighting::{Meta, Route},
 };
 
@@ -48,7 +48,9 @@ fn observe(ctx: &TcContext, direction: Direction, has_l2: bool) -> i32 {
         Some(0)
     };
     if let Some(l3) = l3 {
-        if let Some(kind) = classify(&skb, l3, is_traced) {
+        let ifindex = skb.ifindex();
+        let trusted = |outer: &_, tunnel: &_| trusted_tunnel(ifindex, outer, tunnel);
+        if let Some(kind) = classify(&skb, l3, is_traced, trusted) {
             report(&skb, direction, has_l2, kind, l3);
         }
     }

@@ -56,6 +56,8 @@ pub const VXLAN_PORT_IANA: u16 = 4789;
 pub const GENEVE_PORT: u16 = 6081;
 
 pub const VXLAN_HLEN: usize = 8;
+/// The VNI's 3 bytes, in both VXLAN and Geneve headers.
+pub const TUNNEL_VNI: usize = 4;
 pub const VXLAN_FLAGS: usize = 0;
 /// The "VNI is valid" flag, set in every VXLAN header Linux sends.
 pub const VXLAN_FLAG_VNI: u8 = 0x08;

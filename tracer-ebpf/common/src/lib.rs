@@ -132,6 +132,36 @@ pub struct FlowKey {
     pub dst: [u8; 4],
 }
 
+/// A tunnel this node's kernel encapsulates and decapsulates: a VXLAN or
+/// Geneve device's UDP port and VNI, or IPIP. Key of the `TUNNELS` map:
+/// a packet is read as a tunnel packet only if its outer header names one
+/// of these, so a pod's payload cannot pass for another pair's packet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TunnelKey {
+    /// UDP destination port (host order); 0 for IPIP.
+    pub port: u16,
+    /// IP protocol of the outer header (UDP or IPIP).
+    pub protocol: u8,
+    pub _pad: u8,
+    /// The VNI, or [`ANY_VNI`] in the map for a device of any VNI.
+    pub vni: u32,
+}
+
+/// `TunnelKey::vni` of a map entry that takes every VNI (and of IPIP,
+/// which has none).
+pub const ANY_VNI: u32 = u32::MAX;
+
+/// Values of the `NODE_ADDRS` map: what an address is to this node.
+pub mod node_addr {
+    /// One of the node's own addresses.
+    pub const LOCAL: u8 = 1;
+    /// Another node's address (a tunnel peer).
+    pub const PEER: u8 = 2;
+    /// Key 0.0.0.0 with PEER: no peers are known, any address may be one.
+    pub const ANY: [u8; 4] = [0; 4];
+}
+
 /// Indexes into the per-CPU counter array.
 pub mod counter {
     /// A matching packet found the ring buffer full and was not reported.
@@ -151,6 +181,9 @@ pub mod names {
     pub const LAYOUT: &str = "LAYOUT";
     pub const NETNS_INUM: &str = "NETNS_INUM";
     pub const TRACED_NETNS: &str = "TRACED_NETNS";
+    pub const TUNNELS: &str = "TUNNELS";
+    pub const NODE_ADDRS: &str = "NODE_ADDRS";
+    pub const TUNNEL_HOOKS: &str = "TUNNEL_HOOKS";
     pub const TC_INGRESS: &str = "podtrace_ingress";
     pub const TC_EGRESS: &str = "podtrace_egress";
     pub const TC_INGRESS_L3: &str = "podtrace_ingress_l3";
@@ -166,6 +199,7 @@ const _: () = assert!(core::mem::align_of::<Sighting>() == 8);
 const _: () = assert!(core::mem::offset_of!(Sighting, snapshot) == 56);
 const _: () = assert!(core::mem::size_of::<KernelLayout>() == 15 * 4);
 const _: () = assert!(core::mem::size_of::<FlowKey>() == 8);
+const _: () = assert!(core::mem::size_of::<TunnelKey>() == 8);
 const _: () = assert!(core::mem::size_of::<[u32; MAX_NODES]>() == 32);
 const _: () = assert!(packet::SOCKET_HEADER_LEN <= SNAPSHOT_LEN);
 
@@ -174,5 +208,6 @@ mod user {
     // SAFETY: plain #[repr(C)] data with explicit padding and no pointers.
     unsafe impl aya::Pod for super::Sighting {}
     unsafe impl aya::Pod for super::FlowKey {}
+    unsafe impl aya::Pod for super::TunnelKey {}
     unsafe impl aya::Pod for super::KernelLayout {}
 }

@@ -8,7 +8,7 @@
 //! follow.
 
 use crate::headers::*;
-use crate::{match_kind, FlowKey};
+use crate::{match_kind, FlowKey, TunnelKey, ANY_VNI};
 
 /// Packet bytes at offsets from where parsing starts; `None` past the end
 /// (or when the read fails).
@@ -76,25 +76,50 @@ pub fn ipv4_header_len<B: Bytes + ?Sized>(b: &B, l3: usize) -> Option<usize> {
     (ver_ihl >> 4 == IPV4_VERSION && len >= IPV4_HLEN).then_some(len)
 }
 
-/// Offset of the inner IPv4 header of a VXLAN, Geneve or IPIP packet whose
-/// outer IPv4 header is at `l3` (options and Geneve options allowed).
+/// The 24-bit VNI of a VXLAN or Geneve header at `at`.
 #[inline(always)]
-pub fn tunnel_inner_ip<B: Bytes + ?Sized>(b: &B, l3: usize) -> Option<usize> {
+fn vni_at<B: Bytes + ?Sized>(b: &B, at: usize) -> Option<u32> {
+    let at = at + TUNNEL_VNI;
+    Some(u32::from_be_bytes([
+        0,
+        b.u8_at(at)?,
+        b.u8_at(at + 1)?,
+        b.u8_at(at + 2)?,
+    ]))
+}
+
+/// Offset of the inner IPv4 header of a VXLAN, Geneve or IPIP packet whose
+/// outer IPv4 header is at `l3` (options and Geneve options allowed), and
+/// the tunnel its outer header names.
+#[inline(always)]
+pub fn tunnel_inner_ip<B: Bytes + ?Sized>(b: &B, l3: usize) -> Option<(usize, TunnelKey)> {
     let l4 = l3 + ipv4_header_len(b, l3)?;
-    match b.u8_at(l3 + IPV4_PROTOCOL)? {
-        IPPROTO_IPIP => Some(l4),
+    let protocol = b.u8_at(l3 + IPV4_PROTOCOL)?;
+    let key = |port, vni| TunnelKey {
+        port,
+        protocol,
+        _pad: 0,
+        vni,
+    };
+    match protocol {
+        IPPROTO_IPIP => Some((l4, key(0, ANY_VNI))),
         IPPROTO_UDP => {
             let payload = l4 + UDP_HLEN;
-            match b.u16_at(l4 + L4_DPORT)? {
-                VXLAN_PORT_FLANNEL | VXLAN_PORT_IANA => ethernet_payload(b, payload + VXLAN_HLEN),
+            let port = b.u16_at(l4 + L4_DPORT)?;
+            match port {
+                VXLAN_PORT_FLANNEL | VXLAN_PORT_IANA => {
+                    let inner = ethernet_payload(b, payload + VXLAN_HLEN)?;
+                    Some((inner, key(port, vni_at(b, payload)?)))
+                }
                 GENEVE_PORT => {
                     let opt_words = b.u8_at(payload + GENEVE_VER_OPT_LEN)? & GENEVE_OPT_LEN_MASK;
                     let inner = payload + GENEVE_HLEN + (opt_words as usize) * 4;
-                    match b.u16_at(payload + GENEVE_PROTOCOL)? {
-                        ETH_P_TEB => ethernet_payload(b, inner),
-                        ETH_P_IP => Some(inner),
-                        _ => None,
-                    }
+                    let inner = match b.u16_at(payload + GENEVE_PROTOCOL)? {
+                        ETH_P_TEB => ethernet_payload(b, inner)?,
+                        ETH_P_IP => inner,
+                        _ => return None,
+                    };
+                    Some((inner, key(port, vni_at(b, payload)?)))
                 }
                 _ => None,
             }
@@ -105,18 +130,26 @@ pub fn tunnel_inner_ip<B: Bytes + ?Sized>(b: &B, l3: usize) -> Option<usize> {
 
 /// How the IPv4 packet at `l3` belongs to the traced flow (one of
 /// [`match_kind`]), directly or through a tunnel's inner header; `None` if
-/// it does not. `traced` asks the flow filter about one pair.
+/// it does not. `traced` asks the flow filter about one pair; `trusted`
+/// whether this node's kernel would treat a packet with this outer pair
+/// and tunnel as encapsulated at all (else its inner bytes are only a
+/// payload, which a pod could have forged).
 #[inline(always)]
 pub fn classify<B: Bytes + ?Sized>(
     b: &B,
     l3: usize,
     traced: impl Fn(&FlowKey) -> bool,
+    trusted: impl Fn(&FlowKey, &TunnelKey) -> bool,
 ) -> Option<u8> {
     ipv4_header_len(b, l3)?;
-    if traced(&b.pair_at(l3)?) {
+    let outer = b.pair_at(l3)?;
+    if traced(&outer) {
         return Some(match_kind::PLAIN);
     }
-    let inner = tunnel_inner_ip(b, l3)?;
+    let (inner, tunnel) = tunnel_inner_ip(b, l3)?;
+    if !trusted(&outer, &tunnel) {
+        return None;
+    }
     traced(&b.pair_at(inner)?).then_some(match_kind::INNER)
 }
 

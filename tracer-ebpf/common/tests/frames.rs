@@ -7,7 +7,7 @@ use podtrace_common::match_kind;
 use podtrace_common::packet::{
     classify, ethernet_payload, ipv4_header_len, socket_header, tunnel_inner_ip, SOCKET_HEADER_LEN,
 };
-use podtrace_common::FlowKey;
+use podtrace_common::{FlowKey, TunnelKey};
 
 const POD_A: [u8; 4] = [10, 244, 1, 5];
 const POD_B: [u8; 4] = [10, 244, 2, 7];
@@ -101,6 +101,31 @@ fn header_numbers_are_the_wire_format() {
     assert_eq!(podtrace_common::GENEVE_PORT, 6081);
 }
 
+/// Where the inner IPv4 header is, whatever the tunnel.
+fn inner_at(b: &[u8], l3: usize) -> Option<usize> {
+    tunnel_inner_ip(b, l3).map(|(at, _)| at)
+}
+
+/// A node that treats every tunnel packet as one.
+fn trust_all(_: &FlowKey, _: &TunnelKey) -> bool {
+    true
+}
+
+#[test]
+fn a_tunnel_is_read_only_where_the_node_would_decapsulate_it() {
+    let f = vxlan_frame(VXLAN_PORT_FLANNEL);
+    let (_, key) = tunnel_inner_ip(&f[..], ETH_HLEN).unwrap();
+    assert_eq!((key.port, key.protocol), (VXLAN_PORT_FLANNEL, IPPROTO_UDP));
+    // Not the node's tunnel, or not between its addresses: only a payload.
+    let untrusted = classify(&f[..], ETH_HLEN, traced, |_, _| false);
+    assert_eq!(untrusted, None);
+    let only_this_vni = |_: &FlowKey, k: &TunnelKey| k.vni == key.vni;
+    assert_eq!(
+        classify(&f[..], ETH_HLEN, traced, only_this_vni),
+        Some(match_kind::INNER)
+    );
+}
+
 #[test]
 fn offsets_read_the_fields_of_a_real_header() {
     let f = [ethernet([0x08, 0x00]), inner_ip()].concat();
@@ -129,9 +154,12 @@ fn plain_ethernet_ipv4_icmp() {
     let f = [ethernet([0x08, 0x00]), inner_ip()].concat();
     let l3 = ethernet_payload(&f[..], 0).unwrap();
     assert_eq!(l3, ETH_HLEN);
-    assert_eq!(classify(&f[..], l3, traced), Some(match_kind::PLAIN));
-    assert_eq!(tunnel_inner_ip(&f[..], l3), None, "ICMP is no tunnel");
-    assert_eq!(classify(&f[..], l3, |_| false), None);
+    assert_eq!(
+        classify(&f[..], l3, traced, trust_all),
+        Some(match_kind::PLAIN)
+    );
+    assert_eq!(inner_at(&f[..], l3), None, "ICMP is no tunnel");
+    assert_eq!(classify(&f[..], l3, |_| false, trust_all), None);
 }
 
 #[test]
@@ -148,20 +176,26 @@ fn vxlan_on_both_ports() {
         let f = vxlan_frame(port);
         let l3 = ethernet_payload(&f[..], 0).unwrap();
         let inner = ETH_HLEN + IPV4_HLEN + UDP_HLEN + VXLAN_HLEN + ETH_HLEN;
-        assert_eq!(tunnel_inner_ip(&f[..], l3), Some(inner));
+        assert_eq!(inner_at(&f[..], l3), Some(inner));
         assert_eq!(f[inner + IPV4_SADDR..inner + IPV4_SADDR + 4], POD_A);
-        assert_eq!(classify(&f[..], l3, traced), Some(match_kind::INNER));
+        assert_eq!(
+            classify(&f[..], l3, traced, trust_all),
+            Some(match_kind::INNER)
+        );
     }
     let other = vxlan_frame(4790);
-    assert_eq!(tunnel_inner_ip(&other[..], ETH_HLEN), None);
+    assert_eq!(inner_at(&other[..], ETH_HLEN), None);
 }
 
 #[test]
 fn ipip() {
     let inner = inner_ip();
     let f = [ipv4(4, NODE_1, NODE_2, &[], inner.len()), inner].concat();
-    assert_eq!(tunnel_inner_ip(&f[..], 0), Some(IPV4_HLEN));
-    assert_eq!(classify(&f[..], 0, traced), Some(match_kind::INNER));
+    assert_eq!(inner_at(&f[..], 0), Some(IPV4_HLEN));
+    assert_eq!(
+        classify(&f[..], 0, traced, trust_all),
+        Some(match_kind::INNER)
+    );
 }
 
 #[test]
@@ -176,8 +210,11 @@ fn geneve_with_options() {
     let ip = ipv4(17, NODE_1, NODE_2, &[], udp_h.len() + payload.len());
     let f = [ethernet([0x08, 0x00]), ip, udp_h, payload].concat();
     let inner = ETH_HLEN + IPV4_HLEN + UDP_HLEN + GENEVE_HLEN + option.len() + ETH_HLEN;
-    assert_eq!(tunnel_inner_ip(&f[..], ETH_HLEN), Some(inner));
-    assert_eq!(classify(&f[..], ETH_HLEN, traced), Some(match_kind::INNER));
+    assert_eq!(inner_at(&f[..], ETH_HLEN), Some(inner));
+    assert_eq!(
+        classify(&f[..], ETH_HLEN, traced, trust_all),
+        Some(match_kind::INNER)
+    );
 
     // Geneve carrying IPv4 directly, without an inner Ethernet header.
     let geneve_ip = [vec![0, 0, 0x08, 0x00, 0, 0, 9, 0], inner_ip()].concat();
@@ -185,7 +222,7 @@ fn geneve_with_options() {
     let ip = ipv4(17, NODE_1, NODE_2, &[], udp_ip.len() + geneve_ip.len());
     let f = [ip, udp_ip, geneve_ip].concat();
     assert_eq!(
-        tunnel_inner_ip(&f[..], 0),
+        inner_at(&f[..], 0),
         Some(IPV4_HLEN + UDP_HLEN + GENEVE_HLEN)
     );
 }
@@ -200,17 +237,24 @@ fn ipv4_options_move_the_l4_header() {
     let f = [ip, tunnel.to_vec()].concat();
     assert_eq!(ipv4_header_len(&f[..], 0), Some(IPV4_HLEN + options.len()));
     assert_eq!(
-        tunnel_inner_ip(&f[..], 0),
+        inner_at(&f[..], 0),
         Some(IPV4_HLEN + options.len() + UDP_HLEN + VXLAN_HLEN + ETH_HLEN)
     );
-    assert_eq!(classify(&f[..], 0, traced), Some(match_kind::INNER));
+    assert_eq!(
+        classify(&f[..], 0, traced, trust_all),
+        Some(match_kind::INNER)
+    );
 }
 
 #[test]
 fn not_ipv4_and_truncated() {
     let mut v6 = inner_ip();
     v6[0] = 0x60;
-    assert_eq!(classify(&v6[..], 0, |_| true), None, "IPv6 is not parsed");
+    assert_eq!(
+        classify(&v6[..], 0, |_| true, trust_all),
+        None,
+        "IPv6 is not parsed"
+    );
     let mut short_ihl = inner_ip();
     short_ihl[0] = 0x44;
     assert_eq!(ipv4_header_len(&short_ihl[..], 0), None);
@@ -218,10 +262,14 @@ fn not_ipv4_and_truncated() {
     let f = vxlan_frame(VXLAN_PORT_FLANNEL);
     let pair_end = ETH_HLEN + IPV4_HLEN + UDP_HLEN + VXLAN_HLEN + ETH_HLEN + IPV4_DADDR + 4;
     for len in 0..pair_end {
-        assert_eq!(classify(&f[..len], ETH_HLEN, traced), None, "cut at {len}");
+        assert_eq!(
+            classify(&f[..len], ETH_HLEN, traced, trust_all),
+            None,
+            "cut at {len}"
+        );
     }
     assert_eq!(
-        classify(&f[..pair_end], ETH_HLEN, traced),
+        classify(&f[..pair_end], ETH_HLEN, traced, trust_all),
         Some(match_kind::INNER)
     );
 }
@@ -248,6 +296,9 @@ fn socket_header_decodes_as_ipv4_and_tcp() {
         b[40..].iter().all(|&x| x == 0xaa),
         "nothing past the header"
     );
-    assert_eq!(classify(&b[..len], 0, traced), Some(match_kind::PLAIN));
+    assert_eq!(
+        classify(&b[..len], 0, traced, trust_all),
+        Some(match_kind::PLAIN)
+    );
     assert_eq!(socket_header(&mut [0; 39], 6, &pair, 1, [0, 2]), None);
 }

@@ -15,7 +15,7 @@ pub use stop::block_signals;
 use std::{io::IsTerminal, net::Ipv4Addr, time::Duration};
 
 use anyhow::{bail, Result};
-use podtrace_common::{counter, FlowKey, Sighting, MAX_NODES};
+use podtrace_common::{counter, FlowKey, Sighting, MAX_NODES, NODE_OTHER_NETNS};
 use tokio::sync::mpsc;
 
 use crate::{
@@ -28,6 +28,7 @@ use crate::{
     decode::hop::{place, Unplaced},
     node::{
         netns::Namespace,
+        pod_netns::OtherNamespaces,
         traced::{LinkOutcome, Shared, TracedNode},
     },
     output::{self, Summary},
@@ -126,6 +127,8 @@ struct Trace {
     sightings: mpsc::UnboundedReceiver<Sighting>,
     links: mpsc::UnboundedReceiver<(u32, LinkChange)>,
     rules: mpsc::UnboundedReceiver<(u32, TracedDrop)>,
+    /// Namespaces no traced node owns (pods), named on first sight.
+    others: OtherNamespaces,
 }
 
 async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
@@ -186,6 +189,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
     unsafe { libc::malloc_trim(0) };
     announce(&targets, &nodes, &ctx);
     Ok(Trace {
+        others: OtherNamespaces::new(ctx.names.clone()),
         targets,
         nodes,
         kernel,
@@ -273,7 +277,7 @@ async fn stream(
         tokio::select! {
             sighting = trace.sightings.recv() => {
                 let Some(sighting) = sighting else { break };
-                absorb(&sighting, trace, &mut summary, &mut correlator);
+                absorb(&sighting, trace, &mut summary, &mut correlator).await;
             }
             _ = tick.tick() => {
                 let now = monotonic_ns();
@@ -301,7 +305,7 @@ async fn stream(
     // Let the ring readers hand over what they have read, then take it.
     tokio::task::yield_now().await;
     while let Ok(sighting) = trace.sightings.try_recv() {
-        absorb(&sighting, trace, &mut summary, &mut correlator);
+        absorb(&sighting, trace, &mut summary, &mut correlator).await;
     }
     for journey in correlator.take_all() {
         if !teller.tell(&journey)? {
@@ -382,9 +386,17 @@ fn flow_ips((a, b): (Ipv4Addr, Ipv4Addr)) -> Vec<FlowKey> {
 }
 
 /// One sighting into the correlator, or into the summary's counts.
-fn absorb(s: &Sighting, trace: &Trace, summary: &mut Summary, correlator: &mut Correlator) {
+async fn absorb(
+    s: &Sighting,
+    trace: &mut Trace,
+    summary: &mut Summary,
+    correlator: &mut Correlator,
+) {
     summary.sightings += 1;
-    match place(s, &trace.nodes, &trace.kernel) {
+    if s.node_id == NODE_OTHER_NETNS {
+        trace.others.learn(s.netns_inum).await;
+    }
+    match place(s, &trace.nodes, &trace.others, &trace.kernel) {
         Ok(hop) => correlator.observe(hop),
         Err(Unplaced::UnknownInterface) => summary.unknown_interface += 1,
         Err(Unplaced::Undecodable) => summary.undecodable += 1,

@@ -10,9 +10,11 @@ use podtrace_common::{
 };
 use serde::Serialize;
 
-use super::{decode, Decoded};
+use super::{decode, decode_tunnel, Decoded};
 use crate::{
-    node::{interfaces::Role, netns::describe_inode, traced::TracedNode},
+    node::{
+        interfaces::Role, netns::describe_inode, pod_netns::OtherNamespaces, traced::TracedNode,
+    },
     probe::Kernel,
 };
 
@@ -116,7 +118,14 @@ pub enum Unplaced {
 }
 
 /// Turns a raw sighting into a hop on a known node and interface.
-pub fn place(s: &Sighting, nodes: &[TracedNode], kernel: &Kernel) -> Result<Hop, Unplaced> {
+/// Drops in namespaces no traced node owns (pods) are named by `others`
+/// (learnt beforehand: see `OtherNamespaces::learn`).
+pub fn place(
+    s: &Sighting,
+    nodes: &[TracedNode],
+    others: &OtherNamespaces,
+    kernel: &Kernel,
+) -> Result<Hop, Unplaced> {
     let is_drop = s.kind == sighting_kind::DROP;
     let node = if s.node_id == NODE_OTHER_NETNS {
         None
@@ -132,7 +141,12 @@ pub fn place(s: &Sighting, nodes: &[TracedNode], kernel: &Kernel) -> Result<Hop,
         (Some(w), _) => (w.name.clone(), w.role),
         // A drop may happen anywhere: name the interface as best we can.
         (None, _) if is_drop => {
-            let name = node.and_then(|n| n.link_names.get(&s.ifindex).cloned());
+            let name = match node {
+                Some(n) => n.link_names.get(&s.ifindex).cloned(),
+                None => others
+                    .get(s.netns_inum)
+                    .and_then(|o| o.links.get(&s.ifindex).cloned()),
+            };
             (
                 name.unwrap_or_else(|| {
                     if s.ifindex == 0 {
@@ -147,7 +161,13 @@ pub fn place(s: &Sighting, nodes: &[TracedNode], kernel: &Kernel) -> Result<Hop,
         (None, _) => return Err(Unplaced::UnknownInterface),
     };
     let snapshot = &s.snapshot[..usize::from(s.snapshot_len).min(s.snapshot.len())];
-    let packet = decode(snapshot, s.has_l2 != 0).map_err(|_| Unplaced::Undecodable)?;
+    // Only a packet the kernel matched as encapsulated is read as a tunnel.
+    let decoded = if s.match_kind == match_kind::INNER {
+        decode_tunnel(snapshot, s.has_l2 != 0)
+    } else {
+        decode(snapshot, s.has_l2 != 0)
+    };
+    let packet = decoded.map_err(|_| Unplaced::Undecodable)?;
     let (direction, drop) = if is_drop {
         let info = DropInfo {
             reason: kernel.reasons.name(s.reason),
@@ -179,7 +199,12 @@ pub fn place(s: &Sighting, nodes: &[TracedNode], kernel: &Kernel) -> Result<Hop,
     });
     Ok(Hop {
         ktime_ns: s.ktime_ns,
-        node: node.map_or_else(|| describe_inode(s.netns_inum), |n| n.name.clone()),
+        node: match node {
+            Some(n) => n.name.clone(),
+            None => others
+                .get(s.netns_inum)
+                .map_or_else(|| describe_inode(s.netns_inum), |o| o.label.clone()),
+        },
         iface,
         role,
         direction,
@@ -211,7 +236,9 @@ pub(crate) mod tests {
             direction: dir,
             skb_len: frame.len() as u32,
             mark: 0,
-            packet: decode(&frame[..frame.len().min(128)], true).unwrap(),
+            // Recorded hops stand for what the kernel matched: a tunnel
+            // frame here is one it would decapsulate.
+            packet: decode_tunnel(&frame[..frame.len().min(128)], true).unwrap(),
             drop: None,
             route: None,
         }

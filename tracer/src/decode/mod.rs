@@ -109,14 +109,21 @@ impl std::fmt::Display for DecodeError {
 }
 
 /// Decodes a snapshot that starts at an Ethernet header (`has_l2`) or
-/// directly at the IPv4 header (L3 devices such as tunl0).
+/// directly at the IPv4 header (L3 devices such as tunl0), as the packet it
+/// is: whatever its payload looks like, it is not read as a tunnel.
 pub fn decode(snapshot: &[u8], has_l2: bool) -> Result<Decoded, DecodeError> {
-    let l3 = if has_l2 {
-        ethernet_payload(snapshot)?
-    } else {
-        snapshot
-    };
-    let (outer, l4) = ipv4(l3)?;
+    let (packet, _) = ipv4(l3_of(snapshot, has_l2)?)?;
+    Ok(Decoded {
+        packet,
+        tunnel: None,
+    })
+}
+
+/// Decodes a snapshot the kernel matched by its inner header: one it
+/// treats as encapsulated (on the underlay, between nodes, on a tunnel
+/// the node has). Only then is the payload a packet of its own.
+pub fn decode_tunnel(snapshot: &[u8], has_l2: bool) -> Result<Decoded, DecodeError> {
+    let (outer, l4) = ipv4(l3_of(snapshot, has_l2)?)?;
     match tunnel_payload(&outer, l4)? {
         Some(TunnelPayload { kind, vni, inner }) => {
             let (packet, _) = ipv4(inner)?;
@@ -129,6 +136,14 @@ pub fn decode(snapshot: &[u8], has_l2: bool) -> Result<Decoded, DecodeError> {
             packet: outer,
             tunnel: None,
         }),
+    }
+}
+
+fn l3_of(snapshot: &[u8], has_l2: bool) -> Result<&[u8], DecodeError> {
+    if has_l2 {
+        ethernet_payload(snapshot)
+    } else {
+        Ok(snapshot)
     }
 }
 
@@ -331,7 +346,11 @@ pub(crate) mod tests {
     fn vxlan_inner_and_outer_from_a_truncated_snapshot() {
         let inner = icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 63, 9);
         let frame = vxlan(&inner, 1);
-        let d = decode(&frame[..128], true).unwrap();
+        // As a plain packet, it is UDP to 8472 and nothing more.
+        let plain = decode(&frame[..128], true).unwrap();
+        assert!(plain.tunnel.is_none());
+        assert_eq!(plain.packet.dst, Ipv4Addr::new(192, 0, 2, 12));
+        let d = decode_tunnel(&frame[..128], true).unwrap();
         let tunnel = d.tunnel.unwrap();
         assert_eq!(tunnel.kind, TunnelKind::Vxlan);
         assert_eq!(tunnel.vni, Some(1));
@@ -355,7 +374,7 @@ pub(crate) mod tests {
         .unwrap();
         outer.write(&mut out).unwrap();
         out.extend_from_slice(&inner[14..]);
-        let d = decode(&out, false).unwrap();
+        let d = decode_tunnel(&out, false).unwrap();
         assert_eq!(d.tunnel.unwrap().kind, TunnelKind::Ipip);
         assert_eq!(d.packet.src, Ipv4Addr::new(10, 245, 1, 2));
     }

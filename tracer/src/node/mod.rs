@@ -8,6 +8,7 @@ mod netlink;
 pub mod netns;
 pub mod pod_netns;
 pub mod traced;
+pub mod tunnels;
 
 use std::net::Ipv4Addr;
 
@@ -89,6 +90,9 @@ pub struct NodeView {
     pub neighbours: Vec<(u32, Ipv4Addr, [u8; 6])>,
     /// Bridge forwarding entries: (MAC, port link index).
     pub fdb: Vec<([u8; 6], u32)>,
+    /// Remote addresses of FDB entries (a VXLAN device's: its peers'
+    /// VTEPs, i.e. the other nodes): (link index, remote).
+    pub fdb_remotes: Vec<(u32, Ipv4Addr)>,
 }
 
 /// What podtrace learnt about one traced node at start.
@@ -270,6 +274,7 @@ pub(crate) mod fixtures {
             ],
             neighbours: vec![(3, "10.244.1.2".parse().unwrap(), [2, 0, 0, 0, 1, 2])],
             fdb: vec![([2, 0, 0, 0, 1, 2], 5), ([2, 0, 0, 0, 1, 2], 3)],
+            fdb_remotes: vec![(4, "192.0.2.12".parse().unwrap())],
             routes: vec![
                 Route {
                     gateway: Some("192.0.2.1".parse().unwrap()),

@@ -56,10 +56,11 @@ impl NodeView {
                 .try_collect()
                 .await
                 .context("cannot list routes")?;
-            let (neighbours, fdb) = read_neighbours(&handle).await?;
+            let (neighbours, fdb, fdb_remotes) = read_neighbours(&handle).await?;
             Ok(NodeView {
                 neighbours,
                 fdb,
+                fdb_remotes,
                 links,
                 addresses,
                 routes,
@@ -91,12 +92,19 @@ async fn read_addresses(handle: &Handle) -> Result<Vec<(u32, Ipv4Addr)>> {
         .context("cannot list addresses")
 }
 
-/// IPv4 neighbours (link, address, MAC) and bridge FDB entries (MAC, port).
-async fn read_neighbours(
-    handle: &Handle,
-) -> Result<(Vec<(u32, Ipv4Addr, [u8; 6])>, Vec<([u8; 6], u32)>)> {
+/// IPv4 neighbours (link, address, MAC), bridge FDB entries (MAC, port)
+/// and the remote IPs of VXLAN FDB entries (link, remote).
+/// Neighbours, FDB entries, and the remote IPs of FDB entries.
+type Neighbours = (
+    Vec<(u32, Ipv4Addr, [u8; 6])>,
+    Vec<([u8; 6], u32)>,
+    Vec<(u32, Ipv4Addr)>,
+);
+
+async fn read_neighbours(handle: &Handle) -> Result<Neighbours> {
     let mut neighbours = Vec::new();
     let mut fdb = Vec::new();
+    let mut fdb_remotes = Vec::new();
     for family in [AddressFamily::Inet, AddressFamily::Bridge] {
         let entries: Vec<NeighbourMessage> = handle
             .neighbours()
@@ -121,12 +129,16 @@ async fn read_neighbours(
                 (AddressFamily::Inet, Some(mac), Some(ip)) => {
                     neighbours.push((entry.header.ifindex, ip, mac))
                 }
-                (AddressFamily::Bridge, Some(mac), _) => fdb.push((mac, entry.header.ifindex)),
+                (AddressFamily::Bridge, Some(mac), remote) => {
+                    fdb.push((mac, entry.header.ifindex));
+                    // A VXLAN device's entries name the remote VTEP.
+                    fdb_remotes.extend(remote.map(|ip| (entry.header.ifindex, ip)));
+                }
                 _ => {}
             }
         }
     }
-    Ok((neighbours, fdb))
+    Ok((neighbours, fdb, fdb_remotes))
 }
 
 impl From<LinkMessage> for Link {

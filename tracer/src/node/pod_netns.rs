@@ -1,11 +1,14 @@
-//! A local pod's host-side veth, found from the pod's own namespace when
-//! the node's tables cannot tell (a pod that has not talked yet leaves no
-//! neighbour or FDB entry on the bridge): the namespace that holds the
-//! pod's IP, the veth there that holds it, and its peer on the node — the
-//! node's veth whose own peer is that very interface.
+//! Pods' own namespaces, seen from the node:
+//! - a local pod's host-side veth, found from the pod's namespace when the
+//!   node's tables cannot tell (a pod that has not talked yet leaves no
+//!   neighbour or FDB entry on the bridge): the namespace that holds the
+//!   pod's IP, the veth there that holds it, and its peer on the node — the
+//!   node's veth whose own peer is that very interface;
+//! - who a namespace no traced node owns is, for a drop inside it: the pod
+//!   whose IP it holds, and its interfaces' names.
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     net::Ipv4Addr,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
@@ -72,4 +75,65 @@ fn namespaces(own: u64) -> Vec<PathBuf> {
 
 fn inode(path: &Path) -> Option<u64> {
     std::fs::metadata(path).ok().map(|m| m.ino())
+}
+
+/// Names of namespaces no traced node owns, learnt on first sight.
+#[derive(Default)]
+pub struct OtherNamespaces {
+    /// Pod names by IP, to recognise a pod's namespace by its address.
+    names: HashMap<Ipv4Addr, String>,
+    known: HashMap<u32, Other>,
+}
+
+/// What a namespace is called in stories, and its interfaces' names.
+#[derive(Clone, Debug, Default)]
+pub struct Other {
+    pub label: String,
+    pub links: HashMap<u32, String>,
+}
+
+impl OtherNamespaces {
+    pub fn new(names: HashMap<Ipv4Addr, String>) -> Self {
+        Self {
+            names,
+            known: HashMap::new(),
+        }
+    }
+
+    /// Learns namespace `inum`, once: `pod default/web-0` if it holds a
+    /// known pod's IP, else its `ip netns` name, else its inode.
+    pub async fn learn(&mut self, inum: u32) {
+        if self.known.contains_key(&inum) {
+            return;
+        }
+        let own = std::fs::metadata("/proc/thread-self/ns/net").map_or(0, |m| m.ino());
+        let path = namespaces(own)
+            .into_iter()
+            .find(|p| inode(p) == Some(u64::from(inum)));
+        let mut other = Other {
+            label: netns::describe_inode(inum),
+            links: HashMap::new(),
+        };
+        if inum == 0 {
+            other.label = "an unknown namespace".into();
+        } else if let Some(path) = path {
+            if let Ok(entered) = netns::enter(&path) {
+                let view = NodeView::read().await.ok();
+                drop(entered);
+                if let Some(view) = view {
+                    let pod = view.addresses.iter().find_map(|(_, ip)| self.names.get(ip));
+                    if let Some(pod) = pod {
+                        other.label = format!("pod {pod}");
+                    }
+                    other.links = view.links.into_iter().map(|l| (l.index, l.name)).collect();
+                }
+            }
+        }
+        self.known.insert(inum, other);
+    }
+
+    /// What `learn` found for `inum`.
+    pub fn get(&self, inum: u32) -> Option<&Other> {
+        self.known.get(&inum)
+    }
 }

@@ -12,7 +12,9 @@ use tokio::sync::mpsc;
 use super::{
     interfaces::{self, Role, Watched},
     netns::Namespace,
-    pod_netns, NodeFacts, NodeView,
+    pod_netns,
+    tunnels::TunnelTrust,
+    NodeFacts, NodeView,
 };
 use crate::{
     cluster::NodeSubnet,
@@ -94,6 +96,8 @@ impl TracedNode {
             .collect();
         let (pod_interfaces, lost_pods) = find_pod_interfaces(&view, cni, &endpoints, &local).await;
         let watched = needed(every, &pod_interfaces, &lost_pods, &name);
+        let node_ips: Vec<Ipv4Addr> = shared.known_nodes.iter().map(|(_, ip)| *ip).collect();
+        let tunnels = TunnelTrust::of(&view, underlay, &node_ips);
         let spec = ProbeSpec {
             node_id: id,
             netns: ns,
@@ -102,6 +106,7 @@ impl TracedNode {
             btf: shared.btf,
             flows: shared.flows,
             mode: shared.mode,
+            tunnels: &tunnels,
         };
         let probe = NodeProbe::attach(&spec, &watched).with_context(|| format!("node {name}"))?;
         // The subscription socket stays bound to the namespace it was opened in.

@@ -11,7 +11,9 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     Btf, Ebpf, EbpfLoader,
 };
-use podtrace_common::{counter, names, FlowKey, KernelLayout, Sighting, MAX_NODES};
+use podtrace_common::{
+    counter, names, node_addr, FlowKey, KernelLayout, Sighting, TunnelKey, MAX_NODES,
+};
 use tokio::{io::unix::AsyncFd, sync::mpsc};
 
 use super::{
@@ -19,7 +21,7 @@ use super::{
     run_registry::{self, Record},
     tc::{self, AttachMode},
 };
-use crate::node::{interfaces::Watched, netns::Namespace};
+use crate::node::{interfaces::Watched, netns::Namespace, tunnels::TunnelTrust};
 
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
 
@@ -33,6 +35,8 @@ pub struct ProbeSpec<'a> {
     pub btf: &'a Btf,
     pub flows: &'a [FlowKey],
     pub mode: AttachMode,
+    /// Where the node's kernel treats packets as encapsulated.
+    pub tunnels: &'a TunnelTrust,
 }
 
 /// The programs of one node, attached; dropping it detaches everything.
@@ -79,6 +83,7 @@ impl NodeProbe {
             .load(EBPF_OBJECT)
             .context("cannot load the eBPF programs")?;
         flow_filter(&mut ebpf)?.replace(&[], spec.flows)?;
+        load_tunnel_trust(&mut ebpf, spec.tunnels)?;
         for name in tc::PROGRAMS {
             tc::program(&mut ebpf, name)?
                 .load()
@@ -162,6 +167,35 @@ impl NodeProbe {
         }
         Ok(out)
     }
+}
+
+/// Fills the maps that say where a packet's inner header may be read.
+fn load_tunnel_trust(ebpf: &mut Ebpf, trust: &TunnelTrust) -> Result<()> {
+    let mut hooks: BpfHashMap<_, u32, u8> = BpfHashMap::try_from(map(ebpf, names::TUNNEL_HOOKS)?)?;
+    for index in &trust.hooks {
+        hooks.insert(index, 1, 0)?;
+    }
+    let mut tunnels: BpfHashMap<_, TunnelKey, u8> =
+        BpfHashMap::try_from(map(ebpf, names::TUNNELS)?)?;
+    for key in &trust.tunnels {
+        tunnels.insert(key, 1, 0)?;
+    }
+    let mut addrs: BpfHashMap<_, [u8; 4], u8> =
+        BpfHashMap::try_from(map(ebpf, names::NODE_ADDRS)?)?;
+    for ip in &trust.local {
+        addrs.insert(ip.octets(), node_addr::LOCAL, 0)?;
+    }
+    for ip in &trust.peers {
+        addrs.insert(ip.octets(), node_addr::PEER, 0)?;
+    }
+    if trust.peers.is_empty() {
+        addrs.insert(node_addr::ANY, node_addr::PEER, 0)?;
+    }
+    Ok(())
+}
+
+fn map<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::maps::Map> {
+    ebpf.map_mut(name).ok_or_else(|| anyhow!("no {name} map"))
 }
 
 /// The kernel's filter of traced pairs (both eBPF programs read it).

@@ -118,6 +118,16 @@ impl Journey {
         })
     }
 
+    /// The last hop hands the packet to a pod other than its sender.
+    pub fn ends_delivered(&self) -> bool {
+        let (Some(first), Some(last)) = (self.hops.first(), self.hops.last()) else {
+            return false;
+        };
+        last.role == Role::PodVeth
+            && last.direction == Direction::Egress
+            && !(last.node == first.node && last.iface == first.iface)
+    }
+
     /// Ended in a netfilter drop whose rule has not arrived yet.
     fn awaits_rule(&self) -> bool {
         self.rule.is_none()

@@ -113,14 +113,21 @@ pub(super) fn micros(ns: u64) -> f64 {
     (ns as f64 / 100.0).round() / 10.0
 }
 
-/// Moves drops that follow delivery out of the path.
+/// Moves frees that follow delivery out of the path: the pod's own stack
+/// (no socket for a ping reply only a raw socket wanted). A firewall
+/// verdict inside the pod stays: that is why the pod never got it.
 fn split_after_delivery(journey: &Journey) -> (Journey, Vec<DropInfo>) {
     let mut path = journey.clone();
     let mut freed = Vec::new();
     if let Some(delivered) = journey.delivered_at() {
         let mut i = delivered + 1;
         while i < path.hops.len() {
-            if path.hops[i].direction == Direction::Drop {
+            let hop = &path.hops[i];
+            let firewall = hop
+                .drop
+                .as_ref()
+                .is_some_and(|d| d.reason == journey::NETFILTER_DROP);
+            if hop.direction == Direction::Drop && !firewall {
                 freed.extend(path.hops.remove(i).drop);
             } else {
                 i += 1;

@@ -1,0 +1,111 @@
+//! What a node's kernel treats as a tunnel packet: the tunnels its devices
+//! carry (VXLAN/Geneve port and VNI, IPIP), between which addresses (its
+//! own and its peers'), on which interfaces (the underlay). The probe
+//! reads a packet's inner header only there: elsewhere the same bytes are
+//! a payload, and a pod must not be able to forge another pair's story.
+
+use std::net::Ipv4Addr;
+
+use podtrace_common::{TunnelKey, ANY_VNI, GENEVE_PORT, VXLAN_PORT_FLANNEL};
+
+use super::NodeView;
+
+/// IPPROTO_UDP and IPPROTO_IPIP, as the outer header carries them.
+const UDP: u8 = 17;
+const IPIP: u8 = 4;
+
+/// The node's tunnel facts, for the probe's maps.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TunnelTrust {
+    /// Interfaces where encapsulated packets come and go.
+    pub hooks: Vec<u32>,
+    pub tunnels: Vec<TunnelKey>,
+    pub local: Vec<Ipv4Addr>,
+    /// Other nodes' addresses; empty when none are known (then any
+    /// address may be a peer, but one end must still be the node's own).
+    pub peers: Vec<Ipv4Addr>,
+}
+
+impl TunnelTrust {
+    /// From the node's devices, its underlay, and the cluster's node IPs.
+    pub fn of(view: &NodeView, underlay: u32, known_nodes: &[Ipv4Addr]) -> Self {
+        let mut tunnels = Vec::new();
+        for link in &view.links {
+            match link.kind.as_str() {
+                "vxlan" => {
+                    let settings = link.vxlan.unwrap_or_default();
+                    tunnels.push(TunnelKey {
+                        // The kernel's default when none is set.
+                        port: settings
+                            .port
+                            .filter(|p| *p != 0)
+                            .unwrap_or(VXLAN_PORT_FLANNEL),
+                        protocol: UDP,
+                        _pad: 0,
+                        vni: settings.vni.unwrap_or(ANY_VNI),
+                    })
+                }
+                "geneve" => tunnels.push(TunnelKey {
+                    port: GENEVE_PORT,
+                    protocol: UDP,
+                    _pad: 0,
+                    vni: ANY_VNI,
+                }),
+                "ipip" => tunnels.push(TunnelKey {
+                    port: 0,
+                    protocol: IPIP,
+                    _pad: 0,
+                    vni: ANY_VNI,
+                }),
+                _ => {}
+            }
+        }
+        let local: Vec<Ipv4Addr> = view.addresses.iter().map(|(_, ip)| *ip).collect();
+        // An IPIP route's gateway is the peer node itself (Calico: `via
+        // <node IP> dev tunl0 onlink`); a VXLAN route's is the remote VTEP's
+        // inner address, and its FDB names the node.
+        let ipip_devices: Vec<u32> = view.links_of_kind("ipip").map(|l| l.index).collect();
+        let via_tunnels = view
+            .routes
+            .iter()
+            .filter(|r| r.oif.is_some_and(|oif| ipip_devices.contains(&oif)))
+            .filter_map(|r| r.gateway);
+        let mut peers: Vec<Ipv4Addr> = known_nodes
+            .iter()
+            .copied()
+            .chain(view.fdb_remotes.iter().map(|(_, ip)| *ip))
+            .chain(via_tunnels)
+            .filter(|ip| !local.contains(ip))
+            .collect();
+        peers.sort();
+        peers.dedup();
+        Self {
+            hooks: vec![underlay],
+            tunnels,
+            local,
+            peers,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::fixtures::flannel_node;
+
+    #[test]
+    fn a_flannel_node_trusts_its_vxlan_between_itself_and_its_peers_on_eth0() {
+        let trust = TunnelTrust::of(&flannel_node(), 2, &[]);
+        assert_eq!(trust.hooks, [2]);
+        let vxlan = TunnelKey {
+            port: 8472,
+            protocol: UDP,
+            _pad: 0,
+            vni: 1,
+        };
+        assert!(trust.tunnels.contains(&vxlan), "{:?}", trust.tunnels);
+        assert!(trust.local.contains(&"192.0.2.11".parse().unwrap()));
+        // node-2, from flannel.1's FDB entry.
+        assert_eq!(trust.peers, ["192.0.2.12".parse::<Ipv4Addr>().unwrap()]);
+    }
+}
