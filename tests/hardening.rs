@@ -15,8 +15,11 @@ use xtask::{
 /// web-0 → db-0 traced in JSON on `nodes` (at most 15 s) while `during`
 /// makes traffic; podtrace's output once it stopped.
 fn traced(lab: &xtask::lab::Lab, nodes: &[u8], extra: &[&str], during: impl FnOnce()) -> Finished {
-    let mut args = vec!["web-0", "db-0", "--duration", "15s", "-o", "json"];
+    let mut args = vec!["web-0", "db-0", "-o", "json"];
     args.extend_from_slice(extra);
+    if !extra.contains(&"--duration") {
+        args.extend(["--duration", "15s"]);
+    }
     let trace = Trace::start(&argv(&args, lab_args(lab, nodes)));
     during();
     trace.finish()
