@@ -268,3 +268,41 @@ fn a_drop_inside_a_pod_names_the_pod() {
     assert_eq!(verdict["outcome"], "dropped", "{verdict}");
     assert_eq!(verdict["node"], "pod default/web-0", "{verdict}");
 }
+
+#[test]
+fn records_lost_in_flight_make_stories_incomplete_never_vanished() {
+    let lab = lab(Topology::FlannelVxlan);
+    // A one-page ring buffer cannot hold a ping flood's records.
+    let done = traced(
+        &lab.0,
+        &[1, 2],
+        &["--ring-buffer", "4KiB", "--duration", "6s"],
+        || ping_db(&lab.0, 3000, &["-f", "-q"]),
+    );
+    assert!(done.status.success(), "{}", done.stderr);
+    let summary = done
+        .json()
+        .into_iter()
+        .find(|v| v["type"] == "summary")
+        .expect("a summary");
+    let lost = summary["lost_ringbuf_full"].as_u64().unwrap_or(0);
+    assert!(lost > 0, "the test needs losses to happen: {summary}");
+    let stories = done.stories();
+    let vanished = stories
+        .iter()
+        .filter(|s| s["verdict"]["outcome"] == "vanished")
+        .count();
+    assert_eq!(
+        vanished,
+        0,
+        "{} of {} stories claim vanished",
+        vanished,
+        stories.len()
+    );
+    assert!(stories.iter().any(|s| s["records_lost"] == true));
+    assert!(
+        done.stderr.contains("records lost"),
+        "said as it happens: {}",
+        done.stderr
+    );
+}

@@ -61,6 +61,10 @@ pub struct Args {
     /// reported without the rule that dropped them.
     #[arg(long)]
     pub no_ruleset_changes: bool,
+    /// The kernel's ring buffer of records, per node (e.g. 4MiB, 64MiB; a
+    /// power of two from 4KiB). Larger holds longer bursts.
+    #[arg(long, value_name = "SIZE", default_value = "4MiB", value_parser = parse_ring_size)]
+    pub ring_buffer: u32,
     /// How to attach to tc hooks.
     #[arg(long, value_enum, default_value = "auto")]
     pub attach: AttachMode,
@@ -90,6 +94,32 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(duration)
 }
 
+/// A ring buffer size: bytes, or KiB / MiB; the kernel wants a power of two
+/// of at least one page.
+pub fn parse_ring_size(text: &str) -> Result<u32, String> {
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, ""),
+    };
+    let scale: u64 = match unit {
+        "" | "B" => 1,
+        "KiB" | "K" | "k" => 1 << 10,
+        "MiB" | "M" => 1 << 20,
+        _ => return Err(format!("not a size: {text} (use e.g. 4MiB or 64KiB)")),
+    };
+    let bytes = number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(|| format!("not a size: {text} (use e.g. 4MiB or 64KiB)"))?;
+    if !(4096..=1 << 30).contains(&bytes) || !bytes.is_power_of_two() {
+        return Err(format!(
+            "--ring-buffer {text}: the kernel takes a power of two from 4KiB to 1GiB"
+        ));
+    }
+    Ok(bytes as u32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,6 +136,15 @@ mod tests {
         );
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn ring_sizes() {
+        assert_eq!(parse_ring_size("4MiB").unwrap(), 4 << 20);
+        assert_eq!(parse_ring_size("4096").unwrap(), 4096);
+        assert!(parse_ring_size("3MiB").is_err());
+        assert!(parse_ring_size("1KiB").is_err());
+        assert!(parse_ring_size("lots").is_err());
     }
 
     #[test]

@@ -158,6 +158,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         flows: &flows,
         traced_netns,
         mode: args.attach,
+        ring_bytes: args.ring_buffer,
         link_tx,
         netfilter_tx: why_rule_unnamed.is_none().then_some(netfilter_tx),
         pairs: vec![(src.ip, dst.ip), (dst.ip, src.ip)],

@@ -37,6 +37,7 @@ pub struct Shared<'a> {
     pub flows: &'a [FlowKey],
     pub traced_netns: [u32; MAX_NODES],
     pub mode: AttachMode,
+    pub ring_bytes: u32,
     pub link_tx: mpsc::UnboundedSender<(u32, LinkChange)>,
     /// Where netfilter drops go, when rule tracing is on.
     pub netfilter_tx: Option<mpsc::UnboundedSender<(u32, TracedDrop)>>,
@@ -107,6 +108,7 @@ impl TracedNode {
             flows: shared.flows,
             mode: shared.mode,
             tunnels: &tunnels,
+            ring_bytes: shared.ring_bytes,
         };
         let probe = NodeProbe::attach(&spec, &watched).with_context(|| format!("node {name}"))?;
         // The subscription socket stays bound to the namespace it was opened in.

@@ -37,6 +37,8 @@ pub struct ProbeSpec<'a> {
     pub mode: AttachMode,
     /// Where the node's kernel treats packets as encapsulated.
     pub tunnels: &'a TunnelTrust,
+    /// Bytes of the ring buffer of records.
+    pub ring_bytes: u32,
 }
 
 /// The programs of one node, attached; dropping it detaches everything.
@@ -80,6 +82,7 @@ impl NodeProbe {
             .override_global(names::LAYOUT, spec.layout, true)
             .override_global(names::NETNS_INUM, &spec.netns.inum, true)
             .override_global(names::TRACED_NETNS, spec.traced_netns, true)
+            .map_max_entries(names::SIGHTINGS, spec.ring_bytes)
             .load(EBPF_OBJECT)
             .context("cannot load the eBPF programs")?;
         flow_filter(&mut ebpf)?.replace(&[], spec.flows)?;
