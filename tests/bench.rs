@@ -12,7 +12,7 @@ use etherparse::PacketBuilder;
 use podtrace::{
     decode::{
         decode,
-        hop::{Direction, Hop},
+        hop::{Direction, Hop, Snapshot},
     },
     node::interfaces::Role,
     story::{
@@ -62,6 +62,11 @@ fn userspace_pipeline() {
                 packet,
                 drop: None,
                 route: None,
+                // What `place` copies for `--write`.
+                snapshot: Snapshot {
+                    bytes: f[..f.len().min(128)].to_vec(),
+                    has_l2: true,
+                },
             });
         }
         for journey in correlator.take_finished(i as u64 * 10_000_000) {

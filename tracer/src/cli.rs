@@ -2,9 +2,51 @@
 
 use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 
-use crate::{output::Format, probe::AttachMode};
+use crate::{
+    output::{pcapng::MAX_SNAPLEN, Format},
+    probe::AttachMode,
+};
+
+/// Traces packets between two pods through every hook of the node(s) and
+/// tells, per packet, where it went and what happened to it.
+// The command line: a trace (`podtrace SRC DST`), or a subcommand.
+#[derive(Debug, Parser)]
+#[command(
+    name = "podtrace",
+    version,
+    about,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// The trace; an `Option` so that clap builds it only without a
+    /// subcommand (its SRC and DST are required).
+    #[command(flatten)]
+    pub trace: Option<Args>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Tell the stories of a file written with --write again, offline.
+    Read(ReadArgs),
+}
+
+/// `podtrace read FILE.pcapng`.
+#[derive(Debug, clap::Args)]
+pub struct ReadArgs {
+    /// A pcapng file written by `podtrace --write`.
+    #[arg(value_name = "FILE.pcapng")]
+    pub file: PathBuf,
+    #[arg(short, long, value_enum, default_value = "human")]
+    pub output: Format,
+    /// Colour: auto (on a terminal), always, never.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "always", "never"])]
+    pub color: String,
+}
 
 /// Traces packets between two pods through every hook of the node(s) and
 /// tells, per packet, where it went and what happened to it.
@@ -71,6 +113,29 @@ pub struct Args {
     /// Colour: auto (on a terminal), always, never.
     #[arg(long, default_value = "auto", value_parser = ["auto", "always", "never"])]
     pub color: String,
+    /// Also write the traced packets (headers) as pcapng for Wireshark,
+    /// one interface per node and hook, each packet with its story;
+    /// `-` for stdout (the stories then go to stderr).
+    #[arg(short, long, value_name = "FILE.pcapng")]
+    pub write: Option<String>,
+    /// Bytes of each packet to write with --write (at most 128: what the
+    /// kernel copies).
+    #[arg(long, value_name = "BYTES", default_value_t = MAX_SNAPLEN, value_parser = parse_snaplen)]
+    pub snaplen: u32,
+}
+
+/// A `--snaplen`: 1 to what the kernel copies of each packet.
+fn parse_snaplen(text: &str) -> Result<u32, String> {
+    let n: u32 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("--snaplen takes a number of bytes, not {text:?}"))?;
+    if n == 0 || n > MAX_SNAPLEN {
+        return Err(format!(
+            "--snaplen {n}: the kernel copies the first {MAX_SNAPLEN} bytes of each packet (headers), so 1 to {MAX_SNAPLEN}"
+        ));
+    }
+    Ok(n)
 }
 
 /// A duration as people write it (humantime: `10s`, `500ms`, `1h 30m`); a

@@ -1,12 +1,13 @@
 //! `cargo xtask setup`: everything a fresh machine lacks to build and test
 //! podtrace. Idempotent: each step checks before it installs.
 
-use std::process::Command;
+use std::{io::Write, process::Command};
 
 use anyhow::{bail, Context, Result};
 
 /// Debian packages: LLVM 22 for bpf-linker, and the tools the lab and the
-/// tests drive (ip, bridge, ping, nft, iptables, bpftool).
+/// tests drive (ip, bridge, ping, nft, iptables, bpftool, tshark to read
+/// what `--write` writes).
 const APT_PACKAGES: &[&str] = &[
     "llvm-22-dev",
     "libpolly-22-dev",
@@ -18,7 +19,12 @@ const APT_PACKAGES: &[&str] = &[
     "iputils-ping",
     "bpftool",
     "procps",
+    "tshark",
 ];
+
+/// Answers for debconf, so that installing stays non-interactive:
+/// Wireshark's dumpcap is not made setuid (the tests run as root).
+const DEBCONF: &str = "wireshark-common wireshark-common/install-setuid boolean false\n";
 
 const BPF_LINKER_VERSION: &str = "0.13";
 
@@ -63,6 +69,7 @@ fn apt() -> Result<()> {
 
 fn apt_install(packages: &[&str]) -> Result<()> {
     eprintln!("setup: installing {}", packages.join(" "));
+    preseed()?;
     run("apt-get", &["update", "-qq"])?;
     let mut args = vec!["install", "-y", "-qq", "--no-install-recommends"];
     args.extend(packages);
@@ -73,6 +80,22 @@ fn apt_install(packages: &[&str]) -> Result<()> {
         .context("cannot run apt-get")?;
     if !status.success() {
         bail!("apt-get install {} failed", packages.join(" "));
+    }
+    Ok(())
+}
+
+fn preseed() -> Result<()> {
+    let mut child = Command::new("debconf-set-selections")
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .context("cannot run debconf-set-selections")?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(DEBCONF.as_bytes())?;
+    if !child.wait()?.success() {
+        bail!("debconf-set-selections failed");
     }
     Ok(())
 }

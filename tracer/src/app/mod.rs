@@ -5,14 +5,22 @@
 //!   they finish (`teller`);
 //! - `finish`: what is still open, the loss counters, the summary; then
 //!   everything attached is dropped.
+//!
+//! `replay` tells the stories of a `--write` file again (`podtrace read`).
 
 mod losses;
+mod replay;
 mod stop;
 mod teller;
 
+pub use replay::replay;
 pub use stop::block_signals;
 
-use std::{io::IsTerminal, net::Ipv4Addr, time::Duration};
+use std::{
+    io::{IsTerminal, Write},
+    net::Ipv4Addr,
+    time::Duration,
+};
 
 use anyhow::{bail, Result};
 use podtrace_common::{counter, FlowKey, Sighting, MAX_NODES, NODE_OTHER_NETNS};
@@ -31,7 +39,11 @@ use crate::{
         pod_netns::OtherNamespaces,
         traced::{LinkOutcome, Shared, TracedNode},
     },
-    output::{self, Summary},
+    output::{
+        self,
+        pcapng::{self, Announced, PcapWriter},
+        Summary,
+    },
     probe::{
         link_watch::LinkChange,
         netfilter::{Backend, TracedDrop},
@@ -63,12 +75,14 @@ pub async fn run(args: Args) -> Result<()> {
     // Before anything is attached: a signal from here on ends the trace
     // through the normal drop path.
     let mut stop = Stop::catch()?;
+    // Before anything is attached: a path that cannot be written is bad input.
+    let write = args.write.as_deref().map(pcapng::open).transpose()?;
     let resolved = tokio::select! {
         resolved = resolve(&args) => resolved?,
         () = stop.recv() => return Ok(()),
     };
     let mut trace = attach(&args, resolved).await?;
-    let summary = stream(&args, &mut trace, &mut stop).await?;
+    let summary = stream(&args, &mut trace, &mut stop, write).await?;
     finish(trace, summary)
 }
 
@@ -235,6 +249,7 @@ async fn stream(
     args: &Args,
     trace: &mut Trace,
     stop: &mut Stop,
+    write: Option<Box<dyn Write>>,
 ) -> Result<(Summary, Teller<'static>)> {
     let (moved_tx, mut moved_rx) = mpsc::unbounded_channel::<PodMoved>();
     if let Some(cluster) = &trace.targets.cluster {
@@ -247,6 +262,9 @@ async fn stream(
     }
     let mut traced_ips = (trace.targets.src.ip, trace.targets.dst.ip);
     let mut teller = new_teller(args, std::mem::take(&mut trace.ctx));
+    if let Some(out) = write {
+        teller.pcap = Some(pcap_writer(out, args, trace, &teller.ctx)?);
+    }
     let mut summary = Summary {
         hooks_attached: trace.nodes.iter().map(TracedNode::hooks).sum(),
         ..Default::default()
@@ -291,7 +309,7 @@ async fn stream(
             }
             Some(moved) = moved_rx.recv() => {
                 follow_move(trace, &mut traced_ips, &moved)?;
-                teller.ctx.names.insert(moved.new, moved.pod.clone());
+                teller.rename(moved.new, moved.pod.clone());
             }
             Some((_node, drop)) = trace.rules.recv() => {
                 correlator.observe_rule((drop.src, drop.dst, drop.ip_id), drop.rule, monotonic_ns());
@@ -317,18 +335,51 @@ async fn stream(
 }
 
 fn new_teller(args: &Args, ctx: Context) -> Teller<'static> {
+    // `-w -` puts the packets on stdout: the stories go to stderr.
+    let (out, terminal): (Box<dyn Write>, bool) = if args.write.as_deref() == Some("-") {
+        (Box::new(std::io::stderr()), std::io::stderr().is_terminal())
+    } else {
+        (Box::new(std::io::stdout()), std::io::stdout().is_terminal())
+    };
     let colour = match args.color.as_str() {
         "always" => true,
         "never" => false,
-        _ => std::io::stdout().is_terminal(),
+        _ => terminal,
     };
     Teller {
-        sink: output::sink(args.output, std::io::stdout(), colour),
+        sink: output::sink(args.output, out, colour),
         ctx,
         profile: args.profile.then(Profile::default),
         limit: args.count,
         told: 0,
+        pcap: None,
     }
+}
+
+/// The `--write` file, with every watched interface announced.
+fn pcap_writer(
+    out: Box<dyn Write>,
+    args: &Args,
+    trace: &Trace,
+    ctx: &Context,
+) -> std::io::Result<PcapWriter> {
+    let mut watched = Vec::new();
+    for node in &trace.nodes {
+        let mut ifaces: Vec<_> = node.interfaces.values().collect();
+        ifaces.sort_by_key(|w| w.index);
+        watched.extend(ifaces.into_iter().map(|w| Announced {
+            node: &node.name,
+            iface: &w.name,
+            role: w.role,
+            has_l2: w.has_ethernet_header,
+        }));
+    }
+    let title = format!(
+        "podtrace {} ⇄ {}",
+        ctx.label(trace.targets.src.ip),
+        ctx.label(trace.targets.dst.ip)
+    );
+    PcapWriter::create(out, args.snaplen, title, &watched, ctx)
 }
 
 /// A traced pod came back with a new IP: trace the new pair everywhere.

@@ -1,8 +1,11 @@
-//! Turns finished journeys into output, up to the `--count` limit, and
-//! feeds the `--profile` table.
+//! Turns finished journeys into output, up to the `--count` limit, feeds
+//! the `--profile` table, and writes each told journey's packets
+//! (`--write`).
+
+use std::net::Ipv4Addr;
 
 use crate::{
-    output::{Sink, Summary},
+    output::{pcapng::PcapWriter, Sink, Summary},
     story::{self, journey::Journey, profile::Profile, Context},
 };
 
@@ -12,6 +15,7 @@ pub(super) struct Teller<'a> {
     pub profile: Option<Profile>,
     pub limit: Option<u64>,
     pub told: u64,
+    pub pcap: Option<PcapWriter>,
 }
 
 impl Teller<'_> {
@@ -27,10 +31,21 @@ impl Teller<'_> {
         let story = story::tell(journey, &self.ctx);
         self.told += 1;
         self.sink.story(self.told, &story)?;
+        if let Some(pcap) = &mut self.pcap {
+            pcap.story(self.told, journey, &story)?;
+        }
         if let Some(profile) = &mut self.profile {
             profile.add(&story);
         }
         Ok(!self.limit_reached())
+    }
+
+    /// A traced pod has a new address: stories name it from now on.
+    pub fn rename(&mut self, ip: Ipv4Addr, name: String) {
+        self.ctx.names.insert(ip, name);
+        if let Some(pcap) = &mut self.pcap {
+            pcap.renamed(&self.ctx.names);
+        }
     }
 
     pub fn finish(mut self, mut summary: Summary) -> std::io::Result<()> {
@@ -38,6 +53,15 @@ impl Teller<'_> {
             self.sink.profile(&profile.latencies())?;
         }
         summary.stories = self.told;
+        if let Some(pcap) = &mut self.pcap {
+            pcap.finish(&summary)?;
+            eprintln!(
+                "podtrace: wrote {} packets of {} stories; {} sightings told no story (undecodable, unknown interface, or past --count)",
+                pcap.packets,
+                summary.stories,
+                summary.sightings.saturating_sub(pcap.packets)
+            );
+        }
         self.sink.summary(&summary)
     }
 }

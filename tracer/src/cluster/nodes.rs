@@ -6,17 +6,19 @@ use std::{net::Ipv4Addr, path::Path};
 
 use anyhow::{Context, Result};
 use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
 
 use crate::cni;
 
 /// A node's pod subnet, from the Kubernetes nodes.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeSubnet {
     pub node: String,
     pub subnet: Ipv4Net,
     pub node_ip: Ipv4Addr,
     /// The CNI backend its annotations name (`cni::Backend::name`).
-    pub cni: Option<&'static str>,
+    #[serde(deserialize_with = "crate::story::context::leak_opt_str")]
+    pub cni: Option<crate::story::context::StaticStr>,
     /// Its VXLAN VTEP address, where the CNI annotates one (Calico).
     pub tunnel_ip: Option<Ipv4Addr>,
 }

@@ -8,7 +8,7 @@ use podtrace_common::{
     match_kind, sighting_kind, Direction as KernelDirection, Sighting, FIB_NOT_LOOKED_UP,
     NODE_OTHER_NETNS,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{decode, decode_tunnel, Decoded};
 use crate::{
@@ -18,7 +18,7 @@ use crate::{
     probe::Kernel,
 };
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Direction {
     Ingress,
@@ -39,7 +39,7 @@ impl Direction {
 
 /// The kernel's route for a packet as it arrived (bpf_fib_lookup at tc
 /// ingress).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KernelRoute {
     /// success, blackhole, unreachable, prohibit, not_forwarded,
     /// forwarding_disabled, no_neighbour, frag_needed, …
@@ -83,7 +83,7 @@ impl KernelRoute {
 }
 
 /// Why and where the kernel dropped a packet.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DropInfo {
     /// `enum skb_drop_reason` name, without SKB_DROP_REASON_.
     pub reason: String,
@@ -94,7 +94,7 @@ pub struct DropInfo {
 }
 
 /// One sighting, placed on its node and interface.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Hop {
     pub ktime_ns: u64,
     pub node: String,
@@ -106,6 +106,17 @@ pub struct Hop {
     pub packet: Decoded,
     pub drop: Option<DropInfo>,
     pub route: Option<KernelRoute>,
+    /// The bytes the kernel copied, for `--write` (not part of any story).
+    #[serde(skip)]
+    pub snapshot: Snapshot,
+}
+
+/// The header bytes of a sighting as the kernel copied them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub bytes: Vec<u8>,
+    /// They start at an Ethernet header (else at the IPv4 header).
+    pub has_l2: bool,
 }
 
 /// Why a record could not become a hop (counted in the summary).
@@ -213,6 +224,10 @@ pub fn place(
         packet,
         drop,
         route,
+        snapshot: Snapshot {
+            bytes: snapshot.to_vec(),
+            has_l2: s.has_l2 != 0,
+        },
     })
 }
 
@@ -241,6 +256,10 @@ pub(crate) mod tests {
             packet: decode_tunnel(&frame[..frame.len().min(128)], true).unwrap(),
             drop: None,
             route: None,
+            snapshot: Snapshot {
+                bytes: frame[..frame.len().min(128)].to_vec(),
+                has_l2: true,
+            },
         }
     }
 

@@ -13,9 +13,9 @@ pub mod tunnels;
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Link {
     pub index: u32,
     pub name: String,
@@ -37,7 +37,7 @@ pub struct Link {
 
 /// A VXLAN device's settings (`ip -d link show`): `id`, `dstport`,
 /// `local` and `dev`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VxlanDevice {
     pub vni: Option<u32>,
     pub port: Option<u16>,
@@ -46,7 +46,7 @@ pub struct VxlanDevice {
     pub dev: Option<u32>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RouteKind {
     Unicast,
@@ -57,7 +57,7 @@ pub enum RouteKind {
 }
 
 /// The `proto` of a route, as `ip route` names it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RouteOrigin {
     Kernel,
@@ -68,7 +68,7 @@ pub enum RouteOrigin {
     Other,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Route {
     /// Who installed it (`proto bird` is Calico's BGP daemon).
     pub protocol: RouteOrigin,
@@ -80,7 +80,7 @@ pub struct Route {
     pub table: u32,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct NodeView {
     pub links: Vec<Link>,
     /// (link index, address) for every IPv4 address.
@@ -96,13 +96,14 @@ pub struct NodeView {
 }
 
 /// What podtrace learnt about one traced node at start.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct NodeFacts {
     pub view: NodeView,
     /// net.ipv4.ip_forward.
     pub forwarding: bool,
     /// The CNI backend it runs (`cni::Backend::name`).
-    pub cni: &'static str,
+    #[serde(deserialize_with = "crate::story::context::leak_str")]
+    pub cni: crate::story::context::StaticStr,
     /// Subnets it delivers locally, through a bridge or a pod veth.
     pub local_pod_subnets: Vec<Ipv4Net>,
     /// The traced pods that are local here, and their host interfaces.

@@ -1,5 +1,6 @@
 //! Writing stories, the profile and the closing summary: one file per
-//! format (`human`, `json`), each a [`Sink`].
+//! format (`human`, `json`), each a [`Sink`]; and the traced packets for
+//! Wireshark (`pcapng`, read back by `pcapng_read`).
 //!
 //! JSON lines schema (stable; fields are only ever added):
 //! - `{"type":"story", ...Story}`: one per packet; see `story::Story`.
@@ -8,10 +9,12 @@
 
 mod human;
 mod json;
+pub mod pcapng;
+pub mod pcapng_read;
 
 use std::io::Write;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use human::{human_profile, human_story, human_summary, Human};
 pub use json::Json;
@@ -25,7 +28,7 @@ pub enum Format {
 }
 
 /// Counts shown at exit: nothing is lost silently.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Summary {
     pub sightings: u64,
     pub stories: u64,

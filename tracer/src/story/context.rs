@@ -5,11 +5,12 @@
 use std::{collections::HashMap, net::Ipv4Addr};
 
 use ipnet::Ipv4Net;
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::{cluster::NodeSubnet, node::NodeFacts};
 
 /// What podtrace knows about the traced part of the cluster.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Context {
     /// Labels for addresses: pods ("default/web-0") and nodes ("node-1").
     pub names: HashMap<Ipv4Addr, String>,
@@ -20,7 +21,25 @@ pub struct Context {
     /// The cluster's pod CIDRs (`--pod-cidr`).
     pub pod_cidrs: Vec<Ipv4Net>,
     /// Why a netfilter drop's rule may be missing (rule tracing off, …).
-    pub why_rule_unnamed: &'static str,
+    #[serde(deserialize_with = "leak_str")]
+    pub why_rule_unnamed: StaticStr,
+}
+
+/// A `&'static str` that serde's derive does not take for a borrow of the
+/// input (it only sees through a written `&`): read with [`leak_str`].
+pub type StaticStr = &'static str;
+
+/// A `&'static str` read back from a file (`podtrace read`): the few such
+/// strings of a context are leaked, once per context read.
+pub(crate) fn leak_str<'de, D: Deserializer<'de>>(d: D) -> Result<&'static str, D::Error> {
+    Ok(String::deserialize(d)?.leak())
+}
+
+/// An optional `&'static str` read back from a file, as [`leak_str`].
+pub(crate) fn leak_opt_str<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<&'static str>, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.map(|s| &*s.leak()))
 }
 
 impl Context {

@@ -7,7 +7,7 @@
 //! - `explain`: why, in the operator's terms (route -n, hints);
 //! - `profile`: per-step latency over many stories.
 
-mod context;
+pub(crate) mod context;
 pub mod explain;
 pub mod journey;
 mod notes;
@@ -181,6 +181,10 @@ pub(crate) mod tests {
             hop(12_500, "node-2", "vethB", Role::PodVeth, Egress, &delivered),
         ];
         Journey::new(hops)
+    }
+
+    pub(crate) fn sample_journey() -> Journey {
+        cross_node_flannel()
     }
 
     pub(crate) fn sample_story() -> Story {
