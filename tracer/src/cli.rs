@@ -2,9 +2,35 @@
 
 use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 
 use crate::{output::Format, probe::AttachMode};
+
+/// Traces packets between two pods through every hook of the node(s) and
+/// tells, per packet, where it went and what happened to it.
+#[derive(Debug, Parser)]
+#[command(
+    name = "podtrace",
+    version,
+    about,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// The trace; an `Option` so that clap builds it only without a
+    /// subcommand (its SRC and DST are required).
+    #[command(flatten)]
+    pub trace: Option<Args>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Trace one node for a cluster-mode front-end (run as a pod on that
+    /// node): JSON lines on stdout.
+    Agent(crate::app::agent::AgentArgs),
+}
 
 /// Traces packets between two pods through every hook of the node(s) and
 /// tells, per packet, where it went and what happened to it.
@@ -67,6 +93,24 @@ pub struct Args {
     /// Colour: auto (on a terminal), always, never.
     #[arg(long, default_value = "auto", value_parser = ["auto", "always", "never"])]
     pub color: String,
+
+    /// Cluster mode: start an agent pod on each node involved and merge
+    /// their records (the default as `kubectl podtrace`). Needs no root.
+    #[arg(long)]
+    pub cluster: bool,
+    /// Namespace of the agent pods and the lease.
+    #[arg(long, default_value = "podtrace", value_name = "NAMESPACE")]
+    pub agent_namespace: String,
+    /// Agent image (default: the podtrace DaemonSet's, else the release's).
+    #[arg(long)]
+    pub image: Option<String>,
+    /// More nodes to trace: `all`, or names separated by commas.
+    #[arg(long, value_name = "all|NODE,…")]
+    pub nodes: Option<String>,
+    /// Testing only: shift one agent's wall clock, `[NODE=]DURATION`
+    /// (default node: the destination's); e.g. `node-2=3s`, `-2s`.
+    #[arg(long, hide = true, value_name = "[NODE=]DURATION")]
+    pub clock_skew_for_testing: Option<String>,
 }
 
 /// A duration as people write it (humantime: `10s`, `500ms`, `1h 30m`); a

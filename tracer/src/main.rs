@@ -1,10 +1,11 @@
 use clap::{error::ErrorKind, Parser};
+use podtrace::cli::{Cli, Command};
 
 fn main() -> std::process::ExitCode {
     // Before the runtime and anything attached; `app::run` catches them.
     podtrace::app::block_signals();
-    let args = match podtrace::cli::Args::try_parse() {
-        Ok(args) => args,
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
             e.exit()
         }
@@ -28,7 +29,24 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let outcome = runtime.block_on(podtrace::app::run(args));
+    let outcome = match (cli.command, cli.trace) {
+        (Some(Command::Agent(agent)), _) => runtime.block_on(podtrace::app::agent::run(agent)),
+        // kubectl's plugin dispatch runs `kubectl-podtrace`: cluster mode,
+        // unless node-mode inputs (--netns, --pods-file) say otherwise.
+        (None, Some(trace))
+            if trace.cluster
+                || (invoked_as_kubectl_plugin()
+                    && trace.netns.is_empty()
+                    && trace.pods_file.is_none()) =>
+        {
+            runtime.block_on(podtrace::app::front::run(trace))
+        }
+        (None, Some(trace)) => runtime.block_on(podtrace::app::run(trace)),
+        (None, None) => {
+            eprintln!("podtrace: give SRC and DST (see podtrace --help)");
+            return std::process::ExitCode::from(2);
+        }
+    };
     // Everything attached is dropped by now: this run's file can go.
     podtrace::probe::run_registry::close();
     match outcome {
@@ -38,4 +56,15 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+fn invoked_as_kubectl_plugin() -> bool {
+    std::env::args_os()
+        .next()
+        .and_then(|a| {
+            std::path::Path::new(&a)
+                .file_name()
+                .map(|n| n == "kubectl-podtrace")
+        })
+        .unwrap_or(false)
 }

@@ -38,6 +38,17 @@ enum Task {
     Test,
     /// Set up, then measure podtrace on the lab.
     Bench,
+    /// The lab's API stub as a server (started by `lab up --api`).
+    #[command(hide = true)]
+    ApiStub {
+        #[arg(long, default_value = "lab")]
+        prefix: String,
+        /// The binary the stub's kubelet runs for `podtrace` containers.
+        #[arg(long)]
+        podtrace: PathBuf,
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+    },
 }
 
 #[derive(Subcommand)]
@@ -50,6 +61,14 @@ enum LabAction {
         /// Cluster pod CIDR (/16 or larger); each node gets one /24.
         #[arg(long)]
         pod_cidr: Option<Ipv4Net>,
+        /// Also serve the Kubernetes API (a stub that plays kubelet too):
+        /// point kubectl at /run/podtrace-lab/<prefix>/kubeconfig.
+        #[arg(long)]
+        api: bool,
+        /// The podtrace the API's kubelet runs (default: target/release's,
+        /// else target/debug's).
+        #[arg(long)]
+        podtrace: Option<PathBuf>,
     },
     Down {
         #[arg(long, default_value = "lab")]
@@ -76,6 +95,12 @@ fn main() -> std::process::ExitCode {
         Task::Demo => demo(),
         Task::Test => test(),
         Task::Bench => bench(),
+        Task::ApiStub {
+            prefix,
+            podtrace,
+            port,
+        } => Lab::load(&prefix)
+            .and_then(|lab| xtask::api_stub::serve_lab(&lab, &podtrace, port, &lab.kubeconfig())),
     };
     match done {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -93,10 +118,20 @@ fn lab(action: LabAction) -> Result<()> {
             topology,
             prefix,
             pod_cidr,
+            api,
+            podtrace,
         } => {
             let lab = Lab::new(&prefix, topology, pod_cidr)?;
             lab.up()?;
             println!("lab {prefix} ({}) is up", topology.name());
+            if api {
+                let podtrace = podtrace.unwrap_or_else(built_podtrace);
+                let kubeconfig = lab.start_api(&std::env::current_exe()?, &podtrace)?;
+                println!(
+                    "  API: KUBECONFIG={} kubectl get pods -A -o wide",
+                    kubeconfig.display()
+                );
+            }
             for node in 1..=2 {
                 println!(
                     "  {}: netns {}, IP {}, pods {}",
@@ -145,6 +180,17 @@ fn require_root() -> Result<()> {
 
 fn cargo(args: &[&str]) -> Result<()> {
     run(env!("CARGO"), args)
+}
+
+/// The podtrace already built: release if there is one, else debug.
+fn built_podtrace() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let release = root.join("target/release/podtrace");
+    if release.exists() {
+        release
+    } else {
+        root.join("target/debug/podtrace")
+    }
 }
 
 fn podtrace_binary() -> Result<PathBuf> {

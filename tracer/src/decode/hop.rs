@@ -8,7 +8,7 @@ use podtrace_common::{
     match_kind, sighting_kind, Direction as KernelDirection, Sighting, FIB_NOT_LOOKED_UP,
     NODE_OTHER_NETNS,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{decode, Decoded};
 use crate::{
@@ -16,7 +16,7 @@ use crate::{
     probe::Kernel,
 };
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Direction {
     Ingress,
@@ -37,7 +37,7 @@ impl Direction {
 
 /// The kernel's route for a packet as it arrived (bpf_fib_lookup at tc
 /// ingress).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KernelRoute {
     /// success, blackhole, unreachable, prohibit, not_forwarded,
     /// forwarding_disabled, no_neighbour, frag_needed, …
@@ -81,7 +81,7 @@ impl KernelRoute {
 }
 
 /// Why and where the kernel dropped a packet.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DropInfo {
     /// `enum skb_drop_reason` name, without SKB_DROP_REASON_.
     pub reason: String,
@@ -92,7 +92,7 @@ pub struct DropInfo {
 }
 
 /// One sighting, placed on its node and interface.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Hop {
     pub ktime_ns: u64,
     pub node: String,

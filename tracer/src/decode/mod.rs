@@ -8,10 +8,10 @@ use std::net::Ipv4Addr;
 
 use etherparse::{EtherType, Ethernet2Header, IpNumber, Ipv4Header, TcpHeader, UdpHeader};
 use podtrace_common::{GENEVE_PORT, VXLAN_PORT_FLANNEL, VXLAN_PORT_IANA};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The layer-4 facts that tell one packet of a flow from the next.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "proto", rename_all = "lowercase")]
 pub enum Transport {
     Icmp {
@@ -36,7 +36,7 @@ pub enum Transport {
 }
 
 /// An IPv4 header and what follows it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ipv4Packet {
     pub src: Ipv4Addr,
     pub dst: Ipv4Addr,
@@ -47,7 +47,7 @@ pub struct Ipv4Packet {
     pub transport: Transport,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TunnelKind {
     Vxlan,
@@ -56,7 +56,7 @@ pub enum TunnelKind {
 }
 
 /// The outer layer of an encapsulated packet.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tunnel {
     pub kind: TunnelKind,
     /// VXLAN / Geneve network identifier.
@@ -65,7 +65,7 @@ pub struct Tunnel {
 }
 
 /// A decoded sighting: the traced packet, and the tunnel around it if any.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Decoded {
     pub packet: Ipv4Packet,
     pub tunnel: Option<Tunnel>,

@@ -5,13 +5,13 @@
 use std::net::Ipv4Addr;
 
 use anyhow::{bail, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{Link, NodeView};
 use crate::cni::Backend;
 
 /// The part an interface plays on a Kubernetes node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     /// Host side of a pod's veth (Flannel's vethXXX, Calico's caliXXX).

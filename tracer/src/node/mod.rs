@@ -12,9 +12,9 @@ pub mod traced;
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Link {
     pub index: u32,
     pub name: String,
@@ -36,7 +36,7 @@ pub struct Link {
 
 /// A VXLAN device's settings (`ip -d link show`): `id`, `dstport`,
 /// `local` and `dev`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VxlanDevice {
     pub vni: Option<u32>,
     pub port: Option<u16>,
@@ -45,7 +45,7 @@ pub struct VxlanDevice {
     pub dev: Option<u32>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RouteKind {
     Unicast,
@@ -56,7 +56,7 @@ pub enum RouteKind {
 }
 
 /// The `proto` of a route, as `ip route` names it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RouteOrigin {
     Kernel,
@@ -67,7 +67,7 @@ pub enum RouteOrigin {
     Other,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Route {
     /// Who installed it (`proto bird` is Calico's BGP daemon).
     pub protocol: RouteOrigin,
@@ -79,7 +79,7 @@ pub struct Route {
     pub table: u32,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct NodeView {
     pub links: Vec<Link>,
     /// (link index, address) for every IPv4 address.

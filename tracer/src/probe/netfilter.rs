@@ -24,14 +24,14 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use super::run_registry::{self, Held, Liveness, Record};
 use crate::node::netns::Namespace;
 
 /// The rule that gave a traced packet its final DROP.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetfilterRule {
     pub table: String,
     pub chain: String,

@@ -21,6 +21,9 @@ pub struct Context {
     pub pod_cidrs: Vec<Ipv4Net>,
     /// Why a netfilter drop's rule may be missing (rule tracing off, …).
     pub why_rule_unnamed: &'static str,
+    /// Cluster mode: how far each node's clock may be off the common
+    /// timeline (ns), where the traced packets measured it.
+    pub clock_uncertainty_ns: HashMap<String, u64>,
 }
 
 impl Context {
