@@ -19,7 +19,7 @@ use std::{
 };
 
 use serde_json::{json, Value};
-use tokio::io::AsyncReadExt;
+use tokio::io::AsyncBufReadExt;
 
 use super::{namespace_of, Shared};
 
@@ -223,14 +223,18 @@ fn zombie(pid: u32) -> bool {
     })
 }
 
+/// Copies a stream into the log line by line, as a kubelet's log does:
+/// stdout and stderr interleave by whole lines, never inside one.
 async fn copy<R: tokio::io::AsyncRead + Unpin>(from: Option<R>, log: Arc<Mutex<LogBuffer>>) {
-    let Some(mut from) = from else { return };
-    let mut buf = vec![0u8; 64 * 1024];
-    while let Ok(n) = from.read(&mut buf).await {
-        if n == 0 {
-            return;
+    let Some(from) = from else { return };
+    let mut from = tokio::io::BufReader::with_capacity(256 * 1024, from);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match from.read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => log.lock().unwrap().data.extend_from_slice(&line),
         }
-        log.lock().unwrap().data.extend_from_slice(&buf[..n]);
     }
 }
 
