@@ -209,7 +209,58 @@ fn demo() -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     let guard = LabGuard::up("demo", Topology::FlannelVxlan, None)?;
-    demo_trace(&podtrace, &guard.0)
+    demo_trace(&podtrace, &guard.0)?;
+    demo_cluster(&podtrace, &guard.0)
+}
+
+/// The same ping, told through `kubectl podtrace` against the lab's API:
+/// agent pods on both nodes, one merged story.
+fn demo_cluster(podtrace: &Path, lab: &Lab) -> Result<()> {
+    let kubeconfig = lab.start_api(&std::env::current_exe()?, podtrace)?;
+    let bin = lab.state_dir().join("bin");
+    std::fs::create_dir_all(&bin)?;
+    let plugin = bin.join("kubectl-podtrace");
+    let _ = std::fs::remove_file(&plugin);
+    std::os::unix::fs::symlink(podtrace, &plugin)?;
+    println!("\ndemo: cluster mode, through the lab's API:");
+    println!(
+        "demo: $ KUBECONFIG={} kubectl podtrace default/web-0 default/db-0 --count 2\n",
+        kubeconfig.display()
+    );
+    let mut command = Command::new("kubectl");
+    command
+        .args([
+            "podtrace",
+            "default/web-0",
+            "default/db-0",
+            "--count",
+            "2",
+            "--duration",
+            "30s",
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .env(
+            "PATH",
+            format!(
+                "{}:{}",
+                bin.display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        );
+    let mut tracing = podtrace_run::start(command, Duration::from_secs(60))?;
+    eprint!("{}", tracing.banner);
+    if !lab.ping("web-0", lab.pod("db-0").ip, &[]) {
+        bail!("web-0 cannot ping db-0: the lab is broken");
+    }
+    let status = tracing.child.wait()?;
+    for line in tracing.stderr_lines {
+        eprintln!("{line}");
+    }
+    lab.stop_api();
+    if !status.success() {
+        bail!("kubectl podtrace failed ({status})");
+    }
+    Ok(())
 }
 
 /// Traces web-0 → db-0 on both nodes while web-0 pings db-0 once.

@@ -272,6 +272,6 @@ fn realtime_offset_ns() -> i64 {
     };
     // SAFETY: a valid pointer to a timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-    let realtime = ts.tv_sec as i64 * 1_000_000_000 + ts.tv_nsec as i64;
+    let realtime = ts.tv_sec * 1_000_000_000 + ts.tv_nsec;
     realtime - super::monotonic_ns() as i64
 }

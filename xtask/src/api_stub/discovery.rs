@@ -79,10 +79,13 @@ pub(crate) fn list_kind(resource: &str) -> &'static str {
     }
 }
 
+/// A row's cells, from its object.
+type Cells = fn(&Value) -> Vec<Value>;
+
 /// `kubectl get`'s table: the columns it prints (priority 1: `-o wide`).
 pub(crate) fn table(resource: &str, items: &[Value], version: &str) -> Value {
     let column = |name: &str, priority: u8| json!({"name": name, "type": "string", "format": "", "description": "", "priority": priority});
-    let (columns, cells): (Vec<Value>, fn(&Value) -> Vec<Value>) = match resource {
+    let (columns, cells): (Vec<Value>, Cells) = match resource {
         "pods" => (
             vec![
                 column("Name", 0),

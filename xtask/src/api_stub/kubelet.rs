@@ -30,6 +30,9 @@ pub struct LogBuffer {
     pub done: bool,
 }
 
+type PodKey = (String, String);
+type SharedLog = Arc<Mutex<LogBuffer>>;
+
 pub struct Kubelet {
     podtrace: PathBuf,
     /// Lab node name → its network namespace.
@@ -37,7 +40,7 @@ pub struct Kubelet {
     pub state_dir: PathBuf,
     kubeconfig: Mutex<Option<PathBuf>>,
     /// (namespace, name) → its log, and its process while it runs.
-    pods: Mutex<HashMap<(String, String), (Arc<Mutex<LogBuffer>>, Option<u32>)>>,
+    pods: Mutex<HashMap<PodKey, (SharedLog, Option<u32>)>>,
 }
 
 impl Kubelet {
