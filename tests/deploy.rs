@@ -103,3 +103,55 @@ fn the_image_ships_podtrace_and_its_kubectl_plugin_name() {
         "rule tracing needs nft and xtables-monitor"
     );
 }
+
+#[test]
+fn cluster_mode_rbac_is_a_role_in_podtraces_own_namespace_only() {
+    let docs = documents("rbac-cluster.yaml");
+    let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "Namespace",
+            "ServiceAccount",
+            "Role",
+            "RoleBinding",
+            "ClusterRoleBinding"
+        ]
+    );
+    let role = &docs[2];
+    assert_eq!(role["metadata"]["namespace"], "podtrace");
+    let rules: Vec<(Value, Value, Value)> = role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["apiGroups"].clone(),
+                r["resources"].clone(),
+                r["verbs"].clone(),
+            )
+        })
+        .collect();
+    use serde_json::json;
+    assert_eq!(
+        rules,
+        [
+            (
+                json!([""]),
+                json!(["pods"]),
+                json!(["create", "delete", "get"])
+            ),
+            (json!([""]), json!(["pods/log"]), json!(["get"])),
+            (
+                json!(["coordination.k8s.io"]),
+                json!(["leases"]),
+                json!(["create", "delete", "get", "patch"])
+            ),
+        ]
+    );
+    // The agents' ClusterRoleBinding is to rbac.yaml's read-only role.
+    assert_eq!(docs[4]["roleRef"]["name"], "podtrace");
+    assert_eq!(docs[4]["subjects"][0]["namespace"], "podtrace");
+    let read_only = &documents("rbac.yaml")[1]["rules"][0]["verbs"];
+    assert_eq!(*read_only, json!(["get", "list", "watch"]));
+}

@@ -1,17 +1,15 @@
 //! `podtrace <ns/pod> <ns/pod>` through the Kubernetes API, against the API
-//! stub of kube_stub.rs (HTTPS, bearer token, real REST) fed with the lab's
+//! stub of xtask's api_stub (HTTPS, bearer token, real REST) fed with the lab's
 //! pods and nodes, on the real kernel.
 
-#[allow(dead_code)]
-mod kube_stub;
 #[allow(dead_code)]
 mod support;
 
 use std::path::PathBuf;
 
-use kube_stub::{Stub, TOKEN};
 use serde_json::{json, Value};
 use support::*;
+use xtask::api_stub::{Stub, TOKEN};
 use xtask::lab::{LabGuard, Topology};
 
 fn scratch() -> PathBuf {

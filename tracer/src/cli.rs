@@ -33,6 +33,9 @@ pub struct Cli {
 pub enum Command {
     /// Tell the stories of a file written with --write again, offline.
     Read(ReadArgs),
+    /// Trace one node for a cluster-mode front-end (run as a pod on that
+    /// node): JSON lines on stdout.
+    Agent(Box<crate::app::agent::AgentArgs>),
 }
 
 /// `podtrace read FILE.pcapng`.
@@ -122,6 +125,24 @@ pub struct Args {
     /// kernel copies).
     #[arg(long, value_name = "BYTES", default_value_t = MAX_SNAPLEN, value_parser = parse_snaplen)]
     pub snaplen: u32,
+
+    /// Cluster mode: start an agent pod on each node involved and merge
+    /// their records (the default as `kubectl podtrace`). Needs no root.
+    #[arg(long)]
+    pub cluster: bool,
+    /// Namespace of the agent pods and the lease.
+    #[arg(long, default_value = "podtrace", value_name = "NAMESPACE")]
+    pub agent_namespace: String,
+    /// Agent image (default: the podtrace DaemonSet's, else the release's).
+    #[arg(long)]
+    pub image: Option<String>,
+    /// More nodes to trace: `all`, or names separated by commas.
+    #[arg(long, value_name = "all|NODE,…")]
+    pub nodes: Option<String>,
+    /// Testing only: shift one agent's wall clock, `[NODE=]DURATION`
+    /// (default node: the destination's); e.g. `node-2=3s`, `-2s`.
+    #[arg(long, hide = true, value_name = "[NODE=]DURATION")]
+    pub clock_skew_for_testing: Option<String>,
 }
 
 /// A `--snaplen`: 1 to what the kernel copies of each packet.

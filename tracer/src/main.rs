@@ -5,7 +5,7 @@ fn main() -> std::process::ExitCode {
     // Before the runtime and anything attached; `app::run` catches them.
     podtrace::app::block_signals();
     let cli = match Cli::try_parse() {
-        Ok(args) => args,
+        Ok(cli) => cli,
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
             e.exit()
         }
@@ -17,16 +17,10 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    let args = match (cli.command, cli.trace) {
-        // Offline: no root, no runtime, nothing attached.
-        (Some(Command::Read(read)), _) => return exit(podtrace::app::replay(&read)),
-        (None, Some(args)) => args,
-        // clap asks for SRC and DST first; this is a guard.
-        (None, None) => {
-            eprintln!("podtrace: give SRC and DST, or a subcommand (podtrace --help)");
-            return std::process::ExitCode::from(2);
-        }
-    };
+    // Offline: no root, no runtime, nothing attached.
+    if let Some(Command::Read(read)) = &cli.command {
+        return exit(podtrace::app::replay(read));
+    }
     // One thread: setns(2) is per thread, and every netlink socket and tc
     // attachment must be made inside the namespace podtrace entered.
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -39,7 +33,26 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let outcome = runtime.block_on(podtrace::app::run(args));
+    let outcome = match (cli.command, cli.trace) {
+        (Some(Command::Agent(agent)), _) => runtime.block_on(podtrace::app::agent::run(*agent)),
+        // kubectl's plugin dispatch runs `kubectl-podtrace`: cluster mode,
+        // unless node-mode inputs (--netns, --pods-file) say otherwise.
+        (None, Some(trace))
+            if trace.cluster
+                || (invoked_as_kubectl_plugin()
+                    && trace.netns.is_empty()
+                    && trace.pods_file.is_none()) =>
+        {
+            runtime.block_on(podtrace::app::front::run(trace))
+        }
+        (None, Some(trace)) => runtime.block_on(podtrace::app::run(trace)),
+        (Some(Command::Read(_)), _) => unreachable!("told above, without a runtime"),
+        // clap asks for SRC and DST first; this is a guard.
+        (None, None) => {
+            eprintln!("podtrace: give SRC and DST, or a subcommand (podtrace --help)");
+            return std::process::ExitCode::from(2);
+        }
+    };
     // Everything attached is dropped by now: this run's file can go.
     podtrace::probe::run_registry::close();
     exit(outcome)
@@ -53,4 +66,15 @@ fn exit(outcome: anyhow::Result<()>) -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+fn invoked_as_kubectl_plugin() -> bool {
+    std::env::args_os()
+        .next()
+        .and_then(|a| {
+            std::path::Path::new(&a)
+                .file_name()
+                .map(|n| n == "kubectl-podtrace")
+        })
+        .unwrap_or(false)
 }

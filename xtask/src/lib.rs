@@ -1,6 +1,7 @@
 //! Developer tasks for podtrace, and the netns lab that the integration
 //! tests share with `cargo xtask lab`.
 
+pub mod api_stub;
 pub mod faults;
 pub mod lab;
 pub mod podtrace_run;

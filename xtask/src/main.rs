@@ -38,6 +38,17 @@ enum Task {
     Test,
     /// Set up, then measure podtrace on the lab.
     Bench,
+    /// The lab's API stub as a server (started by `lab up --api`).
+    #[command(hide = true)]
+    ApiStub {
+        #[arg(long, default_value = "lab")]
+        prefix: String,
+        /// The binary the stub's kubelet runs for `podtrace` containers.
+        #[arg(long)]
+        podtrace: PathBuf,
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+    },
 }
 
 #[derive(Subcommand)]
@@ -50,6 +61,14 @@ enum LabAction {
         /// Cluster pod CIDR (/16 or larger); each node gets one /24.
         #[arg(long)]
         pod_cidr: Option<Ipv4Net>,
+        /// Also serve the Kubernetes API (a stub that plays kubelet too):
+        /// point kubectl at /run/podtrace-lab/<prefix>/kubeconfig.
+        #[arg(long)]
+        api: bool,
+        /// The podtrace the API's kubelet runs (default: target/release's,
+        /// else target/debug's).
+        #[arg(long)]
+        podtrace: Option<PathBuf>,
     },
     Down {
         #[arg(long, default_value = "lab")]
@@ -76,6 +95,12 @@ fn main() -> std::process::ExitCode {
         Task::Demo => demo(),
         Task::Test => test(),
         Task::Bench => bench(),
+        Task::ApiStub {
+            prefix,
+            podtrace,
+            port,
+        } => Lab::load(&prefix)
+            .and_then(|lab| xtask::api_stub::serve_lab(&lab, &podtrace, port, &lab.kubeconfig())),
     };
     match done {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -93,10 +118,20 @@ fn lab(action: LabAction) -> Result<()> {
             topology,
             prefix,
             pod_cidr,
+            api,
+            podtrace,
         } => {
             let lab = Lab::new(&prefix, topology, pod_cidr)?;
             lab.up()?;
             println!("lab {prefix} ({}) is up", topology.name());
+            if api {
+                let podtrace = podtrace.unwrap_or_else(built_podtrace);
+                let kubeconfig = lab.start_api(&std::env::current_exe()?, &podtrace)?;
+                println!(
+                    "  API: KUBECONFIG={} kubectl get pods -A -o wide",
+                    kubeconfig.display()
+                );
+            }
             for node in 1..=2 {
                 println!(
                     "  {}: netns {}, IP {}, pods {}",
@@ -147,6 +182,17 @@ fn cargo(args: &[&str]) -> Result<()> {
     run(env!("CARGO"), args)
 }
 
+/// The podtrace already built: release if there is one, else debug.
+fn built_podtrace() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let release = root.join("target/release/podtrace");
+    if release.exists() {
+        release
+    } else {
+        root.join("target/debug/podtrace")
+    }
+}
+
 fn podtrace_binary() -> Result<PathBuf> {
     cargo(&["build", "--release", "--package", "podtrace"])?;
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -163,7 +209,58 @@ fn demo() -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     let guard = LabGuard::up("demo", Topology::FlannelVxlan, None)?;
-    demo_trace(&podtrace, &guard.0)
+    demo_trace(&podtrace, &guard.0)?;
+    demo_cluster(&podtrace, &guard.0)
+}
+
+/// The same ping, told through `kubectl podtrace` against the lab's API:
+/// agent pods on both nodes, one merged story.
+fn demo_cluster(podtrace: &Path, lab: &Lab) -> Result<()> {
+    let kubeconfig = lab.start_api(&std::env::current_exe()?, podtrace)?;
+    let bin = lab.state_dir().join("bin");
+    std::fs::create_dir_all(&bin)?;
+    let plugin = bin.join("kubectl-podtrace");
+    let _ = std::fs::remove_file(&plugin);
+    std::os::unix::fs::symlink(podtrace, &plugin)?;
+    println!("\ndemo: cluster mode, through the lab's API:");
+    println!(
+        "demo: $ KUBECONFIG={} kubectl podtrace default/web-0 default/db-0 --count 2\n",
+        kubeconfig.display()
+    );
+    let mut command = Command::new("kubectl");
+    command
+        .args([
+            "podtrace",
+            "default/web-0",
+            "default/db-0",
+            "--count",
+            "2",
+            "--duration",
+            "30s",
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .env(
+            "PATH",
+            format!(
+                "{}:{}",
+                bin.display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        );
+    let mut tracing = podtrace_run::start(command, Duration::from_secs(60))?;
+    eprint!("{}", tracing.banner);
+    if !lab.ping("web-0", lab.pod("db-0").ip, &[]) {
+        bail!("web-0 cannot ping db-0: the lab is broken");
+    }
+    let status = tracing.child.wait()?;
+    for line in tracing.stderr_lines {
+        eprintln!("{line}");
+    }
+    lab.stop_api();
+    if !status.success() {
+        bail!("kubectl podtrace failed ({status})");
+    }
+    Ok(())
 }
 
 /// Traces web-0 → db-0 on both nodes while web-0 pings db-0 once.

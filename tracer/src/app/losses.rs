@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use podtrace_common::counter;
 
-use crate::{node::traced::TracedNode, story::journey::Correlator};
+use crate::node::traced::TracedNode;
 
 /// How often the loss is said on stderr, at most.
 const REPORT_EVERY: Duration = Duration::from_secs(1);
@@ -34,30 +34,23 @@ impl LossWatch {
     }
 
     /// Reads the counters; any rise since the last reading is a loss
-    /// window in (last reading, now].
-    pub fn check(
-        &mut self,
-        nodes: &[TracedNode],
-        correlator: &mut Correlator,
-        now_ns: u64,
-    ) -> Result<()> {
-        let mut lost_now = false;
+    /// window in (last reading, now], returned with how many were lost.
+    pub fn check(&mut self, nodes: &[TracedNode], now_ns: u64) -> Result<Option<(u64, u64, u64)>> {
+        let mut lost_now = 0;
         for (i, node) in nodes.iter().enumerate() {
             let total = lost(node)?;
             if total > self.seen[i] {
                 self.unreported[i] += total - self.seen[i];
+                lost_now += total - self.seen[i];
                 self.seen[i] = total;
-                lost_now = true;
             }
         }
-        if lost_now {
-            correlator.observe_loss(self.read_at_ns, now_ns);
-        }
+        let window = (lost_now > 0).then_some((self.read_at_ns, now_ns, lost_now));
         self.read_at_ns = now_ns;
         if self.unreported.iter().any(|n| *n > 0) && self.reported_at.elapsed() >= REPORT_EVERY {
             self.report(nodes);
         }
-        Ok(())
+        Ok(window)
     }
 
     fn report(&mut self, nodes: &[TracedNode]) {

@@ -8,6 +8,8 @@
 //!
 //! `replay` tells the stories of a `--write` file again (`podtrace read`).
 
+pub mod agent;
+pub mod front;
 mod losses;
 mod replay;
 mod stop;
@@ -33,7 +35,7 @@ use crate::{
         targets::{vantage, Targets},
     },
     cni,
-    decode::hop::{place, Unplaced},
+    decode::hop::{place, Hop, Unplaced},
     node::{
         netns::Namespace,
         pod_netns::OtherNamespaces,
@@ -68,10 +70,7 @@ const JOURNEY_PATIENCE: Duration = Duration::from_millis(1500);
 const ARP_PATIENCE: Duration = Duration::from_millis(6500);
 
 pub async fn run(args: Args) -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        bail!("podtrace needs root (CAP_BPF and CAP_NET_ADMIN) to load eBPF programs: run it with sudo");
-    }
+    require_root()?;
     // Before anything is attached: a signal from here on ends the trace
     // through the normal drop path.
     let mut stop = Stop::catch()?;
@@ -86,6 +85,14 @@ pub async fn run(args: Args) -> Result<()> {
     finish(trace, summary)
 }
 
+fn require_root() -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("podtrace needs root (CAP_BPF and CAP_NET_ADMIN) to load eBPF programs: run it with sudo, or use cluster mode (--cluster, or kubectl podtrace)");
+    }
+    Ok(())
+}
+
 /// What the resolve phase learnt: who is traced, where, and the names.
 struct Resolved {
     targets: Targets,
@@ -97,6 +104,26 @@ struct Resolved {
 async fn resolve(args: &Args) -> Result<Resolved> {
     let targets = Targets::resolve(args).await?;
     let namespaces = Namespace::all(&args.netns)?;
+    let mut ctx = context_of(args, &targets);
+    let why_rule_unnamed = match (args.no_ruleset_changes, Backend::detect()) {
+        (true, _) => Some("rule tracing is off (--no-ruleset-changes)"),
+        (false, Backend::Legacy) => {
+            Some("this node uses iptables-legacy, which has no rule tracing")
+        }
+        (false, Backend::Missing) => Some("iptables is not installed here"),
+        (false, Backend::Nft) => None,
+    };
+    ctx.why_rule_unnamed = why_rule_unnamed.unwrap_or("no DROP verdict was traced for this packet");
+    Ok(Resolved {
+        targets,
+        namespaces,
+        ctx,
+        why_rule_unnamed,
+    })
+}
+
+/// What the targets tell of names and subnets, for the stories.
+fn context_of(args: &Args, targets: &Targets) -> Context {
     let mut ctx = Context::default();
     for pod in &targets.inventory.pods {
         if let Some(ip) = pod.ip {
@@ -114,21 +141,7 @@ async fn resolve(args: &Args) -> Result<Resolved> {
     ctx.subnets = targets.subnets.clone();
     ctx.pod_cidrs = args.pod_cidr.clone();
     ctx.pod_cidrs.extend(cni::subnet_env_network());
-    let why_rule_unnamed = match (args.no_ruleset_changes, Backend::detect()) {
-        (true, _) => Some("rule tracing is off (--no-ruleset-changes)"),
-        (false, Backend::Legacy) => {
-            Some("this node uses iptables-legacy, which has no rule tracing")
-        }
-        (false, Backend::Missing) => Some("iptables is not installed here"),
-        (false, Backend::Nft) => None,
-    };
-    ctx.why_rule_unnamed = why_rule_unnamed.unwrap_or("no DROP verdict was traced for this packet");
-    Ok(Resolved {
-        targets,
-        namespaces,
-        ctx,
-        why_rule_unnamed,
-    })
+    ctx
 }
 
 /// A trace under way: the attached nodes and the channels they feed.
@@ -251,15 +264,7 @@ async fn stream(
     stop: &mut Stop,
     write: Option<Box<dyn Write>>,
 ) -> Result<(Summary, Teller<'static>)> {
-    let (moved_tx, mut moved_rx) = mpsc::unbounded_channel::<PodMoved>();
-    if let Some(cluster) = &trace.targets.cluster {
-        for pod in [&trace.targets.src, &trace.targets.dst]
-            .into_iter()
-            .filter_map(|e| e.pod.as_ref())
-        {
-            cluster.watch(pod, moved_tx.clone());
-        }
-    }
+    let mut moved_rx = watch_moves(trace);
     let mut traced_ips = (trace.targets.src.ip, trace.targets.dst.ip);
     let mut teller = new_teller(args, std::mem::take(&mut trace.ctx));
     if let Some(out) = write {
@@ -283,13 +288,7 @@ async fn stream(
     });
     let mut losses = LossWatch::new(&trace.nodes, monotonic_ns());
     let mut tick = tokio::time::interval(JOURNEY_IDLE / 2);
-    let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
-    let until_deadline = async {
-        match deadline {
-            Some(at) => tokio::time::sleep_until(at).await,
-            None => std::future::pending().await,
-        }
-    };
+    let until_deadline = until(args.duration);
     tokio::pin!(until_deadline);
 
     'trace: loop {
@@ -300,7 +299,9 @@ async fn stream(
             }
             _ = tick.tick() => {
                 let now = monotonic_ns();
-                losses.check(&trace.nodes, &mut correlator, now)?;
+                if let Some((from, to, _)) = losses.check(&trace.nodes, now)? {
+                    correlator.observe_loss(from, to);
+                }
                 for journey in correlator.take_finished(now) {
                     if !teller.tell(&journey)? {
                         break 'trace;
@@ -332,6 +333,29 @@ async fn stream(
         }
     }
     Ok((summary, teller))
+}
+
+/// Watches the traced pods through the API, when names came from it: a
+/// pod that comes back with a new IP is said on the channel.
+fn watch_moves(trace: &Trace) -> mpsc::UnboundedReceiver<PodMoved> {
+    let (moved_tx, moved_rx) = mpsc::unbounded_channel::<PodMoved>();
+    if let Some(cluster) = &trace.targets.cluster {
+        for pod in [&trace.targets.src, &trace.targets.dst]
+            .into_iter()
+            .filter_map(|e| e.pod.as_ref())
+        {
+            cluster.watch(pod, moved_tx.clone());
+        }
+    }
+    moved_rx
+}
+
+/// Resolves after `--duration`, or never.
+async fn until(duration: Option<Duration>) {
+    match duration {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
 }
 
 fn new_teller(args: &Args, ctx: Context) -> Teller<'static> {
@@ -444,14 +468,28 @@ async fn absorb(
     summary: &mut Summary,
     correlator: &mut Correlator,
 ) {
+    if let Some(hop) = to_hop(s, trace, summary).await {
+        correlator.observe(hop);
+    }
+}
+
+/// A sighting as a hop on its node and interface (a pod's namespace is
+/// named on first sight), or counted in the summary as why not.
+async fn to_hop(s: &Sighting, trace: &mut Trace, summary: &mut Summary) -> Option<Hop> {
     summary.sightings += 1;
     if s.node_id == NODE_OTHER_NETNS {
         trace.others.learn(s.netns_inum).await;
     }
     match place(s, &trace.nodes, &trace.others, &trace.kernel) {
-        Ok(hop) => correlator.observe(hop),
-        Err(Unplaced::UnknownInterface) => summary.unknown_interface += 1,
-        Err(Unplaced::Undecodable) => summary.undecodable += 1,
+        Ok(hop) => Some(hop),
+        Err(Unplaced::UnknownInterface) => {
+            summary.unknown_interface += 1;
+            None
+        }
+        Err(Unplaced::Undecodable) => {
+            summary.undecodable += 1;
+            None
+        }
     }
 }
 

@@ -89,6 +89,11 @@ impl Cluster {
         Ok(cluster)
     }
 
+    /// The client, for what cluster mode asks of the API.
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
     /// An endpoint argument, through the API.
     pub async fn resolve(&self, target: &Target) -> Result<Endpoint> {
         match target {

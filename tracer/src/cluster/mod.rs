@@ -3,11 +3,13 @@
 //! two endpoint arguments: checked (`argument`), then resolved into traced
 //! endpoints (`targets`).
 
+pub mod agents;
 pub mod api;
 pub mod argument;
 pub mod inventory;
 pub mod nodes;
 pub mod targets;
+pub mod wire;
 
 pub use nodes::NodeSubnet;
 

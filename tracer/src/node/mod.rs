@@ -80,7 +80,7 @@ pub struct Route {
     pub table: u32,
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct NodeView {
     pub links: Vec<Link>,
     /// (link index, address) for every IPv4 address.

@@ -56,10 +56,16 @@ pub fn human_story(n: u64, s: &Story, colour: bool) -> String {
     );
     let node_w = s.hops.iter().map(|h| h.node.len()).max().unwrap_or(0);
     let iface_w = s.hops.iter().map(|h| h.iface.len()).max().unwrap_or(0);
+    let clocked = s.hops.iter().any(|h| h.clock_uncertainty_us.is_some());
     for hop in &s.hops {
         let dir = hop.direction.label();
+        let uncertainty = match (clocked, hop.clock_uncertainty_us) {
+            (false, _) => String::new(),
+            (true, Some(u)) => format!(" ±{u:>6.1} µs"),
+            (true, None) => " ".repeat(11),
+        };
         text.push_str(&format!(
-            "  {:>10.1} µs  {:node_w$}  {:iface_w$}  {dir:7}  {:>5} B  {}\n",
+            "  {:>10.1} µs{uncertainty}  {:node_w$}  {:iface_w$}  {dir:7}  {:>5} B  {}\n",
             hop.t_us, hop.node, hop.iface, hop.skb_len, hop.note
         ));
     }
@@ -110,6 +116,24 @@ pub fn human_profile(steps: &[StepLatency]) -> String {
 }
 
 pub fn human_summary(s: &Summary) -> String {
+    let mut text = node_mode_summary(s);
+    for n in &s.nodes {
+        text.push_str(&format!(
+            "podtrace: {}: traced by agent {}: {} sightings; lost: {} in the kernel, {} in the agent, {} on the way here{}\n",
+            n.node, n.agent, n.sightings, n.lost_kernel, n.lost_agent, n.lost_transport,
+            n.clock.as_deref().map(|c| format!("; clock {c}")).unwrap_or_default()
+        ));
+    }
+    if !s.untraced_nodes.is_empty() {
+        text.push_str(&format!(
+            "podtrace: not traced: {} (add them with --nodes)\n",
+            s.untraced_nodes.join(", ")
+        ));
+    }
+    text
+}
+
+fn node_mode_summary(s: &Summary) -> String {
     format!(
         "podtrace: {} stories from {} sightings on {} hooks; lost: {} (ring buffer full), {} (header copy failed); undecodable: {}; on unknown interfaces: {}; interfaces vanished: {}, added: {}\n",
         s.stories,

@@ -28,7 +28,8 @@ pub enum Format {
 }
 
 /// Counts shown at exit: nothing is lost silently.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Summary {
     pub sightings: u64,
     pub stories: u64,
@@ -45,6 +46,31 @@ pub struct Summary {
     /// Interfaces that appeared during the trace and were attached.
     pub interfaces_added: u64,
     pub hooks_attached: usize,
+    /// Cluster mode: records the agents could not queue for output.
+    pub lost_agent: u64,
+    /// Cluster mode: records lost between the agents and the front-end.
+    pub lost_transport: u64,
+    /// Cluster mode: each traced node's counts.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeCounts>,
+    /// Cluster mode: the cluster's nodes that were not traced.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub untraced_nodes: Vec<String>,
+}
+
+/// One traced node's part of a cluster-mode summary.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeCounts {
+    pub node: String,
+    /// The agent pod.
+    pub agent: String,
+    pub sightings: u64,
+    /// Ring buffer full or header copy failed.
+    pub lost_kernel: u64,
+    pub lost_agent: u64,
+    pub lost_transport: u64,
+    /// Its clock against the common timeline ("+3000000.0 µs ±11.0 µs").
+    pub clock: Option<String>,
 }
 
 /// Where stories go, in one format.

@@ -23,6 +23,10 @@ pub struct Context {
     /// Why a netfilter drop's rule may be missing (rule tracing off, …).
     #[serde(deserialize_with = "leak_str")]
     pub why_rule_unnamed: StaticStr,
+    /// Cluster mode: how far each node's clock may be off the common
+    /// timeline (ns), where the traced packets measured it.
+    #[serde(default)]
+    pub clock_uncertainty_ns: HashMap<String, u64>,
 }
 
 /// A `&'static str` that serde's derive does not take for a borrow of the

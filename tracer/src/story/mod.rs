@@ -7,6 +7,7 @@
 //! - `explain`: why, in the operator's terms (route -n, hints);
 //! - `profile`: per-step latency over many stories.
 
+pub mod clock;
 pub(crate) mod context;
 pub mod explain;
 pub mod journey;
@@ -34,6 +35,10 @@ use journey::Journey;
 pub struct HopLine {
     /// Microseconds since the journey's first hop.
     pub t_us: f64,
+    /// Cluster mode, on a step from one node to another: how far off the
+    /// step may be, the nodes' clocks being placed by the traced packets.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clock_uncertainty_us: Option<f64>,
     pub node: String,
     pub iface: String,
     pub role: Role,
@@ -78,6 +83,9 @@ pub fn tell(journey: &Journey, ctx: &Context) -> Story {
         .enumerate()
         .map(|(i, hop)| HopLine {
             t_us: micros(hop.ktime_ns - start),
+            clock_uncertainty_us: i
+                .checked_sub(1)
+                .and_then(|p| step_uncertainty(&journey.hops[p].node, &hop.node, ctx)),
             node: hop.node.clone(),
             iface: hop.iface.clone(),
             role: hop.role,
@@ -107,6 +115,16 @@ pub fn tell(journey: &Journey, ctx: &Context) -> Story {
         story.name_rule(journey.rule.as_ref(), ctx.why_rule_unnamed);
     }
     story
+}
+
+/// A cross-node step's clock uncertainty: both nodes' against the
+/// common timeline.
+fn step_uncertainty(from: &str, to: &str, ctx: &Context) -> Option<f64> {
+    if from == to {
+        return None;
+    }
+    let clock = &ctx.clock_uncertainty_ns;
+    Some(micros(clock.get(from)? + clock.get(to)?))
 }
 
 pub(super) fn micros(ns: u64) -> f64 {

@@ -81,6 +81,7 @@ mod tests {
     fn line(t_us: f64, iface: &str, direction: Direction) -> HopLine {
         HopLine {
             t_us,
+            clock_uncertainty_us: None,
             node: "n1".into(),
             iface: iface.into(),
             role: Role::PodVeth,

@@ -253,8 +253,65 @@ impl Lab {
         Self::new(prefix, topology, Some(pod_cidr))
     }
 
+    /// The kubeconfig of the lab's API (`lab up --api`).
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.state_dir().join("kubeconfig")
+    }
+
+    /// Starts the lab's API stub as a server of its own (`xtask api-stub`,
+    /// started detached by `program`), with its kubelet running `podtrace`;
+    /// its pid goes in the state directory, its kubeconfig too.
+    pub fn start_api(&self, program: &Path, podtrace: &Path) -> Result<PathBuf> {
+        use std::os::unix::process::CommandExt;
+        self.stop_api();
+        fs::create_dir_all(self.state_dir())?;
+        let kubeconfig = self.kubeconfig();
+        let _ = fs::remove_file(&kubeconfig);
+        let log = fs::File::create(self.state_dir().join("api.log"))?;
+        let child = std::process::Command::new(program)
+            .args(["api-stub", "--prefix", &self.prefix, "--podtrace"])
+            .arg(podtrace)
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .context("cannot start the API stub")?;
+        fs::write(self.state_dir().join("api.pid"), child.id().to_string())?;
+        for _ in 0..100 {
+            if kubeconfig.exists() {
+                return Ok(kubeconfig);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        bail!(
+            "the API stub did not start: see {}",
+            self.state_dir().join("api.log").display()
+        )
+    }
+
+    /// Stops the lab's API stub, if it runs (its kubelet stops the agents).
+    pub fn stop_api(&self) {
+        let pid_file = self.state_dir().join("api.pid");
+        let Some(pid) = fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok())
+        else {
+            return;
+        };
+        let _ = sh(&["kill", "-TERM", &pid.to_string()]);
+        for _ in 0..150 {
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let _ = fs::remove_file(pid_file);
+    }
+
     /// Deletes every namespace with the lab's prefix, and its state.
     pub fn down(&self) -> Result<()> {
+        self.stop_api();
         let owned = format!("{}-", self.prefix);
         if let Ok(entries) = fs::read_dir("/run/netns") {
             for entry in entries.flatten() {

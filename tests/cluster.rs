@@ -1,0 +1,323 @@
+//! Cluster mode end to end: `kubectl podtrace` through real kubectl's
+//! plugin dispatch, run as an unprivileged user with only a kubeconfig,
+//! against the API stub that plays kubelet for the lab's nodes (agents are
+//! the local podtrace binary), compared with node mode on the same lab.
+
+#[allow(dead_code)]
+mod support;
+
+use std::{
+    os::unix::fs::{chown, symlink},
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use support::*;
+use xtask::{
+    api_stub::{Kubelet, Stub, TOKEN},
+    lab::{Lab, LabGuard, Topology},
+    podtrace_run,
+};
+
+const NOBODY: u32 = 65534;
+
+/// The stub, as kubelet of both lab nodes.
+fn api_for(lab: &LabGuard) -> Stub {
+    let nodes = (1..=2)
+        .map(|n| (Lab::node_name(n), lab.0.node_netns(n)))
+        .collect();
+    let kubelet = Kubelet::new(PODTRACE.as_ref(), nodes, &scratch());
+    Stub::with_kubelet(&lab.0.pod_list(), &lab.0.node_list(), kubelet)
+}
+
+fn scratch() -> PathBuf {
+    std::env::temp_dir().join(format!("podtrace-cluster-tests-{}", std::process::id()))
+}
+
+/// `kubectl podtrace ARGS` as nobody, with only a kubeconfig of its own
+/// and `kubectl-podtrace` on its PATH; started once it traces.
+fn kubectl_podtrace(stub: &Stub, args: &[&str]) -> podtrace_run::Started {
+    let home = scratch().join(format!("home-{}", args.len() + rand()));
+    let bin = home.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    symlink(PODTRACE, bin.join("kubectl-podtrace")).unwrap();
+    let kubeconfig = stub.kubeconfig(&home, TOKEN);
+    for path in [&home, &bin, &kubeconfig] {
+        chown(path, Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+    std::fs::set_permissions(
+        scratch(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let mut command = Command::new("setpriv");
+    command
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "kubectl",
+            "podtrace",
+        ])
+        .args(args)
+        .env_clear()
+        .env(
+            "PATH",
+            format!("{}:/usr/local/bin:/usr/bin:/bin", bin.display()),
+        )
+        .env("HOME", &home)
+        .env("KUBECONFIG", &kubeconfig)
+        .stdout(Stdio::piped());
+    podtrace_run::start(command, Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+fn rand() -> usize {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+fn finish(started: podtrace_run::Started) -> Finished {
+    let mut child = started.child;
+    let mut stdout = String::new();
+    let mut out = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        std::io::Read::read_to_string(&mut out, &mut stdout).unwrap();
+        stdout
+    });
+    let status = child.wait().unwrap();
+    let mut stderr = started.banner;
+    while let Ok(line) = started
+        .stderr_lines
+        .recv_timeout(Duration::from_millis(200))
+    {
+        stderr.push_str(&line);
+        stderr.push('\n');
+    }
+    Finished {
+        status,
+        stdout: reader.join().unwrap(),
+        stderr,
+    }
+}
+
+/// Node mode on both lab nodes: the single-process measurement.
+fn node_mode(lab: &LabGuard, count: &str) -> Vec<Value> {
+    let trace = Trace::start(&argv(
+        &[
+            "default/web-0",
+            "default/db-0",
+            "-o",
+            "json",
+            "--count",
+            count,
+            "--duration",
+            "20s",
+        ],
+        lab_args(&lab.0, &[1, 2]),
+    ));
+    assert!(ping(&lab.0, "web-0", "db-0"));
+    assert!(ping(&lab.0, "web-0", "db-0"));
+    let done = trace.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    done.ping_stories()
+}
+
+fn shape(story: &Value) -> Vec<(Value, Value, Value)> {
+    story["hops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            (
+                h["node"].clone(),
+                h["iface"].clone(),
+                h["direction"].clone(),
+            )
+        })
+        .collect()
+}
+
+fn agent_pods(stub: &Stub) -> Vec<Value> {
+    stub.objects("pods")
+        .into_iter()
+        .filter(|p| p["metadata"]["namespace"] == "podtrace")
+        .collect()
+}
+
+#[test]
+fn kubectl_podtrace_tells_the_cross_node_stories_node_mode_tells() {
+    let lab = lab(Topology::FlannelVxlan);
+    let stub = api_for(&lab);
+    let started = kubectl_podtrace(
+        &stub,
+        &[
+            "default/web-0",
+            "default/db-0",
+            "--count",
+            "4",
+            "--duration",
+            "30s",
+            "-o",
+            "json",
+        ],
+    );
+    let running: Vec<String> = agent_pods(&stub)
+        .iter()
+        .map(|p| p["spec"]["nodeName"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(running, ["node-1", "node-2"], "one agent per node involved");
+    assert!(ping(&lab.0, "web-0", "db-0"));
+    assert!(ping(&lab.0, "web-0", "db-0"));
+    let done = finish(started);
+    assert!(done.status.success(), "{}", done.stderr);
+    let cluster = done.ping_stories();
+    assert_eq!(cluster.len(), 4, "{}", done.stdout);
+    let summary = done
+        .json()
+        .into_iter()
+        .find(|v| v["type"] == "summary")
+        .unwrap();
+    let traced: Vec<&str> = summary["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(traced, ["node-1", "node-2"]);
+    // The agents are gone from the API, and nothing stays attached.
+    assert!(agent_pods(&stub).is_empty(), "{:?}", agent_pods(&stub));
+    for node in [1, 2] {
+        assert!(tcx_programs(&lab.0.node_netns(node)).is_empty());
+    }
+    let single = node_mode(&lab, "4");
+    for (c, n) in cluster.iter().zip(&single) {
+        assert_eq!(shape(c), shape(n), "the same hops as node mode");
+        assert_eq!(c["verdict"]["outcome"], n["verdict"]["outcome"]);
+        assert_eq!(c["verdict"]["path"], n["verdict"]["path"]);
+    }
+    assert_eq!(cluster[0]["verdict"]["outcome"], "delivered");
+    assert!(
+        cluster[0]["hops"][4]["clock_uncertainty_us"].is_number(),
+        "{}",
+        cluster[0]["hops"][4]
+    );
+}
+
+/// The wire step of the request (node-1 eth0 egress → node-2 eth0 ingress).
+fn wire_step_us(story: &Value) -> f64 {
+    let hops = story["hops"].as_array().unwrap();
+    let at = |node: &str, dir: &str| {
+        hops.iter()
+            .find(|h| h["node"] == node && h["iface"] == "eth0" && h["direction"] == dir)
+            .unwrap()["t_us"]
+            .as_f64()
+            .unwrap()
+    };
+    at("node-2", "ingress") - at("node-1", "egress")
+}
+
+#[test]
+fn a_skew_of_seconds_on_one_agent_keeps_stories_in_order_and_steps_right() {
+    let lab = lab(Topology::FlannelVxlan);
+    let stub = api_for(&lab);
+    let started = kubectl_podtrace(
+        &stub,
+        &[
+            "default/web-0",
+            "default/db-0",
+            "--count",
+            "4",
+            "--duration",
+            "30s",
+            "-o",
+            "json",
+            "--clock-skew-for-testing",
+            "node-2=3s",
+        ],
+    );
+    assert!(ping(&lab.0, "web-0", "db-0"));
+    assert!(ping(&lab.0, "web-0", "db-0"));
+    let done = finish(started);
+    assert!(done.status.success(), "{}", done.stderr);
+    let cluster = done.ping_stories();
+    let single = node_mode(&lab, "4");
+    for (c, n) in cluster.iter().zip(&single) {
+        assert_eq!(shape(c), shape(n), "hops in node mode's order");
+        let times: Vec<f64> = c["hops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h["t_us"].as_f64().unwrap())
+            .collect();
+        assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    }
+    let requests = |s: &[Value]| -> Vec<f64> {
+        s.iter()
+            .filter(|s| s["transport"]["icmp_type"] == 8)
+            .map(wire_step_us)
+            .collect()
+    };
+    for (c, n) in requests(&cluster).iter().zip(requests(&single)) {
+        assert!(
+            (c - n).abs() <= 100.0,
+            "cross-node step {c} µs with the skew, {n} µs in one process"
+        );
+    }
+}
+
+#[test]
+fn a_sigkilled_front_end_leaves_no_agent_and_nothing_attached_within_60_s() {
+    let lab = lab(Topology::FlannelVxlan);
+    let stub = api_for(&lab);
+    let started = kubectl_podtrace(&stub, &["default/web-0", "default/db-0"]);
+    assert_eq!(agent_pods(&stub).len(), 2);
+    assert!(!tcx_programs(&lab.0.node_netns(1)).is_empty());
+    let mut child = started.child;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let killed = Instant::now();
+    while !agent_pods(&stub).is_empty() || agents_running() {
+        assert!(
+            killed.elapsed() < Duration::from_secs(60),
+            "agents still there: {:?}",
+            agent_pods(&stub)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    for node in [1, 2] {
+        assert!(
+            tcx_programs(&lab.0.node_netns(node)).is_empty(),
+            "node-{node} still has programs attached"
+        );
+    }
+    eprintln!(
+        "agents gone {:.1} s after the SIGKILL",
+        killed.elapsed().as_secs_f64()
+    );
+}
+
+/// Any `podtrace agent` process left (this test's kubelet runs them).
+fn agents_running() -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|entry| {
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        args.len() > 2
+            && args[0] == PODTRACE.as_bytes()
+            && args[1] == b"agent"
+            && is_child(&entry.path())
+    })
+}
+
+/// A process of this test: its parent is this process.
+fn is_child(proc_dir: &std::path::Path) -> bool {
+    let stat = std::fs::read_to_string(proc_dir.join("stat")).unwrap_or_default();
+    let ppid = stat
+        .rsplit(')')
+        .next()
+        .and_then(|r| r.split_whitespace().nth(1))
+        .and_then(|p| p.parse::<u32>().ok());
+    ppid == Some(std::process::id())
+}

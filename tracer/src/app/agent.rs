@@ -1,0 +1,280 @@
+//! `podtrace agent`: node mode on one node, for a cluster-mode front-end.
+//!
+//! It resolves and attaches exactly as node mode does (the same phases),
+//! then, instead of telling stories, writes what it sees as JSON lines
+//! (`cluster::wire`) on stdout: its node's facts and clock first, then
+//! placed hops, netfilter rules, loss windows, and its summary last.
+//! A writer thread owns stdout, behind a bounded queue: a slow reader
+//! costs counted records, never a stalled ring buffer reader. It stops on
+//! SIGTERM (its pod deleted), `--duration`, or when the front-end's lease
+//! goes stale; then it removes its own pod.
+
+use std::{
+    io::Write,
+    sync::mpsc::{sync_channel, SyncSender, TrySendError},
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use anyhow::Result;
+use podtrace_common::counter;
+use tokio::sync::mpsc;
+
+use super::{
+    attach, follow_move, link_changed, losses::LossWatch, resolve, stop::Stop, to_hop, Trace,
+};
+use crate::{
+    cli::Args,
+    cluster::{
+        agents::{self, parse_skew, STALE_AFTER},
+        api::{Access, Cluster},
+        wire::{Numbering, Record, Start, WireFacts},
+    },
+    output::Summary,
+};
+
+/// Records queued for stdout at most; more are counted as lost.
+const QUEUE: usize = 65_536;
+
+#[derive(Debug, clap::Args)]
+pub struct AgentArgs {
+    #[command(flatten)]
+    pub trace: Args,
+    /// The node this agent runs on (as the API names it).
+    #[arg(long)]
+    pub node: Option<String>,
+    /// The front-end's lease: stop when it goes stale.
+    #[arg(long)]
+    pub lease: Option<String>,
+    /// This agent's own pod, removed when the front-end is gone.
+    #[arg(long)]
+    pub pod: Option<String>,
+}
+
+pub async fn run(agent: AgentArgs) -> Result<()> {
+    super::require_root()?;
+    let mut args = agent.trace;
+    // Where the kubelet runs agents outside the node's namespace (the
+    // lab), it says which namespace is the node's.
+    if let (true, Ok(netns)) = (args.netns.is_empty(), std::env::var("PODTRACE_NETNS")) {
+        args.netns.push(netns);
+    }
+    let skew = match &args.clock_skew_for_testing {
+        Some(text) => parse_skew(text.rsplit('=').next().unwrap_or(text))?,
+        None => 0,
+    };
+    let mut stop = Stop::catch()?;
+    let resolved = tokio::select! {
+        resolved = resolve(&args) => resolved?,
+        () = stop.recv() => return Ok(()),
+    };
+    let mut trace = attach(&args, resolved).await?;
+    let node = agent
+        .node
+        .clone()
+        .unwrap_or_else(|| trace.nodes[0].name.clone());
+    let mut out = Output::start();
+    let facts = trace.ctx.nodes.values().next().map(WireFacts::from);
+    out.send(Record::Start(Box::new(Start {
+        node,
+        realtime_offset_ns: realtime_offset_ns() + skew,
+        watched: trace.nodes[0].watched_list(),
+        hooks: trace.nodes[0].hooks(),
+        facts: facts.unwrap_or_else(|| WireFacts::from(&Default::default())),
+    })));
+    let gone = lease_watch(&args, agent.lease.as_ref()).await;
+    let (summary, lease_lost) = relay(&args, &mut trace, &mut stop, &mut out, gone).await?;
+    finish(trace, summary, out)?;
+    if let (Some(lost), Some(lease)) = (lease_lost, &agent.lease) {
+        eprintln!("podtrace: {lost}; removing this agent");
+        if let Ok(cluster) = Cluster::connect(&access(&args)).await {
+            agents::remove_self(
+                cluster.client(),
+                &args.agent_namespace,
+                agent.pod.as_deref(),
+                lease,
+            )
+            .await;
+        }
+    }
+    Ok(())
+}
+
+fn access(args: &Args) -> Access {
+    Access {
+        kubeconfig: args.kubeconfig.clone(),
+        context: args.context.clone(),
+    }
+}
+
+/// Resolves with the reason once the front-end's lease goes stale.
+async fn lease_watch(args: &Args, lease: Option<&String>) -> mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let Some(lease) = lease.cloned() else {
+        return rx;
+    };
+    let namespace = args.agent_namespace.clone();
+    match Cluster::connect(&access(args)).await {
+        Ok(cluster) => {
+            tokio::spawn(async move {
+                let why =
+                    agents::lease_lost(cluster.client(), &namespace, &lease, STALE_AFTER).await;
+                let _ = tx.send(why);
+            });
+        }
+        Err(e) => eprintln!("podtrace: cannot watch lease {lease}: {e:#}"),
+    }
+    rx
+}
+
+/// Streams records until a stop; returns the counts and, when the lease
+/// went stale, why.
+async fn relay(
+    args: &Args,
+    trace: &mut Trace,
+    stop: &mut Stop,
+    out: &mut Output,
+    mut gone: mpsc::UnboundedReceiver<String>,
+) -> Result<(Summary, Option<String>)> {
+    let mut moved_rx = super::watch_moves(trace);
+    let mut traced_ips = (trace.targets.src.ip, trace.targets.dst.ip);
+    let mut summary = Summary {
+        hooks_attached: trace.nodes.iter().map(|n| n.hooks()).sum(),
+        ..Default::default()
+    };
+    let mut losses = LossWatch::new(&trace.nodes, super::monotonic_ns());
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let until_deadline = super::until(args.duration);
+    tokio::pin!(until_deadline);
+    let mut lease_lost = None;
+    loop {
+        tokio::select! {
+            sighting = trace.sightings.recv() => {
+                let Some(sighting) = sighting else { break };
+                pass_on(&sighting, trace, &mut summary, out).await;
+            }
+            _ = tick.tick() => {
+                let now = super::monotonic_ns();
+                let window = losses.check(&trace.nodes, now)?;
+                let agent = out.take_lost();
+                if window.is_some() || agent > 0 {
+                    let (from_ns, to_ns, kernel) = window.unwrap_or((now, now, 0));
+                    out.send(Record::Loss { from_ns, to_ns, kernel, agent });
+                }
+            }
+            Some(moved) = moved_rx.recv() => follow_move(trace, &mut traced_ips, &moved)?,
+            Some((_node, drop)) = trace.rules.recv() => {
+                out.send(Record::Rule { src: drop.src, dst: drop.dst, ip_id: drop.ip_id, rule: drop.rule, at_ns: super::monotonic_ns() });
+            }
+            Some((node, change)) = trace.links.recv() => {
+                link_changed(trace, node, change, &mut summary);
+                out.send(Record::Hooks { hooks: summary.hooks_attached });
+            }
+            Some(why) = gone.recv() => { lease_lost = Some(why); break }
+            () = stop.recv() => break,
+            _ = &mut until_deadline => break,
+        }
+    }
+    tokio::task::yield_now().await;
+    while let Ok(sighting) = trace.sightings.try_recv() {
+        pass_on(&sighting, trace, &mut summary, out).await;
+    }
+    Ok((summary, lease_lost))
+}
+
+/// One sighting, placed, onto stdout (or into the summary's counts).
+async fn pass_on(
+    s: &podtrace_common::Sighting,
+    trace: &mut Trace,
+    summary: &mut Summary,
+    out: &mut Output,
+) {
+    if let Some(hop) = to_hop(s, trace, summary).await {
+        out.send(Record::Hop(Box::new(hop)));
+    }
+}
+
+/// The kernel's counters, detach, then the summary as the last record.
+fn finish(trace: Trace, mut summary: Summary, mut out: Output) -> Result<()> {
+    for node in &trace.nodes {
+        let counters = node.probe.counters()?;
+        summary.lost_ringbuf_full += counters[counter::RINGBUF_FULL as usize];
+        summary.lost_snapshot += counters[counter::SNAPSHOT_FAILED as usize];
+    }
+    drop(trace);
+    summary.lost_agent = out.lost_total + out.take_lost();
+    out.send(Record::Summary(Box::new(summary)));
+    out.close();
+    Ok(())
+}
+
+/// stdout, owned by a thread behind a bounded queue.
+struct Output {
+    numbering: Numbering,
+    queue: Option<SyncSender<String>>,
+    writer: Option<JoinHandle<()>>,
+    lost: u64,
+    lost_total: u64,
+}
+
+impl Output {
+    fn start() -> Self {
+        let (queue, lines) = sync_channel::<String>(QUEUE);
+        let writer = std::thread::spawn(move || {
+            let mut stdout = std::io::stdout().lock();
+            while let Ok(line) = lines.recv() {
+                if writeln!(stdout, "{line}").is_err() {
+                    return;
+                }
+                // Flush when nothing more is waiting: lines go out at once.
+                if lines
+                    .try_recv()
+                    .map(|more| writeln!(stdout, "{more}"))
+                    .is_err()
+                {
+                    let _ = stdout.flush();
+                }
+            }
+            let _ = stdout.flush();
+        });
+        Self {
+            numbering: Numbering::default(),
+            queue: Some(queue),
+            writer: Some(writer),
+            lost: 0,
+            lost_total: 0,
+        }
+    }
+
+    fn send(&mut self, record: Record) {
+        let line = self.numbering.line(record);
+        let Some(queue) = &self.queue else { return };
+        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = queue.try_send(line) {
+            self.lost += 1;
+        }
+    }
+
+    fn take_lost(&mut self) -> u64 {
+        self.lost_total += self.lost;
+        std::mem::take(&mut self.lost)
+    }
+
+    fn close(mut self) {
+        self.queue = None;
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+/// CLOCK_REALTIME − CLOCK_MONOTONIC now, in ns.
+fn realtime_offset_ns() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    let realtime = ts.tv_sec * 1_000_000_000 + ts.tv_nsec;
+    realtime - super::monotonic_ns() as i64
+}

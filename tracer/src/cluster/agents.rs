@@ -1,0 +1,419 @@
+//! Cluster mode's agents: one short-lived pod per traced node, started,
+//! followed and removed through the API, so that `kubectl podtrace` needs
+//! no root and no node access.
+//!
+//! - An agent is `podtrace agent …` in a pod pinned to its node
+//!   (`nodeName`, hostNetwork, hostPID, the capabilities node mode needs,
+//!   /sys/kernel/btf read-only) in podtrace's own namespace. It writes
+//!   JSON lines (`cluster::wire`) to stdout; the front-end follows
+//!   `pods/<name>/log?follow=true`.
+//! - Nothing lingers: the front-end deletes its pods on every exit it
+//!   lives through. It also holds a coordination.k8s.io/v1 Lease, renewed
+//!   every [`RENEW_EVERY`]; an agent that sees it unchanged for
+//!   [`STALE_AFTER`] (front-end SIGKILLed, laptop gone) deletes its own
+//!   pod and the lease, and exits; node mode's cleanup detaches. The pods
+//!   are owned by the lease too, so a real cluster's garbage collector
+//!   removes them with it.
+
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use futures::{AsyncBufReadExt, StreamExt};
+use k8s_openapi::api::{apps::v1::DaemonSet, coordination::v1::Lease, core::v1::Pod as KubePod};
+use kube::{
+    api::{DeleteParams, LogParams, Patch, PatchParams, PostParams},
+    Api, Client,
+};
+use serde_json::json;
+use tokio::sync::mpsc;
+
+/// How often the front-end renews its lease.
+pub const RENEW_EVERY: Duration = Duration::from_secs(10);
+/// An agent whose lease was not renewed for this long stops.
+pub const STALE_AFTER: Duration = Duration::from_secs(30);
+/// The image when neither `--image` nor a podtrace DaemonSet names one.
+pub const DEFAULT_IMAGE: &str = concat!("ghcr.io/podtrace/podtrace:", env!("CARGO_PKG_VERSION"));
+
+/// A skew for testing: `[-]DURATION` in ns.
+pub fn parse_skew(text: &str) -> Result<i64> {
+    let (sign, rest) = match text.strip_prefix('-') {
+        Some(rest) => (-1, rest),
+        None => (1, text),
+    };
+    let d = crate::cli::parse_duration(rest).map_err(|e| anyhow!(e))?;
+    Ok(sign * d.as_nanos() as i64)
+}
+
+/// One run's agents: their namespace, lease and pods.
+pub struct Agents {
+    pub namespace: String,
+    pub run: String,
+    pub lease: String,
+    pods: Api<KubePod>,
+    leases: Api<Lease>,
+    /// (node, pod name).
+    pub started: Vec<(String, String)>,
+}
+
+impl Agents {
+    /// Creates the run's lease (renewed from now on).
+    pub async fn new(client: Client, namespace: &str) -> Result<Self> {
+        let run = format!("{:08x}", rand_u32());
+        let lease = format!("podtrace-{run}");
+        let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+        let object: Lease = serde_json::from_value(json!({
+            "metadata": {"name": lease, "labels": {"app.kubernetes.io/name": "podtrace"}},
+            "spec": {"holderIdentity": format!("podtrace front-end {run}"),
+                     "leaseDurationSeconds": STALE_AFTER.as_secs(), "renewTime": now_micro_time()}
+        }))?;
+        leases
+            .create(&PostParams::default(), &object)
+            .await
+            .map_err(|e| forbidden_or(e, "create leases", namespace))?;
+        Ok(Self {
+            namespace: namespace.into(),
+            run,
+            lease,
+            pods: Api::namespaced(client, namespace),
+            leases,
+            started: Vec::new(),
+        })
+    }
+
+    /// Starts the agent for `node` with `args` (after `podtrace agent`).
+    pub async fn start(
+        &mut self,
+        node: &str,
+        image: &str,
+        args: Vec<String>,
+        deadline: Option<Duration>,
+    ) -> Result<String> {
+        let name = pod_name(&self.run, node);
+        let owner = self
+            .leases
+            .get(&self.lease)
+            .await
+            .ok()
+            .and_then(|l| l.metadata.uid);
+        let mut argv = vec!["agent".to_string()];
+        argv.extend(args);
+        argv.extend([
+            "--node".into(),
+            node.into(),
+            "--lease".into(),
+            self.lease.clone(),
+            "--pod".into(),
+            name.clone(),
+            "--agent-namespace".into(),
+            self.namespace.clone(),
+        ]);
+        let pod: KubePod = serde_json::from_value(agent_pod(
+            &name,
+            node,
+            image,
+            &argv,
+            &self.lease,
+            owner,
+            deadline,
+        ))?;
+        self.pods
+            .create(&PostParams::default(), &pod)
+            .await
+            .map_err(|e| forbidden_or(e, "create pods", &self.namespace))?;
+        self.started.push((node.into(), name.clone()));
+        Ok(name)
+    }
+
+    /// Renews the lease every [`RENEW_EVERY`], for as long as it runs.
+    pub fn renew(&self) -> tokio::task::JoinHandle<()> {
+        let (leases, name) = (self.leases.clone(), self.lease.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(RENEW_EVERY);
+            loop {
+                tick.tick().await;
+                let patch = json!({"spec": {"renewTime": now_micro_time()}});
+                if let Err(e) = leases
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    eprintln!("podtrace: cannot renew lease {name}: {e}");
+                }
+            }
+        })
+    }
+
+    /// Deletes every agent pod (their agents stop and say their summary).
+    pub async fn stop(&self) {
+        for (node, pod) in &self.started {
+            if let Err(e) = self.pods.delete(pod, &DeleteParams::default()).await {
+                if !is_not_found(&e) {
+                    eprintln!("podtrace: {node}: cannot delete agent pod {pod}: {e}");
+                }
+            }
+        }
+    }
+
+    /// Deletes the lease, last.
+    pub async fn release(&self) {
+        let _ = self
+            .leases
+            .delete(&self.lease, &DeleteParams::default())
+            .await;
+    }
+
+    /// Waits until the pods are gone from the API, at most `patience`.
+    pub async fn wait_gone(&self, patience: Duration) {
+        let until = tokio::time::Instant::now() + patience;
+        for (_, pod) in &self.started {
+            while tokio::time::Instant::now() < until {
+                match self.pods.get_opt(pod).await {
+                    Ok(Some(_)) => tokio::time::sleep(Duration::from_millis(200)).await,
+                    _ => break,
+                }
+            }
+        }
+    }
+}
+
+/// What a followed agent pod said: a log line, or its end.
+#[derive(Debug)]
+pub enum Heard {
+    Line(String, String),
+    /// The agent's log ended (node, why, when it ended early).
+    Ended(String, Option<String>),
+}
+
+/// Follows `pod`'s log once it runs, line by line, into `tx`.
+pub fn follow(
+    client: Client,
+    namespace: &str,
+    node: &str,
+    pod: &str,
+    tx: mpsc::UnboundedSender<Heard>,
+) {
+    let pods: Api<KubePod> = Api::namespaced(client, namespace);
+    let (node, pod) = (node.to_string(), pod.to_string());
+    tokio::spawn(async move {
+        let ended = match follow_log(&pods, &node, &pod, &tx).await {
+            Ok(()) => None,
+            Err(e) => Some(format!("{e:#}")),
+        };
+        let _ = tx.send(Heard::Ended(node, ended));
+    });
+}
+
+async fn follow_log(
+    pods: &Api<KubePod>,
+    node: &str,
+    pod: &str,
+    tx: &mpsc::UnboundedSender<Heard>,
+) -> Result<()> {
+    let phase = wait_started(pods, pod).await?;
+    let params = LogParams {
+        follow: phase == "Running",
+        ..Default::default()
+    };
+    let log = pods
+        .log_stream(pod, &params)
+        .await
+        .with_context(|| format!("cannot read the log of agent pod {pod}"))?;
+    let mut lines = log.lines();
+    while let Some(line) = lines.next().await {
+        let line = line.with_context(|| format!("the log of agent pod {pod} broke off"))?;
+        if tx.send(Heard::Line(node.to_string(), line)).is_err() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Waits until the pod's container has started: its phase then.
+async fn wait_started(pods: &Api<KubePod>, pod: &str) -> Result<String> {
+    let until = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let object = pods
+            .get(pod)
+            .await
+            .with_context(|| format!("agent pod {pod}"))?;
+        let phase = object.status.and_then(|s| s.phase).unwrap_or_default();
+        if matches!(phase.as_str(), "Running" | "Succeeded" | "Failed") {
+            return Ok(phase);
+        }
+        if tokio::time::Instant::now() > until {
+            anyhow::bail!("agent pod {pod} did not start within 120 s (phase {phase})");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The image: `--image`, else the podtrace DaemonSet's (deploy/), else
+/// the release's.
+pub async fn image(client: Client, given: Option<&String>, agent_namespace: &str) -> String {
+    if let Some(image) = given {
+        return image.clone();
+    }
+    for ns in [agent_namespace, "kube-system"] {
+        let sets: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
+        if let Ok(Some(ds)) = sets.get_opt("podtrace").await {
+            let image = ds
+                .spec
+                .and_then(|s| s.template.spec)
+                .and_then(|s| s.containers.into_iter().next())
+                .and_then(|c| c.image);
+            if let Some(image) = image {
+                return image;
+            }
+        }
+    }
+    DEFAULT_IMAGE.to_string()
+}
+
+/// The agent's side of the lease: resolves once the front-end is gone
+/// (lease deleted, or not renewed for `stale`); returns why.
+pub async fn lease_lost(client: Client, namespace: &str, lease: &str, stale: Duration) -> String {
+    let leases: Api<Lease> = Api::namespaced(client, namespace);
+    let mut seen = None;
+    let mut changed = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        match leases.get_opt(lease).await {
+            Ok(None) => return format!("lease {lease} is gone"),
+            Ok(Some(l)) => {
+                let renewed = l
+                    .spec
+                    .and_then(|s| s.renew_time)
+                    .map(|t| format!("{:?}", t.0));
+                if renewed != seen {
+                    seen = renewed;
+                    changed = tokio::time::Instant::now();
+                }
+            }
+            Err(_) => {}
+        }
+        if changed.elapsed() > stale {
+            return format!(
+                "lease {lease} was not renewed for {} s: the front-end is gone",
+                stale.as_secs()
+            );
+        }
+    }
+}
+
+/// Removes an agent's own pod and the run's lease (the front-end is gone).
+pub async fn remove_self(client: Client, namespace: &str, pod: Option<&str>, lease: &str) {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let _ = leases.delete(lease, &DeleteParams::default()).await;
+    if let Some(pod) = pod {
+        let pods: Api<KubePod> = Api::namespaced(client, namespace);
+        let _ = pods.delete(pod, &DeleteParams::default()).await;
+    }
+}
+
+fn agent_pod(
+    name: &str,
+    node: &str,
+    image: &str,
+    argv: &[String],
+    lease: &str,
+    owner: Option<String>,
+    deadline: Option<Duration>,
+) -> serde_json::Value {
+    let owners = owner.map(|uid| json!([{"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "name": lease, "uid": uid}]));
+    json!({
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "podtrace-agent", "podtrace/lease": lease},
+                     "ownerReferences": owners.unwrap_or(json!([]))},
+        "spec": {
+            "nodeName": node, "hostNetwork": true, "hostPID": true, "restartPolicy": "Never",
+            "serviceAccountName": "podtrace", "terminationGracePeriodSeconds": 10,
+            "activeDeadlineSeconds": deadline.map(|d| d.as_secs() + 300),
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{
+                "name": "agent", "image": image, "command": ["podtrace"], "args": argv,
+                "securityContext": {"capabilities": {"add": ["BPF", "PERFMON", "NET_ADMIN", "SYS_ADMIN"], "drop": ["ALL"]}},
+                "volumeMounts": [{"name": "btf", "mountPath": "/sys/kernel/btf", "readOnly": true},
+                                 {"name": "runs", "mountPath": "/run/podtrace"}]
+            }],
+            "volumes": [{"name": "btf", "hostPath": {"path": "/sys/kernel/btf"}},
+                        {"name": "runs", "hostPath": {"path": "/run/podtrace", "type": "DirectoryOrCreate"}}]
+        }
+    })
+}
+
+/// A pod name for the run's agent on `node` (DNS-1123, at most 63).
+fn pod_name(run: &str, node: &str) -> String {
+    let node: String = node
+        .to_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let mut name = format!("podtrace-{run}-{node}");
+    name.truncate(63);
+    name.trim_end_matches('-').to_string()
+}
+
+fn now_micro_time() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let (secs, micros) = (now.as_secs() as i64, now.subsec_micros());
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{micros:06}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Days since 1970-01-01 to a date (Howard Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+fn rand_u32() -> u32 {
+    let mut bytes = [0u8; 4];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = std::io::Read::read_exact(&mut f, &mut bytes);
+    }
+    u32::from_ne_bytes(bytes) ^ std::process::id()
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+fn forbidden_or(e: kube::Error, what: &str, namespace: &str) -> anyhow::Error {
+    match &e {
+        kube::Error::Api(s) if s.code == 403 => anyhow!("the Kubernetes API forbids this: cluster mode needs RBAC permission to {what} in namespace {namespace} (deploy/rbac-cluster.yaml): {}", s.message),
+        kube::Error::Api(s) if s.code == 404 => anyhow!("cannot {what} in namespace {namespace}: {} (create it, or pass --agent-namespace)", s.message),
+        _ => anyhow!("cannot {what} in namespace {namespace}: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_times_and_skews() {
+        assert_eq!(
+            pod_name("0a1b2c3d", "Node_1.example"),
+            "podtrace-0a1b2c3d-node-1-example"
+        );
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(20_000), (2024, 10, 4));
+        assert_eq!(parse_skew("-2s").unwrap(), -2_000_000_000);
+        assert_eq!(parse_skew("3s").unwrap(), 3_000_000_000);
+        assert!(now_micro_time().ends_with('Z'));
+    }
+}

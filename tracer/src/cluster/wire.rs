@@ -1,0 +1,178 @@
+//! What an agent tells its front-end, one JSON object per line on its
+//! stdout, which the front-end reads back through the API (`pods/log`).
+//!
+//! Every record carries a sequence number: a gap is a transport loss. The
+//! pod log also holds the agent's stderr (kubelets merge the streams), so
+//! a line that is not a record is a message, relayed as it is.
+
+use std::{collections::HashMap, net::Ipv4Addr};
+
+use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    cni,
+    decode::hop::Hop,
+    node::{NodeFacts, NodeView},
+    output::Summary,
+    probe::netfilter::NetfilterRule,
+};
+
+/// One line of an agent's output.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Line {
+    pub seq: u64,
+    #[serde(flatten)]
+    pub record: Record,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Record {
+    /// First: the node as the agent found it, and its clock.
+    Start(Box<Start>),
+    /// A sighting, placed on its interface (kernel time of the agent's node).
+    Hop(Box<Hop>),
+    /// The netfilter rule that dropped a traced packet.
+    Rule {
+        src: Ipv4Addr,
+        dst: Ipv4Addr,
+        ip_id: u16,
+        rule: NetfilterRule,
+        at_ns: u64,
+    },
+    /// Records lost between two kernel times: by the kernel (ring buffer
+    /// full, header copy failed) or by the agent (its output queue full).
+    Loss {
+        from_ns: u64,
+        to_ns: u64,
+        kernel: u64,
+        agent: u64,
+    },
+    /// Hooks attached now (an interface came or went).
+    Hooks { hooks: usize },
+    /// Last: the agent's own counts.
+    Summary(Box<Summary>),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Start {
+    pub node: String,
+    /// CLOCK_REALTIME − CLOCK_MONOTONIC at start, in ns: the node's kernel
+    /// times on the wall clock (plus any skew injected for testing).
+    pub realtime_offset_ns: i64,
+    /// "eth0, cni0, flannel.1, 1 pod veth".
+    pub watched: String,
+    pub hooks: usize,
+    pub facts: WireFacts,
+}
+
+/// [`NodeFacts`] as they travel (the CNI by its name).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WireFacts {
+    pub view: NodeView,
+    pub forwarding: bool,
+    pub cni: String,
+    pub local_pod_subnets: Vec<Ipv4Net>,
+    pub pod_interfaces: Vec<(Ipv4Addr, String)>,
+    pub inferred_pod_cidr: Option<(Ipv4Net, String)>,
+}
+
+impl From<&NodeFacts> for WireFacts {
+    fn from(f: &NodeFacts) -> Self {
+        Self {
+            view: f.view.clone(),
+            forwarding: f.forwarding,
+            cni: f.cni.to_string(),
+            local_pod_subnets: f.local_pod_subnets.clone(),
+            pod_interfaces: f.pod_interfaces.clone(),
+            inferred_pod_cidr: f.inferred_pod_cidr.clone(),
+        }
+    }
+}
+
+impl From<WireFacts> for NodeFacts {
+    fn from(f: WireFacts) -> Self {
+        Self {
+            view: f.view,
+            forwarding: f.forwarding,
+            cni: cni::by_name(&f.cni).map_or("unknown", |b| b.name()),
+            local_pod_subnets: f.local_pod_subnets,
+            pod_interfaces: f.pod_interfaces,
+            inferred_pod_cidr: f.inferred_pod_cidr,
+        }
+    }
+}
+
+/// Numbers records as they are written.
+#[derive(Default)]
+pub struct Numbering {
+    next: u64,
+}
+
+impl Numbering {
+    /// The record as one line of JSON, without the newline.
+    pub fn line(&mut self, record: Record) -> String {
+        let line = Line {
+            seq: self.next,
+            record,
+        };
+        self.next += 1;
+        serde_json::to_string(&line).unwrap_or_default()
+    }
+}
+
+/// What the front-end reads from one agent's log.
+#[derive(Debug, PartialEq)]
+pub enum Read {
+    Record(Record),
+    /// Not a record: a message the agent wrote to stderr.
+    Message(String),
+}
+
+/// Reads one agent's lines and counts the gaps in their numbering.
+#[derive(Default)]
+pub struct Reader {
+    expected: u64,
+    pub lost: u64,
+}
+
+impl Reader {
+    pub fn read(&mut self, text: &str) -> Read {
+        match serde_json::from_str::<Line>(text) {
+            Ok(line) => {
+                self.lost += line.seq.saturating_sub(self.expected);
+                self.expected = line.seq + 1;
+                Read::Record(line.record)
+            }
+            Err(_) => Read::Message(text.to_string()),
+        }
+    }
+}
+
+/// Agents' counts by node, for the summary.
+pub type PerNode = HashMap<String, Summary>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gaps_in_the_numbering_are_transport_losses() {
+        let mut out = Numbering::default();
+        let lines: Vec<String> = (0..4)
+            .map(|n| out.line(Record::Hooks { hooks: n }))
+            .collect();
+        let mut reader = Reader::default();
+        assert_eq!(
+            reader.read(&lines[0]),
+            Read::Record(Record::Hooks { hooks: 0 })
+        );
+        reader.read(&lines[3]);
+        assert_eq!(reader.lost, 2);
+        assert_eq!(
+            reader.read("podtrace: node-1: hello"),
+            Read::Message("podtrace: node-1: hello".into())
+        );
+    }
+}

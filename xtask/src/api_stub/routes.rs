@@ -1,0 +1,513 @@
+//! The stub's REST routes: which object a path names, the verbs on it,
+//! and their answers in the API's wire format.
+
+use std::{collections::HashMap, convert::Infallible, time::Duration};
+
+use bytes::Bytes;
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use hyper::{body::Frame, Method, Request, Response, StatusCode};
+use serde_json::{json, Value};
+
+use super::{discovery, namespace_of, Shared, TOKEN};
+
+pub(crate) type Body = BoxBody<Bytes, Infallible>;
+
+/// What a path names.
+pub(crate) struct Target<'a> {
+    pub resource: &'a str,
+    pub namespace: Option<&'a str>,
+    pub name: Option<&'a str>,
+    pub subresource: Option<&'a str>,
+}
+
+/// Splits `/api/v1/…` and `/apis/<group>/<version>/…` paths.
+fn target<'a>(parts: &[&'a str]) -> Option<Target<'a>> {
+    let rest = match parts {
+        ["api", "v1", rest @ ..] => rest,
+        ["apis", _, _, rest @ ..] => rest,
+        _ => return None,
+    };
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some(*ns), rest),
+        rest => (None, rest),
+    };
+    match rest {
+        [resource] => Some(Target {
+            resource,
+            namespace,
+            name: None,
+            subresource: None,
+        }),
+        [resource, name] => Some(Target {
+            resource,
+            namespace,
+            name: Some(name),
+            subresource: None,
+        }),
+        [resource, name, sub] => Some(Target {
+            resource,
+            namespace,
+            name: Some(name),
+            subresource: Some(sub),
+        }),
+        _ => None,
+    }
+}
+
+pub(crate) async fn handle(req: Request<hyper::body::Incoming>, shared: &Shared) -> Response<Body> {
+    let authorized = req
+        .headers()
+        .get("authorization")
+        .and_then(|h| h.to_str().ok())
+        .is_some_and(|h| h == format!("Bearer {TOKEN}"));
+    if !authorized {
+        return status(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            "Unauthorized".into(),
+            json!({}),
+        );
+    }
+    let (head, body) = req.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let path = head.uri.path().trim_matches('/').to_string();
+    let parts: Vec<&str> = path.split('/').collect();
+    let q = query(head.uri.query().unwrap_or(""));
+    let accept = head
+        .headers
+        .get("accept")
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    if let Some(answer) = discovery::answer(&parts, &accept) {
+        return answer;
+    }
+    let Some(t) = target(&parts) else {
+        return not_found(
+            "the server could not find the requested resource".into(),
+            json!({}),
+        );
+    };
+    let watch = matches!(q.get("watch").map(String::as_str), Some("1" | "true"));
+    let verb = match (&head.method, t.name, watch) {
+        (&Method::POST, _, _) => "create",
+        (&Method::DELETE, _, _) => "delete",
+        (&Method::PATCH, _, _) => "patch",
+        (&Method::PUT, _, _) => "update",
+        (_, Some(_), _) => "get",
+        (_, None, true) => "watch",
+        (_, None, false) => "list",
+    };
+    let resource_name = match t.subresource {
+        Some(sub) => format!("{}/{sub}", t.resource),
+        None => t.resource.to_string(),
+    };
+    if let Some(denied) = forbidden(shared, verb, &resource_name, t.namespace) {
+        return denied;
+    }
+    match verb {
+        "create" => create(shared, &t, &body).await,
+        "delete" => delete(shared, &t),
+        "patch" | "update" => modify(shared, &t, &body, verb == "patch"),
+        "get" if t.subresource == Some("log") => log(shared, &t, &q),
+        "get" => get(shared, &t),
+        "list" => list(shared, &t, &q, &accept),
+        _ => watch_stream(shared, &t, &q),
+    }
+}
+
+fn forbidden(
+    shared: &Shared,
+    verb: &str,
+    resource: &str,
+    namespace: Option<&str>,
+) -> Option<Response<Body>> {
+    let st = shared.state.lock().unwrap();
+    if !st
+        .forbidden
+        .contains(&(verb.to_string(), resource.to_string()))
+    {
+        return None;
+    }
+    let scope = namespace.map_or("at the cluster scope".to_string(), |ns| {
+        format!("in the namespace \"{ns}\"")
+    });
+    Some(status(
+        StatusCode::FORBIDDEN,
+        "Forbidden",
+        format!("{resource} is forbidden: User \"system:serviceaccount:podtrace:podtrace\" cannot {verb} resource \"{resource}\" in API group \"\" {scope}"),
+        json!({"kind": resource}),
+    ))
+}
+
+fn find(shared: &Shared, t: &Target) -> Option<Value> {
+    let st = shared.state.lock().unwrap();
+    st.objects
+        .get(t.resource)?
+        .iter()
+        .find(|o| {
+            o["metadata"]["name"] == t.name.unwrap_or_default()
+                && t.namespace.is_none_or(|ns| namespace_of(o) == ns)
+        })
+        .cloned()
+}
+
+fn missing(t: &Target) -> Response<Body> {
+    let name = t.name.unwrap_or_default();
+    not_found(
+        format!("{} \"{name}\" not found", t.resource),
+        json!({"name": name, "kind": t.resource}),
+    )
+}
+
+fn get(shared: &Shared, t: &Target) -> Response<Body> {
+    match find(shared, t) {
+        Some(o) => json_response(StatusCode::OK, &o),
+        None => missing(t),
+    }
+}
+
+async fn create(shared: &Shared, t: &Target<'_>, body: &[u8]) -> Response<Body> {
+    let Ok(mut object) = serde_json::from_slice::<Value>(body) else {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "the body is not JSON".into(),
+            json!({}),
+        );
+    };
+    if let Some(ns) = t.namespace {
+        object["metadata"]["namespace"] = ns.into();
+    }
+    let probe = Target {
+        name: object["metadata"]["name"].as_str(),
+        ..*t
+    };
+    if find(shared, &probe).is_some() {
+        let name = probe.name.unwrap_or_default();
+        return status(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            format!("{} \"{name}\" already exists", t.resource),
+            json!({"name": name}),
+        );
+    }
+    object["metadata"]["creationTimestamp"] = super::kubelet::now().into();
+    if t.resource == "pods" {
+        object["status"] = json!({"phase": "Pending"});
+    }
+    let created = shared.change(t.resource, "ADDED", object);
+    if t.resource == "pods" {
+        if let Some(kubelet) = &shared.kubelet {
+            kubelet.run(shared, &created);
+        }
+    }
+    json_response(StatusCode::CREATED, &created)
+}
+
+fn delete(shared: &Shared, t: &Target) -> Response<Body> {
+    let Some(object) = find(shared, t) else {
+        return missing(t);
+    };
+    if t.resource == "pods" {
+        if let Some(kubelet) = &shared.kubelet {
+            if let Some(terminating) = kubelet.stop(shared, &object) {
+                return json_response(StatusCode::OK, &terminating);
+            }
+        }
+    }
+    let gone = shared.change(t.resource, "DELETED", object);
+    json_response(StatusCode::OK, &gone)
+}
+
+fn modify(shared: &Shared, t: &Target, body: &[u8], merge: bool) -> Response<Body> {
+    let Some(mut object) = find(shared, t) else {
+        return missing(t);
+    };
+    let Ok(change) = serde_json::from_slice::<Value>(body) else {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "the body is not JSON".into(),
+            json!({}),
+        );
+    };
+    if merge {
+        merge_patch(&mut object, &change);
+    } else {
+        object = change;
+    }
+    json_response(
+        StatusCode::OK,
+        &shared.change(t.resource, "MODIFIED", object),
+    )
+}
+
+/// RFC 7386 JSON merge patch.
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(fields) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    for (key, value) in fields {
+        if value.is_null() {
+            target.as_object_mut().unwrap().remove(key);
+        } else {
+            merge_patch(&mut target[key], value);
+        }
+    }
+}
+
+fn log(shared: &Shared, t: &Target, q: &HashMap<String, String>) -> Response<Body> {
+    let Some(pod) = find(shared, t) else {
+        return missing(t);
+    };
+    let Some(buffer) = shared.kubelet.as_ref().and_then(|k| k.log(&pod)) else {
+        let name = t.name.unwrap_or_default();
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            format!("container \"agent\" in pod \"{name}\" is waiting to start: ContainerCreating"),
+            json!({}),
+        );
+    };
+    let follow = q.get("follow").is_some_and(|v| v == "true" || v == "1");
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(16);
+    tokio::spawn(async move {
+        let mut sent = 0;
+        loop {
+            let (chunk, done) = {
+                let log = buffer.lock().unwrap();
+                (log.data[sent..].to_vec(), log.done)
+            };
+            sent += chunk.len();
+            if !chunk.is_empty() && tx.send(Ok(Frame::data(Bytes::from(chunk)))).await.is_err() {
+                return;
+            }
+            if done || !follow {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "text/plain")
+        .body(BodyExt::boxed(StreamBody::new(stream_of(rx))))
+        .unwrap()
+}
+
+fn object_matches(v: &Value, namespace: Option<&str>, q: &HashMap<String, String>) -> bool {
+    namespace.is_none_or(|ns| namespace_of(v) == ns)
+        && selector_matches(q.get("labelSelector"), |k| {
+            field(&v["metadata"]["labels"], k)
+        })
+        && selector_matches(q.get("fieldSelector"), |k| match k {
+            "metadata.namespace" => Some(namespace_of(v).to_string()),
+            other => field(v, other),
+        })
+}
+
+fn list(shared: &Shared, t: &Target, q: &HashMap<String, String>, accept: &str) -> Response<Body> {
+    let st = shared.state.lock().unwrap();
+    let items: Vec<Value> = st
+        .objects
+        .get(t.resource)
+        .map(|all| {
+            all.iter()
+                .filter(|o| object_matches(o, t.namespace, q))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    let version = st.resource_version.to_string();
+    drop(st);
+    if accept.contains("as=Table") {
+        return json_response(
+            StatusCode::OK,
+            &discovery::table(t.resource, &items, &version),
+        );
+    }
+    let kind = discovery::list_kind(t.resource);
+    let api_version = if t.resource == "leases" {
+        "coordination.k8s.io/v1"
+    } else {
+        "v1"
+    };
+    json_response(
+        StatusCode::OK,
+        &json!({"kind": kind, "apiVersion": api_version, "metadata": {"resourceVersion": version}, "items": items}),
+    )
+}
+
+/// A watch: history after resourceVersion, then live changes.
+fn watch_stream(shared: &Shared, t: &Target, q: &HashMap<String, String>) -> Response<Body> {
+    let st = shared.state.lock().unwrap();
+    let since: u64 = q
+        .get("resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(st.resource_version);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(64);
+    let line = |v: Value| Ok(Frame::data(Bytes::from(format!("{v}\n"))));
+    if since < st.oldest_watchable {
+        let gone = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": format!("too old resource version: {since} ({})", st.oldest_watchable), "reason": "Expired", "code": 410}});
+        let _ = tx.try_send(line(gone));
+    } else {
+        let (resource, ns, q2) = (
+            t.resource.to_string(),
+            t.namespace.map(str::to_string),
+            q.clone(),
+        );
+        let backlog: Vec<(String, Value)> = st
+            .events
+            .iter()
+            .filter(|(rv, r, _, o)| {
+                *rv > since && *r == resource && object_matches(o, ns.as_deref(), &q2)
+            })
+            .map(|(_, _, kind, o)| (kind.clone(), o.clone()))
+            .collect();
+        let mut live = shared.changes.subscribe();
+        let bookmarks = q.get("allowWatchBookmarks").is_some_and(|v| v == "true");
+        let timeout = q
+            .get("timeoutSeconds")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(60u64)
+            .min(60);
+        let current = st.resource_version;
+        tokio::spawn(async move {
+            for (kind, object) in backlog {
+                if tx
+                    .send(line(json!({"type": kind, "object": object})))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            if bookmarks {
+                let mark = json!({"type": "BOOKMARK", "object": {"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": current.to_string()}}});
+                let _ = tx.send(line(mark)).await;
+            }
+            let deadline = tokio::time::sleep(Duration::from_secs(timeout));
+            tokio::pin!(deadline);
+            loop {
+                tokio::select! {
+                    change = live.recv() => {
+                        let Ok((_, r, kind, object)) = change else { return };
+                        if r == resource && object_matches(&object, ns.as_deref(), &q2)
+                            && tx.send(line(json!({"type": kind, "object": object}))).await.is_err()
+                        {
+                            return;
+                        }
+                    }
+                    _ = &mut deadline => return,
+                }
+            }
+        });
+    }
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "application/json")
+        .body(BodyExt::boxed(StreamBody::new(stream_of(rx))))
+        .unwrap()
+}
+
+/// `a=b,c=d` selectors, matched against an object's labels or fields.
+fn selector_matches(selector: Option<&String>, get: impl Fn(&str) -> Option<String>) -> bool {
+    selector.is_none_or(|s| {
+        s.split(',')
+            .filter(|t| !t.is_empty())
+            .all(|term| match term.split_once("!=") {
+                Some((k, v)) => get(k).as_deref() != Some(v),
+                None => {
+                    let (k, v) = term.split_once('=').unwrap_or((term, ""));
+                    get(k).as_deref() == Some(v.trim_start_matches('='))
+                }
+            })
+    })
+}
+
+fn field(v: &Value, path: &str) -> Option<String> {
+    let mut at = v;
+    for part in path.split('.') {
+        at = &at[part];
+    }
+    match at {
+        Value::String(s) => Some(s.clone()),
+        Value::Null => None,
+        other => Some(other.to_string()),
+    }
+}
+
+pub(crate) fn status(
+    code: StatusCode,
+    reason: &str,
+    message: String,
+    details: Value,
+) -> Response<Body> {
+    json_response(
+        code,
+        &json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "details": details, "code": code.as_u16()
+        }),
+    )
+}
+
+fn not_found(message: String, details: Value) -> Response<Body> {
+    status(StatusCode::NOT_FOUND, "NotFound", message, details)
+}
+
+pub(crate) fn json_response(code: StatusCode, body: &Value) -> Response<Body> {
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())).boxed())
+        .unwrap()
+}
+
+fn query(text: &str) -> HashMap<String, String> {
+    text.split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), percent_decode(v)))
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 3 <= bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("00");
+                out.push(u8::from_str_radix(hex, 16).unwrap_or(b'?'));
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// An mpsc receiver as a Stream of body frames.
+fn stream_of(
+    mut rx: tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, Infallible>>,
+) -> impl futures::Stream<Item = Result<Frame<Bytes>, Infallible>> {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
