@@ -28,7 +28,10 @@ fn api_for(lab: &LabGuard) -> Stub {
     let nodes = (1..=2)
         .map(|n| (Lab::node_name(n), lab.0.node_netns(n)))
         .collect();
-    let kubelet = Kubelet::new(PODTRACE.as_ref(), nodes, &scratch());
+    // Each stub its own directory: its agents' kubeconfig names its port.
+    let state = scratch().join(&lab.0.prefix);
+    std::fs::create_dir_all(&state).unwrap();
+    let kubelet = Kubelet::new(PODTRACE.as_ref(), nodes, &state);
     Stub::with_kubelet(&lab.0.pod_list(), &lab.0.node_list(), kubelet)
 }
 
@@ -39,7 +42,7 @@ fn scratch() -> PathBuf {
 /// `kubectl podtrace ARGS` as nobody, with only a kubeconfig of its own
 /// and `kubectl-podtrace` on its PATH; started once it traces.
 fn kubectl_podtrace(stub: &Stub, args: &[&str]) -> podtrace_run::Started {
-    let home = scratch().join(format!("home-{}", args.len() + rand()));
+    let home = scratch().join(format!("home-{}", rand()));
     let bin = home.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     symlink(PODTRACE, bin.join("kubectl-podtrace")).unwrap();
@@ -73,6 +76,7 @@ fn kubectl_podtrace(stub: &Stub, args: &[&str]) -> podtrace_run::Started {
     podtrace_run::start(command, Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
+/// A number no other call in this process got.
 fn rand() -> usize {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static NEXT: AtomicUsize = AtomicUsize::new(0);
@@ -273,13 +277,17 @@ fn a_sigkilled_front_end_leaves_no_agent_and_nothing_attached_within_60_s() {
     let lab = lab(Topology::FlannelVxlan);
     let stub = api_for(&lab);
     let started = kubectl_podtrace(&stub, &["default/web-0", "default/db-0"]);
-    assert_eq!(agent_pods(&stub).len(), 2);
+    let agents: Vec<String> = agent_pods(&stub)
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(agents.len(), 2);
     assert!(!tcx_programs(&lab.0.node_netns(1)).is_empty());
     let mut child = started.child;
     child.kill().unwrap();
     child.wait().unwrap();
     let killed = Instant::now();
-    while !agent_pods(&stub).is_empty() || agents_running() {
+    while !agent_pods(&stub).is_empty() || agents_running(&agents) {
         assert!(
             killed.elapsed() < Duration::from_secs(60),
             "agents still there: {:?}",
@@ -299,14 +307,16 @@ fn a_sigkilled_front_end_leaves_no_agent_and_nothing_attached_within_60_s() {
     );
 }
 
-/// Any `podtrace agent` process left (this test's kubelet runs them).
-fn agents_running() -> bool {
+/// Any of these agent pods' `podtrace agent` processes left (this test
+/// process's kubelets run them; other tests' agents run alongside).
+fn agents_running(pods: &[String]) -> bool {
     std::fs::read_dir("/proc").unwrap().flatten().any(|entry| {
         let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
         let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
         args.len() > 2
             && args[0] == PODTRACE.as_bytes()
             && args[1] == b"agent"
+            && pods.iter().any(|pod| args.contains(&pod.as_bytes()))
             && is_child(&entry.path())
     })
 }

@@ -29,13 +29,16 @@ pub struct Cli {
     pub trace: Option<Args>,
 }
 
+// Parsed once per run: the size difference costs nothing, and clap does not
+// parse a boxed flattened `Args` the same way (its positionals break).
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Tell the stories of a file written with --write again, offline.
     Read(ReadArgs),
     /// Trace one node for a cluster-mode front-end (run as a pod on that
     /// node): JSON lines on stdout.
-    Agent(Box<crate::app::agent::AgentArgs>),
+    Agent(crate::app::agent::AgentArgs),
 }
 
 /// `podtrace read FILE.pcapng`.

@@ -34,7 +34,7 @@ fn main() -> std::process::ExitCode {
         }
     };
     let outcome = match (cli.command, cli.trace) {
-        (Some(Command::Agent(agent)), _) => runtime.block_on(podtrace::app::agent::run(*agent)),
+        (Some(Command::Agent(agent)), _) => runtime.block_on(podtrace::app::agent::run(agent)),
         // kubectl's plugin dispatch runs `kubectl-podtrace`: cluster mode,
         // unless node-mode inputs (--netns, --pods-file) say otherwise.
         (None, Some(trace))

@@ -85,9 +85,14 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
     let gone = lease_watch(&args, agent.lease.as_ref()).await;
     let (summary, lease_lost) = relay(&args, &mut trace, &mut stop, &mut out, gone).await?;
     finish(trace, summary, out)?;
-    if let (Some(lost), Some(lease)) = (lease_lost, &agent.lease) {
+    if let Some(lost) = &lease_lost {
         eprintln!("podtrace: {lost}; removing this agent");
+    }
+    // However it ended, its pod goes with it: a finished pod would stay
+    // behind otherwise. The lease goes too when its front-end is gone.
+    if agent.pod.is_some() || lease_lost.is_some() {
         if let Ok(cluster) = Cluster::connect(&access(&args)).await {
+            let lease = lease_lost.and(agent.lease.as_deref());
             agents::remove_self(
                 cluster.client(),
                 &args.agent_namespace,

@@ -299,10 +299,13 @@ pub async fn lease_lost(client: Client, namespace: &str, lease: &str, stale: Dur
     }
 }
 
-/// Removes an agent's own pod and the run's lease (the front-end is gone).
-pub async fn remove_self(client: Client, namespace: &str, pod: Option<&str>, lease: &str) {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
-    let _ = leases.delete(lease, &DeleteParams::default()).await;
+/// Removes an agent's own pod, and the run's lease when the front-end is
+/// gone.
+pub async fn remove_self(client: Client, namespace: &str, pod: Option<&str>, lease: Option<&str>) {
+    if let Some(lease) = lease {
+        let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+        let _ = leases.delete(lease, &DeleteParams::default()).await;
+    }
     if let Some(pod) = pod {
         let pods: Api<KubePod> = Api::namespaced(client, namespace);
         let _ = pods.delete(pod, &DeleteParams::default()).await;

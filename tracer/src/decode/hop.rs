@@ -129,6 +129,32 @@ pub enum Unplaced {
 }
 
 /// Turns a raw sighting into a hop on a known node and interface.
+/// The interface a sighting was on: a watched one, or, for a drop, any
+/// interface of its namespace (a drop may happen anywhere).
+fn interface_of(
+    s: &Sighting,
+    node: Option<&TracedNode>,
+    others: &OtherNamespaces,
+) -> Result<(String, Role), Unplaced> {
+    if let Some(w) = node.and_then(|n| n.interfaces.get(&s.ifindex)) {
+        return Ok((w.name.clone(), w.role));
+    }
+    if s.kind != sighting_kind::DROP {
+        return Err(Unplaced::UnknownInterface);
+    }
+    let name = match node {
+        Some(n) => n.link_names.get(&s.ifindex).cloned(),
+        None => others
+            .get(s.netns_inum)
+            .and_then(|o| o.links.get(&s.ifindex).cloned()),
+    };
+    let name = name.unwrap_or_else(|| match s.ifindex {
+        0 => "-".into(),
+        index => format!("if{index}"),
+    });
+    Ok((name, Role::Other))
+}
+
 /// Drops in namespaces no traced node owns (pods) are named by `others`
 /// (learnt beforehand: see `OtherNamespaces::learn`).
 pub fn place(
@@ -147,30 +173,7 @@ pub fn place(
                 .ok_or(Unplaced::UnknownInterface)?,
         )
     };
-    let watched = node.and_then(|n| n.interfaces.get(&s.ifindex));
-    let (iface, role) = match (watched, node) {
-        (Some(w), _) => (w.name.clone(), w.role),
-        // A drop may happen anywhere: name the interface as best we can.
-        (None, _) if is_drop => {
-            let name = match node {
-                Some(n) => n.link_names.get(&s.ifindex).cloned(),
-                None => others
-                    .get(s.netns_inum)
-                    .and_then(|o| o.links.get(&s.ifindex).cloned()),
-            };
-            (
-                name.unwrap_or_else(|| {
-                    if s.ifindex == 0 {
-                        "-".into()
-                    } else {
-                        format!("if{}", s.ifindex)
-                    }
-                }),
-                Role::Other,
-            )
-        }
-        (None, _) => return Err(Unplaced::UnknownInterface),
-    };
+    let (iface, role) = interface_of(s, node, others)?;
     let snapshot = &s.snapshot[..usize::from(s.snapshot_len).min(s.snapshot.len())];
     // Only a packet the kernel matched as encapsulated is read as a tunnel.
     let decoded = if s.match_kind == match_kind::INNER {
