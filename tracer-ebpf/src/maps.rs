@@ -75,7 +75,10 @@ pub fn trusted_tunnel(ifindex: u32, outer: &FlowKey, tunnel: &TunnelKey) -> bool
 #[inline(always)]
 fn between_nodes(outer: &FlowKey) -> bool {
     let what = |ip: &[u8; 4]| lookup(&NODE_ADDRS, ip).unwrap_or(0);
-    let any_peer = what(&node_addr::ANY) & node_addr::PEER != 0;
+    // The key on the stack: a reference to the constant itself points
+    // into .rodata, which the map lookup does not read as a key here.
+    let any = core::hint::black_box(node_addr::ANY);
+    let any_peer = what(&any) & node_addr::PEER != 0;
     let (src, dst) = (what(&outer.src), what(&outer.dst));
     let peer = |flags: u8| any_peer || flags & node_addr::PEER != 0;
     (src & node_addr::LOCAL != 0 && peer(dst)) || (dst & node_addr::LOCAL != 0 && peer(src))

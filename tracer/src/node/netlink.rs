@@ -123,6 +123,12 @@ async fn read_neighbours(handle: &Handle) -> Result<Neighbours> {
             });
             let ip = entry.attributes.iter().find_map(|a| match a {
                 NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) => Some(*ip),
+                // AF_BRIDGE entries carry their remote as raw bytes.
+                NeighbourAttribute::Destination(NeighbourAddress::Other(bytes)) => {
+                    <[u8; 4]>::try_from(bytes.as_slice())
+                        .ok()
+                        .map(Ipv4Addr::from)
+                }
                 _ => None,
             });
             match (family, mac, ip) {
