@@ -61,7 +61,8 @@ pub struct ReadArgs {
 pub struct Args {
     /// Source pod: namespace/name, name (with -n), or an IPv4 address.
     pub src: String,
-    /// Destination pod: namespace/name, name (with -n), or an IPv4 address.
+    /// Destination: a pod (namespace/name, name with -n), an IPv4 address,
+    /// a Service (`svc/<name>`, a ClusterIP, `ClusterIP:port`) or `node/<name>`.
     pub dst: String,
     /// Namespace for pod names given without one.
     #[arg(short = 'n', long, default_value = "default")]
@@ -77,6 +78,11 @@ pub struct Args {
     /// the API.
     #[arg(long, value_name = "FILE")]
     pub pods_file: Option<PathBuf>,
+    /// Services and their EndpointSlices in `kubectl get
+    /// svc,endpointslices -A -o json` format, instead of the API: a
+    /// ClusterIP or `svc/<name>` destination is followed to its backends.
+    #[arg(long, value_name = "FILE")]
+    pub services_file: Option<PathBuf>,
     /// Node list in `kubectl get nodes -o json` format: pod subnets and
     /// CNI annotations, to name the route a node should have had.
     #[arg(long, value_name = "FILE")]

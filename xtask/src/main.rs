@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 use ipnet::Ipv4Net;
 use xtask::{
     faults::Fault,
-    lab::{Lab, LabGuard, Topology},
+    lab::{kube_proxy::ProxyMode, Lab, LabGuard, Topology},
     podtrace_run,
     setup::{run, setup},
 };
@@ -65,6 +65,13 @@ enum LabAction {
         /// point kubectl at /run/podtrace-lab/<prefix>/kubeconfig.
         #[arg(long)]
         api: bool,
+        /// Also program Services as kube-proxy does (default/db, web,
+        /// empty), with listeners in the backend pods.
+        #[arg(long)]
+        services: bool,
+        /// kube-proxy's mode, with --services.
+        #[arg(long, value_enum, default_value = "iptables")]
+        proxy_mode: ProxyMode,
         /// The podtrace the API's kubelet runs (default: target/release's,
         /// else target/debug's).
         #[arg(long)]
@@ -119,11 +126,20 @@ fn lab(action: LabAction) -> Result<()> {
             prefix,
             pod_cidr,
             api,
+            services,
+            proxy_mode,
             podtrace,
         } => {
             let lab = Lab::new(&prefix, topology, pod_cidr)?;
             lab.up()?;
             println!("lab {prefix} ({}) is up", topology.name());
+            if services {
+                lab.install_services(proxy_mode)?;
+                for svc in lab.services() {
+                    println!("  service {} {}", svc.qualified(), svc.cluster_ip);
+                }
+                println!("  services: {}", lab.services_file().display());
+            }
             if api {
                 let podtrace = podtrace.unwrap_or_else(built_podtrace);
                 let kubeconfig = lab.start_api(&std::env::current_exe()?, &podtrace)?;

@@ -48,7 +48,7 @@ use crate::{
     },
     probe::{
         link_watch::LinkChange,
-        netfilter::{Backend, TracedDrop},
+        netfilter::{Backend, TracedRule},
         Kernel,
     },
     story::{
@@ -138,6 +138,12 @@ fn context_of(args: &Args, targets: &Targets) -> Context {
     for (node, ip) in targets.known_nodes() {
         ctx.names.insert(ip, node);
     }
+    for t in &targets.nat.translations {
+        if let Some(pod) = &t.backend {
+            ctx.names.entry(t.back.ip).or_insert_with(|| pod.clone());
+        }
+    }
+    ctx.nat = targets.nat.clone();
     ctx.subnets = targets.subnets.clone();
     ctx.pod_cidrs = args.pod_cidr.clone();
     ctx.pod_cidrs.extend(cni::subnet_env_network());
@@ -153,7 +159,7 @@ struct Trace {
     rules_traced: bool,
     sightings: mpsc::UnboundedReceiver<Sighting>,
     links: mpsc::UnboundedReceiver<(u32, LinkChange)>,
-    rules: mpsc::UnboundedReceiver<(u32, TracedDrop)>,
+    rules: mpsc::UnboundedReceiver<(u32, TracedRule)>,
     /// Namespaces no traced node owns (pods), named on first sight.
     others: OtherNamespaces,
 }
@@ -166,7 +172,14 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         why_rule_unnamed,
     } = resolved;
     let (src, dst) = (&targets.src, &targets.dst);
-    let flows = flow_ips((src.ip, dst.ip));
+    let pairs = traced_pairs(&targets);
+    let flows: Vec<FlowKey> = pairs
+        .iter()
+        .map(|(a, b)| FlowKey {
+            src: a.octets(),
+            dst: b.octets(),
+        })
+        .collect();
     let kernel = Kernel::read()?;
     let mut traced_netns = [0; MAX_NODES];
     for (slot, ns) in traced_netns.iter_mut().zip(&namespaces) {
@@ -188,7 +201,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         ring_bytes: args.ring_buffer,
         link_tx,
         netfilter_tx: why_rule_unnamed.is_none().then_some(netfilter_tx),
-        pairs: vec![(src.ip, dst.ip), (dst.ip, src.ip)],
+        pairs,
         endpoint_nodes: [src, dst]
             .iter()
             .filter_map(|e| Some((e.ip, Targets::node_of(e)?.to_string())))
@@ -274,7 +287,7 @@ async fn stream(
         hooks_attached: trace.nodes.iter().map(TracedNode::hooks).sum(),
         ..Default::default()
     };
-    let mut correlator = Correlator::new(Waits {
+    let correlator = Correlator::new(Waits {
         idle_ns: JOURNEY_IDLE.as_nanos() as u64,
         patience_ns: JOURNEY_PATIENCE.as_nanos() as u64,
         arp_ns: ARP_PATIENCE.as_nanos() as u64,
@@ -286,6 +299,7 @@ async fn stream(
             .flat_map(|facts| facts.local_pod_subnets.iter().copied())
             .collect(),
     });
+    let mut correlator = correlator.with_nat(teller.ctx.nat.clone());
     let mut losses = LossWatch::new(&trace.nodes, monotonic_ns());
     let mut tick = tokio::time::interval(JOURNEY_IDLE / 2);
     let until_deadline = until(args.duration);
@@ -453,6 +467,21 @@ fn finish(trace: Trace, (mut summary, teller): (Summary, Teller<'static>)) -> Re
     drop(trace);
     teller.finish(summary)?;
     Ok(())
+}
+
+/// Every traced pair, both directions: SRC ⇄ DST, and SRC ⇄ each backend
+/// DST's Service translates to (so the packet is seen after the DNAT).
+fn traced_pairs(targets: &Targets) -> Vec<(Ipv4Addr, Ipv4Addr)> {
+    let (src, dst) = (targets.src.ip, targets.dst.ip);
+    let mut pairs = vec![(src, dst), (dst, src)];
+    for t in &targets.nat.translations {
+        for pair in [(src, t.back.ip), (t.back.ip, src)] {
+            if !pairs.contains(&pair) && t.back.ip != src {
+                pairs.push(pair);
+            }
+        }
+    }
+    pairs
 }
 
 /// Both directions of the traced pair, as the kernel filter wants them.

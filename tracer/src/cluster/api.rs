@@ -5,7 +5,10 @@ use std::{net::Ipv4Addr, path::PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod as KubePod, Service};
+use k8s_openapi::api::{
+    core::v1::{Node, Pod as KubePod, Service},
+    discovery::v1::EndpointSlice,
+};
 use kube::{
     api::ListParams,
     config::{KubeConfigOptions, Kubeconfig},
@@ -18,6 +21,7 @@ use super::{
     argument::Target,
     inventory::{not_found, pod_from_json, Endpoint, Pod},
     nodes::{nodes_from_items, NodeSubnet},
+    services::Catalog,
 };
 
 /// How to reach the API, as kubectl takes it.
@@ -94,12 +98,45 @@ impl Cluster {
         self.client.clone()
     }
 
+    /// Every Service and EndpointSlice (discovery.k8s.io/v1), as one
+    /// catalog: what kube-proxy translates a ClusterIP or NodePort to.
+    pub async fn services(&self) -> Result<Catalog> {
+        let services: Api<Service> = Api::all(self.client.clone());
+        let slices: Api<EndpointSlice> = Api::all(self.client.clone());
+        let mut objects = Vec::new();
+        let listed = services
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| self.explain(e, "list", "services", None))?;
+        for svc in listed.items {
+            objects.push(serde_json::to_value(svc)?);
+        }
+        let listed = slices
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| self.explain(e, "list", "endpointslices", None))?;
+        for slice in listed.items {
+            objects.push(serde_json::to_value(slice)?);
+        }
+        // Typed objects serialize without their kind.
+        for o in &mut objects {
+            if o["kind"].is_null() {
+                o["kind"] = if o.get("endpoints").is_some() || o.get("addressType").is_some() {
+                    "EndpointSlice".into()
+                } else {
+                    "Service".into()
+                };
+            }
+        }
+        Ok(Catalog::from_objects(&objects))
+    }
+
     /// An endpoint argument, through the API.
     pub async fn resolve(&self, target: &Target) -> Result<Endpoint> {
         match target {
             Target::Node(node) => self.node(node).await,
             Target::Service { namespace, name } => self.service(namespace, name).await,
-            Target::Ip(ip) => self.pod_with_ip(*ip).await,
+            Target::Ip(ip) | Target::IpPort(ip, _) => self.pod_with_ip(*ip).await,
             Target::Pod { namespace, name } => self.pod(namespace, name).await,
         }
     }

@@ -10,6 +10,9 @@ use anyhow::{bail, Result};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
     Ip(Ipv4Addr),
+    /// `ip:port`: a Service's ClusterIP and one of its ports (checked
+    /// when the Services are known).
+    IpPort(Ipv4Addr, u16),
     Pod {
         namespace: String,
         name: String,
@@ -60,7 +63,15 @@ impl Target {
 
     pub fn ip(&self) -> Option<Ipv4Addr> {
         match self {
-            Self::Ip(ip) => Some(*ip),
+            Self::Ip(ip) | Self::IpPort(ip, _) => Some(*ip),
+            _ => None,
+        }
+    }
+
+    /// The port of an `ip:port` argument.
+    pub fn port(&self) -> Option<u16> {
+        match self {
+            Self::IpPort(_, port) => Some(*port),
             _ => None,
         }
     }
@@ -81,8 +92,10 @@ fn address(arg: &str) -> Result<Option<Target>> {
         }
     }
     if let Some((ip, port)) = arg.rsplit_once(':') {
-        if ip.parse::<Ipv4Addr>().is_ok() && port.parse::<u16>().is_ok() {
-            bail!("{arg}: give the address without a port ({ip}); podtrace traces every port between the two");
+        if let (Ok(ip), Ok(port)) = (ip.parse::<Ipv4Addr>(), port.parse::<u16>()) {
+            // A Service's ClusterIP:port; whether it is one is checked
+            // against the Services (`targets`).
+            return Ok(Some(Target::IpPort(ip, port)));
         }
     }
     let dotted_digits = arg.contains('.') && arg.chars().all(|c| c.is_ascii_digit() || c == '.');
@@ -176,7 +189,14 @@ mod tests {
         assert!(error("foo bar").contains("has spaces"));
         assert!(error("10.244.1.300").contains("not an IPv4 address"));
         assert!(error("10.244.1.2/24").contains("is a network"));
-        assert!(error("10.96.0.1:80").contains("without a port"));
+        assert_eq!(
+            Target::parse("10.96.0.1:80", "x").unwrap(),
+            Target::IpPort(Ipv4Addr::new(10, 96, 0, 1), 80)
+        );
+        assert!(
+            error("10.96.0.1:99999").contains("not an IPv4 address")
+                || error("10.96.0.1:99999").contains("not a pod")
+        );
         assert!(error("fd00::1").contains("IPv6"));
         assert!(error("Web_0").contains("not a pod name"));
         assert!(error("a/b/c").contains("too many '/'"));

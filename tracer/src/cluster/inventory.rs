@@ -89,7 +89,7 @@ impl Inventory {
     /// An endpoint argument, from the pods in the file.
     pub fn resolve(&self, target: &Target) -> Result<Endpoint> {
         match target {
-            Target::Ip(ip) => {
+            Target::Ip(ip) | Target::IpPort(ip, _) => {
                 let pods: Vec<Pod> = self
                     .pods
                     .iter()

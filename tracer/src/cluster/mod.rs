@@ -8,6 +8,7 @@ pub mod api;
 pub mod argument;
 pub mod inventory;
 pub mod nodes;
+pub mod services;
 pub mod targets;
 pub mod wire;
 

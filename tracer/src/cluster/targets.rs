@@ -11,8 +11,9 @@ use super::{
     argument::Target,
     inventory::{Endpoint, Inventory},
     nodes::{self, NodeSubnet},
+    services::{Catalog, Service},
 };
-use crate::cli::Args;
+use crate::{cli::Args, story::nat::NatBook};
 
 pub struct Targets {
     pub src: Endpoint,
@@ -23,6 +24,10 @@ pub struct Targets {
     pub subnets: Vec<NodeSubnet>,
     /// Set when names came from the API: it also watches the pods.
     pub cluster: Option<Cluster>,
+    /// The destination Service, when DST names one (`svc/…`, a ClusterIP).
+    pub service: Option<Service>,
+    /// What kube-proxy translates the destination to (every backend).
+    pub nat: NatBook,
 }
 
 impl Targets {
@@ -38,22 +43,37 @@ impl Targets {
             Some(path) => nodes::load_nodes(path)?,
             None => Vec::new(),
         };
+        let mut catalog = match &args.services_file {
+            Some(path) => Some(Catalog::load(path)?),
+            None => None,
+        };
+        let plain_ips = src_target.ip().is_some() && dst_target.ip().is_some();
         let (src, dst, inventory, cluster) = if let Some(path) = &args.pods_file {
             let inventory = Inventory::load(path)?;
             let src = inventory.resolve(&src_target)?;
-            let dst = inventory.resolve(&dst_target)?;
+            let dst = match service_destination(&dst_target, catalog.as_ref())? {
+                Some(dst) => dst,
+                None => inventory.resolve(&dst_target)?,
+            };
             (src, dst, inventory, None)
-        } else if let (Some(src), Some(dst), false) =
-            (src_target.ip(), dst_target.ip(), access.configured())
-        {
+        } else if plain_ips && (catalog.is_some() || !access.configured()) {
             // Plain IPs and no Kubernetes at all.
-            let src = Endpoint::of_ip(src, vec![])?;
-            let dst = Endpoint::of_ip(dst, vec![])?;
+            let src = Endpoint::of_ip(src_target.ip().expect("an IP"), vec![])?;
+            let dst = match service_destination(&dst_target, catalog.as_ref())? {
+                Some(dst) => dst,
+                None => Endpoint::of_ip(dst_target.ip().expect("an IP"), vec![])?,
+            };
             (src, dst, Inventory::default(), None)
         } else {
             let cluster = Cluster::connect(&access).await?;
+            if catalog.is_none() {
+                catalog = Some(cluster.services().await?);
+            }
             let src = cluster.resolve(&src_target).await?;
-            let dst = cluster.resolve(&dst_target).await?;
+            let dst = match service_destination(&dst_target, catalog.as_ref())? {
+                Some(dst) => dst,
+                None => cluster.resolve(&dst_target).await?,
+            };
             if args.nodes_file.is_none() {
                 subnets = cluster.nodes().await?;
             }
@@ -73,13 +93,36 @@ impl Targets {
                 );
             }
         }
-        Ok(Self {
+        let service = catalog
+            .as_ref()
+            .and_then(|c| c.by_cluster_ip(dst.ip))
+            .cloned();
+        let mut targets = Self {
             src,
             dst,
             inventory,
             subnets,
             cluster,
-        })
+            service,
+            nat: NatBook::default(),
+        };
+        targets.nat = targets.translations(dst_target.port());
+        Ok(targets)
+    }
+
+    /// The destination Service's translations (on `port` only, when the
+    /// argument named one), with the NodePorts on every known node.
+    fn translations(&self, port: Option<u16>) -> NatBook {
+        let Some(service) = &self.service else {
+            return NatBook::default();
+        };
+        let node_ips: Vec<Ipv4Addr> = self.known_nodes().into_iter().map(|(_, ip)| ip).collect();
+        let translations = service
+            .translations(&node_ips)
+            .into_iter()
+            .filter(|t| port.is_none_or(|p| t.front.port == p && t.front.ip == self.dst.ip))
+            .collect();
+        NatBook { translations }
     }
 
     /// Node names and IPs, from the pods and the nodes.
@@ -95,6 +138,53 @@ impl Targets {
     pub fn node_of(endpoint: &Endpoint) -> Option<&str> {
         endpoint.pod.as_ref()?.node.as_deref()
     }
+}
+
+/// DST as a Service (`svc/…`, a ClusterIP, `ClusterIP:port`), when the
+/// Services are known; `None` when it names something else.
+fn service_destination(target: &Target, catalog: Option<&Catalog>) -> Result<Option<Endpoint>> {
+    let service = match (target, catalog) {
+        (Target::Service { namespace, name }, Some(catalog)) => {
+            match catalog.by_name(namespace, name) {
+                Some(s) => s,
+                None => bail!("service {namespace}/{name} not found"),
+            }
+        }
+        (Target::Service { namespace, name }, None) => bail!(
+            "svc/{namespace}/{name} needs the Kubernetes API or --services-file to find its ClusterIP and backends"
+        ),
+        (Target::Ip(ip), Some(catalog)) => match catalog.by_cluster_ip(*ip) {
+            Some(s) => s,
+            None => return Ok(None),
+        },
+        (Target::IpPort(ip, port), Some(catalog)) => match catalog.by_cluster_ip(*ip) {
+            Some(s) if s.ports.iter().any(|p| p.port == *port) => s,
+            Some(s) => bail!(
+                "{ip}:{port}: {} has no port {port} (it has {})",
+                s.qualified(),
+                s.ports.iter().map(|p| p.port.to_string()).collect::<Vec<_>>().join(", ")
+            ),
+            None => bail!("{ip}:{port}: {ip} is not a Service's ClusterIP: give a pod's address without a port ({ip}); podtrace traces every port between the two"),
+        },
+        _ => return Ok(None),
+    };
+    let Some(ip) = service.cluster_ip else {
+        bail!(
+            "service {} has no ClusterIP (headless?): name one of its pods",
+            service.qualified()
+        );
+    };
+    if service.backends.is_empty() {
+        eprintln!(
+            "podtrace: note: {} has no ready endpoints: kube-proxy rejects its traffic",
+            service.qualified()
+        );
+    }
+    Ok(Some(Endpoint {
+        ip,
+        pod: None,
+        label: Some(format!("svc/{}", service.qualified())),
+    }))
 }
 
 /// What the traced node(s) can see of the path, and where to run instead

@@ -311,6 +311,24 @@ pub(crate) mod tests {
         out
     }
 
+    /// A TCP SYN (IP ID 4242), as a client sends it.
+    pub(crate) fn tcp_syn(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16) -> Vec<u8> {
+        let mut out = Vec::new();
+        PacketBuilder::ethernet2([2; 6], [4; 6])
+            .ip(etherparse::IpHeaders::Ipv4(
+                Ipv4Header {
+                    identification: 4242,
+                    ..Ipv4Header::new(0, 64, IpNumber::TCP, src, dst).unwrap()
+                },
+                Default::default(),
+            ))
+            .tcp(sport, dport, 1000, 64240)
+            .syn()
+            .write(&mut out, &[])
+            .unwrap();
+        out
+    }
+
     pub(crate) fn vxlan(inner_frame: &[u8], vni: u32) -> Vec<u8> {
         let mut payload = vec![0x08, 0, 0, 0];
         payload.extend_from_slice(&vni.to_be_bytes()[1..]);

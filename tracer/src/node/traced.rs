@@ -21,7 +21,7 @@ use crate::{
     cni::{self, Backend},
     probe::{
         link_watch::{self, LinkChange},
-        netfilter::{NodeTrace, TracedDrop},
+        netfilter::{NodeTrace, TracedRule},
         AttachMode, Kernel, NodeProbe, ProbeSpec,
     },
 };
@@ -40,7 +40,7 @@ pub struct Shared<'a> {
     pub ring_bytes: u32,
     pub link_tx: mpsc::UnboundedSender<(u32, LinkChange)>,
     /// Where netfilter drops go, when rule tracing is on.
-    pub netfilter_tx: Option<mpsc::UnboundedSender<(u32, TracedDrop)>>,
+    pub netfilter_tx: Option<mpsc::UnboundedSender<(u32, TracedRule)>>,
     /// The traced address pairs, both directions.
     pub pairs: Vec<(Ipv4Addr, Ipv4Addr)>,
     /// The traced endpoints' nodes, where the pod list says.

@@ -61,6 +61,9 @@ pub struct HopRecord {
     pub story: u64,
     pub hop: Hop,
     pub rule: Option<NetfilterRule>,
+    /// The nat rules that translated the packet.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nat_rules: Vec<NetfilterRule>,
     pub records_lost: bool,
     /// The names of addresses from this story on (a pod moved).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -150,6 +153,7 @@ impl PcapWriter {
                 story: n,
                 hop: hop.clone(),
                 rule: journey.rule.clone(),
+                nat_rules: journey.nat_rules.clone(),
                 records_lost: journey.records_lost,
                 names: self.renamed.take(),
             };

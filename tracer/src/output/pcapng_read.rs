@@ -135,6 +135,7 @@ impl Replay {
         }
         let mut journey = Journey::new(vec![record.hop]);
         journey.rule = record.rule;
+        journey.nat_rules = record.nat_rules;
         journey.records_lost = record.records_lost;
         self.story = Some((record.story, journey));
         Ok(())

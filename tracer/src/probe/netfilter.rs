@@ -30,7 +30,8 @@ use tokio::sync::mpsc;
 use super::run_registry::{self, Held, Liveness, Record};
 use crate::node::netns::Namespace;
 
-/// The rule that gave a traced packet its final DROP.
+/// The rule that gave a traced packet its final DROP, or translated its
+/// addresses.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetfilterRule {
     pub table: String,
@@ -42,9 +43,10 @@ pub struct NetfilterRule {
     pub rule: String,
 }
 
-/// A DROP verdict from the trace, and the packet it was for.
+/// A DROP verdict or a nat rule from the trace, and the packet it was for
+/// (its addresses as the rule saw them).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TracedDrop {
+pub struct TracedRule {
     pub src: Ipv4Addr,
     pub dst: Ipv4Addr,
     pub ip_id: u16,
@@ -72,7 +74,8 @@ impl Backend {
 /// How a packet is known across signals: source, destination, IP ID.
 pub type PacketId = (Ipv4Addr, Ipv4Addr, u16);
 
-/// Parses `xtables-monitor --trace` output into DROP verdicts.
+/// Parses `xtables-monitor --trace` output into DROP verdicts and nat
+/// rules.
 #[derive(Default)]
 pub struct TraceParser {
     /// trace id → (packet, the base chain it entered by)
@@ -80,7 +83,7 @@ pub struct TraceParser {
 }
 
 impl TraceParser {
-    pub fn feed(&mut self, line: &str) -> Option<TracedDrop> {
+    pub fn feed(&mut self, line: &str) -> Option<TracedRule> {
         let line = line.trim_start();
         if let Some(rest) = line.strip_prefix("PACKET: ") {
             let mut fields = rest.split_whitespace();
@@ -118,7 +121,8 @@ impl TraceParser {
             "rule" => (parts.next()?.to_string(), parts.next()?),
             _ => (String::new(), parts.next()?),
         };
-        if verdict != "DROP" {
+        let translates = kind == "rule" && is_nat_rule(rule_text);
+        if verdict != "DROP" && !translates {
             return None;
         }
         let rule = match (kind, rule_text) {
@@ -130,7 +134,7 @@ impl TraceParser {
             (_, _) => format!("the policy of chain {chain} (DROP)"),
         };
         let (src, dst, ip_id) = *packet;
-        Some(TracedDrop {
+        Some(TracedRule {
             src,
             dst,
             ip_id,
@@ -142,6 +146,14 @@ impl TraceParser {
             },
         })
     }
+}
+
+/// A rule that rewrites addresses (kube-proxy's DNAT, a MASQUERADE): its
+/// packet's story names it where the addresses changed.
+fn is_nat_rule(text: &str) -> bool {
+    ["-j DNAT", "-j SNAT", "-j MASQUERADE"]
+        .iter()
+        .any(|target| text.contains(target))
 }
 
 /// `-4 -t filter -A FORWARD …` → `-A FORWARD …` (the table is its own field).
@@ -175,7 +187,7 @@ impl NodeTrace {
         netns: &Namespace,
         node_id: u32,
         pairs: &[(Ipv4Addr, Ipv4Addr)],
-        tx: mpsc::UnboundedSender<(u32, TracedDrop)>,
+        tx: mpsc::UnboundedSender<(u32, TracedRule)>,
     ) -> Result<Self> {
         run_registry::sweep_dead_runs()?;
         let table = table_name(run_registry::id()?);
@@ -370,7 +382,7 @@ PACKET: 2 beb3af5f IN=cni0 OUT=flannel.1 MACSRC=2:be:d0:67:2e:79 MACDST=be:76:ad
         let drops: Vec<_> = CALICO.lines().filter_map(|l| parser.feed(l)).collect();
         assert_eq!(
             drops,
-            [TracedDrop {
+            [TracedRule {
                 src: "10.244.1.2".parse().unwrap(),
                 dst: "10.244.2.2".parse().unwrap(),
                 ip_id: 53798,
@@ -382,6 +394,27 @@ PACKET: 2 beb3af5f IN=cni0 OUT=flannel.1 MACSRC=2:be:d0:67:2e:79 MACDST=be:76:ad
                 },
             }]
         );
+    }
+
+    /// Recorded: a connection to a ClusterIP through kube-proxy's chains.
+    const KUBE_PROXY: &str = r#"PACKET: 2 012abfe9 IN=cni0 SRC=10.244.1.2 DST=10.96.7.7 LEN=60 TOS=0x0 TTL=64 ID=11032 DF SPORT=46960 DPORT=80 SYN 
+ TRACE: 2 012abfe9 nat:PREROUTING:rule:0x4:JUMP:KUBE-SERVICES  -4 -t nat -A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+ TRACE: 2 012abfe9 nat:KUBE-SERVICES:rule:0x9:JUMP:KUBE-SVC-AB  -4 -t nat -A KUBE-SERVICES -d 10.96.7.7/32 -p tcp -m comment --comment "default/db:http cluster IP" -m tcp --dport 80 -j KUBE-SVC-AB
+ TRACE: 2 012abfe9 nat:KUBE-SEP-ABC:rule:0x2:ACCEPT  -4 -t nat -A KUBE-SEP-ABC -p tcp -m comment --comment "default/db:http" -m tcp -j DNAT --to-destination 10.244.2.3:8080
+"#;
+
+    #[test]
+    fn a_dnat_rule_is_reported_with_the_packet_before_it() {
+        let mut parser = TraceParser::default();
+        let rules: Vec<_> = KUBE_PROXY.lines().filter_map(|l| parser.feed(l)).collect();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(rules[0].dst, "10.96.7.7".parse::<Ipv4Addr>().unwrap());
+        assert_eq!(rules[0].rule.chain, "KUBE-SEP-ABC");
+        assert_eq!(rules[0].rule.hook, "PREROUTING");
+        assert!(rules[0]
+            .rule
+            .rule
+            .ends_with("-j DNAT --to-destination 10.244.2.3:8080"));
     }
 
     #[test]

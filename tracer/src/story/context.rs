@@ -7,6 +7,7 @@ use std::{collections::HashMap, net::Ipv4Addr};
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Deserializer, Serialize};
 
+use super::nat::NatBook;
 use crate::{cluster::NodeSubnet, node::NodeFacts};
 
 /// What podtrace knows about the traced part of the cluster.
@@ -27,6 +28,9 @@ pub struct Context {
     /// timeline (ns), where the traced packets measured it.
     #[serde(default)]
     pub clock_uncertainty_ns: HashMap<String, u64>,
+    /// The address translations known (Services), to name them.
+    #[serde(default)]
+    pub nat: NatBook,
 }
 
 /// A `&'static str` that serde's derive does not take for a borrow of the

@@ -2,6 +2,11 @@
 //! with the evidence other signals give about it (the netfilter rule that
 //! dropped it), so that a journey is complete when it is told.
 //!
+//! One packet keeps one journey across address translation: a sighting
+//! after a DNAT, SNAT or their reverse joins the journey of its sighting
+//! before it, through the known translations (`story::nat`, where the
+//! design is explained).
+//!
 //! Pure: it sees only recorded hops, rules and timestamps, so it is tested
 //! on recorded event sequences without a kernel. Nothing in it grows
 //! without bound: evidence that finds no journey expires.
@@ -20,6 +25,7 @@ use crate::{
     },
     node::interfaces::Role,
     probe::netfilter::{NetfilterRule, PacketId},
+    story::nat::{self, NatBook},
 };
 
 /// The reason name of a drop by an iptables / nftables verdict.
@@ -84,6 +90,9 @@ pub struct Journey {
     pub hops: Vec<Hop>,
     /// The netfilter rule that dropped it, from rule tracing.
     pub rule: Option<NetfilterRule>,
+    /// The nat rules that translated it (DNAT, SNAT, MASQUERADE), in the
+    /// order they were traced.
+    pub nat_rules: Vec<NetfilterRule>,
     /// The kernel could not report some records while this packet was in
     /// flight (ring buffer full): its hops may have gaps.
     pub records_lost: bool,
@@ -96,7 +105,32 @@ impl Journey {
             key: PacketKey::of(&hops[0].packet),
             hops,
             rule: None,
+            nat_rules: Vec::new(),
             records_lost: false,
+        }
+    }
+
+    /// Whether packet `id` is this one: one of its sightings, or half
+    /// translated between two of them (a rule traced after a DNAT and
+    /// before a MASQUERADE shares the IP ID and one address with each).
+    fn is_packet(&self, id: PacketId) -> bool {
+        let (src, dst, ip_id) = id;
+        self.key.id() == id
+            || self.hops.iter().any(|h| {
+                let p = &h.packet.packet;
+                p.ip_id == ip_id && (p.src == src || p.dst == dst)
+            })
+    }
+
+    /// Evidence from rule tracing: a nat rule that translated it, or the
+    /// rule that dropped it.
+    fn add_rule(&mut self, rule: NetfilterRule) {
+        if nat::rule_action(&rule).is_some() {
+            if !self.nat_rules.contains(&rule) {
+                self.nat_rules.push(rule);
+            }
+        } else {
+            self.rule = Some(rule);
         }
     }
 
@@ -201,6 +235,9 @@ pub struct Correlator {
     losses: VecDeque<(u64, u64)>,
     /// Open journeys keyed as fragments.
     open_in_pieces: usize,
+    /// Known address translations, to join a packet's sightings across
+    /// them.
+    nat: NatBook,
 }
 
 impl Correlator {
@@ -211,7 +248,32 @@ impl Correlator {
             waiting_rules: VecDeque::new(),
             losses: VecDeque::new(),
             open_in_pieces: 0,
+            nat: NatBook::default(),
         }
+    }
+
+    /// The translations known so far; more may be learnt later
+    /// ([`Self::learn_translation`]).
+    pub fn with_nat(mut self, nat: NatBook) -> Self {
+        self.nat = nat;
+        self
+    }
+
+    /// A translation learnt while tracing (from conntrack).
+    pub fn learn_translation(&mut self, t: nat::Translation) {
+        self.nat.learn(t);
+    }
+
+    /// The open journey a sighting keyed `key` belongs to, through a known
+    /// translation, if its own key opens none.
+    fn translated(&self, key: &PacketKey) -> Option<PacketKey> {
+        if self.nat.translations.is_empty() || self.open.contains_key(key) {
+            return None;
+        }
+        self.nat
+            .alternatives(key)
+            .into_iter()
+            .find(|alt| self.open.contains_key(alt))
     }
 
     pub fn observe(&mut self, hop: Hop) {
@@ -224,20 +286,30 @@ impl Correlator {
                 key = *whole;
             }
         }
+        if let Some(before) = self.translated(&key) {
+            key = before;
+        }
         if key.in_pieces() && !self.open.contains_key(&key) {
             self.open_in_pieces += 1;
         }
         let waiting = &mut self.waiting_rules;
+        let hop_id = {
+            let p = &hop.packet.packet;
+            (p.src, p.dst, p.ip_id)
+        };
         let journey = self.open.entry(key).or_insert_with(|| Journey {
             key,
             hops: Vec::new(),
-            rule: waiting
-                .iter()
-                .position(|(_, id, _)| *id == key.id())
-                .and_then(|at| waiting.remove(at))
-                .map(|(_, _, rule)| rule),
+            rule: None,
+            nat_rules: Vec::new(),
             records_lost: false,
         });
+        // Rules traced before this sighting reached us.
+        while let Some(at) = waiting.iter().position(|(_, id, _)| *id == hop_id) {
+            if let Some((_, _, rule)) = waiting.remove(at) {
+                journey.add_rule(rule);
+            }
+        }
         // Different CPUs and ring buffers deliver slightly out of order.
         let at = journey.hops.partition_point(|h| h.ktime_ns <= hop.ktime_ns);
         journey.hops.insert(at, hop);
@@ -253,8 +325,8 @@ impl Correlator {
     /// The rule that dropped packet `id` (netfilter tracing), seen at
     /// `now_ns`: it joins the packet's journey, now or when it opens.
     pub fn observe_rule(&mut self, id: PacketId, rule: NetfilterRule, now_ns: u64) {
-        if let Some(journey) = self.open.values_mut().find(|j| j.key.id() == id) {
-            journey.rule = Some(rule);
+        if let Some(journey) = self.open.values_mut().find(|j| j.is_packet(id)) {
+            journey.add_rule(rule);
             return;
         }
         if self.waiting_rules.len() == MAX_WAITING_RULES {

@@ -11,6 +11,7 @@ pub mod clock;
 pub(crate) mod context;
 pub mod explain;
 pub mod journey;
+pub mod nat;
 mod notes;
 pub mod profile;
 mod verdict;
@@ -30,6 +31,7 @@ use crate::{
     node::interfaces::Role,
 };
 use journey::Journey;
+use nat::NatStep;
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct HopLine {
@@ -50,6 +52,11 @@ pub struct HopLine {
     /// The kernel's route for the packet, asked at this hook (ingress).
     pub route: Option<KernelRoute>,
     pub note: String,
+    /// Address translations since the previous hop (DNAT, un-DNAT, SNAT,
+    /// MASQUERADE, un-SNAT), each with both tuples, the rule and the
+    /// conntrack state.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub nat: Vec<NatStep>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -81,21 +88,37 @@ pub fn tell(journey: &Journey, ctx: &Context) -> Story {
         .hops
         .iter()
         .enumerate()
-        .map(|(i, hop)| HopLine {
-            t_us: micros(hop.ktime_ns - start),
-            clock_uncertainty_us: i
-                .checked_sub(1)
-                .and_then(|p| step_uncertainty(&journey.hops[p].node, &hop.node, ctx)),
-            node: hop.node.clone(),
-            iface: hop.iface.clone(),
-            role: hop.role,
-            direction: hop.direction,
-            skb_len: hop.skb_len,
-            ttl: hop.packet.packet.ttl,
-            mark: hop.mark,
-            tunnel: hop.packet.tunnel,
-            route: hop.route.clone(),
-            note: notes::note(hop, i.checked_sub(1).map(|p| &journey.hops[p]), ctx),
+        .map(|(i, hop)| {
+            let prev = i.checked_sub(1).map(|p| &journey.hops[p]);
+            let nat = prev.map_or_else(Vec::new, |p| {
+                nat::steps(
+                    &p.packet.packet,
+                    &hop.packet.packet,
+                    &journey.nat_rules,
+                    &ctx.nat,
+                )
+            });
+            let mut note = notes::note(hop, prev, ctx);
+            for step in &nat {
+                note.push_str(&format!("; {}", step.text()));
+            }
+            HopLine {
+                t_us: micros(hop.ktime_ns - start),
+                clock_uncertainty_us: i
+                    .checked_sub(1)
+                    .and_then(|p| step_uncertainty(&journey.hops[p].node, &hop.node, ctx)),
+                node: hop.node.clone(),
+                iface: hop.iface.clone(),
+                role: hop.role,
+                direction: hop.direction,
+                skb_len: hop.skb_len,
+                ttl: hop.packet.packet.ttl,
+                mark: hop.mark,
+                tunnel: hop.packet.tunnel,
+                route: hop.route.clone(),
+                note,
+                nat,
+            }
         })
         .collect();
     let mut story = Story {
@@ -114,6 +137,7 @@ pub fn tell(journey: &Journey, ctx: &Context) -> Story {
     if story.netfilter_drop() {
         story.name_rule(journey.rule.as_ref(), ctx.why_rule_unnamed);
     }
+    story.name_translations();
     story
 }
 

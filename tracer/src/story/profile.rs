@@ -92,6 +92,7 @@ mod tests {
             tunnel: None,
             route: None,
             note: String::new(),
+            nat: Vec::new(),
         }
     }
 

@@ -96,6 +96,9 @@ impl Story {
     pub(super) fn name_rule(&mut self, rule: Option<&NetfilterRule>, why_unnamed: &str) {
         match rule {
             Some(rule) => {
+                if let Some(rejected) = rejection(&rule.rule) {
+                    self.verdict.summary = format!("{rejected}; {}", self.verdict.summary);
+                }
                 self.verdict.summary.push_str(&format!(
                     "; by table {} chain {} (hook {}): {}",
                     rule.table, rule.chain, rule.hook, rule.rule
@@ -112,6 +115,44 @@ impl Story {
         }
     }
 
+    /// Says which Service the packet went through, and where its
+    /// destination was translated.
+    pub(super) fn name_translations(&mut self) {
+        let dnat = self.hops.iter().find_map(|h| {
+            h.nat
+                .iter()
+                .find(|s| s.kind == super::nat::NatKind::Dnat)
+                .map(|s| (h, s))
+        });
+        let undone = self.hops.iter().find_map(|h| {
+            h.nat
+                .iter()
+                .find(|s| s.kind == super::nat::NatKind::UnDnat)
+                .map(|s| (h, s))
+        });
+        for (hop, step) in dnat.into_iter().chain(undone) {
+            let service = step.service.as_deref().unwrap_or("a Service");
+            let verb = if step.kind == super::nat::NatKind::Dnat {
+                "through"
+            } else {
+                "reply of"
+            };
+            self.verdict.summary.push_str(&format!(
+                "; {verb} {service}: {} {} → {} on {} (seen at {} {})",
+                if step.kind == super::nat::NatKind::Dnat {
+                    "DNAT"
+                } else {
+                    "un-DNAT"
+                },
+                step.before,
+                step.after,
+                hop.node,
+                hop.iface,
+                hop.direction.label()
+            ));
+        }
+    }
+
     /// The netfilter hook of a drop, from the packet alone: routed on the
     /// dropping node (TTL lower than when it arrived there) means FORWARD.
     fn netfilter_hook(&self) -> &'static str {
@@ -125,6 +166,41 @@ impl Story {
             _ => "PREROUTING or INPUT",
         }
     }
+}
+
+/// For a REJECT rule: `rejected: default/db has no endpoints` (from
+/// kube-proxy's comment) and what the client is then sent.
+fn rejection(rule: &str) -> Option<String> {
+    if !rule.contains("-j REJECT") && !rule.contains(" reject") {
+        return None;
+    }
+    let comment = rule
+        .split_once("--comment ")
+        .or_else(|| rule.split_once("comment "))
+        .map(|(_, rest)| {
+            let rest = rest.trim_start_matches('"');
+            rest.split('"').next().unwrap_or(rest).to_string()
+        });
+    let why = match comment {
+        Some(c) if c.contains("has no endpoints") => {
+            // `default/db:http has no endpoints` → `default/db has no endpoints`.
+            let (svc, tail) = c.split_once(' ').unwrap_or((&c, ""));
+            let svc = svc.split(':').next().unwrap_or(svc);
+            format!("rejected: {svc} {tail}")
+        }
+        _ => "rejected".to_string(),
+    };
+    let answer = if rule.contains("tcp-reset") {
+        "a TCP RST"
+    } else if let Some((_, with)) = rule.split_once("--reject-with ") {
+        match with.split_whitespace().next() {
+            Some("icmp-port-unreachable") | None => "ICMP port unreachable",
+            Some(other) => return Some(format!("{why} (the client is sent {other})")),
+        }
+    } else {
+        "ICMP port unreachable"
+    };
+    Some(format!("{why} (the client is sent {answer})"))
 }
 
 pub(super) fn judge(journey: &Journey, ctx: &Context) -> Verdict {
@@ -148,7 +224,8 @@ pub(super) fn judge(journey: &Journey, ctx: &Context) -> Verdict {
         &outcome,
         &how(journey, &path),
         latency_us,
-        first.packet.packet.dst,
+        // After a DNAT, the backend it was delivered to.
+        last.packet.packet.dst,
         ctx,
     );
     if let Some(hint) = &explanation.hint {
@@ -318,5 +395,20 @@ fn summarise(
             let dir = direction.label();
             format!("incomplete: records were lost while this packet was in flight; last seen on {node} {iface} {dir}{how}")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rejection;
+
+    #[test]
+    fn a_reject_names_the_service_without_endpoints_and_the_answer() {
+        let rule = r#"-A KUBE-SERVICES -d 10.96.9.9/32 -p tcp -m comment --comment "default/empty:http has no endpoints" -m tcp --dport 80 -j REJECT --reject-with icmp-port-unreachable"#;
+        assert_eq!(
+            rejection(rule).unwrap(),
+            "rejected: default/empty has no endpoints (the client is sent ICMP port unreachable)"
+        );
+        assert!(rejection("-A FORWARD -j DROP").is_none());
     }
 }

@@ -23,6 +23,13 @@ const RESOURCES: &[(&str, &str, &str, bool, &[&str])] = &[
     ("v1", "nodes", "Node", false, &["get", "list", "watch"]),
     ("v1", "services", "Service", true, &["get", "list", "watch"]),
     (
+        "discovery.k8s.io/v1",
+        "endpointslices",
+        "EndpointSlice",
+        true,
+        &["get", "list", "watch"],
+    ),
+    (
         "coordination.k8s.io/v1",
         "leases",
         "Lease",
@@ -43,11 +50,14 @@ pub(crate) fn answer(parts: &[&str], _accept: &str) -> Option<Response<Body>> {
             json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]})
         }
         ["apis"] => {
-            json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [group("coordination.k8s.io")]})
+            json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [group("coordination.k8s.io"), group("discovery.k8s.io")]})
         }
         ["api", "v1"] => resources("v1"),
-        ["apis", g, v] if format!("{g}/{v}") == "coordination.k8s.io/v1" => {
-            resources("coordination.k8s.io/v1")
+        ["apis", g, v]
+            if ["coordination.k8s.io/v1", "discovery.k8s.io/v1"]
+                .contains(&format!("{g}/{v}").as_str()) =>
+        {
+            resources(&format!("{g}/{v}"))
         }
         _ => return None,
     };
@@ -75,8 +85,17 @@ pub(crate) fn list_kind(resource: &str) -> &'static str {
         "pods" => "PodList",
         "nodes" => "NodeList",
         "leases" => "LeaseList",
+        "endpointslices" => "EndpointSliceList",
         _ => "ServiceList",
     }
+}
+
+/// The group/version a resource is served under.
+pub(crate) fn group_version(resource: &str) -> &'static str {
+    RESOURCES
+        .iter()
+        .find(|(_, name, ..)| *name == resource)
+        .map_or("v1", |(gv, ..)| gv)
 }
 
 /// A row's cells, from its object.
@@ -136,6 +155,72 @@ pub(crate) fn table(resource: &str, items: &[Value], version: &str) -> Value {
                     age(n),
                     "v1.33.0-lab".into(),
                     ip.unwrap_or("<none>".into()),
+                ]
+            },
+        ),
+        "services" => (
+            vec![
+                column("Name", 0),
+                column("Type", 0),
+                column("Cluster-IP", 0),
+                column("External-IP", 0),
+                column("Port(s)", 0),
+                column("Age", 0),
+            ],
+            |s| {
+                let ports: Vec<String> = s["spec"]["ports"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|p| match p["nodePort"].as_u64() {
+                        Some(n) => format!(
+                            "{}:{n}/{}",
+                            p["port"],
+                            p["protocol"].as_str().unwrap_or("TCP")
+                        ),
+                        None => {
+                            format!("{}/{}", p["port"], p["protocol"].as_str().unwrap_or("TCP"))
+                        }
+                    })
+                    .collect();
+                vec![
+                    s["metadata"]["name"].clone(),
+                    or_none(&s["spec"]["type"]),
+                    or_none(&s["spec"]["clusterIP"]),
+                    "<none>".into(),
+                    ports.join(",").into(),
+                    age(s),
+                ]
+            },
+        ),
+        "endpointslices" => (
+            vec![
+                column("Name", 0),
+                column("AddressType", 0),
+                column("Ports", 0),
+                column("Endpoints", 0),
+                column("Age", 0),
+            ],
+            |e| {
+                let list = |v: &Value, key: &str| -> Vec<String> {
+                    v.as_array()
+                        .into_iter()
+                        .flatten()
+                        .flat_map(|x| match &x[key] {
+                            Value::Array(a) => a
+                                .iter()
+                                .map(|i| i.as_str().unwrap_or("").to_string())
+                                .collect(),
+                            other => vec![other.to_string()],
+                        })
+                        .collect()
+                };
+                vec![
+                    e["metadata"]["name"].clone(),
+                    or_none(&e["addressType"]),
+                    list(&e["ports"], "port").join(",").into(),
+                    list(&e["endpoints"], "addresses").join(",").into(),
+                    age(e),
                 ]
             },
         ),

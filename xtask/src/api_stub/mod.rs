@@ -102,6 +102,21 @@ pub struct Stub {
 }
 
 impl Stub {
+    /// Registers Services and EndpointSlices (a `kubectl get
+    /// svc,endpointslices -A -o json` list).
+    pub fn add_services(&self, list: &Value) {
+        for item in list["items"].as_array().into_iter().flatten() {
+            let resource = match item["kind"].as_str() {
+                Some("Service") => "services",
+                Some("EndpointSlice") => "endpointslices",
+                _ => continue,
+            };
+            let mut item = item.clone();
+            item["metadata"]["creationTimestamp"] = kubelet::now().into();
+            self.shared.change(resource, "ADDED", item);
+        }
+    }
+
     /// Starts the stub on 127.0.0.1 with the given pod and node lists
     /// (`kubectl get … -o json` shape), on a runtime of its own.
     pub fn start(pods: &Value, nodes: &Value) -> Self {
@@ -333,6 +348,9 @@ pub fn serve_lab(
         .collect();
     let kubelet = Kubelet::new(podtrace, node_netns, &lab.state_dir());
     let stub = Stub::serve(&lab.pod_list(), &lab.node_list(), Some(kubelet), port);
+    if lab.services_file().exists() {
+        stub.add_services(&lab.service_list());
+    }
     stub.kubeconfig_at(kubeconfig, TOKEN);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -336,11 +336,7 @@ fn list(shared: &Shared, t: &Target, q: &HashMap<String, String>, accept: &str) 
         );
     }
     let kind = discovery::list_kind(t.resource);
-    let api_version = if t.resource == "leases" {
-        "coordination.k8s.io/v1"
-    } else {
-        "v1"
-    };
+    let api_version = discovery::group_version(t.resource);
     json_response(
         StatusCode::OK,
         &json!({"kind": kind, "apiVersion": api_version, "metadata": {"resourceVersion": version}, "items": items}),

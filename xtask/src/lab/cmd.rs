@@ -77,3 +77,27 @@ pub fn veth(ns: &str, host_end: &str, peer_netns: &str, mtu: Option<u16>) -> Res
         &format!("link add {host_end} {mtu}type veth peer name eth0 netns {peer_netns}"),
     )
 }
+
+/// Runs `program args` inside `ns` with `input` on its stdin
+/// (`iptables-restore`, `nft -f -`); fails with its stderr.
+pub fn feed(ns: &str, program: &str, args: &[&str], input: &str) -> Result<()> {
+    use std::io::Write;
+    let mut child = in_netns(ns, program)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot run {program}"))?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(input.as_bytes())?;
+    let out = child.wait_with_output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{program} in {ns}: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(())
+}

@@ -15,6 +15,8 @@ mod cmd;
 pub mod flannel;
 mod flannel_host_gw;
 mod flannel_vxlan;
+pub mod kube_proxy;
+mod kube_proxy_nft;
 
 use std::{
     fs,
@@ -70,7 +72,7 @@ impl Topology {
 const UNDERLAY_GATEWAY: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
 /// Pods per node, and their names: node 1 runs web-*, node 2 db-*.
 const PODS_PER_NODE: u8 = 2;
-const NODES: u8 = 2;
+pub(crate) const NODES: u8 = 2;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LabPod {
@@ -312,6 +314,7 @@ impl Lab {
     /// Deletes every namespace with the lab's prefix, and its state.
     pub fn down(&self) -> Result<()> {
         self.stop_api();
+        self.stop_listeners();
         let owned = format!("{}-", self.prefix);
         if let Ok(entries) = fs::read_dir("/run/netns") {
             for entry in entries.flatten() {

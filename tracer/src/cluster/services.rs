@@ -1,0 +1,267 @@
+//! Kubernetes Services and their EndpointSlices: what a ClusterIP or a
+//! NodePort is translated to, and which pod each backend is. A Service is
+//! a destination like a pod, but kube-proxy rewrites it on the way, so the
+//! trace must know every backend up front (the kernel filter, the rule
+//! tracing and the correlator all need the translated pairs).
+//!
+//! Read from `--services-file` (`kubectl get svc,endpointslices -A -o json`)
+//! or the API (`cluster::api`), both as the same JSON objects.
+
+use std::{net::Ipv4Addr, path::Path};
+
+use anyhow::{Context, Result};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::story::nat::{Frontend, Translation};
+
+/// One port of a Service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServicePort {
+    pub name: String,
+    /// 6 (TCP) or 17 (UDP).
+    pub protocol: u8,
+    pub port: u16,
+    pub node_port: Option<u16>,
+}
+
+/// One ready endpoint (a backend pod) and its ports by name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Backend {
+    pub ip: Ipv4Addr,
+    /// `namespace/name` of the pod, from the endpoint's targetRef.
+    pub pod: Option<String>,
+    pub node: Option<String>,
+    /// (port name, protocol, port).
+    pub ports: Vec<(String, u8, u16)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Service {
+    pub namespace: String,
+    pub name: String,
+    pub cluster_ip: Option<Ipv4Addr>,
+    pub ports: Vec<ServicePort>,
+    pub backends: Vec<Backend>,
+}
+
+impl Service {
+    pub fn qualified(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// Every frontend → backend translation kube-proxy makes for it:
+    /// ClusterIP:port, and NodePorts on `node_ips`.
+    pub fn translations(&self, node_ips: &[Ipv4Addr]) -> Vec<Translation> {
+        let mut out = Vec::new();
+        for port in &self.ports {
+            let mut fronts: Vec<(Ipv4Addr, u16)> = Vec::new();
+            if let Some(ip) = self.cluster_ip {
+                fronts.push((ip, port.port));
+            }
+            if let Some(node_port) = port.node_port {
+                fronts.extend(node_ips.iter().map(|ip| (*ip, node_port)));
+            }
+            for (ip, front_port) in fronts {
+                for backend in &self.backends {
+                    let Some(target) = backend.port_for(port) else {
+                        continue;
+                    };
+                    out.push(Translation {
+                        protocol: port.protocol,
+                        front: Frontend {
+                            ip,
+                            port: front_port,
+                        },
+                        back: Frontend {
+                            ip: backend.ip,
+                            port: target,
+                        },
+                        service: self.qualified(),
+                        backend: backend.pod.clone(),
+                    });
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Backend {
+    /// The backend's port for a Service port: matched by name (the
+    /// EndpointSlice names its ports after the Service's).
+    fn port_for(&self, port: &ServicePort) -> Option<u16> {
+        self.ports
+            .iter()
+            .find(|(name, protocol, _)| *name == port.name && *protocol == port.protocol)
+            .map(|(_, _, p)| *p)
+    }
+}
+
+/// The Services of a cluster.
+#[derive(Clone, Debug, Default)]
+pub struct Catalog {
+    pub services: Vec<Service>,
+}
+
+impl Catalog {
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = super::read_file(path, "services file")?;
+        Self::parse(&text).with_context(|| {
+            format!(
+                "{} is not a list of Services and EndpointSlices",
+                path.display()
+            )
+        })
+    }
+
+    /// A `List` of Services and EndpointSlices (either kind may be
+    /// missing: a Service without slices has no endpoints).
+    pub fn parse(json: &str) -> Result<Self> {
+        #[derive(Deserialize)]
+        struct List {
+            items: Vec<Value>,
+        }
+        let list: List = serde_json::from_str(json)?;
+        Ok(Self::from_objects(&list.items))
+    }
+
+    pub fn from_objects(items: &[Value]) -> Self {
+        let mut services: Vec<Service> = items
+            .iter()
+            .filter(|o| o["kind"] == "Service")
+            .filter_map(service_of)
+            .collect();
+        for slice in items.iter().filter(|o| o["kind"] == "EndpointSlice") {
+            let ns = slice["metadata"]["namespace"].as_str().unwrap_or("default");
+            let owner = slice["metadata"]["labels"]["kubernetes.io/service-name"].as_str();
+            if let Some(svc) = services
+                .iter_mut()
+                .find(|s| s.namespace == ns && Some(s.name.as_str()) == owner)
+            {
+                svc.backends.extend(backends_of(slice, ns));
+            }
+        }
+        Self { services }
+    }
+
+    pub fn by_name(&self, namespace: &str, name: &str) -> Option<&Service> {
+        self.services
+            .iter()
+            .find(|s| s.namespace == namespace && s.name == name)
+    }
+
+    pub fn by_cluster_ip(&self, ip: Ipv4Addr) -> Option<&Service> {
+        self.services.iter().find(|s| s.cluster_ip == Some(ip))
+    }
+}
+
+fn protocol_number(text: Option<&str>) -> u8 {
+    match text.unwrap_or("TCP") {
+        "UDP" => 17,
+        "SCTP" => 132,
+        _ => 6,
+    }
+}
+
+fn service_of(o: &Value) -> Option<Service> {
+    let meta = &o["metadata"];
+    let spec = &o["spec"];
+    let ports = spec["ports"]
+        .as_array()
+        .map(|ports| {
+            ports
+                .iter()
+                .map(|p| ServicePort {
+                    name: p["name"].as_str().unwrap_or("").into(),
+                    protocol: protocol_number(p["protocol"].as_str()),
+                    port: p["port"].as_u64().unwrap_or(0) as u16,
+                    node_port: p["nodePort"].as_u64().map(|n| n as u16),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(Service {
+        namespace: meta["namespace"].as_str().unwrap_or("default").into(),
+        name: meta["name"].as_str()?.into(),
+        cluster_ip: spec["clusterIP"].as_str().and_then(|ip| ip.parse().ok()),
+        ports,
+        backends: Vec::new(),
+    })
+}
+
+/// The ready endpoints of one slice (IPv4 only).
+fn backends_of(slice: &Value, ns: &str) -> Vec<Backend> {
+    let ports: Vec<(String, u8, u16)> = slice["ports"]
+        .as_array()
+        .map(|ports| {
+            ports
+                .iter()
+                .map(|p| {
+                    (
+                        p["name"].as_str().unwrap_or("").to_string(),
+                        protocol_number(p["protocol"].as_str()),
+                        p["port"].as_u64().unwrap_or(0) as u16,
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    for endpoint in slice["endpoints"].as_array().into_iter().flatten() {
+        if endpoint["conditions"]["ready"] == false {
+            continue;
+        }
+        let target = &endpoint["targetRef"];
+        let pod = target["name"].as_str().map(|name| {
+            let pod_ns = target["namespace"].as_str().unwrap_or(ns);
+            format!("{pod_ns}/{name}")
+        });
+        for address in endpoint["addresses"].as_array().into_iter().flatten() {
+            if let Some(ip) = address.as_str().and_then(|a| a.parse().ok()) {
+                out.push(Backend {
+                    ip,
+                    pod: pod.clone(),
+                    node: endpoint["nodeName"].as_str().map(String::from),
+                    ports: ports.clone(),
+                });
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// As `kubectl get svc,endpointslices -A -o json` prints them.
+    pub(crate) const LIST: &str = r#"{"apiVersion":"v1","kind":"List","items":[
+ {"apiVersion":"v1","kind":"Service","metadata":{"name":"db","namespace":"default"},
+  "spec":{"type":"NodePort","clusterIP":"10.96.7.7","ports":[{"name":"http","protocol":"TCP","port":80,"targetPort":8080,"nodePort":30080}]}},
+ {"apiVersion":"v1","kind":"Service","metadata":{"name":"empty","namespace":"default"},
+  "spec":{"clusterIP":"10.96.9.9","ports":[{"name":"http","protocol":"TCP","port":80,"targetPort":8080}]}},
+ {"apiVersion":"discovery.k8s.io/v1","kind":"EndpointSlice","metadata":{"name":"db-x1","namespace":"default","labels":{"kubernetes.io/service-name":"db"}},
+  "addressType":"IPv4","ports":[{"name":"http","protocol":"TCP","port":8080}],
+  "endpoints":[{"addresses":["10.244.2.2"],"conditions":{"ready":true},"nodeName":"node-2","targetRef":{"kind":"Pod","name":"db-0","namespace":"default"}},
+               {"addresses":["10.244.2.3"],"conditions":{"ready":true},"nodeName":"node-2","targetRef":{"kind":"Pod","name":"db-1","namespace":"default"}},
+               {"addresses":["10.244.2.9"],"conditions":{"ready":false}}]}
+]}"#;
+
+    #[test]
+    fn services_get_their_ready_backends_and_translations() {
+        let catalog = Catalog::parse(LIST).unwrap();
+        let db = catalog.by_name("default", "db").unwrap();
+        assert_eq!(db.cluster_ip, Some(Ipv4Addr::new(10, 96, 7, 7)));
+        assert_eq!(db.backends.len(), 2, "the unready endpoint is left out");
+        assert_eq!(db.backends[1].pod.as_deref(), Some("default/db-1"));
+        let t = db.translations(&["192.0.2.11".parse().unwrap()]);
+        // Two backends, each behind the ClusterIP and the NodePort.
+        assert_eq!(t.len(), 4);
+        assert_eq!(t[0].front.to_string(), "10.96.7.7:80");
+        assert_eq!(t[0].back.to_string(), "10.244.2.2:8080");
+        assert_eq!(t[3].front.to_string(), "192.0.2.11:30080");
+        let empty = catalog.by_cluster_ip("10.96.9.9".parse().unwrap()).unwrap();
+        assert!(empty.backends.is_empty() && empty.translations(&[]).is_empty());
+    }
+}

@@ -1,0 +1,493 @@
+//! `lab up … --services`: Services on the lab, as kube-proxy (iptables
+//! mode) lays them out on every node, with real listeners in the backend
+//! pods, so podtrace can be shown a packet translated on its way.
+//!
+//! The chains follow kube-proxy's `proxier.go` layout: nat `KUBE-SERVICES`
+//! (one rule per ClusterIP:port, the NodePorts last), `KUBE-SVC-<hash>`
+//! (KUBE-MARK-MASQ for traffic from outside the pod CIDR, then one rule per
+//! endpoint, `statistic --mode random --probability 1/n` for all but the
+//! last), `KUBE-SEP-<hash>` (KUBE-MARK-MASQ for hairpin traffic, then the
+//! DNAT), `KUBE-EXT-<hash>` for NodePorts, `KUBE-MARK-MASQ` and
+//! `KUBE-POSTROUTING` (MASQUERADE of marked packets); filter
+//! `KUBE-SERVICES` rejects Services without endpoints and `KUBE-FORWARD`
+//! drops conntrack INVALID. Flannel's own MASQUERADE of pod traffic
+//! leaving the pod CIDR is added too. `kube_proxy_nft` writes the same
+//! Services as kube-proxy's nftables mode.
+//!
+//! The Services (their ClusterIPs derive from the pod CIDR, so that
+//! concurrent labs never share one):
+//! - `default/db`: TCP 80 → 8080 (`http`, NodePort 30080) and UDP 53 → 5353
+//!   (`dns`), backends db-0 and db-1 on node-2;
+//! - `default/web`: TCP 80 → 8080, backend web-0 on node-1 (same node,
+//!   hairpin);
+//! - `default/empty`: TCP 80, no endpoints.
+
+use std::{fs, net::Ipv4Addr, process::Stdio};
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+
+use super::{cmd, in_netns, Lab, LabPod, NODES};
+
+/// The backends' listening ports.
+pub const TCP_PORT: u16 = 8080;
+pub const UDP_PORT: u16 = 5353;
+/// db's NodePort.
+pub const NODE_PORT: u16 = 30080;
+/// kube-proxy's masquerade mark.
+const MASQ_MARK: &str = "0x4000/0x4000";
+
+/// How kube-proxy programs the nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProxyMode {
+    Iptables,
+    Nftables,
+}
+
+/// One port of a lab Service.
+#[derive(Clone, Debug)]
+pub struct LabPort {
+    pub name: &'static str,
+    /// `tcp` or `udp`.
+    pub protocol: &'static str,
+    pub port: u16,
+    pub target: u16,
+    pub node_port: Option<u16>,
+}
+
+#[derive(Clone, Debug)]
+pub struct LabService {
+    pub name: &'static str,
+    pub cluster_ip: Ipv4Addr,
+    pub ports: Vec<LabPort>,
+    pub backends: Vec<LabPod>,
+}
+
+impl LabService {
+    pub fn qualified(&self) -> String {
+        format!("default/{}", self.name)
+    }
+
+    /// kube-proxy's chain suffix: a hash of the service port name and
+    /// protocol (kube-proxy: base32 of a SHA-256, 16 characters).
+    pub fn chain_hash(&self, port: &LabPort, extra: &str) -> String {
+        let text = format!("{}:{}{}{extra}", self.qualified(), port.name, port.protocol);
+        format!("{:016X}", super::fnv1a(&text))
+    }
+}
+
+impl Lab {
+    /// The lab's Services (see the module doc).
+    pub fn services(&self) -> Vec<LabService> {
+        let octet = self.pod_cidr.network().octets()[1];
+        let ip = |last| Ipv4Addr::new(10, 96, octet, last);
+        let http = |node_port| LabPort {
+            name: "http",
+            protocol: "tcp",
+            port: 80,
+            target: TCP_PORT,
+            node_port,
+        };
+        let dns = LabPort {
+            name: "dns",
+            protocol: "udp",
+            port: 53,
+            target: UDP_PORT,
+            node_port: None,
+        };
+        vec![
+            LabService {
+                name: "db",
+                cluster_ip: ip(7),
+                ports: vec![http(Some(NODE_PORT)), dns],
+                backends: vec![self.pod("db-0"), self.pod("db-1")],
+            },
+            LabService {
+                name: "web",
+                cluster_ip: ip(8),
+                ports: vec![http(None)],
+                backends: vec![self.pod("web-0")],
+            },
+            LabService {
+                name: "empty",
+                cluster_ip: ip(9),
+                ports: vec![http(None)],
+                backends: vec![],
+            },
+        ]
+    }
+
+    pub fn service(&self, name: &str) -> LabService {
+        self.services()
+            .into_iter()
+            .find(|s| s.name == name)
+            .expect("a lab service")
+    }
+
+    pub fn services_file(&self) -> std::path::PathBuf {
+        self.state_dir().join("services.json")
+    }
+
+    /// Programs every node as kube-proxy would, starts the backends'
+    /// listeners, and writes `services.json`.
+    pub fn install_services(&self, mode: ProxyMode) -> Result<()> {
+        for node in 1..=NODES {
+            let ns = self.node_netns(node);
+            for pod in self.pods_on(node) {
+                // As the CNI bridge plugin sets it (hairpinMode: true).
+                cmd::ip(
+                    &ns,
+                    &format!("link set {} type bridge_slave hairpin on", pod.host_iface),
+                )?;
+            }
+            match mode {
+                ProxyMode::Iptables => restore(&ns, &self.iptables_rules(node))?,
+                ProxyMode::Nftables => super::kube_proxy_nft::install(self, &ns, node)?,
+            }
+        }
+        self.start_listeners()?;
+        fs::create_dir_all(self.state_dir())?;
+        fs::write(
+            self.services_file(),
+            serde_json::to_string_pretty(&self.service_list())?,
+        )?;
+        fs::write(self.state_dir().join("proxy-mode"), format!("{mode:?}"))?;
+        Ok(())
+    }
+
+    /// `iptables-save` text for one node.
+    pub fn iptables_rules(&self, node: u8) -> String {
+        let mut nat = NatRules::default();
+        let mut filter = vec![
+            "-A INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES".to_string(),
+            "-A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES".into(),
+            "-A OUTPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES".into(),
+            "-A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD".into(),
+            "-A KUBE-FORWARD -m conntrack --ctstate INVALID -m comment --comment \"kubernetes forwarding conntrack rule\" -j DROP".into(),
+        ];
+        for svc in self.services() {
+            for port in &svc.ports {
+                if svc.backends.is_empty() {
+                    filter.push(format!(
+                        "-A KUBE-SERVICES -d {}/32 -p {p} -m comment --comment \"{}:{} has no endpoints\" -m {p} --dport {} -j REJECT --reject-with icmp-port-unreachable",
+                        svc.cluster_ip, svc.qualified(), port.name, port.port, p = port.protocol
+                    ));
+                } else {
+                    nat.service(self, &svc, port);
+                }
+            }
+        }
+        let _ = node;
+        format!(
+            "*nat\n{}COMMIT\n*filter\n:KUBE-SERVICES - [0:0]\n:KUBE-FORWARD - [0:0]\n{}\nCOMMIT\n",
+            nat.text(self),
+            filter.join("\n")
+        )
+    }
+
+    /// A TCP listener and a UDP echo in every backend pod (python3),
+    /// recorded so that `down` stops them.
+    fn start_listeners(&self) -> Result<()> {
+        use std::os::unix::process::CommandExt;
+        const SERVER: &str = r#"
+import os, socket, sys, threading
+tcp_port, udp_port = int(sys.argv[1]), int(sys.argv[2])
+def udp():
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.bind(("0.0.0.0", udp_port))
+    while True:
+        data, peer = u.recvfrom(2048)
+        u.sendto(data, peer)
+threading.Thread(target=udp, daemon=True).start()
+t = socket.socket()
+t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+t.bind(("0.0.0.0", tcp_port))
+t.listen(64)
+while True:
+    c, _ = t.accept()
+    try:
+        c.recv(4096)
+        c.sendall(b"ok\n")
+    except OSError:
+        pass
+    c.close()
+"#;
+        let mut pids = String::new();
+        let mut backends: Vec<LabPod> = self
+            .services()
+            .into_iter()
+            .flat_map(|s| s.backends)
+            .collect();
+        backends.dedup_by(|a, b| a.name == b.name);
+        for pod in backends {
+            let child = in_netns(&pod.netns, "python3")
+                .args(["-c", SERVER, &TCP_PORT.to_string(), &UDP_PORT.to_string()])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .process_group(0)
+                .spawn()
+                .context("cannot start a backend listener (python3)")?;
+            pids.push_str(&format!("{}\n", child.id()));
+        }
+        fs::create_dir_all(self.state_dir())?;
+        fs::write(self.state_dir().join("listeners.pids"), pids)?;
+        // Until they listen.
+        for _ in 0..50 {
+            let db = self.pod("db-1");
+            let up = in_netns(&db.netns, "ss")
+                .args(["-Hltn", &format!("sport = :{TCP_PORT}")])
+                .output()
+                .is_ok_and(|o| !o.stdout.is_empty());
+            if up {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Ok(())
+    }
+
+    /// Stops the listeners `install_services` started.
+    pub(super) fn stop_listeners(&self) {
+        let Ok(pids) = fs::read_to_string(self.state_dir().join("listeners.pids")) else {
+            return;
+        };
+        for pid in pids.lines().filter_map(|p| p.trim().parse::<i32>().ok()) {
+            // SAFETY: a pid this lab started and recorded.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+
+    /// One TCP request from inside a pod to `ip:port`: the answer, if any
+    /// (`Err` says what the client saw: refused, timed out).
+    pub fn tcp_request(&self, from_pod: &str, ip: Ipv4Addr, port: u16) -> Result<String, String> {
+        self.client(from_pod, "tcp", ip, port)
+    }
+
+    /// One UDP datagram from inside a pod, and its echo.
+    pub fn udp_request(&self, from_pod: &str, ip: Ipv4Addr, port: u16) -> Result<String, String> {
+        self.client(from_pod, "udp", ip, port)
+    }
+
+    fn client(
+        &self,
+        from_pod: &str,
+        proto: &str,
+        ip: Ipv4Addr,
+        port: u16,
+    ) -> Result<String, String> {
+        const CLIENT: &str = r#"
+import socket, sys
+proto, ip, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+kind = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
+s = socket.socket(socket.AF_INET, kind)
+s.settimeout(2)
+try:
+    s.connect((ip, port))
+    s.send(b"hello\n")
+    print(s.recv(64).decode().strip())
+except OSError as e:
+    print(type(e).__name__, e)
+    sys.exit(1)
+"#;
+        let out = in_netns(&self.pod(from_pod).netns, "python3")
+            .args(["-c", CLIENT, proto, &ip.to_string(), &port.to_string()])
+            .output()
+            .map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if out.status.success() {
+            Ok(text)
+        } else {
+            Err(text)
+        }
+    }
+
+    /// The Services and EndpointSlices as `kubectl get
+    /// svc,endpointslices -A -o json` prints them.
+    pub fn service_list(&self) -> Value {
+        let mut items = Vec::new();
+        for svc in self.services() {
+            items.push(service_object(&svc));
+            if !svc.backends.is_empty() {
+                items.push(slice_object(&svc));
+            }
+        }
+        json!({"apiVersion": "v1", "kind": "List", "items": items})
+    }
+}
+
+fn service_object(svc: &LabService) -> Value {
+    let ports: Vec<Value> = svc
+        .ports
+        .iter()
+        .map(|p| {
+            let mut port = json!({"name": p.name, "protocol": p.protocol.to_uppercase(), "port": p.port, "targetPort": p.target});
+            if let Some(n) = p.node_port {
+                port["nodePort"] = n.into();
+            }
+            port
+        })
+        .collect();
+    let kind = if svc.ports.iter().any(|p| p.node_port.is_some()) {
+        "NodePort"
+    } else {
+        "ClusterIP"
+    };
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": svc.name, "namespace": "default"},
+        "spec": {"type": kind, "clusterIP": svc.cluster_ip.to_string(), "clusterIPs": [svc.cluster_ip.to_string()],
+                 "selector": {"app": svc.name}, "ports": ports},
+        "status": {"loadBalancer": {}}
+    })
+}
+
+fn slice_object(svc: &LabService) -> Value {
+    let ports: Vec<Value> = svc
+        .ports
+        .iter()
+        .map(|p| json!({"name": p.name, "protocol": p.protocol.to_uppercase(), "port": p.target}))
+        .collect();
+    let endpoints: Vec<Value> = svc
+        .backends
+        .iter()
+        .map(|pod| {
+            json!({
+                "addresses": [pod.ip.to_string()],
+                "conditions": {"ready": true, "serving": true, "terminating": false},
+                "nodeName": Lab::node_name(pod.node),
+                "targetRef": {"kind": "Pod", "name": pod.name, "namespace": "default"}
+            })
+        })
+        .collect();
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{}-abcde", svc.name), "namespace": "default",
+                     "labels": {"kubernetes.io/service-name": svc.name, "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+        "addressType": "IPv4", "ports": ports, "endpoints": endpoints
+    })
+}
+
+/// kube-proxy's nat table, built one Service port at a time.
+#[derive(Default)]
+struct NatRules {
+    chains: Vec<String>,
+    services: Vec<String>,
+    nodeports: Vec<String>,
+    rules: Vec<String>,
+}
+
+impl NatRules {
+    fn service(&mut self, lab: &Lab, svc: &LabService, port: &LabPort) {
+        let name = format!("{}:{}", svc.qualified(), port.name);
+        let p = port.protocol;
+        let svc_chain = format!("KUBE-SVC-{}", svc.chain_hash(port, ""));
+        self.chains.push(svc_chain.clone());
+        self.services.push(format!(
+            "-A KUBE-SERVICES -d {}/32 -p {p} -m comment --comment \"{name} cluster IP\" -m {p} --dport {} -j {svc_chain}",
+            svc.cluster_ip, port.port
+        ));
+        self.rules.push(format!(
+            "-A {svc_chain} ! -s {} -d {}/32 -p {p} -m comment --comment \"{name} cluster IP\" -m {p} --dport {} -j KUBE-MARK-MASQ",
+            lab.pod_cidr, svc.cluster_ip, port.port
+        ));
+        if let Some(node_port) = port.node_port {
+            let ext = format!("KUBE-EXT-{}", svc.chain_hash(port, ""));
+            self.chains.push(ext.clone());
+            self.nodeports.push(format!(
+                "-A KUBE-NODEPORTS -p {p} -m comment --comment \"{name}\" -m {p} --dport {node_port} -j {ext}"
+            ));
+            self.rules.push(format!("-A {ext} -m comment --comment \"masquerade traffic for {name} external destinations\" -j KUBE-MARK-MASQ"));
+            self.rules.push(format!("-A {ext} -j {svc_chain}"));
+        }
+        let n = svc.backends.len();
+        for (i, pod) in svc.backends.iter().enumerate() {
+            let sep = format!("KUBE-SEP-{}", svc.chain_hash(port, &pod.ip.to_string()));
+            self.chains.push(sep.clone());
+            let to = format!("{}:{}", pod.ip, port.target);
+            let random = if i + 1 < n {
+                format!(
+                    " -m statistic --mode random --probability {:.11}",
+                    1.0 / (n - i) as f64
+                )
+            } else {
+                String::new()
+            };
+            self.rules.push(format!(
+                "-A {svc_chain} -m comment --comment \"{name} -> {to}\"{random} -j {sep}"
+            ));
+            self.rules.push(format!(
+                "-A {sep} -s {}/32 -m comment --comment \"{name}\" -j KUBE-MARK-MASQ",
+                pod.ip
+            ));
+            self.rules.push(format!("-A {sep} -p {p} -m comment --comment \"{name}\" -m {p} -j DNAT --to-destination {to}"));
+        }
+    }
+
+    fn text(&self, lab: &Lab) -> String {
+        let mut out = String::new();
+        for chain in [
+            "KUBE-SERVICES",
+            "KUBE-NODEPORTS",
+            "KUBE-POSTROUTING",
+            "KUBE-MARK-MASQ",
+            "FLANNEL-POSTRTG",
+        ]
+        .into_iter()
+        .map(String::from)
+        .chain(self.chains.iter().cloned())
+        {
+            out.push_str(&format!(":{chain} - [0:0]\n"));
+        }
+        let cidr = lab.pod_cidr;
+        let fixed = [
+            "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES".to_string(),
+            "-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES".into(),
+            "-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING".into(),
+            "-A POSTROUTING -m comment --comment \"flanneld masq\" -j FLANNEL-POSTRTG".into(),
+            format!("-A KUBE-MARK-MASQ -j MARK --set-xmark {MASQ_MARK}"),
+            format!("-A KUBE-POSTROUTING -m mark ! --mark {MASQ_MARK} -j RETURN"),
+            "-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0".into(),
+            "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully".into(),
+            format!("-A FLANNEL-POSTRTG -s {cidr} -d {cidr} -m comment --comment \"flanneld masq\" -j RETURN"),
+            format!("-A FLANNEL-POSTRTG -s {cidr} ! -d 224.0.0.0/4 -m comment --comment \"flanneld masq\" -j MASQUERADE --random-fully"),
+        ];
+        let last = "-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS".to_string();
+        for line in fixed
+            .iter()
+            .chain(&self.services)
+            .chain(std::iter::once(&last))
+            .chain(&self.nodeports)
+            .chain(&self.rules)
+        {
+            out.push_str(line);
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// `iptables-restore --noflush` inside a node.
+fn restore(ns: &str, rules: &str) -> Result<()> {
+    cmd::feed(ns, "iptables-restore", &["--noflush"], rules)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lab::Topology;
+
+    #[test]
+    fn kube_proxy_chains_are_laid_out_as_kube_proxy_does() {
+        let lab = Lab::new("t", Topology::FlannelVxlan, None).unwrap();
+        let rules = lab.iptables_rules(1);
+        assert!(
+            rules.contains("-m statistic --mode random --probability 0.50000000000 -j KUBE-SEP-")
+        );
+        assert!(rules.contains("-j DNAT --to-destination 10.244.2.3:8080"));
+        assert!(rules.contains("\"default/empty:http has no endpoints\""));
+        assert!(rules.contains("--dport 30080 -j KUBE-EXT-"));
+        let list = lab.service_list();
+        assert_eq!(list["items"].as_array().unwrap().len(), 5);
+    }
+}
