@@ -343,10 +343,10 @@ impl Session {
         };
         let record = match agent.reader.read(&text) {
             Read::Message(text) => {
-                eprintln!(
-                    "podtrace: {node}: {}",
-                    text.trim_start_matches("podtrace: ")
-                );
+                // The agent's own lines often name its node already.
+                let text = text.trim_start_matches("podtrace: ");
+                let text = text.strip_prefix(&format!("{node}: ")).unwrap_or(text);
+                eprintln!("podtrace: {node}: {text}");
                 return Ok(());
             }
             Read::Record(record) => record,
