@@ -20,6 +20,8 @@ const APT_PACKAGES: &[&str] = &[
     "bpftool",
     "procps",
     "tshark",
+    // The tests' listeners and crafted packets inside lab pods.
+    "python3",
 ];
 
 /// Answers for debconf, so that installing stays non-interactive:
