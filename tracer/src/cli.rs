@@ -39,6 +39,10 @@ pub enum Command {
     /// Trace one node for a cluster-mode front-end (run as a pod on that
     /// node): JSON lines on stdout.
     Agent(crate::app::agent::AgentArgs),
+    /// Check a node and the API for the failures that leave no packet to
+    /// trace (CNI config and plugins, flannel/calico state, kernel and
+    /// firewall, pods without an IP); exit 1 if any check failed.
+    Doctor(crate::doctor::DoctorArgs),
 }
 
 /// `podtrace read FILE.pcapng`.

@@ -15,6 +15,7 @@ mod cmd;
 pub mod flannel;
 mod flannel_host_gw;
 mod flannel_vxlan;
+pub mod host_root;
 
 use std::{
     fs,
@@ -201,6 +202,12 @@ impl Lab {
         self.state_dir().join("pods.json")
     }
 
+    /// A node's root filesystem (`/host` of a debug pod on a real node):
+    /// etc/cni/net.d, opt/cni/bin, run/flannel.
+    pub fn host_root(&self, node: u8) -> PathBuf {
+        self.state_dir().join(Self::node_name(node)).join("root")
+    }
+
     pub fn nodes_file(&self) -> PathBuf {
         self.state_dir().join("nodes.json")
     }
@@ -234,6 +241,9 @@ impl Lab {
             serde_json::to_string_pretty(&self.node_list())?,
         )?;
         fs::write(self.state_dir().join("pod-cidr"), self.pod_cidr.to_string())?;
+        for node in 1..=NODES {
+            host_root::lay_out(self, node)?;
+        }
         fs::write(marker, self.topology.name())?;
         Ok(())
     }

@@ -1,0 +1,86 @@
+//! Calico on a node: a route for every other node's block (bird writes
+//! them from BGP), and the `projectcalico.org/IPv4Address` the node
+//! announces must be an address it really has — peers dial it for BGP, so
+//! a wrong one (autodetection picked another interface) leaves every
+//! remote block unrouted.
+
+use std::net::Ipv4Addr;
+
+use super::{cni_config, node::NodeFacts, Check};
+use crate::node::RouteKind;
+
+const FAMILY: &str = "calico";
+const BGP_PORT: u16 = 179;
+
+pub fn checks(facts: &NodeFacts) -> Vec<Check> {
+    if !cni_config::running(facts, "calico") {
+        return Vec::new();
+    }
+    let mut checks = vec![check_peer_ip(facts)];
+    for remote in facts.others.iter().filter(|r| !r.pod_cidrs.is_empty()) {
+        let block = remote.pod_cidrs[0];
+        let route = facts
+            .view
+            .routes
+            .iter()
+            .find(|r| r.destination == block && r.kind == RouteKind::Unicast);
+        checks.push(Check::judge(FAMILY, &facts.name, &format!("route to {}", remote.name), route.is_some(),
+            match route {
+                Some(r) => format!("{} (block of {})", facts.view.describe(r), remote.name),
+                None => format!("no route to {block} ({}'s block): BGP with {} is not established", remote.name, remote.name),
+            },
+            || format!("check BGP: calicoctl node status on {} and {}; the peer address each announces (projectcalico.org/IPv4Address)", facts.name, remote.name)));
+    }
+    if let Some(listening) = &facts.tcp_listening {
+        if listening.contains(&BGP_PORT) {
+            checks.push(Check::pass(
+                FAMILY,
+                &facts.name,
+                "BGP port",
+                format!("bird listens on TCP {BGP_PORT}"),
+            ));
+        }
+    }
+    checks
+}
+
+/// The annotated peer address is one of the node's own.
+fn check_peer_ip(facts: &NodeFacts) -> Check {
+    let node = facts.name.as_str();
+    let annotated = facts
+        .me
+        .as_ref()
+        .and_then(|m| m.calico_ipv4())
+        .map(String::from);
+    let Some(annotated) = annotated else {
+        return Check::pass(
+            FAMILY,
+            node,
+            "peer address",
+            "no projectcalico.org/IPv4Address to check".into(),
+        );
+    };
+    let ip: Option<Ipv4Addr> = annotated.split('/').next().and_then(|a| a.parse().ok());
+    let held = ip.and_then(|ip| facts.view.link_with_address(ip));
+    let own: Vec<String> = facts
+        .view
+        .addresses
+        .iter()
+        .filter(|(_, a)| !a.is_loopback())
+        .filter_map(|(i, a)| Some(format!("{a} ({})", facts.view.link(*i)?.name)))
+        .collect();
+    let evidence = match held {
+        Some(link) => format!("projectcalico.org/IPv4Address {annotated} is on {}", link.name),
+        None => format!("projectcalico.org/IPv4Address says {annotated}, an address this node does not have (it has {}): BGP peers dial the wrong address and never route to its pods", own.join(", ")),
+    };
+    Check::judge(
+        FAMILY,
+        node,
+        "peer address",
+        held.is_some(),
+        evidence,
+        || {
+            "set IP_AUTODETECTION_METHOD on calico-node (e.g. interface=eth0 or kubernetes-internal-ip) and restart it on this node".into()
+        },
+    )
+}
