@@ -387,6 +387,19 @@ impl Lab {
         json!({"apiVersion": "v1", "kind": "List", "items": items})
     }
 
+    /// A healthy node's conditions: Ready, and the network its CNI set up
+    /// (NetworkUnavailable False, as Flannel and Calico set it).
+    fn node_conditions(&self) -> Value {
+        let reason = match self.topology {
+            Topology::Calico => "CalicoIsUp",
+            _ => "FlannelIsUp",
+        };
+        json!([
+            {"type": "NetworkUnavailable", "status": "False", "reason": reason, "message": format!("{} is running on this node", self.topology.name())},
+            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status"},
+        ])
+    }
+
     /// The nodes as `kubectl get nodes -o json` prints them, with the CNI's
     /// annotations.
     pub fn node_list(&self) -> Value {
@@ -399,7 +412,10 @@ impl Lab {
                     "kind": "Node",
                     "metadata": {"name": Self::node_name(n), "annotations": annotations},
                     "spec": {"podCIDR": self.node_subnet(n).to_string(), "podCIDRs": [self.node_subnet(n).to_string()]},
-                    "status": {"addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": Self::node_name(n)}]}
+                    "status": {
+                        "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": Self::node_name(n)}],
+                        "conditions": self.node_conditions(),
+                    }
                 })
             })
             .collect();

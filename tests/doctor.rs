@@ -1,0 +1,482 @@
+//! `podtrace doctor` on the lab: the healthy lab passes every check, and
+//! every fault of the catalogue (old and new) is named on the node it
+//! broke. Sandbox failures served by the API stub as kubelet's events are
+//! classified, and confirmed by the node check that finds their cause.
+
+#[allow(dead_code)]
+mod support;
+
+use std::{path::PathBuf, process::Command};
+
+use serde_json::Value;
+use support::*;
+use xtask::{
+    api_stub::{Stub, TOKEN},
+    faults::Fault,
+    lab::{LabGuard, Topology},
+};
+
+/// `podtrace doctor` on both lab nodes (files as the inventory): the JSON
+/// report, and the exit code.
+fn doctor(lab: &LabGuard, extra: &[&str]) -> (Value, i32) {
+    let mut argv: Vec<String> = vec!["doctor".into(), "-o".into(), "json".into()];
+    argv.extend([
+        "--pods-file".into(),
+        lab.0.pods_file().display().to_string(),
+    ]);
+    argv.extend([
+        "--nodes-file".into(),
+        lab.0.nodes_file().display().to_string(),
+    ]);
+    argv.extend(node_args(lab));
+    argv.extend(extra.iter().map(|s| s.to_string()));
+    run(&argv)
+}
+
+fn node_args(lab: &LabGuard) -> Vec<String> {
+    (1..=2)
+        .flat_map(|n| {
+            [
+                "--netns".to_string(),
+                lab.0.node_netns(n),
+                "--host-root".to_string(),
+                lab.0.host_root(n).display().to_string(),
+            ]
+        })
+        .collect()
+}
+
+fn run(argv: &[String]) -> (Value, i32) {
+    let out = Command::new(PODTRACE)
+        .args(argv)
+        .output()
+        .expect("podtrace");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (report, out.status.code().unwrap_or(-1))
+}
+
+fn failing(report: &Value) -> Vec<&Value> {
+    report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .filter(|c| c["ok"] == false)
+        .collect()
+}
+
+/// The failing check of `family` whose name starts with `name` on `node`,
+/// with `evidence` in its evidence; exit code 1.
+fn assert_names(
+    fault: Fault,
+    node: &str,
+    family: &str,
+    name: &str,
+    evidence: &str,
+    extra: &[&str],
+) {
+    let lab = lab(fault.topology());
+    fault.apply(&lab.0).expect("apply the fault");
+    let (report, code) = doctor(&lab, extra);
+    assert_eq!(code, 1, "{}: {report:#}", fault.name());
+    let found = failing(&report).into_iter().find(|c| {
+        c["node"] == node
+            && c["family"] == family
+            && c["name"].as_str().is_some_and(|n| n.starts_with(name))
+    });
+    let check = found.unwrap_or_else(|| {
+        panic!(
+            "{}: no failing {family} check {name:?} on {node}: {report:#}",
+            fault.name()
+        )
+    });
+    let text = check["evidence"].as_str().unwrap();
+    assert!(text.contains(evidence), "{}: {text}", fault.name());
+    assert!(
+        check["fix"].as_str().is_some_and(|f| !f.is_empty()),
+        "{check}"
+    );
+}
+
+#[test]
+fn the_healthy_labs_pass_every_check() {
+    for topology in [
+        Topology::FlannelVxlan,
+        Topology::FlannelHostGw,
+        Topology::Calico,
+    ] {
+        let lab = lab(topology);
+        let (report, code) = doctor(&lab, &[]);
+        assert!(
+            failing(&report).is_empty(),
+            "{}: {report:#}",
+            topology.name()
+        );
+        assert_eq!(code, 0);
+        let nodes: Vec<&str> = report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["node"].as_str())
+            .collect();
+        assert!(
+            nodes.contains(&"node-1") && nodes.contains(&"node-2"),
+            "{nodes:?}"
+        );
+    }
+}
+
+#[test]
+fn every_fault_of_the_catalogue_has_a_doctor_test() {
+    // The tests below, by fault: adding a fault without one fails here.
+    let tested = [
+        "iptables-forward-drop",
+        "calico-profile-drop",
+        "kube-firewall-mark-drop",
+        "flannel-route-missing",
+        "flannel-route-missing-no-default",
+        "cni0-deleted",
+        "flannel-fdb-missing",
+        "ip-forward-off",
+        "mtu-too-big",
+        "next-hop-no-arp",
+        "stale-cni-conflist",
+        "cni-plugin-missing",
+        "cni-bin-masked",
+        "subnet-env-missing",
+        "calico-wrong-peer-ip",
+        "forward-policy-drop",
+        "conntrack-full",
+        "mtu-mismatch",
+    ];
+    for fault in Fault::all() {
+        assert!(
+            tested.contains(&fault.name()),
+            "no doctor test for {}",
+            fault.name()
+        );
+    }
+}
+
+#[test]
+fn iptables_forward_drop() {
+    assert_names(
+        Fault::IptablesForwardDrop,
+        "node-1",
+        "firewall",
+        "DROP rules",
+        "-A FORWARD -s",
+        &[],
+    );
+}
+
+#[test]
+fn calico_profile_drop() {
+    assert_names(
+        Fault::CalicoProfileDrop,
+        "node-2",
+        "firewall",
+        "Calico policy of cali",
+        "Drop if no profiles matched",
+        &[],
+    );
+}
+
+#[test]
+fn kube_firewall_mark_drop() {
+    assert_names(
+        Fault::KubeFirewallMarkDrop,
+        "node-1",
+        "firewall",
+        "KUBE-FIREWALL",
+        "KUBE-MARK-DROP",
+        &[],
+    );
+}
+
+#[test]
+fn flannel_route_missing() {
+    assert_names(
+        Fault::FlannelRouteMissing,
+        "node-1",
+        "flannel",
+        "route to node-2",
+        "no route to",
+        &[],
+    );
+}
+
+#[test]
+fn flannel_route_missing_no_default() {
+    assert_names(
+        Fault::FlannelRouteMissingNoDefault,
+        "node-1",
+        "flannel",
+        "route to node-2",
+        "no route to",
+        &[],
+    );
+}
+
+#[test]
+fn cni0_deleted() {
+    assert_names(
+        Fault::Cni0Deleted,
+        "node-1",
+        "flannel",
+        "cni0",
+        "cni0 does not exist",
+        &[],
+    );
+}
+
+#[test]
+fn flannel_fdb_missing() {
+    assert_names(
+        Fault::FlannelFdbMissing,
+        "node-1",
+        "flannel",
+        "VTEP of node-2",
+        "dst 192.0.2.12: MISSING",
+        &[],
+    );
+}
+
+#[test]
+fn ip_forward_off() {
+    assert_names(
+        Fault::IpForwardOff,
+        "node-1",
+        "kernel",
+        "ip_forward",
+        "= 0",
+        &[],
+    );
+}
+
+#[test]
+fn mtu_too_big() {
+    assert_names(
+        Fault::MtuTooBig,
+        "node-1",
+        "kernel",
+        "MTU",
+        "MTU 1500 is above the pod MTU 1450",
+        &[],
+    );
+}
+
+#[test]
+fn next_hop_no_arp() {
+    assert_names(
+        Fault::NextHopNoArp,
+        "node-1",
+        "flannel",
+        "route to node-2",
+        xtask::faults::GONE_GATEWAY,
+        &[],
+    );
+}
+
+#[test]
+fn stale_cni_conflist() {
+    assert_names(
+        Fault::StaleCniConflist,
+        "node-2",
+        "cni-config",
+        "config the runtime uses",
+        "10-calico.conflist (calico) comes first and shadows /etc/cni/net.d/10-flannel.conflist",
+        &[],
+    );
+}
+
+#[test]
+fn cni_plugin_missing() {
+    assert_names(
+        Fault::CniPluginMissing,
+        "node-2",
+        "plugins",
+        "plugin flannel",
+        "/opt/cni/bin has no flannel binary",
+        &[],
+    );
+}
+
+#[test]
+fn cni_bin_masked() {
+    assert_names(
+        Fault::CniBinMasked,
+        "node-2",
+        "plugins",
+        "plugin directory",
+        "/opt/cni/bin is empty",
+        &[],
+    );
+}
+
+#[test]
+fn subnet_env_missing() {
+    assert_names(
+        Fault::SubnetEnvMissing,
+        "node-2",
+        "flannel",
+        "subnet.env",
+        "/run/flannel/subnet.env is missing",
+        &[],
+    );
+}
+
+#[test]
+fn calico_wrong_peer_ip() {
+    assert_names(
+        Fault::CalicoWrongPeerIp,
+        "node-1",
+        "calico",
+        "peer address",
+        "says 192.0.2.99/24, an address this node does not have",
+        &[],
+    );
+}
+
+#[test]
+fn forward_policy_drop() {
+    assert_names(
+        Fault::ForwardPolicyDrop,
+        "node-1",
+        "firewall",
+        "FORWARD policy",
+        "FORWARD policy DROP and no rule accepts the pod CIDR",
+        &[],
+    );
+}
+
+#[test]
+fn conntrack_full() {
+    // nf_conntrack_max is read-only outside the initial netns: the table's
+    // size is set for the check instead, the entries are real.
+    assert_names(
+        Fault::ConntrackFull,
+        "node-1",
+        "kernel",
+        "conntrack table",
+        "of nf_conntrack_max 1 entries in use",
+        &["--conntrack-max-for-testing", "1"],
+    );
+}
+
+#[test]
+fn mtu_mismatch() {
+    assert_names(
+        Fault::MtuMismatch,
+        "node-1",
+        "kernel",
+        "MTU",
+        "flannel.1 MTU 1450 does not fit the underlay eth0 MTU 1400 less 50 B of VXLAN",
+        &[],
+    );
+}
+
+fn scratch() -> PathBuf {
+    std::env::temp_dir().join(format!("podtrace-doctor-tests-{}", std::process::id()))
+}
+
+/// A sandbox failure on node-2 (db-0 Pending, no IP, kubelet's event),
+/// through the stub: the doctor's verdict on db-0, and kubectl's view.
+fn sandbox_failure(fault: Fault, message: &str) -> (Value, String) {
+    let lab = lab(fault.topology());
+    fault.apply(&lab.0).expect("apply the fault");
+    let stub = Stub::start(&lab.0.pod_list(), &lab.0.node_list());
+    stub.fail_sandbox("default", "db-0", message);
+    let dir = scratch().join(fault.name());
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = stub.kubeconfig(&dir, TOKEN).display().to_string();
+    let mut argv: Vec<String> = ["doctor", "db-0", "-o", "json", "--kubeconfig", &kubeconfig]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    argv.extend(node_args(&lab));
+    let (report, code) = run(&argv);
+    assert_eq!(code, 1, "{report:#}");
+    let check = failing(&report)
+        .into_iter()
+        .find(|c| c["name"] == "pod default/db-0")
+        .cloned()
+        .unwrap_or_else(|| panic!("{report:#}"));
+    assert_eq!(check["node"], "node-2");
+    let kubectl = |args: &[&str]| {
+        let out = Command::new("kubectl")
+            .args(["--kubeconfig", &kubeconfig])
+            .args(args)
+            .output()
+            .expect("kubectl");
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let events = kubectl(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=db-0",
+    ]);
+    assert!(
+        events.contains("FailedCreatePodSandBox") && events.contains(message),
+        "{events}"
+    );
+    let described = kubectl(&["describe", "pod", "db-0"]);
+    assert!(described.contains("FailedCreatePodSandBox"), "{described}");
+    (check, described)
+}
+
+#[test]
+fn a_missing_subnet_env_sandbox_failure_is_confirmed_on_the_node() {
+    let (check, _) = sandbox_failure(Fault::SubnetEnvMissing, "plugin type=\"flannel\" failed (add): loadFlannelSubnetEnv failed: open /run/flannel/subnet.env: no such file or directory");
+    let evidence = check["evidence"].as_str().unwrap();
+    assert!(
+        evidence.contains("flannel's subnet.env is missing"),
+        "{evidence}"
+    );
+    assert!(
+        evidence.contains("on node-2, /run/flannel/subnet.env is missing"),
+        "{evidence}"
+    );
+}
+
+#[test]
+fn a_plugin_not_found_sandbox_failure_is_confirmed_on_the_node() {
+    let (check, _) = sandbox_failure(
+        Fault::CniPluginMissing,
+        "failed to find plugin \"flannel\" in path [/opt/cni/bin]",
+    );
+    let evidence = check["evidence"].as_str().unwrap();
+    assert!(
+        evidence.contains("CNI plugin flannel not found"),
+        "{evidence}"
+    );
+    assert!(
+        evidence.contains("on node-2, /opt/cni/bin has no flannel binary"),
+        "{evidence}"
+    );
+}
+
+#[test]
+fn an_unauthorized_cni_sandbox_failure_is_classified() {
+    let (check, _) = sandbox_failure(Fault::CalicoWrongPeerIp, "plugin type=\"calico\" failed (add): error getting ClusterInformation: connection is unauthorized: Unauthorized");
+    let evidence = check["evidence"].as_str().unwrap();
+    assert!(
+        evidence.contains("credentials are rejected (Unauthorized)"),
+        "{evidence}"
+    );
+    assert!(
+        check["fix"].as_str().unwrap().contains("calico-kubeconfig"),
+        "{check}"
+    );
+}
