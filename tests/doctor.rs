@@ -163,231 +163,52 @@ fn every_fault_of_the_catalogue_has_a_doctor_test() {
     }
 }
 
-#[test]
-fn iptables_forward_drop() {
-    assert_names(
-        Fault::IptablesForwardDrop,
-        "node-1",
-        "firewall",
-        "DROP rules",
-        "-A FORWARD -s",
-        &[],
-    );
+/// One test per fault: `podtrace doctor` names it on its node.
+macro_rules! names_the_fault {
+    ($($test:ident: $fault:ident on $node:literal, $family:literal $check:literal says $evidence:expr $(, with $($extra:expr),+)?;)*) => {$(
+        #[test]
+        fn $test() {
+            let extra: &[&str] = &[$($($extra),+)?];
+            assert_names(Fault::$fault, $node, $family, $check, $evidence, extra);
+        }
+    )*};
 }
 
-#[test]
-fn calico_profile_drop() {
-    assert_names(
-        Fault::CalicoProfileDrop,
-        "node-2",
-        "firewall",
-        "Calico policy of cali",
-        "Drop if no profiles matched",
-        &[],
-    );
-}
-
-#[test]
-fn kube_firewall_mark_drop() {
-    assert_names(
-        Fault::KubeFirewallMarkDrop,
-        "node-1",
-        "firewall",
-        "KUBE-FIREWALL",
-        "KUBE-MARK-DROP",
-        &[],
-    );
-}
-
-#[test]
-fn flannel_route_missing() {
-    assert_names(
-        Fault::FlannelRouteMissing,
-        "node-1",
-        "flannel",
-        "route to node-2",
-        "no route to",
-        &[],
-    );
-}
-
-#[test]
-fn flannel_route_missing_no_default() {
-    assert_names(
-        Fault::FlannelRouteMissingNoDefault,
-        "node-1",
-        "flannel",
-        "route to node-2",
-        "no route to",
-        &[],
-    );
-}
-
-#[test]
-fn cni0_deleted() {
-    assert_names(
-        Fault::Cni0Deleted,
-        "node-1",
-        "flannel",
-        "cni0",
-        "cni0 does not exist",
-        &[],
-    );
-}
-
-#[test]
-fn flannel_fdb_missing() {
-    assert_names(
-        Fault::FlannelFdbMissing,
-        "node-1",
-        "flannel",
-        "VTEP of node-2",
-        "dst 192.0.2.12: MISSING",
-        &[],
-    );
-}
-
-#[test]
-fn ip_forward_off() {
-    assert_names(
-        Fault::IpForwardOff,
-        "node-1",
-        "kernel",
-        "ip_forward",
-        "= 0",
-        &[],
-    );
-}
-
-#[test]
-fn mtu_too_big() {
-    assert_names(
-        Fault::MtuTooBig,
-        "node-1",
-        "kernel",
-        "MTU",
-        "MTU 1500 is above the pod MTU 1450",
-        &[],
-    );
-}
-
-#[test]
-fn next_hop_no_arp() {
-    assert_names(
-        Fault::NextHopNoArp,
-        "node-1",
-        "flannel",
-        "route to node-2",
-        xtask::faults::GONE_GATEWAY,
-        &[],
-    );
-}
-
-#[test]
-fn stale_cni_conflist() {
-    assert_names(
-        Fault::StaleCniConflist,
-        "node-2",
-        "cni-config",
-        "config the runtime uses",
-        "10-calico.conflist (calico) comes first and shadows /etc/cni/net.d/10-flannel.conflist",
-        &[],
-    );
-}
-
-#[test]
-fn cni_plugin_missing() {
-    assert_names(
-        Fault::CniPluginMissing,
-        "node-2",
-        "plugins",
-        "plugin flannel",
-        "/opt/cni/bin has no flannel binary",
-        &[],
-    );
-}
-
-#[test]
-fn cni_bin_masked() {
-    assert_names(
-        Fault::CniBinMasked,
-        "node-2",
-        "plugins",
-        "plugin directory",
-        "/opt/cni/bin is empty",
-        &[],
-    );
-}
-
-#[test]
-fn subnet_env_missing() {
-    assert_names(
-        Fault::SubnetEnvMissing,
-        "node-2",
-        "flannel",
-        "subnet.env",
-        "/run/flannel/subnet.env is missing",
-        &[],
-    );
-}
-
-#[test]
-fn calico_wrong_peer_ip() {
-    assert_names(
-        Fault::CalicoWrongPeerIp,
-        "node-1",
-        "calico",
-        "peer address",
-        "says 192.0.2.99/24, an address this node does not have",
-        &[],
-    );
-}
-
-#[test]
-fn forward_policy_drop() {
-    assert_names(
-        Fault::ForwardPolicyDrop,
-        "node-1",
-        "firewall",
-        "FORWARD policy",
-        "FORWARD policy DROP and no rule accepts the pod CIDR",
-        &[],
-    );
-}
-
-#[test]
-fn conntrack_full() {
+names_the_fault! {
+    iptables_forward_drop: IptablesForwardDrop on "node-1", "firewall" "DROP rules" says "-A FORWARD -s";
+    calico_profile_drop: CalicoProfileDrop on "node-2", "firewall" "Calico policy of cali" says "Drop if no profiles matched";
+    kube_firewall_mark_drop: KubeFirewallMarkDrop on "node-1", "firewall" "KUBE-FIREWALL" says "KUBE-MARK-DROP";
+    flannel_route_missing: FlannelRouteMissing on "node-1", "flannel" "route to node-2" says "no route to";
+    flannel_route_missing_no_default: FlannelRouteMissingNoDefault on "node-1", "flannel" "route to node-2" says "no route to";
+    cni0_deleted: Cni0Deleted on "node-1", "flannel" "cni0" says "cni0 does not exist";
+    flannel_fdb_missing: FlannelFdbMissing on "node-1", "flannel" "VTEP of node-2" says "dst 192.0.2.12: MISSING";
+    ip_forward_off: IpForwardOff on "node-1", "kernel" "ip_forward" says "= 0";
+    mtu_too_big: MtuTooBig on "node-1", "kernel" "MTU" says "MTU 1500 is above the pod MTU 1450";
+    next_hop_no_arp: NextHopNoArp on "node-1", "flannel" "route to node-2" says xtask::faults::GONE_GATEWAY;
+    stale_cni_conflist: StaleCniConflist on "node-2", "cni-config" "config the runtime uses"
+        says "10-calico.conflist (calico) comes first and shadows /etc/cni/net.d/10-flannel.conflist";
+    cni_plugin_missing: CniPluginMissing on "node-2", "plugins" "plugin flannel" says "/opt/cni/bin has no flannel binary";
+    cni_bin_masked: CniBinMasked on "node-2", "plugins" "plugin directory" says "/opt/cni/bin is empty";
+    subnet_env_missing: SubnetEnvMissing on "node-2", "flannel" "subnet.env" says "/run/flannel/subnet.env is missing";
+    calico_wrong_peer_ip: CalicoWrongPeerIp on "node-1", "calico" "peer address"
+        says "says 192.0.2.99/24, an address this node does not have";
+    forward_policy_drop: ForwardPolicyDrop on "node-1", "firewall" "FORWARD policy"
+        says "FORWARD policy DROP and no rule accepts the pod CIDR";
     // nf_conntrack_max is read-only outside the initial netns: the table's
-    // size is set for the check instead, the entries are real.
-    assert_names(
-        Fault::ConntrackFull,
-        "node-1",
-        "kernel",
-        "conntrack table",
-        "of nf_conntrack_max 1 entries in use",
-        &["--conntrack-max-for-testing", "1"],
-    );
-}
-
-#[test]
-fn mtu_mismatch() {
-    assert_names(
-        Fault::MtuMismatch,
-        "node-1",
-        "kernel",
-        "MTU",
-        "flannel.1 MTU 1450 does not fit the underlay eth0 MTU 1400 less 50 B of VXLAN",
-        &[],
-    );
+    // size is set for the check instead; the entries are real.
+    conntrack_full: ConntrackFull on "node-1", "kernel" "conntrack table"
+        says "of nf_conntrack_max 1 entries in use", with "--conntrack-max-for-testing", "1";
+    mtu_mismatch: MtuMismatch on "node-1", "kernel" "MTU"
+        says "flannel.1 MTU 1450 does not fit the underlay eth0 MTU 1400 less 50 B of VXLAN";
 }
 
 fn scratch() -> PathBuf {
     std::env::temp_dir().join(format!("podtrace-doctor-tests-{}", std::process::id()))
 }
 
-/// A sandbox failure on node-2 (db-0 Pending, no IP, kubelet's event),
-/// through the stub: the doctor's verdict on db-0, and kubectl's view.
-fn sandbox_failure(fault: Fault, message: &str) -> (Value, String) {
+/// A lab with `fault`, and a stub in which db-0 (node-2) has no IP and
+/// kubelet's event says `message`; the stub's kubeconfig.
+fn failing_sandbox(fault: Fault, message: &str) -> (LabGuard, Stub, String) {
     let lab = lab(fault.topology());
     fault.apply(&lab.0).expect("apply the fault");
     let stub = Stub::start(&lab.0.pod_list(), &lab.0.node_list());
@@ -395,6 +216,13 @@ fn sandbox_failure(fault: Fault, message: &str) -> (Value, String) {
     let dir = scratch().join(fault.name());
     std::fs::create_dir_all(&dir).unwrap();
     let kubeconfig = stub.kubeconfig(&dir, TOKEN).display().to_string();
+    (lab, stub, kubeconfig)
+}
+
+/// A sandbox failure on node-2 (db-0 Pending, no IP, kubelet's event),
+/// through the stub: the doctor's verdict on db-0, and kubectl's view.
+fn sandbox_failure(fault: Fault, message: &str) -> (Value, String) {
+    let (lab, _stub, kubeconfig) = failing_sandbox(fault, message);
     let mut argv: Vec<String> = ["doctor", "db-0", "-o", "json", "--kubeconfig", &kubeconfig]
         .iter()
         .map(|s| s.to_string())
@@ -478,5 +306,73 @@ fn an_unauthorized_cni_sandbox_failure_is_classified() {
     assert!(
         check["fix"].as_str().unwrap().contains("calico-kubeconfig"),
         "{check}"
+    );
+}
+
+const PLUGIN_NOT_FOUND: &str = "failed to find plugin \"flannel\" in path [/opt/cni/bin]";
+
+#[test]
+fn a_trace_to_a_pod_without_an_ip_ends_with_the_doctors_finding() {
+    let (lab, _stub, kubeconfig) = failing_sandbox(Fault::CniPluginMissing, PLUGIN_NOT_FOUND);
+    let mut argv: Vec<String> = [
+        "default/web-0",
+        "default/db-0",
+        "--kubeconfig",
+        &kubeconfig,
+        "--count",
+        "1",
+        "--duration",
+        "5s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    argv.extend(node_args(&lab));
+    let argv: Vec<&str> = argv.iter().map(|s| s.as_str()).collect();
+    let done = run_podtrace(&argv);
+    assert!(!done.status.success());
+    assert_eq!(done.stderr.lines().count(), 1, "{}", done.stderr);
+    let expected = r#"default/db-0 has no IP: its sandbox fails with "failed to find plugin \"flannel\" in path [/opt/cni/bin]" (CNI plugin flannel not found); on node-2, /opt/cni/bin has no flannel binary"#;
+    assert!(done.stderr.contains(expected), "{}", done.stderr);
+    assert!(tcx_programs(&lab.0.node_netns(1)).is_empty());
+}
+
+#[test]
+fn a_dropped_verdict_carries_the_doctors_finding() {
+    let lab = lab(Topology::FlannelVxlan);
+    Fault::IpForwardOff.apply(&lab.0).expect("apply the fault");
+    let mut argv: Vec<String> = [
+        "web-0",
+        "db-0",
+        "--count",
+        "1",
+        "--duration",
+        "20s",
+        "-o",
+        "json",
+        "--nodes-file",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    argv.push(lab.0.nodes_file().display().to_string());
+    argv.extend([
+        "--pods-file".into(),
+        lab.0.pods_file().display().to_string(),
+    ]);
+    argv.extend(node_args(&lab));
+    let trace = Trace::start(&argv);
+    let _answered = lab.0.ping("web-0", lab.0.pod("db-0").ip, &[]);
+    let done = trace.finish();
+    let story = done.stories().into_iter().next().expect("a story");
+    assert_eq!(story["verdict"]["outcome"], "dropped", "{story}");
+    let doctor = story["verdict"]["doctor"]
+        .as_array()
+        .expect("a doctor field");
+    assert!(
+        doctor
+            .iter()
+            .any(|f| f["check"] == "ip_forward" && f["evidence"] == "net.ipv4.ip_forward = 0"),
+        "{doctor:?}"
     );
 }

@@ -94,6 +94,11 @@ pub struct Args {
     /// one run.
     #[arg(long, value_name = "NETNS")]
     pub netns: Vec<String>,
+    /// Each traced node's root filesystem, in --netns order (`/host` in a
+    /// debug pod), for the doctor's checks when a trace ends without a
+    /// packet to blame.
+    #[arg(long, value_name = "DIR")]
+    pub host_root: Vec<PathBuf>,
     /// A node's own IP, to find its underlay interface when nothing else
     /// tells (repeatable: each traced node takes the one it holds).
     #[arg(long, value_name = "IP")]

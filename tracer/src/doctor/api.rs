@@ -119,41 +119,75 @@ pub fn checks(cluster: &ClusterState, examined: &[NodeFacts]) -> Vec<Check> {
 fn check_pod(state: &PodState, examined: &[NodeFacts]) -> Check {
     let pod = &state.pod;
     let node = pod.node.clone().unwrap_or_else(|| "(unscheduled)".into());
-    let failure = state
-        .events
-        .iter()
-        .rev()
-        .find(|(reason, _)| reason == "FailedCreatePodSandBox");
-    let status = format!(
-        "{} is {} with {}",
-        pod.qualified(),
-        pod.phase.as_deref().unwrap_or("?"),
-        pod.ip.map_or("no IP".into(), |ip| format!("IP {ip}"))
-    );
-    let Some((_, message)) = failure else {
-        return Check::fail(
-            FAMILY,
-            &node,
-            &format!("pod {}", pod.qualified()),
-            format!("{status}; no sandbox failure event"),
-            "kubectl describe pod; kubectl get events".into(),
-        );
+    let fix = match sandbox_failure(state) {
+        Some(message) => SandboxCause::classify(message).fix(),
+        None => "kubectl describe pod; kubectl get events".into(),
     };
-    let cause = SandboxCause::classify(message);
-    let mut evidence = format!(
-        "{status}: {}: its sandbox fails with {message:?}",
-        cause.label()
-    );
-    if let Some(confirmed) = confirmation(&cause, &node, examined) {
-        evidence.push_str(&format!("; on {node}, {confirmed}"));
-    }
     Check::fail(
         FAMILY,
         &node,
         &format!("pod {}", pod.qualified()),
-        evidence,
-        cause.fix(),
+        pod_finding(state, examined),
+        fix,
     )
+}
+
+/// Kubelet's newest FailedCreatePodSandBox message about the pod.
+pub fn sandbox_failure(state: &PodState) -> Option<&str> {
+    state
+        .events
+        .iter()
+        .rev()
+        .find(|(reason, _)| reason == "FailedCreatePodSandBox")
+        .map(|(_, message)| message.as_str())
+}
+
+/// The CNI's own words in kubelet's message (after `failed to setup
+/// network for sandbox "…": `).
+pub fn cni_error(message: &str) -> &str {
+    message
+        .split_once("failed to setup network for sandbox \"")
+        .and_then(|(_, rest)| rest.split_once("\": "))
+        .map_or(message, |(_, error)| error)
+}
+
+/// `db-0 has no IP: its sandbox fails with "…" (CNI plugin flannel not
+/// found); on node-2, /opt/cni/bin has no flannel binary`.
+pub fn pod_finding(state: &PodState, examined: &[NodeFacts]) -> String {
+    let pod = &state.pod;
+    let node = pod.node.as_deref().unwrap_or("(unscheduled)");
+    let status = match pod.ip {
+        None => format!("{} has no IP", pod.qualified()),
+        Some(ip) => format!(
+            "{} ({ip}) is {}",
+            pod.qualified(),
+            pod.phase.as_deref().unwrap_or("?")
+        ),
+    };
+    let Some(message) = sandbox_failure(state) else {
+        let on_node = examined.iter().find(|f| f.name == node).and_then(|facts| {
+            super::node_checks(facts).into_iter().find(|c| {
+                !c.ok && ["cni-config", "plugins", "flannel", "calico"].contains(&c.family)
+            })
+        });
+        return match on_node {
+            Some(c) => format!(
+                "{status} (no sandbox event seen); on {node}, {}",
+                c.evidence
+            ),
+            None => format!("{status}; no sandbox failure event"),
+        };
+    };
+    let cause = SandboxCause::classify(message);
+    let mut text = format!(
+        "{status}: its sandbox fails with {:?} ({})",
+        cni_error(message),
+        cause.label()
+    );
+    if let Some(confirmed) = confirmation(&cause, node, examined) {
+        text.push_str(&format!("; on {node}, {confirmed}"));
+    }
+    text
 }
 
 /// The failing node check behind a cause, on the pod's node, if examined.

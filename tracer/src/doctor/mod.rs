@@ -20,6 +20,7 @@ pub mod kernel;
 pub mod node;
 pub mod plugins;
 pub mod render;
+pub mod trace;
 
 use std::path::PathBuf;
 

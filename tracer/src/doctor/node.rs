@@ -108,8 +108,19 @@ fn identify(facts: &mut NodeFacts, name: Option<String>, ns: Option<&str>, clust
         Some(name) => cluster.node_named(name),
         None => cluster.node_holding(&facts.addresses()),
     };
+    // Without a node list, the pods' hostIP names the node.
+    let by_pod = cluster
+        .pods
+        .iter()
+        .find(|p| {
+            p.pod
+                .host_ip
+                .is_some_and(|ip| facts.addresses().contains(&ip))
+        })
+        .and_then(|p| p.pod.node.clone());
     facts.name = name
         .or_else(|| me.map(|n| n.name.clone()))
+        .or(by_pod)
         .or_else(|| ns.map(|n| format!("netns {n}")))
         .unwrap_or_else(|| "this node".into());
     facts.me = me.cloned();

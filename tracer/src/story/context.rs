@@ -27,6 +27,10 @@ pub struct Context {
     /// timeline (ns), where the traced packets measured it.
     #[serde(default)]
     pub clock_uncertainty_ns: HashMap<String, u64>,
+    /// The doctor's failing checks on each traced node, by node name: what
+    /// a verdict without a packet to blame adds.
+    #[serde(default)]
+    pub doctor: HashMap<String, Vec<crate::doctor::trace::Finding>>,
 }
 
 /// A `&'static str` that serde's derive does not take for a borrow of the
