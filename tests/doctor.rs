@@ -314,20 +314,14 @@ const PLUGIN_NOT_FOUND: &str = "failed to find plugin \"flannel\" in path [/opt/
 #[test]
 fn a_trace_to_a_pod_without_an_ip_ends_with_the_doctors_finding() {
     let (lab, _stub, kubeconfig) = failing_sandbox(Fault::CniPluginMissing, PLUGIN_NOT_FOUND);
-    let mut argv: Vec<String> = [
-        "default/web-0",
-        "default/db-0",
-        "--kubeconfig",
-        &kubeconfig,
-        "--count",
-        "1",
-        "--duration",
-        "5s",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    argv.extend(node_args(&lab));
+    let argv = argv(
+        &["default/web-0", "default/db-0", "--kubeconfig", &kubeconfig],
+        ["--count", "1", "--duration", "5s"]
+            .map(String::from)
+            .into_iter()
+            .chain(node_args(&lab))
+            .collect(),
+    );
     let argv: Vec<&str> = argv.iter().map(|s| s.as_str()).collect();
     let done = run_podtrace(&argv);
     assert!(!done.status.success());
@@ -341,25 +335,25 @@ fn a_trace_to_a_pod_without_an_ip_ends_with_the_doctors_finding() {
 fn a_dropped_verdict_carries_the_doctors_finding() {
     let lab = lab(Topology::FlannelVxlan);
     Fault::IpForwardOff.apply(&lab.0).expect("apply the fault");
-    let mut argv: Vec<String> = [
-        "web-0",
-        "db-0",
-        "--count",
-        "1",
-        "--duration",
-        "20s",
-        "-o",
-        "json",
-        "--nodes-file",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    argv.push(lab.0.nodes_file().display().to_string());
-    argv.extend([
-        "--pods-file".into(),
-        lab.0.pods_file().display().to_string(),
-    ]);
+    let files = [lab.0.nodes_file(), lab.0.pods_file()].map(|f| f.display().to_string());
+    let mut argv = argv(
+        &[
+            "web-0",
+            "db-0",
+            "--count",
+            "1",
+            "--duration",
+            "20s",
+            "-o",
+            "json",
+        ],
+        vec![
+            "--nodes-file".into(),
+            files[0].clone(),
+            "--pods-file".into(),
+            files[1].clone(),
+        ],
+    );
     argv.extend(node_args(&lab));
     let trace = Trace::start(&argv);
     let _answered = lab.0.ping("web-0", lab.0.pod("db-0").ip, &[]);
