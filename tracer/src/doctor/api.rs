@@ -234,3 +234,40 @@ fn check_pod_cidrs(cluster: &ClusterState) -> Vec<Check> {
     }
     checks
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubelets_sandbox_messages_are_classified() {
+        let wrap = |cni: &str| {
+            format!("Failed to create pod sandbox: rpc error: code = Unknown desc = failed to setup network for sandbox \"5c1f\": {cni}")
+        };
+        let subnet = wrap("plugin type=\"flannel\" failed (add): loadFlannelSubnetEnv failed: open /run/flannel/subnet.env: no such file or directory");
+        assert_eq!(
+            SandboxCause::classify(&subnet),
+            SandboxCause::SubnetEnvMissing
+        );
+        let plugin = wrap("failed to find plugin \"flannel\" in path [/opt/cni/bin]");
+        assert_eq!(
+            SandboxCause::classify(&plugin),
+            SandboxCause::PluginNotFound("flannel".into())
+        );
+        assert_eq!(
+            cni_error(&plugin),
+            "failed to find plugin \"flannel\" in path [/opt/cni/bin]"
+        );
+        let unauthorized = wrap("plugin type=\"calico\" failed (add): error getting ClusterInformation: connection is unauthorized: Unauthorized");
+        assert_eq!(
+            SandboxCause::classify(&unauthorized),
+            SandboxCause::CniUnauthorized
+        );
+        let ipam = wrap("failed to allocate for range 0: no IP addresses available in range set: 10.244.1.1-10.244.1.254");
+        assert_eq!(SandboxCause::classify(&ipam), SandboxCause::IpamExhausted);
+        assert_eq!(
+            SandboxCause::classify("image pull backoff"),
+            SandboxCause::Other
+        );
+    }
+}

@@ -281,3 +281,26 @@ fn check_calico_profiles(facts: &NodeFacts, table: &Table) -> Vec<Check> {
             || "the pod's namespace profile (kns.<namespace>) is missing: check the namespace and calico-kube-controllers; or a NetworkPolicy selects the pod and allows nothing".into()))
     }).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_reached_from_forward_follow_jumps_and_keep_comments() {
+        let table = parse(
+            "-P INPUT ACCEPT\n-P FORWARD DROP\n-N FLANNEL-FWD\n-A FORWARD -j FLANNEL-FWD\n\
+             -A FLANNEL-FWD -s 10.244.0.0/16 -m comment --comment \"flanneld forward\" -j ACCEPT\n\
+             -A FORWARD -s 10.244.1.2/32 -j DROP\n",
+        );
+        assert_eq!(table.policies["FORWARD"], "DROP");
+        let reached = table.reachable("FORWARD", 0);
+        assert_eq!(reached.len(), 3);
+        assert_eq!(reached[1].target(), Some("ACCEPT"));
+        assert_eq!(reached[1].option("--comment"), Some("flanneld forward"));
+        let pod: Ipv4Addr = "10.244.1.2".parse().unwrap();
+        let other: Ipv4Addr = "10.244.2.2".parse().unwrap();
+        assert!(reached[2].matches(&[pod], &[other]));
+        assert!(!reached[2].matches(&[other], &[pod]));
+    }
+}
