@@ -208,21 +208,50 @@ fn scratch() -> PathBuf {
 
 /// A lab with `fault`, and a stub in which db-0 (node-2) has no IP and
 /// kubelet's event says `message`; the stub's kubeconfig.
-fn failing_sandbox(fault: Fault, message: &str) -> (LabGuard, Stub, String) {
-    let lab = lab(fault.topology());
-    fault.apply(&lab.0).expect("apply the fault");
+fn failing_sandbox(broken: Broken, message: &str) -> (LabGuard, Stub, String) {
+    let lab = lab(broken.topology());
     let stub = Stub::start(&lab.0.pod_list(), &lab.0.node_list());
+    broken.apply(&lab, &stub);
     stub.fail_sandbox("default", "db-0", message);
-    let dir = scratch().join(fault.name());
-    std::fs::create_dir_all(&dir).unwrap();
-    let kubeconfig = stub.kubeconfig(&dir, TOKEN).display().to_string();
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let kubeconfig = stub
+        .kubeconfig(&scratch().join(n.to_string()), TOKEN)
+        .display()
+        .to_string();
     (lab, stub, kubeconfig)
+}
+
+/// What breaks a sandbox: a fault of the catalogue, or Calico's CNI
+/// kubeconfig on node-2 holding a token the API rejects (expired).
+enum Broken {
+    Fault(Fault),
+    ExpiredCalicoToken,
+}
+
+impl Broken {
+    fn topology(&self) -> Topology {
+        match self {
+            Self::Fault(fault) => fault.topology(),
+            Self::ExpiredCalicoToken => Topology::Calico,
+        }
+    }
+
+    fn apply(&self, lab: &LabGuard, stub: &Stub) {
+        match self {
+            Self::Fault(fault) => fault.apply(&lab.0).expect("apply the fault"),
+            Self::ExpiredCalicoToken => {
+                let path = lab.0.host_root(2).join("etc/cni/net.d/calico-kubeconfig");
+                stub.kubeconfig_at(&path, "an-expired-token");
+            }
+        }
+    }
 }
 
 /// A sandbox failure on node-2 (db-0 Pending, no IP, kubelet's event),
 /// through the stub: the doctor's verdict on db-0, and kubectl's view.
-fn sandbox_failure(fault: Fault, message: &str) -> (Value, String) {
-    let (lab, _stub, kubeconfig) = failing_sandbox(fault, message);
+fn sandbox_failure(broken: Broken, message: &str) -> (Value, String) {
+    let (lab, _stub, kubeconfig) = failing_sandbox(broken, message);
     let mut argv: Vec<String> = ["doctor", "db-0", "-o", "json", "--kubeconfig", &kubeconfig]
         .iter()
         .map(|s| s.to_string())
@@ -266,7 +295,7 @@ fn sandbox_failure(fault: Fault, message: &str) -> (Value, String) {
 
 #[test]
 fn a_missing_subnet_env_sandbox_failure_is_confirmed_on_the_node() {
-    let (check, _) = sandbox_failure(Fault::SubnetEnvMissing, "plugin type=\"flannel\" failed (add): loadFlannelSubnetEnv failed: open /run/flannel/subnet.env: no such file or directory");
+    let (check, _) = sandbox_failure(Broken::Fault(Fault::SubnetEnvMissing), "plugin type=\"flannel\" failed (add): loadFlannelSubnetEnv failed: open /run/flannel/subnet.env: no such file or directory");
     let evidence = check["evidence"].as_str().unwrap();
     assert!(
         evidence.contains("flannel's subnet.env is missing"),
@@ -281,7 +310,7 @@ fn a_missing_subnet_env_sandbox_failure_is_confirmed_on_the_node() {
 #[test]
 fn a_plugin_not_found_sandbox_failure_is_confirmed_on_the_node() {
     let (check, _) = sandbox_failure(
-        Fault::CniPluginMissing,
+        Broken::Fault(Fault::CniPluginMissing),
         "failed to find plugin \"flannel\" in path [/opt/cni/bin]",
     );
     let evidence = check["evidence"].as_str().unwrap();
@@ -296,13 +325,18 @@ fn a_plugin_not_found_sandbox_failure_is_confirmed_on_the_node() {
 }
 
 #[test]
-fn an_unauthorized_cni_sandbox_failure_is_classified() {
-    let (check, _) = sandbox_failure(Fault::CalicoWrongPeerIp, "plugin type=\"calico\" failed (add): error getting ClusterInformation: connection is unauthorized: Unauthorized");
+fn an_unauthorized_cni_sandbox_failure_is_confirmed_on_the_node() {
+    let (check, _) = sandbox_failure(Broken::ExpiredCalicoToken, "plugin type=\"calico\" failed (add): error getting ClusterInformation: connection is unauthorized: Unauthorized");
     let evidence = check["evidence"].as_str().unwrap();
     assert!(
         evidence.contains("credentials are rejected (Unauthorized)"),
         "{evidence}"
     );
+    assert!(
+        evidence.contains("on node-2, /etc/cni/net.d/calico-kubeconfig's token is rejected: the API at https://127.0.0.1:"),
+        "{evidence}"
+    );
+    assert!(evidence.contains("answers 401"), "{evidence}");
     assert!(
         check["fix"].as_str().unwrap().contains("calico-kubeconfig"),
         "{check}"
@@ -313,7 +347,8 @@ const PLUGIN_NOT_FOUND: &str = "failed to find plugin \"flannel\" in path [/opt/
 
 #[test]
 fn a_trace_to_a_pod_without_an_ip_ends_with_the_doctors_finding() {
-    let (lab, _stub, kubeconfig) = failing_sandbox(Fault::CniPluginMissing, PLUGIN_NOT_FOUND);
+    let (lab, _stub, kubeconfig) =
+        failing_sandbox(Broken::Fault(Fault::CniPluginMissing), PLUGIN_NOT_FOUND);
     let argv = argv(
         &["default/web-0", "default/db-0", "--kubeconfig", &kubeconfig],
         ["--count", "1", "--duration", "5s"]

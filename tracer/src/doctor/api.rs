@@ -59,7 +59,8 @@ impl SandboxCause {
         match self {
             Self::SubnetEnvMissing => Some(("flannel", "subnet.env".into())),
             Self::PluginNotFound(p) => Some(("plugins", format!("plugin {p}"))),
-            Self::CniUnauthorized | Self::IpamExhausted | Self::Other => None,
+            Self::CniUnauthorized => Some(("calico", "CNI credentials".into())),
+            Self::IpamExhausted | Self::Other => None,
         }
     }
 

@@ -17,6 +17,14 @@ pub fn checks(facts: &NodeFacts) -> Vec<Check> {
         return Vec::new();
     }
     let mut checks = vec![check_peer_ip(facts)];
+    if let Some((file, answer)) = &facts.cni_credentials {
+        checks.push(Check::judge(FAMILY, &facts.name, "CNI credentials", answer.is_ok(),
+            match answer {
+                Ok(server) => format!("{file}'s token is accepted by the API at {server}"),
+                Err(why) => format!("{file}'s token is rejected: {why}; the calico plugin fails every sandbox with \"connection is unauthorized: Unauthorized\""),
+            },
+            || format!("restart calico-node on {}: it rewrites {file} with a fresh service account token", facts.name)));
+    }
     for remote in facts.others.iter().filter(|r| !r.pod_cidrs.is_empty()) {
         let block = remote.pod_cidrs[0];
         let route = facts
@@ -83,4 +91,42 @@ fn check_peer_ip(facts: &NodeFacts) -> Check {
             "set IP_AUTODETECTION_METHOD on calico-node (e.g. interface=eth0 or kubernetes-internal-ip) and restart it on this node".into()
         },
     )
+}
+
+/// Calico's CNI kubeconfig, as the plugin uses it.
+pub const CNI_KUBECONFIG: &str = "etc/cni/net.d/calico-kubeconfig";
+
+/// Asks the API for its version with the CNI's own kubeconfig (when there
+/// is one): the plugin's `Unauthorized` is a token the API rejects.
+pub async fn probe_credentials(root: &std::path::Path) -> Option<(String, Result<String, String>)> {
+    let path = root.join(CNI_KUBECONFIG);
+    if !path.exists() {
+        return None;
+    }
+    let shown = NodeFacts::shown(CNI_KUBECONFIG);
+    let answer = async {
+        let file =
+            kube::config::Kubeconfig::read_from(&path).map_err(|e| format!("unreadable: {e}"))?;
+        let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
+            .await
+            .map_err(|e| format!("not a usable kubeconfig: {e}"))?;
+        let server = config.cluster_url.to_string();
+        let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
+        let asked = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            client.apiserver_version(),
+        )
+        .await;
+        match asked {
+            Ok(Ok(_)) => Ok(server),
+            Ok(Err(kube::Error::Api(status))) => Err(format!(
+                "the API at {server} answers {} {}",
+                status.code, status.message
+            )),
+            Ok(Err(e)) => Err(format!("the API at {server} cannot be reached: {e}")),
+            Err(_) => Err(format!("the API at {server} did not answer within 5 s")),
+        }
+    }
+    .await;
+    Some((shown, answer))
 }

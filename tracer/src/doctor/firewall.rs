@@ -120,10 +120,10 @@ pub fn checks(facts: &NodeFacts) -> Vec<Check> {
     };
     let table = parse(text);
     let forward = table.reachable("FORWARD", 0);
-    let pods: Vec<Ipv4Addr> = facts.pods.iter().filter_map(|p| p.ip).collect();
+    let pods = &facts.pair;
     let mut checks = vec![check_policy(facts, &table, &forward)];
-    checks.push(check_drops(facts, &forward, &pods));
-    checks.push(check_mark_drop(facts, &table, &forward, &pods));
+    checks.push(check_drops(facts, &forward, pods));
+    checks.push(check_mark_drop(facts, &table, &forward, pods));
     checks.extend(check_calico_profiles(facts, &table));
     checks
 }

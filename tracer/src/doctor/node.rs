@@ -44,6 +44,11 @@ pub struct NodeFacts {
     /// Pods of the cluster (for pod names and the firewall's pod pairs).
     pub pods: Vec<Pod>,
     pub conntrack_max_override: Option<u64>,
+    /// The CNI's own kubeconfig in /etc/cni/net.d (Calico's), and what the
+    /// API said to its credentials: Ok(server) or why not.
+    pub cni_credentials: Option<(String, Result<String, String>)>,
+    /// The addresses of the pods asked about (all pods', when none are).
+    pub pair: Vec<Ipv4Addr>,
 }
 
 impl NodeFacts {
@@ -97,6 +102,9 @@ pub async fn gather_all(args: &DoctorArgs, cluster: &ClusterState) -> Result<Vec
         let mut facts = read(path.as_deref(), root).await?;
         identify(&mut facts, name, ns.as_deref(), cluster);
         facts.conntrack_max_override = args.conntrack_max_for_testing;
+        // From here, outside the node's netns: the API is reached as the
+        // CNI plugin reaches it, from the host.
+        facts.cni_credentials = super::calico::probe_credentials(&facts.root).await;
         all.push(facts);
     }
     Ok(all)
@@ -131,6 +139,12 @@ fn identify(facts: &mut NodeFacts, name: Option<String>, ns: Option<&str>, clust
         .cloned()
         .collect();
     facts.pods = cluster.pods.iter().map(|p| p.pod.clone()).collect();
+    facts.pair = cluster
+        .pods
+        .iter()
+        .filter(|p| cluster.is_asked(&p.pod))
+        .filter_map(|p| p.pod.ip)
+        .collect();
 }
 
 /// Reads a node from inside its network namespace.
@@ -173,6 +187,8 @@ async fn read(netns_path: Option<&Path>, root: PathBuf) -> Result<NodeFacts> {
         others: Vec::new(),
         pods: Vec::new(),
         conntrack_max_override: None,
+        cni_credentials: None,
+        pair: Vec::new(),
     })
 }
 
