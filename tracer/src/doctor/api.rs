@@ -155,29 +155,40 @@ pub fn cni_error(message: &str) -> &str {
 /// `db-0 has no IP: its sandbox fails with "…" (CNI plugin flannel not
 /// found); on node-2, /opt/cni/bin has no flannel binary`.
 pub fn pod_finding(state: &PodState, examined: &[NodeFacts]) -> String {
+    explain_pod(state, examined)
+        .unwrap_or_else(|| format!("{}; no sandbox failure event", pod_status(state)))
+}
+
+/// `db-0 has no IP`, or `db-0 (10.244.2.2) is Pending`.
+fn pod_status(state: &PodState) -> String {
     let pod = &state.pod;
-    let node = pod.node.as_deref().unwrap_or("(unscheduled)");
-    let status = match pod.ip {
+    match pod.ip {
         None => format!("{} has no IP", pod.qualified()),
         Some(ip) => format!(
             "{} ({ip}) is {}",
             pod.qualified(),
             pod.phase.as_deref().unwrap_or("?")
         ),
-    };
+    }
+}
+
+/// Why a pod has no IP, when its events or its node tell.
+pub fn explain_pod(state: &PodState, examined: &[NodeFacts]) -> Option<String> {
+    let pod = &state.pod;
+    let node = pod.node.as_deref().unwrap_or("(unscheduled)");
+    let status = pod_status(state);
     let Some(message) = sandbox_failure(state) else {
         let on_node = examined.iter().find(|f| f.name == node).and_then(|facts| {
             super::node_checks(facts).into_iter().find(|c| {
                 !c.ok && ["cni-config", "plugins", "flannel", "calico"].contains(&c.family)
             })
         });
-        return match on_node {
-            Some(c) => format!(
+        return on_node.map(|c| {
+            format!(
                 "{status} (no sandbox event seen); on {node}, {}",
                 c.evidence
-            ),
-            None => format!("{status}; no sandbox failure event"),
-        };
+            )
+        });
     };
     let cause = SandboxCause::classify(message);
     let mut text = format!(
@@ -188,7 +199,7 @@ pub fn pod_finding(state: &PodState, examined: &[NodeFacts]) -> String {
     if let Some(confirmed) = confirmation(&cause, node, examined) {
         text.push_str(&format!("; on {node}, {confirmed}"));
     }
-    text
+    Some(text)
 }
 
 /// The failing node check behind a cause, on the pod's node, if examined.

@@ -41,7 +41,10 @@ pub fn checks(facts: &NodeFacts) -> Vec<Check> {
     let Some(kind) = backend(facts) else {
         return Vec::new();
     };
-    let mut checks = vec![check_subnet_env(facts)];
+    let mut checks = Vec::new();
+    if facts.files {
+        checks.push(check_subnet_env(facts));
+    }
     checks.push(check_cni0(facts));
     if kind == "vxlan" {
         checks.push(check_vtep(facts));
@@ -105,7 +108,10 @@ fn check_cni0(facts: &NodeFacts) -> Check {
     let has_gw = gw.is_none_or(|g| facts.view.addresses.contains(&(cni0.index, g)));
     let mtu = subnet_env(facts).and_then(|e| e.get("FLANNEL_MTU")?.parse::<u32>().ok());
     let mtu_ok = mtu.is_none_or(|m| m == cni0.mtu);
-    let gw_text = gw.map_or("?".into(), |g| g.to_string());
+    let gw_text = gw.map_or(
+        "(the gateway: no podCIDR or subnet.env to tell it)".into(),
+        |g| g.to_string(),
+    );
     Check::judge(
         FAMILY,
         node,

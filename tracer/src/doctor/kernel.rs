@@ -82,12 +82,17 @@ fn is_tunnel(link: &Link) -> bool {
     )
 }
 
+/// The link with the node's InternalIP, else the one a VXLAN device sends
+/// through (its `dev`).
 fn is_underlay(facts: &NodeFacts, link: &Link) -> bool {
-    facts
-        .me
-        .as_ref()
-        .and_then(|m| m.ip)
-        .is_some_and(|ip| facts.view.addresses.contains(&(link.index, ip)))
+    match facts.me.as_ref().and_then(|m| m.ip) {
+        Some(ip) => facts.view.addresses.contains(&(link.index, ip)),
+        None => facts
+            .view
+            .links
+            .iter()
+            .any(|l| l.vxlan.and_then(|v| v.dev) == Some(link.index)),
+    }
 }
 
 fn check_conntrack(facts: &NodeFacts) -> Option<Check> {

@@ -27,6 +27,9 @@ pub struct NodeFacts {
     /// Its name (the Node it is), or the namespace it was read in.
     pub name: String,
     pub root: PathBuf,
+    /// Whether the node's files can be read: a node in another netns
+    /// without its --host-root has none here (this machine's are not its).
+    pub files: bool,
     pub view: NodeView,
     /// `/proc/sys/…` values read inside its netns, by path below /proc/sys.
     pub sysctls: BTreeMap<String, String>,
@@ -58,7 +61,11 @@ impl NodeFacts {
 
     /// A path under the node's root (`etc/cni/net.d` → `<root>/etc/cni/net.d`).
     pub fn path(&self, relative: &str) -> PathBuf {
-        self.root.join(relative)
+        if self.files {
+            self.root.join(relative)
+        } else {
+            PathBuf::from("/nonexistent/no-host-root").join(relative)
+        }
     }
 
     /// The path as the node itself names it (`/opt/cni/bin`).
@@ -92,19 +99,20 @@ pub async fn gather_all(args: &DoctorArgs, cluster: &ClusterState) -> Result<Vec
     };
     let mut all = Vec::new();
     for (i, ns) in netns.iter().enumerate() {
-        let root = args
-            .host_root
-            .get(i)
-            .cloned()
-            .unwrap_or_else(|| PathBuf::from("/"));
+        let given = args.host_root.get(i).cloned();
+        let files = given.is_some() || ns.is_none();
+        let root = given.unwrap_or_else(|| PathBuf::from("/"));
         let name = args.node.get(i).cloned();
         let path = ns.as_deref().map(netns::resolve);
         let mut facts = read(path.as_deref(), root).await?;
+        facts.files = files;
         identify(&mut facts, name, ns.as_deref(), cluster);
         facts.conntrack_max_override = args.conntrack_max_for_testing;
         // From here, outside the node's netns: the API is reached as the
         // CNI plugin reaches it, from the host.
-        facts.cni_credentials = super::calico::probe_credentials(&facts.root).await;
+        if files {
+            facts.cni_credentials = super::calico::probe_credentials(&facts.root).await;
+        }
         all.push(facts);
     }
     Ok(all)
@@ -174,6 +182,7 @@ async fn read(netns_path: Option<&Path>, root: PathBuf) -> Result<NodeFacts> {
     }
     Ok(NodeFacts {
         root,
+        files: false,
         view,
         sysctls,
         iptables: output("iptables", &["-w", "-S"]),

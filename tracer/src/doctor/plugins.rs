@@ -34,7 +34,7 @@ pub fn needed(config: &cni_config::ConfigFile) -> Vec<String> {
 
 pub fn checks(facts: &NodeFacts) -> Vec<Check> {
     let node = facts.name.as_str();
-    let Some(config) = cni_config::chosen(facts) else {
+    let Some(config) = cni_config::chosen(facts).filter(|_| facts.files) else {
         return Vec::new();
     };
     let bin = facts.path(BIN);

@@ -88,7 +88,7 @@ pub async fn no_ip(args: &Args) -> Option<String> {
     let examined = node::gather_all(&doctor, &cluster)
         .await
         .unwrap_or_default();
-    Some(api::pod_finding(pod, &examined))
+    api::explain_pod(pod, &examined)
 }
 
 /// The findings that bear on an outcome, on the node where it happened.
