@@ -288,6 +288,8 @@ fn sandbox_failure(broken: Broken, message: &str) -> (Value, String) {
         events.contains("FailedCreatePodSandBox") && events.contains(message),
         "{events}"
     );
+    let node = kubectl(&["describe", "node", "node-2"]);
+    assert!(node.contains("NetworkUnavailable"), "{node}");
     let described = kubectl(&["describe", "pod", "db-0"]);
     assert!(described.contains("FailedCreatePodSandBox"), "{described}");
     (check, described)
@@ -403,5 +405,41 @@ fn a_dropped_verdict_carries_the_doctors_finding() {
             .iter()
             .any(|f| f["check"] == "ip_forward" && f["evidence"] == "net.ipv4.ip_forward = 0"),
         "{doctor:?}"
+    );
+}
+
+#[test]
+fn the_api_alone_names_network_unavailable_and_overlapping_pod_cidrs() {
+    let lab = lab(Topology::FlannelVxlan);
+    let mut nodes = lab.0.node_list();
+    nodes["items"][1]["status"]["conditions"][0] = serde_json::json!({
+        "type": "NetworkUnavailable", "status": "True", "reason": "NoRouteCreated",
+        "message": "Node created without a route"});
+    let first = nodes["items"][0]["spec"]["podCIDR"].clone();
+    nodes["items"][1]["spec"]["podCIDR"] = first.clone();
+    nodes["items"][1]["spec"]["podCIDRs"] = serde_json::json!([first]);
+    let dir = scratch().join("api-only");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("nodes.json");
+    std::fs::write(&file, nodes.to_string()).unwrap();
+    let (report, code) = run(&argv(
+        &["doctor", "--api-only", "-o", "json", "--nodes-file"],
+        vec![file.display().to_string()],
+    ));
+    assert_eq!(code, 1);
+    let failed = failing(&report);
+    assert!(
+        failed.iter().any(|c| c["node"] == "node-2"
+            && c["name"] == "NetworkUnavailable"
+            && c["evidence"].as_str().unwrap().contains("NoRouteCreated")),
+        "{report:#}"
+    );
+    assert!(
+        failed.iter().any(|c| c["name"] == "podCIDR"
+            && c["evidence"]
+                .as_str()
+                .unwrap()
+                .contains("overlaps node-2's")),
+        "{report:#}"
     );
 }
