@@ -39,13 +39,17 @@ pub fn require_kernel() {
 ///
 /// Each lab also gets its own pod CIDR (10.1xx.0.0/16): the drop
 /// tracepoint sees every namespace, so concurrent labs must not share pod
-/// addresses. It also keeps the CIDR a real parameter.
+/// addresses (a lab of another test process with the same addresses shows
+/// up as drops in "an unknown namespace"). It also keeps the CIDR a real
+/// parameter.
 pub fn lab(topology: Topology) -> LabGuard {
     require_kernel();
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let prefix = format!("pt{}x{n}", std::process::id() % 100_000);
-    let pod_cidr = format!("10.{}.0.0/16", 100 + n % 100)
+    // The process id spreads concurrent test processes (other checkouts
+    // on the same machine) over the range too.
+    let pod_cidr = format!("10.{}.0.0/16", 100 + (std::process::id() + n) % 100)
         .parse()
         .expect("a CIDR");
     LabGuard::up(&prefix, topology, Some(pod_cidr)).expect("lab up")
