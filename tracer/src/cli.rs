@@ -39,6 +39,10 @@ pub enum Command {
     /// Trace one node for a cluster-mode front-end (run as a pod on that
     /// node): JSON lines on stdout.
     Agent(crate::app::agent::AgentArgs),
+    /// Check a node and the API for the failures that leave no packet to
+    /// trace (CNI config and plugins, flannel/calico state, kernel and
+    /// firewall, pods without an IP); exit 1 if any check failed.
+    Doctor(crate::doctor::DoctorArgs),
 }
 
 /// `podtrace read FILE.pcapng`.
@@ -96,6 +100,11 @@ pub struct Args {
     /// one run.
     #[arg(long, value_name = "NETNS")]
     pub netns: Vec<String>,
+    /// Each traced node's root filesystem, in --netns order (`/host` in a
+    /// debug pod), for the doctor's checks when a trace ends without a
+    /// packet to blame.
+    #[arg(long, value_name = "DIR")]
+    pub host_root: Vec<PathBuf>,
     /// A node's own IP, to find its underlay interface when nothing else
     /// tells (repeatable: each traced node takes the one it holds).
     #[arg(long, value_name = "IP")]

@@ -14,13 +14,16 @@
 //! - [`story`]: journeys (pure correlation), hop notes (`story::notes`),
 //!   verdicts, explanations, the profile;
 //! - [`output`]: one file per format (human, JSON);
-//! - [`app`]: one trace in phases (resolve, attach, stream, finish).
+//! - [`app`]: one trace in phases (resolve, attach, stream, finish);
+//! - [`doctor`]: `podtrace doctor`, one file per check family: the node
+//!   and CNI failures that leave no packet to trace.
 
 pub mod app;
 pub mod cli;
 pub mod cluster;
 pub mod cni;
 pub mod decode;
+pub mod doctor;
 pub mod node;
 pub mod output;
 pub mod probe;

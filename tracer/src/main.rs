@@ -35,6 +35,16 @@ fn main() -> std::process::ExitCode {
     };
     let outcome = match (cli.command, cli.trace) {
         (Some(Command::Agent(agent)), _) => runtime.block_on(podtrace::app::agent::run(agent)),
+        (Some(Command::Doctor(doctor)), _) => {
+            return match runtime.block_on(podtrace::doctor::run(doctor)) {
+                Ok(true) => std::process::ExitCode::SUCCESS,
+                Ok(false) => std::process::ExitCode::from(1),
+                Err(e) => {
+                    eprintln!("podtrace: {e:#}");
+                    std::process::ExitCode::from(2)
+                }
+            };
+        }
         // kubectl's plugin dispatch runs `kubectl-podtrace`: cluster mode,
         // unless node-mode inputs (--netns, --pods-file) say otherwise.
         (None, Some(trace))

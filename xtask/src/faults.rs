@@ -7,6 +7,8 @@ use anyhow::{bail, Result};
 
 use crate::lab::{fdb, in_netns, ip, run, sysctl, Lab, LabPod, Topology};
 
+mod node_files;
+
 /// An address on the underlay that no node holds.
 pub const GONE_GATEWAY: &str = "192.0.2.254";
 
@@ -33,6 +35,29 @@ pub enum Fault {
     /// node-1 routes node-2's pod subnet via 192.0.2.254, a gateway that is
     /// gone (nothing answers ARP for it).
     NextHopNoArp,
+    /// node-2 keeps a `10-calico.conflist` beside `10-flannel.conflist`
+    /// (Calico was replaced by Flannel): it sorts first and Calico is not there.
+    StaleCniConflist,
+    /// node-2's /opt/cni/bin has no `flannel` binary.
+    CniPluginMissing,
+    /// node-2's /opt/cni/bin is empty, as when a volume is mounted over it.
+    CniBinMasked,
+    /// node-2's /run/flannel/subnet.env is gone (flanneld never started).
+    SubnetEnvMissing,
+    /// node-1's projectcalico.org/IPv4Address names 192.0.2.99, an address
+    /// it does not have; node-2 never peers with it, so has no route to
+    /// node-1's block.
+    CalicoWrongPeerIp,
+    /// `iptables -P FORWARD DROP` on node-1 (as Docker sets it), nothing
+    /// accepting the pod CIDR.
+    ForwardPolicyDrop,
+    /// node-1's conntrack table in use (kube-proxy's INVALID rule, a few
+    /// flows). nf_conntrack_max is read-only outside the initial netns, so
+    /// the tests judge it against a small --conntrack-max-for-testing.
+    ConntrackFull,
+    /// node-1's underlay at MTU 1400 (a VPN, an OpenStack network) under a
+    /// flannel.1 of 1450: VXLAN packets no longer fit.
+    MtuMismatch,
 }
 
 impl Fault {
@@ -48,13 +73,21 @@ impl Fault {
             Self::IpForwardOff => "ip-forward-off",
             Self::MtuTooBig => "mtu-too-big",
             Self::NextHopNoArp => "next-hop-no-arp",
+            Self::StaleCniConflist => "stale-cni-conflist",
+            Self::CniPluginMissing => "cni-plugin-missing",
+            Self::CniBinMasked => "cni-bin-masked",
+            Self::SubnetEnvMissing => "subnet-env-missing",
+            Self::CalicoWrongPeerIp => "calico-wrong-peer-ip",
+            Self::ForwardPolicyDrop => "forward-policy-drop",
+            Self::ConntrackFull => "conntrack-full",
+            Self::MtuMismatch => "mtu-mismatch",
         }
     }
 
     /// The topology the fault belongs to.
     pub fn topology(self) -> Topology {
         match self {
-            Self::CalicoProfileDrop => Topology::Calico,
+            Self::CalicoProfileDrop | Self::CalicoWrongPeerIp => Topology::Calico,
             _ => Topology::FlannelVxlan,
         }
     }
@@ -117,8 +150,14 @@ impl Fault {
                 ip(&node1, &format!("link set {} mtu 1500", web.host_iface))?;
                 ip(&web.netns, "link set eth0 mtu 1500")?;
             }
+            _ => node_files::apply(self, lab)?,
         }
         Ok(())
+    }
+
+    /// Every fault of the catalogue.
+    pub fn all() -> &'static [Self] {
+        <Self as clap::ValueEnum>::value_variants()
     }
 }
 
@@ -166,7 +205,7 @@ fn kube_firewall_mark_drop(node1: &str, web: &LabPod) -> Result<()> {
 }
 
 /// Runs `iptables <rule>` inside a namespace.
-fn iptables(ns: &str, rule: &str) -> Result<()> {
+pub(crate) fn iptables(ns: &str, rule: &str) -> Result<()> {
     run(in_netns(ns, "iptables").args(shell_words(rule)))
 }
 

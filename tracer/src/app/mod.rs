@@ -36,6 +36,7 @@ use crate::{
     },
     cni,
     decode::hop::{place, Hop, Unplaced},
+    doctor,
     node::{
         netns::Namespace,
         pod_netns::OtherNamespaces,
@@ -77,8 +78,15 @@ pub async fn run(args: Args) -> Result<()> {
     // Before anything is attached: a path that cannot be written is bad input.
     let write = args.write.as_deref().map(pcapng::open).transpose()?;
     let resolved = tokio::select! {
-        resolved = resolve(&args) => resolved?,
+        resolved = resolve(&args) => resolved,
         () = stop.recv() => return Ok(()),
+    };
+    let resolved = match resolved {
+        Err(e) if format!("{e}").contains("has no IP") => match doctor::trace::no_ip(&args).await {
+            Some(finding) => bail!("{finding}"),
+            None => return Err(e),
+        },
+        other => other?,
     };
     let mut trace = attach(&args, resolved).await?;
     let summary = stream(&args, &mut trace, &mut stop, write).await?;
@@ -99,6 +107,8 @@ struct Resolved {
     namespaces: Vec<Namespace>,
     ctx: Context,
     why_rule_unnamed: Option<&'static str>,
+    /// The doctor's failing checks per --netns, in order.
+    doctor: Vec<Vec<doctor::trace::Finding>>,
 }
 
 async fn resolve(args: &Args) -> Result<Resolved> {
@@ -119,6 +129,7 @@ async fn resolve(args: &Args) -> Result<Resolved> {
         namespaces,
         ctx,
         why_rule_unnamed,
+        doctor: doctor::trace::node_findings(args).await,
     })
 }
 
@@ -170,6 +181,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         namespaces,
         mut ctx,
         why_rule_unnamed,
+        doctor,
     } = resolved;
     let (src, dst) = (&targets.src, &targets.dst);
     let pairs = traced_pairs(&targets);
@@ -221,6 +233,9 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         }
         node.probe.stream(tx.clone())?;
         ctx.nodes.insert(node.name.clone(), facts);
+        if let Some(findings) = doctor.get(id) {
+            ctx.doctor.insert(node.name.clone(), findings.clone());
+        }
         nodes.push(node);
     }
     drop(shared);

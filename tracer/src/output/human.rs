@@ -82,9 +82,16 @@ pub fn human_story(n: u64, s: &Story, colour: bool) -> String {
         ));
     }
     text.push_str(&format!(
-        "  verdict: {}\n\n",
+        "  verdict: {}\n",
         paint(colour, code, &s.verdict.summary)
     ));
+    for finding in &s.verdict.doctor {
+        text.push_str(&format!(
+            "  doctor: {} {}: {}\n",
+            finding.family, finding.check, finding.evidence
+        ));
+    }
+    text.push('\n');
     text
 }
 

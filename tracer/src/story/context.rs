@@ -31,6 +31,10 @@ pub struct Context {
     /// The address translations known (Services), to name them.
     #[serde(default)]
     pub nat: NatBook,
+    /// The doctor's failing checks on each traced node, by node name: what
+    /// a verdict without a packet to blame adds.
+    #[serde(default)]
+    pub doctor: HashMap<String, Vec<crate::doctor::trace::Finding>>,
 }
 
 /// A `&'static str` that serde's derive does not take for a borrow of the

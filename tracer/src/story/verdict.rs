@@ -83,6 +83,10 @@ pub struct Verdict {
     /// What on the node explains the outcome (forwarding off, a veth
     /// without its bridge, an MTU too small, …).
     pub hint: Option<String>,
+    /// For `vanished`, `no_route` and `dropped`: the doctor's failing
+    /// checks on that node (`podtrace doctor`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub doctor: Vec<crate::doctor::trace::Finding>,
 }
 
 impl Story {
@@ -235,6 +239,7 @@ pub(super) fn judge(journey: &Journey, ctx: &Context) -> Verdict {
         summary
             .push_str("; records were lost while this packet was in flight: hops may be missing");
     }
+    let doctor = crate::doctor::trace::for_outcome(&outcome, ctx);
     Verdict {
         outcome,
         path,
@@ -243,6 +248,7 @@ pub(super) fn judge(journey: &Journey, ctx: &Context) -> Verdict {
         netfilter: None,
         netfilter_hook: None,
         hint: explanation.hint,
+        doctor,
     }
 }
 

@@ -22,6 +22,7 @@ const RESOURCES: &[(&str, &str, &str, bool, &[&str])] = &[
     ("v1", "pods/log", "Pod", true, &["get"]),
     ("v1", "nodes", "Node", false, &["get", "list", "watch"]),
     ("v1", "services", "Service", true, &["get", "list", "watch"]),
+    ("v1", "events", "Event", true, &["get", "list", "watch"]),
     (
         "discovery.k8s.io/v1",
         "endpointslices",
@@ -86,6 +87,7 @@ pub(crate) fn list_kind(resource: &str) -> &'static str {
         "nodes" => "NodeList",
         "leases" => "LeaseList",
         "endpointslices" => "EndpointSliceList",
+        "events" => "EventList",
         _ => "ServiceList",
     }
 }
@@ -223,6 +225,13 @@ pub(crate) fn table(resource: &str, items: &[Value], version: &str) -> Value {
                     age(e),
                 ]
             },
+        ),
+        "events" => (
+            ["Last Seen", "Type", "Reason", "Object", "Message"]
+                .iter()
+                .map(|c| column(c, 0))
+                .collect(),
+            super::events::row,
         ),
         _ => (vec![column("Name", 0), column("Age", 0)], |o| {
             vec![o["metadata"]["name"].clone(), age(o)]

@@ -15,6 +15,7 @@
 //! tests start it in-process.
 
 mod discovery;
+mod events;
 mod kubelet;
 mod routes;
 

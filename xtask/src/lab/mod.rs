@@ -15,6 +15,7 @@ mod cmd;
 pub mod flannel;
 mod flannel_host_gw;
 mod flannel_vxlan;
+pub mod host_root;
 pub mod kube_proxy;
 mod kube_proxy_nft;
 
@@ -203,6 +204,12 @@ impl Lab {
         self.state_dir().join("pods.json")
     }
 
+    /// A node's root filesystem (`/host` of a debug pod on a real node):
+    /// etc/cni/net.d, opt/cni/bin, run/flannel.
+    pub fn host_root(&self, node: u8) -> PathBuf {
+        self.state_dir().join(Self::node_name(node)).join("root")
+    }
+
     pub fn nodes_file(&self) -> PathBuf {
         self.state_dir().join("nodes.json")
     }
@@ -236,6 +243,9 @@ impl Lab {
             serde_json::to_string_pretty(&self.node_list())?,
         )?;
         fs::write(self.state_dir().join("pod-cidr"), self.pod_cidr.to_string())?;
+        for node in 1..=NODES {
+            host_root::lay_out(self, node)?;
+        }
         fs::write(marker, self.topology.name())?;
         Ok(())
     }
@@ -380,6 +390,19 @@ impl Lab {
         json!({"apiVersion": "v1", "kind": "List", "items": items})
     }
 
+    /// A healthy node's conditions: Ready, and the network its CNI set up
+    /// (NetworkUnavailable False, as Flannel and Calico set it).
+    fn node_conditions(&self) -> Value {
+        let reason = match self.topology {
+            Topology::Calico => "CalicoIsUp",
+            _ => "FlannelIsUp",
+        };
+        json!([
+            {"type": "NetworkUnavailable", "status": "False", "reason": reason, "message": format!("{} is running on this node", self.topology.name())},
+            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status"},
+        ])
+    }
+
     /// The nodes as `kubectl get nodes -o json` prints them, with the CNI's
     /// annotations.
     pub fn node_list(&self) -> Value {
@@ -392,7 +415,10 @@ impl Lab {
                     "kind": "Node",
                     "metadata": {"name": Self::node_name(n), "annotations": annotations},
                     "spec": {"podCIDR": self.node_subnet(n).to_string(), "podCIDRs": [self.node_subnet(n).to_string()]},
-                    "status": {"addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": Self::node_name(n)}]}
+                    "status": {
+                        "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": Self::node_name(n)}],
+                        "conditions": self.node_conditions(),
+                    }
                 })
             })
             .collect();

@@ -1,0 +1,445 @@
+//! `podtrace doctor` on the lab: the healthy lab passes every check, and
+//! every fault of the catalogue (old and new) is named on the node it
+//! broke. Sandbox failures served by the API stub as kubelet's events are
+//! classified, and confirmed by the node check that finds their cause.
+
+#[allow(dead_code)]
+mod support;
+
+use std::{path::PathBuf, process::Command};
+
+use serde_json::Value;
+use support::*;
+use xtask::{
+    api_stub::{Stub, TOKEN},
+    faults::Fault,
+    lab::{LabGuard, Topology},
+};
+
+/// `podtrace doctor` on both lab nodes (files as the inventory): the JSON
+/// report, and the exit code.
+fn doctor(lab: &LabGuard, extra: &[&str]) -> (Value, i32) {
+    let mut argv: Vec<String> = vec!["doctor".into(), "-o".into(), "json".into()];
+    argv.extend([
+        "--pods-file".into(),
+        lab.0.pods_file().display().to_string(),
+    ]);
+    argv.extend([
+        "--nodes-file".into(),
+        lab.0.nodes_file().display().to_string(),
+    ]);
+    argv.extend(node_args(lab));
+    argv.extend(extra.iter().map(|s| s.to_string()));
+    run(&argv)
+}
+
+fn node_args(lab: &LabGuard) -> Vec<String> {
+    (1..=2)
+        .flat_map(|n| {
+            [
+                "--netns".to_string(),
+                lab.0.node_netns(n),
+                "--host-root".to_string(),
+                lab.0.host_root(n).display().to_string(),
+            ]
+        })
+        .collect()
+}
+
+fn run(argv: &[String]) -> (Value, i32) {
+    let out = Command::new(PODTRACE)
+        .args(argv)
+        .output()
+        .expect("podtrace");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (report, out.status.code().unwrap_or(-1))
+}
+
+fn failing(report: &Value) -> Vec<&Value> {
+    report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .filter(|c| c["ok"] == false)
+        .collect()
+}
+
+/// The failing check of `family` whose name starts with `name` on `node`,
+/// with `evidence` in its evidence; exit code 1.
+fn assert_names(
+    fault: Fault,
+    node: &str,
+    family: &str,
+    name: &str,
+    evidence: &str,
+    extra: &[&str],
+) {
+    let lab = lab(fault.topology());
+    fault.apply(&lab.0).expect("apply the fault");
+    let (report, code) = doctor(&lab, extra);
+    assert_eq!(code, 1, "{}: {report:#}", fault.name());
+    let found = failing(&report).into_iter().find(|c| {
+        c["node"] == node
+            && c["family"] == family
+            && c["name"].as_str().is_some_and(|n| n.starts_with(name))
+    });
+    let check = found.unwrap_or_else(|| {
+        panic!(
+            "{}: no failing {family} check {name:?} on {node}: {report:#}",
+            fault.name()
+        )
+    });
+    let text = check["evidence"].as_str().unwrap();
+    assert!(text.contains(evidence), "{}: {text}", fault.name());
+    assert!(
+        check["fix"].as_str().is_some_and(|f| !f.is_empty()),
+        "{check}"
+    );
+}
+
+#[test]
+fn the_healthy_labs_pass_every_check() {
+    for topology in [
+        Topology::FlannelVxlan,
+        Topology::FlannelHostGw,
+        Topology::Calico,
+    ] {
+        let lab = lab(topology);
+        let (report, code) = doctor(&lab, &[]);
+        assert!(
+            failing(&report).is_empty(),
+            "{}: {report:#}",
+            topology.name()
+        );
+        assert_eq!(code, 0);
+        let nodes: Vec<&str> = report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["node"].as_str())
+            .collect();
+        assert!(
+            nodes.contains(&"node-1") && nodes.contains(&"node-2"),
+            "{nodes:?}"
+        );
+    }
+}
+
+#[test]
+fn every_fault_of_the_catalogue_has_a_doctor_test() {
+    // The tests below, by fault: adding a fault without one fails here.
+    let tested = [
+        "iptables-forward-drop",
+        "calico-profile-drop",
+        "kube-firewall-mark-drop",
+        "flannel-route-missing",
+        "flannel-route-missing-no-default",
+        "cni0-deleted",
+        "flannel-fdb-missing",
+        "ip-forward-off",
+        "mtu-too-big",
+        "next-hop-no-arp",
+        "stale-cni-conflist",
+        "cni-plugin-missing",
+        "cni-bin-masked",
+        "subnet-env-missing",
+        "calico-wrong-peer-ip",
+        "forward-policy-drop",
+        "conntrack-full",
+        "mtu-mismatch",
+    ];
+    for fault in Fault::all() {
+        assert!(
+            tested.contains(&fault.name()),
+            "no doctor test for {}",
+            fault.name()
+        );
+    }
+}
+
+/// One test per fault: `podtrace doctor` names it on its node.
+macro_rules! names_the_fault {
+    ($($test:ident: $fault:ident on $node:literal, $family:literal $check:literal says $evidence:expr $(, with $($extra:expr),+)?;)*) => {$(
+        #[test]
+        fn $test() {
+            let extra: &[&str] = &[$($($extra),+)?];
+            assert_names(Fault::$fault, $node, $family, $check, $evidence, extra);
+        }
+    )*};
+}
+
+names_the_fault! {
+    iptables_forward_drop: IptablesForwardDrop on "node-1", "firewall" "DROP rules" says "-A FORWARD -s";
+    calico_profile_drop: CalicoProfileDrop on "node-2", "firewall" "Calico policy of cali" says "Drop if no profiles matched";
+    kube_firewall_mark_drop: KubeFirewallMarkDrop on "node-1", "firewall" "KUBE-FIREWALL" says "KUBE-MARK-DROP";
+    flannel_route_missing: FlannelRouteMissing on "node-1", "flannel" "route to node-2" says "no route to";
+    flannel_route_missing_no_default: FlannelRouteMissingNoDefault on "node-1", "flannel" "route to node-2" says "no route to";
+    cni0_deleted: Cni0Deleted on "node-1", "flannel" "cni0" says "cni0 does not exist";
+    flannel_fdb_missing: FlannelFdbMissing on "node-1", "flannel" "VTEP of node-2" says "dst 192.0.2.12: MISSING";
+    ip_forward_off: IpForwardOff on "node-1", "kernel" "ip_forward" says "= 0";
+    mtu_too_big: MtuTooBig on "node-1", "kernel" "MTU" says "MTU 1500 is above the pod MTU 1450";
+    next_hop_no_arp: NextHopNoArp on "node-1", "flannel" "route to node-2" says xtask::faults::GONE_GATEWAY;
+    stale_cni_conflist: StaleCniConflist on "node-2", "cni-config" "config the runtime uses"
+        says "10-calico.conflist (calico) comes first and shadows /etc/cni/net.d/10-flannel.conflist";
+    cni_plugin_missing: CniPluginMissing on "node-2", "plugins" "plugin flannel" says "/opt/cni/bin has no flannel binary";
+    cni_bin_masked: CniBinMasked on "node-2", "plugins" "plugin directory" says "/opt/cni/bin is empty";
+    subnet_env_missing: SubnetEnvMissing on "node-2", "flannel" "subnet.env" says "/run/flannel/subnet.env is missing";
+    calico_wrong_peer_ip: CalicoWrongPeerIp on "node-1", "calico" "peer address"
+        says "says 192.0.2.99/24, an address this node does not have";
+    forward_policy_drop: ForwardPolicyDrop on "node-1", "firewall" "FORWARD policy"
+        says "FORWARD policy DROP and no rule accepts the pod CIDR";
+    // nf_conntrack_max is read-only outside the initial netns: the table's
+    // size is set for the check instead; the entries are real.
+    conntrack_full: ConntrackFull on "node-1", "kernel" "conntrack table"
+        says "of nf_conntrack_max 1 entries in use", with "--conntrack-max-for-testing", "1";
+    mtu_mismatch: MtuMismatch on "node-1", "kernel" "MTU"
+        says "flannel.1 MTU 1450 does not fit the underlay eth0 MTU 1400 less 50 B of VXLAN";
+}
+
+fn scratch() -> PathBuf {
+    std::env::temp_dir().join(format!("podtrace-doctor-tests-{}", std::process::id()))
+}
+
+/// A lab with `fault`, and a stub in which db-0 (node-2) has no IP and
+/// kubelet's event says `message`; the stub's kubeconfig.
+fn failing_sandbox(broken: Broken, message: &str) -> (LabGuard, Stub, String) {
+    let lab = lab(broken.topology());
+    let stub = Stub::start(&lab.0.pod_list(), &lab.0.node_list());
+    broken.apply(&lab, &stub);
+    stub.fail_sandbox("default", "db-0", message);
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let kubeconfig = stub
+        .kubeconfig(&scratch().join(n.to_string()), TOKEN)
+        .display()
+        .to_string();
+    (lab, stub, kubeconfig)
+}
+
+/// What breaks a sandbox: a fault of the catalogue, or Calico's CNI
+/// kubeconfig on node-2 holding a token the API rejects (expired).
+enum Broken {
+    Fault(Fault),
+    ExpiredCalicoToken,
+}
+
+impl Broken {
+    fn topology(&self) -> Topology {
+        match self {
+            Self::Fault(fault) => fault.topology(),
+            Self::ExpiredCalicoToken => Topology::Calico,
+        }
+    }
+
+    fn apply(&self, lab: &LabGuard, stub: &Stub) {
+        match self {
+            Self::Fault(fault) => fault.apply(&lab.0).expect("apply the fault"),
+            Self::ExpiredCalicoToken => {
+                let path = lab.0.host_root(2).join("etc/cni/net.d/calico-kubeconfig");
+                stub.kubeconfig_at(&path, "an-expired-token");
+            }
+        }
+    }
+}
+
+/// A sandbox failure on node-2 (db-0 Pending, no IP, kubelet's event),
+/// through the stub: the doctor's verdict on db-0, and kubectl's view.
+fn sandbox_failure(broken: Broken, message: &str) -> (Value, String) {
+    let (lab, _stub, kubeconfig) = failing_sandbox(broken, message);
+    let mut argv: Vec<String> = ["doctor", "db-0", "-o", "json", "--kubeconfig", &kubeconfig]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    argv.extend(node_args(&lab));
+    let (report, code) = run(&argv);
+    assert_eq!(code, 1, "{report:#}");
+    let check = failing(&report)
+        .into_iter()
+        .find(|c| c["name"] == "pod default/db-0")
+        .cloned()
+        .unwrap_or_else(|| panic!("{report:#}"));
+    assert_eq!(check["node"], "node-2");
+    let kubectl = |args: &[&str]| {
+        let out = Command::new("kubectl")
+            .args(["--kubeconfig", &kubeconfig])
+            .args(args)
+            .output()
+            .expect("kubectl");
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let events = kubectl(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=db-0",
+    ]);
+    assert!(
+        events.contains("FailedCreatePodSandBox") && events.contains(message),
+        "{events}"
+    );
+    let node = kubectl(&["describe", "node", "node-2"]);
+    assert!(node.contains("NetworkUnavailable"), "{node}");
+    let described = kubectl(&["describe", "pod", "db-0"]);
+    assert!(described.contains("FailedCreatePodSandBox"), "{described}");
+    (check, described)
+}
+
+#[test]
+fn a_missing_subnet_env_sandbox_failure_is_confirmed_on_the_node() {
+    let (check, _) = sandbox_failure(Broken::Fault(Fault::SubnetEnvMissing), "plugin type=\"flannel\" failed (add): loadFlannelSubnetEnv failed: open /run/flannel/subnet.env: no such file or directory");
+    let evidence = check["evidence"].as_str().unwrap();
+    assert!(
+        evidence.contains("flannel's subnet.env is missing"),
+        "{evidence}"
+    );
+    assert!(
+        evidence.contains("on node-2, /run/flannel/subnet.env is missing"),
+        "{evidence}"
+    );
+}
+
+#[test]
+fn a_plugin_not_found_sandbox_failure_is_confirmed_on_the_node() {
+    let (check, _) = sandbox_failure(
+        Broken::Fault(Fault::CniPluginMissing),
+        "failed to find plugin \"flannel\" in path [/opt/cni/bin]",
+    );
+    let evidence = check["evidence"].as_str().unwrap();
+    assert!(
+        evidence.contains("CNI plugin flannel not found"),
+        "{evidence}"
+    );
+    assert!(
+        evidence.contains("on node-2, /opt/cni/bin has no flannel binary"),
+        "{evidence}"
+    );
+}
+
+#[test]
+fn an_unauthorized_cni_sandbox_failure_is_confirmed_on_the_node() {
+    let (check, _) = sandbox_failure(Broken::ExpiredCalicoToken, "plugin type=\"calico\" failed (add): error getting ClusterInformation: connection is unauthorized: Unauthorized");
+    let evidence = check["evidence"].as_str().unwrap();
+    assert!(
+        evidence.contains("credentials are rejected (Unauthorized)"),
+        "{evidence}"
+    );
+    assert!(
+        evidence.contains("on node-2, /etc/cni/net.d/calico-kubeconfig's token is rejected: the API at https://127.0.0.1:"),
+        "{evidence}"
+    );
+    assert!(evidence.contains("answers 401"), "{evidence}");
+    assert!(
+        check["fix"].as_str().unwrap().contains("calico-kubeconfig"),
+        "{check}"
+    );
+}
+
+const PLUGIN_NOT_FOUND: &str = "failed to find plugin \"flannel\" in path [/opt/cni/bin]";
+
+#[test]
+fn a_trace_to_a_pod_without_an_ip_ends_with_the_doctors_finding() {
+    let (lab, _stub, kubeconfig) =
+        failing_sandbox(Broken::Fault(Fault::CniPluginMissing), PLUGIN_NOT_FOUND);
+    let argv = argv(
+        &["default/web-0", "default/db-0", "--kubeconfig", &kubeconfig],
+        ["--count", "1", "--duration", "5s"]
+            .map(String::from)
+            .into_iter()
+            .chain(node_args(&lab))
+            .collect(),
+    );
+    let argv: Vec<&str> = argv.iter().map(|s| s.as_str()).collect();
+    let done = run_podtrace(&argv);
+    assert!(!done.status.success());
+    assert_eq!(done.stderr.lines().count(), 1, "{}", done.stderr);
+    let expected = r#"default/db-0 has no IP: its sandbox fails with "failed to find plugin \"flannel\" in path [/opt/cni/bin]" (CNI plugin flannel not found); on node-2, /opt/cni/bin has no flannel binary"#;
+    assert!(done.stderr.contains(expected), "{}", done.stderr);
+    assert!(tcx_programs(&lab.0.node_netns(1)).is_empty());
+}
+
+#[test]
+fn a_dropped_verdict_carries_the_doctors_finding() {
+    let lab = lab(Topology::FlannelVxlan);
+    Fault::IpForwardOff.apply(&lab.0).expect("apply the fault");
+    let files = [lab.0.nodes_file(), lab.0.pods_file()].map(|f| f.display().to_string());
+    let mut argv = argv(
+        &[
+            "web-0",
+            "db-0",
+            "--count",
+            "1",
+            "--duration",
+            "20s",
+            "-o",
+            "json",
+        ],
+        vec![
+            "--nodes-file".into(),
+            files[0].clone(),
+            "--pods-file".into(),
+            files[1].clone(),
+        ],
+    );
+    argv.extend(node_args(&lab));
+    let trace = Trace::start(&argv);
+    let _answered = lab.0.ping("web-0", lab.0.pod("db-0").ip, &[]);
+    let done = trace.finish();
+    let story = done.stories().into_iter().next().expect("a story");
+    assert_eq!(story["verdict"]["outcome"], "dropped", "{story}");
+    let doctor = story["verdict"]["doctor"]
+        .as_array()
+        .expect("a doctor field");
+    assert!(
+        doctor
+            .iter()
+            .any(|f| f["check"] == "ip_forward" && f["evidence"] == "net.ipv4.ip_forward = 0"),
+        "{doctor:?}"
+    );
+}
+
+#[test]
+fn the_api_alone_names_network_unavailable_and_overlapping_pod_cidrs() {
+    let lab = lab(Topology::FlannelVxlan);
+    let mut nodes = lab.0.node_list();
+    nodes["items"][1]["status"]["conditions"][0] = serde_json::json!({
+        "type": "NetworkUnavailable", "status": "True", "reason": "NoRouteCreated",
+        "message": "Node created without a route"});
+    let first = nodes["items"][0]["spec"]["podCIDR"].clone();
+    nodes["items"][1]["spec"]["podCIDR"] = first.clone();
+    nodes["items"][1]["spec"]["podCIDRs"] = serde_json::json!([first]);
+    let dir = scratch().join("api-only");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("nodes.json");
+    std::fs::write(&file, nodes.to_string()).unwrap();
+    let (report, code) = run(&argv(
+        &["doctor", "--api-only", "-o", "json", "--nodes-file"],
+        vec![file.display().to_string()],
+    ));
+    assert_eq!(code, 1);
+    let failed = failing(&report);
+    assert!(
+        failed.iter().any(|c| c["node"] == "node-2"
+            && c["name"] == "NetworkUnavailable"
+            && c["evidence"].as_str().unwrap().contains("NoRouteCreated")),
+        "{report:#}"
+    );
+    assert!(
+        failed.iter().any(|c| c["name"] == "podCIDR"
+            && c["evidence"]
+                .as_str()
+                .unwrap()
+                .contains("overlaps node-2's")),
+        "{report:#}"
+    );
+}

@@ -1,0 +1,171 @@
+//! Which CNI config the container runtime uses: the lexically first valid
+//! `.conflist` / `.conf` / `.json` in `/etc/cni/net.d`. A leftover file of
+//! a CNI that no longer runs (`10-calico.conflist` after a move to
+//! Flannel) shadows the one that does, and every new sandbox fails.
+
+use std::fs;
+
+use serde_json::Value;
+
+use super::{node::NodeFacts, Check};
+
+const FAMILY: &str = "cni-config";
+pub const NET_D: &str = "etc/cni/net.d";
+
+/// One config file: its plugin chain, or why it is not valid.
+#[derive(Clone, Debug)]
+pub struct ConfigFile {
+    pub file: String,
+    pub parsed: Result<Vec<Value>, String>,
+}
+
+impl ConfigFile {
+    /// The plugin `type`s, in order.
+    pub fn types(&self) -> Vec<String> {
+        self.parsed
+            .as_ref()
+            .map(|plugins| {
+                plugins
+                    .iter()
+                    .filter_map(|p| p["type"].as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The CNI that owns it, by its main plugin.
+    pub fn cni(&self) -> Option<&'static str> {
+        let types = self.types();
+        let first = types.first()?;
+        ["calico", "flannel", "cilium", "weave-net"]
+            .into_iter()
+            .find(|cni| first.starts_with(cni))
+    }
+}
+
+/// The config files, sorted as libcni sorts them.
+pub fn files(facts: &NodeFacts) -> Vec<ConfigFile> {
+    let Ok(entries) = fs::read_dir(facts.path(NET_D)) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = entries
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".conflist") || n.ends_with(".conf") || n.ends_with(".json"))
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|file| {
+            let text = fs::read_to_string(facts.path(NET_D).join(&file));
+            let parsed = text
+                .map_err(|e| e.to_string())
+                .and_then(|t| parse(&file, &t));
+            ConfigFile { file, parsed }
+        })
+        .collect()
+}
+
+/// A conflist's `plugins`, or a single-plugin `.conf` as a chain of one.
+fn parse(file: &str, text: &str) -> Result<Vec<Value>, String> {
+    let value: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+    let plugins = if file.ends_with(".conflist") {
+        if value["name"].as_str().is_none() {
+            return Err("no \"name\"".into());
+        }
+        value["plugins"].as_array().cloned().unwrap_or_default()
+    } else {
+        vec![value]
+    };
+    if plugins.is_empty() || plugins.iter().any(|p| p["type"].as_str().is_none()) {
+        return Err("a plugin without a \"type\"".into());
+    }
+    Ok(plugins)
+}
+
+/// The file the runtime uses.
+pub fn chosen(facts: &NodeFacts) -> Option<ConfigFile> {
+    files(facts).into_iter().find(|f| f.parsed.is_ok())
+}
+
+/// Which CNI actually runs on the node, by its links and annotations.
+pub fn running(facts: &NodeFacts, cni: &str) -> bool {
+    let links = facts.view.links.iter().map(|l| l.name.as_str());
+    let annotations = facts.me.as_ref().map(|m| m.annotations.to_string());
+    let annotated = |key: &str| annotations.as_deref().is_some_and(|a| a.contains(key));
+    match cni {
+        "calico" => {
+            links
+                .clone()
+                .any(|l| l.starts_with("cali") || l == "vxlan.calico")
+                || annotated("projectcalico.org")
+        }
+        "flannel" => {
+            links.clone().any(|l| l == "flannel.1" || l == "cni0")
+                || annotated("flannel.alpha.coreos.com")
+        }
+        _ => true,
+    }
+}
+
+pub fn checks(facts: &NodeFacts) -> Vec<Check> {
+    if !facts.files {
+        return Vec::new();
+    }
+    let node = facts.name.as_str();
+    let all = files(facts);
+    let mut checks: Vec<Check> = all
+        .iter()
+        .filter_map(|f| f.parsed.as_ref().err().map(|e| (f, e)))
+        .map(|(f, e)| {
+            Check::fail(
+                FAMILY,
+                node,
+                "config file parses",
+                format!("{}/{}: {e}", NodeFacts::shown(NET_D), f.file),
+                format!(
+                    "fix or remove {}/{}: the runtime skips it",
+                    NodeFacts::shown(NET_D),
+                    f.file
+                ),
+            )
+        })
+        .collect();
+    let Some(chosen) = all.iter().find(|f| f.parsed.is_ok()) else {
+        checks.push(Check::fail(FAMILY, node, "config the runtime uses",
+            format!("{} has no valid .conflist or .conf: the runtime reports \"cni plugin not initialized\" and no pod gets a sandbox", NodeFacts::shown(NET_D)),
+            "start the CNI's DaemonSet pod on this node: it installs its config".into()));
+        return checks;
+    };
+    checks.push(judge_chosen(facts, chosen, &all));
+    checks
+}
+
+/// The chosen file belongs to a CNI that runs here, or it shadows one.
+fn judge_chosen(facts: &NodeFacts, chosen: &ConfigFile, all: &[ConfigFile]) -> Check {
+    let node = facts.name.as_str();
+    let dir = NodeFacts::shown(NET_D);
+    let owner = chosen.cni();
+    let alive = owner.is_none_or(|cni| running(facts, cni));
+    let evidence = format!(
+        "the runtime uses {dir}/{} (plugins: {})",
+        chosen.file,
+        chosen.types().join(", ")
+    );
+    if alive {
+        return Check::pass(FAMILY, node, "config the runtime uses", evidence);
+    }
+    let owner = owner.unwrap_or("?");
+    let shadowed = all.iter().find(|f| {
+        f.file != chosen.file && f.parsed.is_ok() && f.cni().is_some_and(|c| running(facts, c))
+    });
+    let evidence = match shadowed {
+        Some(live) => format!(
+            "{dir}/{} ({owner}) comes first and shadows {dir}/{}: {owner} is not running on this node (no {owner} links or annotations), so every new sandbox fails",
+            chosen.file, live.file
+        ),
+        None => format!("{evidence}, but {owner} is not running on this node"),
+    };
+    Check::fail(FAMILY, node, "config the runtime uses", evidence,
+        format!("remove the leftover {dir}/{} (a CNI that was replaced), then recreate the failing pods", chosen.file))
+}

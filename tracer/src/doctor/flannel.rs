@@ -1,0 +1,243 @@
+//! Flannel on a node: flanneld's subnet.env (without it the flannel CNI
+//! plugin fails every sandbox), cni0 with the subnet's gateway and MTU,
+//! flannel.1 with the VNI and port, and for every other node the route,
+//! neighbour and FDB entry flanneld writes from its annotations.
+
+use std::{collections::BTreeMap, fs, net::Ipv4Addr};
+
+use ipnet::Ipv4Net;
+
+use super::{cluster::ClusterNode, node::NodeFacts, Check};
+
+const FAMILY: &str = "flannel";
+pub const SUBNET_ENV: &str = "run/flannel/subnet.env";
+
+/// `/run/flannel/subnet.env`, as KEY=value pairs.
+pub fn subnet_env(facts: &NodeFacts) -> Option<BTreeMap<String, String>> {
+    let text = fs::read_to_string(facts.path(SUBNET_ENV)).ok()?;
+    Some(
+        text.lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+            .collect(),
+    )
+}
+
+/// Whether Flannel is this node's CNI, and its backend type.
+pub fn backend(facts: &NodeFacts) -> Option<String> {
+    let annotated = facts
+        .me
+        .as_ref()
+        .and_then(|m| m.annotation("flannel.alpha.coreos.com/backend-type"));
+    match annotated {
+        Some(kind) => Some(kind.to_string()),
+        None if facts.view.link_named("flannel.1").is_some() => Some("vxlan".into()),
+        None if facts.path(SUBNET_ENV).exists() => Some("host-gw".into()),
+        None => None,
+    }
+}
+
+pub fn checks(facts: &NodeFacts) -> Vec<Check> {
+    let Some(kind) = backend(facts) else {
+        return Vec::new();
+    };
+    let mut checks = Vec::new();
+    if facts.files {
+        checks.push(check_subnet_env(facts));
+    }
+    checks.push(check_cni0(facts));
+    if kind == "vxlan" {
+        checks.push(check_vtep(facts));
+    }
+    for remote in facts.others.iter().filter(|r| !r.pod_cidrs.is_empty()) {
+        checks.push(check_route(facts, remote, &kind));
+        if kind == "vxlan" {
+            checks.push(check_fdb(facts, remote));
+        }
+    }
+    checks
+}
+
+fn check_subnet_env(facts: &NodeFacts) -> Check {
+    let node = facts.name.as_str();
+    let shown = NodeFacts::shown(SUBNET_ENV);
+    let Some(env) = subnet_env(facts) else {
+        return Check::fail(FAMILY, node, "subnet.env",
+            format!("{shown} is missing: the flannel plugin fails every sandbox with \"loadFlannelSubnetEnv failed: open {shown}: no such file or directory\""),
+            "flanneld has not written it: check the kube-flannel pod on this node (kubectl -n kube-flannel logs ds/kube-flannel-ds), usually the node has no podCIDR or flanneld cannot reach the API".into());
+    };
+    let subnet: Option<Ipv4Net> = env.get("FLANNEL_SUBNET").and_then(|s| s.parse().ok());
+    let cidr = facts.pod_cidr();
+    let agrees = match (subnet, cidr) {
+        (Some(s), Some(c)) => s.trunc() == c,
+        (Some(_), None) => true,
+        _ => false,
+    };
+    Check::judge(
+        FAMILY,
+        node,
+        "subnet.env",
+        agrees,
+        format!(
+            "{shown} says FLANNEL_SUBNET={} (node podCIDR {})",
+            env.get("FLANNEL_SUBNET").map_or("(none)", |s| s.as_str()),
+            cidr.map_or("unknown".into(), |c| c.to_string())
+        ),
+        || {
+            "restart flanneld on this node so that it rewrites subnet.env from the node's podCIDR"
+                .into()
+        },
+    )
+}
+
+/// The gateway address cni0 must hold: FLANNEL_SUBNET's, or the podCIDR's first.
+fn gateway(facts: &NodeFacts) -> Option<Ipv4Addr> {
+    let env = subnet_env(facts);
+    env.and_then(|e| e.get("FLANNEL_SUBNET")?.split('/').next()?.parse().ok())
+        .or_else(|| facts.pod_cidr()?.hosts().next())
+}
+
+fn check_cni0(facts: &NodeFacts) -> Check {
+    let node = facts.name.as_str();
+    let Some(cni0) = facts.view.link_named("cni0") else {
+        return Check::fail(FAMILY, node, "cni0",
+            "cni0 does not exist: the pods' veths have no bridge, nothing they send is routed".into(),
+            "recreate the bridge by recreating one pod on the node (the bridge plugin makes cni0), or `ip link add cni0 type bridge` with the gateway address and enslave the veths".into());
+    };
+    let gw = gateway(facts);
+    let has_gw = gw.is_none_or(|g| facts.view.addresses.contains(&(cni0.index, g)));
+    let mtu = subnet_env(facts).and_then(|e| e.get("FLANNEL_MTU")?.parse::<u32>().ok());
+    let mtu_ok = mtu.is_none_or(|m| m == cni0.mtu);
+    let gw_text = gw.map_or(
+        "(the gateway: no podCIDR or subnet.env to tell it)".into(),
+        |g| g.to_string(),
+    );
+    Check::judge(
+        FAMILY,
+        node,
+        "cni0",
+        has_gw && mtu_ok,
+        format!(
+            "cni0 {} {gw_text}, MTU {} (FLANNEL_MTU {})",
+            if has_gw { "has" } else { "lacks the gateway" },
+            cni0.mtu,
+            mtu.map_or("unknown".into(), |m| m.to_string())
+        ),
+        || {
+            format!(
+                "ip addr add {gw_text}/24 dev cni0; ip link set cni0 mtu {}",
+                mtu.unwrap_or(cni0.mtu)
+            )
+        },
+    )
+}
+
+fn check_vtep(facts: &NodeFacts) -> Check {
+    let node = facts.name.as_str();
+    let Some(link) = facts.view.link_named("flannel.1") else {
+        return Check::fail(
+            FAMILY,
+            node,
+            "flannel.1",
+            "flannel.1 does not exist: nothing encapsulates toward the other nodes".into(),
+            "restart flanneld on this node: it recreates flannel.1".into(),
+        );
+    };
+    let data = facts
+        .me
+        .as_ref()
+        .map(|m| m.flannel_backend_data())
+        .unwrap_or_default();
+    let vni = link.vxlan.and_then(|v| v.vni);
+    let port = link.vxlan.and_then(|v| v.port);
+    let want_vni = data["VNI"].as_u64().map(|v| v as u32).or(Some(1));
+    let up = facts.links_up.get("flannel.1").copied().unwrap_or(false);
+    let ok = up && vni == want_vni && port == Some(8472);
+    Check::judge(
+        FAMILY,
+        node,
+        "flannel.1",
+        ok,
+        format!(
+            "flannel.1 is {}, VNI {}, port {}",
+            if up { "up" } else { "DOWN" },
+            vni.map_or("?".into(), |v| v.to_string()),
+            port.map_or("?".into(), |p| p.to_string())
+        ),
+        || {
+            "ip link set flannel.1 up; if the VNI or port is wrong, delete flannel.1 and restart flanneld".into()
+        },
+    )
+}
+
+fn check_route(facts: &NodeFacts, remote: &ClusterNode, kind: &str) -> Check {
+    let node = facts.name.as_str();
+    let cidr = remote.pod_cidrs[0];
+    let (gateway, dev) = match kind {
+        "vxlan" => (cidr.network(), "flannel.1"),
+        _ => (remote.ip.unwrap_or(Ipv4Addr::UNSPECIFIED), "eth0"),
+    };
+    let onlink = if kind == "vxlan" { " onlink" } else { "" };
+    let expected = format!("{cidr} via {gateway} dev {dev}{onlink}");
+    let found = facts
+        .view
+        .routes
+        .iter()
+        .find(|r| r.destination == cidr && r.table == crate::node::RT_TABLE_MAIN);
+    let want_dev = facts.view.link_named(dev).map(|l| l.index);
+    let ok =
+        found.is_some_and(|r| r.gateway == Some(gateway) && (kind != "vxlan" || r.oif == want_dev));
+    let evidence = match found {
+        Some(r) if ok => format!("{} (to {})", facts.view.describe(r), remote.name),
+        Some(r) => format!("the route to {}'s pods is {}, not {expected}", remote.name, facts.view.describe(r)),
+        None => format!("no route to {cidr} ({}'s pods): they go by the default route, unencapsulated, or nowhere", remote.name),
+    };
+    Check::judge(
+        FAMILY,
+        node,
+        &format!("route to {}", remote.name),
+        ok,
+        evidence,
+        || format!("ip route replace {expected} (flanneld writes it: restart it if it is missing)"),
+    )
+}
+
+fn check_fdb(facts: &NodeFacts, remote: &ClusterNode) -> Check {
+    let node = facts.name.as_str();
+    let data = remote.flannel_backend_data();
+    let mac = data["VtepMAC"].as_str().unwrap_or("?").to_lowercase();
+    let public = remote
+        .flannel_public_ip()
+        .map_or("?".into(), |ip| ip.to_string());
+    let vtep = remote.pod_cidrs[0].network();
+    let fdb_ok = facts.fdb.iter().any(|l| {
+        l.starts_with(&mac) && l.contains("dev flannel.1") && l.contains(&format!("dst {public} "))
+    });
+    let index = facts.view.link_named("flannel.1").map(|l| l.index);
+    let neigh_ok = facts
+        .view
+        .neighbours
+        .iter()
+        .any(|(i, ip, m)| Some(*i) == index && *ip == vtep && format_mac(m) == mac);
+    Check::judge(
+        FAMILY,
+        node,
+        &format!("VTEP of {}", remote.name),
+        fdb_ok && neigh_ok,
+        format!(
+            "FDB {mac} dst {public}: {}; neighbour {vtep} lladdr {mac}: {}",
+            if fdb_ok { "present" } else { "MISSING" },
+            if neigh_ok { "present" } else { "MISSING" }
+        ),
+        || {
+            format!("bridge fdb append {mac} dev flannel.1 dst {public}; ip neigh replace {vtep} lladdr {mac} dev flannel.1 nud permanent (flanneld writes both: restart it)")
+        },
+    )
+}
+
+pub fn format_mac(mac: &[u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}

@@ -1,0 +1,194 @@
+//! The kernel settings pod traffic needs on a node: forwarding, reverse
+//! path filtering that does not drop tunnel traffic, bridged traffic
+//! through iptables where br_netfilter is loaded, room in the conntrack
+//! table, and MTUs that fit inside each other (VXLAN takes 50 bytes).
+
+use super::{flannel, node::NodeFacts, Check};
+use crate::node::Link;
+
+const FAMILY: &str = "kernel";
+
+pub fn checks(facts: &NodeFacts) -> Vec<Check> {
+    let node = facts.name.as_str();
+    let mut checks = Vec::new();
+    let forward = facts.sysctl("net/ipv4/ip_forward");
+    checks.push(Check::judge(
+        FAMILY,
+        node,
+        "ip_forward",
+        forward == Some("1"),
+        format!("net.ipv4.ip_forward = {}", forward.unwrap_or("?")),
+        || "sysctl -w net.ipv4.ip_forward=1 (and in /etc/sysctl.d so that it stays)".into(),
+    ));
+    checks.push(check_rp_filter(facts));
+    if let Some(value) = facts.sysctl("net/bridge/bridge-nf-call-iptables") {
+        checks.push(Check::judge(FAMILY, node, "bridge-nf-call-iptables", value == "1",
+            format!("net.bridge.bridge-nf-call-iptables = {value}"),
+            || "sysctl -w net.bridge.bridge-nf-call-iptables=1: kube-proxy's rules must see bridged pod traffic".into()));
+    }
+    checks.extend(check_conntrack(facts));
+    checks.push(check_mtu(facts));
+    checks
+}
+
+/// Strict reverse-path filtering (1) on the underlay or a tunnel drops
+/// packets that come back another way; 0 or loose (2) is what CNIs want.
+fn check_rp_filter(facts: &NodeFacts) -> Check {
+    let all: u8 = facts
+        .sysctl("net/ipv4/conf/all/rp_filter")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let watched: Vec<&Link> = facts
+        .view
+        .links
+        .iter()
+        .filter(|l| is_tunnel(l) || is_underlay(facts, l))
+        .collect();
+    let strict: Vec<String> = watched
+        .iter()
+        .filter(|l| {
+            let own: u8 = facts
+                .sysctl(&format!("net/ipv4/conf/{}/rp_filter", l.name))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            all.max(own) == 1
+        })
+        .map(|l| l.name.clone())
+        .collect();
+    let names: Vec<&str> = watched.iter().map(|l| l.name.as_str()).collect();
+    Check::judge(
+        FAMILY,
+        &facts.name,
+        "rp_filter",
+        strict.is_empty(),
+        if strict.is_empty() {
+            format!("rp_filter is off or loose on {}", names.join(", "))
+        } else {
+            format!(
+                "strict rp_filter (1) on {}: replies that come back another way are dropped",
+                strict.join(", ")
+            )
+        },
+        || {
+            format!("sysctl -w net.ipv4.conf.all.rp_filter=2 and net.ipv4.conf.<dev>.rp_filter=2 for {}", strict.join(", "))
+        },
+    )
+}
+
+fn is_tunnel(link: &Link) -> bool {
+    matches!(
+        link.kind.as_str(),
+        "vxlan" | "ipip" | "geneve" | "wireguard"
+    )
+}
+
+/// The link with the node's InternalIP, else the one a VXLAN device sends
+/// through (its `dev`).
+fn is_underlay(facts: &NodeFacts, link: &Link) -> bool {
+    match facts.me.as_ref().and_then(|m| m.ip) {
+        Some(ip) => facts.view.addresses.contains(&(link.index, ip)),
+        None => facts
+            .view
+            .links
+            .iter()
+            .any(|l| l.vxlan.and_then(|v| v.dev) == Some(link.index)),
+    }
+}
+
+fn check_conntrack(facts: &NodeFacts) -> Option<Check> {
+    let count: u64 = facts
+        .sysctl("net/netfilter/nf_conntrack_count")?
+        .parse()
+        .ok()?;
+    let max: u64 = facts
+        .conntrack_max_override
+        .or_else(|| facts.sysctl("net/netfilter/nf_conntrack_max")?.parse().ok())?;
+    let full = max > 0 && count * 10 >= max * 9;
+    Some(Check::judge(
+        FAMILY,
+        &facts.name,
+        "conntrack table",
+        !full,
+        format!(
+            "{count} of nf_conntrack_max {max} entries in use{}",
+            if full {
+                ": new connections are dropped (\"nf_conntrack: table full, dropping packet\")"
+            } else {
+                ""
+            }
+        ),
+        || {
+            "raise net.netfilter.nf_conntrack_max (kube-proxy's conntrack.maxPerCore), or find what opens so many connections (conntrack -L | sort)".into()
+        },
+    ))
+}
+
+/// Pod veths, cni0 and the tunnel all at the pod MTU; the tunnel at most
+/// the underlay's less 50 bytes for VXLAN.
+fn check_mtu(facts: &NodeFacts) -> Check {
+    let view = &facts.view;
+    let underlay = view.links.iter().find(|l| is_underlay(facts, l));
+    let tunnel = view.links.iter().find(|l| l.kind == "vxlan");
+    let expected = flannel::subnet_env(facts)
+        .and_then(|e| e.get("FLANNEL_MTU")?.parse::<u32>().ok())
+        .or_else(|| tunnel.map(|t| t.mtu))
+        .or_else(|| underlay.map(|u| u.mtu));
+    let mut wrong = Vec::new();
+    if let (Some(t), Some(u)) = (tunnel, underlay) {
+        if t.mtu + 50 > u.mtu {
+            wrong.push(format!(
+                "{} MTU {} does not fit the underlay {} MTU {} less 50 B of VXLAN",
+                t.name, t.mtu, u.name, u.mtu
+            ));
+        }
+    }
+    let cni0 = view.link_named("cni0");
+    let pod_links = view.links.iter().filter(|l| {
+        (l.kind == "veth" && l.controller.is_some() && l.controller == cni0.map(|c| c.index))
+            || l.name.starts_with("cali")
+    });
+    for link in cni0.into_iter().chain(pod_links) {
+        if expected.is_some_and(|m| link.mtu > m) {
+            wrong.push(format!(
+                "{} MTU {} is above the pod MTU {}",
+                describe(facts, link),
+                link.mtu,
+                expected.unwrap_or(0)
+            ));
+        }
+    }
+    let evidence = if wrong.is_empty() {
+        format!(
+            "pod MTU {}, tunnel {}, underlay {}",
+            expected.map_or("?".into(), |m| m.to_string()),
+            tunnel.map_or("none".into(), |t| t.mtu.to_string()),
+            underlay.map_or("?".into(), |u| u.mtu.to_string())
+        )
+    } else {
+        wrong.join("; ")
+    };
+    Check::judge(
+        FAMILY,
+        &facts.name,
+        "MTU",
+        wrong.is_empty(),
+        evidence,
+        || {
+            format!("set every pod veth, cni0 and the tunnel to the pod MTU {} (FLANNEL_MTU; underlay less 50 for VXLAN); pods get it at sandbox creation, so recreate the pods", expected.unwrap_or(1450))
+        },
+    )
+}
+
+/// A link with the pod behind it, when a pod's veth.
+fn describe(facts: &NodeFacts, link: &Link) -> String {
+    let pod = facts
+        .view
+        .routes
+        .iter()
+        .find(|r| r.oif == Some(link.index) && r.destination.prefix_len() == 32)
+        .and_then(|r| facts.pod_named(r.destination.network()));
+    match pod {
+        Some(pod) => format!("{} ({pod})", link.name),
+        None => link.name.clone(),
+    }
+}

@@ -1,0 +1,168 @@
+//! `podtrace doctor`: the node and CNI failures that leave no packet to
+//! trace. A pod without an IP, a node whose CNI config names a plugin it
+//! does not have, a flanneld that never wrote subnet.env: no tc hook ever
+//! sees a packet, so the tracer has nothing to tell. The doctor looks
+//! where a person would (the node's files, links, routes, sysctls and
+//! firewall; the API's pods, events and nodes) and says, per check, ✓ or
+//! ✗ with the evidence and the fix.
+//!
+//! One file per check family; this one gathers the inputs, runs the
+//! families and renders the report (human: grouped by node, failing
+//! checks first; JSON).
+
+pub mod api;
+pub mod calico;
+pub mod cluster;
+pub mod cni_config;
+pub mod firewall;
+pub mod flannel;
+pub mod kernel;
+pub mod node;
+pub mod plugins;
+pub mod render;
+pub mod trace;
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use serde::Serialize;
+
+use crate::output::Format;
+
+/// `podtrace doctor [<pod>…]`.
+#[derive(Debug, clap::Args)]
+pub struct DoctorArgs {
+    /// Pods to look at (namespace/name, or name with -n): their node, their
+    /// sandbox events, the firewall between them.
+    pub pods: Vec<String>,
+    /// Namespace for pod names given without one.
+    #[arg(short = 'n', long, default_value = "default")]
+    pub namespace: String,
+    /// The node examined here (default: the node whose InternalIP this
+    /// network namespace holds).
+    #[arg(long, value_name = "NAME")]
+    pub node: Vec<String>,
+    /// The node's root filesystem (`/host` in a debug pod): etc/cni/net.d,
+    /// opt/cni/bin, run/flannel. Repeat it with --netns, in the same order.
+    #[arg(long, value_name = "DIR")]
+    pub host_root: Vec<PathBuf>,
+    /// Examine the node inside this network namespace (repeatable: one per
+    /// node, in the order of --host-root).
+    #[arg(long, value_name = "NETNS")]
+    pub netns: Vec<String>,
+    #[arg(short, long, value_enum, default_value = "human")]
+    pub output: Format,
+    /// Kubeconfig to reach the API.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context to use.
+    #[arg(long)]
+    pub context: Option<String>,
+    /// Pods as `kubectl get pods -A -o json`, instead of the API.
+    #[arg(long, value_name = "FILE")]
+    pub pods_file: Option<PathBuf>,
+    /// Nodes as `kubectl get nodes -o json`, instead of the API.
+    #[arg(long, value_name = "FILE")]
+    pub nodes_file: Option<PathBuf>,
+    /// Do not examine the node this runs on (API checks only).
+    #[arg(long)]
+    pub api_only: bool,
+    /// Testing only: the conntrack table size to judge usage against (the
+    /// kernel's nf_conntrack_max is read-only outside the initial netns).
+    #[arg(long, hide = true, value_name = "N")]
+    pub conntrack_max_for_testing: Option<u64>,
+}
+
+/// One check: ✓ or ✗, what was seen, and what to do.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Check {
+    /// The family: cni-config, plugins, flannel, calico, kernel, firewall, api.
+    pub family: &'static str,
+    /// The node it ran on, or the pod / cluster it is about.
+    pub node: String,
+    pub name: String,
+    pub ok: bool,
+    pub evidence: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+}
+
+impl Check {
+    pub fn pass(family: &'static str, node: &str, name: &str, evidence: String) -> Self {
+        Self {
+            family,
+            node: node.into(),
+            name: name.into(),
+            ok: true,
+            evidence,
+            fix: None,
+        }
+    }
+
+    pub fn fail(
+        family: &'static str,
+        node: &str,
+        name: &str,
+        evidence: String,
+        fix: String,
+    ) -> Self {
+        Self {
+            family,
+            node: node.into(),
+            name: name.into(),
+            ok: false,
+            evidence,
+            fix: Some(fix),
+        }
+    }
+
+    /// A pass or a fail by a condition.
+    pub fn judge(
+        family: &'static str,
+        node: &str,
+        name: &str,
+        ok: bool,
+        evidence: String,
+        fix: impl FnOnce() -> String,
+    ) -> Self {
+        if ok {
+            Self::pass(family, node, name, evidence)
+        } else {
+            Self::fail(family, node, name, evidence, fix())
+        }
+    }
+}
+
+/// Every check a node's facts allow.
+pub fn node_checks(facts: &node::NodeFacts) -> Vec<Check> {
+    let mut checks = cni_config::checks(facts);
+    checks.extend(plugins::checks(facts));
+    checks.extend(flannel::checks(facts));
+    checks.extend(calico::checks(facts));
+    checks.extend(kernel::checks(facts));
+    checks.extend(firewall::checks(facts));
+    checks
+}
+
+/// `podtrace doctor`: Ok(true) when every check passed.
+pub async fn run(args: DoctorArgs) -> Result<bool> {
+    if args.node.len() > 1 && args.node.len() != args.netns.len().max(1) {
+        bail!("give one --node per --netns");
+    }
+    if !args.host_root.is_empty() && args.host_root.len() != args.netns.len().max(1) {
+        bail!("give one --host-root per --netns, in the same order");
+    }
+    let cluster = cluster::ClusterState::load(&args).await?;
+    let mut checks = Vec::new();
+    let mut examined = Vec::new();
+    if !args.api_only {
+        for facts in node::gather_all(&args, &cluster).await? {
+            checks.extend(node_checks(&facts));
+            examined.push(facts);
+        }
+    }
+    checks.extend(api::checks(&cluster, &examined));
+    let failed = checks.iter().any(|c| !c.ok);
+    render::print(&checks, args.output);
+    Ok(!failed)
+}

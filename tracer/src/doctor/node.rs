@@ -1,0 +1,246 @@
+//! One node's facts, read once for every check family: its links,
+//! addresses, routes and neighbours (rtnetlink), its sysctls, firewall and
+//! listening sockets (read from inside its network namespace), the files
+//! of its root filesystem, and what the API says of it and the others.
+
+use std::{
+    collections::BTreeMap,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::Result;
+
+use super::{
+    cluster::{ClusterNode, ClusterState},
+    DoctorArgs,
+};
+use crate::{
+    cluster::inventory::Pod,
+    node::{netns, NodeView},
+};
+
+/// Everything the checks of one node read.
+#[derive(Clone, Debug)]
+pub struct NodeFacts {
+    /// Its name (the Node it is), or the namespace it was read in.
+    pub name: String,
+    pub root: PathBuf,
+    /// Whether the node's files can be read: a node in another netns
+    /// without its --host-root has none here (this machine's are not its).
+    pub files: bool,
+    pub view: NodeView,
+    /// `/proc/sys/…` values read inside its netns, by path below /proc/sys.
+    pub sysctls: BTreeMap<String, String>,
+    /// `iptables -S` (filter table), or why it could not be read.
+    pub iptables: Result<String, String>,
+    /// `ip -o link show`: flags (UP) by interface.
+    pub links_up: BTreeMap<String, bool>,
+    /// `bridge fdb show` lines.
+    pub fdb: Vec<String>,
+    /// TCP ports listening, from /proc/net/tcp inside the netns.
+    pub tcp_listening: Option<Vec<u16>>,
+    /// The Node object it is, and the others.
+    pub me: Option<ClusterNode>,
+    pub others: Vec<ClusterNode>,
+    /// Pods of the cluster (for pod names and the firewall's pod pairs).
+    pub pods: Vec<Pod>,
+    pub conntrack_max_override: Option<u64>,
+    /// The CNI's own kubeconfig in /etc/cni/net.d (Calico's), and what the
+    /// API said to its credentials: Ok(server) or why not.
+    pub cni_credentials: Option<(String, Result<String, String>)>,
+    /// The addresses of the pods asked about (all pods', when none are).
+    pub pair: Vec<Ipv4Addr>,
+}
+
+impl NodeFacts {
+    pub fn sysctl(&self, key: &str) -> Option<&str> {
+        self.sysctls.get(key).map(|v| v.trim())
+    }
+
+    /// A path under the node's root (`etc/cni/net.d` → `<root>/etc/cni/net.d`).
+    pub fn path(&self, relative: &str) -> PathBuf {
+        if self.files {
+            self.root.join(relative)
+        } else {
+            PathBuf::from("/nonexistent/no-host-root").join(relative)
+        }
+    }
+
+    /// The path as the node itself names it (`/opt/cni/bin`).
+    pub fn shown(relative: &str) -> String {
+        format!("/{relative}")
+    }
+
+    pub fn pod_cidr(&self) -> Option<ipnet::Ipv4Net> {
+        self.me.as_ref()?.pod_cidrs.first().copied()
+    }
+
+    pub fn addresses(&self) -> Vec<Ipv4Addr> {
+        self.view.addresses.iter().map(|(_, ip)| *ip).collect()
+    }
+
+    /// The pod whose IP a link's route or name points at, for naming.
+    pub fn pod_named(&self, ip: Ipv4Addr) -> Option<String> {
+        self.pods
+            .iter()
+            .find(|p| p.ip == Some(ip))
+            .map(|p| p.qualified())
+    }
+}
+
+/// Every node the arguments name: one per --netns, or this one.
+pub async fn gather_all(args: &DoctorArgs, cluster: &ClusterState) -> Result<Vec<NodeFacts>> {
+    let netns: Vec<Option<String>> = if args.netns.is_empty() {
+        vec![None]
+    } else {
+        args.netns.iter().cloned().map(Some).collect()
+    };
+    let mut all = Vec::new();
+    for (i, ns) in netns.iter().enumerate() {
+        let given = args.host_root.get(i).cloned();
+        let files = given.is_some() || ns.is_none();
+        let root = given.unwrap_or_else(|| PathBuf::from("/"));
+        let name = args.node.get(i).cloned();
+        let path = ns.as_deref().map(netns::resolve);
+        let mut facts = read(path.as_deref(), root).await?;
+        facts.files = files;
+        identify(&mut facts, name, ns.as_deref(), cluster);
+        facts.conntrack_max_override = args.conntrack_max_for_testing;
+        // From here, outside the node's netns: the API is reached as the
+        // CNI plugin reaches it, from the host.
+        if files {
+            facts.cni_credentials = super::calico::probe_credentials(&facts.root).await;
+        }
+        all.push(facts);
+    }
+    Ok(all)
+}
+
+/// Which Node this is: --node, else the one whose InternalIP it holds.
+fn identify(facts: &mut NodeFacts, name: Option<String>, ns: Option<&str>, cluster: &ClusterState) {
+    let me = match &name {
+        Some(name) => cluster.node_named(name),
+        None => cluster.node_holding(&facts.addresses()),
+    };
+    // Without a node list, the pods' hostIP names the node.
+    let by_pod = cluster
+        .pods
+        .iter()
+        .find(|p| {
+            p.pod
+                .host_ip
+                .is_some_and(|ip| facts.addresses().contains(&ip))
+        })
+        .and_then(|p| p.pod.node.clone());
+    facts.name = name
+        .or_else(|| me.map(|n| n.name.clone()))
+        .or(by_pod)
+        .or_else(|| ns.map(|n| format!("netns {n}")))
+        .unwrap_or_else(|| "this node".into());
+    facts.me = me.cloned();
+    facts.others = cluster
+        .nodes
+        .iter()
+        .filter(|n| n.name != facts.name)
+        .cloned()
+        .collect();
+    facts.pods = cluster.pods.iter().map(|p| p.pod.clone()).collect();
+    facts.pair = cluster
+        .pods
+        .iter()
+        .filter(|p| cluster.is_asked(&p.pod))
+        .filter_map(|p| p.pod.ip)
+        .collect();
+}
+
+/// Reads a node from inside its network namespace.
+async fn read(netns_path: Option<&Path>, root: PathBuf) -> Result<NodeFacts> {
+    let _inside = netns_path.map(netns::enter).transpose()?;
+    let view = NodeView::read().await?;
+    let mut sysctls = BTreeMap::new();
+    let mut keys: Vec<String> = [
+        "net/ipv4/ip_forward",
+        "net/ipv4/conf/all/rp_filter",
+        "net/bridge/bridge-nf-call-iptables",
+        "net/netfilter/nf_conntrack_count",
+        "net/netfilter/nf_conntrack_max",
+    ]
+    .iter()
+    .map(|k| k.to_string())
+    .collect();
+    keys.extend(
+        view.links
+            .iter()
+            .map(|l| format!("net/ipv4/conf/{}/rp_filter", l.name)),
+    );
+    for key in keys {
+        if let Ok(value) = std::fs::read_to_string(Path::new("/proc/sys").join(&key)) {
+            sysctls.insert(key, value);
+        }
+    }
+    Ok(NodeFacts {
+        root,
+        files: false,
+        view,
+        sysctls,
+        iptables: output("iptables", &["-w", "-S"]),
+        links_up: links_up(),
+        fdb: output("bridge", &["fdb", "show"])
+            .map(|t| t.lines().map(String::from).collect())
+            .unwrap_or_default(),
+        tcp_listening: listening(),
+        name: String::new(),
+        me: None,
+        others: Vec::new(),
+        pods: Vec::new(),
+        conntrack_max_override: None,
+        cni_credentials: None,
+        pair: Vec::new(),
+    })
+}
+
+/// A command's stdout, run in this thread's namespace, or why not.
+fn output(program: &str, args: &[&str]) -> Result<String, String> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{program} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Whether each link is administratively up (`ip -o link`'s flags).
+fn links_up() -> BTreeMap<String, bool> {
+    let text = output("ip", &["-o", "link", "show"]).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let mut parts = line.split(": ");
+            let name = parts.nth(1)?.split('@').next()?.to_string();
+            let flags = parts.next()?;
+            Some((name, flags.contains(",UP") || flags.contains("<UP")))
+        })
+        .collect()
+}
+
+/// Listening TCP ports (state 0A) in /proc/net/tcp of this thread's netns.
+fn listening() -> Option<Vec<u16>> {
+    let text = std::fs::read_to_string("/proc/thread-self/net/tcp").ok()?;
+    Some(
+        text.lines()
+            .skip(1)
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let port = fields.get(1)?.rsplit(':').next()?;
+                (fields.get(3) == Some(&"0A")).then(|| u16::from_str_radix(port, 16).ok())?
+            })
+            .collect(),
+    )
+}

@@ -1,0 +1,109 @@
+//! The doctor inside a trace: when a packet vanishes, finds no route or is
+//! dropped, the node's own failing checks are added to the verdict; when a
+//! pod argument has no IP, the trace ends with why (its sandbox failure,
+//! confirmed on its node) instead of a bare error.
+
+use serde::{Deserialize, Serialize};
+
+use super::{api, cluster::ClusterState, node, Check, DoctorArgs};
+use crate::{
+    cli::Args,
+    output::Format,
+    story::{Context, Outcome},
+};
+
+/// A failing check, as a verdict carries it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Finding {
+    pub family: String,
+    pub check: String,
+    pub evidence: String,
+    pub fix: Option<String>,
+}
+
+impl From<Check> for Finding {
+    fn from(c: Check) -> Self {
+        Self {
+            family: c.family.into(),
+            check: c.name,
+            evidence: c.evidence,
+            fix: c.fix,
+        }
+    }
+}
+
+/// The doctor's arguments for a trace's: the same pods, API and nodes.
+fn doctor_args(args: &Args) -> DoctorArgs {
+    DoctorArgs {
+        pods: [&args.src, &args.dst]
+            .into_iter()
+            .filter(|a| a.parse::<std::net::Ipv4Addr>().is_err() && !a.contains(':'))
+            .cloned()
+            .collect(),
+        namespace: args.namespace.clone(),
+        node: Vec::new(),
+        host_root: args.host_root.clone(),
+        netns: args.netns.clone(),
+        output: Format::Json,
+        kubeconfig: args.kubeconfig.clone(),
+        context: args.context.clone(),
+        pods_file: args.pods_file.clone(),
+        nodes_file: args.nodes_file.clone(),
+        api_only: false,
+        conntrack_max_for_testing: None,
+    }
+}
+
+/// Each traced node's failing checks, in --netns order (none where the
+/// doctor cannot look: it never stops a trace).
+pub async fn node_findings(args: &Args) -> Vec<Vec<Finding>> {
+    let doctor = doctor_args(args);
+    let Ok(cluster) = ClusterState::load(&doctor).await else {
+        return Vec::new();
+    };
+    let Ok(nodes) = node::gather_all(&doctor, &cluster).await else {
+        return Vec::new();
+    };
+    nodes
+        .iter()
+        .map(|facts| {
+            super::node_checks(facts)
+                .into_iter()
+                .filter(|c| !c.ok)
+                .map(Finding::from)
+                .collect()
+        })
+        .collect()
+}
+
+/// Why a pod argument has no IP: its sandbox failure and the node check
+/// that confirms it, or the node's failing CNI checks.
+pub async fn no_ip(args: &Args) -> Option<String> {
+    let doctor = doctor_args(args);
+    let cluster = ClusterState::load(&doctor).await.ok()?;
+    let pod = cluster
+        .pods
+        .iter()
+        .find(|p| cluster.is_asked(&p.pod) && p.pod.ip.is_none())?;
+    let examined = node::gather_all(&doctor, &cluster)
+        .await
+        .unwrap_or_default();
+    api::explain_pod(pod, &examined)
+}
+
+/// The findings that bear on an outcome, on the node where it happened.
+pub fn for_outcome(outcome: &Outcome, ctx: &Context) -> Vec<Finding> {
+    let (node, families): (&str, &[&str]) = match outcome {
+        Outcome::Dropped { node, .. } => (node, &["firewall", "kernel"]),
+        Outcome::NoRoute { check, .. } => (&check.node, &["flannel", "calico", "kernel"]),
+        Outcome::Vanished { node, .. } => (node, &[]),
+        _ => return Vec::new(),
+    };
+    ctx.doctor
+        .get(node)
+        .into_iter()
+        .flatten()
+        .filter(|f| families.is_empty() || families.contains(&f.family.as_str()))
+        .cloned()
+        .collect()
+}

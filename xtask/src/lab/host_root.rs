@@ -1,0 +1,91 @@
+//! Each lab node's root filesystem, as `podtrace doctor --host-root` reads
+//! a real node's (`/host` in a debug pod): the CNI config the runtime
+//! picks from `etc/cni/net.d`, the plugins in `opt/cni/bin` (stub
+//! executables), and flanneld's `run/flannel/subnet.env`. Faults that break
+//! a node's files break these, never the machine's own.
+
+use std::{fs, os::unix::fs::PermissionsExt, path::Path};
+
+use anyhow::Result;
+
+use super::{Lab, Topology};
+
+/// Flannel's conflist, as its DaemonSet installs it.
+pub const FLANNEL_CONFLIST: &str = r#"{
+  "name": "cbr0",
+  "cniVersion": "0.3.1",
+  "plugins": [
+    {"type": "flannel", "delegate": {"hairpinMode": true, "isDefaultGateway": true}},
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+"#;
+
+/// Calico's conflist, as calico-node's install-cni writes it.
+pub const CALICO_CONFLIST: &str = r#"{
+  "name": "k8s-pod-network",
+  "cniVersion": "0.3.1",
+  "plugins": [
+    {"type": "calico", "log_level": "info", "datastore_type": "kubernetes",
+     "ipam": {"type": "calico-ipam"}, "policy": {"type": "k8s"},
+     "kubernetes": {"kubeconfig": "/etc/cni/net.d/calico-kubeconfig"}},
+    {"type": "portmap", "snat": true, "capabilities": {"portMappings": true}}
+  ]
+}
+"#;
+
+/// The plugins a Flannel node has in /opt/cni/bin (flannel delegates to
+/// bridge and host-local).
+pub const FLANNEL_PLUGINS: &[&str] = &["flannel", "bridge", "portmap", "loopback", "host-local"];
+pub const CALICO_PLUGINS: &[&str] = &["calico", "calico-ipam", "portmap", "loopback", "host-local"];
+
+/// Lays out `node`'s root directory for the lab's CNI.
+pub fn lay_out(lab: &Lab, node: u8) -> Result<()> {
+    let root = lab.host_root(node);
+    let net_d = root.join("etc/cni/net.d");
+    let bin = root.join("opt/cni/bin");
+    fs::create_dir_all(&net_d)?;
+    fs::create_dir_all(&bin)?;
+    let (conflist, name, plugins) = match lab.topology {
+        Topology::Calico => (CALICO_CONFLIST, "10-calico.conflist", CALICO_PLUGINS),
+        _ => (FLANNEL_CONFLIST, "10-flannel.conflist", FLANNEL_PLUGINS),
+    };
+    fs::write(net_d.join(name), conflist)?;
+    for plugin in plugins {
+        plugin_stub(&bin, plugin)?;
+    }
+    if lab.topology != Topology::Calico {
+        write_subnet_env(lab, node)?;
+    }
+    Ok(())
+}
+
+/// A stand-in plugin: executable, answers as a CNI plugin would to VERSION.
+pub fn plugin_stub(bin: &Path, name: &str) -> Result<()> {
+    let path = bin.join(name);
+    fs::write(
+        &path,
+        "#!/bin/sh\necho '{\"cniVersion\":\"0.3.1\",\"supportedVersions\":[\"0.3.1\"]}'\n",
+    )?;
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755))?;
+    Ok(())
+}
+
+/// flanneld's /run/flannel/subnet.env for the node.
+fn write_subnet_env(lab: &Lab, node: u8) -> Result<()> {
+    let dir = lab.host_root(node).join("run/flannel");
+    fs::create_dir_all(&dir)?;
+    let mtu = match lab.topology {
+        Topology::FlannelVxlan => 1450,
+        _ => 1500,
+    };
+    fs::write(
+        dir.join("subnet.env"),
+        format!(
+            "FLANNEL_NETWORK={}\nFLANNEL_SUBNET={}/24\nFLANNEL_MTU={mtu}\nFLANNEL_IPMASQ=true\n",
+            lab.pod_cidr,
+            lab.subnet_host(node, 1)
+        ),
+    )?;
+    Ok(())
+}
