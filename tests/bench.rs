@@ -6,6 +6,8 @@
 #[allow(dead_code)]
 mod support;
 
+mod datapath;
+
 use std::time::{Duration, Instant};
 
 use etherparse::PacketBuilder;
@@ -238,4 +240,45 @@ fn start_and_stop_on_a_crowded_node() {
         ms(&starts),
         ms(&stops)
     );
+}
+
+/// What podtrace costs packets it does not trace: its tc programs' ns/run
+/// (the kernel's bpf_stats) while iperf3 runs web-1 → db-1 across VXLAN
+/// and podtrace traces web-0 ⇄ db-0. `PODTRACE_BEFORE=<binary>` measures
+/// another build the same way, for a before/after.
+#[test]
+#[ignore = "benchmark: run with cargo xtask bench"]
+fn untraced_pair_cost() {
+    let lab = lab(Topology::FlannelVxlan);
+    let _stats = datapath::BpfStats::enable();
+    let mut binaries = vec![("this build".to_string(), PODTRACE.to_string())];
+    if let Ok(before) = std::env::var("PODTRACE_BEFORE") {
+        binaries.insert(0, ("PODTRACE_BEFORE".to_string(), before));
+    }
+    let (bare, _) = datapath::iperf(&lab.0, "web-1", "db-1", 3);
+    println!("untraced pair: iperf3 web-1 → db-1 across VXLAN, podtrace tracing web-0 ⇄ db-0");
+    println!("  no podtrace: {:.2} Gbit/s", bare / 1e9);
+    for (label, binary) in binaries {
+        let mut command = std::process::Command::new(&binary);
+        command
+            .args(["web-0", "db-0", "-o", "json"])
+            .args(lab_args(&lab.0, &[1, 2]))
+            .stdout(std::process::Stdio::null());
+        let mut tracing = xtask::podtrace_run::start(command, Duration::from_secs(20))
+            .unwrap_or_else(|e| panic!("{label}: {e:#}"));
+        let pid = tracing.child.id() as i32;
+        let cpu_before = datapath::cpu_seconds(pid);
+        let (gbits, _) = datapath::iperf(&lab.0, "web-1", "db-1", 3);
+        let cpu = (datapath::cpu_seconds(pid) - cpu_before) / 3.0 * 100.0;
+        let stats = datapath::prog_stats(pid);
+        // SAFETY: a child we own.
+        unsafe { libc::kill(pid, libc::SIGINT) };
+        let _ = tracing.child.wait();
+        println!(
+            "  {label}: {:.2} Gbit/s ({:.2}× untraced), podtrace CPU {cpu:.0}%; {}",
+            gbits / 1e9,
+            gbits / bare,
+            datapath::format_stats(&stats)
+        );
+    }
 }

@@ -2,11 +2,11 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
-use podtrace_common::{counter, node_addr, FlowKey, TunnelKey, ANY_VNI};
+use podtrace_common::{counter, maybe_traced, node_addr, AddrBits, FlowKey, TunnelKey, ANY_VNI};
 
-use crate::kernel::{contains, global, lookup, with_per_cpu};
+use crate::kernel::{contains, global, lookup, with_array, with_per_cpu};
 
 /// Both directions of every traced pair, with room to spare.
 const MAX_FLOWS: u32 = 1024;
@@ -23,6 +23,11 @@ const SIGHTINGS_BYTES: u32 = 1 << 22;
 /// Traced (src, dst) pairs; filled by userspace.
 #[map(name = "FLOWS")]
 pub static FLOWS: HashMap<FlowKey, u8> = HashMap::with_max_entries(MAX_FLOWS, 0);
+
+/// The traced addresses' bits (`AddrBits`), one entry: the pre-filter
+/// before FLOWS. An array lookup the verifier inlines.
+#[map(name = "ADDR_BITS")]
+static ADDR_BITS: Array<AddrBits> = Array::with_max_entries(1, 0);
 
 /// The node's tunnels (VXLAN/Geneve port and VNI, IPIP); filled by
 /// userspace from the node's devices.
@@ -55,7 +60,8 @@ pub fn node_id() -> u32 {
 
 #[inline(always)]
 pub fn is_traced(key: &FlowKey) -> bool {
-    contains(&FLOWS, key)
+    with_array(&ADDR_BITS, 0, |bits| maybe_traced(bits, key)).unwrap_or(false)
+        && contains(&FLOWS, key)
 }
 
 #[inline(always)]

@@ -10,7 +10,7 @@ use podtrace_common::{
 };
 
 use crate::{
-    kernel::{submit_with, Skb},
+    kernel::{submit_with, Linear, Skb},
     maps::{bump, is_traced, node_id, trusted_tunnel, SIGHTINGS},
     sighting::{Meta, Route},
 };
@@ -42,19 +42,26 @@ pub fn podtrace_egress_l3(ctx: TcContext) -> i32 {
 #[inline(always)]
 fn observe(ctx: &TcContext, direction: Direction, has_l2: bool) -> i32 {
     let skb = Skb(ctx);
-    let l3 = if has_l2 {
-        ethernet_payload(&skb, 0)
-    } else {
-        Some(0)
-    };
-    if let Some(l3) = l3 {
-        let ifindex = skb.ifindex();
-        let trusted = |outer: &_, tunnel: &_| trusted_tunnel(ifindex, outer, tunnel);
-        if let Some(kind) = classify(&skb, l3, is_traced, trusted) {
-            report(&skb, direction, has_l2, kind, l3);
-        }
+    let ifindex = skb.ifindex();
+    // The linear head, read directly; through the helper only when the
+    // headers run on past it (paged data), which is rare at tc.
+    let linear = Linear::new(ctx);
+    let mut found = matched(&linear, has_l2, ifindex);
+    if found.is_none() && linear.was_short() {
+        found = matched(&skb, has_l2, ifindex);
+    }
+    if let Some((kind, l3)) = found {
+        report(&skb, direction, has_l2, kind, l3);
     }
     TC_ACT_UNSPEC
+}
+
+/// How the packet matches the traced flow, and where its IPv4 header is.
+#[inline(always)]
+fn matched<B: Bytes>(b: &B, has_l2: bool, ifindex: u32) -> Option<(u8, usize)> {
+    let l3 = if has_l2 { ethernet_payload(b, 0)? } else { 0 };
+    let trusted = |outer: &_, tunnel: &_| trusted_tunnel(ifindex, outer, tunnel);
+    Some((classify(b, l3, is_traced, trusted)?, l3))
 }
 
 #[inline(always)]

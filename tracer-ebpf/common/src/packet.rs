@@ -147,10 +147,12 @@ pub fn classify<B: Bytes + ?Sized>(
         return Some(match_kind::PLAIN);
     }
     let (inner, tunnel) = tunnel_inner_ip(b, l3)?;
-    if !trusted(&outer, &tunnel) {
+    // The inner pair first: an untraced packet then costs one lookup per
+    // header, and only a traced one pays for the trust checks.
+    if !traced(&b.pair_at(inner)?) {
         return None;
     }
-    traced(&b.pair_at(inner)?).then_some(match_kind::INNER)
+    trusted(&outer, &tunnel).then_some(match_kind::INNER)
 }
 
 /// Writes, at the start of `b`, the IPv4 header plus the first

@@ -8,11 +8,12 @@ use std::mem::ManuallyDrop;
 
 use anyhow::{anyhow, Context, Result};
 use aya::{
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array as BpfArray, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     Btf, Ebpf, EbpfLoader,
 };
 use podtrace_common::{
-    counter, names, node_addr, FlowKey, KernelLayout, Sighting, TunnelKey, MAX_NODES,
+    addr_bit, counter, names, node_addr, AddrBits, FlowKey, KernelLayout, Sighting, TunnelKey,
+    MAX_NODES,
 };
 use tokio::{io::unix::AsyncFd, sync::mpsc};
 
@@ -201,25 +202,70 @@ fn map<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::maps::Map> {
     ebpf.map_mut(name).ok_or_else(|| anyhow!("no {name} map"))
 }
 
-/// The kernel's filter of traced pairs (both eBPF programs read it).
-struct FlowFilter<'a>(BpfHashMap<&'a mut MapData, FlowKey, u8>);
+/// The kernel's filter of traced pairs (both eBPF programs read it), and
+/// its pre-filter of traced addresses' bits.
+struct FlowFilter<'a> {
+    flows: BpfHashMap<&'a mut MapData, FlowKey, u8>,
+    bits: BpfArray<&'a mut MapData, AddrBits>,
+}
 
 fn flow_filter(ebpf: &mut Ebpf) -> Result<FlowFilter<'_>> {
-    let map = ebpf
-        .map_mut(names::FLOWS)
-        .ok_or_else(|| anyhow!("no FLOWS map"))?;
-    Ok(FlowFilter(BpfHashMap::try_from(map)?))
+    let [flows, bits] = ebpf.maps_disjoint_mut([names::FLOWS, names::ADDR_BITS]);
+    let flows = flows.ok_or_else(|| anyhow!("no FLOWS map"))?;
+    let bits = bits.ok_or_else(|| anyhow!("no ADDR_BITS map"))?;
+    Ok(FlowFilter {
+        flows: BpfHashMap::try_from(flows)?,
+        bits: BpfArray::try_from(bits)?,
+    })
+}
+
+/// The bits of every address of `keys`.
+pub fn addr_bits<'a>(keys: impl IntoIterator<Item = &'a FlowKey>) -> AddrBits {
+    let mut bits = AddrBits::default();
+    for key in keys {
+        for ip in [key.src, key.dst] {
+            let bit = addr_bit(ip);
+            bits[bit / 64] |= 1 << (bit % 64);
+        }
+    }
+    bits
 }
 
 impl FlowFilter<'_> {
     fn replace(&mut self, old: &[FlowKey], new: &[FlowKey]) -> Result<()> {
+        // Old and new bits while FLOWS changes, so no traced pair is
+        // turned away; then the bits of what FLOWS holds.
+        let current: Vec<FlowKey> = self.flows.keys().collect::<Result<_, _>>()?;
+        let all = current.iter().chain(new);
+        self.bits.set(0, addr_bits(all), 0)?;
         for key in old {
             // Absent already is fine: the pair may have changed twice.
-            let _ = self.0.remove(key);
+            let _ = self.flows.remove(key);
         }
         for key in new {
-            self.0.insert(key, 1, 0)?;
+            self.flows.insert(key, 1, 0)?;
         }
+        let current: Vec<FlowKey> = self.flows.keys().collect::<Result<_, _>>()?;
+        self.bits.set(0, addr_bits(&current), 0)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use podtrace_common::maybe_traced;
+
+    #[test]
+    fn address_bits_let_traced_pairs_through() {
+        let pair = |a: u8, b: u8| FlowKey {
+            src: [10, 244, 1, a],
+            dst: [10, 244, 2, b],
+        };
+        let bits = addr_bits(&[pair(2, 2)]);
+        assert!(maybe_traced(&bits, &pair(2, 2)));
+        let turned_away = (3..=250).filter(|&i| !maybe_traced(&bits, &pair(i, i)));
+        // Both bits of an untraced pair are rarely both set.
+        assert!(turned_away.count() > 240);
     }
 }
