@@ -26,10 +26,10 @@
 use aya_ebpf::{
     bindings::{__sk_buff, bpf_fib_lookup as FibParams},
     helpers::{bpf_fib_lookup, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_buf},
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::TcContext,
 };
-use podtrace_common::{headers::IPV4_SADDR, packet::Bytes, FlowKey, SNAPSHOT_LEN};
+use podtrace_common::{headers::IPV4_SADDR, packet::Bytes, FlowKey, Histogram, SNAPSHOT_LEN};
 
 use crate::sighting::Route;
 
@@ -70,6 +70,42 @@ pub fn contains<K, V>(map: &HashMap<K, V>, key: &K) -> bool {
 #[inline(always)]
 pub fn lookup<K, V: Copy>(map: &HashMap<K, V>, key: &K) -> Option<V> {
     unsafe { map.get(key) }.copied()
+}
+
+/// A copy of the value at `key` of an LRU map, if there is one.
+#[inline(always)]
+pub fn lru_lookup<K, V: Copy>(map: &LruHashMap<K, V>, key: &K) -> Option<V> {
+    unsafe { map.get(key) }.copied()
+}
+
+/// Sets `key` of an LRU map (evicting the oldest entry when full).
+#[inline(always)]
+pub fn lru_insert<K, V>(map: &LruHashMap<K, V>, key: &K, value: &V) {
+    let _ = map.insert(key, value, 0);
+}
+
+/// Runs `f` on this CPU's histogram at `key`, inserting a copy of `zero`'s
+/// (never written) first if there is none.
+#[inline(always)]
+pub fn step_histogram<K>(
+    map: &PerCpuHashMap<K, Histogram>,
+    zero: &PerCpuArray<Histogram>,
+    key: &K,
+    f: impl FnOnce(&mut Histogram),
+) {
+    let mut value = map.get_ptr_mut(key);
+    if value.is_none() {
+        let Some(zeroed) = zero.get_ptr(0) else {
+            return;
+        };
+        // By reference: a copy would not fit on the eBPF stack.
+        #[allow(clippy::needless_borrows_for_generic_args)]
+        let _ = map.insert(key, unsafe { &*zeroed }, 0);
+        value = map.get_ptr_mut(key);
+    }
+    if let Some(value) = value {
+        f(unsafe { &mut *value });
+    }
 }
 
 /// Runs `f` on the value at `index` of an array; `None` if there is none.

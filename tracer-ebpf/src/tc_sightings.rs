@@ -4,7 +4,7 @@ use aya_ebpf::{bindings::TC_ACT_UNSPEC, macros::classifier, programs::TcContext}
 use podtrace_common::{
     counter,
     headers::{IPV4_PROTOCOL, IPV4_TOS},
-    match_kind,
+    hook_id, match_kind,
     packet::{classify, ethernet_payload, Bytes},
     sighting_kind, Direction, Sighting, SNAPSHOT_LEN,
 };
@@ -12,6 +12,7 @@ use podtrace_common::{
 use crate::{
     kernel::{submit_with, Linear, Skb},
     maps::{bump, is_traced, node_id, trusted_tunnel, SIGHTINGS},
+    profile,
     sighting::{Meta, Route},
 };
 
@@ -51,7 +52,15 @@ fn observe(ctx: &TcContext, direction: Direction, has_l2: bool) -> i32 {
         found = matched(&skb, has_l2, ifindex);
     }
     if let Some((kind, l3)) = found {
-        report(&skb, direction, has_l2, kind, l3);
+        if profile::enabled() {
+            let id =
+                profile::identify(&linear, l3, kind).or_else(|| profile::identify(&skb, l3, kind));
+            if let Some(id) = id {
+                profile::record(&id, hook_id(ifindex, direction as u8), skb.len());
+            }
+        } else {
+            report(&skb, direction, has_l2, kind, l3);
+        }
     }
     TC_ACT_UNSPEC
 }

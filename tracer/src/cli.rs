@@ -36,6 +36,19 @@ pub enum Command {
     /// Trace one node for a cluster-mode front-end (run as a pod on that
     /// node): JSON lines on stdout.
     Agent(Box<crate::app::agent::AgentArgs>),
+    /// Profile the encapsulation path of SRC ⇄ DST at line rate: per-step
+    /// latency histograms aggregated in the kernel, no record per packet.
+    Profile(Box<ProfileArgs>),
+}
+
+/// `podtrace profile SRC DST`.
+#[derive(Debug, clap::Args)]
+pub struct ProfileArgs {
+    #[command(flatten)]
+    pub trace: Args,
+    /// Also draw each step's latency histogram as SVG.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
 }
 
 /// `podtrace read FILE.pcapng`.
@@ -102,6 +115,9 @@ pub struct Args {
     /// At exit, print the latency of every hop-to-hop step (p50/p90/p99).
     #[arg(long)]
     pub profile: bool,
+    /// Set by `podtrace profile`: step histograms in the kernel.
+    #[arg(skip)]
+    pub in_kernel_profile: bool,
     /// Do not add podtrace's nft tracing table: netfilter drops are then
     /// reported without the rule that dropped them.
     #[arg(long)]

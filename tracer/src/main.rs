@@ -35,6 +35,9 @@ fn main() -> std::process::ExitCode {
     };
     let outcome = match (cli.command, cli.trace) {
         (Some(Command::Agent(agent)), _) => runtime.block_on(podtrace::app::agent::run(*agent)),
+        (Some(Command::Profile(profile)), _) => {
+            runtime.block_on(podtrace::app::profile::run(*profile))
+        }
         // kubectl's plugin dispatch runs `kubectl-podtrace`: cluster mode,
         // unless node-mode inputs (--netns, --pods-file) say otherwise.
         (None, Some(trace))

@@ -162,6 +162,61 @@ pub mod node_addr {
     pub const ANY: [u8; 4] = [0; 4];
 }
 
+/// Key of profile mode's `STAMPS`: one packet (`packet::packet_id`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PacketId {
+    pub pair: FlowKey,
+    pub ip_id: u16,
+    pub protocol: u8,
+    pub _pad: u8,
+    pub l4: u32,
+}
+
+/// Where and when profile mode last saw a packet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Stamp {
+    pub ktime_ns: u64,
+    /// [`hook_id`] of the hook.
+    pub hook: u32,
+    pub skb_len: u32,
+}
+
+/// A hook as profile mode names it: ifindex and direction.
+#[inline(always)]
+pub const fn hook_id(ifindex: u32, direction: u8) -> u32 {
+    ifindex << 1 | direction as u32
+}
+
+/// Key of profile mode's `STEPS`: from one hook to the next on one node.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StepKey {
+    pub from: u32,
+    pub to: u32,
+}
+
+/// Linear buckets of one µs each, below this many µs.
+pub const HIST_LINEAR_US: usize = 100;
+/// Log2 buckets of ns, at and above `HIST_LINEAR_US`: bucket k holds
+/// [2^k, 2^(k+1)) ns.
+pub const HIST_LOG2: usize = 40;
+
+/// The latency histogram of one step, per CPU; userspace sums the CPUs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Histogram {
+    pub count: u64,
+    pub sum_ns: u64,
+    pub max_ns: u64,
+    /// Sum of (skb length at `to` − at `from`), two's complement: the
+    /// encapsulation's bytes, or a decapsulation's as negative.
+    pub bytes_added: u64,
+    pub linear: [u64; HIST_LINEAR_US],
+    pub log2: [u64; HIST_LOG2],
+}
+
 /// The traced addresses as a bitmap (`ADDR_BITS`, one entry): a pair can
 /// be traced only if both its addresses' bits are set, so an untraced
 /// packet is turned away by one inlined array read instead of a hash
@@ -202,6 +257,8 @@ pub mod counter {
 pub mod names {
     pub const FLOWS: &str = "FLOWS";
     pub const ADDR_BITS: &str = "ADDR_BITS";
+    pub const PROFILE: &str = "PROFILE";
+    pub const STEPS: &str = "STEPS";
     pub const SIGHTINGS: &str = "SIGHTINGS";
     pub const COUNTERS: &str = "COUNTERS";
     pub const NODE_ID: &str = "NODE_ID";
@@ -226,6 +283,9 @@ const _: () = assert!(core::mem::align_of::<Sighting>() == 8);
 const _: () = assert!(core::mem::offset_of!(Sighting, snapshot) == 56);
 const _: () = assert!(core::mem::size_of::<KernelLayout>() == 15 * 4);
 const _: () = assert!(core::mem::size_of::<FlowKey>() == 8);
+const _: () = assert!(core::mem::size_of::<PacketId>() == 16);
+const _: () = assert!(core::mem::size_of::<Stamp>() == 16);
+const _: () = assert!(core::mem::size_of::<Histogram>() == 8 * (4 + HIST_LINEAR_US + HIST_LOG2));
 const _: () = assert!(core::mem::size_of::<TunnelKey>() == 8);
 const _: () = assert!(core::mem::size_of::<[u32; MAX_NODES]>() == 32);
 const _: () = assert!(packet::SOCKET_HEADER_LEN <= SNAPSHOT_LEN);
@@ -237,4 +297,6 @@ mod user {
     unsafe impl aya::Pod for super::FlowKey {}
     unsafe impl aya::Pod for super::TunnelKey {}
     unsafe impl aya::Pod for super::KernelLayout {}
+    unsafe impl aya::Pod for super::StepKey {}
+    unsafe impl aya::Pod for super::Histogram {}
 }

@@ -11,6 +11,7 @@
 pub mod agent;
 pub mod front;
 mod losses;
+pub mod profile;
 mod replay;
 mod stop;
 mod teller;
@@ -186,6 +187,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         traced_netns,
         mode: args.attach,
         ring_bytes: args.ring_buffer,
+        profile: args.in_kernel_profile,
         link_tx,
         netfilter_tx: why_rule_unnamed.is_none().then_some(netfilter_tx),
         pairs: vec![(src.ip, dst.ip), (dst.ip, src.ip)],

@@ -11,6 +11,7 @@ mod human;
 mod json;
 pub mod pcapng;
 pub mod pcapng_read;
+pub mod plot;
 
 use std::io::Write;
 

@@ -12,8 +12,8 @@ use aya::{
     Btf, Ebpf, EbpfLoader,
 };
 use podtrace_common::{
-    addr_bit, counter, names, node_addr, AddrBits, FlowKey, KernelLayout, Sighting, TunnelKey,
-    MAX_NODES,
+    addr_bit, counter, names, node_addr, AddrBits, FlowKey, Histogram, KernelLayout, Sighting,
+    StepKey, TunnelKey, MAX_NODES,
 };
 use tokio::{io::unix::AsyncFd, sync::mpsc};
 
@@ -40,6 +40,8 @@ pub struct ProbeSpec<'a> {
     pub tunnels: &'a TunnelTrust,
     /// Bytes of the ring buffer of records.
     pub ring_bytes: u32,
+    /// Profile mode: step histograms in the kernel, no records per packet.
+    pub profile: bool,
 }
 
 /// The programs of one node, attached; dropping it detaches everything.
@@ -83,6 +85,7 @@ impl NodeProbe {
             .override_global(names::LAYOUT, spec.layout, true)
             .override_global(names::NETNS_INUM, &spec.netns.inum, true)
             .override_global(names::TRACED_NETNS, spec.traced_netns, true)
+            .override_global(names::PROFILE, &u32::from(spec.profile), true)
             .map_max_entries(names::SIGHTINGS, spec.ring_bytes)
             .load(EBPF_OBJECT)
             .context("cannot load the eBPF programs")?;
@@ -156,6 +159,11 @@ impl NodeProbe {
             }
         });
         Ok(())
+    }
+
+    /// Profile mode's step histograms, summed over CPUs.
+    pub fn steps(&self) -> Result<Vec<(StepKey, Histogram)>> {
+        super::profile::read_steps(&self.ebpf)
     }
 
     /// The kernel-side loss counters, summed over CPUs.

@@ -13,6 +13,7 @@ pub mod explain;
 pub mod journey;
 mod notes;
 pub mod profile;
+pub mod steps;
 mod verdict;
 
 use std::net::Ipv4Addr;
