@@ -24,7 +24,10 @@
 //!   prototypes declare.
 
 use aya_ebpf::{
-    bindings::{__sk_buff, bpf_fib_lookup as FibParams},
+    bindings::{
+        __sk_buff, bpf_fib_lookup as FibParams, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP,
+        BPF_RB_NO_WAKEUP,
+    },
     helpers::{bpf_fib_lookup, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_buf},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::TcContext,
@@ -126,14 +129,22 @@ pub fn with_per_cpu<T, R>(
 }
 
 /// Reserves a `T` on the ring buffer, lets `fill` write all of it, then
-/// submits it; false if the ring buffer is full.
+/// submits it; false if the ring buffer is full. Userspace is woken only
+/// once `wake_bytes` wait (0: on every record, the kernel's default).
 #[inline(always)]
-pub fn submit_with<T: 'static>(ring: &RingBuf, fill: impl FnOnce(&mut T)) -> bool {
+pub fn submit_with<T: 'static>(ring: &RingBuf, wake_bytes: u64, fill: impl FnOnce(&mut T)) -> bool {
     let Some(mut entry) = ring.reserve::<T>(0) else {
         return false;
     };
     fill(unsafe { &mut *entry.as_mut_ptr() });
-    entry.submit(0);
+    let flags = if wake_bytes == 0 {
+        0
+    } else if ring.query(u64::from(BPF_RB_AVAIL_DATA)) >= wake_bytes {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    entry.submit(u64::from(flags));
     true
 }
 

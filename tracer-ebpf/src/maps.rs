@@ -17,7 +17,7 @@ const MAX_TUNNELS: u32 = 16;
 /// Node addresses: the node's own and every other node's.
 const MAX_NODE_ADDRS: u32 = 8192;
 
-/// 4 MiB: a burst of some 20,000 sightings before userspace must drain.
+/// 4 MiB unless userspace says (`--ring-buffer`, 16 MiB by default).
 const SIGHTINGS_BYTES: u32 = 1 << 22;
 
 /// Traced (src, dst) pairs; filled by userspace.
@@ -52,6 +52,25 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT
 /// sets it at load time, one program instance per namespace.
 #[unsafe(no_mangle)]
 pub static NODE_ID: u32 = 0;
+
+/// `--sample N`: one traced packet in N is reported (0 or 1: all).
+#[unsafe(no_mangle)]
+pub static SAMPLE: u32 = 0;
+
+/// Records wake userspace only once this many bytes wait in the ring;
+/// below, userspace polls on a timer (no wakeup per record at line rate).
+#[unsafe(no_mangle)]
+pub static WAKE_BYTES: u64 = 0;
+
+#[inline(always)]
+pub fn sample() -> u32 {
+    global(&SAMPLE)
+}
+
+#[inline(always)]
+pub fn wake_bytes() -> u64 {
+    global(&WAKE_BYTES)
+}
 
 #[inline(always)]
 pub fn node_id() -> u32 {

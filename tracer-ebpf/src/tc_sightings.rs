@@ -6,12 +6,12 @@ use podtrace_common::{
     headers::{IPV4_PROTOCOL, IPV4_TOS},
     hook_id, match_kind,
     packet::{classify, ethernet_payload, Bytes},
-    sighting_kind, Direction, Sighting, SNAPSHOT_LEN,
+    sampled, sighting_kind, Direction, Sighting, SNAPSHOT_LEN,
 };
 
 use crate::{
     kernel::{submit_with, Linear, Skb},
-    maps::{bump, is_traced, node_id, trusted_tunnel, SIGHTINGS},
+    maps::{bump, is_traced, node_id, sample, trusted_tunnel, wake_bytes, SIGHTINGS},
     profile,
     sighting::{Meta, Route},
 };
@@ -58,11 +58,22 @@ fn observe(ctx: &TcContext, direction: Direction, has_l2: bool) -> i32 {
             if let Some(id) = id {
                 profile::record(&id, hook_id(ifindex, direction as u8), skb.len());
             }
-        } else {
+        } else if kept(&linear, &skb, l3, kind) {
             report(&skb, direction, has_l2, kind, l3);
         }
     }
     TC_ACT_UNSPEC
+}
+
+/// Whether `--sample` keeps this packet (always, without it).
+#[inline(always)]
+fn kept(linear: &Linear, skb: &Skb, l3: usize, kind: u8) -> bool {
+    let n = sample();
+    if n <= 1 {
+        return true;
+    }
+    let id = profile::identify(linear, l3, kind).or_else(|| profile::identify(skb, l3, kind));
+    id.is_some_and(|id| sampled(&id, n))
 }
 
 /// How the packet matches the traced flow, and where its IPv4 header is.
@@ -96,7 +107,7 @@ fn report(skb: &Skb, direction: Direction, has_l2: bool, kind: u8, l3: usize) {
         route,
     };
     // Filled in place: a Sighting is too large for the eBPF stack.
-    let sent = submit_with(&SIGHTINGS, |s: &mut Sighting| {
+    let sent = submit_with(&SIGHTINGS, wake_bytes(), |s: &mut Sighting| {
         let copied = copy_headers(skb, &mut s.snapshot);
         if copied == 0 {
             bump(counter::SNAPSHOT_FAILED);

@@ -122,10 +122,15 @@ pub struct Args {
     /// reported without the rule that dropped them.
     #[arg(long)]
     pub no_ruleset_changes: bool,
-    /// The kernel's ring buffer of records, per node (e.g. 4MiB, 64MiB; a
+    /// The kernel's ring buffer of records, per node (e.g. 16MiB, 64MiB; a
     /// power of two from 4KiB). Larger holds longer bursts.
-    #[arg(long, value_name = "SIZE", default_value = "4MiB", value_parser = parse_ring_size)]
+    #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = parse_ring_size)]
     pub ring_buffer: u32,
+    /// Keep one traced packet in N, chosen in the kernel by a hash of the
+    /// packet's identity, so every hop of a kept packet is kept: stories
+    /// of a flow at line rate, without losses.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub sample: u32,
     /// How to attach to tc hooks.
     #[arg(long, value_enum, default_value = "auto")]
     pub attach: AttachMode,

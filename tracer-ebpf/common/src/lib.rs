@@ -183,6 +183,27 @@ pub struct Stamp {
     pub skb_len: u32,
 }
 
+/// `--sample N`: whether packet `id` is one of the 1 in `n` kept. The
+/// same on every hook, so a sampled packet keeps all its hops.
+#[inline(always)]
+pub fn sampled(id: &PacketId, n: u32) -> bool {
+    if n <= 1 {
+        return true;
+    }
+    let words = [
+        u32::from_ne_bytes(id.pair.src),
+        u32::from_ne_bytes(id.pair.dst),
+        u32::from(id.ip_id) << 8 | u32::from(id.protocol),
+        id.l4,
+    ];
+    let mut h: u32 = 0x811c_9dc5;
+    for w in words {
+        h = (h ^ w).wrapping_mul(0x0100_0193);
+        h ^= h >> 15;
+    }
+    h.is_multiple_of(n)
+}
+
 /// A hook as profile mode names it: ifindex and direction.
 #[inline(always)]
 pub const fn hook_id(ifindex: u32, direction: u8) -> u32 {
@@ -258,6 +279,8 @@ pub mod names {
     pub const FLOWS: &str = "FLOWS";
     pub const ADDR_BITS: &str = "ADDR_BITS";
     pub const PROFILE: &str = "PROFILE";
+    pub const SAMPLE: &str = "SAMPLE";
+    pub const WAKE_BYTES: &str = "WAKE_BYTES";
     pub const STEPS: &str = "STEPS";
     pub const SIGHTINGS: &str = "SIGHTINGS";
     pub const COUNTERS: &str = "COUNTERS";

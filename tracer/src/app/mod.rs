@@ -188,6 +188,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         mode: args.attach,
         ring_bytes: args.ring_buffer,
         profile: args.in_kernel_profile,
+        sample: args.sample,
         link_tx,
         netfilter_tx: why_rule_unnamed.is_none().then_some(netfilter_tx),
         pairs: vec![(src.ip, dst.ip), (dst.ip, src.ip)],
@@ -274,6 +275,7 @@ async fn stream(
     }
     let mut summary = Summary {
         hooks_attached: trace.nodes.iter().map(TracedNode::hooks).sum(),
+        sample: args.sample,
         ..Default::default()
     };
     let mut correlator = Correlator::new(Waits {

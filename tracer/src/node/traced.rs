@@ -40,6 +40,8 @@ pub struct Shared<'a> {
     pub ring_bytes: u32,
     /// Profile mode (`podtrace profile`).
     pub profile: bool,
+    /// `--sample N`.
+    pub sample: u32,
     pub link_tx: mpsc::UnboundedSender<(u32, LinkChange)>,
     /// Where netfilter drops go, when rule tracing is on.
     pub netfilter_tx: Option<mpsc::UnboundedSender<(u32, TracedDrop)>>,
@@ -112,6 +114,7 @@ impl TracedNode {
             tunnels: &tunnels,
             ring_bytes: shared.ring_bytes,
             profile: shared.profile,
+            sample: shared.sample,
         };
         let probe = NodeProbe::attach(&spec, &watched).with_context(|| format!("node {name}"))?;
         // The subscription socket stays bound to the namespace it was opened in.

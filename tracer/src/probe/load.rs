@@ -42,7 +42,13 @@ pub struct ProbeSpec<'a> {
     pub ring_bytes: u32,
     /// Profile mode: step histograms in the kernel, no records per packet.
     pub profile: bool,
+    /// `--sample N`: one packet in N reported, every hop of it (1: all).
+    pub sample: u32,
 }
+
+/// How often the ring is drained when no wakeup came: records wake
+/// userspace only once a quarter of the ring waits.
+const RING_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// The programs of one node, attached; dropping it detaches everything.
 pub struct NodeProbe {
@@ -86,6 +92,8 @@ impl NodeProbe {
             .override_global(names::NETNS_INUM, &spec.netns.inum, true)
             .override_global(names::TRACED_NETNS, spec.traced_netns, true)
             .override_global(names::PROFILE, &u32::from(spec.profile), true)
+            .override_global(names::SAMPLE, &spec.sample, true)
+            .override_global(names::WAKE_BYTES, &(u64::from(spec.ring_bytes) / 4), true)
             .map_max_entries(names::SIGHTINGS, spec.ring_bytes)
             .load(EBPF_OBJECT)
             .context("cannot load the eBPF programs")?;
@@ -138,23 +146,22 @@ impl NodeProbe {
         let mut ring = unsafe { AsyncFd::register(ring) }
             .map_err(|e| anyhow!("cannot poll the ring buffer: {e}"))?;
         tokio::spawn(async move {
+            let mut poll = tokio::time::interval(RING_POLL);
+            poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                let Ok(mut guard) = ring.readable_mut().await else {
-                    return;
-                };
-                // Clear before draining: a wakeup that lands while we drain
-                // must stay pending, or the ring stalls with data in it.
-                guard.clear_ready();
-                let ring = guard.get_inner_mut();
-                while let Some(item) = ring.next() {
-                    if item.len() >= std::mem::size_of::<Sighting>() {
-                        // SAFETY: the kernel wrote a whole Sighting here.
-                        let s =
-                            unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<Sighting>()) };
-                        if tx.send(s).is_err() {
+                tokio::select! {
+                    guard = ring.readable_mut() => {
+                        let Ok(mut guard) = guard else { return };
+                        // Clear before draining: a wakeup that lands while
+                        // we drain must stay pending, or the ring stalls.
+                        guard.clear_ready();
+                        if !drain(guard.get_inner_mut(), &tx) {
                             return;
                         }
                     }
+                    _ = poll.tick() => if !drain(ring.get_mut(), &tx) {
+                        return;
+                    },
                 }
             }
         });
@@ -179,6 +186,20 @@ impl NodeProbe {
         }
         Ok(out)
     }
+}
+
+/// Forwards every record waiting in `ring`; false once nobody listens.
+fn drain(ring: &mut RingBuf<MapData>, tx: &mpsc::UnboundedSender<Sighting>) -> bool {
+    while let Some(item) = ring.next() {
+        if item.len() >= std::mem::size_of::<Sighting>() {
+            // SAFETY: the kernel wrote a whole Sighting here.
+            let s = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<Sighting>()) };
+            if tx.send(s).is_err() {
+                return false;
+            }
+        }
+    }
+    true
 }
 
 /// Fills the maps that say where a packet's inner header may be read.
