@@ -29,9 +29,9 @@ fn profile_aggregates_steps_in_the_kernel_and_plots_them() {
     let pinged = in_netns(&lab.0.pod("web-0").netns, "ping")
         .args(["-q", "-c", "100", "-i", "0.01"])
         .arg(lab.0.pod("db-0").ip.to_string())
-        .status()
+        .output()
         .unwrap();
-    assert!(pinged.success());
+    assert!(pinged.status.success());
     std::thread::sleep(Duration::from_millis(300));
     trace.signal(libc::SIGINT);
     let done = trace.finish();
@@ -116,4 +116,42 @@ fn sample_100_loses_nothing_on_a_full_rate_iperf3_flow() {
             "every hop of a sampled packet is kept: {story}"
         );
     }
+}
+
+#[test]
+fn calico_vxlan_cross_node_ping_is_encapsulated_with_vni_4096_on_4789() {
+    let lab = lab(Topology::CalicoVxlan);
+    let argv = argv(
+        &["web-0", "db-0", "--count", "1", "-o", "json"],
+        lab_args(&lab.0, &[1, 2]),
+    );
+    let trace = Trace::start(&argv);
+    assert!(
+        ping(&lab.0, "web-0", "db-0"),
+        "web-0 reaches db-0 across vxlan.calico"
+    );
+    let done = trace.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    let stories = done.ping_stories();
+    let story = stories.first().expect("a story");
+    assert_eq!(story["verdict"]["outcome"], "delivered", "{story}");
+    let hops = story["hops"].as_array().unwrap();
+    let on = |node: &str, iface: &str, direction: &str| {
+        hops.iter()
+            .find(|h| h["node"] == node && h["iface"] == iface && h["direction"] == direction)
+            .unwrap_or_else(|| panic!("no {node} {iface} {direction} hop in {story}"))
+    };
+    on("node-1", "vxlan.calico", "egress");
+    let encap = on("node-1", "eth0", "egress");
+    assert_eq!(encap["tunnel"]["vni"], 4096, "{encap}");
+    assert_eq!(
+        encap["tunnel"]["outer"]["transport"]["dport"], 4789,
+        "{encap}"
+    );
+    on("node-2", "vxlan.calico", "ingress");
+    let path = &story["verdict"]["path"];
+    assert!(
+        path.as_array().unwrap().iter().any(|p| p == "encapsulated"),
+        "{path}"
+    );
 }

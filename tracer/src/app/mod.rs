@@ -114,7 +114,7 @@ async fn resolve(args: &Args) -> Result<Resolved> {
         (false, Backend::Missing) => Some("iptables is not installed here"),
         (false, Backend::Nft) => None,
     };
-    ctx.why_rule_unnamed = why_rule_unnamed.unwrap_or("no DROP verdict was traced for this packet");
+    ctx.why_rule_unnamed = why_rule_unnamed.unwrap_or(crate::probe::netfilter::UNTRACED_DROP);
     Ok(Resolved {
         targets,
         namespaces,
