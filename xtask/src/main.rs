@@ -347,6 +347,8 @@ fn bench() -> Result<()> {
         "podtrace",
         "--test",
         "bench",
+        "--test",
+        "line_rate",
         "--",
         "--ignored",
         "--nocapture",

@@ -256,11 +256,11 @@ impl NodeTrace {
 /// [`TRACED_PER_SECOND`] a second (a burst of as many), packets go
 /// untraced: a failing connection's few packets are all traced, a flood's
 /// first ones and then a steady sample.
-pub const TRACED_PER_SECOND: u32 = 10;
+pub const TRACED_PER_SECOND: u32 = 5;
 
 /// Why a netfilter drop's rule is not named although rule tracing is on.
 pub const UNTRACED_DROP: &str =
-    "no DROP verdict was traced for this packet (rule tracing follows 10 packets/s per direction)";
+    "no DROP verdict was traced for this packet (rule tracing follows 5 packets/s per direction)";
 
 /// The rules that mark the traced pairs for tracing, before raw.
 fn trace_rules(table: &str, pairs: &[(Ipv4Addr, Ipv4Addr)]) -> String {
@@ -383,7 +383,7 @@ PACKET: 2 beb3af5f IN=cni0 OUT=flannel.1 MACSRC=2:be:d0:67:2e:79 MACDST=be:76:ad
         let rules = trace_rules("t", &[pair]);
         assert_eq!(
             rules
-                .matches("limit rate 10/second burst 10 packets meta nftrace set 1")
+                .matches("limit rate 5/second burst 5 packets meta nftrace set 1")
                 .count(),
             2
         );
