@@ -1,5 +1,5 @@
-//! `cargo xtask bench`: numbers, not asserts. Userspace pipeline speed on
-//! recorded sightings, and on the real datapath of a flannel-vxlan lab:
+//! `cargo xtask bench`: numbers, not asserts. On the real datapath of a
+//! flannel-vxlan lab (the userspace pipeline is `tracer/benches/`):
 //! per-step latency, ping RTT with and without podtrace, podtrace's memory.
 
 // The bench uses only part of the helpers it shares with the lab tests.
@@ -10,83 +10,8 @@ mod datapath;
 
 use std::time::{Duration, Instant};
 
-use etherparse::PacketBuilder;
-use podtrace::{
-    decode::{
-        decode,
-        hop::{Direction, Hop, Snapshot},
-    },
-    node::interfaces::Role,
-    story::{
-        journey::{Correlator, Waits},
-        tell, Context,
-    },
-};
 use support::*;
 use xtask::lab::Topology;
-
-fn frame(seq: u16, ttl: u8) -> Vec<u8> {
-    let mut out = Vec::new();
-    PacketBuilder::ethernet2([2; 6], [4; 6])
-        .ipv4([10, 244, 1, 2], [10, 244, 2, 2], ttl)
-        .icmpv4_echo_request(7, seq)
-        .write(&mut out, &[0u8; 56])
-        .unwrap();
-    out
-}
-
-#[test]
-#[ignore = "benchmark: run with cargo xtask bench"]
-fn userspace_pipeline() {
-    const STORIES: u64 = 50_000;
-    const HOPS: u64 = 8;
-    let frames: Vec<Vec<u8>> = (0..STORIES).map(|i| frame(i as u16, 64)).collect();
-    let ctx = Context::default();
-    let started = Instant::now();
-    let mut correlator = Correlator::new(Waits {
-        idle_ns: 1_000_000,
-        patience_ns: 1_000_000,
-        arp_ns: 1_000_000,
-        ..Waits::default()
-    });
-    let mut told = 0;
-    for (i, f) in frames.iter().enumerate() {
-        for h in 0..HOPS {
-            let packet = decode(&f[..f.len().min(128)], true).unwrap();
-            correlator.observe(Hop {
-                ktime_ns: i as u64 * 10_000_000 + h * 1_000,
-                node: "node-1".into(),
-                iface: format!("if{h}"),
-                role: Role::PodVeth,
-                direction: Direction::Ingress,
-                skb_len: f.len() as u32,
-                mark: 0,
-                packet,
-                drop: None,
-                route: None,
-                // What `place` copies for `--write`.
-                snapshot: Snapshot {
-                    bytes: f[..f.len().min(128)].to_vec(),
-                    has_l2: true,
-                },
-            });
-        }
-        for journey in correlator.take_finished(i as u64 * 10_000_000) {
-            told += usize::from(!tell(&journey, &ctx).hops.is_empty());
-        }
-    }
-    told += correlator.take_all().len();
-    let elapsed = started.elapsed();
-    assert_eq!(told as u64, STORIES);
-    println!(
-        "userspace: {} sightings → {} stories in {:.0} ms: {:.2} M sightings/s, {:.1} µs per story",
-        STORIES * HOPS,
-        STORIES,
-        elapsed.as_secs_f64() * 1e3,
-        (STORIES * HOPS) as f64 / elapsed.as_secs_f64() / 1e6,
-        elapsed.as_secs_f64() * 1e6 / STORIES as f64
-    );
-}
 
 /// `rtt min/avg/max/mdev = …` of `ping -q`, as (avg, max) in µs.
 fn ping_rtt(lab: &xtask::lab::Lab, count: u32) -> (f64, f64) {

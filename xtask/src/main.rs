@@ -340,6 +340,8 @@ fn test() -> Result<()> {
 fn bench() -> Result<()> {
     require_root()?;
     setup()?;
+    // The userspace pipeline (criterion: sightings/s as "thrpt").
+    cargo(&["bench", "--package", "podtrace", "--bench", "pipeline"])?;
     cargo(&[
         "test",
         "--release",
