@@ -1,90 +1,17 @@
-//! `cargo xtask bench`: numbers, not asserts. Userspace pipeline speed on
-//! recorded sightings, and on the real datapath of a flannel-vxlan lab:
+//! `cargo xtask bench`: numbers, not asserts. On the real datapath of a
+//! flannel-vxlan lab (the userspace pipeline is `tracer/benches/`):
 //! per-step latency, ping RTT with and without podtrace, podtrace's memory.
 
 // The bench uses only part of the helpers it shares with the lab tests.
 #[allow(dead_code)]
 mod support;
 
+mod datapath;
+
 use std::time::{Duration, Instant};
 
-use etherparse::PacketBuilder;
-use podtrace::{
-    decode::{
-        decode,
-        hop::{Direction, Hop, Snapshot},
-    },
-    node::interfaces::Role,
-    story::{
-        journey::{Correlator, Waits},
-        tell, Context,
-    },
-};
 use support::*;
 use xtask::lab::Topology;
-
-fn frame(seq: u16, ttl: u8) -> Vec<u8> {
-    let mut out = Vec::new();
-    PacketBuilder::ethernet2([2; 6], [4; 6])
-        .ipv4([10, 244, 1, 2], [10, 244, 2, 2], ttl)
-        .icmpv4_echo_request(7, seq)
-        .write(&mut out, &[0u8; 56])
-        .unwrap();
-    out
-}
-
-#[test]
-#[ignore = "benchmark: run with cargo xtask bench"]
-fn userspace_pipeline() {
-    const STORIES: u64 = 50_000;
-    const HOPS: u64 = 8;
-    let frames: Vec<Vec<u8>> = (0..STORIES).map(|i| frame(i as u16, 64)).collect();
-    let ctx = Context::default();
-    let started = Instant::now();
-    let mut correlator = Correlator::new(Waits {
-        idle_ns: 1_000_000,
-        patience_ns: 1_000_000,
-        arp_ns: 1_000_000,
-        ..Waits::default()
-    });
-    let mut told = 0;
-    for (i, f) in frames.iter().enumerate() {
-        for h in 0..HOPS {
-            let packet = decode(&f[..f.len().min(128)], true).unwrap();
-            correlator.observe(Hop {
-                ktime_ns: i as u64 * 10_000_000 + h * 1_000,
-                node: "node-1".into(),
-                iface: format!("if{h}"),
-                role: Role::PodVeth,
-                direction: Direction::Ingress,
-                skb_len: f.len() as u32,
-                mark: 0,
-                packet,
-                drop: None,
-                route: None,
-                // What `place` copies for `--write`.
-                snapshot: Snapshot {
-                    bytes: f[..f.len().min(128)].to_vec(),
-                    has_l2: true,
-                },
-            });
-        }
-        for journey in correlator.take_finished(i as u64 * 10_000_000) {
-            told += usize::from(!tell(&journey, &ctx).hops.is_empty());
-        }
-    }
-    told += correlator.take_all().len();
-    let elapsed = started.elapsed();
-    assert_eq!(told as u64, STORIES);
-    println!(
-        "userspace: {} sightings → {} stories in {:.0} ms: {:.2} M sightings/s, {:.1} µs per story",
-        STORIES * HOPS,
-        STORIES,
-        elapsed.as_secs_f64() * 1e3,
-        (STORIES * HOPS) as f64 / elapsed.as_secs_f64() / 1e6,
-        elapsed.as_secs_f64() * 1e6 / STORIES as f64
-    );
-}
 
 /// `rtt min/avg/max/mdev = …` of `ping -q`, as (avg, max) in µs.
 fn ping_rtt(lab: &xtask::lab::Lab, count: u32) -> (f64, f64) {
@@ -238,4 +165,45 @@ fn start_and_stop_on_a_crowded_node() {
         ms(&starts),
         ms(&stops)
     );
+}
+
+/// What podtrace costs packets it does not trace: its tc programs' ns/run
+/// (the kernel's bpf_stats) while iperf3 runs web-1 → db-1 across VXLAN
+/// and podtrace traces web-0 ⇄ db-0. `PODTRACE_BEFORE=<binary>` measures
+/// another build the same way, for a before/after.
+#[test]
+#[ignore = "benchmark: run with cargo xtask bench"]
+fn untraced_pair_cost() {
+    let lab = lab(Topology::FlannelVxlan);
+    let _stats = datapath::BpfStats::enable();
+    let mut binaries = vec![("this build".to_string(), PODTRACE.to_string())];
+    if let Ok(before) = std::env::var("PODTRACE_BEFORE") {
+        binaries.insert(0, ("PODTRACE_BEFORE".to_string(), before));
+    }
+    let (bare, _) = datapath::iperf(&lab.0, "web-1", "db-1", 3);
+    println!("untraced pair: iperf3 web-1 → db-1 across VXLAN, podtrace tracing web-0 ⇄ db-0");
+    println!("  no podtrace: {:.2} Gbit/s", bare / 1e9);
+    for (label, binary) in binaries {
+        let mut command = std::process::Command::new(&binary);
+        command
+            .args(["web-0", "db-0", "-o", "json"])
+            .args(lab_args(&lab.0, &[1, 2]))
+            .stdout(std::process::Stdio::null());
+        let mut tracing = xtask::podtrace_run::start(command, Duration::from_secs(20))
+            .unwrap_or_else(|e| panic!("{label}: {e:#}"));
+        let pid = tracing.child.id() as i32;
+        let cpu_before = datapath::cpu_seconds(pid);
+        let (gbits, _) = datapath::iperf(&lab.0, "web-1", "db-1", 3);
+        let cpu = (datapath::cpu_seconds(pid) - cpu_before) / 3.0 * 100.0;
+        let stats = datapath::prog_stats(pid);
+        // SAFETY: a child we own.
+        unsafe { libc::kill(pid, libc::SIGINT) };
+        let _ = tracing.child.wait();
+        println!(
+            "  {label}: {:.2} Gbit/s ({:.2}× untraced), podtrace CPU {cpu:.0}%; {}",
+            gbits / 1e9,
+            gbits / bare,
+            datapath::format_stats(&stats)
+        );
+    }
 }

@@ -11,13 +11,14 @@ use aya_ebpf::{
 };
 use podtrace_common::{
     counter, match_kind,
-    packet::{classify, socket_header},
-    sighting_kind, FlowKey, KernelLayout, Sighting, MAX_NODES, NODE_OTHER_NETNS, SNAPSHOT_LEN,
+    packet::{classify, packet_id, socket_header},
+    sampled, sighting_kind, FlowKey, KernelLayout, Sighting, MAX_NODES, NODE_OTHER_NETNS,
+    SNAPSHOT_LEN,
 };
 
 use crate::{
     kernel::{global, kernel_read, kernel_read_buf, with_per_cpu},
-    maps::{bump, is_traced, node_id, trusted_tunnel, SIGHTINGS},
+    maps::{bump, is_traced, node_id, sample, trusted_tunnel, SIGHTINGS},
     sighting::Meta,
 };
 
@@ -111,6 +112,8 @@ fn report(s: &mut Sighting, skb: u64, location: u64, reason: u32) {
         None
     };
     let (kind, snapshot_len) = match plain_or_inner {
+        // `--sample`: the same packets the tc programs keep.
+        Some(kind) if !kept(&s.snapshot[..], kind) => return,
         Some(kind) => (kind, SNAPSHOT_LEN),
         None => match socket_match(skb, &layout, &mut s.snapshot) {
             Some(len) => (match_kind::SOCKET, len),
@@ -142,6 +145,14 @@ fn report(s: &mut Sighting, skb: u64, location: u64, reason: u32) {
     if SIGHTINGS.output::<Sighting>(s, 0).is_err() {
         bump(counter::RINGBUF_FULL);
     }
+}
+
+/// Whether `--sample` keeps the packet whose IPv4 header starts
+/// `snapshot` (always, without it).
+#[inline(always)]
+fn kept(snapshot: &[u8], kind: u8) -> bool {
+    let n = sample();
+    n <= 1 || packet_id(snapshot, 0, kind).is_some_and(|id| sampled(&id, n))
 }
 
 /// The drop's device (0 if none) and the inode of its network namespace

@@ -10,7 +10,9 @@
 //!   bpf_probe_read_kernel, which checks the address and returns an error
 //!   instead of faulting, so any pointer value is acceptable.
 //! - Packet bytes are read through bpf_skb_load_bytes, which bounds-checks
-//!   against the skb; `__sk_buff` fields are read through the context
+//!   against the skb, or directly from the linear head (`Linear`), each
+//!   read checked against `data_end` first as the verifier demands;
+//!   `__sk_buff` fields are read through the context
 //!   pointer the kernel hands the program, valid for the whole run.
 //! - Map values (per-CPU scratch, ring-buffer records, counters) are
 //!   written through pointers the map helpers return: per-CPU or freshly
@@ -22,14 +24,21 @@
 //!   prototypes declare.
 
 use aya_ebpf::{
-    bindings::{__sk_buff, bpf_fib_lookup as FibParams},
+    bindings::{
+        __sk_buff, bpf_fib_lookup as FibParams, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP,
+        BPF_RB_NO_WAKEUP,
+    },
     helpers::{bpf_fib_lookup, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_buf},
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::TcContext,
 };
-use podtrace_common::{headers::IPV4_SADDR, packet::Bytes, FlowKey, SNAPSHOT_LEN};
+use podtrace_common::{headers::IPV4_SADDR, packet::Bytes, FlowKey, Histogram, SNAPSHOT_LEN};
 
 use crate::sighting::Route;
+
+/// Offsets the direct reader accepts: the verifier wants a bounded
+/// variable offset before it compares a packet pointer with `data_end`.
+const LINEAR_MAX: usize = 1 << 9;
 
 /// The value userspace gave a global at load time.
 #[inline(always)]
@@ -66,6 +75,48 @@ pub fn lookup<K, V: Copy>(map: &HashMap<K, V>, key: &K) -> Option<V> {
     unsafe { map.get(key) }.copied()
 }
 
+/// A copy of the value at `key` of an LRU map, if there is one.
+#[inline(always)]
+pub fn lru_lookup<K, V: Copy>(map: &LruHashMap<K, V>, key: &K) -> Option<V> {
+    unsafe { map.get(key) }.copied()
+}
+
+/// Sets `key` of an LRU map (evicting the oldest entry when full).
+#[inline(always)]
+pub fn lru_insert<K, V>(map: &LruHashMap<K, V>, key: &K, value: &V) {
+    let _ = map.insert(key, value, 0);
+}
+
+/// Runs `f` on this CPU's histogram at `key`, inserting a copy of `zero`'s
+/// (never written) first if there is none.
+#[inline(always)]
+pub fn step_histogram<K>(
+    map: &PerCpuHashMap<K, Histogram>,
+    zero: &PerCpuArray<Histogram>,
+    key: &K,
+    f: impl FnOnce(&mut Histogram),
+) {
+    let mut value = map.get_ptr_mut(key);
+    if value.is_none() {
+        let Some(zeroed) = zero.get_ptr(0) else {
+            return;
+        };
+        // By reference: a copy would not fit on the eBPF stack.
+        #[allow(clippy::needless_borrows_for_generic_args)]
+        let _ = map.insert(key, unsafe { &*zeroed }, 0);
+        value = map.get_ptr_mut(key);
+    }
+    if let Some(value) = value {
+        f(unsafe { &mut *value });
+    }
+}
+
+/// Runs `f` on the value at `index` of an array; `None` if there is none.
+#[inline(always)]
+pub fn with_array<T, R>(map: &Array<T>, index: u32, f: impl FnOnce(&T) -> R) -> Option<R> {
+    map.get(index).map(f)
+}
+
 /// Runs `f` on this CPU's value at `index`; `None` if there is none.
 #[inline(always)]
 pub fn with_per_cpu<T, R>(
@@ -78,14 +129,22 @@ pub fn with_per_cpu<T, R>(
 }
 
 /// Reserves a `T` on the ring buffer, lets `fill` write all of it, then
-/// submits it; false if the ring buffer is full.
+/// submits it; false if the ring buffer is full. Userspace is woken only
+/// once `wake_bytes` wait (0: on every record, the kernel's default).
 #[inline(always)]
-pub fn submit_with<T: 'static>(ring: &RingBuf, fill: impl FnOnce(&mut T)) -> bool {
+pub fn submit_with<T: 'static>(ring: &RingBuf, wake_bytes: u64, fill: impl FnOnce(&mut T)) -> bool {
     let Some(mut entry) = ring.reserve::<T>(0) else {
         return false;
     };
     fill(unsafe { &mut *entry.as_mut_ptr() });
-    entry.submit(0);
+    let flags = if wake_bytes == 0 {
+        0
+    } else if ring.query(u64::from(BPF_RB_AVAIL_DATA)) >= wake_bytes {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    entry.submit(u64::from(flags));
     true
 }
 
@@ -167,5 +226,72 @@ impl Bytes for Skb<'_> {
     #[inline(always)]
     fn pair_at(&self, l3: usize) -> Option<FlowKey> {
         self.0.load(l3 + IPV4_SADDR).ok()
+    }
+}
+
+/// The linear head of a tc packet, read directly (`data`..`data_end`): no
+/// helper call per field, which is most of what an untraced packet costs.
+/// A read past `data_end` returns `None` and remembers it (`short`), so the
+/// caller can read the packet again through [`Skb`] when the headers run
+/// on into paged data.
+pub struct Linear {
+    data: usize,
+    end: usize,
+    short: core::cell::Cell<bool>,
+}
+
+impl Linear {
+    #[inline(always)]
+    pub fn new(ctx: &TcContext) -> Self {
+        Linear {
+            data: ctx.data(),
+            end: ctx.data_end(),
+            short: core::cell::Cell::new(false),
+        }
+    }
+
+    /// Whether some read ran past the linear head.
+    #[inline(always)]
+    pub fn was_short(&self) -> bool {
+        self.short.get()
+    }
+
+    /// Address of `N` readable bytes at `at`, checked against `data_end`.
+    #[inline(always)]
+    fn at<const N: usize>(&self, at: usize) -> Option<*const u8> {
+        // Hidden from the optimizer, so that each read keeps its own
+        // check in the form the verifier follows (see `[u8]`'s Bytes).
+        let at = core::hint::black_box(at);
+        if at >= LINEAR_MAX {
+            return None;
+        }
+        let start = self.data + at;
+        // Compared as `start + N > end`, not folded into `start >= end`:
+        // only the former gives the verifier a range for `start`.
+        if core::hint::black_box(start + N) > self.end {
+            self.short.set(true);
+            return None;
+        }
+        Some(start as *const u8)
+    }
+}
+
+impl Bytes for Linear {
+    #[inline(always)]
+    fn u8_at(&self, at: usize) -> Option<u8> {
+        self.at::<1>(at).map(|p| unsafe { *p })
+    }
+
+    #[inline(always)]
+    fn u16_at(&self, at: usize) -> Option<u16> {
+        let p = self.at::<2>(at)?;
+        Some(u16::from_be_bytes(unsafe { [*p, *p.add(1)] }))
+    }
+
+    /// One bounds check for the whole pair.
+    #[inline(always)]
+    fn pair_at(&self, l3: usize) -> Option<FlowKey> {
+        let p = self.at::<8>(l3 + IPV4_SADDR)?;
+        Some(unsafe { core::ptr::read_unaligned(p as *const FlowKey) })
     }
 }

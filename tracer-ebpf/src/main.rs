@@ -5,12 +5,15 @@
 //! ring buffer. They never change a packet or its fate: they return
 //! TC_ACT_UNSPEC (TCX_NEXT), so the next program on the hook (a CNI's) and
 //! the kernel's own path run as if podtrace were not there.
+//! In profile mode they aggregate step latencies in the kernel instead
+//! (`profile.rs`).
 #![no_std]
 #![no_main]
 
 mod drops;
 mod kernel;
 mod maps;
+mod profile;
 mod sighting;
 mod tc_sightings;
 

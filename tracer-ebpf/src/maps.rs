@@ -2,11 +2,11 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
-use podtrace_common::{counter, node_addr, FlowKey, TunnelKey, ANY_VNI};
+use podtrace_common::{counter, maybe_traced, node_addr, AddrBits, FlowKey, TunnelKey, ANY_VNI};
 
-use crate::kernel::{contains, global, lookup, with_per_cpu};
+use crate::kernel::{contains, global, lookup, with_array, with_per_cpu};
 
 /// Both directions of every traced pair, with room to spare.
 const MAX_FLOWS: u32 = 1024;
@@ -17,12 +17,17 @@ const MAX_TUNNELS: u32 = 16;
 /// Node addresses: the node's own and every other node's.
 const MAX_NODE_ADDRS: u32 = 8192;
 
-/// 4 MiB: a burst of some 20,000 sightings before userspace must drain.
+/// 4 MiB unless userspace says (`--ring-buffer`, 16 MiB by default).
 const SIGHTINGS_BYTES: u32 = 1 << 22;
 
 /// Traced (src, dst) pairs; filled by userspace.
 #[map(name = "FLOWS")]
 pub static FLOWS: HashMap<FlowKey, u8> = HashMap::with_max_entries(MAX_FLOWS, 0);
+
+/// The traced addresses' bits (`AddrBits`), one entry: the pre-filter
+/// before FLOWS. An array lookup the verifier inlines.
+#[map(name = "ADDR_BITS")]
+static ADDR_BITS: Array<AddrBits> = Array::with_max_entries(1, 0);
 
 /// The node's tunnels (VXLAN/Geneve port and VNI, IPIP); filled by
 /// userspace from the node's devices.
@@ -48,6 +53,25 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT
 #[unsafe(no_mangle)]
 pub static NODE_ID: u32 = 0;
 
+/// `--sample N`: one traced packet in N is reported (0 or 1: all).
+#[unsafe(no_mangle)]
+pub static SAMPLE: u32 = 0;
+
+/// Records wake userspace only once this many bytes wait in the ring;
+/// below, userspace polls on a timer (no wakeup per record at line rate).
+#[unsafe(no_mangle)]
+pub static WAKE_BYTES: u64 = 0;
+
+#[inline(always)]
+pub fn sample() -> u32 {
+    global(&SAMPLE)
+}
+
+#[inline(always)]
+pub fn wake_bytes() -> u64 {
+    global(&WAKE_BYTES)
+}
+
 #[inline(always)]
 pub fn node_id() -> u32 {
     global(&NODE_ID)
@@ -55,7 +79,8 @@ pub fn node_id() -> u32 {
 
 #[inline(always)]
 pub fn is_traced(key: &FlowKey) -> bool {
-    contains(&FLOWS, key)
+    with_array(&ADDR_BITS, 0, |bits| maybe_traced(bits, key)).unwrap_or(false)
+        && contains(&FLOWS, key)
 }
 
 #[inline(always)]

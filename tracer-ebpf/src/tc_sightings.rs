@@ -4,14 +4,15 @@ use aya_ebpf::{bindings::TC_ACT_UNSPEC, macros::classifier, programs::TcContext}
 use podtrace_common::{
     counter,
     headers::{IPV4_PROTOCOL, IPV4_TOS},
-    match_kind,
+    hook_id, match_kind,
     packet::{classify, ethernet_payload, Bytes},
-    sighting_kind, Direction, Sighting, SNAPSHOT_LEN,
+    sampled, sighting_kind, Direction, Sighting, SNAPSHOT_LEN,
 };
 
 use crate::{
-    kernel::{submit_with, Skb},
-    maps::{bump, is_traced, node_id, trusted_tunnel, SIGHTINGS},
+    kernel::{submit_with, Linear, Skb},
+    maps::{bump, is_traced, node_id, sample, trusted_tunnel, wake_bytes, SIGHTINGS},
+    profile,
     sighting::{Meta, Route},
 };
 
@@ -42,19 +43,45 @@ pub fn podtrace_egress_l3(ctx: TcContext) -> i32 {
 #[inline(always)]
 fn observe(ctx: &TcContext, direction: Direction, has_l2: bool) -> i32 {
     let skb = Skb(ctx);
-    let l3 = if has_l2 {
-        ethernet_payload(&skb, 0)
-    } else {
-        Some(0)
-    };
-    if let Some(l3) = l3 {
-        let ifindex = skb.ifindex();
-        let trusted = |outer: &_, tunnel: &_| trusted_tunnel(ifindex, outer, tunnel);
-        if let Some(kind) = classify(&skb, l3, is_traced, trusted) {
+    let ifindex = skb.ifindex();
+    // The linear head, read directly; through the helper only when the
+    // headers run on past it (paged data), which is rare at tc.
+    let linear = Linear::new(ctx);
+    let mut found = matched(&linear, has_l2, ifindex);
+    if found.is_none() && linear.was_short() {
+        found = matched(&skb, has_l2, ifindex);
+    }
+    if let Some((kind, l3)) = found {
+        if profile::enabled() {
+            let id =
+                profile::identify(&linear, l3, kind).or_else(|| profile::identify(&skb, l3, kind));
+            if let Some(id) = id {
+                profile::record(&id, hook_id(ifindex, direction as u8), skb.len());
+            }
+        } else if kept(&linear, &skb, l3, kind) {
             report(&skb, direction, has_l2, kind, l3);
         }
     }
     TC_ACT_UNSPEC
+}
+
+/// Whether `--sample` keeps this packet (always, without it).
+#[inline(always)]
+fn kept(linear: &Linear, skb: &Skb, l3: usize, kind: u8) -> bool {
+    let n = sample();
+    if n <= 1 {
+        return true;
+    }
+    let id = profile::identify(linear, l3, kind).or_else(|| profile::identify(skb, l3, kind));
+    id.is_some_and(|id| sampled(&id, n))
+}
+
+/// How the packet matches the traced flow, and where its IPv4 header is.
+#[inline(always)]
+fn matched<B: Bytes>(b: &B, has_l2: bool, ifindex: u32) -> Option<(u8, usize)> {
+    let l3 = if has_l2 { ethernet_payload(b, 0)? } else { 0 };
+    let trusted = |outer: &_, tunnel: &_| trusted_tunnel(ifindex, outer, tunnel);
+    Some((classify(b, l3, is_traced, trusted)?, l3))
 }
 
 #[inline(always)]
@@ -80,7 +107,7 @@ fn report(skb: &Skb, direction: Direction, has_l2: bool, kind: u8, l3: usize) {
         route,
     };
     // Filled in place: a Sighting is too large for the eBPF stack.
-    let sent = submit_with(&SIGHTINGS, |s: &mut Sighting| {
+    let sent = submit_with(&SIGHTINGS, wake_bytes(), |s: &mut Sighting| {
         let copied = copy_headers(skb, &mut s.snapshot);
         if copied == 0 {
             bump(counter::SNAPSHOT_FAILED);

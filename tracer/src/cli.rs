@@ -43,6 +43,19 @@ pub enum Command {
     /// trace (CNI config and plugins, flannel/calico state, kernel and
     /// firewall, pods without an IP); exit 1 if any check failed.
     Doctor(crate::doctor::DoctorArgs),
+    /// Profile the encapsulation path of SRC ⇄ DST at line rate: per-step
+    /// latency histograms aggregated in the kernel, no record per packet.
+    Profile(ProfileArgs),
+}
+
+/// `podtrace profile SRC DST`.
+#[derive(Debug, clap::Args)]
+pub struct ProfileArgs {
+    #[command(flatten)]
+    pub trace: Args,
+    /// Also draw each step's latency histogram as SVG.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
 }
 
 /// `podtrace read FILE.pcapng`.
@@ -120,14 +133,22 @@ pub struct Args {
     /// At exit, print the latency of every hop-to-hop step (p50/p90/p99).
     #[arg(long)]
     pub profile: bool,
+    /// Set by `podtrace profile`: step histograms in the kernel.
+    #[arg(skip)]
+    pub in_kernel_profile: bool,
     /// Do not add podtrace's nft tracing table: netfilter drops are then
     /// reported without the rule that dropped them.
     #[arg(long)]
     pub no_ruleset_changes: bool,
-    /// The kernel's ring buffer of records, per node (e.g. 4MiB, 64MiB; a
+    /// The kernel's ring buffer of records, per node (e.g. 16MiB, 64MiB; a
     /// power of two from 4KiB). Larger holds longer bursts.
-    #[arg(long, value_name = "SIZE", default_value = "4MiB", value_parser = parse_ring_size)]
+    #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = parse_ring_size)]
     pub ring_buffer: u32,
+    /// Keep one traced packet in N, chosen in the kernel by a hash of the
+    /// packet's identity, so every hop of a kept packet is kept: stories
+    /// of a flow at line rate, without losses.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub sample: u32,
     /// How to attach to tc hooks.
     #[arg(long, value_enum, default_value = "auto")]
     pub attach: AttachMode,

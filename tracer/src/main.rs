@@ -45,6 +45,9 @@ fn main() -> std::process::ExitCode {
                 }
             };
         }
+        (Some(Command::Profile(profile)), _) => {
+            runtime.block_on(podtrace::app::profile::run(profile))
+        }
         // kubectl's plugin dispatch runs `kubectl-podtrace`: cluster mode,
         // unless node-mode inputs (--netns, --pods-file) say otherwise.
         (None, Some(trace))

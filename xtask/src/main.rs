@@ -356,6 +356,8 @@ fn test() -> Result<()> {
 fn bench() -> Result<()> {
     require_root()?;
     setup()?;
+    // The userspace pipeline (criterion: sightings/s as "thrpt").
+    cargo(&["bench", "--package", "podtrace", "--bench", "pipeline"])?;
     cargo(&[
         "test",
         "--release",
@@ -363,6 +365,8 @@ fn bench() -> Result<()> {
         "podtrace",
         "--test",
         "bench",
+        "--test",
+        "line_rate",
         "--",
         "--ignored",
         "--nocapture",

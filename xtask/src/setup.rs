@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 
 /// Debian packages: LLVM 22 for bpf-linker, and the tools the lab and the
 /// tests drive (ip, bridge, ping, nft, iptables, bpftool, tshark to read
-/// what `--write` writes).
+/// what `--write` writes; iperf3 and tcpdump for `cargo xtask bench`).
 const APT_PACKAGES: &[&str] = &[
     "llvm-22-dev",
     "libpolly-22-dev",
@@ -22,6 +22,8 @@ const APT_PACKAGES: &[&str] = &[
     "tshark",
     // The tests' listeners and crafted packets inside lab pods.
     "python3",
+    "iperf3",
+    "tcpdump",
 ];
 
 /// Answers for debconf, so that installing stays non-interactive:

@@ -22,7 +22,10 @@ pub const IPV4_HLEN: usize = 20;
 pub const IPV4_VER_IHL: usize = 0;
 pub const IPV4_TOS: usize = 1;
 pub const IPV4_TOT_LEN: usize = 2;
+pub const IPV4_ID: usize = 4;
 pub const IPV4_FRAG_OFF: usize = 6;
+/// The fragment offset's bits of `frag_off`.
+pub const IPV4_OFFSET_MASK: u16 = 0x1fff;
 pub const IPV4_PROTOCOL: usize = 9;
 pub const IPV4_SADDR: usize = 12;
 pub const IPV4_DADDR: usize = 16;
@@ -45,6 +48,8 @@ pub const L4_DPORT: usize = 2;
 pub const UDP_HLEN: usize = 8;
 
 pub const TCP_HLEN: usize = 20;
+/// TCP sequence number; ICMP echo id and sequence sit at the same offset.
+pub const L4_SEQ: usize = 4;
 /// Data offset in 32-bit words, in the high nibble.
 pub const TCP_DOFF: usize = 12;
 /// Data offset 5: a header without options.

@@ -162,6 +162,108 @@ pub mod node_addr {
     pub const ANY: [u8; 4] = [0; 4];
 }
 
+/// Key of profile mode's `STAMPS`: one packet (`packet::packet_id`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PacketId {
+    pub pair: FlowKey,
+    pub ip_id: u16,
+    pub protocol: u8,
+    pub _pad: u8,
+    pub l4: u32,
+}
+
+/// Where and when profile mode last saw a packet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Stamp {
+    pub ktime_ns: u64,
+    /// [`hook_id`] of the hook.
+    pub hook: u32,
+    pub skb_len: u32,
+}
+
+/// `--sample N`: whether packet `id` is one of the 1 in `n` kept. The
+/// same on every hook, so a sampled packet keeps all its hops.
+#[inline(always)]
+pub fn sampled(id: &PacketId, n: u32) -> bool {
+    if n <= 1 {
+        return true;
+    }
+    let words = [
+        u32::from_ne_bytes(id.pair.src),
+        u32::from_ne_bytes(id.pair.dst),
+        u32::from(id.ip_id) << 8 | u32::from(id.protocol),
+        id.l4,
+    ];
+    let mut h: u32 = 0x811c_9dc5;
+    for w in words {
+        h = (h ^ w).wrapping_mul(0x0100_0193);
+        h ^= h >> 15;
+    }
+    h.is_multiple_of(n)
+}
+
+/// A hook as profile mode names it: ifindex and direction.
+#[inline(always)]
+pub const fn hook_id(ifindex: u32, direction: u8) -> u32 {
+    ifindex << 1 | direction as u32
+}
+
+/// Key of profile mode's `STEPS`: from one hook to the next on one node.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StepKey {
+    pub from: u32,
+    pub to: u32,
+}
+
+/// Linear buckets of one µs each, below this many µs.
+pub const HIST_LINEAR_US: usize = 100;
+/// Log2 buckets of ns, at and above `HIST_LINEAR_US`: bucket k holds
+/// [2^k, 2^(k+1)) ns.
+pub const HIST_LOG2: usize = 40;
+
+/// The latency histogram of one step, per CPU; userspace sums the CPUs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Histogram {
+    pub count: u64,
+    pub sum_ns: u64,
+    pub max_ns: u64,
+    /// Sum of (skb length at `to` − at `from`), two's complement: the
+    /// encapsulation's bytes, or a decapsulation's as negative.
+    pub bytes_added: u64,
+    pub linear: [u64; HIST_LINEAR_US],
+    pub log2: [u64; HIST_LOG2],
+}
+
+/// The traced addresses as a bitmap (`ADDR_BITS`, one entry): a pair can
+/// be traced only if both its addresses' bits are set, so an untraced
+/// packet is turned away by one inlined array read instead of a hash
+/// lookup. A superset: FLOWS still decides.
+pub type AddrBits = [u64; ADDR_BITS_WORDS];
+pub const ADDR_BITS_WORDS: usize = 16;
+
+/// The bit of `ip` in [`AddrBits`]: a Fibonacci hash of the address.
+#[inline(always)]
+pub fn addr_bit(ip: [u8; 4]) -> usize {
+    let h = u32::from_ne_bytes(ip).wrapping_mul(0x9e37_79b1);
+    (h >> (32 - ADDR_BITS_LOG2)) as usize
+}
+const ADDR_BITS_LOG2: u32 = 10;
+const _: () = assert!(ADDR_BITS_WORDS * 64 == 1 << ADDR_BITS_LOG2);
+
+/// Whether the bits of both addresses of `key` are set in `bits`.
+#[inline(always)]
+pub fn maybe_traced(bits: &AddrBits, key: &FlowKey) -> bool {
+    let set = |ip: [u8; 4]| {
+        let bit = addr_bit(ip);
+        bits[(bit / 64) % ADDR_BITS_WORDS] & (1u64 << (bit % 64)) != 0
+    };
+    set(key.src) && set(key.dst)
+}
+
 /// Indexes into the per-CPU counter array.
 pub mod counter {
     /// A matching packet found the ring buffer full and was not reported.
@@ -175,6 +277,11 @@ pub mod counter {
 /// twice.
 pub mod names {
     pub const FLOWS: &str = "FLOWS";
+    pub const ADDR_BITS: &str = "ADDR_BITS";
+    pub const PROFILE: &str = "PROFILE";
+    pub const SAMPLE: &str = "SAMPLE";
+    pub const WAKE_BYTES: &str = "WAKE_BYTES";
+    pub const STEPS: &str = "STEPS";
     pub const SIGHTINGS: &str = "SIGHTINGS";
     pub const COUNTERS: &str = "COUNTERS";
     pub const NODE_ID: &str = "NODE_ID";
@@ -199,6 +306,9 @@ const _: () = assert!(core::mem::align_of::<Sighting>() == 8);
 const _: () = assert!(core::mem::offset_of!(Sighting, snapshot) == 56);
 const _: () = assert!(core::mem::size_of::<KernelLayout>() == 15 * 4);
 const _: () = assert!(core::mem::size_of::<FlowKey>() == 8);
+const _: () = assert!(core::mem::size_of::<PacketId>() == 16);
+const _: () = assert!(core::mem::size_of::<Stamp>() == 16);
+const _: () = assert!(core::mem::size_of::<Histogram>() == 8 * (4 + HIST_LINEAR_US + HIST_LOG2));
 const _: () = assert!(core::mem::size_of::<TunnelKey>() == 8);
 const _: () = assert!(core::mem::size_of::<[u32; MAX_NODES]>() == 32);
 const _: () = assert!(packet::SOCKET_HEADER_LEN <= SNAPSHOT_LEN);
@@ -210,4 +320,6 @@ mod user {
     unsafe impl aya::Pod for super::FlowKey {}
     unsafe impl aya::Pod for super::TunnelKey {}
     unsafe impl aya::Pod for super::KernelLayout {}
+    unsafe impl aya::Pod for super::StepKey {}
+    unsafe impl aya::Pod for super::Histogram {}
 }

@@ -8,7 +8,7 @@
 //! follow.
 
 use crate::headers::*;
-use crate::{match_kind, FlowKey, TunnelKey, ANY_VNI};
+use crate::{match_kind, FlowKey, PacketId, TunnelKey, ANY_VNI};
 
 /// Packet bytes at offsets from where parsing starts; `None` past the end
 /// (or when the read fails).
@@ -147,10 +147,44 @@ pub fn classify<B: Bytes + ?Sized>(
         return Some(match_kind::PLAIN);
     }
     let (inner, tunnel) = tunnel_inner_ip(b, l3)?;
-    if !trusted(&outer, &tunnel) {
+    // The inner pair first: an untraced packet then costs one lookup per
+    // header, and only a traced one pays for the trust checks.
+    if !traced(&b.pair_at(inner)?) {
         return None;
     }
-    traced(&b.pair_at(inner)?).then_some(match_kind::INNER)
+    trusted(&outer, &tunnel).then_some(match_kind::INNER)
+}
+
+/// What tells one packet from another on every hook of its way (profile
+/// mode): its traced pair (the inner one through a tunnel), IP ID and
+/// protocol, and a word of L4 (TCP sequence, ICMP id and sequence, UDP
+/// ports; the fragment offset for a later fragment).
+#[inline(always)]
+pub fn packet_id<B: Bytes + ?Sized>(b: &B, l3: usize, kind: u8) -> Option<PacketId> {
+    let ip = if kind == match_kind::INNER {
+        tunnel_inner_ip(b, l3)?.0
+    } else {
+        l3
+    };
+    let l4 = ip + ipv4_header_len(b, ip)?;
+    let protocol = b.u8_at(ip + IPV4_PROTOCOL)?;
+    let offset = b.u16_at(ip + IPV4_FRAG_OFF)? & IPV4_OFFSET_MASK;
+    let word_at = |at: usize| -> Option<u32> {
+        Some(u32::from(b.u16_at(at)?) << 16 | u32::from(b.u16_at(at + 2)?))
+    };
+    let l4_word = match protocol {
+        _ if offset != 0 => u32::from(offset),
+        IPPROTO_TCP | IPPROTO_ICMP => word_at(l4 + L4_SEQ)?,
+        IPPROTO_UDP => word_at(l4 + L4_SPORT)?,
+        _ => 0,
+    };
+    Some(PacketId {
+        pair: b.pair_at(ip)?,
+        ip_id: b.u16_at(ip + IPV4_ID)?,
+        protocol,
+        _pad: 0,
+        l4: l4_word,
+    })
 }
 
 /// Writes, at the start of `b`, the IPv4 header plus the first

@@ -153,7 +153,7 @@ impl Session {
         ctx.why_rule_unnamed = if args.no_ruleset_changes {
             "rule tracing is off (--no-ruleset-changes)"
         } else {
-            "no DROP verdict was traced for this packet"
+            crate::probe::netfilter::UNTRACED_DROP
         };
         Self {
             agents: BTreeMap::new(),

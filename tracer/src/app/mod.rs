@@ -11,6 +11,7 @@
 pub mod agent;
 pub mod front;
 mod losses;
+pub mod profile;
 mod replay;
 mod stop;
 mod teller;
@@ -123,7 +124,7 @@ async fn resolve(args: &Args) -> Result<Resolved> {
         (false, Backend::Missing) => Some("iptables is not installed here"),
         (false, Backend::Nft) => None,
     };
-    ctx.why_rule_unnamed = why_rule_unnamed.unwrap_or("no DROP verdict was traced for this packet");
+    ctx.why_rule_unnamed = why_rule_unnamed.unwrap_or(crate::probe::netfilter::UNTRACED_DROP);
     Ok(Resolved {
         targets,
         namespaces,
@@ -211,6 +212,8 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         traced_netns,
         mode: args.attach,
         ring_bytes: args.ring_buffer,
+        profile: args.in_kernel_profile,
+        sample: args.sample,
         link_tx,
         netfilter_tx: why_rule_unnamed.is_none().then_some(netfilter_tx),
         pairs,
@@ -300,6 +303,7 @@ async fn stream(
     }
     let mut summary = Summary {
         hooks_attached: trace.nodes.iter().map(TracedNode::hooks).sum(),
+        sample: args.sample,
         ..Default::default()
     };
     let correlator = Correlator::new(Waits {

@@ -38,6 +38,10 @@ pub struct Shared<'a> {
     pub traced_netns: [u32; MAX_NODES],
     pub mode: AttachMode,
     pub ring_bytes: u32,
+    /// Profile mode (`podtrace profile`).
+    pub profile: bool,
+    /// `--sample N`.
+    pub sample: u32,
     pub link_tx: mpsc::UnboundedSender<(u32, LinkChange)>,
     /// Where netfilter drops go, when rule tracing is on.
     pub netfilter_tx: Option<mpsc::UnboundedSender<(u32, TracedRule)>>,
@@ -109,6 +113,8 @@ impl TracedNode {
             mode: shared.mode,
             tunnels: &tunnels,
             ring_bytes: shared.ring_bytes,
+            profile: shared.profile,
+            sample: shared.sample,
         };
         let probe = NodeProbe::attach(&spec, &watched).with_context(|| format!("node {name}"))?;
         // The subscription socket stays bound to the namespace it was opened in.

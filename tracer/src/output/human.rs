@@ -124,6 +124,12 @@ pub fn human_profile(steps: &[StepLatency]) -> String {
 
 pub fn human_summary(s: &Summary) -> String {
     let mut text = node_mode_summary(s);
+    if s.sample > 1 {
+        text.push_str(&format!(
+            "podtrace: sampled: 1 packet in {} told (chosen in the kernel by packet identity, every hop of it kept)\n",
+            s.sample
+        ));
+    }
     for n in &s.nodes {
         text.push_str(&format!(
             "podtrace: {}: traced by agent {}: {} sightings; lost: {} in the kernel, {} in the agent, {} on the way here{}\n",

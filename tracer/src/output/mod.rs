@@ -11,6 +11,7 @@ mod human;
 mod json;
 pub mod pcapng;
 pub mod pcapng_read;
+pub mod plot;
 
 use std::io::Write;
 
@@ -46,6 +47,9 @@ pub struct Summary {
     /// Interfaces that appeared during the trace and were attached.
     pub interfaces_added: u64,
     pub hooks_attached: usize,
+    /// `--sample N`: one traced packet in N was told (absent: all).
+    #[serde(skip_serializing_if = "all_told")]
+    pub sample: u32,
     /// Cluster mode: records the agents could not queue for output.
     pub lost_agent: u64,
     /// Cluster mode: records lost between the agents and the front-end.
@@ -56,6 +60,10 @@ pub struct Summary {
     /// Cluster mode: the cluster's nodes that were not traced.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub untraced_nodes: Vec<String>,
+}
+
+fn all_told(sample: &u32) -> bool {
+    *sample <= 1
 }
 
 /// One traced node's part of a cluster-mode summary.

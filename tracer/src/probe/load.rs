@@ -8,11 +8,12 @@ use std::mem::ManuallyDrop;
 
 use anyhow::{anyhow, Context, Result};
 use aya::{
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array as BpfArray, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     Btf, Ebpf, EbpfLoader,
 };
 use podtrace_common::{
-    counter, names, node_addr, FlowKey, KernelLayout, Sighting, TunnelKey, MAX_NODES,
+    addr_bit, counter, names, node_addr, AddrBits, FlowKey, Histogram, KernelLayout, Sighting,
+    StepKey, TunnelKey, MAX_NODES,
 };
 use tokio::{io::unix::AsyncFd, sync::mpsc};
 
@@ -39,7 +40,15 @@ pub struct ProbeSpec<'a> {
     pub tunnels: &'a TunnelTrust,
     /// Bytes of the ring buffer of records.
     pub ring_bytes: u32,
+    /// Profile mode: step histograms in the kernel, no records per packet.
+    pub profile: bool,
+    /// `--sample N`: one packet in N reported, every hop of it (1: all).
+    pub sample: u32,
 }
+
+/// How often the ring is drained when no wakeup came: records wake
+/// userspace only once a quarter of the ring waits.
+const RING_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// The programs of one node, attached; dropping it detaches everything.
 pub struct NodeProbe {
@@ -82,6 +91,9 @@ impl NodeProbe {
             .override_global(names::LAYOUT, spec.layout, true)
             .override_global(names::NETNS_INUM, &spec.netns.inum, true)
             .override_global(names::TRACED_NETNS, spec.traced_netns, true)
+            .override_global(names::PROFILE, &u32::from(spec.profile), true)
+            .override_global(names::SAMPLE, &spec.sample, true)
+            .override_global(names::WAKE_BYTES, &(u64::from(spec.ring_bytes) / 4), true)
             .map_max_entries(names::SIGHTINGS, spec.ring_bytes)
             .load(EBPF_OBJECT)
             .context("cannot load the eBPF programs")?;
@@ -134,27 +146,31 @@ impl NodeProbe {
         let mut ring = unsafe { AsyncFd::register(ring) }
             .map_err(|e| anyhow!("cannot poll the ring buffer: {e}"))?;
         tokio::spawn(async move {
+            let mut poll = tokio::time::interval(RING_POLL);
+            poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                let Ok(mut guard) = ring.readable_mut().await else {
-                    return;
-                };
-                // Clear before draining: a wakeup that lands while we drain
-                // must stay pending, or the ring stalls with data in it.
-                guard.clear_ready();
-                let ring = guard.get_inner_mut();
-                while let Some(item) = ring.next() {
-                    if item.len() >= std::mem::size_of::<Sighting>() {
-                        // SAFETY: the kernel wrote a whole Sighting here.
-                        let s =
-                            unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<Sighting>()) };
-                        if tx.send(s).is_err() {
+                tokio::select! {
+                    guard = ring.readable_mut() => {
+                        let Ok(mut guard) = guard else { return };
+                        // Clear before draining: a wakeup that lands while
+                        // we drain must stay pending, or the ring stalls.
+                        guard.clear_ready();
+                        if !drain(guard.get_inner_mut(), &tx) {
                             return;
                         }
                     }
+                    _ = poll.tick() => if !drain(ring.get_mut(), &tx) {
+                        return;
+                    },
                 }
             }
         });
         Ok(())
+    }
+
+    /// Profile mode's step histograms, summed over CPUs.
+    pub fn steps(&self) -> Result<Vec<(StepKey, Histogram)>> {
+        super::profile::read_steps(&self.ebpf)
     }
 
     /// The kernel-side loss counters, summed over CPUs.
@@ -170,6 +186,20 @@ impl NodeProbe {
         }
         Ok(out)
     }
+}
+
+/// Forwards every record waiting in `ring`; false once nobody listens.
+fn drain(ring: &mut RingBuf<MapData>, tx: &mpsc::UnboundedSender<Sighting>) -> bool {
+    while let Some(item) = ring.next() {
+        if item.len() >= std::mem::size_of::<Sighting>() {
+            // SAFETY: the kernel wrote a whole Sighting here.
+            let s = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<Sighting>()) };
+            if tx.send(s).is_err() {
+                return false;
+            }
+        }
+    }
+    true
 }
 
 /// Fills the maps that say where a packet's inner header may be read.
@@ -201,25 +231,70 @@ fn map<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::maps::Map> {
     ebpf.map_mut(name).ok_or_else(|| anyhow!("no {name} map"))
 }
 
-/// The kernel's filter of traced pairs (both eBPF programs read it).
-struct FlowFilter<'a>(BpfHashMap<&'a mut MapData, FlowKey, u8>);
+/// The kernel's filter of traced pairs (both eBPF programs read it), and
+/// its pre-filter of traced addresses' bits.
+struct FlowFilter<'a> {
+    flows: BpfHashMap<&'a mut MapData, FlowKey, u8>,
+    bits: BpfArray<&'a mut MapData, AddrBits>,
+}
 
 fn flow_filter(ebpf: &mut Ebpf) -> Result<FlowFilter<'_>> {
-    let map = ebpf
-        .map_mut(names::FLOWS)
-        .ok_or_else(|| anyhow!("no FLOWS map"))?;
-    Ok(FlowFilter(BpfHashMap::try_from(map)?))
+    let [flows, bits] = ebpf.maps_disjoint_mut([names::FLOWS, names::ADDR_BITS]);
+    let flows = flows.ok_or_else(|| anyhow!("no FLOWS map"))?;
+    let bits = bits.ok_or_else(|| anyhow!("no ADDR_BITS map"))?;
+    Ok(FlowFilter {
+        flows: BpfHashMap::try_from(flows)?,
+        bits: BpfArray::try_from(bits)?,
+    })
+}
+
+/// The bits of every address of `keys`.
+pub fn addr_bits<'a>(keys: impl IntoIterator<Item = &'a FlowKey>) -> AddrBits {
+    let mut bits = AddrBits::default();
+    for key in keys {
+        for ip in [key.src, key.dst] {
+            let bit = addr_bit(ip);
+            bits[bit / 64] |= 1 << (bit % 64);
+        }
+    }
+    bits
 }
 
 impl FlowFilter<'_> {
     fn replace(&mut self, old: &[FlowKey], new: &[FlowKey]) -> Result<()> {
+        // Old and new bits while FLOWS changes, so no traced pair is
+        // turned away; then the bits of what FLOWS holds.
+        let current: Vec<FlowKey> = self.flows.keys().collect::<Result<_, _>>()?;
+        let all = current.iter().chain(new);
+        self.bits.set(0, addr_bits(all), 0)?;
         for key in old {
             // Absent already is fine: the pair may have changed twice.
-            let _ = self.0.remove(key);
+            let _ = self.flows.remove(key);
         }
         for key in new {
-            self.0.insert(key, 1, 0)?;
+            self.flows.insert(key, 1, 0)?;
         }
+        let current: Vec<FlowKey> = self.flows.keys().collect::<Result<_, _>>()?;
+        self.bits.set(0, addr_bits(&current), 0)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use podtrace_common::maybe_traced;
+
+    #[test]
+    fn address_bits_let_traced_pairs_through() {
+        let pair = |a: u8, b: u8| FlowKey {
+            src: [10, 244, 1, a],
+            dst: [10, 244, 2, b],
+        };
+        let bits = addr_bits(&[pair(2, 2)]);
+        assert!(maybe_traced(&bits, &pair(2, 2)));
+        let turned_away = (3..=250).filter(|&i| !maybe_traced(&bits, &pair(i, i)));
+        // Both bits of an untraced pair are rarely both set.
+        assert!(turned_away.count() > 240);
     }
 }

@@ -6,6 +6,7 @@
 //! - `netfilter`: nftables packet tracing (which rule dropped a packet);
 //! - `link_watch`: interfaces that come and go during a trace;
 //! - `btf`: the running kernel's struct layout, since Rust eBPF has no CO-RE;
+//! - `profile`: profile mode's step histograms, read from the kernel;
 //! - `load`: one node's probe, the eBPF object loaded with its globals;
 //! - `run_registry`: which run owns which filter and table, alive or not.
 
@@ -14,6 +15,7 @@ pub mod drops;
 pub mod link_watch;
 mod load;
 pub mod netfilter;
+pub mod profile;
 pub mod run_registry;
 pub mod tc;
 

@@ -262,13 +262,26 @@ impl NodeTrace {
     }
 }
 
+/// Packets per second and direction that are traced through the rules.
+/// Every rule a traced packet crosses costs the kernel a netlink event;
+/// tracing a flood would double its latency. Beyond the first
+/// [`TRACED_PER_SECOND`] a second (a burst of as many), packets go
+/// untraced: a failing connection's few packets are all traced, a flood's
+/// first ones and then a steady sample.
+pub const TRACED_PER_SECOND: u32 = 5;
+
+/// Why a netfilter drop's rule is not named although rule tracing is on.
+pub const UNTRACED_DROP: &str =
+    "no DROP verdict was traced for this packet (rule tracing follows 5 packets/s per direction)";
+
 /// The rules that mark the traced pairs for tracing, before raw.
 fn trace_rules(table: &str, pairs: &[(Ipv4Addr, Ipv4Addr)]) -> String {
     let mut rules = String::new();
+    let limit = format!("limit rate {TRACED_PER_SECOND}/second burst {TRACED_PER_SECOND} packets");
     for (src, dst) in pairs {
         for chain in ["prerouting", "output"] {
             rules.push_str(&format!(
-                "add rule inet {table} {chain} ip saddr {src} ip daddr {dst} meta nftrace set 1\n"
+                "add rule inet {table} {chain} ip saddr {src} ip daddr {dst} {limit} meta nftrace set 1\n"
             ));
         }
     }
@@ -375,6 +388,19 @@ PACKET: 2 beb3af5f IN=cni0 OUT=flannel.1 MACSRC=2:be:d0:67:2e:79 MACDST=be:76:ad
  TRACE: 2 beb3af5f filter:cali-FORWARD:rule:0x7:JUMP:cali-tw-veth1  -4 -t filter -A cali-FORWARD -j cali-tw-veth1
  TRACE: 2 beb3af5f filter:cali-tw-veth1:rule:0x8:DROP  -4 -t filter -A cali-tw-veth1 -m comment --comment "cali:1" -m comment --comment "Drop if no profiles matched" -j DROP
 "#;
+
+    #[test]
+    fn tracing_is_rate_limited_per_pair_and_says_so() {
+        let pair = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let rules = trace_rules("t", &[pair]);
+        assert_eq!(
+            rules
+                .matches("limit rate 5/second burst 5 packets meta nftrace set 1")
+                .count(),
+            2
+        );
+        assert!(UNTRACED_DROP.contains(&format!("{TRACED_PER_SECOND} packets/s")));
+    }
 
     #[test]
     fn the_dropping_rule_is_named_with_its_user_chain_and_hook() {

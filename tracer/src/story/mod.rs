@@ -14,6 +14,7 @@ pub mod journey;
 pub mod nat;
 mod notes;
 pub mod profile;
+pub mod steps;
 mod verdict;
 
 use std::net::Ipv4Addr;

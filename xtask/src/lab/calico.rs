@@ -43,12 +43,7 @@ impl Cni for Calico {
                 ),
             )?;
         }
-        for pod in lab.pods_on(node) {
-            cmd::netns_add(&pod.netns)?;
-            host_side(&ns, &pod)?;
-            pod_side(&pod)?;
-        }
-        Ok(())
+        pods(lab, &ns, node)
     }
 
     fn node_annotations(&self, _lab: &Lab, node: u8) -> Value {
@@ -56,6 +51,16 @@ impl Cni for Calico {
             "projectcalico.org/IPv4Address": format!("{}/24", Lab::node_ip(node)),
         })
     }
+}
+
+/// Every pod of the node, wired as Calico wires them (BGP or VXLAN mode).
+pub(super) fn pods(lab: &Lab, ns: &str, node: u8) -> Result<()> {
+    for pod in lab.pods_on(node) {
+        cmd::netns_add(&pod.netns)?;
+        host_side(ns, &pod)?;
+        pod_side(&pod)?;
+    }
+    Ok(())
 }
 
 /// The `cali…` end: Calico's MAC, proxy ARP, and the pod's /32 route.

@@ -1,5 +1,5 @@
 //! The lab: a two-node Kubernetes-like cluster in network namespaces,
-//! wired as Flannel (vxlan, host-gw) or Calico (BGP) wire real nodes.
+//! wired as Flannel (vxlan, host-gw) or Calico (BGP, VXLAN) wire real nodes.
 //!
 //! Everything lives in namespaces named `<prefix>-…`; nothing is linked to
 //! the root namespace, and `down` deletes every namespace with the prefix.
@@ -11,6 +11,7 @@
 //! plus one [`Topology`] variant.
 
 mod calico;
+mod calico_vxlan;
 mod cmd;
 pub mod flannel;
 mod flannel_host_gw;
@@ -36,6 +37,7 @@ pub enum Topology {
     FlannelVxlan,
     FlannelHostGw,
     Calico,
+    CalicoVxlan,
 }
 
 /// What one CNI decides about a lab: names, addresses and node wiring.
@@ -58,6 +60,7 @@ impl Topology {
             Self::FlannelVxlan => &flannel::Flannel(flannel_vxlan::Vxlan),
             Self::FlannelHostGw => &flannel::Flannel(flannel_host_gw::HostGw),
             Self::Calico => &calico::Calico,
+            Self::CalicoVxlan => &calico_vxlan::CalicoVxlan,
         }
     }
 

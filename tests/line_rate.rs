@@ -1,0 +1,281 @@
+//! `cargo xtask bench`, at line rate: iperf3 TCP across VXLAN between two
+//! lab pods, in interleaved rounds of every case (untraced, podtrace on
+//! another pair, per-packet on the flow, profile mode, tcpdump likewise),
+//! then `podtrace profile` of the same flow on every lab topology.
+//! Numbers, not asserts.
+
+#[allow(dead_code)]
+mod support;
+
+#[allow(dead_code)]
+mod datapath;
+
+use std::{
+    collections::BTreeMap,
+    process::{Child, Stdio},
+    time::Duration,
+};
+
+use serde_json::Value;
+use support::*;
+use xtask::{
+    lab::{in_netns, Lab, Topology},
+    podtrace_run,
+};
+
+const ROUNDS: usize = 3;
+const SECONDS: u32 = 3;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Case {
+    Untraced,
+    PodtraceOtherPair,
+    PodtracePerPacket,
+    PodtraceSample100,
+    PodtraceProfile,
+    TcpdumpOtherPair,
+    TcpdumpFlow,
+}
+
+const CASES: [Case; 7] = [
+    Case::Untraced,
+    Case::PodtraceOtherPair,
+    Case::PodtracePerPacket,
+    Case::PodtraceSample100,
+    Case::PodtraceProfile,
+    Case::TcpdumpOtherPair,
+    Case::TcpdumpFlow,
+];
+
+/// One run of one case: throughput, and what the tracer said.
+#[derive(Default)]
+struct Run {
+    bits: f64,
+    lost: u64,
+    cpu_percent: f64,
+    rss_kib: u64,
+    prog_ns: BTreeMap<String, (u64, u64)>,
+}
+
+#[test]
+#[ignore = "benchmark: run with cargo xtask bench"]
+fn line_rate_cases() {
+    let lab = lab(Topology::FlannelVxlan);
+    let _stats = datapath::BpfStats::enable();
+    let mut runs: BTreeMap<Case, Vec<Run>> = BTreeMap::new();
+    for _ in 0..ROUNDS {
+        for case in CASES {
+            runs.entry(case).or_default().push(run(&lab.0, case));
+        }
+    }
+    let bare = median(runs[&Case::Untraced].iter().map(|r| r.bits).collect());
+    println!(
+        "line rate: iperf3 TCP web-0 → db-0 across flannel.1 (VXLAN), {ROUNDS} interleaved rounds of {SECONDS} s; medians"
+    );
+    println!("  untraced: {:.2} Gbit/s", bare / 1e9);
+    for case in &CASES[1..] {
+        let r = &runs[case];
+        let bits = median(r.iter().map(|r| r.bits).collect());
+        let lost: u64 = r.iter().map(|r| r.lost).sum();
+        let cpu = median(r.iter().map(|r| r.cpu_percent).collect());
+        let rss = r.iter().map(|r| r.rss_kib).max().unwrap_or(0);
+        let mut progs: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+        for (name, (runs, ns)) in r.iter().flat_map(|r| r.prog_ns.iter()) {
+            let e = progs.entry(name.clone()).or_default();
+            e.0 += runs;
+            e.1 += ns;
+        }
+        println!(
+            "  {case:?}: {:.2} Gbit/s ({:.2}× untraced); lost {lost}; CPU {cpu:.0}%, RSS {rss} KiB{}",
+            bits / 1e9,
+            bits / bare,
+            if progs.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", datapath::format_stats(&progs))
+            }
+        );
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn run(lab: &Lab, case: Case) -> Run {
+    match case {
+        Case::Untraced => Run {
+            bits: datapath::iperf(lab, "web-0", "db-0", SECONDS).0,
+            ..Run::default()
+        },
+        Case::PodtraceOtherPair => podtrace(lab, &["web-1", "db-1"]),
+        Case::PodtracePerPacket => podtrace(lab, &["web-0", "db-0"]),
+        Case::PodtraceSample100 => podtrace(lab, &["web-0", "db-0", "--sample", "100"]),
+        Case::PodtraceProfile => podtrace(lab, &["profile", "web-0", "db-0"]),
+        Case::TcpdumpOtherPair => tcpdump(lab, "web-1", "db-1"),
+        Case::TcpdumpFlow => tcpdump(lab, "web-0", "db-0"),
+    }
+}
+
+/// podtrace with `first` arguments, on both nodes, while iperf3 runs. Its
+/// output goes to a file: a pipe nobody reads until the end would stall it.
+fn podtrace(lab: &Lab, first: &[&str]) -> Run {
+    let out = std::env::temp_dir().join(format!("podtrace-bench-{}.json", std::process::id()));
+    let mut command = std::process::Command::new(PODTRACE);
+    command
+        .args(first)
+        .args(["-o", "json"])
+        .args(lab_args(lab, &[1, 2]))
+        .stdout(std::fs::File::create(&out).expect("bench output"));
+    let mut tracing = podtrace_run::start(command, Duration::from_secs(20)).expect("podtrace");
+    let pid = tracing.child.id() as i32;
+    let cpu_before = datapath::cpu_seconds(pid);
+    let bits = datapath::iperf(lab, "web-0", "db-0", SECONDS).0;
+    let cpu_percent = (datapath::cpu_seconds(pid) - cpu_before) / f64::from(SECONDS) * 100.0;
+    let rss_kib = rss(pid);
+    let prog_ns = datapath::prog_stats(pid);
+    // SAFETY: a child we own.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let _ = tracing.child.wait();
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    let _ = std::fs::remove_file(&out);
+    let summary: Option<Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["type"] == "summary");
+    let lost = summary.map_or(0, |s| {
+        s["lost_ringbuf_full"].as_u64().unwrap_or(0) + s["lost_snapshot"].as_u64().unwrap_or(0)
+    });
+    Run {
+        bits,
+        lost,
+        cpu_percent,
+        rss_kib,
+        prog_ns,
+    }
+}
+
+fn rss(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// tcpdump (snaplen 128) on every interface of both nodes, filtered to
+/// the pair `a` ⇄ `b` and the VXLAN port, while iperf3 runs web-0 → db-0.
+fn tcpdump(lab: &Lab, a: &str, b: &str) -> Run {
+    let filter = format!(
+        "(host {} and host {}) or udp port 8472",
+        lab.pod(a).ip,
+        lab.pod(b).ip
+    );
+    // The other pair's filter must not match the flow's VXLAN packets.
+    let filter = if a == "web-0" {
+        filter
+    } else {
+        format!("host {} and host {}", lab.pod(a).ip, lab.pod(b).ip)
+    };
+    let mut dumps: Vec<Child> = [1, 2]
+        .iter()
+        .map(|&n| {
+            in_netns(&lab.node_netns(n), "tcpdump")
+                .args(["-i", "any", "-s", "128", "-w", "/dev/null", "-n", &filter])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("tcpdump")
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let cpu_before: f64 = dumps
+        .iter()
+        .map(|c| datapath::cpu_seconds(c.id() as i32))
+        .sum();
+    let bits = datapath::iperf(lab, "web-0", "db-0", SECONDS).0;
+    let cpu: f64 = dumps
+        .iter()
+        .map(|c| datapath::cpu_seconds(c.id() as i32))
+        .sum();
+    let rss_kib = dumps.iter().map(|c| rss(c.id() as i32)).sum();
+    let mut lost = 0;
+    for dump in &mut dumps {
+        // SAFETY: a child we own.
+        unsafe { libc::kill(dump.id() as i32, libc::SIGINT) };
+        let out = std::mem::replace(dump, spawn_true())
+            .wait_with_output()
+            .expect("tcpdump");
+        lost += dropped_by_kernel(&String::from_utf8_lossy(&out.stderr));
+    }
+    for dump in &mut dumps {
+        let _ = dump.wait();
+    }
+    Run {
+        bits,
+        lost,
+        cpu_percent: (cpu - cpu_before) / f64::from(SECONDS) * 100.0,
+        rss_kib,
+        prog_ns: BTreeMap::new(),
+    }
+}
+
+fn spawn_true() -> Child {
+    std::process::Command::new("true").spawn().expect("true")
+}
+
+/// `N packets dropped by kernel` of tcpdump's exit lines.
+fn dropped_by_kernel(stderr: &str) -> u64 {
+    stderr
+        .lines()
+        .find(|l| l.contains("dropped by kernel"))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `podtrace profile` of web-0 → db-0 under iperf3 on every topology:
+/// per-step p50/p99 and the throughput.
+#[test]
+#[ignore = "benchmark: run with cargo xtask bench"]
+fn profile_every_topology() {
+    println!("profile per topology: iperf3 TCP web-0 → db-0, {SECONDS} s, podtrace profile; steps of the sending direction, µs");
+    for topology in [
+        Topology::FlannelVxlan,
+        Topology::FlannelHostGw,
+        Topology::Calico,
+        Topology::CalicoVxlan,
+    ] {
+        let lab = lab(topology);
+        let args = argv(
+            &["profile", "web-0", "db-0", "-o", "json"],
+            lab_args(&lab.0, &[1, 2]),
+        );
+        let trace = Trace::start(&args);
+        let (bits, _) = datapath::iperf(&lab.0, "web-0", "db-0", SECONDS);
+        trace.signal(libc::SIGINT);
+        let done = trace.finish();
+        let lines = done.json();
+        println!("  {} ({:.2} Gbit/s traced):", topology.name(), bits / 1e9);
+        let Some(steps) = lines.first().and_then(|l| l["steps"].as_array()) else {
+            println!("    no profile: {}", done.stderr);
+            continue;
+        };
+        for s in steps.iter().filter(|s| s["packets"].as_u64() > Some(100)) {
+            println!("    {}", step_line(s));
+        }
+    }
+}
+
+fn step_line(s: &Value) -> String {
+    format!(
+        "{:>8} pkts  p50 {:>6.1}  p99 {:>7.1}  {:>+4} B  {} → {}",
+        s["packets"],
+        s["p50_us"].as_f64().unwrap_or(0.0),
+        s["p99_us"].as_f64().unwrap_or(0.0),
+        s["bytes_added"].as_i64().unwrap_or(0),
+        s["from"].as_str().unwrap_or(""),
+        s["to"].as_str().unwrap_or("")
+    )
+}

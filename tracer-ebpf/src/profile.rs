@@ -1,0 +1,105 @@
+//! Profile mode (`podtrace profile`): the latency of every hook-to-hook
+//! step aggregated in the kernel, so that a flow at line rate costs no
+//! record per packet. The first hook that sees a packet stamps it (STAMPS,
+//! keyed by what identifies the packet on its way); each later hook adds
+//! the time since the last stamp to the per-CPU histogram of that step
+//! (STEPS) and stamps it again. Userspace reads STEPS.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{LruHashMap, PerCpuArray, PerCpuHashMap},
+};
+use podtrace_common::{
+    packet::{packet_id, Bytes},
+    Histogram, PacketId, Stamp, StepKey, HIST_LINEAR_US, HIST_LOG2,
+};
+
+use crate::kernel::{global, ktime_ns, lru_insert, lru_lookup, step_histogram};
+
+/// Packets in flight on one node: LRU, so old ones age out by themselves.
+const MAX_STAMPS: u32 = 65_536;
+/// Hook pairs of one node.
+const MAX_STEPS: u32 = 1024;
+/// A "step" longer than this is a new packet with an old identity.
+const STALE_NS: u64 = 1_000_000_000;
+
+#[map(name = "STAMPS")]
+static STAMPS: LruHashMap<PacketId, Stamp> = LruHashMap::with_max_entries(MAX_STAMPS, 0);
+
+#[map(name = "STEPS")]
+pub static STEPS: PerCpuHashMap<StepKey, Histogram> = PerCpuHashMap::with_max_entries(MAX_STEPS, 0);
+
+/// A zeroed histogram to insert from: too large for the eBPF stack.
+#[map(name = "HIST_ZERO")]
+pub static HIST_ZERO: PerCpuArray<Histogram> = PerCpuArray::with_max_entries(1, 0);
+
+/// Non-zero in profile mode; userspace sets it at load time.
+#[unsafe(no_mangle)]
+pub static PROFILE: u32 = 0;
+
+#[inline(always)]
+pub fn enabled() -> bool {
+    global(&PROFILE) != 0
+}
+
+/// The identity of the traced packet at `l3` (matched as `kind`).
+#[inline(always)]
+pub fn identify<B: Bytes>(b: &B, l3: usize, kind: u8) -> Option<PacketId> {
+    packet_id(b, l3, kind)
+}
+
+/// Packet `id` seen at `hook` with `skb_len` bytes: one more sample of the
+/// step from where it was last seen, and a new stamp.
+#[inline(always)]
+pub fn record(id: &PacketId, hook: u32, skb_len: u32) {
+    let now = ktime_ns();
+    if let Some(last) = lru_lookup(&STAMPS, id) {
+        let elapsed = now.wrapping_sub(last.ktime_ns);
+        if last.hook != hook && elapsed < STALE_NS {
+            let key = StepKey {
+                from: last.hook,
+                to: hook,
+            };
+            let added = u64::from(skb_len).wrapping_sub(u64::from(last.skb_len));
+            step_histogram(&STEPS, &HIST_ZERO, &key, |h| add(h, elapsed, added));
+        }
+    }
+    let stamp = Stamp {
+        ktime_ns: now,
+        hook,
+        skb_len,
+    };
+    lru_insert(&STAMPS, id, &stamp);
+}
+
+#[inline(always)]
+fn add(h: &mut Histogram, ns: u64, bytes_added: u64) {
+    h.count += 1;
+    h.sum_ns += ns;
+    if ns > h.max_ns {
+        h.max_ns = ns;
+    }
+    h.bytes_added = h.bytes_added.wrapping_add(bytes_added);
+    let us = (ns / 1000) as usize;
+    if us < HIST_LINEAR_US {
+        h.linear[us] += 1;
+    } else {
+        let k = log2(ns);
+        if k < HIST_LOG2 {
+            h.log2[k] += 1;
+        }
+    }
+}
+
+/// ⌊log2(n)⌋ for n ≥ 1, by halving steps the verifier follows.
+#[inline(always)]
+fn log2(mut n: u64) -> usize {
+    let mut k = 0;
+    for shift in [32, 16, 8, 4, 2, 1] {
+        if n >> shift != 0 {
+            n >>= shift;
+            k += shift;
+        }
+    }
+    k
+}

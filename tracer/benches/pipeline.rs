@@ -1,0 +1,87 @@
+//! The userspace pipeline under criterion (`cargo xtask bench` runs it):
+//! decode + correlate + tell of recorded sightings, eight hops a story, so
+//! that a change that slows the path from ring buffer to story shows as a
+//! number (target: at least 1 M sightings/s).
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use etherparse::PacketBuilder;
+use podtrace::{
+    decode::{
+        decode,
+        hop::{Direction, Hop, Snapshot},
+    },
+    node::interfaces::Role,
+    story::{
+        journey::{Correlator, Waits},
+        tell, Context,
+    },
+};
+
+const STORIES: u64 = 2_000;
+const HOPS: u64 = 8;
+
+fn frame(seq: u16) -> Vec<u8> {
+    let mut out = Vec::new();
+    PacketBuilder::ethernet2([2; 6], [4; 6])
+        .ipv4([10, 244, 1, 2], [10, 244, 2, 2], 64)
+        .icmpv4_echo_request(7, seq)
+        .write(&mut out, &[0u8; 56])
+        .expect("a frame");
+    out
+}
+
+fn hop(f: &[u8], i: u64, h: u64) -> Hop {
+    let head = &f[..f.len().min(128)];
+    Hop {
+        ktime_ns: i * 10_000_000 + h * 1_000,
+        node: "node-1".into(),
+        iface: format!("if{h}"),
+        role: Role::PodVeth,
+        direction: Direction::Ingress,
+        skb_len: f.len() as u32,
+        mark: 0,
+        packet: decode(head, true).expect("decodes"),
+        drop: None,
+        route: None,
+        // What `place` copies for `--write`.
+        snapshot: Snapshot {
+            bytes: head.to_vec(),
+            has_l2: true,
+        },
+    }
+}
+
+/// Every story told from `frames`, each seen at `HOPS` hooks.
+fn pipeline(frames: &[Vec<u8>], ctx: &Context) -> usize {
+    let mut correlator = Correlator::new(Waits {
+        idle_ns: 1_000_000,
+        patience_ns: 1_000_000,
+        arp_ns: 1_000_000,
+        ..Waits::default()
+    });
+    let mut told = 0;
+    for (i, f) in frames.iter().enumerate() {
+        for h in 0..HOPS {
+            correlator.observe(hop(f, i as u64, h));
+        }
+        for journey in correlator.take_finished(i as u64 * 10_000_000) {
+            told += usize::from(!tell(&journey, ctx).hops.is_empty());
+        }
+    }
+    told + correlator.take_all().len()
+}
+
+fn sightings(c: &mut Criterion) {
+    let frames: Vec<Vec<u8>> = (0..STORIES).map(|i| frame(i as u16)).collect();
+    let ctx = Context::default();
+    let mut group = c.benchmark_group("userspace");
+    group.throughput(Throughput::Elements(STORIES * HOPS));
+    group.sample_size(20);
+    group.bench_function("decode+correlate+tell", |b| {
+        b.iter(|| assert_eq!(pipeline(&frames, &ctx) as u64, STORIES))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, sightings);
+criterion_main!(benches);

@@ -1,0 +1,144 @@
+//! `podtrace profile SRC DST`: the trace's resolve and attach phases with
+//! the kernel in profile mode, then no stream of records: the step
+//! histograms are read every second (a live line on a terminal) and at
+//! exit, and told as one table (human or JSON) and, with `--plot`, as SVG.
+
+use std::{
+    io::{IsTerminal, Write},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+use podtrace_common::StepKey;
+
+use super::{attach, require_root, resolve, stop::Stop, until, Trace};
+use crate::{
+    cli::ProfileArgs,
+    decode::hop::Direction,
+    output::{plot, Format},
+    story::steps::{self, KernelStep},
+};
+
+pub async fn run(profile: ProfileArgs) -> Result<()> {
+    let ProfileArgs {
+        trace: mut args,
+        plot: plot_file,
+    } = profile;
+    args.in_kernel_profile = true;
+    // Profiling names no rule: no nft tracing table to slow the path.
+    args.no_ruleset_changes = true;
+    require_root()?;
+    let mut stop = Stop::catch()?;
+    let resolved = tokio::select! {
+        resolved = resolve(&args) => resolved?,
+        () = stop.recv() => return Ok(()),
+    };
+    let mut trace = attach(&args, resolved).await?;
+    let started = Instant::now();
+    let live = std::io::stderr().is_terminal();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let until_deadline = until(args.duration);
+    tokio::pin!(until_deadline);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => if live {
+                progress(&read(&trace)?, started);
+            },
+            // Only drops reach the ring in profile mode: not told here.
+            Some(_) = trace.sightings.recv() => {}
+            () = stop.recv() => break,
+            _ = &mut until_deadline => break,
+        }
+    }
+    let steps = steps::chain(read(&trace)?);
+    let seconds = started.elapsed().as_secs_f64();
+    let pair = format!(
+        "{} ⇄ {}",
+        trace.ctx.label(trace.targets.src.ip),
+        trace.ctx.label(trace.targets.dst.ip)
+    );
+    drop(trace);
+    if live {
+        eprintln!();
+    }
+    tell(&steps, args.output, &pair, seconds)?;
+    if let Some(file) = plot_file {
+        std::fs::write(&file, plot::svg(&steps))
+            .with_context(|| format!("cannot write {}", file.display()))?;
+    }
+    Ok(())
+}
+
+/// Every node's steps, hooks named.
+fn read(trace: &Trace) -> Result<Vec<KernelStep>> {
+    let mut out = Vec::new();
+    for node in &trace.nodes {
+        let name = |hook: u32| {
+            let (ifindex, direction) = (hook >> 1, hook & 1);
+            let iface = node
+                .interfaces
+                .get(&ifindex)
+                .map_or_else(|| format!("if{ifindex}"), |w| w.name.clone());
+            let direction = if direction == 0 {
+                Direction::Ingress
+            } else {
+                Direction::Egress
+            };
+            format!("{}/{iface}:{}", node.name, direction.label())
+        };
+        for (StepKey { from, to }, h) in node.probe.steps()? {
+            out.push(steps::step(&node.name, name(from), name(to), &h));
+        }
+    }
+    Ok(out)
+}
+
+/// The live line: time, packets seen on their first step, steps.
+fn progress(steps: &[KernelStep], started: Instant) {
+    let samples: u64 = steps.iter().map(|s| s.packets).sum();
+    eprint!(
+        "\rpodtrace profile: {:.0} s, {samples} step samples on {} steps   ",
+        started.elapsed().as_secs_f64(),
+        steps.len()
+    );
+    let _ = std::io::stderr().flush();
+}
+
+fn tell(steps: &[KernelStep], format: Format, pair: &str, seconds: f64) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    match format {
+        Format::Json => {
+            let line = serde_json::json!({
+                "type": "profile_steps",
+                "pair": pair,
+                "seconds": seconds,
+                "steps": steps,
+            });
+            writeln!(out, "{line}")?;
+        }
+        Format::Human => {
+            writeln!(out, "podtrace profile: {pair}, {seconds:.1} s; per step, in-kernel histograms (µs; share of its direction's time)")?;
+            writeln!(
+                out,
+                "{:>9} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6}  step",
+                "packets", "p50", "p90", "p99", "max", "bytes", "share"
+            )?;
+            for s in steps {
+                writeln!(
+                    out,
+                    "{:>9} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>+6} {:>5.0}%  {} → {}",
+                    s.packets,
+                    s.p50_us,
+                    s.p90_us,
+                    s.p99_us,
+                    s.max_us,
+                    s.bytes_added,
+                    s.share * 100.0,
+                    s.from,
+                    s.to
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
