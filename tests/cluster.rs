@@ -331,3 +331,54 @@ fn is_child(proc_dir: &std::path::Path) -> bool {
         .and_then(|p| p.parse::<u32>().ok());
     ppid == Some(std::process::id())
 }
+
+/// `cargo xtask bench`: sightings per second through agent → API log →
+/// front-end, and the losses on the way, under a ping flood.
+#[test]
+#[ignore = "benchmark: run with cargo xtask bench"]
+fn bench_agent_to_front_end() {
+    const PINGS: u32 = 2000;
+    let lab = lab(Topology::FlannelVxlan);
+    let stub = api_for(&lab);
+    let started = kubectl_podtrace(
+        &stub,
+        &[
+            "default/web-0",
+            "default/db-0",
+            "--duration",
+            "25s",
+            "-o",
+            "json",
+        ],
+    );
+    let db = lab.0.pod("db-0");
+    let flood = Instant::now();
+    let _ = xtask::lab::in_netns(&lab.0.pod("web-0").netns, "ping")
+        .args(["-f", "-q", "-c", &PINGS.to_string(), &db.ip.to_string()])
+        .stdout(std::process::Stdio::null())
+        .status();
+    let flooded = flood.elapsed();
+    let done = finish(started);
+    let summary = done
+        .json()
+        .into_iter()
+        .find(|v| v["type"] == "summary")
+        .expect("a summary");
+    let sightings = summary["sightings"].as_u64().unwrap_or(0);
+    println!(
+        "cluster path: {PINGS} flood pings in {:.2} s; {} stories from {sightings} sightings through the agents' logs: {:.0} sightings/s while flooding",
+        flooded.as_secs_f64(),
+        summary["stories"],
+        sightings as f64 / flooded.as_secs_f64()
+    );
+    for node in summary["nodes"].as_array().into_iter().flatten() {
+        println!(
+            "  {}: {} sightings; lost {} in the kernel, {} in the agent, {} on the way",
+            node["node"],
+            node["sightings"],
+            node["lost_kernel"],
+            node["lost_agent"],
+            node["lost_transport"]
+        );
+    }
+}

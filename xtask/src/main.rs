@@ -367,6 +367,8 @@ fn bench() -> Result<()> {
         "bench",
         "--test",
         "line_rate",
+        "--test",
+        "cluster",
         "--",
         "--ignored",
         "--nocapture",
