@@ -17,11 +17,11 @@ use std::{
 };
 
 use anyhow::Result;
-use podtrace_common::counter;
 use tokio::sync::mpsc;
 
 use super::{
-    attach, follow_move, link_changed, losses::LossWatch, resolve, stop::Stop, to_hop, Trace,
+    add_kernel_losses, attach, follow_move, link_changed, losses::LossWatch, resolve, stop::Stop,
+    to_hop, Trace,
 };
 use crate::{
     cli::Args,
@@ -201,11 +201,7 @@ async fn pass_on(
 
 /// The kernel's counters, detach, then the summary as the last record.
 fn finish(trace: Trace, mut summary: Summary, mut out: Output) -> Result<()> {
-    for node in &trace.nodes {
-        let counters = node.probe.counters()?;
-        summary.lost_ringbuf_full += counters[counter::RINGBUF_FULL as usize];
-        summary.lost_snapshot += counters[counter::SNAPSHOT_FAILED as usize];
-    }
+    add_kernel_losses(&trace.nodes, &mut summary)?;
     drop(trace);
     summary.lost_agent = out.lost_total + out.take_lost();
     out.send(Record::Summary(Box::new(summary)));

@@ -6,7 +6,6 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use podtrace_common::counter;
 
 use crate::node::traced::TracedNode;
 
@@ -70,6 +69,6 @@ impl LossWatch {
 
 /// Records a node's probe could not report, so far.
 fn lost(node: &TracedNode) -> Result<u64> {
-    let counters = node.probe.counters()?;
-    Ok(counters[counter::RINGBUF_FULL as usize] + counters[counter::SNAPSHOT_FAILED as usize])
+    let (ringbuf_full, snapshot) = node.probe.losses()?;
+    Ok(ringbuf_full + snapshot)
 }

@@ -26,7 +26,7 @@ use std::{
 };
 
 use anyhow::{bail, Result};
-use podtrace_common::{counter, FlowKey, Sighting, MAX_NODES, NODE_OTHER_NETNS};
+use podtrace_common::{FlowKey, Sighting, MAX_NODES, NODE_OTHER_NETNS};
 use tokio::sync::mpsc;
 
 use crate::{
@@ -476,13 +476,19 @@ fn link_changed(trace: &mut Trace, node: u32, change: LinkChange, summary: &mut 
     summary.hooks_attached = trace.nodes.iter().map(TracedNode::hooks).sum();
 }
 
+/// Adds what every node's probe could not report to the summary.
+fn add_kernel_losses(nodes: &[TracedNode], summary: &mut Summary) -> Result<()> {
+    for node in nodes {
+        let (ringbuf_full, snapshot) = node.probe.losses()?;
+        summary.lost_ringbuf_full += ringbuf_full;
+        summary.lost_snapshot += snapshot;
+    }
+    Ok(())
+}
+
 /// Adds the kernel's loss counters, detaches, and prints the summary.
 fn finish(trace: Trace, (mut summary, teller): (Summary, Teller<'static>)) -> Result<()> {
-    for node in &trace.nodes {
-        let counters = node.probe.counters()?;
-        summary.lost_ringbuf_full += counters[counter::RINGBUF_FULL as usize];
-        summary.lost_snapshot += counters[counter::SNAPSHOT_FAILED as usize];
-    }
+    add_kernel_losses(&trace.nodes, &mut summary)?;
     drop(trace);
     teller.finish(summary)?;
     Ok(())

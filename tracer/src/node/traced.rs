@@ -101,8 +101,7 @@ impl TracedNode {
             .collect();
         let (pod_interfaces, lost_pods) = find_pod_interfaces(&view, cni, &endpoints, &local).await;
         let watched = needed(every, &pod_interfaces, &lost_pods, &name);
-        let node_ips: Vec<Ipv4Addr> = shared.known_nodes.iter().map(|(_, ip)| *ip).collect();
-        let tunnels = TunnelTrust::of(&view, underlay, &node_ips);
+        let tunnels = TunnelTrust::of(&view, underlay, &other_nodes);
         let spec = ProbeSpec {
             node_id: id,
             netns: ns,

@@ -173,8 +173,18 @@ impl NodeProbe {
         super::profile::read_steps(&self.ebpf)
     }
 
+    /// Records the kernel could not report so far: (ring buffer full,
+    /// header copy failed).
+    pub fn losses(&self) -> Result<(u64, u64)> {
+        let counters = self.counters()?;
+        Ok((
+            counters[counter::RINGBUF_FULL as usize],
+            counters[counter::SNAPSHOT_FAILED as usize],
+        ))
+    }
+
     /// The kernel-side loss counters, summed over CPUs.
-    pub fn counters(&self) -> Result<[u64; counter::COUNT as usize]> {
+    fn counters(&self) -> Result<[u64; counter::COUNT as usize]> {
         let map = self
             .ebpf
             .map(names::COUNTERS)

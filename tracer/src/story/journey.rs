@@ -144,22 +144,23 @@ impl Journey {
 
     /// Where the packet was first handed to a pod other than its sender.
     pub fn delivered_at(&self) -> Option<usize> {
-        let first = self.hops.first()?;
-        self.hops.iter().position(|h| {
-            h.role == Role::PodVeth
-                && h.direction == Direction::Egress
-                && !(h.node == first.node && h.iface == first.iface)
-        })
+        self.hops.iter().position(|h| self.hands_to_a_pod(h))
     }
 
     /// The last hop hands the packet to a pod other than its sender.
     pub fn ends_delivered(&self) -> bool {
-        let (Some(first), Some(last)) = (self.hops.first(), self.hops.last()) else {
+        self.hops.last().is_some_and(|h| self.hands_to_a_pod(h))
+    }
+
+    /// `hop` hands the packet to a pod: out of a pod veth that is not the
+    /// one it was sent from.
+    fn hands_to_a_pod(&self, hop: &Hop) -> bool {
+        let Some(first) = self.hops.first() else {
             return false;
         };
-        last.role == Role::PodVeth
-            && last.direction == Direction::Egress
-            && !(last.node == first.node && last.iface == first.iface)
+        hop.role == Role::PodVeth
+            && hop.direction == Direction::Egress
+            && !(hop.node == first.node && hop.iface == first.iface)
     }
 
     /// Ended in a netfilter drop whose rule has not arrived yet.

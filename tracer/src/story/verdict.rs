@@ -212,7 +212,7 @@ pub(super) fn judge(journey: &Journey, ctx: &Context) -> Verdict {
     let (first, last) = (&hops[0], &hops[hops.len() - 1]);
     // Its last hop hands it to the pod (for a fragmented packet, the last
     // fragment's).
-    let delivered = journey.delivered_at().is_some() && journey.ends_delivered();
+    let delivered = journey.ends_delivered();
     let path = path_of(journey, delivered);
     let outcome = outcome_of(journey, delivered, ctx);
     let explanation = explain(hops, &ctx.nodes, &ctx.subnets, &ctx.pod_cidrs);
