@@ -3,42 +3,95 @@
 //! when the answer is not the aggregated kind), and server-side tables
 //! for `kubectl get`.
 
+use std::time::SystemTime;
+
 use hyper::{Response, StatusCode};
 use serde_json::{json, Value};
 
 use super::routes::{json_response, Body};
 
-/// (group/version, resource, kind, namespaced, verbs)
-const RESOURCES: &[(&str, &str, &str, bool, &[&str])] = &[
-    (
-        "v1",
-        "pods",
-        "Pod",
-        true,
-        &[
-            "create", "delete", "get", "list", "patch", "update", "watch",
-        ],
-    ),
-    ("v1", "pods/log", "Pod", true, &["get"]),
-    ("v1", "nodes", "Node", false, &["get", "list", "watch"]),
-    ("v1", "services", "Service", true, &["get", "list", "watch"]),
-    ("v1", "events", "Event", true, &["get", "list", "watch"]),
-    (
-        "discovery.k8s.io/v1",
-        "endpointslices",
-        "EndpointSlice",
-        true,
-        &["get", "list", "watch"],
-    ),
-    (
-        "coordination.k8s.io/v1",
-        "leases",
-        "Lease",
-        true,
-        &[
-            "create", "delete", "get", "list", "patch", "update", "watch",
-        ],
-    ),
+/// One served resource as discovery tells kubectl of it.
+struct Resource {
+    group_version: &'static str,
+    /// The plural, as in the URL (`pods`, `pods/log`).
+    name: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+    verbs: &'static [&'static str],
+    /// `kubectl get svc` resolves `svc` only through these.
+    short_names: &'static [&'static str],
+}
+
+const READ: &[&str] = &["get", "list", "watch"];
+const READ_WRITE: &[&str] = &[
+    "create", "delete", "get", "list", "patch", "update", "watch",
+];
+
+const RESOURCES: &[Resource] = &[
+    Resource {
+        group_version: "v1",
+        name: "pods",
+        kind: "Pod",
+        namespaced: true,
+        verbs: READ_WRITE,
+        short_names: &["po"],
+    },
+    Resource {
+        group_version: "v1",
+        name: "pods/log",
+        kind: "Pod",
+        namespaced: true,
+        verbs: &["get"],
+        short_names: &[],
+    },
+    Resource {
+        group_version: "v1",
+        name: "nodes",
+        kind: "Node",
+        namespaced: false,
+        verbs: READ,
+        short_names: &["no"],
+    },
+    Resource {
+        group_version: "v1",
+        name: "services",
+        kind: "Service",
+        namespaced: true,
+        verbs: READ,
+        short_names: &["svc"],
+    },
+    Resource {
+        group_version: "v1",
+        name: "endpoints",
+        kind: "Endpoints",
+        namespaced: true,
+        verbs: READ,
+        short_names: &["ep"],
+    },
+    Resource {
+        group_version: "v1",
+        name: "events",
+        kind: "Event",
+        namespaced: true,
+        verbs: READ,
+        short_names: &["ev"],
+    },
+    Resource {
+        group_version: "discovery.k8s.io/v1",
+        name: "endpointslices",
+        kind: "EndpointSlice",
+        namespaced: true,
+        verbs: READ,
+        short_names: &[],
+    },
+    Resource {
+        group_version: "coordination.k8s.io/v1",
+        name: "leases",
+        kind: "Lease",
+        namespaced: true,
+        verbs: READ_WRITE,
+        short_names: &[],
+    },
 ];
 
 /// The answer to a discovery path, if `parts` is one.
@@ -73,9 +126,23 @@ fn group(name: &str) -> Value {
 fn resources(group_version: &str) -> Value {
     let list: Vec<Value> = RESOURCES
         .iter()
-        .filter(|(gv, ..)| *gv == group_version)
-        .map(|(_, name, kind, namespaced, verbs)| {
-            json!({"name": name, "singularName": "", "namespaced": namespaced, "kind": kind, "verbs": verbs})
+        .filter(|r| r.group_version == group_version)
+        .map(|r| {
+            // A subresource has no singular name of its own.
+            let singular = if r.name.contains('/') {
+                String::new()
+            } else {
+                r.kind.to_lowercase()
+            };
+            let mut resource = json!({"name": r.name, "singularName": singular, "namespaced": r.namespaced, "kind": r.kind, "verbs": r.verbs});
+            if !r.short_names.is_empty() {
+                resource["shortNames"] = json!(r.short_names);
+            }
+            // `kubectl get all` lists the resources in the "all" category.
+            if matches!(r.name, "pods" | "services") {
+                resource["categories"] = json!(["all"]);
+            }
+            resource
         })
         .collect();
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": list})
@@ -88,6 +155,7 @@ pub(crate) fn list_kind(resource: &str) -> &'static str {
         "leases" => "LeaseList",
         "endpointslices" => "EndpointSliceList",
         "events" => "EventList",
+        "endpoints" => "EndpointsList",
         _ => "ServiceList",
     }
 }
@@ -96,8 +164,8 @@ pub(crate) fn list_kind(resource: &str) -> &'static str {
 pub(crate) fn group_version(resource: &str) -> &'static str {
     RESOURCES
         .iter()
-        .find(|(_, name, ..)| *name == resource)
-        .map_or("v1", |(gv, ..)| gv)
+        .find(|r| r.name == resource)
+        .map_or("v1", |r| r.group_version)
 }
 
 /// A row's cells, from its object.
@@ -105,7 +173,12 @@ type Cells = fn(&Value) -> Vec<Value>;
 
 /// `kubectl get`'s table: the columns it prints (priority 1: `-o wide`).
 pub(crate) fn table(resource: &str, items: &[Value], version: &str) -> Value {
-    let column = |name: &str, priority: u8| json!({"name": name, "type": "string", "format": "", "description": "", "priority": priority});
+    // The Name column has format "name": kubectl prefixes it with the
+    // kind (`pod/web-0`) when several kinds are listed.
+    let column = |name: &str, priority: u8| {
+        let format = if name == "Name" { "name" } else { "" };
+        json!({"name": name, "type": "string", "format": format, "description": "", "priority": priority})
+    };
     let (columns, cells): (Vec<Value>, Cells) = match resource {
         "pods" => (
             vec![
@@ -226,6 +299,16 @@ pub(crate) fn table(resource: &str, items: &[Value], version: &str) -> Value {
                 ]
             },
         ),
+        "endpoints" => (
+            vec![column("Name", 0), column("Endpoints", 0), column("Age", 0)],
+            |e| {
+                vec![
+                    e["metadata"]["name"].clone(),
+                    super::services::endpoints_cell(e),
+                    age(e),
+                ]
+            },
+        ),
         "events" => (
             ["Last Seen", "Type", "Reason", "Object", "Message"]
                 .iter()
@@ -252,11 +335,31 @@ fn or_none(v: &Value) -> Value {
     }
 }
 
-/// The lab does not keep time for its objects: an age is shown as such.
 fn age(o: &Value) -> Value {
-    if o["metadata"]["creationTimestamp"].is_string() {
-        "<lab>".into()
-    } else {
-        "<unknown>".into()
+    since(&o["metadata"]["creationTimestamp"])
+}
+
+/// How long ago an RFC 3339 timestamp was, the way the API server's tables
+/// print an age (`45s`, `3m20s`, `17m`, `5h4m`, `3d`).
+pub(crate) fn since(timestamp: &Value) -> Value {
+    let Some(then) = timestamp
+        .as_str()
+        .and_then(|t| humantime::parse_rfc3339(t).ok())
+    else {
+        return "<unknown>".into();
+    };
+    let secs = SystemTime::now()
+        .duration_since(then)
+        .map_or(0, |d| d.as_secs());
+    let (m, h, d) = (secs / 60, secs / 3600, secs / 86400);
+    match () {
+        _ if secs < 120 => format!("{secs}s"),
+        _ if m < 10 => format!("{m}m{}s", secs % 60),
+        _ if h < 3 => format!("{m}m"),
+        _ if h < 8 => format!("{h}h{}m", m % 60),
+        _ if h < 48 => format!("{h}h"),
+        _ if h < 192 => format!("{d}d{}h", h % 24),
+        _ => format!("{d}d"),
     }
+    .into()
 }

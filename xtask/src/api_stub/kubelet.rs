@@ -275,9 +275,5 @@ fn set_phase(shared: &Shared, pod: &Value, phase: &str, message: Option<&str>) -
 
 /// Now, as the API writes times (RFC 3339, UTC).
 pub(crate) fn now() -> String {
-    let out = std::process::Command::new("date")
-        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
-        .output();
-    out.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|_| "1970-01-01T00:00:00Z".into())
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
 }

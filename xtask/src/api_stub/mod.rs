@@ -18,6 +18,7 @@ mod discovery;
 mod events;
 mod kubelet;
 mod routes;
+mod services;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -107,14 +108,24 @@ impl Stub {
     /// svc,endpointslices -A -o json` list).
     pub fn add_services(&self, list: &Value) {
         for item in list["items"].as_array().into_iter().flatten() {
-            let resource = match item["kind"].as_str() {
-                Some("Service") => "services",
-                Some("EndpointSlice") => "endpointslices",
-                _ => continue,
-            };
             let mut item = item.clone();
             item["metadata"]["creationTimestamp"] = kubelet::now().into();
-            self.shared.change(resource, "ADDED", item);
+            match item["kind"].as_str() {
+                Some("Service") => {
+                    services::default_service(&mut item);
+                    self.shared.change("services", "ADDED", item);
+                }
+                Some("EndpointSlice") => {
+                    // The endpoints controller mirrors each Service's slices
+                    // as core/v1 Endpoints, which `kubectl describe svc` reads.
+                    let endpoints = services::endpoints_of(&item);
+                    self.shared.change("endpointslices", "ADDED", item);
+                    if let Some(endpoints) = endpoints {
+                        self.shared.change("endpoints", "ADDED", endpoints);
+                    }
+                }
+                _ => continue,
+            }
         }
     }
 

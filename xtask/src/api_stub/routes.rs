@@ -306,8 +306,9 @@ fn log(shared: &Shared, t: &Target, q: &HashMap<String, String>) -> Response<Bod
 
 fn object_matches(v: &Value, namespace: Option<&str>, q: &HashMap<String, String>) -> bool {
     namespace.is_none_or(|ns| namespace_of(v) == ns)
+        // A label key is one key even with dots in it (`kubernetes.io/…`).
         && selector_matches(q.get("labelSelector"), |k| {
-            field(&v["metadata"]["labels"], k)
+            v["metadata"]["labels"][k].as_str().map(str::to_string)
         })
         && selector_matches(q.get("fieldSelector"), |k| match k {
             "metadata.namespace" => Some(namespace_of(v).to_string()),
@@ -416,19 +417,61 @@ fn watch_stream(shared: &Shared, t: &Target, q: &HashMap<String, String>) -> Res
         .unwrap()
 }
 
-/// `a=b,c=d` selectors, matched against an object's labels or fields.
+/// A label or field selector, matched against an object's labels or
+/// fields: `k=v`, `k==v`, `k!=v`, `k`, `!k`, `k in (a,b)`, `k notin (a,b)`
+/// (the last four are label-selector syntax only, but harmless on fields).
 fn selector_matches(selector: Option<&String>, get: impl Fn(&str) -> Option<String>) -> bool {
     selector.is_none_or(|s| {
-        s.split(',')
-            .filter(|t| !t.is_empty())
-            .all(|term| match term.split_once("!=") {
-                Some((k, v)) => get(k).as_deref() != Some(v),
-                None => {
-                    let (k, v) = term.split_once('=').unwrap_or((term, ""));
-                    get(k).as_deref() == Some(v.trim_start_matches('='))
-                }
-            })
+        selector_terms(s)
+            .iter()
+            .all(|term| term_matches(term, &get))
     })
+}
+
+/// The terms of a selector: split on the commas outside `( … )`.
+fn selector_terms(selector: &str) -> Vec<&str> {
+    let (mut terms, mut depth, mut start) = (Vec::new(), 0, 0);
+    for (i, c) in selector.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                terms.push(selector[start..i].trim());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    terms.push(selector[start..].trim());
+    terms.retain(|t| !t.is_empty());
+    terms
+}
+
+fn term_matches(term: &str, get: &impl Fn(&str) -> Option<String>) -> bool {
+    let set = |list: &str| -> Vec<String> {
+        list.trim()
+            .trim_start_matches('(')
+            .trim_end_matches(')')
+            .split(',')
+            .map(|v| v.trim().to_string())
+            .collect()
+    };
+    if let Some((k, v)) = term.split_once("!=") {
+        return get(k.trim()).as_deref() != Some(v.trim());
+    }
+    if let Some((k, v)) = term.split_once('=') {
+        return get(k.trim()).as_deref() == Some(v.trim_start_matches('=').trim());
+    }
+    if let Some((k, list)) = term.split_once(" notin ") {
+        return get(k.trim()).is_none_or(|v| !set(list).contains(&v));
+    }
+    if let Some((k, list)) = term.split_once(" in ") {
+        return get(k.trim()).is_some_and(|v| set(list).contains(&v));
+    }
+    match term.strip_prefix('!') {
+        Some(k) => get(k.trim()).is_none(),
+        None => get(term).is_some(),
+    }
 }
 
 fn field(v: &Value, path: &str) -> Option<String> {
@@ -471,34 +514,9 @@ pub(crate) fn json_response(code: StatusCode, body: &Value) -> Response<Body> {
 }
 
 fn query(text: &str) -> HashMap<String, String> {
-    text.split('&')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), percent_decode(v)))
+    form_urlencoded::parse(text.as_bytes())
+        .into_owned()
         .collect()
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 3 <= bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("00");
-                out.push(u8::from_str_radix(hex, 16).unwrap_or(b'?'));
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// An mpsc receiver as a Stream of body frames.
@@ -506,4 +524,33 @@ fn stream_of(
     mut rx: tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, Infallible>>,
 ) -> impl futures::Stream<Item = Result<Frame<Bytes>, Infallible>> {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(selector: &str) -> bool {
+        let object = json!({"kubernetes.io/service-name": "db", "app": "db"});
+        selector_matches(Some(&selector.to_string()), |k| {
+            object[k].as_str().map(str::to_string)
+        })
+    }
+
+    #[test]
+    fn label_selectors_match_as_the_api_server_does() {
+        assert!(labels("kubernetes.io/service-name=db"));
+        assert!(labels("kubernetes.io/service-name==db,app"));
+        assert!(!labels("kubernetes.io/service-name=web"));
+        assert!(labels("app in (web, db),!tier"));
+        assert!(!labels("app notin (db)"));
+        assert!(labels("tier notin (front),app!=web"));
+    }
+
+    #[test]
+    fn query_values_are_form_decoded() {
+        let q = query("labelSelector=app+in+%28a%2Cb%29&watch=1");
+        assert_eq!(q["labelSelector"], "app in (a,b)");
+        assert_eq!(q["watch"], "1");
+    }
 }
