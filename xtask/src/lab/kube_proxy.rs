@@ -142,7 +142,7 @@ impl Lab {
             }
             match mode {
                 ProxyMode::Iptables => restore(&ns, &self.iptables_rules(node))?,
-                ProxyMode::Nftables => super::kube_proxy_nft::install(self, &ns, node)?,
+                ProxyMode::Nftables => super::kube_proxy_nft::install(self, &ns)?,
             }
         }
         self.start_listeners()?;
