@@ -31,6 +31,9 @@ pub trait RuleLookup {
         chain: &str,
         handle: u64,
     ) -> Option<String>;
+    /// A native rule's text as `nft -a list chain` prints it, for a rule
+    /// the monitor does not know (added after it started).
+    fn nft_rule(&mut self, family: &str, table: &str, chain: &str, handle: u64) -> Option<String>;
     /// The comment of a verdict map's element (`key`: `a . b . c` as nft
     /// prints it).
     fn element_comment(
@@ -120,7 +123,10 @@ impl TraceParser {
                 },
             });
         }
-        let rule = rule_event(family, table, chain, event.strip_prefix("rule ")?)?;
+        let rule = match event.strip_prefix("rule ") {
+            Some(rest) => rule_event(family, table, chain, rest)?,
+            None => unknown_rule(family, table, chain, event, rules)?,
+        };
         if rule.verdict.starts_with("jump ") || rule.verdict.starts_with("goto ") {
             packet.via = Some(rule);
             return None;
@@ -192,6 +198,31 @@ fn rule_event(family: &str, table: &str, chain: &str, rest: &str) -> Option<Rule
     })
 }
 
+/// `unknown rule handle <n> (verdict <v>)`: nft prints this for a rule
+/// added after the monitor started (kube-proxy resyncs); its text is read
+/// from the kernel.
+fn unknown_rule(
+    family: &str,
+    table: &str,
+    chain: &str,
+    event: &str,
+    rules: &mut dyn RuleLookup,
+) -> Option<RuleEvent> {
+    let (handle, verdict) = event
+        .strip_prefix("unknown rule handle ")?
+        .split_once(" (verdict ")?;
+    let handle = handle.trim().parse().ok()?;
+    let text = rules
+        .nft_rule(family, table, chain, handle)
+        .unwrap_or_else(|| "(a rule whose text could not be read)".into());
+    rule_event(
+        family,
+        table,
+        chain,
+        &format!("{text} # handle {handle} (verdict {verdict}"),
+    )
+}
+
 /// The rule as the user would find it on the node: iptables syntax in
 /// iptables' tables, `nft -a list` text elsewhere, with the map lookup
 /// that led to a drop.
@@ -259,6 +290,8 @@ fn dport(packet: &str) -> Option<(String, u16)> {
 pub struct KernelRules {
     /// (family, table, chain) → handle → iptables-save line
     chains: HashMap<(String, String, String), HashMap<u64, String>>,
+    /// (family, table, chain) → handle → nft text
+    native: HashMap<(String, String, String), HashMap<u64, String>>,
 }
 
 impl RuleLookup for KernelRules {
@@ -283,6 +316,19 @@ impl RuleLookup for KernelRules {
         let line = listed.get(&handle).cloned();
         self.chains.insert(key, listed);
         line
+    }
+
+    fn nft_rule(&mut self, family: &str, table: &str, chain: &str, handle: u64) -> Option<String> {
+        let key = (family.to_string(), table.to_string(), chain.to_string());
+        if let Some(text) = self.native.get(&key).and_then(|c| c.get(&handle)) {
+            return Some(text.clone());
+        }
+        let listing =
+            output(Command::new("nft").args(["-a", "list", "chain", family, table, chain]))?;
+        let listed: HashMap<u64, String> = rule_lines(&listing).into_iter().collect();
+        let text = listed.get(&handle).cloned();
+        self.native.insert(key, listed);
+        text
     }
 
     fn element_comment(
@@ -334,11 +380,19 @@ fn nft_handles(family: &str, table: &str, chain: &str) -> Option<Vec<u64>> {
 }
 
 fn rule_handles(listing: &str) -> Vec<u64> {
+    rule_lines(listing).into_iter().map(|(h, _)| h).collect()
+}
+
+/// (handle, text) of each rule in an `nft -a list chain` listing, in order.
+fn rule_lines(listing: &str) -> Vec<(u64, String)> {
     listing
         .lines()
         .map(str::trim)
         .filter(|l| !l.starts_with("chain ") && !l.starts_with("table "))
-        .filter_map(|l| l.rsplit_once("# handle ")?.1.trim().parse().ok())
+        .filter_map(|l| {
+            let (text, handle) = l.rsplit_once(" # handle ")?;
+            Some((handle.trim().parse().ok()?, text.trim().to_string()))
+        })
         .collect()
 }
 
@@ -350,6 +404,7 @@ mod tests {
     #[derive(Default)]
     struct Canned {
         iptables: HashMap<(String, u64), String>,
+        native: HashMap<(String, u64), String>,
         comments: HashMap<String, String>,
     }
 
@@ -357,9 +412,34 @@ mod tests {
         fn iptables_rule(&mut self, _: &str, _: &str, chain: &str, handle: u64) -> Option<String> {
             self.iptables.get(&(chain.to_string(), handle)).cloned()
         }
+        fn nft_rule(&mut self, _: &str, _: &str, chain: &str, handle: u64) -> Option<String> {
+            self.native.get(&(chain.to_string(), handle)).cloned()
+        }
         fn element_comment(&mut self, _: &str, _: &str, map: &str, key: &str) -> Option<String> {
             self.comments.get(&format!("{map} {key}")).cloned()
         }
+    }
+
+    /// Recorded: a rule inserted after the monitor started.
+    #[test]
+    fn a_rule_the_monitor_does_not_know_is_read_from_the_kernel() {
+        let trace = r#"trace id 354d7c83 ip kube-proxy filter-forward packet: iif "cni0" oif "eth0" ip saddr 10.171.1.2 ip daddr 10.96.171.61 ip id 5 ip length 60 tcp sport 1 tcp dport 80
+trace id 354d7c83 ip kube-proxy filter-forward unknown rule handle 76 (verdict drop)"#;
+        let mut canned = Canned::default();
+        canned.native.insert(
+            ("filter-forward".into(), 76),
+            "ip daddr 10.96.171.61 tcp dport 80 counter packets 1 bytes 60 drop".into(),
+        );
+        let mut parser = TraceParser::default();
+        let rules: Vec<_> = trace
+            .lines()
+            .filter_map(|l| parser.feed(l, &mut canned))
+            .collect();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(
+            rules[0].rule.rule,
+            "ip daddr 10.96.171.61 tcp dport 80 counter packets 1 bytes 60 drop # handle 76"
+        );
     }
 
     /// Recorded on the lab (`--proxy-mode nftables`): a SYN to a ClusterIP.
@@ -458,6 +538,10 @@ trace id 1 ip filter FORWARD policy drop"#;
     fn listings_give_handles_in_order_and_element_comments() {
         let chain = "table ip nat {\n\tchain PREROUTING { # handle 3\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t\tmeta l4proto tcp counter dnat to 10.1.2.3:80 # handle 4\n\t\tcounter jump KUBE-SERVICES # handle 9\n\t}\n}\n";
         assert_eq!(rule_handles(chain), [4, 9]);
+        assert_eq!(
+            rule_lines(chain)[1],
+            (9, "counter jump KUBE-SERVICES".into())
+        );
         let map = "\t\telements = { 10.96.171.9 . tcp . 80 comment \"default/empty:http\" : goto reject-chain }";
         assert_eq!(
             element_comment_in(map, "10.96.171.9 . tcp . 80").as_deref(),
