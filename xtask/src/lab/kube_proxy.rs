@@ -20,7 +20,9 @@
 //!   (`dns`), backends db-0 and db-1 on node-2;
 //! - `default/web`: TCP 80 → 8080, backend web-0 on node-1 (same node,
 //!   hairpin);
-//! - `default/empty`: TCP 80, no endpoints.
+//! - `default/empty`: TCP 80, no endpoints;
+//! - `default/iperf`: TCP 5201 → 5201, backend db-0 (the NAT bench runs
+//!   iperf3 through it).
 
 use std::{fs, net::Ipv4Addr, process::Stdio};
 
@@ -32,6 +34,8 @@ use super::{cmd, in_netns, Lab, LabPod, NODES};
 /// The backends' listening ports.
 pub const TCP_PORT: u16 = 8080;
 pub const UDP_PORT: u16 = 5353;
+/// iperf3's port, for the NAT bench's Service.
+pub const IPERF_PORT: u16 = 5201;
 /// db's NodePort.
 pub const NODE_PORT: u16 = 30080;
 /// kube-proxy's masquerade mark.
@@ -113,6 +117,18 @@ impl Lab {
                 cluster_ip: ip(9),
                 ports: vec![http(None)],
                 backends: vec![],
+            },
+            LabService {
+                name: "iperf",
+                cluster_ip: ip(10),
+                ports: vec![LabPort {
+                    name: "iperf",
+                    protocol: "tcp",
+                    port: IPERF_PORT,
+                    target: IPERF_PORT,
+                    node_port: None,
+                }],
+                backends: vec![self.pod("db-0")],
             },
         ]
     }
@@ -218,6 +234,7 @@ while True:
             .into_iter()
             .flat_map(|s| s.backends)
             .collect();
+        backends.sort_by(|a, b| a.name.cmp(&b.name));
         backends.dedup_by(|a, b| a.name == b.name);
         for pod in backends {
             let child = in_netns(&pod.netns, "python3")
@@ -488,6 +505,6 @@ mod tests {
         assert!(rules.contains("\"default/empty:http has no endpoints\""));
         assert!(rules.contains("--dport 30080 -j KUBE-EXT-"));
         let list = lab.service_list();
-        assert_eq!(list["items"].as_array().unwrap().len(), 5);
+        assert_eq!(list["items"].as_array().unwrap().len(), 7);
     }
 }

@@ -18,7 +18,8 @@
 //! - Services without endpoints are elements of `no-endpoint-services`
 //!   (commented with the Service port's name) that `goto reject-chain`;
 //!   `cluster-ips-check` rejects the other ports of a ClusterIP and drops
-//!   unallocated ClusterIPs;
+//!   unallocated ClusterIPs (of the lab's Service CIDR, the /24 of its
+//!   ClusterIPs);
 //! - `mark-for-masquerade` sets 0x4000, `masquerading` masquerades it.
 //!
 //! Chain hashes are kube-proxy's: the first 8 characters of the base32 of
@@ -29,14 +30,13 @@ use std::fmt::Write;
 
 use anyhow::Result;
 use data_encoding::BASE32;
+use ipnet::Ipv4Net;
 
 use super::{
     kube_proxy::{LabPort, LabService},
     Lab,
 };
 
-/// The Service CIDR the lab's ClusterIPs are taken from (10.96.x.y).
-const SERVICE_CIDR: &str = "10.96.0.0/12";
 /// kube-proxy's filter chains run just before DNAT (`dstnat - 10`); nft
 /// 1.0 knows the name `dstnat` on prerouting only, so the others say -110.
 const DSTNAT_MINUS_10: &str = "-110";
@@ -216,14 +216,29 @@ pub fn ruleset(lab: &Lab) -> String {
         "destinations that are subject to LoadBalancerSourceRanges",
         &[],
     ));
-    out.push_str(&fixed_chains());
+    out.push_str(&fixed_chains(service_cidr(lab)));
     out.push_str(&s.chains);
     out.push_str("}\n");
     out
 }
 
+/// The lab's Service CIDR: the /24 its ClusterIPs are taken from, which
+/// no lab's pod CIDR overlaps (the tests' pod CIDRs, 10.100-10.199/16,
+/// would overlap kube-proxy's default 10.96.0.0/12, and its
+/// `cluster-ips-check` would then drop DNATed packets to pods).
+fn service_cidr(lab: &Lab) -> Ipv4Net {
+    let first = lab.services()[0].cluster_ip;
+    let cidr = Ipv4Net::new(first, 24).expect("/24").trunc();
+    assert!(
+        !cidr.contains(&lab.pod_cidr.network()) && !lab.pod_cidr.contains(&cidr.network()),
+        "the lab's Service CIDR {cidr} overlaps its pod CIDR {}",
+        lab.pod_cidr
+    );
+    cidr
+}
+
 /// The chains every kube-proxy table has, whatever its Services.
-fn fixed_chains() -> String {
+fn fixed_chains(service_cidr: Ipv4Net) -> String {
     let base = |name: &str, kind: &str, hook: &str, priority: &str, rules: &[&str]| {
         let mut chain = format!(
             " chain {name} {{\n  type {kind} hook {hook} priority {priority}; policy accept;\n"
@@ -314,7 +329,7 @@ fn fixed_chains() -> String {
             "cluster-ips-check",
             &[
                 "ip daddr @cluster-ips reject comment \"Reject traffic to invalid ports of ClusterIPs\"",
-                &format!("ip daddr {{ {SERVICE_CIDR} }} drop comment \"Drop traffic to unallocated ClusterIPs\""),
+                &format!("ip daddr {{ {service_cidr} }} drop comment \"Drop traffic to unallocated ClusterIPs\""),
             ],
         ),
         plain(
@@ -358,5 +373,13 @@ mod tests {
         assert!(rules.contains("meta l4proto tcp dnat to 10.244.2.2:8080"));
         assert!(rules.contains("comment \"default/empty:http\" : goto reject-chain"));
         assert!(rules.contains("tcp . 30080 : goto external-"));
+        // Not 10.96.0.0/12: pod CIDRs such as 10.104.0.0/16 are in it.
+        let busy = Lab::new(
+            "t",
+            Topology::FlannelVxlan,
+            Some("10.104.0.0/16".parse().unwrap()),
+        )
+        .unwrap();
+        assert!(ruleset(&busy).contains("ip daddr { 10.96.104.0/24 } drop"));
     }
 }
