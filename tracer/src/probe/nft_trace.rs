@@ -509,6 +509,28 @@ trace id 63a446b6 ip kube-proxy reject-chain rule reject # handle 54 (verdict dr
         );
     }
 
+    /// Recorded: a firewalld-style native `inet` table rejecting a pod pair.
+    #[test]
+    fn other_native_tables_are_named_the_same_way() {
+        let trace = r#"trace id c7b07101 inet firewalld filter_FWD_public packet: iif "cni0" oif "flannel.1" ether saddr 8e:9b:38:30:42:e5 ether daddr 0a:58:0a:ab:01:01 ip saddr 10.171.1.2 ip daddr 10.171.2.3 ip dscp cs0 ip ecn not-ect ip ttl 63 ip id 48453 ip protocol tcp ip length 60 tcp sport 37302 tcp dport 8080 tcp flags == syn tcp window 64860
+trace id c7b07101 inet firewalld filter_FWD_public rule ip daddr 10.171.2.3 tcp dport 8080 counter packets 0 bytes 0 reject with tcp reset comment "block db-1" # handle 2 (verdict drop)"#;
+        let mut parser = TraceParser::default();
+        let rules: Vec<_> = trace
+            .lines()
+            .filter_map(|l| parser.feed(l, &mut Canned::default()))
+            .collect();
+        assert_eq!(rules.len(), 1);
+        let rule = &rules[0].rule;
+        assert_eq!(
+            (rule.table.as_str(), rule.chain.as_str(), rule.hook.as_str()),
+            ("inet firewalld", "filter_FWD_public", "filter_FWD_public")
+        );
+        assert_eq!(
+            rule.rule,
+            r#"ip daddr 10.171.2.3 tcp dport 8080 counter packets 0 bytes 0 reject with tcp reset comment "block db-1" # handle 2"#
+        );
+    }
+
     #[test]
     fn iptables_rules_keep_iptables_syntax_and_policies_are_named() {
         let trace = r#"trace id 974059b9 ip nat PREROUTING packet: iif "cni0" ip saddr 10.171.1.2 ip daddr 10.96.171.50 ip id 7 ip length 60 tcp sport 1 tcp dport 80

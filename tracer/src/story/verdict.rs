@@ -431,5 +431,10 @@ mod tests {
             rejection(nft).unwrap(),
             "rejected: default/empty has no endpoints (the client is sent ICMP port unreachable)"
         );
+        assert_eq!(
+            rejection(r#"ip daddr 10.1.2.3 reject with tcp reset comment "block db-1" # handle 2"#)
+                .unwrap(),
+            "rejected (the client is sent a TCP RST)"
+        );
     }
 }
