@@ -72,12 +72,25 @@ impl LabService {
         format!("default/{}", self.name)
     }
 
-    /// kube-proxy's chain suffix: a hash of the service port name and
-    /// protocol (kube-proxy: base32 of a SHA-256, 16 characters).
-    pub fn chain_hash(&self, port: &LabPort, extra: &str) -> String {
-        let text = format!("{}:{}{}{extra}", self.qualified(), port.name, port.protocol);
-        format!("{:016X}", super::fnv1a(&text))
+    /// kube-proxy's iptables chain suffix: the first 16 characters of
+    /// [`sha256_base32`] of the service port name (`default/db:http`), the
+    /// protocol and, for an endpoint's chain, the endpoint (`ip:port`).
+    pub fn chain_hash(&self, port: &LabPort, endpoint: &str) -> String {
+        let text = format!(
+            "{}:{}{}{endpoint}",
+            self.qualified(),
+            port.name,
+            port.protocol
+        );
+        sha256_base32(&text)[..16].to_string()
     }
+}
+
+/// How kube-proxy hashes its chain names, in both modes: base32 of the
+/// SHA-256 of the name (each mode keeps a prefix of it).
+pub fn sha256_base32(text: &str) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    data_encoding::BASE32.encode(digest.as_ref())
 }
 
 impl Lab {
@@ -419,7 +432,8 @@ impl NatRules {
         }
         let n = svc.backends.len();
         for (i, pod) in svc.backends.iter().enumerate() {
-            let sep = format!("KUBE-SEP-{}", svc.chain_hash(port, &pod.ip.to_string()));
+            let endpoint = format!("{}:{}", pod.ip, port.target);
+            let sep = format!("KUBE-SEP-{}", svc.chain_hash(port, &endpoint));
             self.chains.push(sep.clone());
             let to = format!("{}:{}", pod.ip, port.target);
             let random = if i + 1 < n {
@@ -504,6 +518,13 @@ mod tests {
         assert!(rules.contains("-j DNAT --to-destination 10.244.2.3:8080"));
         assert!(rules.contains("\"default/empty:http has no endpoints\""));
         assert!(rules.contains("--dport 30080 -j KUBE-EXT-"));
+        // kube-proxy's own chain names for ns1/svc1:p80 and its endpoint
+        // 10.180.0.1:80 (pkg/proxy/iptables/proxier_test.go).
+        assert_eq!(&sha256_base32("ns1/svc1:p80tcp")[..16], "XPGD46QRK7WJZT7O");
+        assert_eq!(
+            &sha256_base32("ns1/svc1:p80tcp10.180.0.1:80")[..16],
+            "SXIVWICOYRO3J4NJ"
+        );
         let list = lab.service_list();
         assert_eq!(list["items"].as_array().unwrap().len(), 7);
     }

@@ -29,11 +29,10 @@
 use std::fmt::Write;
 
 use anyhow::Result;
-use data_encoding::BASE32;
 use ipnet::Ipv4Net;
 
 use super::{
-    kube_proxy::{LabPort, LabService},
+    kube_proxy::{sha256_base32, LabPort, LabService},
     Lab,
 };
 
@@ -69,10 +68,9 @@ pub fn install(lab: &Lab, ns: &str) -> Result<()> {
 }
 
 /// kube-proxy's `hashAndTruncate`: `HASH-name`, the hash being the first
-/// 8 characters of base32(SHA-256(name)).
+/// 8 characters of [`sha256_base32`] of the name.
 fn hashed(name: &str) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, name.as_bytes());
-    format!("{}-{name}", &BASE32.encode(digest.as_ref())[..8])
+    format!("{}-{name}", &sha256_base32(name)[..8])
 }
 
 /// `default/db/tcp/http`: a Service port as kube-proxy names its chains.
