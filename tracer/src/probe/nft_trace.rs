@@ -110,18 +110,8 @@ impl TraceParser {
             if policy.trim() != "drop" {
                 return None;
             }
-            let (src, dst, ip_id) = packet.id?;
-            return Some(TracedRule {
-                src,
-                dst,
-                ip_id,
-                rule: NetfilterRule {
-                    table: table_name(family, table),
-                    chain: chain.into(),
-                    hook: packet.hook.clone(),
-                    rule: format!("the policy of chain {chain} (DROP)"),
-                },
-            });
+            let policy = format!("the policy of chain {chain} (DROP)");
+            return traced(packet, family, table, chain, policy);
         }
         let rule = match event.strip_prefix("rule ") {
             Some(rest) => rule_event(family, table, chain, rest)?,
@@ -134,20 +124,31 @@ impl TraceParser {
         if rule.verdict != "drop" && !is_nat_rule(&rule.text) {
             return None;
         }
-        let (src, dst, ip_id) = packet.id?;
         let named = name_rule(&rule, packet, rules);
-        Some(TracedRule {
-            src,
-            dst,
-            ip_id,
-            rule: NetfilterRule {
-                table: table_name(family, table),
-                chain: chain.into(),
-                hook: packet.hook.clone(),
-                rule: named,
-            },
-        })
+        traced(packet, family, table, chain, named)
     }
+}
+
+/// The named rule, for the packet as it saw it.
+fn traced(
+    packet: &TracedPacket,
+    family: &str,
+    table: &str,
+    chain: &str,
+    rule: String,
+) -> Option<TracedRule> {
+    let (src, dst, ip_id) = packet.id?;
+    Some(TracedRule {
+        src,
+        dst,
+        ip_id,
+        rule: NetfilterRule {
+            table: table_name(family, table),
+            chain: chain.into(),
+            hook: packet.hook.clone(),
+            rule,
+        },
+    })
 }
 
 /// `nat` for iptables' tables (as iptables names them), `ip kube-proxy`
@@ -166,7 +167,7 @@ fn is_iptables_table(family: &str, table: &str) -> bool {
 
 /// A rule that rewrites addresses, in either syntax nft may print
 /// (iptables-nft's DNAT is printed as `dnat to` too).
-pub fn is_nat_rule(text: &str) -> bool {
+fn is_nat_rule(text: &str) -> bool {
     [
         "-j DNAT",
         "-j SNAT",
