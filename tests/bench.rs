@@ -207,3 +207,139 @@ fn untraced_pair_cost() {
         );
     }
 }
+
+/// Requests through a ClusterIP, one new TCP connection each (connect,
+/// send, answer, close) from inside a pod: each crosses kube-proxy's DNAT
+/// and the reply its un-DNAT. Prints each request's time in µs.
+const REQUESTS: &str = r#"
+import socket, sys, time
+ip, port, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for _ in range(count):
+    start = time.perf_counter()
+    s = socket.create_connection((ip, port), timeout=2)
+    s.sendall(b"hello\n")
+    s.recv(64)
+    s.close()
+    print(int((time.perf_counter() - start) * 1e6))
+"#;
+
+/// Request times (µs) from web-0 to `svc`'s ClusterIP:port.
+fn request_times(lab: &xtask::lab::Lab, svc: &str, count: u32) -> Vec<f64> {
+    let service = lab.service(svc);
+    let out = xtask::lab::in_netns(&lab.pod("web-0").netns, "python3")
+        .args(["-c", REQUESTS, &service.cluster_ip.to_string()])
+        .args([service.ports[0].port.to_string(), count.to_string()])
+        .output()
+        .expect("python3");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(((v.len() as f64 - 1.0) * p) as usize)
+        .copied()
+        .unwrap_or(0.0)
+}
+
+/// One traced or untraced round: request times and iperf3 bits/s.
+#[derive(Default)]
+struct NatRound {
+    requests_us: Vec<f64>,
+    bits: Vec<f64>,
+}
+
+/// What following a packet through kube-proxy's NAT costs it: requests
+/// (a new connection each) to db's ClusterIP and iperf3 through the
+/// `iperf` Service's ClusterIP (backend db-0 on the other node), untraced
+/// and traced (`podtrace default/web-0 svc/…`, both nodes, rule tracing
+/// on), in interleaved rounds, in both kube-proxy modes. Ping cannot go
+/// through a ClusterIP (kube-proxy translates TCP, UDP and SCTP only):
+/// the request time is the round trip that crosses the NAT.
+#[test]
+#[ignore = "benchmark: run with cargo xtask bench"]
+fn nat_following_cost() {
+    use xtask::lab::kube_proxy::ProxyMode;
+    const ROUNDS: usize = 3;
+    const REQUESTS_PER_ROUND: u32 = 100;
+    const IPERF_SECONDS: u32 = 3;
+    for mode in [ProxyMode::Iptables, ProxyMode::Nftables] {
+        let lab = lab(Topology::FlannelVxlan);
+        lab.0.install_services(mode).expect("install services");
+        request_times(&lab.0, "db", 20); // warm the caches
+        let mut untraced = NatRound::default();
+        let mut traced = NatRound::default();
+        for _ in 0..ROUNDS {
+            for (round, trace) in [(&mut untraced, false), (&mut traced, true)] {
+                let tracing = trace.then(|| trace_service(&lab.0, "db"));
+                round
+                    .requests_us
+                    .extend(request_times(&lab.0, "db", REQUESTS_PER_ROUND));
+                finish_trace(tracing);
+                let tracing = trace.then(|| trace_service(&lab.0, "iperf"));
+                let address = lab.0.service("iperf").cluster_ip;
+                let (bits, _) = datapath::iperf_to(&lab.0, "web-0", "db-0", address, IPERF_SECONDS);
+                round.bits.push(bits);
+                finish_trace(tracing);
+            }
+        }
+        print_nat_cost(mode, &untraced, &traced);
+    }
+}
+
+/// `podtrace default/web-0 svc/<svc>` on both nodes, started.
+fn trace_service(lab: &xtask::lab::Lab, svc: &str) -> Trace {
+    let mut args = vec![
+        "default/web-0".to_string(),
+        format!("svc/{svc}"),
+        "-o".into(),
+        "json".into(),
+        "--services-file".into(),
+        lab.services_file().display().to_string(),
+    ];
+    args.extend(lab_args(lab, &[1, 2]));
+    Trace::start(&args)
+}
+
+/// Stops a trace; one that told no story saw nothing, and its round
+/// measured nothing: the bench fails rather than print that number.
+fn finish_trace(trace: Option<Trace>) {
+    if let Some(trace) = trace {
+        trace.signal(libc::SIGINT);
+        let done = trace.finish();
+        assert!(
+            done.stories()
+                .iter()
+                .any(|s| s["hops"].as_array().is_some_and(|h| !h.is_empty())),
+            "the traced round told no story: {}",
+            done.stderr
+        );
+    }
+}
+
+fn print_nat_cost(mode: xtask::lab::kube_proxy::ProxyMode, untraced: &NatRound, traced: &NatRound) {
+    let p = |r: &NatRound, q| percentile(r.requests_us.clone(), q);
+    let gbit = |r: &NatRound| percentile(r.bits.clone(), 0.5) / 1e9;
+    println!(
+        "NAT following ({mode:?} kube-proxy): web-0 → ClusterIP → backend on node-2, {} interleaved rounds",
+        traced.bits.len()
+    );
+    println!(
+        "  request through db's ClusterIP (new TCP connection each, {} per case) p50/p90: {:.0}/{:.0} µs untraced, {:.0}/{:.0} µs traced ({:+.1}% p50, {:+.0} µs)",
+        traced.requests_us.len(),
+        p(untraced, 0.5),
+        p(untraced, 0.9),
+        p(traced, 0.5),
+        p(traced, 0.9),
+        (p(traced, 0.5) / p(untraced, 0.5) - 1.0) * 100.0,
+        p(traced, 0.5) - p(untraced, 0.5)
+    );
+    println!(
+        "  iperf3 through iperf's ClusterIP, median: {:.2} Gbit/s untraced, {:.2} Gbit/s traced ({:.2}×)",
+        gbit(untraced),
+        gbit(traced),
+        gbit(traced) / gbit(untraced)
+    );
+}

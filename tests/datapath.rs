@@ -5,6 +5,7 @@
 
 use std::{
     collections::BTreeMap,
+    net::Ipv4Addr,
     process::{Child, Command, Stdio},
     time::Duration,
 };
@@ -12,12 +13,19 @@ use std::{
 use serde_json::Value;
 use xtask::lab::{in_netns, Lab};
 
-/// TCP port of the bench's iperf3 servers.
-const IPERF_PORT: u16 = 5201;
+/// TCP port of the bench's iperf3 servers (the lab's `default/iperf`
+/// Service targets it too).
+const IPERF_PORT: u16 = xtask::lab::kube_proxy::IPERF_PORT;
 
 /// An iperf3 TCP run of `seconds` from pod `from` to pod `to`: bits/s
 /// received, and retransmits.
 pub fn iperf(lab: &Lab, from: &str, to: &str, seconds: u32) -> (f64, u64) {
+    iperf_to(lab, from, to, lab.pod(to).ip, seconds)
+}
+
+/// The same, the client connecting to `address` (a ClusterIP whose
+/// Service sends it to pod `to`).
+pub fn iperf_to(lab: &Lab, from: &str, to: &str, address: Ipv4Addr, seconds: u32) -> (f64, u64) {
     let (client, server) = (lab.pod(from), lab.pod(to));
     let mut listening = in_netns(&server.netns, "iperf3")
         .args(["-s", "-1", "-p", &IPERF_PORT.to_string()])
@@ -27,9 +35,12 @@ pub fn iperf(lab: &Lab, from: &str, to: &str, seconds: u32) -> (f64, u64) {
         .expect("iperf3 server");
     std::thread::sleep(Duration::from_millis(300));
     let out = in_netns(&client.netns, "iperf3")
-        .args(["-J", "-c", &server.ip.to_string(), "-p"])
+        .args(["-J", "-c", &address.to_string(), "-p"])
         .arg(IPERF_PORT.to_string())
         .args(["-t", &seconds.to_string()])
+        // A path that drops the SYN fails the run (0 bits/s) instead of
+        // hanging the bench through TCP's retries.
+        .args(["--connect-timeout", "3000"])
         .output()
         .expect("iperf3 client");
     stop(&mut listening);

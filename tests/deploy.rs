@@ -100,7 +100,7 @@ fn the_image_ships_podtrace_and_its_kubectl_plugin_name() {
     assert!(dockerfile.contains("kubectl-podtrace"));
     assert!(
         dockerfile.contains("nftables"),
-        "rule tracing needs nft and xtables-monitor"
+        "rule tracing needs nft and iptables-save"
     );
 }
 

@@ -1,8 +1,10 @@
-//! Services on the lab (`lab up … --services`, kube-proxy's iptables
-//! chains): a packet to a ClusterIP is followed through kube-proxy's DNAT
-//! to its backend on the other node, its reply through conntrack's
-//! un-DNAT back, one story per packet, each translation named with both
-//! tuples and its rule; a Service without endpoints is `rejected`.
+//! Services on the lab (`lab up … --services`), in both kube-proxy modes
+//! (each case runs as `…_iptables` and `…_nftables`): a packet to a
+//! ClusterIP is followed through kube-proxy's DNAT to its backend on the
+//! other node, its reply through conntrack's un-DNAT back, one story per
+//! packet, each translation named with both tuples and its rule (iptables
+//! syntax for KUBE-SEP-…, `nft -a list` text for the `endpoint-…` chain);
+//! a Service without endpoints is `rejected`.
 
 #[allow(dead_code)]
 mod support;
@@ -93,9 +95,61 @@ fn nodes_of(story: &Value) -> Vec<String> {
     nodes
 }
 
+/// Runs a case in both kube-proxy modes.
+macro_rules! in_both_modes {
+    ($($case:ident: $iptables:ident, $nftables:ident;)*) => {$(
+        #[test]
+        fn $iptables() {
+            $case(ProxyMode::Iptables);
+        }
+        #[test]
+        fn $nftables() {
+            $case(ProxyMode::Nftables);
+        }
+    )*};
+}
+
+in_both_modes! {
+    cluster_ip_to_the_other_node_and_back:
+        a_cluster_ip_is_followed_to_its_backend_on_the_other_node_and_back_iptables,
+        a_cluster_ip_is_followed_to_its_backend_on_the_other_node_and_back_nftables;
+    bare_cluster_ip_and_port:
+        a_bare_cluster_ip_and_port_with_the_services_file_is_the_same_story_iptables,
+        a_bare_cluster_ip_and_port_with_the_services_file_is_the_same_story_nftables;
+    svc_through_the_api:
+        svc_db_through_the_api_stub_is_followed_too_iptables,
+        svc_db_through_the_api_stub_is_followed_too_nftables;
+    service_without_endpoints:
+        a_service_without_endpoints_is_rejected_by_kube_proxy_with_the_rule_iptables,
+        a_service_without_endpoints_is_rejected_by_kube_proxy_with_the_rule_nftables;
+}
+
+/// The DNAT rule as the story must name it, for the backend it picked:
+/// kube-proxy's KUBE-SEP chain in iptables syntax, or its endpoint chain
+/// with the `dnat to` statement as `nft -a list` shows it.
+fn assert_dnat_rule(mode: ProxyMode, rule: &str, backend: std::net::Ipv4Addr) {
+    let to = format!("{backend}:8080");
+    match mode {
+        ProxyMode::Iptables => assert!(
+            rule.starts_with("nat KUBE-SEP-")
+                && rule.contains(&format!("-j DNAT --to-destination {to}")),
+            "{rule}"
+        ),
+        ProxyMode::Nftables => {
+            let chain = format!("__{backend}/8080: ");
+            assert!(
+                rule.starts_with("ip kube-proxy endpoint-")
+                    && rule.contains(&chain)
+                    && rule.contains(&format!("dnat to {to} # handle ")),
+                "{rule}"
+            )
+        }
+    }
+}
+
 /// `nodes`: how the story names node-1 and node-2 (by their netns without
 /// the pods file).
-fn assert_cluster_ip_followed(lab: &Lab, done: &Finished, rule_prefix: &str, nodes: [&str; 2]) {
+fn assert_cluster_ip_followed(lab: &Lab, done: &Finished, mode: ProxyMode, nodes: [&str; 2]) {
     let [n1, n2] = nodes;
     assert!(done.status.success(), "{}", done.stderr);
     let (syn, synack) = syn_and_synack(done);
@@ -111,10 +165,7 @@ fn assert_cluster_ip_followed(lab: &Lab, done: &Finished, rule_prefix: &str, nod
         .iter()
         .find(|b| after == format!("{}:8080", b.ip))
         .unwrap_or_else(|| panic!("DNAT to a backend: {step}"));
-    assert!(
-        step["rule"].as_str().unwrap().contains(rule_prefix),
-        "{step}"
-    );
+    assert_dnat_rule(mode, step["rule"].as_str().unwrap(), backend.ip);
     assert_eq!(step["conntrack"]["state"], "new");
     assert_eq!(step["backend"], format!("default/{}", backend.name));
     assert_eq!(dnat[0]["node"], n1);
@@ -138,27 +189,16 @@ fn assert_cluster_ip_followed(lab: &Lab, done: &Finished, rule_prefix: &str, nod
     assert_eq!(nodes_of(&synack), [n2, n1]);
 }
 
-#[test]
-fn a_cluster_ip_is_followed_to_its_backend_on_the_other_node_and_back() {
-    let lab = services_lab(ProxyMode::Iptables);
+fn cluster_ip_to_the_other_node_and_back(mode: ProxyMode) {
+    let lab = services_lab(mode);
     let [a, b, c, d] = files(&lab.0);
     let (done, answer) = trace_request(&lab.0, "default/web-0", "svc/db", &[&a, &b, &c, &d]);
     assert_eq!(answer.as_deref(), Ok("ok"));
-    assert_cluster_ip_followed(&lab.0, &done, "nat KUBE-SEP-", NAMED);
-    let (syn, _) = syn_and_synack(&done);
-    let step = &nat_hops(&syn, "DNAT")[0]["nat"][0];
-    assert!(
-        step["rule"]
-            .as_str()
-            .unwrap()
-            .contains("-j DNAT --to-destination"),
-        "{step}"
-    );
+    assert_cluster_ip_followed(&lab.0, &done, mode, NAMED);
 }
 
-#[test]
-fn a_bare_cluster_ip_and_port_with_the_services_file_is_the_same_story() {
-    let lab = services_lab(ProxyMode::Iptables);
+fn bare_cluster_ip_and_port(mode: ProxyMode) {
+    let lab = services_lab(mode);
     let db = lab.0.service("db");
     let dst = format!("{}:80", db.cluster_ip);
     let [_, _, c, d] = files(&lab.0);
@@ -167,12 +207,11 @@ fn a_bare_cluster_ip_and_port_with_the_services_file_is_the_same_story() {
     let (done, answer) = trace_request(&lab.0, &src, &dst, &[&c, &d]);
     assert_eq!(answer.as_deref(), Ok("ok"));
     let (n1, n2) = (lab.0.node_netns(1), lab.0.node_netns(2));
-    assert_cluster_ip_followed(&lab.0, &done, "nat KUBE-SEP-", [&n1, &n2]);
+    assert_cluster_ip_followed(&lab.0, &done, mode, [&n1, &n2]);
 }
 
-#[test]
-fn svc_db_through_the_api_stub_is_followed_too() {
-    let lab = services_lab(ProxyMode::Iptables);
+fn svc_through_the_api(mode: ProxyMode) {
+    let lab = services_lab(mode);
     let stub = Stub::start(&lab.0.pod_list(), &lab.0.node_list());
     stub.add_services(&lab.0.service_list());
     let dir = std::env::temp_dir().join(format!("podtrace-svc-tests-{}", std::process::id()));
@@ -184,12 +223,11 @@ fn svc_db_through_the_api_stub_is_followed_too() {
         &["--kubeconfig", &kubeconfig],
     );
     assert_eq!(answer.as_deref(), Ok("ok"));
-    assert_cluster_ip_followed(&lab.0, &done, "nat KUBE-SEP-", NAMED);
+    assert_cluster_ip_followed(&lab.0, &done, mode, NAMED);
 }
 
-#[test]
-fn a_service_without_endpoints_is_rejected_by_kube_proxy_with_the_rule() {
-    let lab = services_lab(ProxyMode::Iptables);
+fn service_without_endpoints(mode: ProxyMode) {
+    let lab = services_lab(mode);
     let empty = lab.0.service("empty");
     let [a, b, c, d] = files(&lab.0);
     let mut args = vec![
@@ -223,9 +261,23 @@ fn a_service_without_endpoints_is_rejected_by_kube_proxy_with_the_rule() {
         ),
         "{summary}"
     );
-    assert_eq!(verdict["netfilter"]["chain"], "KUBE-SERVICES", "{verdict}");
-    assert!(verdict["netfilter"]["rule"]
-        .as_str()
-        .unwrap()
-        .contains("-j REJECT"));
+    let rule = verdict["netfilter"]["rule"].as_str().unwrap();
+    match mode {
+        ProxyMode::Iptables => {
+            assert_eq!(verdict["netfilter"]["chain"], "KUBE-SERVICES", "{verdict}");
+            assert!(rule.contains("-j REJECT"), "{rule}");
+        }
+        ProxyMode::Nftables => {
+            // kube-proxy's reject, reached through its map of Services
+            // without endpoints, whose element names the Service.
+            assert_eq!(verdict["netfilter"]["table"], "ip kube-proxy", "{verdict}");
+            assert_eq!(verdict["netfilter"]["chain"], "reject-chain", "{verdict}");
+            assert!(
+                rule.starts_with("reject # handle ")
+                    && rule.contains("vmap @no-endpoint-services")
+                    && rule.contains("comment \"default/empty:http\""),
+                "{rule}"
+            );
+        }
+    }
 }

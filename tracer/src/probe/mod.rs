@@ -3,7 +3,8 @@
 //! - `tc`: the classifiers on every watched interface (one sighting per
 //!   hook a traced packet crosses);
 //! - `drops`: the kfree_skb tracepoint (the kernel's drop reasons);
-//! - `netfilter`: nftables packet tracing (which rule dropped a packet);
+//! - `netfilter`: nftables packet tracing (which rule dropped a packet),
+//!   `nft_trace`: its events read into named rules;
 //! - `link_watch`: interfaces that come and go during a trace;
 //! - `btf`: the running kernel's struct layout, since Rust eBPF has no CO-RE;
 //! - `profile`: profile mode's step histograms, read from the kernel;
@@ -15,6 +16,7 @@ pub mod drops;
 pub mod link_watch;
 mod load;
 pub mod netfilter;
+pub mod nft_trace;
 pub mod profile;
 pub mod run_registry;
 pub mod tc;

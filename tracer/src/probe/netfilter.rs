@@ -4,10 +4,9 @@
 //! podtrace adds one table of its own per traced node, `inet podtrace_r<run id>`,
 //! whose chains run before raw (priority -350) and set `meta nftrace 1` on
 //! the traced flow only; no other table is touched. The events are read by
-//! the system's `xtables-monitor --trace`, which prints iptables-nft rules
-//! in the syntax their author wrote (`-A FORWARD -s … -j DROP`, comments
-//! included) — decoding xt match payloads ourselves would mean
-//! re-implementing iptables' extension printers. The table goes away on
+//! the system's `nft -a monitor trace` (`nft_trace` names the rules:
+//! iptables syntax in iptables-nft's tables, `nft -a list` text in native
+//! ones, such as kube-proxy's nftables mode). The table goes away on
 //! exit; a table left by a killed podtrace is removed on the next start,
 //! which tells dead from alive by the run registry (`run_registry`), not
 //! by PID: a podtrace in another PID namespace cannot see the host's PIDs.
@@ -15,7 +14,6 @@
 //! only from the initial PID namespace, where every PID is visible.
 
 use std::{
-    collections::HashMap,
     io::{BufRead, BufReader, Write},
     net::Ipv4Addr,
     os::unix::process::CommandExt,
@@ -27,19 +25,25 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use super::run_registry::{self, Held, Liveness, Record};
+use super::{
+    nft_trace::{KernelRules, TraceParser},
+    run_registry::{self, Held, Liveness, Record},
+};
 use crate::node::netns::Namespace;
 
 /// The rule that gave a traced packet its final DROP, or translated its
 /// addresses.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetfilterRule {
+    /// `nat` for iptables' tables; `<family> <name>` (`ip kube-proxy`) for
+    /// native nft tables, as `nft list table` names them.
     pub table: String,
     pub chain: String,
     /// The base chain the packet entered by (FORWARD, INPUT, …).
     pub hook: String,
-    /// As iptables-save prints it (`-A FORWARD … -j DROP`), or the nft rule
-    /// handle where the rule is native nftables.
+    /// As iptables-save prints it (`-A FORWARD … -j DROP`) in iptables'
+    /// tables; in native nft tables as `nft -a list` prints it
+    /// (`meta l4proto tcp dnat to 10.244.2.3:8080 # handle 58`).
     pub rule: String,
 }
 
@@ -73,100 +77,6 @@ impl Backend {
 
 /// How a packet is known across signals: source, destination, IP ID.
 pub type PacketId = (Ipv4Addr, Ipv4Addr, u16);
-
-/// Parses `xtables-monitor --trace` output into DROP verdicts and nat
-/// rules.
-#[derive(Default)]
-pub struct TraceParser {
-    /// trace id → (packet, the base chain it entered by)
-    packets: HashMap<String, (PacketId, Option<String>)>,
-}
-
-impl TraceParser {
-    pub fn feed(&mut self, line: &str) -> Option<TracedRule> {
-        let line = line.trim_start();
-        if let Some(rest) = line.strip_prefix("PACKET: ") {
-            let mut fields = rest.split_whitespace();
-            let _family = fields.next()?;
-            let id = fields.next()?.to_string();
-            let mut src = None;
-            let mut dst = None;
-            let mut ip_id = None;
-            for field in fields {
-                match field.split_once('=') {
-                    Some(("SRC", v)) => src = v.parse().ok(),
-                    Some(("DST", v)) => dst = v.parse().ok(),
-                    Some(("ID", v)) => ip_id = v.parse().ok(),
-                    _ => {}
-                }
-            }
-            if self.packets.len() > 4096 {
-                self.packets.clear();
-            }
-            self.packets.insert(id, ((src?, dst?, ip_id?), None));
-            return None;
-        }
-        let rest = line.strip_prefix("TRACE: ")?;
-        let mut fields = rest.splitn(4, ' ');
-        let _family = fields.next()?;
-        let id = fields.next()?;
-        let what = fields.next()?;
-        let rule_text = fields.next().unwrap_or("").trim();
-        let (packet, base) = self.packets.get_mut(id)?;
-        let mut parts = what.split(':');
-        let (table, chain) = (parts.next()?, parts.next()?);
-        let kind = parts.next()?;
-        let base = base.get_or_insert_with(|| chain.to_string()).clone();
-        let (handle, verdict) = match kind {
-            "rule" => (parts.next()?.to_string(), parts.next()?),
-            _ => (String::new(), parts.next()?),
-        };
-        let translates = kind == "rule" && is_nat_rule(rule_text);
-        if verdict != "DROP" && !translates {
-            return None;
-        }
-        let rule = match (kind, rule_text) {
-            ("rule", "") => format!(
-                "nft rule handle {} in table {table} chain {chain}",
-                u64::from_str_radix(handle.trim_start_matches("0x"), 16).unwrap_or(0)
-            ),
-            ("rule", text) => strip_family_and_table(text),
-            (_, _) => format!("the policy of chain {chain} (DROP)"),
-        };
-        let (src, dst, ip_id) = *packet;
-        Some(TracedRule {
-            src,
-            dst,
-            ip_id,
-            rule: NetfilterRule {
-                table: table.into(),
-                chain: chain.into(),
-                hook: base,
-                rule,
-            },
-        })
-    }
-}
-
-/// A rule that rewrites addresses (kube-proxy's DNAT, a MASQUERADE): its
-/// packet's story names it where the addresses changed.
-fn is_nat_rule(text: &str) -> bool {
-    ["-j DNAT", "-j SNAT", "-j MASQUERADE"]
-        .iter()
-        .any(|target| text.contains(target))
-}
-
-/// `-4 -t filter -A FORWARD …` → `-A FORWARD …` (the table is its own field).
-fn strip_family_and_table(text: &str) -> String {
-    let mut rest = text.trim();
-    for prefix in ["-4 ", "-6 "] {
-        rest = rest.strip_prefix(prefix).unwrap_or(rest);
-    }
-    if let Some(after) = rest.strip_prefix("-t ") {
-        rest = after.split_once(' ').map_or(after, |(_, r)| r);
-    }
-    rest.to_string()
-}
 
 fn table_name(run_id: u64) -> String {
     format!("podtrace_r{run_id:016x}")
@@ -206,9 +116,9 @@ impl NodeTrace {
             );
             script.push_str(&trace_rules(&table, pairs));
             nft_script(&script).context("cannot add podtrace's nft tracing table")?;
-            let mut command = Command::new("xtables-monitor");
+            let mut command = Command::new("nft");
             command
-                .arg("--trace")
+                .args(["-a", "monitor", "trace"])
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null());
             // SAFETY: prctl is async-signal-safe. The monitor must not
@@ -224,14 +134,17 @@ impl NodeTrace {
                 Ok(child) => child,
                 Err(e) => {
                     let _ = delete_table(&table);
-                    bail!("cannot run xtables-monitor (package iptables): {e}");
+                    bail!("cannot run nft monitor trace (package nftables): {e}");
                 }
             };
             let stdout = monitor.stdout.take().expect("piped");
+            // A thread starts in the namespace of the thread that spawns
+            // it: the rule lookups below ask this node.
             std::thread::spawn(move || {
                 let mut parser = TraceParser::default();
+                let mut kernel = KernelRules::default();
                 for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                    if let Some(drop) = parser.feed(&line) {
+                    if let Some(drop) = parser.feed(&line, &mut kernel) {
                         if tx.send((node_id, drop)).is_err() {
                             return;
                         }
@@ -379,16 +292,6 @@ fn in_initial_pid_namespace() -> bool {
 mod tests {
     use super::*;
 
-    /// Recorded from `xtables-monitor --trace` on the lab, Calico-style chains.
-    const CALICO: &str = r#"PACKET: 1 fecb2fc2 IN=cni0 NFPROTO=2 MACSRC=2:be:d0:67:2e:79 MACDST=be:76:ad:2d:c2:bf MACPROTO=0800 SRC=10.244.1.2 DST=10.244.2.2 LEN=84 TOS=0x0 TTL=64 ID=53798 DF 
- TRACE: 1 fecb2fc2 podtrace_test:pre:rule:0x2:CONTINUE  
- TRACE: 1 fecb2fc2 podtrace_test:pre:policy:ACCEPT 
-PACKET: 2 beb3af5f IN=cni0 OUT=flannel.1 MACSRC=2:be:d0:67:2e:79 MACDST=be:76:ad:2d:c2:bf MACPROTO=0800 SRC=10.244.1.2 DST=10.244.2.2 LEN=84 TOS=0x0 TTL=63 ID=53798 DF 
- TRACE: 2 beb3af5f filter:FORWARD:rule:0x6:JUMP:cali-FORWARD  -4 -t filter -A FORWARD -m comment --comment "cali:wUHhoiAYhphO9Mso" -j cali-FORWARD
- TRACE: 2 beb3af5f filter:cali-FORWARD:rule:0x7:JUMP:cali-tw-veth1  -4 -t filter -A cali-FORWARD -j cali-tw-veth1
- TRACE: 2 beb3af5f filter:cali-tw-veth1:rule:0x8:DROP  -4 -t filter -A cali-tw-veth1 -m comment --comment "cali:1" -m comment --comment "Drop if no profiles matched" -j DROP
-"#;
-
     #[test]
     fn tracing_is_rate_limited_per_pair_and_says_so() {
         let pair = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
@@ -400,66 +303,5 @@ PACKET: 2 beb3af5f IN=cni0 OUT=flannel.1 MACSRC=2:be:d0:67:2e:79 MACDST=be:76:ad
             2
         );
         assert!(UNTRACED_DROP.contains(&format!("{TRACED_PER_SECOND} packets/s")));
-    }
-
-    #[test]
-    fn the_dropping_rule_is_named_with_its_user_chain_and_hook() {
-        let mut parser = TraceParser::default();
-        let drops: Vec<_> = CALICO.lines().filter_map(|l| parser.feed(l)).collect();
-        assert_eq!(
-            drops,
-            [TracedRule {
-                src: "10.244.1.2".parse().unwrap(),
-                dst: "10.244.2.2".parse().unwrap(),
-                ip_id: 53798,
-                rule: NetfilterRule {
-                    table: "filter".into(),
-                    chain: "cali-tw-veth1".into(),
-                    hook: "FORWARD".into(),
-                    rule: r#"-A cali-tw-veth1 -m comment --comment "cali:1" -m comment --comment "Drop if no profiles matched" -j DROP"#.into(),
-                },
-            }]
-        );
-    }
-
-    /// Recorded: a connection to a ClusterIP through kube-proxy's chains.
-    const KUBE_PROXY: &str = r#"PACKET: 2 012abfe9 IN=cni0 SRC=10.244.1.2 DST=10.96.7.7 LEN=60 TOS=0x0 TTL=64 ID=11032 DF SPORT=46960 DPORT=80 SYN 
- TRACE: 2 012abfe9 nat:PREROUTING:rule:0x4:JUMP:KUBE-SERVICES  -4 -t nat -A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
- TRACE: 2 012abfe9 nat:KUBE-SERVICES:rule:0x9:JUMP:KUBE-SVC-AB  -4 -t nat -A KUBE-SERVICES -d 10.96.7.7/32 -p tcp -m comment --comment "default/db:http cluster IP" -m tcp --dport 80 -j KUBE-SVC-AB
- TRACE: 2 012abfe9 nat:KUBE-SEP-ABC:rule:0x2:ACCEPT  -4 -t nat -A KUBE-SEP-ABC -p tcp -m comment --comment "default/db:http" -m tcp -j DNAT --to-destination 10.244.2.3:8080
-"#;
-
-    #[test]
-    fn a_dnat_rule_is_reported_with_the_packet_before_it() {
-        let mut parser = TraceParser::default();
-        let rules: Vec<_> = KUBE_PROXY.lines().filter_map(|l| parser.feed(l)).collect();
-        assert_eq!(rules.len(), 1);
-        assert_eq!(rules[0].dst, "10.96.7.7".parse::<Ipv4Addr>().unwrap());
-        assert_eq!(rules[0].rule.chain, "KUBE-SEP-ABC");
-        assert_eq!(rules[0].rule.hook, "PREROUTING");
-        assert!(rules[0]
-            .rule
-            .rule
-            .ends_with("-j DNAT --to-destination 10.244.2.3:8080"));
-    }
-
-    #[test]
-    fn native_rules_and_policies_are_named_by_handle_and_chain() {
-        let mut parser = TraceParser::default();
-        parser.feed("PACKET: 1 aa IN=eth0 SRC=10.0.0.1 DST=10.0.0.2 LEN=84 TTL=64 ID=7 DF");
-        let rule = parser
-            .feed(" TRACE: 1 aa mytable:input:rule:0x1a:DROP  ")
-            .unwrap();
-        assert_eq!(
-            rule.rule.rule,
-            "nft rule handle 26 in table mytable chain input"
-        );
-        let policy = parser
-            .feed(" TRACE: 1 aa filter:INPUT:policy:DROP ")
-            .unwrap();
-        assert_eq!(policy.rule.rule, "the policy of chain INPUT (DROP)");
-        assert!(parser
-            .feed(" TRACE: 9 unknown filter:INPUT:policy:DROP ")
-            .is_none());
     }
 }

@@ -173,9 +173,11 @@ impl Story {
 }
 
 /// For a REJECT rule: `rejected: default/db has no endpoints` (from
-/// kube-proxy's comment) and what the client is then sent.
+/// kube-proxy's comment: on the iptables rule, or in nftables mode on the
+/// `no-endpoint-services` element that led to the reject) and what the
+/// client is then sent.
 fn rejection(rule: &str) -> Option<String> {
-    if !rule.contains("-j REJECT") && !rule.contains(" reject") {
+    if !rule.contains("-j REJECT") && !rule.starts_with("reject") && !rule.contains(" reject") {
         return None;
     }
     let comment = rule
@@ -192,9 +194,17 @@ fn rejection(rule: &str) -> Option<String> {
             let svc = svc.split(':').next().unwrap_or(svc);
             format!("rejected: {svc} {tail}")
         }
+        // kube-proxy's nftables map of Services without endpoints, its
+        // elements commented `default/db:http`.
+        Some(c) if rule.contains("@no-endpoint-services") => {
+            format!(
+                "rejected: {} has no endpoints",
+                c.split(':').next().unwrap_or(&c)
+            )
+        }
         _ => "rejected".to_string(),
     };
-    let answer = if rule.contains("tcp-reset") {
+    let answer = if rule.contains("tcp-reset") || rule.contains("reject with tcp reset") {
         "a TCP RST"
     } else if let Some((_, with)) = rule.split_once("--reject-with ") {
         match with.split_whitespace().next() {
@@ -416,5 +426,15 @@ mod tests {
             "rejected: default/empty has no endpoints (the client is sent ICMP port unreachable)"
         );
         assert!(rejection("-A FORWARD -j DROP").is_none());
+        let nft = r#"reject # handle 54, reached by service-endpoints-check: ip daddr . meta l4proto . th dport vmap @no-endpoint-services # handle 44 on element 10.96.9.9 . tcp . 80 comment "default/empty:http""#;
+        assert_eq!(
+            rejection(nft).unwrap(),
+            "rejected: default/empty has no endpoints (the client is sent ICMP port unreachable)"
+        );
+        assert_eq!(
+            rejection(r#"ip daddr 10.1.2.3 reject with tcp reset comment "block db-1" # handle 2"#)
+                .unwrap(),
+            "rejected (the client is sent a TCP RST)"
+        );
     }
 }

@@ -20,7 +20,9 @@
 //!   (`dns`), backends db-0 and db-1 on node-2;
 //! - `default/web`: TCP 80 → 8080, backend web-0 on node-1 (same node,
 //!   hairpin);
-//! - `default/empty`: TCP 80, no endpoints.
+//! - `default/empty`: TCP 80, no endpoints;
+//! - `default/iperf`: TCP 5201 → 5201, backend db-0 (the NAT bench runs
+//!   iperf3 through it).
 
 use std::{fs, net::Ipv4Addr, process::Stdio};
 
@@ -32,6 +34,8 @@ use super::{cmd, in_netns, Lab, LabPod, NODES};
 /// The backends' listening ports.
 pub const TCP_PORT: u16 = 8080;
 pub const UDP_PORT: u16 = 5353;
+/// iperf3's port, for the NAT bench's Service.
+pub const IPERF_PORT: u16 = 5201;
 /// db's NodePort.
 pub const NODE_PORT: u16 = 30080;
 /// kube-proxy's masquerade mark.
@@ -68,12 +72,25 @@ impl LabService {
         format!("default/{}", self.name)
     }
 
-    /// kube-proxy's chain suffix: a hash of the service port name and
-    /// protocol (kube-proxy: base32 of a SHA-256, 16 characters).
-    pub fn chain_hash(&self, port: &LabPort, extra: &str) -> String {
-        let text = format!("{}:{}{}{extra}", self.qualified(), port.name, port.protocol);
-        format!("{:016X}", super::fnv1a(&text))
+    /// kube-proxy's iptables chain suffix: the first 16 characters of
+    /// [`sha256_base32`] of the service port name (`default/db:http`), the
+    /// protocol and, for an endpoint's chain, the endpoint (`ip:port`).
+    pub fn chain_hash(&self, port: &LabPort, endpoint: &str) -> String {
+        let text = format!(
+            "{}:{}{}{endpoint}",
+            self.qualified(),
+            port.name,
+            port.protocol
+        );
+        sha256_base32(&text)[..16].to_string()
     }
+}
+
+/// How kube-proxy hashes its chain names, in both modes: base32 of the
+/// SHA-256 of the name (each mode keeps a prefix of it).
+pub fn sha256_base32(text: &str) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    data_encoding::BASE32.encode(digest.as_ref())
 }
 
 impl Lab {
@@ -114,6 +131,18 @@ impl Lab {
                 ports: vec![http(None)],
                 backends: vec![],
             },
+            LabService {
+                name: "iperf",
+                cluster_ip: ip(10),
+                ports: vec![LabPort {
+                    name: "iperf",
+                    protocol: "tcp",
+                    port: IPERF_PORT,
+                    target: IPERF_PORT,
+                    node_port: None,
+                }],
+                backends: vec![self.pod("db-0")],
+            },
         ]
     }
 
@@ -142,7 +171,7 @@ impl Lab {
             }
             match mode {
                 ProxyMode::Iptables => restore(&ns, &self.iptables_rules(node))?,
-                ProxyMode::Nftables => super::kube_proxy_nft::install(self, &ns, node)?,
+                ProxyMode::Nftables => super::kube_proxy_nft::install(self, &ns)?,
             }
         }
         self.start_listeners()?;
@@ -218,6 +247,7 @@ while True:
             .into_iter()
             .flat_map(|s| s.backends)
             .collect();
+        backends.sort_by(|a, b| a.name.cmp(&b.name));
         backends.dedup_by(|a, b| a.name == b.name);
         for pod in backends {
             let child = in_netns(&pod.netns, "python3")
@@ -402,7 +432,8 @@ impl NatRules {
         }
         let n = svc.backends.len();
         for (i, pod) in svc.backends.iter().enumerate() {
-            let sep = format!("KUBE-SEP-{}", svc.chain_hash(port, &pod.ip.to_string()));
+            let endpoint = format!("{}:{}", pod.ip, port.target);
+            let sep = format!("KUBE-SEP-{}", svc.chain_hash(port, &endpoint));
             self.chains.push(sep.clone());
             let to = format!("{}:{}", pod.ip, port.target);
             let random = if i + 1 < n {
@@ -487,7 +518,14 @@ mod tests {
         assert!(rules.contains("-j DNAT --to-destination 10.244.2.3:8080"));
         assert!(rules.contains("\"default/empty:http has no endpoints\""));
         assert!(rules.contains("--dport 30080 -j KUBE-EXT-"));
+        // kube-proxy's own chain names for ns1/svc1:p80 and its endpoint
+        // 10.180.0.1:80 (pkg/proxy/iptables/proxier_test.go).
+        assert_eq!(&sha256_base32("ns1/svc1:p80tcp")[..16], "XPGD46QRK7WJZT7O");
+        assert_eq!(
+            &sha256_base32("ns1/svc1:p80tcp10.180.0.1:80")[..16],
+            "SXIVWICOYRO3J4NJ"
+        );
         let list = lab.service_list();
-        assert_eq!(list["items"].as_array().unwrap().len(), 5);
+        assert_eq!(list["items"].as_array().unwrap().len(), 7);
     }
 }

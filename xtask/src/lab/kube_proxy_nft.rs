@@ -1,40 +1,62 @@
 //! `lab up … --services --proxy-mode nftables`: the lab's Services as
-//! kube-proxy's nftables mode programs them (pkg/proxy/nftables): one
-//! table `ip kube-proxy`, a verdict map `service-ips` keyed by
-//! `ip daddr . meta l4proto . th dport`, one `service-<hash>-<ns>/<name>/<proto>/<port>`
-//! chain per Service port choosing an endpoint with `numgen random mod N
-//! vmap`, one `endpoint-<hash>-…` chain per endpoint (mark-for-masquerade
-//! for hairpin, then `dnat to`), a `no-endpoint-services` map that jumps
-//! to a reject chain, and `ct state invalid drop` in filter-forward.
-//! Flannel's MASQUERADE stays in iptables, as on a real node.
+//! kube-proxy's nftables mode (≥ 1.31, `pkg/proxy/nftables`) programs
+//! them, so that podtrace meets the table a real node has:
+//!
+//! - one table `ip kube-proxy`; base chains `filter-prerouting`,
+//!   `filter-input`, `filter-forward`, `filter-output` (priority dstnat-10),
+//!   `filter-output-post-dnat` (dstnat+10), `nat-prerouting`, `nat-output`
+//!   (dstnat) and `nat-postrouting` (srcnat);
+//! - dispatch: `services` looks `ip daddr . meta l4proto . th dport` up in
+//!   the verdict map `service-ips`, local addresses' ports in
+//!   `service-nodeports`;
+//! - per Service port `service-<hash>-<ns>/<name>/<proto>/<port>`
+//!   (mark-for-masquerade for traffic from outside the pod CIDR, then
+//!   `numgen random mod N vmap` over the endpoints), `external-<hash>-…`
+//!   for its NodePort, and per endpoint
+//!   `endpoint-<hash>-…__<ip>/<port>` (mark-for-masquerade for hairpin,
+//!   then `meta l4proto tcp dnat to ip:port`);
+//! - Services without endpoints are elements of `no-endpoint-services`
+//!   (commented with the Service port's name) that `goto reject-chain`;
+//!   `cluster-ips-check` rejects the other ports of a ClusterIP and drops
+//!   unallocated ClusterIPs (of the lab's Service CIDR, the /24 of its
+//!   ClusterIPs);
+//! - `mark-for-masquerade` sets 0x4000, `masquerading` masquerades it.
+//!
+//! Chain hashes are kube-proxy's: the first 8 characters of the base32 of
+//! the SHA-256 of the name. Flannel's own MASQUERADE stays in iptables, as
+//! on a real node.
+
+use std::fmt::Write;
 
 use anyhow::Result;
+use ipnet::Ipv4Net;
 
 use super::{
-    kube_proxy::{LabPort, LabService},
+    kube_proxy::{sha256_base32, LabPort, LabService},
     Lab,
 };
 
-/// Loads the table into node `ns`.
-pub fn install(lab: &Lab, ns: &str, _node: u8) -> Result<()> {
+/// kube-proxy's filter chains run just before DNAT (`dstnat - 10`); nft
+/// 1.0 knows the name `dstnat` on prerouting only, so the others say -110.
+const DSTNAT_MINUS_10: &str = "-110";
+/// kube-proxy's masquerade mark (`--masquerade-bit 14`).
+const MASQ_MARK: &str = "0x00004000";
+
+/// Loads the table into node `ns`, and flannel's masquerade into its
+/// iptables.
+pub fn install(lab: &Lab, ns: &str) -> Result<()> {
     super::cmd::feed(ns, "nft", &["-f", "-"], &ruleset(lab))?;
-    // Flannel's own masquerade is an iptables rule on a real node too.
-    let cidr = lab.pod_cidr;
-    super::cmd::sh(&[
-        "ip",
-        "netns",
-        "exec",
-        ns,
-        "iptables",
+    let cidr = lab.pod_cidr.to_string();
+    super::cmd::run(super::cmd::in_netns(ns, "iptables").args([
         "-t",
         "nat",
         "-A",
         "POSTROUTING",
         "-s",
-        &cidr.to_string(),
+        &cidr,
         "!",
         "-d",
-        &cidr.to_string(),
+        &cidr,
         "-m",
         "comment",
         "--comment",
@@ -42,107 +64,320 @@ pub fn install(lab: &Lab, ns: &str, _node: u8) -> Result<()> {
         "-j",
         "MASQUERADE",
         "--random-fully",
-    ])
+    ]))
 }
 
-fn chain_id(svc: &LabService, port: &LabPort, extra: &str) -> String {
-    let hash = svc.chain_hash(port, extra);
+/// kube-proxy's `hashAndTruncate`: `HASH-name`, the hash being the first
+/// 8 characters of [`sha256_base32`] of the name.
+fn hashed(name: &str) -> String {
+    format!("{}-{name}", &sha256_base32(name)[..8])
+}
+
+/// `default/db/tcp/http`: a Service port as kube-proxy names its chains.
+fn port_name(svc: &LabService, port: &LabPort) -> String {
+    format!("{}/{}/{}", svc.qualified(), port.protocol, port.name)
+}
+
+/// The chain a Service port's ClusterIP traffic goes to.
+pub fn service_chain(svc: &LabService, port: &LabPort) -> String {
+    format!("service-{}", hashed(&port_name(svc, port)))
+}
+
+/// The chain that DNATs to one endpoint of a Service port.
+pub fn endpoint_chain(svc: &LabService, port: &LabPort, ip: std::net::Ipv4Addr) -> String {
     format!(
-        "{}-{}/{}/{}",
-        &hash[..8],
-        svc.qualified(),
-        port.protocol,
-        port.port
+        "endpoint-{}",
+        hashed(&format!("{}__{ip}/{}", port_name(svc, port), port.target))
     )
 }
 
-/// The whole table, as `nft -f` takes it.
-pub fn ruleset(lab: &Lab) -> String {
-    let mut chains = String::new();
-    let mut service_ips = Vec::new();
-    let mut no_endpoints = Vec::new();
-    for svc in lab.services() {
-        for port in &svc.ports {
-            let key = format!("{} . {} . {}", svc.cluster_ip, port.protocol, port.port);
-            if svc.backends.is_empty() {
-                no_endpoints.push(format!("{key} : goto reject-chain"));
-                continue;
-            }
-            let service = format!("service-{}", chain_id(&svc, port, ""));
-            service_ips.push(format!("{key} : goto \"{service}\""));
-            let mut picks = Vec::new();
-            for (i, pod) in svc.backends.iter().enumerate() {
-                let endpoint = format!("endpoint-{}", chain_id(&svc, port, &pod.ip.to_string()));
-                picks.push(format!("{i} : goto \"{endpoint}\""));
-                chains.push_str(&format!(
-                    " chain \"{endpoint}\" {{\n  ip saddr {} jump mark-for-masquerade\n  meta l4proto {} dnat to {}:{}\n }}\n",
-                    pod.ip, port.protocol, pod.ip, port.target
-                ));
-            }
-            chains.push_str(&format!(
-                " chain \"{service}\" {{\n  ip daddr {} {} dport {} ip saddr != {} jump mark-for-masquerade\n  numgen random mod {} vmap {{ {} }}\n }}\n",
-                svc.cluster_ip, port.protocol, port.port, lab.pod_cidr, picks.len(), picks.join(", ")
+fn external_chain(svc: &LabService, port: &LabPort) -> String {
+    format!("external-{}", hashed(&port_name(svc, port)))
+}
+
+/// Map and set contents, and the per-Service chains.
+#[derive(Default)]
+struct Services {
+    cluster_ips: Vec<String>,
+    service_ips: Vec<String>,
+    service_nodeports: Vec<String>,
+    no_endpoint_services: Vec<String>,
+    chains: String,
+}
+
+impl Services {
+    fn port(&mut self, lab: &Lab, svc: &LabService, port: &LabPort) {
+        let key = format!("{} . {} . {}", svc.cluster_ip, port.protocol, port.port);
+        if svc.backends.is_empty() {
+            self.no_endpoint_services.push(format!(
+                "{key} comment \"{}:{}\" : goto reject-chain",
+                svc.qualified(),
+                port.name
             ));
+            return;
+        }
+        let service = service_chain(svc, port);
+        self.service_ips.push(format!("{key} : goto {service}"));
+        let mut picks = Vec::new();
+        for (i, pod) in svc.backends.iter().enumerate() {
+            let endpoint = endpoint_chain(svc, port, pod.ip);
+            picks.push(format!("{i} : goto {endpoint}"));
+            let _ = write!(
+                self.chains,
+                " chain {endpoint} {{\n  ip saddr {ip} jump mark-for-masquerade\n  meta l4proto {} dnat to {ip}:{}\n }}\n",
+                port.protocol,
+                port.target,
+                ip = pod.ip,
+            );
+        }
+        let _ = write!(
+            self.chains,
+            " chain {service} {{\n  ip daddr {} {} dport {} ip saddr != {} jump mark-for-masquerade\n  numgen random mod {} vmap {{ {} }}\n }}\n",
+            svc.cluster_ip,
+            port.protocol,
+            port.port,
+            lab.pod_cidr,
+            picks.len(),
+            picks.join(", ")
+        );
+        if let Some(node_port) = port.node_port {
+            let external = external_chain(svc, port);
+            self.service_nodeports
+                .push(format!("{} . {node_port} : goto {external}", port.protocol));
+            let _ = write!(
+                self.chains,
+                " chain {external} {{\n  jump mark-for-masquerade\n  goto {service}\n }}\n"
+            );
         }
     }
-    let elements = |v: &[String]| {
-        if v.is_empty() {
-            String::new()
-        } else {
-            format!("  elements = {{ {} }}\n", v.join(", "))
+}
+
+fn elements(items: &[String]) -> String {
+    if items.is_empty() {
+        String::new()
+    } else {
+        format!("  elements = {{ {} }}\n", items.join(", "))
+    }
+}
+
+/// The whole table, as `nft -f` takes it (the table is flushed first, as
+/// kube-proxy's first sync does).
+pub fn ruleset(lab: &Lab) -> String {
+    let mut s = Services::default();
+    for svc in lab.services() {
+        s.cluster_ips.push(svc.cluster_ip.to_string());
+        for port in &svc.ports {
+            s.port(lab, &svc, port);
         }
+    }
+    let verdict_map = |name: &str, key: &str, comment: &str, items: &[String]| {
+        format!(
+            " map {name} {{\n  type {key} : verdict\n  comment \"{comment}\"\n{}\n }}\n",
+            elements(items)
+        )
     };
-    format!(
-        "table ip kube-proxy {{
- map service-ips {{
-  type ipv4_addr . inet_proto . inet_service : verdict
-  comment \"ClusterIP, ExternalIP and LoadBalancer IP traffic\"
-{}
- }}
- map no-endpoint-services {{
-  type ipv4_addr . inet_proto . inet_service : verdict
-  comment \"vmap to drop or reject packets to services with no endpoints\"
-{}
- }}
- chain mark-for-masquerade {{
-  meta mark set meta mark or 0x4000
- }}
- chain masquerading {{
-  meta mark & 0x4000 == 0 return
-  meta mark set meta mark xor 0x4000
-  masquerade fully-random
- }}
- chain services {{
-  ip daddr . meta l4proto . th dport vmap @service-ips
- }}
- chain reject-chain {{
-  comment \"helper for @no-endpoint-services\"
-  reject
- }}
-{chains} chain nat-prerouting {{
-  type nat hook prerouting priority dstnat; policy accept;
-  jump services
- }}
- chain nat-output {{
-  type nat hook output priority -100; policy accept;
-  jump services
- }}
- chain nat-postrouting {{
-  type nat hook postrouting priority srcnat; policy accept;
-  jump masquerading
- }}
- chain filter-forward {{
-  type filter hook forward priority -110; policy accept;
-  ct state invalid drop
-  ct state new ip daddr . meta l4proto . th dport vmap @no-endpoint-services
- }}
- chain filter-output {{
-  type filter hook output priority -110; policy accept;
-  ct state new ip daddr . meta l4proto . th dport vmap @no-endpoint-services
- }}
-}}
-",
-        elements(&service_ips),
-        elements(&no_endpoints)
-    )
+    let addr_key = "ipv4_addr . inet_proto . inet_service";
+    let mut out = String::from("table ip kube-proxy\ndelete table ip kube-proxy\n");
+    out.push_str("table ip kube-proxy {\n comment \"rules for kube-proxy\"\n");
+    let _ = write!(
+        out,
+        " set cluster-ips {{\n  type ipv4_addr\n  comment \"Active ClusterIPs\"\n{}\n }}\n",
+        elements(&s.cluster_ips)
+    );
+    out.push_str(&verdict_map(
+        "service-ips",
+        addr_key,
+        "ClusterIP, ExternalIP and LoadBalancer IP traffic",
+        &s.service_ips,
+    ));
+    out.push_str(&verdict_map(
+        "service-nodeports",
+        "inet_proto . inet_service",
+        "NodePort traffic",
+        &s.service_nodeports,
+    ));
+    out.push_str(&verdict_map(
+        "no-endpoint-services",
+        addr_key,
+        "vmap to drop or reject packets to services with no endpoints",
+        &s.no_endpoint_services,
+    ));
+    out.push_str(&verdict_map(
+        "no-endpoint-nodeports",
+        "inet_proto . inet_service",
+        "vmap to drop or reject packets to service nodeports with no endpoints",
+        &[],
+    ));
+    out.push_str(&verdict_map(
+        "firewall-ips",
+        addr_key,
+        "destinations that are subject to LoadBalancerSourceRanges",
+        &[],
+    ));
+    out.push_str(&fixed_chains(service_cidr(lab)));
+    out.push_str(&s.chains);
+    out.push_str("}\n");
+    out
+}
+
+/// The lab's Service CIDR: the /24 its ClusterIPs are taken from, which
+/// no lab's pod CIDR overlaps (the tests' pod CIDRs, 10.100-10.199/16,
+/// would overlap kube-proxy's default 10.96.0.0/12, and its
+/// `cluster-ips-check` would then drop DNATed packets to pods).
+fn service_cidr(lab: &Lab) -> Ipv4Net {
+    let first = lab.services()[0].cluster_ip;
+    let cidr = Ipv4Net::new(first, 24).expect("/24").trunc();
+    assert!(
+        !cidr.contains(&lab.pod_cidr.network()) && !lab.pod_cidr.contains(&cidr.network()),
+        "the lab's Service CIDR {cidr} overlaps its pod CIDR {}",
+        lab.pod_cidr
+    );
+    cidr
+}
+
+/// The chains every kube-proxy table has, whatever its Services.
+fn fixed_chains(service_cidr: Ipv4Net) -> String {
+    let base = |name: &str, kind: &str, hook: &str, priority: &str, rules: &[&str]| {
+        let mut chain = format!(
+            " chain {name} {{\n  type {kind} hook {hook} priority {priority}; policy accept;\n"
+        );
+        for rule in rules {
+            let _ = writeln!(chain, "  {rule}");
+        }
+        chain.push_str(" }\n");
+        chain
+    };
+    let plain = |name: &str, rules: &[&str]| {
+        let mut chain = format!(" chain {name} {{\n");
+        for rule in rules {
+            let _ = writeln!(chain, "  {rule}");
+        }
+        chain.push_str(" }\n");
+        chain
+    };
+    let new = "ct state new jump";
+    [
+        base(
+            "filter-prerouting",
+            "filter",
+            "prerouting",
+            "dstnat - 10",
+            &[&format!("{new} firewall-check")],
+        ),
+        base(
+            "filter-input",
+            "filter",
+            "input",
+            DSTNAT_MINUS_10,
+            &[
+                &format!("{new} nodeport-endpoints-check"),
+                &format!("{new} service-endpoints-check"),
+            ],
+        ),
+        base(
+            "filter-forward",
+            "filter",
+            "forward",
+            DSTNAT_MINUS_10,
+            &[
+                &format!("{new} service-endpoints-check"),
+                &format!("{new} cluster-ips-check"),
+            ],
+        ),
+        base(
+            "filter-output",
+            "filter",
+            "output",
+            DSTNAT_MINUS_10,
+            &[
+                &format!("{new} service-endpoints-check"),
+                &format!("{new} firewall-check"),
+            ],
+        ),
+        base(
+            "filter-output-post-dnat",
+            "filter",
+            "output",
+            "-90",
+            &[&format!("{new} cluster-ips-check")],
+        ),
+        base("nat-prerouting", "nat", "prerouting", "dstnat", &["jump services"]),
+        base("nat-output", "nat", "output", "-100", &["jump services"]),
+        base("nat-postrouting", "nat", "postrouting", "srcnat", &["jump masquerading"]),
+        plain(
+            "nodeport-endpoints-check",
+            &["ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @no-endpoint-nodeports"],
+        ),
+        plain(
+            "service-endpoints-check",
+            &["ip daddr . meta l4proto . th dport vmap @no-endpoint-services"],
+        ),
+        plain(
+            "firewall-check",
+            &["ip daddr . meta l4proto . th dport vmap @firewall-ips"],
+        ),
+        plain(
+            "services",
+            &[
+                "ip daddr . meta l4proto . th dport vmap @service-ips",
+                "fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @service-nodeports",
+            ],
+        ),
+        plain(
+            "cluster-ips-check",
+            &[
+                "ip daddr @cluster-ips reject comment \"Reject traffic to invalid ports of ClusterIPs\"",
+                &format!("ip daddr {{ {service_cidr} }} drop comment \"Drop traffic to unallocated ClusterIPs\""),
+            ],
+        ),
+        plain(
+            "mark-for-masquerade",
+            &[&format!("meta mark set meta mark or {MASQ_MARK}")],
+        ),
+        plain(
+            "masquerading",
+            &[
+                &format!("meta mark and {MASQ_MARK} == 0 return"),
+                &format!("meta mark set meta mark xor {MASQ_MARK}"),
+                "masquerade fully-random",
+            ],
+        ),
+        " chain reject-chain {\n  comment \"helper for @no-endpoint-services / @no-endpoint-nodeports\"\n  reject\n }\n"
+            .to_string(),
+    ]
+    .concat()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lab::Topology;
+
+    #[test]
+    fn chains_are_named_and_hashed_as_kube_proxy_names_them() {
+        let lab = Lab::new("t", Topology::FlannelVxlan, None).unwrap();
+        let db = lab.service("db");
+        let http = &db.ports[0];
+        // kube-proxy's own test vector (proxier_test.go): ns1/svc1/tcp/p80.
+        assert_eq!(hashed("ns1/svc1/tcp/p80"), "ULMVA6XW-ns1/svc1/tcp/p80");
+        let endpoint = endpoint_chain(&db, http, db.backends[0].ip);
+        assert!(
+            endpoint.starts_with("endpoint-")
+                && endpoint.ends_with("-default/db/tcp/http__10.244.2.2/8080"),
+            "{endpoint}"
+        );
+        let rules = ruleset(&lab);
+        assert!(rules.contains("numgen random mod 2 vmap"));
+        assert!(rules.contains("meta l4proto tcp dnat to 10.244.2.2:8080"));
+        assert!(rules.contains("comment \"default/empty:http\" : goto reject-chain"));
+        assert!(rules.contains("tcp . 30080 : goto external-"));
+        // Not 10.96.0.0/12: pod CIDRs such as 10.104.0.0/16 are in it.
+        let busy = Lab::new(
+            "t",
+            Topology::FlannelVxlan,
+            Some("10.104.0.0/16".parse().unwrap()),
+        )
+        .unwrap();
+        assert!(ruleset(&busy).contains("ip daddr { 10.96.104.0/24 } drop"));
+    }
 }
