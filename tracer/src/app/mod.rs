@@ -49,6 +49,7 @@ use crate::{
         Summary,
     },
     probe::{
+        conntrack,
         link_watch::LinkChange,
         netfilter::{Backend, TracedRule},
         Kernel,
@@ -172,6 +173,9 @@ struct Trace {
     sightings: mpsc::UnboundedReceiver<Sighting>,
     links: mpsc::UnboundedReceiver<(u32, LinkChange)>,
     rules: mpsc::UnboundedReceiver<(u32, TracedRule)>,
+    conntrack: mpsc::UnboundedReceiver<(u32, conntrack::Entry)>,
+    /// Pairs traced because conntrack translated the traced pair to them.
+    learnt_flows: Vec<FlowKey>,
     /// Namespaces no traced node owns (pods), named on first sight.
     others: OtherNamespaces,
 }
@@ -201,6 +205,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
     let (tx, sightings) = mpsc::unbounded_channel();
     let (link_tx, links) = mpsc::unbounded_channel();
     let (netfilter_tx, rules) = mpsc::unbounded_channel();
+    let (conntrack_tx, conntrack) = mpsc::unbounded_channel();
     let typed_btf = Kernel::typed_btf()?;
     let known_nodes = targets.known_nodes();
     let shared = Shared {
@@ -215,6 +220,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         profile: args.in_kernel_profile,
         sample: args.sample,
         link_tx,
+        conntrack_tx,
         netfilter_tx: why_rule_unnamed.is_none().then_some(netfilter_tx),
         pairs,
         endpoint_nodes: [src, dst]
@@ -257,6 +263,8 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         sightings,
         links,
         rules,
+        conntrack,
+        learnt_flows: Vec::new(),
     })
 }
 
@@ -348,6 +356,13 @@ async fn stream(
             Some((_node, drop)) = trace.rules.recv() => {
                 correlator.observe_rule((drop.src, drop.dst, drop.ip_id), drop.rule, monotonic_ns());
             }
+            Some((_node, entry)) = trace.conntrack.recv() => {
+                for pod in learn_connection(&entry, trace, &mut teller.ctx, &mut correlator)? {
+                    for node in &mut trace.nodes {
+                        node.watch_pod(pod).await?;
+                    }
+                }
+            }
             Some((node, change)) = trace.links.recv() => {
                 link_changed(trace, node, change, &mut summary);
             }
@@ -366,6 +381,43 @@ async fn stream(
         }
     }
     Ok((summary, teller))
+}
+
+/// A translated connection of the traced pair, from conntrack: its
+/// translations joined to the correlator and the stories' context, and
+/// the addresses it translates to traced on every node from now on.
+/// Returns the backends newly learnt (whose pod veths are to be watched).
+fn learn_connection(
+    entry: &conntrack::Entry,
+    trace: &mut Trace,
+    ctx: &mut Context,
+    correlator: &mut Correlator,
+) -> Result<Vec<Ipv4Addr>> {
+    let traced = [trace.targets.src.ip, trace.targets.dst.ip];
+    if !(traced.contains(&entry.orig.src) && traced.contains(&entry.orig.dst)) {
+        return Ok(Vec::new());
+    }
+    let names = ctx.names.clone();
+    let learnt = ctx
+        .nat
+        .learn_connection(entry, |ip| names.get(&ip).cloned());
+    for t in learnt {
+        correlator.learn_translation(t);
+    }
+    // The connection as the peer sees it, both ways: what the kernel
+    // filter must now let through.
+    let (a, b) = (entry.reply.src, entry.reply.dst);
+    let new = flow_ips((a, b));
+    if (a, b) == (entry.orig.dst, entry.orig.src)
+        || trace.learnt_flows.iter().any(|k| new.contains(k))
+    {
+        return Ok(Vec::new());
+    }
+    for node in &mut trace.nodes {
+        node.follow(&[], &new)?;
+    }
+    trace.learnt_flows.extend(new);
+    Ok(if entry.dnat() { vec![a] } else { Vec::new() })
 }
 
 /// Watches the traced pods through the API, when names came from it: a

@@ -122,7 +122,10 @@ impl Targets {
             .into_iter()
             .filter(|t| port.is_none_or(|p| t.front.port == p && t.front.ip == self.dst.ip))
             .collect();
-        NatBook { translations }
+        NatBook {
+            translations,
+            ..NatBook::default()
+        }
     }
 
     /// Node names and IPs, from the pods and the nodes.

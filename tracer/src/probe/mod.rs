@@ -3,6 +3,8 @@
 //! - `tc`: the classifiers on every watched interface (one sighting per
 //!   hook a traced packet crosses);
 //! - `drops`: the kfree_skb tracepoint (the kernel's drop reasons);
+//! - `conntrack`: ctnetlink's translated entries (DNAT, SNAT), to follow a
+//!   packet across them without a list of Services;
 //! - `netfilter`: nftables packet tracing (which rule dropped a packet);
 //! - `link_watch`: interfaces that come and go during a trace;
 //! - `btf`: the running kernel's struct layout, since Rust eBPF has no CO-RE;
@@ -11,6 +13,7 @@
 //! - `run_registry`: which run owns which filter and table, alive or not.
 
 pub mod btf;
+pub mod conntrack;
 pub mod drops;
 pub mod link_watch;
 mod load;

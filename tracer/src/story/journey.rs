@@ -153,14 +153,19 @@ impl Journey {
     }
 
     /// `hop` hands the packet to a pod: out of a pod veth that is not the
-    /// one it was sent from.
+    /// one it was sent from, or back out of that one to another address
+    /// (hairpin: a Service sent the pod's packet to the pod itself).
     fn hands_to_a_pod(&self, hop: &Hop) -> bool {
         let Some(first) = self.hops.first() else {
             return false;
         };
+        let sent_from_here = first.direction == Direction::Ingress
+            && hop.node == first.node
+            && hop.iface == first.iface;
+        let sent_back = hop.packet.packet.dst != first.packet.packet.dst;
         hop.role == Role::PodVeth
             && hop.direction == Direction::Egress
-            && !(hop.node == first.node && hop.iface == first.iface)
+            && (!sent_from_here || sent_back)
     }
 
     /// Ended in a netfilter drop whose rule has not arrived yet.
@@ -260,9 +265,41 @@ impl Correlator {
         self
     }
 
-    /// A translation learnt while tracing (from conntrack).
+    /// A translation learnt while tracing (from conntrack). Sightings of
+    /// a packet after it that arrived before it opened journeys of their
+    /// own: they join the packet's journey now.
     pub fn learn_translation(&mut self, t: nat::Translation) {
-        self.nat.learn(t);
+        if !self.nat.learn(t) {
+            return;
+        }
+        let mut keys: Vec<(u64, PacketKey)> = self
+            .open
+            .iter()
+            .map(|(key, j)| (j.first_seen(), *key))
+            .collect();
+        // The later-seen half joins the earlier one.
+        keys.sort_by_key(|(first, _)| *first);
+        for (_, key) in keys.into_iter().rev() {
+            let Some(into) = self.other_side(&key) else {
+                continue;
+            };
+            let Some(half) = self.open.remove(&key) else {
+                continue;
+            };
+            if key.in_pieces() {
+                self.open_in_pieces -= 1;
+            }
+            if let Some(journey) = self.open.get_mut(&into) {
+                for hop in half.hops {
+                    let at = journey.hops.partition_point(|h| h.ktime_ns <= hop.ktime_ns);
+                    journey.hops.insert(at, hop);
+                }
+                for rule in half.nat_rules.into_iter().chain(half.rule) {
+                    journey.add_rule(rule);
+                }
+                journey.records_lost |= half.records_lost;
+            }
+        }
     }
 
     /// The open journey a sighting keyed `key` belongs to, through a known
@@ -271,10 +308,19 @@ impl Correlator {
         if self.nat.translations.is_empty() || self.open.contains_key(key) {
             return None;
         }
-        self.nat
-            .alternatives(key)
-            .into_iter()
-            .find(|alt| self.open.contains_key(alt))
+        self.other_side(key)
+    }
+
+    /// The open journey of the same packet on the other side of known
+    /// translations. A packet may be translated twice on one node
+    /// (hairpin: DNAT to the pod itself, and its source MASQUERADEd).
+    fn other_side(&self, key: &PacketKey) -> Option<PacketKey> {
+        let once = self.nat.alternatives(key);
+        let twice = once.iter().flat_map(|alt| self.nat.alternatives(alt));
+        once.iter()
+            .copied()
+            .chain(twice)
+            .find(|alt| alt != key && self.open.contains_key(alt))
     }
 
     pub fn observe(&mut self, hop: Hop) {
@@ -437,6 +483,38 @@ pub(crate) mod tests {
             // The tests' pods are all on traced nodes.
             traced_destinations: vec!["10.244.0.0/16".parse().unwrap()],
         }
+    }
+
+    #[test]
+    fn sightings_after_a_translation_learnt_late_join_their_packet() {
+        let pre = frames::tcp_syn([10, 244, 1, 2], [10, 96, 7, 7], 40000, 80);
+        let post = frames::tcp_syn([10, 244, 1, 2], [10, 244, 2, 3], 40000, 8080);
+        let mut c = Correlator::new(waits(1_000_000, 1_000_000));
+        c.observe(hop(
+            100,
+            "n1",
+            "vethA",
+            Role::PodVeth,
+            Direction::Ingress,
+            &pre,
+        ));
+        // conntrack's word arrives after the translated sighting.
+        c.observe(hop(
+            200,
+            "n1",
+            "cni0",
+            Role::Bridge,
+            Direction::Ingress,
+            &post,
+        ));
+        assert_eq!(c.pending(), 2);
+        let learnt = crate::story::nat::tests::book().translations[1].clone();
+        c.learn_translation(learnt);
+        let journeys = c.take_all();
+        assert_eq!(journeys.len(), 1);
+        let ifaces: Vec<&str> = journeys[0].hops.iter().map(|h| h.iface.as_str()).collect();
+        assert_eq!(ifaces, ["vethA", "cni0"]);
+        assert_eq!(journeys[0].key.dst, std::net::Ipv4Addr::new(10, 96, 7, 7));
     }
 
     #[test]

@@ -58,6 +58,15 @@ pub enum Outcome {
         iface: String,
         direction: Direction,
     },
+    /// Translated (DNAT, SNAT) by a conntrack entry podtrace learnt only
+    /// after the packet had passed: its hops after the translation, under
+    /// addresses not traced yet, were not seen.
+    TranslatedOutOfSight {
+        node: String,
+        iface: String,
+        direction: Direction,
+        translation: String,
+    },
     /// Not seen again, but the kernel lost records while it was in flight:
     /// whether it went on cannot be told.
     Incomplete {
@@ -309,6 +318,13 @@ fn outcome_of(journey: &Journey, delivered: bool, ctx: &Context) -> Outcome {
             iface: last.iface.clone(),
             direction: last.direction,
         }
+    } else if let Some(translation) = ctx.nat.translated_out_of_sight(&last.packet.packet) {
+        Outcome::TranslatedOutOfSight {
+            node: last.node.clone(),
+            iface: last.iface.clone(),
+            direction: last.direction,
+            translation,
+        }
     } else {
         Outcome::Vanished {
             node: last.node.clone(),
@@ -392,6 +408,15 @@ fn summarise(
         } => {
             let dir = direction.label();
             format!("vanished: last seen on {node} {iface} {dir}, never at the next hook{how}")
+        }
+        Outcome::TranslatedOutOfSight {
+            node,
+            iface,
+            direction,
+            translation,
+        } => {
+            let dir = direction.label();
+            format!("translated by conntrack on {node} ({translation}) after {iface} {dir}: podtrace learnt the translation from conntrack only after this packet had passed, so its hops under the new addresses were not traced{how}")
         }
         Outcome::Incomplete {
             node,
