@@ -340,10 +340,6 @@ impl Correlator {
             self.open_in_pieces += 1;
         }
         let waiting = &mut self.waiting_rules;
-        let hop_id = {
-            let p = &hop.packet.packet;
-            (p.src, p.dst, p.ip_id)
-        };
         let journey = self.open.entry(key).or_insert_with(|| Journey {
             key,
             hops: Vec::new(),
@@ -351,15 +347,16 @@ impl Correlator {
             nat_rules: Vec::new(),
             records_lost: false,
         });
-        // Rules traced before this sighting reached us.
-        while let Some(at) = waiting.iter().position(|(_, id, _)| *id == hop_id) {
+        // Different CPUs and ring buffers deliver slightly out of order.
+        let at = journey.hops.partition_point(|h| h.ktime_ns <= hop.ktime_ns);
+        journey.hops.insert(at, hop);
+        // Rules traced before this sighting reached us (a nat rule may
+        // have seen the packet half translated: `is_packet`).
+        while let Some(at) = waiting.iter().position(|(_, id, _)| journey.is_packet(*id)) {
             if let Some((_, _, rule)) = waiting.remove(at) {
                 journey.add_rule(rule);
             }
         }
-        // Different CPUs and ring buffers deliver slightly out of order.
-        let at = journey.hops.partition_point(|h| h.ktime_ns <= hop.ktime_ns);
-        journey.hops.insert(at, hop);
         if !journey.records_lost {
             let (first, last) = (journey.first_seen(), journey.last_seen());
             journey.records_lost = self

@@ -211,11 +211,12 @@ impl NatBook {
         let at = |ip, port| Frontend { ip, port };
         let mut learnt = Vec::new();
         if entry.dnat() {
+            let back = at(c.reply.src, c.reply.sport);
             learnt.push(Translation {
                 protocol: c.orig.protocol,
                 front: at(c.orig.dst, c.orig.dport),
-                back: at(c.reply.src, c.reply.sport),
-                service: None,
+                back,
+                service: self.only_service_of(c.orig.protocol, back),
                 backend: name(c.reply.src),
                 source: false,
             });
@@ -248,6 +249,19 @@ impl NatBook {
             self.translations.push(t.clone());
         }
         learnt
+    }
+
+    /// The Service a backend belongs to, if the known translations name
+    /// exactly one (a NodePort that was not listed, a node IP the
+    /// Services list could not know).
+    fn only_service_of(&self, protocol: u8, back: Frontend) -> Option<String> {
+        let mut names = self
+            .translations
+            .iter()
+            .filter(|t| !t.source && t.protocol == protocol && t.back == back)
+            .filter_map(|t| t.service.clone());
+        let first = names.next()?;
+        names.all(|n| n == first).then_some(first)
     }
 
     /// The connection a packet belongs to, in either direction, before or
@@ -644,6 +658,14 @@ pub(crate) mod tests {
         assert!(learnt[1].source && learnt[1].front.port == 25020);
         // Learnt once.
         assert!(book.learn_connection(&hairpin(), |_| None).is_empty());
+        // A backend of one listed Service: a learnt frontend is named by it.
+        let mut listed = self::tests::book();
+        let mut nodeport = hairpin();
+        nodeport.orig.dst = Ipv4Addr::new(192, 0, 2, 11);
+        nodeport.orig.dport = 30080;
+        nodeport.reply.src = Ipv4Addr::new(10, 244, 2, 3);
+        let learnt = listed.learn_connection(&nodeport, |_| None);
+        assert_eq!(learnt[0].service.as_deref(), Some("default/db"));
         let sent = packet([10, 244, 1, 2], [10, 96, 7, 8], 40000, 80);
         let back = packet([10, 244, 1, 1], [10, 244, 1, 2], 25020, 8080);
         let s = steps(&sent, &back, &[], &book);
