@@ -707,6 +707,13 @@ fn case_outside_masquerade(mode: ProxyMode) {
         }
         assert_eq!(syn["verdict"]["outcome"], "left_node", "{syn}");
         assert_eq!(syn["verdict"]["toward"], outside.as_str());
+        // The verdict names the source it left with.
+        let text = summary(syn);
+        assert!(
+            text.contains(&format!("source MASQUERADE {}:", web0.ip)),
+            "{text}"
+        );
+        assert!(text.contains(&format!(" → {node1}:")), "{text}");
     }
     assert_some_rule(&syns, &["FLANNEL-POSTRTG", "-j MASQUERADE"]);
     // The answer comes back un-SNATed to web-0.

@@ -129,34 +129,35 @@ impl Story {
     }
 
     /// Says which Service the packet went through, and where its
-    /// destination was translated.
+    /// addresses were translated: the destination (DNAT, un-DNAT) and
+    /// the source (SNAT, MASQUERADE, un-SNAT).
     pub(super) fn name_translations(&mut self) {
-        let dnat = self.hops.iter().find_map(|h| {
-            h.nat
+        use super::nat::NatKind;
+        let mut said = Vec::new();
+        for kind in [
+            NatKind::Dnat,
+            NatKind::UnDnat,
+            NatKind::Masquerade,
+            NatKind::Snat,
+            NatKind::UnSnat,
+        ] {
+            let found = self
+                .hops
                 .iter()
-                .find(|s| s.kind == super::nat::NatKind::Dnat)
-                .map(|s| (h, s))
-        });
-        let undone = self.hops.iter().find_map(|h| {
-            h.nat
-                .iter()
-                .find(|s| s.kind == super::nat::NatKind::UnDnat)
-                .map(|s| (h, s))
-        });
-        for (hop, step) in dnat.into_iter().chain(undone) {
-            let service = step.service.as_deref().unwrap_or("a Service");
-            let verb = if step.kind == super::nat::NatKind::Dnat {
-                "through"
-            } else {
-                "reply of"
+                .find_map(|h| h.nat.iter().find(|s| s.kind == kind).map(|s| (h, s)));
+            let Some((hop, step)) = found else {
+                continue;
             };
-            self.verdict.summary.push_str(&format!(
-                "; {verb} {service}: {} {} → {} on {} (seen at {} {})",
-                if step.kind == super::nat::NatKind::Dnat {
-                    "DNAT"
-                } else {
-                    "un-DNAT"
-                },
+            let service = step.service.as_deref().unwrap_or("a Service");
+            let what = match kind {
+                NatKind::Dnat => format!("through {service}: DNAT"),
+                NatKind::UnDnat => format!("reply of {service}: un-DNAT"),
+                NatKind::Masquerade => "source MASQUERADE".to_string(),
+                NatKind::Snat => "source SNAT".to_string(),
+                NatKind::UnSnat => "destination un-SNAT".to_string(),
+            };
+            said.push(format!(
+                "; {what} {} → {} on {} (seen at {} {})",
                 step.before,
                 step.after,
                 hop.node,
@@ -164,6 +165,7 @@ impl Story {
                 hop.direction.label()
             ));
         }
+        self.verdict.summary.push_str(&said.concat());
     }
 
     /// The netfilter hook of a drop, from the packet alone: routed on the
@@ -280,7 +282,10 @@ fn path_of(journey: &Journey, delivered: bool) -> Vec<PathStep> {
     if decap.is_some() {
         path.push(PathStep::Decapsulated);
     }
-    if delivered && path.is_empty() {
+    // Bridged only as far as seen from the sender's veth: a packet first
+    // seen later (its earlier hops untraced) may have come any way.
+    let sent_by_a_pod = hops[0].role == Role::PodVeth && hops[0].direction == Direction::Ingress;
+    if delivered && path.is_empty() && sent_by_a_pod {
         path.push(PathStep::Bridged);
     }
     path
@@ -389,10 +394,17 @@ fn summarise(
             node,
             iface,
             toward,
-        } => format!(
-            "left {node} via {iface} toward {} (that node is not traced){how}",
-            ctx.label(*toward)
-        ),
+        } => {
+            let beyond = if ctx.names.contains_key(toward) {
+                "that node is not traced"
+            } else {
+                "beyond the traced nodes"
+            };
+            format!(
+                "left {node} via {iface} toward {} ({beyond}){how}",
+                ctx.label(*toward)
+            )
+        }
         Outcome::Dropped {
             node,
             iface,
