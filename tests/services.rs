@@ -18,7 +18,7 @@ use std::time::Duration;
 use support::*;
 
 use xtask::{
-    api_stub::{Stub, TOKEN},
+    api_stub::{Kubelet, Stub, TOKEN},
     lab::{
         kube_proxy::{ProxyMode, NODE_PORT, OUTSIDE, TCP_PORT},
         sysctl, Lab, LabGuard, Topology,
@@ -809,4 +809,40 @@ fn case_invalid_reply_dropped(mode: ProxyMode) {
 #[test]
 fn a_reply_conntrack_finds_invalid_is_dropped_with_its_rule_named() {
     case_invalid_reply_dropped(ProxyMode::Iptables);
+}
+
+fn case_cluster_mode(mode: ProxyMode) {
+    let lab = services_lab(mode);
+    let lab = &lab.0;
+    // The stub plays kubelet for both nodes: the agents are this podtrace.
+    let nodes = (1..=2)
+        .map(|n| (Lab::node_name(n), lab.node_netns(n)))
+        .collect();
+    let state = std::env::temp_dir().join(format!("podtrace-svc-cluster-{}", lab.prefix));
+    std::fs::create_dir_all(&state).unwrap();
+    let kubelet = Kubelet::new(PODTRACE.as_ref(), nodes, &state);
+    let stub = Stub::with_kubelet(&lab.pod_list(), &lab.node_list(), kubelet);
+    stub.add_services(&lab.service_list());
+    let kubeconfig = stub.kubeconfig(&state, TOKEN).display().to_string();
+    let args = [
+        "default/web-0",
+        "svc/db",
+        "--cluster",
+        "--kubeconfig",
+        &kubeconfig,
+        "-o",
+        "json",
+        "--duration",
+        "12s",
+    ];
+    let trace = Trace::start(&argv(&args, vec![]));
+    let answer = lab.tcp_request("web-0", lab.service("db").cluster_ip, 80);
+    let done = trace.finish();
+    assert_eq!(answer.as_deref(), Ok("ok"));
+    assert_cluster_ip_followed(lab, &done, "nat KUBE-SEP-", NAMED);
+}
+
+#[test]
+fn cluster_mode_follows_a_cluster_ip_through_its_agents() {
+    case_cluster_mode(ProxyMode::Iptables);
 }

@@ -357,10 +357,9 @@ async fn stream(
                 correlator.observe_rule((drop.src, drop.dst, drop.ip_id), drop.rule, monotonic_ns());
             }
             Some((_node, entry)) = trace.conntrack.recv() => {
-                for pod in learn_connection(&entry, trace, &mut teller.ctx, &mut correlator)? {
-                    for node in &mut trace.nodes {
-                        node.watch_pod(pod).await?;
-                    }
+                if of_the_traced_pair(&entry, &trace.targets) {
+                    learn_translations(&entry, &mut teller.ctx, &mut correlator);
+                    follow_connection(&entry, trace).await?;
                 }
             }
             Some((node, change)) = trace.links.recv() => {
@@ -383,20 +382,16 @@ async fn stream(
     Ok((summary, teller))
 }
 
-/// A translated connection of the traced pair, from conntrack: its
-/// translations joined to the correlator and the stories' context, and
-/// the addresses it translates to traced on every node from now on.
-/// Returns the backends newly learnt (whose pod veths are to be watched).
-fn learn_connection(
-    entry: &conntrack::Entry,
-    trace: &mut Trace,
-    ctx: &mut Context,
-    correlator: &mut Correlator,
-) -> Result<Vec<Ipv4Addr>> {
-    let traced = [trace.targets.src.ip, trace.targets.dst.ip];
-    if !(traced.contains(&entry.orig.src) && traced.contains(&entry.orig.dst)) {
-        return Ok(Vec::new());
-    }
+/// Whether a conntrack entry is a connection of the traced pair.
+fn of_the_traced_pair(entry: &conntrack::Entry, targets: &Targets) -> bool {
+    let traced = [targets.src.ip, targets.dst.ip];
+    traced.contains(&entry.orig.src) && traced.contains(&entry.orig.dst)
+}
+
+/// A translated connection of the traced pair, from conntrack, told to
+/// the stories' context and the correlator (node mode, and the front-end
+/// of cluster mode).
+fn learn_translations(entry: &conntrack::Entry, ctx: &mut Context, correlator: &mut Correlator) {
     let names = ctx.names.clone();
     let learnt = ctx
         .nat
@@ -404,6 +399,12 @@ fn learn_connection(
     for t in learnt {
         correlator.learn_translation(t);
     }
+}
+
+/// The addresses a connection of the traced pair is translated to,
+/// traced on every node from now on, and a backend's pod veth watched
+/// where it is local (node mode, and each agent of cluster mode).
+async fn follow_connection(entry: &conntrack::Entry, trace: &mut Trace) -> Result<()> {
     // The connection as the peer sees it, both ways: what the kernel
     // filter must now let through.
     let (a, b) = (entry.reply.src, entry.reply.dst);
@@ -411,13 +412,16 @@ fn learn_connection(
     if (a, b) == (entry.orig.dst, entry.orig.src)
         || trace.learnt_flows.iter().any(|k| new.contains(k))
     {
-        return Ok(Vec::new());
+        return Ok(());
     }
     for node in &mut trace.nodes {
         node.follow(&[], &new)?;
+        if entry.dnat() {
+            node.watch_pod(a).await?;
+        }
     }
     trace.learnt_flows.extend(new);
-    Ok(if entry.dnat() { vec![a] } else { Vec::new() })
+    Ok(())
 }
 
 /// Watches the traced pods through the API, when names came from it: a

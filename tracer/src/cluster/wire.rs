@@ -15,7 +15,7 @@ use crate::{
     decode::hop::Hop,
     node::{NodeFacts, NodeView},
     output::Summary,
-    probe::netfilter::NetfilterRule,
+    probe::{conntrack, netfilter::NetfilterRule},
 };
 
 /// One line of an agent's output.
@@ -41,6 +41,9 @@ pub enum Record {
         rule: NetfilterRule,
         at_ns: u64,
     },
+    /// A translated connection of the traced pair, from the node's
+    /// conntrack.
+    Conntrack(conntrack::Entry),
     /// Records lost between two kernel times: by the kernel (ring buffer
     /// full, header copy failed) or by the agent (its output queue full).
     Loss {

@@ -30,7 +30,7 @@ pub struct Tuple {
 }
 
 /// A conntrack entry whose addresses are translated.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
     /// The connection as its first packet was sent.
     pub orig: Tuple,
