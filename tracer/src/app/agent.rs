@@ -173,8 +173,8 @@ async fn relay(
             }
             Some((_node, entry)) = trace.conntrack.recv() => {
                 if super::of_the_traced_pair(&entry, &trace.targets) {
-                    super::follow_connection(&entry, trace).await?;
-                    out.send(Record::Conntrack(entry));
+                    let untraced_until_ns = if super::follow_connection(&entry, trace).await? { super::monotonic_ns() } else { 0 };
+                    out.send(Record::Conntrack { entry, untraced_until_ns });
                 }
             }
             Some((node, change)) = trace.links.recv() => {

@@ -397,7 +397,18 @@ impl Session {
                 let at = |t: u64| self.clocks.common_ns(&placed, &node, t);
                 self.correlator.observe_loss(at(from_ns), at(to_ns));
             }
-            Record::Conntrack(entry) => {
+            Record::Conntrack {
+                entry,
+                untraced_until_ns,
+            } => {
+                // On the common timeline, as the hops.
+                let untraced_until_ns = match untraced_until_ns {
+                    0 => 0,
+                    t => {
+                        let placed = self.clocks.placements();
+                        self.clocks.common_ns(&placed, &node, t)
+                    }
+                };
                 // Before every agent has started, into the context the
                 // correlator will be made from.
                 let ctx = match (&mut self.teller, &mut self.ctx) {
@@ -405,7 +416,7 @@ impl Session {
                     (None, ctx) => ctx.as_mut(),
                 };
                 if let Some(ctx) = ctx {
-                    super::learn_translations(&entry, ctx, &mut self.correlator);
+                    super::learn_translations(&entry, untraced_until_ns, ctx, &mut self.correlator);
                 }
             }
             Record::Hooks { .. } => {}

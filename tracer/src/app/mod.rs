@@ -358,8 +358,8 @@ async fn stream(
             }
             Some((_node, entry)) = trace.conntrack.recv() => {
                 if of_the_traced_pair(&entry, &trace.targets) {
-                    learn_translations(&entry, &mut teller.ctx, &mut correlator);
-                    follow_connection(&entry, trace).await?;
+                    let untraced_until = if follow_connection(&entry, trace).await? { monotonic_ns() } else { 0 };
+                    learn_translations(&entry, untraced_until, &mut teller.ctx, &mut correlator);
                 }
             }
             Some((node, change)) = trace.links.recv() => {
@@ -390,12 +390,18 @@ fn of_the_traced_pair(entry: &conntrack::Entry, targets: &Targets) -> bool {
 
 /// A translated connection of the traced pair, from conntrack, told to
 /// the stories' context and the correlator (node mode, and the front-end
-/// of cluster mode).
-fn learn_translations(entry: &conntrack::Entry, ctx: &mut Context, correlator: &mut Correlator) {
+/// of cluster mode); its translated addresses were not traced until
+/// `untraced_until_ns` (0: always were).
+fn learn_translations(
+    entry: &conntrack::Entry,
+    untraced_until_ns: u64,
+    ctx: &mut Context,
+    correlator: &mut Correlator,
+) {
     let names = ctx.names.clone();
     let learnt = ctx
         .nat
-        .learn_connection(entry, |ip| names.get(&ip).cloned());
+        .learn_connection(entry, |ip| names.get(&ip).cloned(), untraced_until_ns);
     for t in learnt {
         correlator.learn_translation(t);
     }
@@ -404,15 +410,18 @@ fn learn_translations(entry: &conntrack::Entry, ctx: &mut Context, correlator: &
 /// The addresses a connection of the traced pair is translated to,
 /// traced on every node from now on, and a backend's pod veth watched
 /// where it is local (node mode, and each agent of cluster mode).
-async fn follow_connection(entry: &conntrack::Entry, trace: &mut Trace) -> Result<()> {
+/// Returns whether they were not traced before.
+async fn follow_connection(entry: &conntrack::Entry, trace: &mut Trace) -> Result<bool> {
     // The connection as the peer sees it, both ways: what the kernel
     // filter must now let through.
     let (a, b) = (entry.reply.src, entry.reply.dst);
     let new = flow_ips((a, b));
+    let traced = traced_pairs(&trace.targets);
     if (a, b) == (entry.orig.dst, entry.orig.src)
+        || traced.contains(&(b, a))
         || trace.learnt_flows.iter().any(|k| new.contains(k))
     {
-        return Ok(());
+        return Ok(false);
     }
     for node in &mut trace.nodes {
         node.follow(&[], &new)?;
@@ -421,7 +430,7 @@ async fn follow_connection(entry: &conntrack::Entry, trace: &mut Trace) -> Resul
         }
     }
     trace.learnt_flows.extend(new);
-    Ok(())
+    Ok(true)
 }
 
 /// Watches the traced pods through the API, when names came from it: a

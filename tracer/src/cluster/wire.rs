@@ -42,8 +42,12 @@ pub enum Record {
         at_ns: u64,
     },
     /// A translated connection of the traced pair, from the node's
-    /// conntrack.
-    Conntrack(conntrack::Entry),
+    /// conntrack, and until when (kernel time) its translated addresses
+    /// were not traced (0: always were).
+    Conntrack {
+        entry: conntrack::Entry,
+        untraced_until_ns: u64,
+    },
     /// Records lost between two kernel times: by the kernel (ring buffer
     /// full, header copy failed) or by the agent (its output queue full).
     Loss {

@@ -91,7 +91,10 @@ impl TracedNode {
             .index;
         let every = interfaces::select(&view, underlay, cni);
         let local_pod_subnets = local_pod_subnets(&view, &every);
-        let endpoints: Vec<Ipv4Addr> = shared.pairs.iter().map(|(src, _)| *src).collect();
+        let mut endpoints: Vec<Ipv4Addr> = shared.pairs.iter().map(|(src, _)| *src).collect();
+        // A Service's client is in one pair per backend: said once.
+        endpoints.sort();
+        endpoints.dedup();
         let local: Vec<Ipv4Addr> = endpoints
             .iter()
             .copied()
@@ -122,8 +125,11 @@ impl TracedNode {
         let probe = NodeProbe::attach(&spec, &watched).with_context(|| format!("node {name}"))?;
         // The subscription socket stays bound to the namespace it was opened in.
         link_watch::watch(id, shared.link_tx.clone())?;
-        conntrack::watch(id, shared.conntrack_tx.clone())
-            .with_context(|| format!("node {name}"))?;
+        // Without conntrack, only the Services' translations are known:
+        // worth saying, not worth refusing to trace.
+        if let Err(e) = conntrack::watch(id, shared.conntrack_tx.clone()) {
+            eprintln!("podtrace: {name}: conntrack is not read ({e:#}); translations are known only from the Services");
+        }
         let netfilter = match &shared.netfilter_tx {
             Some(tx) => Some(
                 NodeTrace::start(ns, id, &shared.pairs, tx.clone())

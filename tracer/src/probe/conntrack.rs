@@ -105,9 +105,16 @@ pub fn watch(node_id: u32, tx: mpsc::UnboundedSender<(u32, Entry)>) -> Result<()
         read_until_done(&dump, node_id, &tx);
         drop(dump);
         let mut buf = vec![0u8; 1 << 16];
+        let mut overflowed = false;
         while !tx.is_closed() {
-            let Ok(n) = events.recv(&mut &mut buf[..], 0) else {
-                continue;
+            let n = match events.recv(&mut &mut buf[..], 0) {
+                Ok(n) => n,
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) && !overflowed => {
+                    overflowed = true;
+                    eprintln!("podtrace: conntrack events were lost (the socket overflowed): some translations may be learnt late or not at all");
+                    continue;
+                }
+                Err(_) => continue,
             };
             for entry in messages(&buf[..n]).into_iter().flatten() {
                 if tx.send((node_id, entry)).is_err() {

@@ -82,17 +82,11 @@ pub struct Connection {
     pub reply: Tuple,
     pub zone: u16,
     pub mark: u32,
-}
-
-impl From<&conntrack::Entry> for Connection {
-    fn from(e: &conntrack::Entry) -> Self {
-        Self {
-            orig: e.orig,
-            reply: e.reply,
-            zone: e.zone,
-            mark: e.mark,
-        }
-    }
+    /// Until when (kernel time) the translated addresses were not traced:
+    /// a packet seen before then and not after its translation was out of
+    /// podtrace's sight, not lost. 0 when they were traced all along.
+    #[serde(default)]
+    pub untraced_until_ns: u64,
 }
 
 /// Connections remembered, and source translations (one per connection):
@@ -196,13 +190,25 @@ impl NatBook {
     /// A connection conntrack reported for the traced pair: remembered,
     /// and its translations learnt. Returns the translations new to the
     /// book.
+    /// `untraced_until_ns`: see [`Connection`].
     pub fn learn_connection(
         &mut self,
         entry: &conntrack::Entry,
         name: impl Fn(Ipv4Addr) -> Option<String>,
+        untraced_until_ns: u64,
     ) -> Vec<Translation> {
-        let c = Connection::from(entry);
-        if !self.connections.contains(&c) {
+        let c = Connection {
+            orig: entry.orig,
+            reply: entry.reply,
+            zone: entry.zone,
+            mark: entry.mark,
+            untraced_until_ns,
+        };
+        let known = self
+            .connections
+            .iter()
+            .any(|k| (k.orig, k.reply) == (c.orig, c.reply));
+        if !known {
             if self.connections.len() == MAX_CONNECTIONS {
                 self.connections.pop_front();
             }
@@ -278,9 +284,9 @@ impl NatBook {
     /// A packet last seen before a translation podtrace learnt from
     /// conntrack only afterwards: the translation it then went through
     /// (`DNAT a → b`, `SNAT a → b`), to say why it was not seen again.
-    pub fn translated_out_of_sight(&self, last: &Ipv4Packet) -> Option<String> {
+    pub fn translated_out_of_sight(&self, last: &Ipv4Packet, seen_ns: u64) -> Option<String> {
         let t = tuple_of(last)?;
-        self.late_translation(|c| {
+        self.late_translation(seen_ns, |c| {
             if c.orig == t {
                 Some(true)
             } else {
@@ -291,9 +297,9 @@ impl NatBook {
 
     /// A packet first seen after such a translation: the translation it
     /// had been through, to say why its earlier hops are missing.
-    pub fn translated_before_sight(&self, first: &Ipv4Packet) -> Option<String> {
+    pub fn translated_before_sight(&self, first: &Ipv4Packet, seen_ns: u64) -> Option<String> {
         let t = tuple_of(first)?;
-        self.late_translation(|c| {
+        self.late_translation(seen_ns, |c| {
             if reversed(&c.reply) == t {
                 Some(true)
             } else {
@@ -303,13 +309,22 @@ impl NatBook {
     }
 
     /// The translation of the connection `side` finds, as `DNAT a → b,
-    /// SNAT c → d` (`side`: whether the packet is the request).
-    fn late_translation(&self, side: impl Fn(&Connection) -> Option<bool>) -> Option<String> {
+    /// SNAT c → d` (`side`: whether the packet is the request), if the
+    /// packet, seen at `seen_ns`, passed while its translated addresses
+    /// were not traced yet.
+    fn late_translation(
+        &self,
+        seen_ns: u64,
+        side: impl Fn(&Connection) -> Option<bool>,
+    ) -> Option<String> {
         let (c, request) = self
             .connections
             .iter()
             .rev()
             .find_map(|c| side(c).map(|r| (c, r)))?;
+        if seen_ns >= c.untraced_until_ns {
+            return None;
+        }
         let (from, to) = if request {
             (c.orig, reversed(&c.reply))
         } else {
@@ -651,20 +666,22 @@ pub(crate) mod tests {
     #[test]
     fn a_connection_from_conntrack_teaches_both_translations_and_its_zone_and_mark() {
         let mut book = NatBook::default();
-        let learnt = book.learn_connection(&hairpin(), |_| Some("default/web-0".into()));
+        let learnt = book.learn_connection(&hairpin(), |_| Some("default/web-0".into()), 5_000);
         assert_eq!(learnt.len(), 2);
         assert!(learnt[0].front.ip == Ipv4Addr::new(10, 96, 7, 8) && !learnt[0].source);
         assert_eq!(learnt[0].backend.as_deref(), Some("default/web-0"));
         assert!(learnt[1].source && learnt[1].front.port == 25020);
         // Learnt once.
-        assert!(book.learn_connection(&hairpin(), |_| None).is_empty());
+        assert!(book
+            .learn_connection(&hairpin(), |_| None, 9_000)
+            .is_empty());
         // A backend of one listed Service: a learnt frontend is named by it.
         let mut listed = self::tests::book();
         let mut nodeport = hairpin();
         nodeport.orig.dst = Ipv4Addr::new(192, 0, 2, 11);
         nodeport.orig.dport = 30080;
         nodeport.reply.src = Ipv4Addr::new(10, 244, 2, 3);
-        let learnt = listed.learn_connection(&nodeport, |_| None);
+        let learnt = listed.learn_connection(&nodeport, |_| None, 0);
         assert_eq!(learnt[0].service.as_deref(), Some("default/db"));
         let sent = packet([10, 244, 1, 2], [10, 96, 7, 8], 40000, 80);
         let back = packet([10, 244, 1, 1], [10, 244, 1, 2], 25020, 8080);
@@ -676,18 +693,21 @@ pub(crate) mod tests {
             (Some(3), Some(0x10))
         );
         assert_eq!(
-            book.translated_out_of_sight(&sent).unwrap(),
+            book.translated_out_of_sight(&sent, 1_000).unwrap(),
             "DNAT 10.96.7.8:80 → 10.244.1.2:8080, SNAT 10.244.1.2:40000 → 10.244.1.1:25020"
         );
         let reply_after = packet([10, 96, 7, 8], [10, 244, 1, 2], 80, 40000);
         assert_eq!(
-            book.translated_before_sight(&reply_after).unwrap(),
+            book.translated_before_sight(&reply_after, 1_000).unwrap(),
             "un-SNAT 10.244.1.1:25020 → 10.244.1.2:40000, un-DNAT 10.244.1.2:8080 → 10.96.7.8:80"
         );
         // A packet of another connection was not translated by this one.
         assert!(book
-            .translated_out_of_sight(&packet([10, 244, 1, 2], [10, 96, 7, 8], 40001, 80))
+            .translated_out_of_sight(&packet([10, 244, 1, 2], [10, 96, 7, 8], 40001, 80), 1_000)
             .is_none());
+        // Seen after the translated addresses were traced: lost, not out
+        // of sight.
+        assert!(book.translated_out_of_sight(&sent, 6_000).is_none());
     }
 
     #[test]

@@ -323,7 +323,10 @@ fn outcome_of(journey: &Journey, delivered: bool, ctx: &Context) -> Outcome {
             iface: last.iface.clone(),
             direction: last.direction,
         }
-    } else if let Some(translation) = ctx.nat.translated_out_of_sight(&last.packet.packet) {
+    } else if let Some(translation) = ctx
+        .nat
+        .translated_out_of_sight(&last.packet.packet, last.ktime_ns)
+    {
         Outcome::TranslatedOutOfSight {
             node: last.node.clone(),
             iface: last.iface.clone(),
