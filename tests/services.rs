@@ -503,22 +503,32 @@ fn a_cluster_ip_whose_backend_is_on_the_same_node_is_followed() {
 fn case_hairpin(mode: ProxyMode) {
     let lab = services_lab(mode);
     let lab = &lab.0;
-    let web = lab.service("web");
-    let web0 = lab.pod("web-0");
     let [a, b, c, d] = files(lab);
     // The MASQUERADE's port is new with each connection: conntrack says it.
     let (done, answers) = trace_while(
         lab,
         &["default/web-0", "svc/web", &a, &b, &c, &d],
         6,
-        || requests(2, || lab.tcp_request("web-0", web.cluster_ip, 80)),
+        || {
+            requests(2, || {
+                lab.tcp_request("web-0", lab.service("web").cluster_ip, 80)
+            })
+        },
     );
+    assert_hairpin(lab, &done, &answers);
+}
+
+/// web-0 → svc/web, whose only backend is web-0: the stories of a
+/// hairpin.
+fn assert_hairpin(lab: &Lab, done: &Finished, answers: &[Result<String, String>]) {
+    let web = lab.service("web");
+    let web0 = lab.pod("web-0");
     assert!(
         answers.iter().all(|a| a.as_deref() == Ok("ok")),
         "{answers:?}"
     );
     assert!(done.status.success(), "{}", done.stderr);
-    let syns = syns(&done);
+    let syns = syns(done);
     let said = [
         format!("DNAT {}:80 → {}:{TCP_PORT}", web.cluster_ip, web0.ip),
         format!("SNAT {}:", web0.ip),
@@ -811,10 +821,14 @@ fn a_reply_conntrack_finds_invalid_is_dropped_with_its_rule_named() {
     case_invalid_reply_dropped(ProxyMode::Iptables);
 }
 
-fn case_cluster_mode(mode: ProxyMode) {
-    let lab = services_lab(mode);
-    let lab = &lab.0;
-    // The stub plays kubelet for both nodes: the agents are this podtrace.
+/// `podtrace --cluster SRC DST` through the API stub, which plays kubelet
+/// for both nodes (the agents are this podtrace), while `act` runs.
+fn cluster_trace_while<T>(
+    lab: &Lab,
+    src: &str,
+    dst: &str,
+    act: impl FnOnce() -> T,
+) -> (Finished, T) {
     let nodes = (1..=2)
         .map(|n| (Lab::node_name(n), lab.node_netns(n)))
         .collect();
@@ -825,8 +839,8 @@ fn case_cluster_mode(mode: ProxyMode) {
     stub.add_services(&lab.service_list());
     let kubeconfig = stub.kubeconfig(&state, TOKEN).display().to_string();
     let args = [
-        "default/web-0",
-        "svc/db",
+        src,
+        dst,
         "--cluster",
         "--kubeconfig",
         &kubeconfig,
@@ -836,8 +850,16 @@ fn case_cluster_mode(mode: ProxyMode) {
         "12s",
     ];
     let trace = Trace::start(&argv(&args, vec![]));
-    let answer = lab.tcp_request("web-0", lab.service("db").cluster_ip, 80);
-    let done = trace.finish();
+    let acted = act();
+    (trace.finish(), acted)
+}
+
+fn case_cluster_mode(mode: ProxyMode) {
+    let lab = services_lab(mode);
+    let lab = &lab.0;
+    let (done, answer) = cluster_trace_while(lab, "default/web-0", "svc/db", || {
+        lab.tcp_request("web-0", lab.service("db").cluster_ip, 80)
+    });
     assert_eq!(answer.as_deref(), Ok("ok"));
     assert_cluster_ip_followed(lab, &done, "nat KUBE-SEP-", NAMED);
 }
@@ -845,4 +867,22 @@ fn case_cluster_mode(mode: ProxyMode) {
 #[test]
 fn cluster_mode_follows_a_cluster_ip_through_its_agents() {
     case_cluster_mode(ProxyMode::Iptables);
+}
+
+/// The MASQUERADE of a hairpin is learnt from conntrack by the agent and
+/// passed on to the front-end.
+fn case_cluster_mode_hairpin(mode: ProxyMode) {
+    let lab = services_lab(mode);
+    let lab = &lab.0;
+    let (done, answers) = cluster_trace_while(lab, "default/web-0", "svc/web", || {
+        requests(2, || {
+            lab.tcp_request("web-0", lab.service("web").cluster_ip, 80)
+        })
+    });
+    assert_hairpin(lab, &done, &answers);
+}
+
+#[test]
+fn cluster_mode_joins_a_hairpin_through_what_its_agent_learnt_from_conntrack() {
+    case_cluster_mode_hairpin(ProxyMode::Iptables);
 }
