@@ -813,6 +813,10 @@ fn case_invalid_reply_dropped(mode: ProxyMode) {
         "{rule}"
     );
     assert!(rule["rule"].as_str().unwrap().contains("-j DROP"), "{rule}");
+    assert!(
+        summary(dropped).starts_with("dropped as conntrack INVALID"),
+        "{dropped}"
+    );
     assert!(summary(dropped).contains("KUBE-FORWARD"), "{dropped}");
 }
 

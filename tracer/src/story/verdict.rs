@@ -109,8 +109,8 @@ impl Story {
     pub(super) fn name_rule(&mut self, rule: Option<&NetfilterRule>, why_unnamed: &str) {
         match rule {
             Some(rule) => {
-                if let Some(rejected) = rejection(&rule.rule) {
-                    self.verdict.summary = format!("{rejected}; {}", self.verdict.summary);
+                if let Some(why) = rejection(&rule.rule).or_else(|| invalid(&rule.rule)) {
+                    self.verdict.summary = format!("{why}; {}", self.verdict.summary);
                 }
                 self.verdict.summary.push_str(&format!(
                     "; by table {} chain {} (hook {}): {}",
@@ -181,6 +181,16 @@ impl Story {
             _ => "PREROUTING or INPUT",
         }
     }
+}
+
+/// For a drop of what conntrack found INVALID (iptables `--ctstate
+/// INVALID`, nft `ct state invalid`): what that means for the packet.
+fn invalid(rule: &str) -> Option<String> {
+    let lower = rule.to_ascii_lowercase();
+    let matches = lower.contains("--ctstate invalid") || lower.contains("ct state invalid");
+    matches.then(|| {
+        "dropped as conntrack INVALID: conntrack tied it to no connection it tracks (an entry that expired or was never made, or a segment outside the connection's window)".to_string()
+    })
 }
 
 /// For a REJECT rule: `rejected: default/db has no endpoints` (from
@@ -456,5 +466,10 @@ mod tests {
             "rejected: default/empty has no endpoints (the client is sent ICMP port unreachable)"
         );
         assert!(rejection("-A FORWARD -j DROP").is_none());
+        let rule = r#"-A KUBE-FORWARD -m conntrack --ctstate INVALID -m comment --comment "kubernetes forwarding conntrack rule" -j DROP"#;
+        assert!(super::invalid(rule)
+            .unwrap()
+            .starts_with("dropped as conntrack INVALID"));
+        assert!(super::invalid("-A FORWARD -j DROP").is_none());
     }
 }
