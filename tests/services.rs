@@ -4,6 +4,13 @@
 //! un-DNAT back, one story per packet, each translation named with both
 //! tuples and its rule; a Service without endpoints is `rejected`.
 //!
+//! The cases: a ClusterIP with its backend on the other node (through
+//! `--services-file`, the API stub, a bare `ClusterIP:port`, and a bare
+//! ClusterIP learnt from conntrack alone), on the same node, and hairpin;
+//! a NodePort entering a node without the backend; a pod reaching outside
+//! the cluster through the CNI's MASQUERADE; a Service without endpoints;
+//! a late reply dropped as conntrack INVALID; and cluster mode.
+//!
 //! Each case is a `case_…(mode)` run by a thin `#[test]` per kube-proxy
 //! mode. Translations podtrace cannot know up front (a MASQUERADE's port,
 //! a bare ClusterIP's backends without a Services list) are learnt from
