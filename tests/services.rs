@@ -398,6 +398,14 @@ fn case_bare_cluster_ip_learnt_from_conntrack(mode: ProxyMode) {
     let db = lab.service("db");
     let web0 = lab.pod("web-0");
     let (src, dst) = (web0.ip.to_string(), db.cluster_ip.to_string());
+    // A connection mark on node-1, as a CNI's policy would set one: the
+    // story must carry conntrack's own.
+    let marked = xtask::lab::in_netns(&lab.node_netns(1), "iptables")
+        .args(["-t", "mangle", "-A", "PREROUTING", "-s", &src])
+        .args(["-j", "CONNMARK", "--set-mark", "0x42"])
+        .status()
+        .expect("iptables");
+    assert!(marked.success());
     // No pods file, no Services file, no API: only conntrack can say
     // where the ClusterIP goes. Three connections over two backends: one
     // goes to a backend an earlier one taught.
@@ -431,7 +439,7 @@ fn case_bare_cluster_ip_learnt_from_conntrack(mode: ProxyMode) {
         assert_eq!(nodes_of(syn), [n1.as_str(), n2.as_str()]);
         // What conntrack said of the connection.
         assert_eq!(step["conntrack"]["zone"], 0, "{step}");
-        assert!(step["conntrack"]["mark"].is_u64(), "{step}");
+        assert_eq!(step["conntrack"]["mark"], 0x42, "{step}");
         if step["conntrack"]["state"] == "new" {
             assert!(
                 step["rule"].as_str().unwrap().contains("nat KUBE-SEP-"),
