@@ -30,6 +30,7 @@ use crate::{
     },
     decode::hop::Hop,
     output::{NodeCounts, Summary},
+    probe::conntrack,
     story::{
         clock::Clocks,
         journey::{Correlator, Waits},
@@ -400,29 +401,33 @@ impl Session {
             Record::Conntrack {
                 entry,
                 untraced_until_ns,
-            } => {
-                // On the common timeline, as the hops.
-                let untraced_until_ns = match untraced_until_ns {
-                    0 => 0,
-                    t => {
-                        let placed = self.clocks.placements();
-                        self.clocks.common_ns(&placed, &node, t)
-                    }
-                };
-                // Before every agent has started, into the context the
-                // correlator will be made from.
-                let ctx = match (&mut self.teller, &mut self.ctx) {
-                    (Some(teller), _) => Some(&mut teller.ctx),
-                    (None, ctx) => ctx.as_mut(),
-                };
-                if let Some(ctx) = ctx {
-                    super::learn_translations(&entry, untraced_until_ns, ctx, &mut self.correlator);
-                }
-            }
+            } => self.learn_conntrack(&node, &entry, untraced_until_ns),
             Record::Hooks { .. } => {}
             Record::Summary(summary) => agent.summary = Some(*summary),
         }
         Ok(())
+    }
+
+    /// A translated connection an agent read from its node's conntrack,
+    /// and until when (its kernel time) its addresses were untraced.
+    fn learn_conntrack(&mut self, node: &str, entry: &conntrack::Entry, untraced_until_ns: u64) {
+        // On the common timeline, as the hops.
+        let untraced_until_ns = match untraced_until_ns {
+            0 => 0,
+            t => {
+                let placed = self.clocks.placements();
+                self.clocks.common_ns(&placed, node, t)
+            }
+        };
+        // Before every agent has started, into the context the
+        // correlator will be made from.
+        let ctx = match (&mut self.teller, &mut self.ctx) {
+            (Some(teller), _) => Some(&mut teller.ctx),
+            (None, ctx) => ctx.as_mut(),
+        };
+        if let Some(ctx) = ctx {
+            super::learn_translations(entry, untraced_until_ns, ctx, &mut self.correlator);
+        }
     }
 
     /// Places held hops on the common timeline, correlates them, and tells

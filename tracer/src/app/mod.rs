@@ -357,10 +357,7 @@ async fn stream(
                 correlator.observe_rule((drop.src, drop.dst, drop.ip_id), drop.rule, monotonic_ns());
             }
             Some((_node, entry)) = trace.conntrack.recv() => {
-                if of_the_traced_pair(&entry, &trace.targets) {
-                    let untraced_until = if follow_connection(&entry, trace).await? { monotonic_ns() } else { 0 };
-                    learn_translations(&entry, untraced_until, &mut teller.ctx, &mut correlator);
-                }
+                learn_connection(&entry, trace, &mut teller.ctx, &mut correlator).await?;
             }
             Some((node, change)) = trace.links.recv() => {
                 link_changed(trace, node, change, &mut summary);
@@ -380,6 +377,22 @@ async fn stream(
         }
     }
     Ok((summary, teller))
+}
+
+/// A conntrack entry of a node (node mode): if it is the traced pair's,
+/// its translated addresses traced and its translations learnt.
+async fn learn_connection(
+    entry: &conntrack::Entry,
+    trace: &mut Trace,
+    ctx: &mut Context,
+    correlator: &mut Correlator,
+) -> Result<()> {
+    if of_the_traced_pair(entry, &trace.targets) {
+        let newly_traced = follow_connection(entry, trace).await?;
+        let untraced_until = if newly_traced { monotonic_ns() } else { 0 };
+        learn_translations(entry, untraced_until, ctx, correlator);
+    }
+    Ok(())
 }
 
 /// Whether a conntrack entry is a connection of the traced pair.
