@@ -418,6 +418,9 @@ fn learn_translations(
     for t in learnt {
         correlator.learn_translation(t);
     }
+    if entry.snat() {
+        correlator.trace_for_joining(entry.reply.src, entry.reply.dst);
+    }
 }
 
 /// The addresses a connection of the traced pair is translated to,

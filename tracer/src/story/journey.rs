@@ -12,7 +12,7 @@
 //! without bound: evidence that finds no journey expires.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     net::Ipv4Addr,
 };
 
@@ -244,6 +244,11 @@ pub struct Correlator {
     /// Known address translations, to join a packet's sightings across
     /// them.
     nat: NatBook,
+    /// Address pairs traced only to follow the traced pair across a source
+    /// translation (a MASQUERADE's address and the peer): other traffic
+    /// between them (a node's own, other clients' masqueraded alike) is
+    /// not the traced pair's, and its journeys are not told.
+    joining_only: HashSet<(Ipv4Addr, Ipv4Addr)>,
 }
 
 impl Correlator {
@@ -255,6 +260,7 @@ impl Correlator {
             losses: VecDeque::new(),
             open_in_pieces: 0,
             nat: NatBook::default(),
+            joining_only: HashSet::new(),
         }
     }
 
@@ -300,6 +306,13 @@ impl Correlator {
                 journey.records_lost |= half.records_lost;
             }
         }
+    }
+
+    /// Traffic between `a` and `b` (both ways) is traced only to join
+    /// the traced pair's packets across a source translation.
+    pub fn trace_for_joining(&mut self, a: Ipv4Addr, b: Ipv4Addr) {
+        self.joining_only.insert((a, b));
+        self.joining_only.insert((b, a));
     }
 
     /// The open journey a sighting keyed `key` belongs to, through a known
@@ -458,8 +471,19 @@ impl Correlator {
     fn drain(&mut self, keys: Vec<PacketKey>) -> Vec<Journey> {
         let mut out: Vec<_> = keys.iter().filter_map(|k| self.open.remove(k)).collect();
         self.open_in_pieces -= out.iter().filter(|j| j.key.in_pieces()).count();
+        out.retain(|j| !self.only_for_joining(j));
         out.sort_by_key(Journey::first_seen);
         out
+    }
+
+    /// Every hop of the journey is between addresses traced only to join
+    /// (and it joined nothing).
+    fn only_for_joining(&self, journey: &Journey) -> bool {
+        !self.joining_only.is_empty()
+            && journey.hops.iter().all(|h| {
+                let p = &h.packet.packet;
+                self.joining_only.contains(&(p.src, p.dst))
+            })
     }
 }
 
@@ -480,6 +504,56 @@ pub(crate) mod tests {
             // The tests' pods are all on traced nodes.
             traced_destinations: vec!["10.244.0.0/16".parse().unwrap()],
         }
+    }
+
+    #[test]
+    fn traffic_traced_only_to_join_a_masquerade_is_not_told_on_its_own() {
+        // web-0 hairpinned to itself: after DNAT and MASQUERADE the packet
+        // is bridge address → web-0, a pair traced only to join it.
+        let sent = frames::tcp_syn([10, 244, 1, 2], [10, 96, 7, 8], 40000, 80);
+        let back = frames::tcp_syn([10, 244, 1, 1], [10, 244, 1, 2], 25020, 8080);
+        let probe = frames::tcp_syn([10, 244, 1, 1], [10, 244, 1, 2], 33000, 8080);
+        let mut c = Correlator::new(waits(1_000_000, 1_000_000));
+        c.trace_for_joining([10, 244, 1, 1].into(), [10, 244, 1, 2].into());
+        let mut book = NatBook::default();
+        let hairpin = crate::probe::conntrack::Entry {
+            orig: nat::tests::tuple([10, 244, 1, 2], [10, 96, 7, 8], 40000, 80),
+            reply: nat::tests::tuple([10, 244, 1, 2], [10, 244, 1, 1], 8080, 25020),
+            status: (1 << 4) | (1 << 5),
+            zone: 0,
+            mark: 0,
+        };
+        for t in book.learn_connection(&hairpin, |_| None, 0) {
+            c.learn_translation(t);
+        }
+        c.observe(hop(
+            100,
+            "n1",
+            "vethA",
+            Role::PodVeth,
+            Direction::Ingress,
+            &sent,
+        ));
+        c.observe(hop(
+            200,
+            "n1",
+            "vethA",
+            Role::PodVeth,
+            Direction::Egress,
+            &back,
+        ));
+        // The node's own probe of web-0, from the bridge address.
+        c.observe(hop(
+            300,
+            "n1",
+            "vethA",
+            Role::PodVeth,
+            Direction::Egress,
+            &probe,
+        ));
+        let told = c.take_all();
+        assert_eq!(told.len(), 1, "{told:?}");
+        assert_eq!(told[0].hops.len(), 2);
     }
 
     #[test]

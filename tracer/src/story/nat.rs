@@ -644,16 +644,21 @@ pub(crate) mod tests {
         assert_eq!(s[0].after, "192.0.2.11:40000");
     }
 
-    /// Conntrack's entry for a hairpin: web-0 to a Service that picked
-    /// web-0 itself, DNATed and MASQUERADEd to the bridge's address.
-    fn hairpin() -> conntrack::Entry {
-        let t = |src: [u8; 4], dst: [u8; 4], sport, dport| Tuple {
+    /// A TCP tuple.
+    pub(crate) fn tuple(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16) -> Tuple {
+        Tuple {
             protocol: 6,
             src: src.into(),
             dst: dst.into(),
             sport,
             dport,
-        };
+        }
+    }
+
+    /// Conntrack's entry for a hairpin: web-0 to a Service that picked
+    /// web-0 itself, DNATed and MASQUERADEd to the bridge's address.
+    fn hairpin() -> conntrack::Entry {
+        let t = tuple;
         conntrack::Entry {
             orig: t([10, 244, 1, 2], [10, 96, 7, 8], 40000, 80),
             reply: t([10, 244, 1, 2], [10, 244, 1, 1], 8080, 25020),
