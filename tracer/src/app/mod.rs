@@ -91,6 +91,7 @@ pub async fn run(args: Args) -> Result<()> {
         other => other?,
     };
     let mut trace = attach(&args, resolved).await?;
+    trace_masquerade_sources(&mut trace)?;
     let summary = stream(&args, &mut trace, &mut stop, write).await?;
     finish(trace, summary)
 }
@@ -174,8 +175,12 @@ struct Trace {
     links: mpsc::UnboundedReceiver<(u32, LinkChange)>,
     rules: mpsc::UnboundedReceiver<(u32, TracedRule)>,
     conntrack: mpsc::UnboundedReceiver<(u32, conntrack::Entry)>,
-    /// Pairs traced because conntrack translated the traced pair to them.
+    /// Pairs traced because conntrack translated the traced pair to them,
+    /// or because a MASQUERADE may (`trace_masquerade_sources`).
     learnt_flows: Vec<FlowKey>,
+    /// Pairs traced only to join the traced pair's packets across a
+    /// source translation: no story of their own.
+    joining_only: Vec<(Ipv4Addr, Ipv4Addr)>,
     /// Namespaces no traced node owns (pods), named on first sight.
     others: OtherNamespaces,
 }
@@ -265,7 +270,65 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         rules,
         conntrack,
         learnt_flows: Vec::new(),
+        joining_only: Vec::new(),
     })
+}
+
+/// At most this many (node address, peer) pairs are traced ahead of a
+/// MASQUERADE: the kernel filter holds 1024 pairs.
+const MAX_MASQUERADE_PAIRS: usize = 128;
+
+/// Where a MASQUERADE of the traced pair may take it, traced from the
+/// start, so that its first packet is seen after the translation too: a
+/// MASQUERADE takes an address of the node (the way out's), the peer is a
+/// Service backend (hairpin, a NodePort from another node) or the
+/// destination outside the cluster. Only to join: traffic between them is
+/// told only as part of the traced pair's (conntrack then says which
+/// port). Node mode; cluster mode learns these from conntrack.
+fn trace_masquerade_sources(trace: &mut Trace) -> Result<()> {
+    let (targets, ctx) = (&trace.targets, &trace.ctx);
+    let node_addresses: Vec<Ipv4Addr> = ctx
+        .nodes
+        .values()
+        .flat_map(|facts| facts.view.addresses.iter().map(|(_, ip)| *ip))
+        .filter(|ip| !ip.is_loopback())
+        .collect();
+    let dst = targets.dst.ip;
+    let in_the_cluster = |ip: Ipv4Addr| {
+        ctx.expects_arrival(ip)
+            || ctx
+                .subnets
+                .iter()
+                .any(|s| s.subnet.contains(&ip) || s.node_ip == ip)
+            || ctx.pod_cidrs.iter().any(|net| net.contains(&ip))
+            || node_addresses.contains(&ip)
+    };
+    let outside = targets.dst.pod.is_none() && targets.service.is_none() && !in_the_cluster(dst);
+    let mut peers: Vec<Ipv4Addr> = targets
+        .nat
+        .translations
+        .iter()
+        .filter(|t| !t.source)
+        .map(|t| t.back.ip)
+        .chain(outside.then_some(dst))
+        .collect();
+    peers.sort();
+    peers.dedup();
+    let pairs: Vec<(Ipv4Addr, Ipv4Addr)> = node_addresses
+        .iter()
+        .flat_map(|a| peers.iter().map(move |p| (*a, *p)))
+        .filter(|(a, p)| a != p)
+        .collect();
+    if pairs.is_empty() || pairs.len() > MAX_MASQUERADE_PAIRS {
+        return Ok(());
+    }
+    let flows: Vec<FlowKey> = pairs.iter().flat_map(|pair| flow_ips(*pair)).collect();
+    for node in &mut trace.nodes {
+        node.probe.replace_flows(&[], &flows)?;
+    }
+    trace.learnt_flows.extend(flows);
+    trace.joining_only.extend(pairs);
+    Ok(())
 }
 
 /// Says what the traced nodes can see, and that the trace has started.
@@ -327,6 +390,9 @@ async fn stream(
             .collect(),
     });
     let mut correlator = correlator.with_nat(teller.ctx.nat.clone());
+    for (a, b) in &trace.joining_only {
+        correlator.trace_for_joining(*a, *b);
+    }
     let mut losses = LossWatch::new(&trace.nodes, monotonic_ns());
     let mut tick = tokio::time::interval(JOURNEY_IDLE / 2);
     let until_deadline = until(args.duration);
