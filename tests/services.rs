@@ -639,10 +639,14 @@ fn case_node_port_from_outside(mode: ProxyMode) {
         format!("DNAT {node1}:{NODE_PORT} → "),
         "SNAT 192.0.2.1:".to_string(),
     ];
+    // The Services name the node's NodePorts: the backends and the
+    // node's addresses are traced from the start, every SYN is followed.
     let followed = followed(&syns, "DNAT", &said);
+    assert_eq!(followed.len(), syns.len(), "every SYN followed: {syns:?}");
     for syn in followed {
         let dnat = step(syn, "DNAT");
         assert_eq!(dnat["before"], format!("{node1}:{NODE_PORT}"), "{dnat}");
+        assert_eq!(dnat["service"], "default/db", "{dnat}");
         let after = dnat["after"].as_str().unwrap();
         let backend = db
             .backends
