@@ -1,19 +1,37 @@
 //! Services on the lab (`lab up … --services`), in both kube-proxy modes
-//! (each case runs as `…_iptables` and `…_nftables`): a packet to a
-//! ClusterIP is followed through kube-proxy's DNAT to its backend on the
-//! other node, its reply through conntrack's un-DNAT back, one story per
-//! packet, each translation named with both tuples and its rule (iptables
-//! syntax for KUBE-SEP-…, `nft -a list` text for the `endpoint-…` chain);
-//! a Service without endpoints is `rejected`.
+//! (a case runs as `…_iptables` and `…_nftables`): a packet to a ClusterIP
+//! is followed through kube-proxy's DNAT to its backend on the other node,
+//! its reply through conntrack's un-DNAT back, one story per packet, each
+//! translation named with both tuples and its rule (iptables syntax for
+//! KUBE-SEP-…, `nft -a list` text for the `endpoint-…` chain); a Service
+//! without endpoints is `rejected`.
+//!
+//! The cases: a ClusterIP with its backend on the other node (through
+//! `--services-file`, the API stub, a bare `ClusterIP:port`, and a bare
+//! ClusterIP learnt from conntrack alone), on the same node, and hairpin;
+//! a NodePort entering a node without the backend; a pod reaching outside
+//! the cluster through the CNI's MASQUERADE; a Service without endpoints;
+//! a late reply dropped as conntrack INVALID; and cluster mode.
+//!
+//! Each case is a `case_…(mode)` run by a thin `#[test]` per kube-proxy
+//! mode. Translations podtrace cannot know up front (a MASQUERADE's port,
+//! a bare ClusterIP's backends without a Services list) are learnt from
+//! conntrack as connections open: a connection's first packets may pass
+//! before that, and their stories must say so, never `vanished`.
 
 #[allow(dead_code)]
 mod support;
 
 use serde_json::Value;
+use std::time::Duration;
 use support::*;
+
 use xtask::{
-    api_stub::{Stub, TOKEN},
-    lab::{kube_proxy::ProxyMode, Lab, LabGuard, Topology},
+    api_stub::{Kubelet, Stub, TOKEN},
+    lab::{
+        kube_proxy::{ProxyMode, NODE_PORT, OUTSIDE, TCP_PORT},
+        sysctl, Lab, LabGuard, Topology,
+    },
 };
 
 /// The nodes' names, when the pods file or the API names them.
@@ -280,4 +298,672 @@ fn service_without_endpoints(mode: ProxyMode) {
             );
         }
     }
+}
+
+/// podtrace `args` on both nodes (JSON, `--duration`) while `act` runs.
+fn trace_while<T>(
+    lab: &Lab,
+    args: &[&str],
+    seconds: u32,
+    act: impl FnOnce() -> T,
+) -> (Finished, T) {
+    let duration = format!("{seconds}s");
+    let mut first = args.to_vec();
+    first.extend(["-o", "json", "--duration", &duration]);
+    let mut rest = vec![];
+    for node in [1, 2] {
+        rest.push("--netns".to_string());
+        rest.push(lab.node_netns(node));
+    }
+    let trace = Trace::start(&argv(&first, rest));
+    let acted = act();
+    (trace.finish(), acted)
+}
+
+/// `n` requests one after the other, a second apart: nft rule tracing
+/// follows 5 packets a second per direction, and each connection sends
+/// about that many.
+fn requests(
+    n: usize,
+    mut one: impl FnMut() -> Result<String, String>,
+) -> Vec<Result<String, String>> {
+    (0..n)
+        .map(|_| {
+            let answer = one();
+            std::thread::sleep(Duration::from_millis(1100));
+            answer
+        })
+        .collect()
+}
+
+fn flags(story: &Value) -> u64 {
+    story["transport"]["flags"].as_u64().unwrap_or(0)
+}
+
+fn syns(done: &Finished) -> Vec<Value> {
+    let syns: Vec<Value> = done
+        .stories()
+        .into_iter()
+        .filter(|s| flags(s) == 0x02)
+        .collect();
+    assert!(
+        !syns.is_empty(),
+        "no SYN story: {}\n{}",
+        done.stdout,
+        done.stderr
+    );
+    syns
+}
+
+fn summary(story: &Value) -> &str {
+    story["verdict"]["summary"].as_str().unwrap_or("")
+}
+
+/// A connection's SYN that passed before podtrace learnt its translation
+/// from conntrack: its story names the translation (`what`), never
+/// `vanished`. Returns whether the story is such a one.
+fn out_of_sight_names(story: &Value, what: &[String]) -> bool {
+    if story["verdict"]["outcome"] != "translated_out_of_sight" {
+        return false;
+    }
+    let text = summary(story);
+    assert!(what.iter().all(|w| text.contains(w.as_str())), "{text}");
+    assert!(
+        text.contains("learnt the translation from conntrack only after"),
+        "{text}"
+    );
+    true
+}
+
+/// The SYN stories that were followed across the translation (`kind`),
+/// each checked to be one or the other.
+fn followed<'a>(syns: &'a [Value], kind: &str, out_of_sight: &[String]) -> Vec<&'a Value> {
+    let followed: Vec<&Value> = syns
+        .iter()
+        .filter(|s| !nat_hops(s, kind).is_empty())
+        .collect();
+    for syn in syns.iter().filter(|s| nat_hops(s, kind).is_empty()) {
+        assert!(
+            out_of_sight_names(syn, out_of_sight),
+            "neither followed nor said: {syn}"
+        );
+    }
+    assert!(
+        !followed.is_empty(),
+        "no SYN followed through {kind}: {syns:?}"
+    );
+    followed
+}
+
+fn step<'a>(story: &'a Value, kind: &str) -> &'a Value {
+    let hops = nat_hops(story, kind);
+    assert_eq!(hops.len(), 1, "one {kind} hop: {story}");
+    hops[0]["nat"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["kind"] == kind)
+        .unwrap()
+}
+
+/// The hop where a SYN's source was rewritten (MASQUERADE, or SNAT
+/// when its rule was not traced), and that step.
+fn source_step(syn: &Value) -> (&Value, &Value) {
+    let hops: Vec<&Value> = ["MASQUERADE", "SNAT"]
+        .iter()
+        .flat_map(|kind| nat_hops(syn, kind))
+        .collect();
+    assert_eq!(hops.len(), 1, "one source translation: {syn}");
+    let step = hops[0]["nat"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["kind"] == "MASQUERADE" || s["kind"] == "SNAT")
+        .unwrap();
+    (hops[0], step)
+}
+
+/// Some SYN names a translation by a rule with all of `words` (nft rule
+/// tracing: a connection's first packet crosses the nat chains).
+fn assert_some_rule(syns: &[Value], words: &[&str]) {
+    let named = syns
+        .iter()
+        .flat_map(|s| s["hops"].as_array().unwrap())
+        .any(|h| {
+            h["nat"].as_array().is_some_and(|steps| {
+                steps.iter().any(|step| {
+                    step["rule"]
+                        .as_str()
+                        .is_some_and(|r| words.iter().all(|w| r.contains(w)))
+                })
+            })
+        });
+    assert!(
+        named,
+        "no translation named by a rule with {words:?}: {syns:?}"
+    );
+}
+
+fn case_bare_cluster_ip_learnt_from_conntrack(mode: ProxyMode) {
+    let lab = services_lab(mode);
+    let lab = &lab.0;
+    let db = lab.service("db");
+    let web0 = lab.pod("web-0");
+    let (src, dst) = (web0.ip.to_string(), db.cluster_ip.to_string());
+    // A connection mark on node-1, as a CNI's policy would set one: the
+    // story must carry conntrack's own.
+    let marked = xtask::lab::in_netns(&lab.node_netns(1), "iptables")
+        .args(["-t", "mangle", "-A", "PREROUTING", "-s", &src])
+        .args(["-j", "CONNMARK", "--set-mark", "0x42"])
+        .status()
+        .expect("iptables");
+    assert!(marked.success());
+    // No pods file, no Services file, no API: only conntrack can say
+    // where the ClusterIP goes. Three connections over two backends: one
+    // goes to a backend an earlier one taught.
+    let (done, answers) = trace_while(lab, &[&src, &dst], 9, || {
+        requests(3, || lab.tcp_request("web-0", db.cluster_ip, 80))
+    });
+    assert!(
+        answers.iter().all(|a| a.as_deref() == Ok("ok")),
+        "{answers:?}"
+    );
+    assert!(done.status.success(), "{}", done.stderr);
+    let (n1, n2) = (lab.node_netns(1), lab.node_netns(2));
+    let syns = syns(&done);
+    let dnat = format!("DNAT {}:80 → ", db.cluster_ip);
+    for syn in followed(&syns, "DNAT", &[dnat]) {
+        let step = step(syn, "DNAT");
+        assert_eq!(step["before"], format!("{}:80", db.cluster_ip), "{step}");
+        let after = step["after"].as_str().unwrap();
+        let backend = db
+            .backends
+            .iter()
+            .find(|b| after == format!("{}:{TCP_PORT}", b.ip))
+            .unwrap_or_else(|| panic!("DNAT to a backend: {step}"));
+        assert_eq!(nat_hops(syn, "DNAT")[0]["node"], n1.as_str());
+        assert_eq!(syn["verdict"]["outcome"], "delivered", "{syn}");
+        assert_eq!(syn["verdict"]["node"], n2.as_str());
+        assert!(
+            summary(syn).contains(&format!("delivered to {}", backend.ip)),
+            "{syn}"
+        );
+        assert_eq!(nodes_of(syn), [n1.as_str(), n2.as_str()]);
+        // What conntrack said of the connection.
+        assert_eq!(step["conntrack"]["zone"], 0, "{step}");
+        assert_eq!(step["conntrack"]["mark"], 0x42, "{step}");
+        if step["conntrack"]["state"] == "new" {
+            assert!(
+                step["rule"].as_str().unwrap().contains("nat KUBE-SEP-"),
+                "{step}"
+            );
+        }
+    }
+    assert_some_rule(&syns, &["nat KUBE-SEP-", "-j DNAT --to-destination"]);
+    // The replies: un-DNATed on node-1, or said to be first seen after it.
+    let synacks: Vec<Value> = done
+        .stories()
+        .into_iter()
+        .filter(|s| flags(s) == 0x12)
+        .collect();
+    assert!(!synacks.is_empty());
+    for synack in &synacks {
+        let undone = nat_hops(synack, "un-DNAT");
+        if undone.is_empty() {
+            assert!(
+                summary(synack).contains("first seen after a translation by conntrack (un-DNAT"),
+                "{synack}"
+            );
+        } else {
+            assert_eq!(undone[0]["node"], n1.as_str());
+            assert_eq!(synack["verdict"]["outcome"], "delivered", "{synack}");
+        }
+    }
+}
+
+#[test]
+fn a_bare_cluster_ip_without_any_list_is_learnt_from_conntrack() {
+    case_bare_cluster_ip_learnt_from_conntrack(ProxyMode::Iptables);
+}
+
+fn case_same_node_backend(mode: ProxyMode) {
+    let lab = services_lab(mode);
+    let lab = &lab.0;
+    let web = lab.service("web");
+    let [a, b, c, d] = files(lab);
+    let (done, answer) = trace_while(
+        lab,
+        &["default/web-1", "svc/web", &a, &b, &c, &d],
+        5,
+        || lab.tcp_request("web-1", web.cluster_ip, 80),
+    );
+    assert_eq!(answer.as_deref(), Ok("ok"));
+    assert!(done.status.success(), "{}", done.stderr);
+    let (syn, synack) = syn_and_synack(&done);
+    let dnat = step(&syn, "DNAT");
+    assert_eq!(dnat["before"], format!("{}:80", web.cluster_ip));
+    assert_eq!(dnat["after"], format!("{}:{TCP_PORT}", lab.pod("web-0").ip));
+    assert!(
+        dnat["rule"].as_str().unwrap().contains("nat KUBE-SEP-"),
+        "{dnat}"
+    );
+    assert_eq!(dnat["conntrack"]["state"], "new");
+    assert_eq!(dnat["backend"], "default/web-0");
+    assert_eq!(syn["verdict"]["outcome"], "delivered", "{syn}");
+    assert!(
+        summary(&syn).contains("delivered to")
+            && summary(&syn).contains("(default/web-0) on node-1"),
+        "{syn}"
+    );
+    assert_eq!(nodes_of(&syn), ["node-1"]);
+    let undone = step(&synack, "un-DNAT");
+    assert_eq!(undone["after"], format!("{}:80", web.cluster_ip));
+    assert_eq!(synack["verdict"]["outcome"], "delivered", "{synack}");
+    assert_eq!(nodes_of(&synack), ["node-1"]);
+}
+
+#[test]
+fn a_cluster_ip_whose_backend_is_on_the_same_node_is_followed() {
+    case_same_node_backend(ProxyMode::Iptables);
+}
+
+fn case_hairpin(mode: ProxyMode) {
+    let lab = services_lab(mode);
+    let lab = &lab.0;
+    let [a, b, c, d] = files(lab);
+    // The MASQUERADE's port is new with each connection: conntrack says it.
+    let (done, answers) = trace_while(
+        lab,
+        &["default/web-0", "svc/web", &a, &b, &c, &d],
+        6,
+        || {
+            requests(2, || {
+                lab.tcp_request("web-0", lab.service("web").cluster_ip, 80)
+            })
+        },
+    );
+    assert_hairpin(lab, &done, &answers, true);
+}
+
+/// web-0 → svc/web, whose only backend is web-0: the stories of a
+/// hairpin. `every`: each connection's first packet is followed too (node
+/// mode traces the node's addresses with the backends from the start).
+fn assert_hairpin(lab: &Lab, done: &Finished, answers: &[Result<String, String>], every: bool) {
+    let web = lab.service("web");
+    let web0 = lab.pod("web-0");
+    assert!(
+        answers.iter().all(|a| a.as_deref() == Ok("ok")),
+        "{answers:?}"
+    );
+    assert!(done.status.success(), "{}", done.stderr);
+    let syns = syns(done);
+    let said = [
+        format!("DNAT {}:80 → {}:{TCP_PORT}", web.cluster_ip, web0.ip),
+        format!("SNAT {}:", web0.ip),
+    ];
+    let followed = followed(&syns, "DNAT", &said);
+    if every {
+        assert_eq!(followed.len(), syns.len(), "every SYN followed: {syns:?}");
+    }
+    let syn = followed[0];
+    // One hop: DNAT to web-0 itself and MASQUERADE, on one packet.
+    let dnat = step(syn, "DNAT");
+    assert_eq!(dnat["after"], format!("{}:{TCP_PORT}", web0.ip));
+    assert_eq!(dnat["backend"], "default/web-0");
+    let (masq, snat) = source_step(syn);
+    assert_eq!(masq["iface"], nat_hops(syn, "DNAT")[0]["iface"], "{syn}");
+    assert!(
+        snat["before"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{}:", web0.ip)),
+        "{snat}"
+    );
+    // MASQUERADE picks the address of the way out: the bridge's, on node-1.
+    let bridge_ip = lab.subnet_host(1, 1);
+    assert!(
+        snat["after"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{bridge_ip}:")),
+        "{snat}"
+    );
+    if snat["conntrack"]["state"] == "new" {
+        assert!(
+            snat["rule"].as_str().unwrap().contains("KUBE-POSTROUTING"),
+            "{snat}"
+        );
+        assert!(
+            snat["rule"].as_str().unwrap().contains("-j MASQUERADE"),
+            "{snat}"
+        );
+    }
+    assert_eq!(syn["verdict"]["outcome"], "delivered", "{syn}");
+    assert_eq!(
+        syn["verdict"]["iface"], syn["hops"][0]["iface"],
+        "back out of its own veth: {syn}"
+    );
+    // The reply: un-SNAT and un-DNAT on one hop, back to web-0.
+    let reply = done
+        .stories()
+        .into_iter()
+        .find(|s| flags(s) == 0x12 && !nat_hops(s, "un-DNAT").is_empty())
+        .unwrap_or_else(|| panic!("a SYN-ACK un-DNATed: {}", done.stdout));
+    assert_eq!(nat_hops(&reply, "un-SNAT").len(), 1, "{reply}");
+    assert_eq!(
+        step(&reply, "un-DNAT")["after"],
+        format!("{}:80", web.cluster_ip)
+    );
+    assert_eq!(reply["verdict"]["outcome"], "delivered", "{reply}");
+}
+
+#[test]
+fn a_pod_reaching_a_service_that_picks_itself_hairpins_with_dnat_and_masquerade() {
+    case_hairpin(ProxyMode::Iptables);
+}
+
+fn case_node_port_from_outside(mode: ProxyMode) {
+    let lab = services_lab(mode);
+    let lab = &lab.0;
+    let db = lab.service("db");
+    let node1 = Lab::node_ip(1);
+    let client_ns = lab.underlay_netns();
+    // The client is outside the pods: the nodes' gateway, on the underlay.
+    let client = "192.0.2.1";
+    let [a, b, c, d] = files(lab);
+    let (done, answers) = trace_while(
+        lab,
+        &[client, &node1.to_string(), &a, &b, &c, &d],
+        9,
+        || {
+            requests(3, || {
+                lab.tcp_request_from_netns(&client_ns, node1, NODE_PORT)
+            })
+        },
+    );
+    assert!(
+        answers.iter().all(|a| a.as_deref() == Ok("ok")),
+        "{answers:?}"
+    );
+    assert!(done.status.success(), "{}", done.stderr);
+    let syns = syns(&done);
+    let said = [
+        format!("DNAT {node1}:{NODE_PORT} → "),
+        "SNAT 192.0.2.1:".to_string(),
+    ];
+    // The Services name the node's NodePorts: the backends and the
+    // node's addresses are traced from the start, every SYN is followed.
+    let followed = followed(&syns, "DNAT", &said);
+    assert_eq!(followed.len(), syns.len(), "every SYN followed: {syns:?}");
+    for syn in followed {
+        let dnat = step(syn, "DNAT");
+        assert_eq!(dnat["before"], format!("{node1}:{NODE_PORT}"), "{dnat}");
+        assert_eq!(dnat["service"], "default/db", "{dnat}");
+        let after = dnat["after"].as_str().unwrap();
+        let backend = db
+            .backends
+            .iter()
+            .find(|b| after == format!("{}:{TCP_PORT}", b.ip))
+            .unwrap_or_else(|| panic!("DNAT to a backend: {dnat}"));
+        assert_eq!(dnat["backend"], format!("default/{}", backend.name));
+        if dnat["conntrack"]["state"] == "new" {
+            assert!(
+                dnat["rule"].as_str().unwrap().contains("nat KUBE-SEP-"),
+                "{dnat}"
+            );
+        }
+        // Then MASQUERADE (KUBE-MARK-MASQ's mark), then the tunnel.
+        let (masq, snat) = source_step(syn);
+        assert_eq!(masq["node"], "node-1");
+        assert!(
+            snat["before"].as_str().unwrap().starts_with("192.0.2.1:"),
+            "{snat}"
+        );
+        let hops = syn["hops"].as_array().unwrap();
+        let tunnel = hops
+            .iter()
+            .position(|h| !h["tunnel"].is_null())
+            .expect("encapsulated");
+        let masq_at = hops.iter().position(|h| h == masq).unwrap();
+        assert!(masq_at < tunnel, "MASQUERADE before the tunnel: {syn}");
+        assert_eq!(syn["verdict"]["outcome"], "delivered", "{syn}");
+        assert_eq!(syn["verdict"]["node"], "node-2");
+        assert_eq!(nodes_of(syn), ["node-1", "node-2"]);
+    }
+    assert_some_rule(&syns, &["KUBE-POSTROUTING", "-j MASQUERADE"]);
+}
+
+#[test]
+fn a_node_port_entering_a_node_without_the_backend_is_dnatted_masqueraded_and_tunnelled() {
+    case_node_port_from_outside(ProxyMode::Iptables);
+}
+
+fn case_outside_masquerade(mode: ProxyMode) {
+    let lab = services_lab(mode);
+    let lab = &lab.0;
+    let web0 = lab.pod("web-0");
+    let node1 = Lab::node_ip(1);
+    let outside = OUTSIDE.to_string();
+    let [a, b, _, _] = files(lab);
+    let (done, answers) = trace_while(lab, &["default/web-0", &outside, &a, &b], 6, || {
+        requests(2, || lab.tcp_request("web-0", OUTSIDE, TCP_PORT))
+    });
+    assert!(
+        answers.iter().all(|a| a.as_deref() == Ok("ok")),
+        "{answers:?}"
+    );
+    assert!(done.status.success(), "{}", done.stderr);
+    let syns = syns(&done);
+    let said = [format!("SNAT {}:", web0.ip), format!(" → {node1}:")];
+    // The MASQUERADE's port is new with each connection (conntrack says
+    // it); the node's addresses with the outside are traced from the
+    // start, so every connection's first packet is followed.
+    let followed = followed(&syns, "MASQUERADE", &said);
+    assert_eq!(followed.len(), syns.len(), "every SYN followed: {syns:?}");
+    for syn in followed {
+        let masq = step(syn, "MASQUERADE");
+        assert!(
+            masq["before"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{}:", web0.ip)),
+            "{masq}"
+        );
+        assert!(
+            masq["after"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{node1}:")),
+            "{masq}"
+        );
+        let hop = nat_hops(syn, "MASQUERADE")[0];
+        assert_eq!(
+            (
+                hop["node"].as_str(),
+                hop["iface"].as_str(),
+                hop["direction"].as_str()
+            ),
+            (Some("node-1"), Some("eth0"), Some("egress")),
+            "{syn}"
+        );
+        if masq["conntrack"]["state"] == "new" {
+            assert!(
+                masq["rule"].as_str().unwrap().contains("-j MASQUERADE"),
+                "{masq}"
+            );
+        }
+        assert_eq!(syn["verdict"]["outcome"], "left_node", "{syn}");
+        assert_eq!(syn["verdict"]["toward"], outside.as_str());
+        // The verdict names the source it left with.
+        let text = summary(syn);
+        assert!(
+            text.contains(&format!("source MASQUERADE {}:", web0.ip)),
+            "{text}"
+        );
+        assert!(text.contains(&format!(" → {node1}:")), "{text}");
+    }
+    assert_some_rule(&syns, &["FLANNEL-POSTRTG", "-j MASQUERADE"]);
+    // The answer comes back un-SNATed to web-0.
+    let reply = done
+        .stories()
+        .into_iter()
+        .find(|s| flags(s) == 0x12 && !nat_hops(s, "un-SNAT").is_empty())
+        .unwrap_or_else(|| panic!("a SYN-ACK un-SNATed: {}", done.stdout));
+    assert!(step(&reply, "un-SNAT")["after"]
+        .as_str()
+        .unwrap()
+        .starts_with(&format!("{}:", web0.ip)));
+    assert_eq!(reply["verdict"]["outcome"], "delivered", "{reply}");
+}
+
+#[test]
+fn a_pod_reaching_outside_the_cluster_is_masqueraded_at_eth0_by_the_cni_rule() {
+    case_outside_masquerade(ProxyMode::Iptables);
+}
+
+/// A server in `pod` that answers a request only after `delay`: its
+/// connection idles meanwhile.
+fn slow_server(lab: &Lab, pod: &str, port: u16, delay: Duration) -> std::process::Child {
+    const SERVER: &str = r#"
+import socket, sys, time
+t = socket.socket()
+t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+t.bind(("0.0.0.0", int(sys.argv[1])))
+t.listen(4)
+c, _ = t.accept()
+c.recv(64)
+time.sleep(float(sys.argv[2]))
+c.sendall(b"late\n")
+time.sleep(1)
+"#;
+    let child = xtask::lab::in_netns(&lab.pod(pod).netns, "python3")
+        .args([
+            "-c",
+            SERVER,
+            &port.to_string(),
+            &delay.as_secs_f64().to_string(),
+        ])
+        .spawn()
+        .expect("python3");
+    std::thread::sleep(Duration::from_millis(500));
+    child
+}
+
+fn case_invalid_reply_dropped(mode: ProxyMode) {
+    let lab = services_lab(mode);
+    let lab = &lab.0;
+    let (web0, db0) = (lab.pod("web-0"), lab.pod("db-0"));
+    // node-2 forgets an idle connection after a second, and takes no
+    // mid-stream packet for a new one: the late reply is INVALID there.
+    let node2 = lab.node_netns(2);
+    sysctl(
+        &node2,
+        "net.netfilter.nf_conntrack_tcp_timeout_established",
+        "1",
+    )
+    .expect("sysctl");
+    sysctl(&node2, "net.netfilter.nf_conntrack_tcp_loose", "0").expect("sysctl");
+    let port = 9090;
+    let mut server = slow_server(lab, "db-0", port, Duration::from_secs(3));
+    let [a, b, _, _] = files(lab);
+    let (done, answer) = trace_while(lab, &["default/web-0", "default/db-0", &a, &b], 8, || {
+        lab.tcp_request_patient("web-0", db0.ip, port)
+    });
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(
+        answer.is_err(),
+        "the late answer must not arrive: {answer:?}"
+    );
+    assert!(done.status.success(), "{}", done.stderr);
+    let stories = done.stories();
+    let dropped = stories
+        .iter()
+        .find(|s| s["src"] == db0.ip.to_string() && s["verdict"]["outcome"] == "dropped")
+        .unwrap_or_else(|| panic!("a dropped reply: {}\n{}", done.stdout, done.stderr));
+    assert_eq!(dropped["dst"], web0.ip.to_string());
+    assert_eq!(dropped["verdict"]["node"], "node-2", "{dropped}");
+    let rule = &dropped["verdict"]["netfilter"];
+    assert_eq!(rule["chain"], "KUBE-FORWARD", "{dropped}");
+    assert!(
+        rule["rule"].as_str().unwrap().contains("--ctstate INVALID"),
+        "{rule}"
+    );
+    assert!(rule["rule"].as_str().unwrap().contains("-j DROP"), "{rule}");
+    assert!(
+        summary(dropped).starts_with("dropped as conntrack INVALID"),
+        "{dropped}"
+    );
+    assert!(summary(dropped).contains("KUBE-FORWARD"), "{dropped}");
+}
+
+#[test]
+fn a_reply_conntrack_finds_invalid_is_dropped_with_its_rule_named() {
+    case_invalid_reply_dropped(ProxyMode::Iptables);
+}
+
+/// `podtrace --cluster SRC DST` through the API stub, which plays kubelet
+/// for both nodes (the agents are this podtrace), while `act` runs.
+fn cluster_trace_while<T>(
+    lab: &Lab,
+    src: &str,
+    dst: &str,
+    act: impl FnOnce() -> T,
+) -> (Finished, T) {
+    let nodes = (1..=2)
+        .map(|n| (Lab::node_name(n), lab.node_netns(n)))
+        .collect();
+    let state = std::env::temp_dir().join(format!("podtrace-svc-cluster-{}", lab.prefix));
+    std::fs::create_dir_all(&state).unwrap();
+    let kubelet = Kubelet::new(PODTRACE.as_ref(), nodes, &state);
+    let stub = Stub::with_kubelet(&lab.pod_list(), &lab.node_list(), kubelet);
+    stub.add_services(&lab.service_list());
+    let kubeconfig = stub.kubeconfig(&state, TOKEN).display().to_string();
+    let args = [
+        src,
+        dst,
+        "--cluster",
+        "--kubeconfig",
+        &kubeconfig,
+        "-o",
+        "json",
+        "--duration",
+        "12s",
+    ];
+    let trace = Trace::start(&argv(&args, vec![]));
+    let acted = act();
+    (trace.finish(), acted)
+}
+
+fn case_cluster_mode(mode: ProxyMode) {
+    let lab = services_lab(mode);
+    let lab = &lab.0;
+    let (done, answer) = cluster_trace_while(lab, "default/web-0", "svc/db", || {
+        lab.tcp_request("web-0", lab.service("db").cluster_ip, 80)
+    });
+    assert_eq!(answer.as_deref(), Ok("ok"));
+    assert_cluster_ip_followed(lab, &done, mode, NAMED);
+}
+
+#[test]
+fn cluster_mode_follows_a_cluster_ip_through_its_agents() {
+    case_cluster_mode(ProxyMode::Iptables);
+}
+
+/// The MASQUERADE of a hairpin is learnt from conntrack by the agent and
+/// passed on to the front-end.
+fn case_cluster_mode_hairpin(mode: ProxyMode) {
+    let lab = services_lab(mode);
+    let lab = &lab.0;
+    let (done, answers) = cluster_trace_while(lab, "default/web-0", "svc/web", || {
+        requests(2, || {
+            lab.tcp_request("web-0", lab.service("web").cluster_ip, 80)
+        })
+    });
+    assert_hairpin(lab, &done, &answers, false);
+}
+
+#[test]
+fn cluster_mode_joins_a_hairpin_through_what_its_agent_learnt_from_conntrack() {
+    case_cluster_mode_hairpin(ProxyMode::Iptables);
 }

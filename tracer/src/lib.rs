@@ -3,7 +3,8 @@
 //! The pipeline runs one way, one folder per stage:
 //! - [`probe`]: kernel signals and their loading and attaching — tc
 //!   sightings (`probe::tc`), drops (`probe::drops`), netfilter rule tracing
-//!   (`probe::netfilter`), link changes, the kernel's BTF layout;
+//!   (`probe::netfilter`), conntrack's translations (`probe::conntrack`),
+//!   link changes, the kernel's BTF layout;
 //! - [`node`]: what a node looks like (links, routes, neighbours), which
 //!   interfaces are watched, the traced namespaces, a traced node set up;
 //! - [`cni`]: one file per CNI backend (flannel-vxlan, flannel-host-gw,

@@ -171,6 +171,12 @@ async fn relay(
             Some((_node, drop)) = trace.rules.recv() => {
                 out.send(Record::Rule { src: drop.src, dst: drop.dst, ip_id: drop.ip_id, rule: drop.rule, at_ns: super::monotonic_ns() });
             }
+            Some((_node, entry)) = trace.conntrack.recv() => {
+                if super::of_the_traced_pair(&entry, &trace.targets) {
+                    let untraced_until_ns = if super::follow_connection(&entry, trace).await? { super::monotonic_ns() } else { 0 };
+                    out.send(Record::Conntrack { entry, untraced_until_ns });
+                }
+            }
             Some((node, change)) = trace.links.recv() => {
                 link_changed(trace, node, change, &mut summary);
                 out.send(Record::Hooks { hooks: summary.hooks_attached });

@@ -30,6 +30,7 @@ use crate::{
     },
     decode::hop::Hop,
     output::{NodeCounts, Summary},
+    probe::conntrack,
     story::{
         clock::Clocks,
         journey::{Correlator, Waits},
@@ -73,14 +74,21 @@ pub async fn run(args: Args) -> Result<()> {
     session.finish(&agents)
 }
 
-/// The nodes to trace (the pods' own, then `--nodes`), and the cluster's
-/// other nodes.
+/// The nodes to trace (the pods' own, a Service's backends', then
+/// `--nodes`), and the cluster's other nodes.
 fn pick_nodes(args: &Args, targets: &Targets) -> Result<(Vec<String>, Vec<String>)> {
     let all: Vec<String> = targets.subnets.iter().map(|s| s.node.clone()).collect();
     let mut nodes: Vec<String> = Vec::new();
+    // A Service's backends run where its EndpointSlices say.
+    let backends = targets
+        .service
+        .iter()
+        .flat_map(|s| &s.backends)
+        .filter_map(|b| b.node.as_deref());
     for node in [&targets.src, &targets.dst]
         .into_iter()
         .filter_map(Targets::node_of)
+        .chain(backends)
     {
         if !nodes.iter().any(|n| n == node) {
             nodes.push(node.to_string());
@@ -257,7 +265,8 @@ impl Session {
                 .values()
                 .flat_map(|f| f.local_pod_subnets.iter().copied())
                 .collect(),
-        });
+        })
+        .with_nat(ctx.nat.clone());
         self.summary.hooks_attached = self
             .agents
             .values()
@@ -389,10 +398,36 @@ impl Session {
                 let at = |t: u64| self.clocks.common_ns(&placed, &node, t);
                 self.correlator.observe_loss(at(from_ns), at(to_ns));
             }
+            Record::Conntrack {
+                entry,
+                untraced_until_ns,
+            } => self.learn_conntrack(&node, &entry, untraced_until_ns),
             Record::Hooks { .. } => {}
             Record::Summary(summary) => agent.summary = Some(*summary),
         }
         Ok(())
+    }
+
+    /// A translated connection an agent read from its node's conntrack,
+    /// and until when (its kernel time) its addresses were untraced.
+    fn learn_conntrack(&mut self, node: &str, entry: &conntrack::Entry, untraced_until_ns: u64) {
+        // On the common timeline, as the hops.
+        let untraced_until_ns = match untraced_until_ns {
+            0 => 0,
+            t => {
+                let placed = self.clocks.placements();
+                self.clocks.common_ns(&placed, node, t)
+            }
+        };
+        // Before every agent has started, into the context the
+        // correlator will be made from.
+        let ctx = match (&mut self.teller, &mut self.ctx) {
+            (Some(teller), _) => Some(&mut teller.ctx),
+            (None, ctx) => ctx.as_mut(),
+        };
+        if let Some(ctx) = ctx {
+            super::learn_translations(entry, untraced_until_ns, ctx, &mut self.correlator);
+        }
     }
 
     /// Places held hops on the common timeline, correlates them, and tells

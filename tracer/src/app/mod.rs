@@ -49,6 +49,7 @@ use crate::{
         Summary,
     },
     probe::{
+        conntrack,
         link_watch::LinkChange,
         netfilter::{Backend, TracedRule},
         Kernel,
@@ -90,6 +91,7 @@ pub async fn run(args: Args) -> Result<()> {
         other => other?,
     };
     let mut trace = attach(&args, resolved).await?;
+    trace_masquerade_sources(&mut trace)?;
     let summary = stream(&args, &mut trace, &mut stop, write).await?;
     finish(trace, summary)
 }
@@ -172,6 +174,13 @@ struct Trace {
     sightings: mpsc::UnboundedReceiver<Sighting>,
     links: mpsc::UnboundedReceiver<(u32, LinkChange)>,
     rules: mpsc::UnboundedReceiver<(u32, TracedRule)>,
+    conntrack: mpsc::UnboundedReceiver<(u32, conntrack::Entry)>,
+    /// Pairs traced because conntrack translated the traced pair to them,
+    /// or because a MASQUERADE may (`trace_masquerade_sources`).
+    learnt_flows: Vec<FlowKey>,
+    /// Pairs traced only to join the traced pair's packets across a
+    /// source translation: no story of their own.
+    joining_only: Vec<(Ipv4Addr, Ipv4Addr)>,
     /// Namespaces no traced node owns (pods), named on first sight.
     others: OtherNamespaces,
 }
@@ -201,6 +210,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
     let (tx, sightings) = mpsc::unbounded_channel();
     let (link_tx, links) = mpsc::unbounded_channel();
     let (netfilter_tx, rules) = mpsc::unbounded_channel();
+    let (conntrack_tx, conntrack) = mpsc::unbounded_channel();
     let typed_btf = Kernel::typed_btf()?;
     let known_nodes = targets.known_nodes();
     let shared = Shared {
@@ -215,6 +225,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         profile: args.in_kernel_profile,
         sample: args.sample,
         link_tx,
+        conntrack_tx,
         netfilter_tx: why_rule_unnamed.is_none().then_some(netfilter_tx),
         pairs,
         endpoint_nodes: [src, dst]
@@ -257,7 +268,67 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         sightings,
         links,
         rules,
+        conntrack,
+        learnt_flows: Vec::new(),
+        joining_only: Vec::new(),
     })
+}
+
+/// At most this many (node address, peer) pairs are traced ahead of a
+/// MASQUERADE: the kernel filter holds 1024 pairs.
+const MAX_MASQUERADE_PAIRS: usize = 128;
+
+/// Where a MASQUERADE of the traced pair may take it, traced from the
+/// start, so that its first packet is seen after the translation too: a
+/// MASQUERADE takes an address of the node (the way out's), the peer is a
+/// Service backend (hairpin, a NodePort from another node) or the
+/// destination outside the cluster. Only to join: traffic between them is
+/// told only as part of the traced pair's (conntrack then says which
+/// port). Node mode; cluster mode learns these from conntrack.
+fn trace_masquerade_sources(trace: &mut Trace) -> Result<()> {
+    let (targets, ctx) = (&trace.targets, &trace.ctx);
+    let node_addresses: Vec<Ipv4Addr> = ctx
+        .nodes
+        .values()
+        .flat_map(|facts| facts.view.addresses.iter().map(|(_, ip)| *ip))
+        .filter(|ip| !ip.is_loopback())
+        .collect();
+    let dst = targets.dst.ip;
+    let in_the_cluster = |ip: Ipv4Addr| {
+        ctx.expects_arrival(ip)
+            || ctx
+                .subnets
+                .iter()
+                .any(|s| s.subnet.contains(&ip) || s.node_ip == ip)
+            || ctx.pod_cidrs.iter().any(|net| net.contains(&ip))
+            || node_addresses.contains(&ip)
+    };
+    let outside = targets.dst.pod.is_none() && targets.service.is_none() && !in_the_cluster(dst);
+    let mut peers: Vec<Ipv4Addr> = targets
+        .nat
+        .translations
+        .iter()
+        .filter(|t| !t.source)
+        .map(|t| t.back.ip)
+        .chain(outside.then_some(dst))
+        .collect();
+    peers.sort();
+    peers.dedup();
+    let pairs: Vec<(Ipv4Addr, Ipv4Addr)> = node_addresses
+        .iter()
+        .flat_map(|a| peers.iter().map(move |p| (*a, *p)))
+        .filter(|(a, p)| a != p)
+        .collect();
+    if pairs.is_empty() || pairs.len() > MAX_MASQUERADE_PAIRS {
+        return Ok(());
+    }
+    let flows: Vec<FlowKey> = pairs.iter().flat_map(|pair| flow_ips(*pair)).collect();
+    for node in &mut trace.nodes {
+        node.probe.replace_flows(&[], &flows)?;
+    }
+    trace.learnt_flows.extend(flows);
+    trace.joining_only.extend(pairs);
+    Ok(())
 }
 
 /// Says what the traced nodes can see, and that the trace has started.
@@ -319,6 +390,9 @@ async fn stream(
             .collect(),
     });
     let mut correlator = correlator.with_nat(teller.ctx.nat.clone());
+    for (a, b) in &trace.joining_only {
+        correlator.trace_for_joining(*a, *b);
+    }
     let mut losses = LossWatch::new(&trace.nodes, monotonic_ns());
     let mut tick = tokio::time::interval(JOURNEY_IDLE / 2);
     let until_deadline = until(args.duration);
@@ -348,6 +422,9 @@ async fn stream(
             Some((_node, drop)) = trace.rules.recv() => {
                 correlator.observe_rule((drop.src, drop.dst, drop.ip_id), drop.rule, monotonic_ns());
             }
+            Some((_node, entry)) = trace.conntrack.recv() => {
+                learn_connection(&entry, trace, &mut teller.ctx, &mut correlator).await?;
+            }
             Some((node, change)) = trace.links.recv() => {
                 link_changed(trace, node, change, &mut summary);
             }
@@ -366,6 +443,76 @@ async fn stream(
         }
     }
     Ok((summary, teller))
+}
+
+/// A conntrack entry of a node (node mode): if it is the traced pair's,
+/// its translated addresses traced and its translations learnt.
+async fn learn_connection(
+    entry: &conntrack::Entry,
+    trace: &mut Trace,
+    ctx: &mut Context,
+    correlator: &mut Correlator,
+) -> Result<()> {
+    if of_the_traced_pair(entry, &trace.targets) {
+        let newly_traced = follow_connection(entry, trace).await?;
+        let untraced_until = if newly_traced { monotonic_ns() } else { 0 };
+        learn_translations(entry, untraced_until, ctx, correlator);
+    }
+    Ok(())
+}
+
+/// Whether a conntrack entry is a connection of the traced pair.
+fn of_the_traced_pair(entry: &conntrack::Entry, targets: &Targets) -> bool {
+    let traced = [targets.src.ip, targets.dst.ip];
+    traced.contains(&entry.orig.src) && traced.contains(&entry.orig.dst)
+}
+
+/// A translated connection of the traced pair, from conntrack, told to
+/// the stories' context and the correlator (node mode, and the front-end
+/// of cluster mode); its translated addresses were not traced until
+/// `untraced_until_ns` (0: always were).
+fn learn_translations(
+    entry: &conntrack::Entry,
+    untraced_until_ns: u64,
+    ctx: &mut Context,
+    correlator: &mut Correlator,
+) {
+    let names = ctx.names.clone();
+    let learnt = ctx
+        .nat
+        .learn_connection(entry, |ip| names.get(&ip).cloned(), untraced_until_ns);
+    for t in learnt {
+        correlator.learn_translation(t);
+    }
+    if entry.snat() {
+        correlator.trace_for_joining(entry.reply.src, entry.reply.dst);
+    }
+}
+
+/// The addresses a connection of the traced pair is translated to,
+/// traced on every node from now on, and a backend's pod veth watched
+/// where it is local (node mode, and each agent of cluster mode).
+/// Returns whether they were not traced before.
+async fn follow_connection(entry: &conntrack::Entry, trace: &mut Trace) -> Result<bool> {
+    // The connection as the peer sees it, both ways: what the kernel
+    // filter must now let through.
+    let (a, b) = (entry.reply.src, entry.reply.dst);
+    let new = flow_ips((a, b));
+    let traced = traced_pairs(&trace.targets);
+    if (a, b) == (entry.orig.dst, entry.orig.src)
+        || traced.contains(&(b, a))
+        || trace.learnt_flows.iter().any(|k| new.contains(k))
+    {
+        return Ok(false);
+    }
+    for node in &mut trace.nodes {
+        node.follow(&[], &new)?;
+        if entry.dnat() {
+            node.watch_pod(a).await?;
+        }
+    }
+    trace.learnt_flows.extend(new);
+    Ok(true)
 }
 
 /// Watches the traced pods through the API, when names came from it: a

@@ -77,8 +77,9 @@ impl Service {
                             ip: backend.ip,
                             port: target,
                         },
-                        service: self.qualified(),
+                        service: Some(self.qualified()),
                         backend: backend.pod.clone(),
+                        source: false,
                     });
                 }
             }

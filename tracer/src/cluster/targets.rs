@@ -26,7 +26,8 @@ pub struct Targets {
     pub cluster: Option<Cluster>,
     /// The destination Service, when DST names one (`svc/…`, a ClusterIP).
     pub service: Option<Service>,
-    /// What kube-proxy translates the destination to (every backend).
+    /// What kube-proxy translates the destination to (every backend; for
+    /// a node, its NodePorts').
     pub nat: NatBook,
 }
 
@@ -107,7 +108,40 @@ impl Targets {
             nat: NatBook::default(),
         };
         targets.nat = targets.translations(dst_target.port());
+        if targets.service.is_none() {
+            if let Some(catalog) = &catalog {
+                targets.nat = targets.node_ports(catalog, dst_target.port());
+            }
+        }
         Ok(targets)
+    }
+
+    /// DST a node: the NodePorts it translates (on `port` only, when the
+    /// argument named one), unless there are too many to trace.
+    fn node_ports(&self, catalog: &Catalog, port: Option<u16>) -> NatBook {
+        /// Backends to trace at most: two kernel filter pairs each.
+        const MAX_BACKENDS: usize = 64;
+        let node = self.dst.ip;
+        if !self.known_nodes().iter().any(|(_, ip)| *ip == node) {
+            return NatBook::default();
+        }
+        let translations: Vec<_> = catalog
+            .services
+            .iter()
+            .flat_map(|s| s.translations(&[node]))
+            .filter(|t| t.front.ip == node && port.is_none_or(|p| t.front.port == p))
+            .collect();
+        if translations.len() > MAX_BACKENDS {
+            eprintln!(
+                "podtrace: note: {node} has {} NodePort backends, too many to trace ahead: translations are learnt from conntrack",
+                translations.len()
+            );
+            return NatBook::default();
+        }
+        NatBook {
+            translations,
+            ..NatBook::default()
+        }
     }
 
     /// The destination Service's translations (on `port` only, when the
@@ -122,7 +156,10 @@ impl Targets {
             .into_iter()
             .filter(|t| port.is_none_or(|p| t.front.port == p && t.front.ip == self.dst.ip))
             .collect();
-        NatBook { translations }
+        NatBook {
+            translations,
+            ..NatBook::default()
+        }
     }
 
     /// Node names and IPs, from the pods and the nodes.

@@ -15,7 +15,7 @@ use crate::{
     decode::hop::Hop,
     node::{NodeFacts, NodeView},
     output::Summary,
-    probe::netfilter::NetfilterRule,
+    probe::{conntrack, netfilter::NetfilterRule},
 };
 
 /// One line of an agent's output.
@@ -40,6 +40,13 @@ pub enum Record {
         ip_id: u16,
         rule: NetfilterRule,
         at_ns: u64,
+    },
+    /// A translated connection of the traced pair, from the node's
+    /// conntrack, and until when (kernel time) its translated addresses
+    /// were not traced (0: always were).
+    Conntrack {
+        entry: conntrack::Entry,
+        untraced_until_ns: u64,
     },
     /// Records lost between two kernel times: by the kernel (ring buffer
     /// full, header copy failed) or by the agent (its output queue full).

@@ -20,6 +20,7 @@ use crate::{
     cluster::NodeSubnet,
     cni::{self, Backend},
     probe::{
+        conntrack,
         link_watch::{self, LinkChange},
         netfilter::{NodeTrace, TracedRule},
         AttachMode, Kernel, NodeProbe, ProbeSpec,
@@ -43,6 +44,8 @@ pub struct Shared<'a> {
     /// `--sample N`.
     pub sample: u32,
     pub link_tx: mpsc::UnboundedSender<(u32, LinkChange)>,
+    /// Where the node's translated conntrack entries go.
+    pub conntrack_tx: mpsc::UnboundedSender<(u32, conntrack::Entry)>,
     /// Where netfilter drops go, when rule tracing is on.
     pub netfilter_tx: Option<mpsc::UnboundedSender<(u32, TracedRule)>>,
     /// The traced address pairs, both directions.
@@ -66,6 +69,7 @@ pub struct TracedNode {
     pub link_names: HashMap<u32, String>,
     /// Its nft tracing table and monitor; removed when dropped.
     netfilter: Option<NodeTrace>,
+    netns: Namespace,
 }
 
 impl TracedNode {
@@ -87,7 +91,10 @@ impl TracedNode {
             .index;
         let every = interfaces::select(&view, underlay, cni);
         let local_pod_subnets = local_pod_subnets(&view, &every);
-        let endpoints: Vec<Ipv4Addr> = shared.pairs.iter().map(|(src, _)| *src).collect();
+        let mut endpoints: Vec<Ipv4Addr> = shared.pairs.iter().map(|(src, _)| *src).collect();
+        // A Service's client is in one pair per backend: said once.
+        endpoints.sort();
+        endpoints.dedup();
         let local: Vec<Ipv4Addr> = endpoints
             .iter()
             .copied()
@@ -118,6 +125,11 @@ impl TracedNode {
         let probe = NodeProbe::attach(&spec, &watched).with_context(|| format!("node {name}"))?;
         // The subscription socket stays bound to the namespace it was opened in.
         link_watch::watch(id, shared.link_tx.clone())?;
+        // Without conntrack, only the Services' translations are known:
+        // worth saying, not worth refusing to trace.
+        if let Err(e) = conntrack::watch(id, shared.conntrack_tx.clone()) {
+            eprintln!("podtrace: {name}: conntrack is not read ({e:#}); translations are known only from the Services");
+        }
         let netfilter = match &shared.netfilter_tx {
             Some(tx) => Some(
                 NodeTrace::start(ns, id, &shared.pairs, tx.clone())
@@ -143,6 +155,7 @@ impl TracedNode {
             interfaces: watched.into_iter().map(|w| (w.index, w)).collect(),
             link_names: view.links.into_iter().map(|l| (l.index, l.name)).collect(),
             netfilter,
+            netns: ns.clone(),
         };
         Ok((node, facts))
     }
@@ -156,6 +169,38 @@ impl TracedNode {
                 .map(|k| (Ipv4Addr::from(k.src), Ipv4Addr::from(k.dst)))
                 .collect();
             netfilter.follow(&pairs)?;
+        }
+        Ok(())
+    }
+
+    /// Watches the veth of a pod the trace learnt of while it ran (a
+    /// Service's backend, from conntrack), if the pod is on this node.
+    pub async fn watch_pod(&mut self, ip: Ipv4Addr) -> Result<()> {
+        let _entered = self
+            .netns
+            .path
+            .as_deref()
+            .map(super::netns::enter)
+            .transpose()?;
+        let view = NodeView::read().await?;
+        let every = interfaces::select(&view, self.underlay, self.cni);
+        let local: Vec<Ipv4Addr> = local_pod_subnets(&view, &every)
+            .iter()
+            .any(|net| net.contains(&ip))
+            .then_some(ip)
+            .into_iter()
+            .collect();
+        let (found, _) = find_pod_interfaces(&view, self.cni, &[ip], &local).await;
+        for (_, name) in found {
+            let Some(iface) = every.iter().find(|w| w.name == name) else {
+                continue;
+            };
+            if self.interfaces.contains_key(&iface.index) {
+                continue;
+            }
+            self.probe.attach_interface(iface)?;
+            eprintln!("podtrace: {}: {ip} is behind {name}", self.name);
+            self.interfaces.insert(iface.index, iface.clone());
         }
         Ok(())
     }

@@ -73,7 +73,7 @@ pub fn human_story(n: u64, s: &Story, colour: bool) -> String {
         Outcome::Delivered { .. } => "32",
         Outcome::LeftNode { .. } => "36",
         Outcome::Vanished { .. } | Outcome::Dropped { .. } | Outcome::NoRoute { .. } => "31",
-        Outcome::Incomplete { .. } => "33",
+        Outcome::Incomplete { .. } | Outcome::TranslatedOutOfSight { .. } => "33",
     };
     for freed in &s.freed_after_delivery {
         text.push_str(&format!(

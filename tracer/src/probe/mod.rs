@@ -3,6 +3,8 @@
 //! - `tc`: the classifiers on every watched interface (one sighting per
 //!   hook a traced packet crosses);
 //! - `drops`: the kfree_skb tracepoint (the kernel's drop reasons);
+//! - `conntrack`: ctnetlink's translated entries (DNAT, SNAT), to follow a
+//!   packet across them without a list of Services;
 //! - `netfilter`: nftables packet tracing (which rule dropped a packet),
 //!   `nft_trace`: its events read into named rules;
 //! - `link_watch`: interfaces that come and go during a trace;
@@ -12,6 +14,7 @@
 //! - `run_registry`: which run owns which filter and table, alive or not.
 
 pub mod btf;
+pub mod conntrack;
 pub mod drops;
 pub mod link_watch;
 mod load;

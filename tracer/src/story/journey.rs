@@ -12,7 +12,7 @@
 //! without bound: evidence that finds no journey expires.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     net::Ipv4Addr,
 };
 
@@ -153,14 +153,19 @@ impl Journey {
     }
 
     /// `hop` hands the packet to a pod: out of a pod veth that is not the
-    /// one it was sent from.
+    /// one it was sent from, or back out of that one to another address
+    /// (hairpin: a Service sent the pod's packet to the pod itself).
     fn hands_to_a_pod(&self, hop: &Hop) -> bool {
         let Some(first) = self.hops.first() else {
             return false;
         };
+        let sent_from_here = first.direction == Direction::Ingress
+            && hop.node == first.node
+            && hop.iface == first.iface;
+        let sent_back = hop.packet.packet.dst != first.packet.packet.dst;
         hop.role == Role::PodVeth
             && hop.direction == Direction::Egress
-            && !(hop.node == first.node && hop.iface == first.iface)
+            && (!sent_from_here || sent_back)
     }
 
     /// Ended in a netfilter drop whose rule has not arrived yet.
@@ -239,6 +244,11 @@ pub struct Correlator {
     /// Known address translations, to join a packet's sightings across
     /// them.
     nat: NatBook,
+    /// Address pairs traced only to follow the traced pair across a source
+    /// translation (a MASQUERADE's address and the peer): other traffic
+    /// between them (a node's own, other clients' masqueraded alike) is
+    /// not the traced pair's, and its journeys are not told.
+    joining_only: HashSet<(Ipv4Addr, Ipv4Addr)>,
 }
 
 impl Correlator {
@@ -250,6 +260,7 @@ impl Correlator {
             losses: VecDeque::new(),
             open_in_pieces: 0,
             nat: NatBook::default(),
+            joining_only: HashSet::new(),
         }
     }
 
@@ -260,9 +271,48 @@ impl Correlator {
         self
     }
 
-    /// A translation learnt while tracing (from conntrack).
+    /// A translation learnt while tracing (from conntrack). Sightings of
+    /// a packet after it that arrived before it opened journeys of their
+    /// own: they join the packet's journey now.
     pub fn learn_translation(&mut self, t: nat::Translation) {
-        self.nat.learn(t);
+        if !self.nat.learn(t) {
+            return;
+        }
+        let mut keys: Vec<(u64, PacketKey)> = self
+            .open
+            .iter()
+            .map(|(key, j)| (j.first_seen(), *key))
+            .collect();
+        // The later-seen half joins the earlier one.
+        keys.sort_by_key(|(first, _)| *first);
+        for (_, key) in keys.into_iter().rev() {
+            let Some(into) = self.other_side(&key) else {
+                continue;
+            };
+            let Some(half) = self.open.remove(&key) else {
+                continue;
+            };
+            if key.in_pieces() {
+                self.open_in_pieces -= 1;
+            }
+            if let Some(journey) = self.open.get_mut(&into) {
+                for hop in half.hops {
+                    let at = journey.hops.partition_point(|h| h.ktime_ns <= hop.ktime_ns);
+                    journey.hops.insert(at, hop);
+                }
+                for rule in half.nat_rules.into_iter().chain(half.rule) {
+                    journey.add_rule(rule);
+                }
+                journey.records_lost |= half.records_lost;
+            }
+        }
+    }
+
+    /// Traffic between `a` and `b` (both ways) is traced only to join
+    /// the traced pair's packets across a source translation.
+    pub fn trace_for_joining(&mut self, a: Ipv4Addr, b: Ipv4Addr) {
+        self.joining_only.insert((a, b));
+        self.joining_only.insert((b, a));
     }
 
     /// The open journey a sighting keyed `key` belongs to, through a known
@@ -271,10 +321,19 @@ impl Correlator {
         if self.nat.translations.is_empty() || self.open.contains_key(key) {
             return None;
         }
-        self.nat
-            .alternatives(key)
-            .into_iter()
-            .find(|alt| self.open.contains_key(alt))
+        self.other_side(key)
+    }
+
+    /// The open journey of the same packet on the other side of known
+    /// translations. A packet may be translated twice on one node
+    /// (hairpin: DNAT to the pod itself, and its source MASQUERADEd).
+    fn other_side(&self, key: &PacketKey) -> Option<PacketKey> {
+        let once = self.nat.alternatives(key);
+        let twice = once.iter().flat_map(|alt| self.nat.alternatives(alt));
+        once.iter()
+            .copied()
+            .chain(twice)
+            .find(|alt| alt != key && self.open.contains_key(alt))
     }
 
     pub fn observe(&mut self, hop: Hop) {
@@ -294,10 +353,6 @@ impl Correlator {
             self.open_in_pieces += 1;
         }
         let waiting = &mut self.waiting_rules;
-        let hop_id = {
-            let p = &hop.packet.packet;
-            (p.src, p.dst, p.ip_id)
-        };
         let journey = self.open.entry(key).or_insert_with(|| Journey {
             key,
             hops: Vec::new(),
@@ -305,15 +360,16 @@ impl Correlator {
             nat_rules: Vec::new(),
             records_lost: false,
         });
-        // Rules traced before this sighting reached us.
-        while let Some(at) = waiting.iter().position(|(_, id, _)| *id == hop_id) {
+        // Different CPUs and ring buffers deliver slightly out of order.
+        let at = journey.hops.partition_point(|h| h.ktime_ns <= hop.ktime_ns);
+        journey.hops.insert(at, hop);
+        // Rules traced before this sighting reached us (a nat rule may
+        // have seen the packet half translated: `is_packet`).
+        while let Some(at) = waiting.iter().position(|(_, id, _)| journey.is_packet(*id)) {
             if let Some((_, _, rule)) = waiting.remove(at) {
                 journey.add_rule(rule);
             }
         }
-        // Different CPUs and ring buffers deliver slightly out of order.
-        let at = journey.hops.partition_point(|h| h.ktime_ns <= hop.ktime_ns);
-        journey.hops.insert(at, hop);
         if !journey.records_lost {
             let (first, last) = (journey.first_seen(), journey.last_seen());
             journey.records_lost = self
@@ -415,8 +471,19 @@ impl Correlator {
     fn drain(&mut self, keys: Vec<PacketKey>) -> Vec<Journey> {
         let mut out: Vec<_> = keys.iter().filter_map(|k| self.open.remove(k)).collect();
         self.open_in_pieces -= out.iter().filter(|j| j.key.in_pieces()).count();
+        out.retain(|j| !self.only_for_joining(j));
         out.sort_by_key(Journey::first_seen);
         out
+    }
+
+    /// Every hop of the journey is between addresses traced only to join
+    /// (and it joined nothing).
+    fn only_for_joining(&self, journey: &Journey) -> bool {
+        !self.joining_only.is_empty()
+            && journey.hops.iter().all(|h| {
+                let p = &h.packet.packet;
+                self.joining_only.contains(&(p.src, p.dst))
+            })
     }
 }
 
@@ -437,6 +504,88 @@ pub(crate) mod tests {
             // The tests' pods are all on traced nodes.
             traced_destinations: vec!["10.244.0.0/16".parse().unwrap()],
         }
+    }
+
+    #[test]
+    fn traffic_traced_only_to_join_a_masquerade_is_not_told_on_its_own() {
+        // web-0 hairpinned to itself: after DNAT and MASQUERADE the packet
+        // is bridge address → web-0, a pair traced only to join it.
+        let sent = frames::tcp_syn([10, 244, 1, 2], [10, 96, 7, 8], 40000, 80);
+        let back = frames::tcp_syn([10, 244, 1, 1], [10, 244, 1, 2], 25020, 8080);
+        let probe = frames::tcp_syn([10, 244, 1, 1], [10, 244, 1, 2], 33000, 8080);
+        let mut c = Correlator::new(waits(1_000_000, 1_000_000));
+        c.trace_for_joining([10, 244, 1, 1].into(), [10, 244, 1, 2].into());
+        let mut book = NatBook::default();
+        let hairpin = crate::probe::conntrack::Entry {
+            orig: nat::tests::tuple([10, 244, 1, 2], [10, 96, 7, 8], 40000, 80),
+            reply: nat::tests::tuple([10, 244, 1, 2], [10, 244, 1, 1], 8080, 25020),
+            status: (1 << 4) | (1 << 5),
+            zone: 0,
+            mark: 0,
+        };
+        for t in book.learn_connection(&hairpin, |_| None, 0) {
+            c.learn_translation(t);
+        }
+        c.observe(hop(
+            100,
+            "n1",
+            "vethA",
+            Role::PodVeth,
+            Direction::Ingress,
+            &sent,
+        ));
+        c.observe(hop(
+            200,
+            "n1",
+            "vethA",
+            Role::PodVeth,
+            Direction::Egress,
+            &back,
+        ));
+        // The node's own probe of web-0, from the bridge address.
+        c.observe(hop(
+            300,
+            "n1",
+            "vethA",
+            Role::PodVeth,
+            Direction::Egress,
+            &probe,
+        ));
+        let told = c.take_all();
+        assert_eq!(told.len(), 1, "{told:?}");
+        assert_eq!(told[0].hops.len(), 2);
+    }
+
+    #[test]
+    fn sightings_after_a_translation_learnt_late_join_their_packet() {
+        let pre = frames::tcp_syn([10, 244, 1, 2], [10, 96, 7, 7], 40000, 80);
+        let post = frames::tcp_syn([10, 244, 1, 2], [10, 244, 2, 3], 40000, 8080);
+        let mut c = Correlator::new(waits(1_000_000, 1_000_000));
+        c.observe(hop(
+            100,
+            "n1",
+            "vethA",
+            Role::PodVeth,
+            Direction::Ingress,
+            &pre,
+        ));
+        // conntrack's word arrives after the translated sighting.
+        c.observe(hop(
+            200,
+            "n1",
+            "cni0",
+            Role::Bridge,
+            Direction::Ingress,
+            &post,
+        ));
+        assert_eq!(c.pending(), 2);
+        let learnt = crate::story::nat::tests::book().translations[1].clone();
+        c.learn_translation(learnt);
+        let journeys = c.take_all();
+        assert_eq!(journeys.len(), 1);
+        let ifaces: Vec<&str> = journeys[0].hops.iter().map(|h| h.iface.as_str()).collect();
+        assert_eq!(ifaces, ["vethA", "cni0"]);
+        assert_eq!(journeys[0].key.dst, std::net::Ipv4Addr::new(10, 96, 7, 7));
     }
 
     #[test]

@@ -139,6 +139,13 @@ pub fn tell(journey: &Journey, ctx: &Context) -> Story {
         story.name_rule(journey.rule.as_ref(), ctx.why_rule_unnamed);
     }
     story.name_translations();
+    if story.hops.iter().all(|h| h.nat.is_empty()) {
+        if let Some(translation) = ctx.nat.translated_before_sight(&packet, start) {
+            story.verdict.summary.push_str(&format!(
+                "; first seen after a translation by conntrack ({translation}): podtrace learnt it only after this packet had passed, so its hops before it were not traced"
+            ));
+        }
+    }
     story
 }
 

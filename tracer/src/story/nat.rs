@@ -21,14 +21,17 @@
 //! chains, later ones are translated by conntrack) and the Service and
 //! backend pod.
 
-use std::{fmt, net::Ipv4Addr};
+use std::{collections::VecDeque, fmt, net::Ipv4Addr};
 
 use serde::{Deserialize, Serialize};
 
 use super::journey::PacketKey;
 use crate::{
     decode::{Ipv4Packet, Transport},
-    probe::netfilter::NetfilterRule,
+    probe::{
+        conntrack::{self, Tuple},
+        netfilter::NetfilterRule,
+    },
 };
 
 /// An address and port.
@@ -45,22 +48,70 @@ impl fmt::Display for Frontend {
 }
 
 /// One way kube-proxy rewrites a destination: `front` (ClusterIP:port or
-/// node IP:NodePort) to `back` (a backend pod's IP:targetPort).
+/// node IP:NodePort) to `back` (a backend pod's IP:targetPort). Or, with
+/// `source`, one connection's source rewrite (SNAT, MASQUERADE, learnt
+/// from conntrack): `back` is the original source, `front` what it became.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Translation {
     pub protocol: u8,
     pub front: Frontend,
     pub back: Frontend,
-    /// `namespace/name` of the Service.
-    pub service: String,
+    /// `namespace/name` of the Service, when known (a translation learnt
+    /// from conntrack has no name).
+    pub service: Option<String>,
     /// `namespace/name` of the backend pod, when known.
     pub backend: Option<String>,
+    #[serde(default)]
+    pub source: bool,
 }
 
-/// Every translation known to the trace.
+/// Every translation known to the trace, and the traced pair's
+/// connections conntrack reported (for their zone and mark, and to tell a
+/// packet translated before podtrace learnt how).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct NatBook {
     pub translations: Vec<Translation>,
+    #[serde(default)]
+    pub connections: VecDeque<Connection>,
+}
+
+/// A translated connection, as conntrack reported it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Connection {
+    pub orig: Tuple,
+    pub reply: Tuple,
+    pub zone: u16,
+    pub mark: u32,
+    /// Until when (kernel time) the translated addresses were not traced:
+    /// a packet seen before then and not after its translation was out of
+    /// podtrace's sight, not lost. 0 when they were traced all along.
+    #[serde(default)]
+    pub untraced_until_ns: u64,
+}
+
+/// Connections remembered, and source translations (one per connection):
+/// the oldest go first.
+const MAX_CONNECTIONS: usize = 4096;
+
+fn reversed(t: &Tuple) -> Tuple {
+    Tuple {
+        protocol: t.protocol,
+        src: t.dst,
+        dst: t.src,
+        sport: t.dport,
+        dport: t.sport,
+    }
+}
+
+fn tuple_of(p: &Ipv4Packet) -> Option<Tuple> {
+    let (sport, dport) = ports(&p.transport)?;
+    Some(Tuple {
+        protocol: p.transport.protocol(),
+        src: p.src,
+        dst: p.dst,
+        sport,
+        dport,
+    })
 }
 
 /// The ports of a transport, if it has any.
@@ -136,17 +187,181 @@ impl NatBook {
         out
     }
 
-    fn by_front(&self, at: Frontend, back: Option<Frontend>) -> Option<&Translation> {
-        self.translations
+    /// A connection conntrack reported for the traced pair: remembered,
+    /// and its translations learnt. Returns the translations new to the
+    /// book.
+    /// `untraced_until_ns`: see [`Connection`].
+    pub fn learn_connection(
+        &mut self,
+        entry: &conntrack::Entry,
+        name: impl Fn(Ipv4Addr) -> Option<String>,
+        untraced_until_ns: u64,
+    ) -> Vec<Translation> {
+        let c = Connection {
+            orig: entry.orig,
+            reply: entry.reply,
+            zone: entry.zone,
+            mark: entry.mark,
+            untraced_until_ns,
+        };
+        let known = self
+            .connections
             .iter()
+            .any(|k| (k.orig, k.reply) == (c.orig, c.reply));
+        if !known {
+            if self.connections.len() == MAX_CONNECTIONS {
+                self.connections.pop_front();
+            }
+            self.connections.push_back(c);
+        }
+        let at = |ip, port| Frontend { ip, port };
+        let mut learnt = Vec::new();
+        if entry.dnat() {
+            let back = at(c.reply.src, c.reply.sport);
+            learnt.push(Translation {
+                protocol: c.orig.protocol,
+                front: at(c.orig.dst, c.orig.dport),
+                back,
+                service: self.only_service_of(c.orig.protocol, back),
+                backend: name(c.reply.src),
+                source: false,
+            });
+        }
+        if entry.snat() {
+            learnt.push(Translation {
+                protocol: c.orig.protocol,
+                front: at(c.reply.dst, c.reply.dport),
+                back: at(c.orig.src, c.orig.sport),
+                service: None,
+                backend: None,
+                source: true,
+            });
+        }
+        learnt.retain(|t| {
+            // A Service's own translation, known with its name, is kept.
+            let known = self
+                .translations
+                .iter()
+                .any(|k| k.protocol == t.protocol && k.front == t.front && k.back == t.back);
+            !known
+        });
+        for t in &learnt {
+            if t.source && self.translations.iter().filter(|t| t.source).count() >= MAX_CONNECTIONS
+            {
+                if let Some(oldest) = self.translations.iter().position(|t| t.source) {
+                    self.translations.remove(oldest);
+                }
+            }
+            self.translations.push(t.clone());
+        }
+        learnt
+    }
+
+    /// The Service a backend belongs to, if the known translations name
+    /// exactly one (a NodePort that was not listed, a node IP the
+    /// Services list could not know).
+    fn only_service_of(&self, protocol: u8, back: Frontend) -> Option<String> {
+        let mut names = self
+            .translations
+            .iter()
+            .filter(|t| !t.source && t.protocol == protocol && t.back == back)
+            .filter_map(|t| t.service.clone());
+        let first = names.next()?;
+        names.all(|n| n == first).then_some(first)
+    }
+
+    /// The connection a packet belongs to, in either direction, before or
+    /// after its translation.
+    fn connection_of(&self, packets: [&Ipv4Packet; 2]) -> Option<&Connection> {
+        let tuples: Vec<Tuple> = packets.into_iter().filter_map(tuple_of).collect();
+        self.connections.iter().rev().find(|c| {
+            tuples
+                .iter()
+                .any(|t| [c.orig, c.reply, reversed(&c.orig), reversed(&c.reply)].contains(t))
+        })
+    }
+
+    /// A packet last seen before a translation podtrace learnt from
+    /// conntrack only afterwards: the translation it then went through
+    /// (`DNAT a → b`, `SNAT a → b`), to say why it was not seen again.
+    pub fn translated_out_of_sight(&self, last: &Ipv4Packet, seen_ns: u64) -> Option<String> {
+        let t = tuple_of(last)?;
+        self.late_translation(seen_ns, |c| {
+            if c.orig == t {
+                Some(true)
+            } else {
+                (c.reply == t).then_some(false)
+            }
+        })
+    }
+
+    /// A packet first seen after such a translation: the translation it
+    /// had been through, to say why its earlier hops are missing.
+    pub fn translated_before_sight(&self, first: &Ipv4Packet, seen_ns: u64) -> Option<String> {
+        let t = tuple_of(first)?;
+        self.late_translation(seen_ns, |c| {
+            if reversed(&c.reply) == t {
+                Some(true)
+            } else {
+                (reversed(&c.orig) == t).then_some(false)
+            }
+        })
+    }
+
+    /// The translation of the connection `side` finds, as `DNAT a → b,
+    /// SNAT c → d` (`side`: whether the packet is the request), if the
+    /// packet, seen at `seen_ns`, passed while its translated addresses
+    /// were not traced yet.
+    fn late_translation(
+        &self,
+        seen_ns: u64,
+        side: impl Fn(&Connection) -> Option<bool>,
+    ) -> Option<String> {
+        let (c, request) = self
+            .connections
+            .iter()
+            .rev()
+            .find_map(|c| side(c).map(|r| (c, r)))?;
+        if seen_ns >= c.untraced_until_ns {
+            return None;
+        }
+        let (from, to) = if request {
+            (c.orig, reversed(&c.reply))
+        } else {
+            (c.reply, reversed(&c.orig))
+        };
+        let (dst_kind, src_kind) = if request {
+            ("DNAT", "SNAT")
+        } else {
+            ("un-SNAT", "un-DNAT")
+        };
+        let mut said = Vec::new();
+        if (from.dst, from.dport) != (to.dst, to.dport) {
+            said.push(format!(
+                "{dst_kind} {}:{} → {}:{}",
+                from.dst, from.dport, to.dst, to.dport
+            ));
+        }
+        if (from.src, from.sport) != (to.src, to.sport) {
+            said.push(format!(
+                "{src_kind} {}:{} → {}:{}",
+                from.src, from.sport, to.src, to.sport
+            ));
+        }
+        (!said.is_empty()).then(|| said.join(", "))
+    }
+
+    fn by_front(&self, at: Frontend, back: Option<Frontend>) -> Option<&Translation> {
+        let services = || self.translations.iter().filter(|t| !t.source);
+        services()
             .find(|t| t.front == at && back.is_none_or(|b| b == t.back))
-            .or_else(|| self.translations.iter().find(|t| t.front == at))
+            .or_else(|| services().find(|t| t.front == at))
     }
 
     /// Whether `ip` is a Service frontend (a ClusterIP or a node's
     /// NodePort address).
     fn is_front(&self, at: Frontend) -> bool {
-        self.translations.iter().any(|t| t.front == at)
+        self.translations.iter().any(|t| !t.source && t.front == at)
     }
 }
 
@@ -292,6 +507,7 @@ pub fn steps(
             t,
         ));
     }
+    let connection = book.connection_of([before, after]);
     if (before.src, bs) != (after.src, as_) {
         let front = sock(after.src, as_);
         let (kind, rule) = if book.is_front(front) {
@@ -312,6 +528,10 @@ pub fn steps(
             t,
         ));
     }
+    for s in &mut out {
+        s.conntrack.zone = connection.map(|c| c.zone);
+        s.conntrack.mark = connection.map(|c| c.mark);
+    }
     out
 }
 
@@ -330,7 +550,7 @@ fn step(
             || "conntrack".to_string(),
             |r| format!("{} {}: {}", r.table, r.chain, r.rule),
         ),
-        service: t.map(|t| t.service.clone()),
+        service: t.and_then(|t| t.service.clone()),
         backend: t.and_then(|t| t.backend.clone()),
         conntrack: ConntrackState {
             state: if rule.is_some() { "new" } else { "established" },
@@ -341,7 +561,7 @@ fn step(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::decode::{decode, tests as frames};
 
@@ -356,14 +576,16 @@ mod tests {
                 ip: Ipv4Addr::from(ip),
                 port: 8080,
             },
-            service: "default/db".into(),
+            service: Some("default/db".into()),
             backend: Some(pod.into()),
+            source: false,
         };
         NatBook {
             translations: vec![
                 t([10, 244, 2, 2], "default/db-0"),
                 t([10, 244, 2, 3], "default/db-1"),
             ],
+            connections: VecDeque::new(),
         }
     }
 
@@ -420,6 +642,77 @@ mod tests {
         assert_eq!(s[0].kind, NatKind::Masquerade);
         assert_eq!(s[0].before, "10.244.1.2:40000");
         assert_eq!(s[0].after, "192.0.2.11:40000");
+    }
+
+    /// A TCP tuple.
+    pub(crate) fn tuple(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16) -> Tuple {
+        Tuple {
+            protocol: 6,
+            src: src.into(),
+            dst: dst.into(),
+            sport,
+            dport,
+        }
+    }
+
+    /// Conntrack's entry for a hairpin: web-0 to a Service that picked
+    /// web-0 itself, DNATed and MASQUERADEd to the bridge's address.
+    fn hairpin() -> conntrack::Entry {
+        let t = tuple;
+        conntrack::Entry {
+            orig: t([10, 244, 1, 2], [10, 96, 7, 8], 40000, 80),
+            reply: t([10, 244, 1, 2], [10, 244, 1, 1], 8080, 25020),
+            status: (1 << 4) | (1 << 5),
+            zone: 3,
+            mark: 0x10,
+        }
+    }
+
+    #[test]
+    fn a_connection_from_conntrack_teaches_both_translations_and_its_zone_and_mark() {
+        let mut book = NatBook::default();
+        let learnt = book.learn_connection(&hairpin(), |_| Some("default/web-0".into()), 5_000);
+        assert_eq!(learnt.len(), 2);
+        assert!(learnt[0].front.ip == Ipv4Addr::new(10, 96, 7, 8) && !learnt[0].source);
+        assert_eq!(learnt[0].backend.as_deref(), Some("default/web-0"));
+        assert!(learnt[1].source && learnt[1].front.port == 25020);
+        // Learnt once.
+        assert!(book
+            .learn_connection(&hairpin(), |_| None, 9_000)
+            .is_empty());
+        // A backend of one listed Service: a learnt frontend is named by it.
+        let mut listed = self::tests::book();
+        let mut nodeport = hairpin();
+        nodeport.orig.dst = Ipv4Addr::new(192, 0, 2, 11);
+        nodeport.orig.dport = 30080;
+        nodeport.reply.src = Ipv4Addr::new(10, 244, 2, 3);
+        let learnt = listed.learn_connection(&nodeport, |_| None, 0);
+        assert_eq!(learnt[0].service.as_deref(), Some("default/db"));
+        let sent = packet([10, 244, 1, 2], [10, 96, 7, 8], 40000, 80);
+        let back = packet([10, 244, 1, 1], [10, 244, 1, 2], 25020, 8080);
+        let s = steps(&sent, &back, &[], &book);
+        assert_eq!(s.len(), 2);
+        assert_eq!((s[0].kind, s[1].kind), (NatKind::Dnat, NatKind::Snat));
+        assert_eq!(
+            (s[0].conntrack.zone, s[0].conntrack.mark),
+            (Some(3), Some(0x10))
+        );
+        assert_eq!(
+            book.translated_out_of_sight(&sent, 1_000).unwrap(),
+            "DNAT 10.96.7.8:80 → 10.244.1.2:8080, SNAT 10.244.1.2:40000 → 10.244.1.1:25020"
+        );
+        let reply_after = packet([10, 96, 7, 8], [10, 244, 1, 2], 80, 40000);
+        assert_eq!(
+            book.translated_before_sight(&reply_after, 1_000).unwrap(),
+            "un-SNAT 10.244.1.1:25020 → 10.244.1.2:40000, un-DNAT 10.244.1.2:8080 → 10.96.7.8:80"
+        );
+        // A packet of another connection was not translated by this one.
+        assert!(book
+            .translated_out_of_sight(&packet([10, 244, 1, 2], [10, 96, 7, 8], 40001, 80), 1_000)
+            .is_none());
+        // Seen after the translated addresses were traced: lost, not out
+        // of sight.
+        assert!(book.translated_out_of_sight(&sent, 6_000).is_none());
     }
 
     #[test]

@@ -58,6 +58,15 @@ pub enum Outcome {
         iface: String,
         direction: Direction,
     },
+    /// Translated (DNAT, SNAT) by a conntrack entry podtrace learnt only
+    /// after the packet had passed: its hops after the translation, under
+    /// addresses not traced yet, were not seen.
+    TranslatedOutOfSight {
+        node: String,
+        iface: String,
+        direction: Direction,
+        translation: String,
+    },
     /// Not seen again, but the kernel lost records while it was in flight:
     /// whether it went on cannot be told.
     Incomplete {
@@ -100,8 +109,8 @@ impl Story {
     pub(super) fn name_rule(&mut self, rule: Option<&NetfilterRule>, why_unnamed: &str) {
         match rule {
             Some(rule) => {
-                if let Some(rejected) = rejection(&rule.rule) {
-                    self.verdict.summary = format!("{rejected}; {}", self.verdict.summary);
+                if let Some(why) = rejection(&rule.rule).or_else(|| invalid(&rule.rule)) {
+                    self.verdict.summary = format!("{why}; {}", self.verdict.summary);
                 }
                 self.verdict.summary.push_str(&format!(
                     "; by table {} chain {} (hook {}): {}",
@@ -120,34 +129,35 @@ impl Story {
     }
 
     /// Says which Service the packet went through, and where its
-    /// destination was translated.
+    /// addresses were translated: the destination (DNAT, un-DNAT) and
+    /// the source (SNAT, MASQUERADE, un-SNAT).
     pub(super) fn name_translations(&mut self) {
-        let dnat = self.hops.iter().find_map(|h| {
-            h.nat
+        use super::nat::NatKind;
+        let mut said = Vec::new();
+        for kind in [
+            NatKind::Dnat,
+            NatKind::UnDnat,
+            NatKind::Masquerade,
+            NatKind::Snat,
+            NatKind::UnSnat,
+        ] {
+            let found = self
+                .hops
                 .iter()
-                .find(|s| s.kind == super::nat::NatKind::Dnat)
-                .map(|s| (h, s))
-        });
-        let undone = self.hops.iter().find_map(|h| {
-            h.nat
-                .iter()
-                .find(|s| s.kind == super::nat::NatKind::UnDnat)
-                .map(|s| (h, s))
-        });
-        for (hop, step) in dnat.into_iter().chain(undone) {
-            let service = step.service.as_deref().unwrap_or("a Service");
-            let verb = if step.kind == super::nat::NatKind::Dnat {
-                "through"
-            } else {
-                "reply of"
+                .find_map(|h| h.nat.iter().find(|s| s.kind == kind).map(|s| (h, s)));
+            let Some((hop, step)) = found else {
+                continue;
             };
-            self.verdict.summary.push_str(&format!(
-                "; {verb} {service}: {} {} → {} on {} (seen at {} {})",
-                if step.kind == super::nat::NatKind::Dnat {
-                    "DNAT"
-                } else {
-                    "un-DNAT"
-                },
+            let service = step.service.as_deref().unwrap_or("a Service");
+            let what = match kind {
+                NatKind::Dnat => format!("through {service}: DNAT"),
+                NatKind::UnDnat => format!("reply of {service}: un-DNAT"),
+                NatKind::Masquerade => "source MASQUERADE".to_string(),
+                NatKind::Snat => "source SNAT".to_string(),
+                NatKind::UnSnat => "destination un-SNAT".to_string(),
+            };
+            said.push(format!(
+                "; {what} {} → {} on {} (seen at {} {})",
                 step.before,
                 step.after,
                 hop.node,
@@ -155,6 +165,7 @@ impl Story {
                 hop.direction.label()
             ));
         }
+        self.verdict.summary.push_str(&said.concat());
     }
 
     /// The netfilter hook of a drop, from the packet alone: routed on the
@@ -170,6 +181,16 @@ impl Story {
             _ => "PREROUTING or INPUT",
         }
     }
+}
+
+/// For a drop of what conntrack found INVALID (iptables `--ctstate
+/// INVALID`, nft `ct state invalid`): what that means for the packet.
+fn invalid(rule: &str) -> Option<String> {
+    let lower = rule.to_ascii_lowercase();
+    let matches = lower.contains("--ctstate invalid") || lower.contains("ct state invalid");
+    matches.then(|| {
+        "dropped as conntrack INVALID: conntrack tied it to no connection it tracks (an entry that expired or was never made, or a segment outside the connection's window)".to_string()
+    })
 }
 
 /// For a REJECT rule: `rejected: default/db has no endpoints` (from
@@ -281,7 +302,10 @@ fn path_of(journey: &Journey, delivered: bool) -> Vec<PathStep> {
     if decap.is_some() {
         path.push(PathStep::Decapsulated);
     }
-    if delivered && path.is_empty() {
+    // Bridged only as far as seen from the sender's veth: a packet first
+    // seen later (its earlier hops untraced) may have come any way.
+    let sent_by_a_pod = hops[0].role == Role::PodVeth && hops[0].direction == Direction::Ingress;
+    if delivered && path.is_empty() && sent_by_a_pod {
         path.push(PathStep::Bridged);
     }
     path
@@ -318,6 +342,16 @@ fn outcome_of(journey: &Journey, delivered: bool, ctx: &Context) -> Outcome {
             node: last.node.clone(),
             iface: last.iface.clone(),
             direction: last.direction,
+        }
+    } else if let Some(translation) = ctx
+        .nat
+        .translated_out_of_sight(&last.packet.packet, last.ktime_ns)
+    {
+        Outcome::TranslatedOutOfSight {
+            node: last.node.clone(),
+            iface: last.iface.clone(),
+            direction: last.direction,
+            translation,
         }
     } else {
         Outcome::Vanished {
@@ -383,10 +417,17 @@ fn summarise(
             node,
             iface,
             toward,
-        } => format!(
-            "left {node} via {iface} toward {} (that node is not traced){how}",
-            ctx.label(*toward)
-        ),
+        } => {
+            let beyond = if ctx.names.contains_key(toward) {
+                "that node is not traced"
+            } else {
+                "beyond the traced nodes"
+            };
+            format!(
+                "left {node} via {iface} toward {} ({beyond}){how}",
+                ctx.label(*toward)
+            )
+        }
         Outcome::Dropped {
             node,
             iface,
@@ -402,6 +443,15 @@ fn summarise(
         } => {
             let dir = direction.label();
             format!("vanished: last seen on {node} {iface} {dir}, never at the next hook{how}")
+        }
+        Outcome::TranslatedOutOfSight {
+            node,
+            iface,
+            direction,
+            translation,
+        } => {
+            let dir = direction.label();
+            format!("translated by conntrack on {node} ({translation}) after {iface} {dir}: podtrace learnt the translation from conntrack only after this packet had passed, so its hops under the new addresses were not traced{how}")
         }
         Outcome::Incomplete {
             node,
@@ -436,5 +486,10 @@ mod tests {
                 .unwrap(),
             "rejected (the client is sent a TCP RST)"
         );
+        let rule = r#"-A KUBE-FORWARD -m conntrack --ctstate INVALID -m comment --comment "kubernetes forwarding conntrack rule" -j DROP"#;
+        assert!(super::invalid(rule)
+            .unwrap()
+            .starts_with("dropped as conntrack INVALID"));
+        assert!(super::invalid("-A FORWARD -j DROP").is_none());
     }
 }

@@ -38,6 +38,10 @@ pub const UDP_PORT: u16 = 5353;
 pub const IPERF_PORT: u16 = 5201;
 /// db's NodePort.
 pub const NODE_PORT: u16 = 30080;
+/// An address outside the cluster, on the underlay's namespace (the
+/// nodes' default gateway), with a listener on [`TCP_PORT`]: what a pod
+/// reaches through the CNI's MASQUERADE.
+pub const OUTSIDE: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
 /// kube-proxy's masquerade mark.
 const MASQ_MARK: &str = "0x4000/0x4000";
 
@@ -174,6 +178,10 @@ impl Lab {
                 ProxyMode::Nftables => super::kube_proxy_nft::install(self, &ns)?,
             }
         }
+        cmd::ip(
+            &self.underlay_netns(),
+            &format!("addr add {OUTSIDE}/32 dev lo"),
+        )?;
         self.start_listeners()?;
         fs::create_dir_all(self.state_dir())?;
         fs::write(
@@ -249,8 +257,13 @@ while True:
             .collect();
         backends.sort_by(|a, b| a.name.cmp(&b.name));
         backends.dedup_by(|a, b| a.name == b.name);
-        for pod in backends {
-            let child = in_netns(&pod.netns, "python3")
+        // The outside's listener too.
+        let netns = backends
+            .into_iter()
+            .map(|pod| pod.netns)
+            .chain([self.underlay_netns()]);
+        for netns in netns {
+            let child = in_netns(&netns, "python3")
                 .args(["-c", SERVER, &TCP_PORT.to_string(), &UDP_PORT.to_string()])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
@@ -291,45 +304,33 @@ while True:
     /// One TCP request from inside a pod to `ip:port`: the answer, if any
     /// (`Err` says what the client saw: refused, timed out).
     pub fn tcp_request(&self, from_pod: &str, ip: Ipv4Addr, port: u16) -> Result<String, String> {
-        self.client(from_pod, "tcp", ip, port)
+        client(&self.pod(from_pod).netns, "tcp", ip, port, 2)
+    }
+
+    /// One TCP request that waits 5 s for its answer (a slow server).
+    pub fn tcp_request_patient(
+        &self,
+        from_pod: &str,
+        ip: Ipv4Addr,
+        port: u16,
+    ) -> Result<String, String> {
+        client(&self.pod(from_pod).netns, "tcp", ip, port, 5)
+    }
+
+    /// One TCP request from any of the lab's namespaces (a client outside
+    /// the pods: the underlay, a node).
+    pub fn tcp_request_from_netns(
+        &self,
+        netns: &str,
+        ip: Ipv4Addr,
+        port: u16,
+    ) -> Result<String, String> {
+        client(netns, "tcp", ip, port, 2)
     }
 
     /// One UDP datagram from inside a pod, and its echo.
     pub fn udp_request(&self, from_pod: &str, ip: Ipv4Addr, port: u16) -> Result<String, String> {
-        self.client(from_pod, "udp", ip, port)
-    }
-
-    fn client(
-        &self,
-        from_pod: &str,
-        proto: &str,
-        ip: Ipv4Addr,
-        port: u16,
-    ) -> Result<String, String> {
-        const CLIENT: &str = r#"
-import socket, sys
-proto, ip, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
-kind = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
-s = socket.socket(socket.AF_INET, kind)
-s.settimeout(2)
-try:
-    s.connect((ip, port))
-    s.send(b"hello\n")
-    print(s.recv(64).decode().strip())
-except OSError as e:
-    print(type(e).__name__, e)
-    sys.exit(1)
-"#;
-        let out = in_netns(&self.pod(from_pod).netns, "python3")
-            .args(["-c", CLIENT, proto, &ip.to_string(), &port.to_string()])
-            .output()
-            .map_err(|e| e.to_string())?;
-        let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        if out.status.success() {
-            Ok(text)
-        } else {
-            Err(text)
-        }
+        client(&self.pod(from_pod).netns, "udp", ip, port, 2)
     }
 
     /// The Services and EndpointSlices as `kubectl get
@@ -343,6 +344,48 @@ except OSError as e:
             }
         }
         json!({"apiVersion": "v1", "kind": "List", "items": items})
+    }
+}
+
+/// One request (`tcp` or `udp`) from inside `netns` to `ip:port`, that
+/// waits `timeout_s` for its answer.
+fn client(
+    netns: &str,
+    proto: &str,
+    ip: Ipv4Addr,
+    port: u16,
+    timeout_s: u32,
+) -> Result<String, String> {
+    const CLIENT: &str = r#"
+import socket, sys
+proto, ip, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+kind = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
+s = socket.socket(socket.AF_INET, kind)
+s.settimeout(float(sys.argv[4]))
+try:
+    s.connect((ip, port))
+    s.send(b"hello\n")
+    print(s.recv(64).decode().strip())
+except OSError as e:
+    print(type(e).__name__, e)
+    sys.exit(1)
+"#;
+    let out = in_netns(netns, "python3")
+        .args([
+            "-c",
+            CLIENT,
+            proto,
+            &ip.to_string(),
+            &port.to_string(),
+            &timeout_s.to_string(),
+        ])
+        .output()
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if out.status.success() {
+        Ok(text)
+    } else {
+        Err(text)
     }
 }
 
