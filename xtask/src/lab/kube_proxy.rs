@@ -518,17 +518,16 @@ impl NatRules {
             "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES".to_string(),
             "-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES".into(),
             "-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING".into(),
-            "-A POSTROUTING -m comment --comment \"flanneld masq\" -j FLANNEL-POSTRTG".into(),
             format!("-A KUBE-MARK-MASQ -j MARK --set-xmark {MASQ_MARK}"),
             format!("-A KUBE-POSTROUTING -m mark ! --mark {MASQ_MARK} -j RETURN"),
             "-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0".into(),
             "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully".into(),
-            format!("-A FLANNEL-POSTRTG -s {cidr} -d {cidr} -m comment --comment \"flanneld masq\" -j RETURN"),
-            format!("-A FLANNEL-POSTRTG -s {cidr} ! -d 224.0.0.0/4 -m comment --comment \"flanneld masq\" -j MASQUERADE --random-fully"),
         ];
         let last = "-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS".to_string();
+        let flannel = flannel_masquerade(cidr);
         for line in fixed
             .iter()
+            .chain(&flannel)
             .chain(&self.services)
             .chain(std::iter::once(&last))
             .chain(&self.nodeports)
@@ -539,6 +538,27 @@ impl NatRules {
         }
         out
     }
+}
+
+/// Flannel's MASQUERADE of pod traffic leaving the pod CIDR (its
+/// `FLANNEL-POSTRTG` chain, declared with kube-proxy's): iptables nat
+/// rules, whichever mode kube-proxy runs in.
+fn flannel_masquerade(cidr: ipnet::Ipv4Net) -> [String; 3] {
+    [
+        "-A POSTROUTING -m comment --comment \"flanneld masq\" -j FLANNEL-POSTRTG".into(),
+        format!("-A FLANNEL-POSTRTG -s {cidr} -d {cidr} -m comment --comment \"flanneld masq\" -j RETURN"),
+        format!("-A FLANNEL-POSTRTG -s {cidr} ! -d 224.0.0.0/4 -m comment --comment \"flanneld masq\" -j MASQUERADE --random-fully"),
+    ]
+}
+
+/// Flannel's MASQUERADE alone into node `ns` (kube-proxy's nftables mode
+/// leaves iptables to the CNI).
+pub(super) fn install_flannel_masquerade(lab: &Lab, ns: &str) -> Result<()> {
+    let rules = flannel_masquerade(lab.pod_cidr).join("\n");
+    restore(
+        ns,
+        &format!("*nat\n:FLANNEL-POSTRTG - [0:0]\n{rules}\nCOMMIT\n"),
+    )
 }
 
 /// `iptables-restore --noflush` inside a node.

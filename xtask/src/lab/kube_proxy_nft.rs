@@ -20,7 +20,9 @@
 //!   `cluster-ips-check` rejects the other ports of a ClusterIP and drops
 //!   unallocated ClusterIPs (of the lab's Service CIDR, the /24 of its
 //!   ClusterIPs);
-//! - `mark-for-masquerade` sets 0x4000, `masquerading` masquerades it.
+//! - `mark-for-masquerade` sets 0x4000, `masquerading` masquerades it;
+//! - `filter-forward` drops what conntrack finds INVALID (`ct state
+//!   invalid drop`), kube-proxy's rule unless conntrack is TCP-liberal.
 //!
 //! Chain hashes are kube-proxy's: the first 8 characters of the base32 of
 //! the SHA-256 of the name. Flannel's own MASQUERADE stays in iptables, as
@@ -46,25 +48,7 @@ const MASQ_MARK: &str = "0x00004000";
 /// iptables.
 pub fn install(lab: &Lab, ns: &str) -> Result<()> {
     super::cmd::feed(ns, "nft", &["-f", "-"], &ruleset(lab))?;
-    let cidr = lab.pod_cidr.to_string();
-    super::cmd::run(super::cmd::in_netns(ns, "iptables").args([
-        "-t",
-        "nat",
-        "-A",
-        "POSTROUTING",
-        "-s",
-        &cidr,
-        "!",
-        "-d",
-        &cidr,
-        "-m",
-        "comment",
-        "--comment",
-        "flanneld masq",
-        "-j",
-        "MASQUERADE",
-        "--random-fully",
-    ]))
+    super::kube_proxy::install_flannel_masquerade(lab, ns)
 }
 
 /// kube-proxy's `hashAndTruncate`: `HASH-name`, the hash being the first
@@ -282,6 +266,9 @@ fn fixed_chains(service_cidr: Ipv4Net) -> String {
             &[
                 &format!("{new} service-endpoints-check"),
                 &format!("{new} cluster-ips-check"),
+                // Unless nf_conntrack_tcp_be_liberal (kube-proxy's
+                // `--conntrack-tcp-be-liberal`), as kube-proxy ≥ 1.31 adds it.
+                "ct state invalid drop",
             ],
         ),
         base(
@@ -371,6 +358,7 @@ mod tests {
         assert!(rules.contains("meta l4proto tcp dnat to 10.244.2.2:8080"));
         assert!(rules.contains("comment \"default/empty:http\" : goto reject-chain"));
         assert!(rules.contains("tcp . 30080 : goto external-"));
+        assert!(rules.contains("  ct state invalid drop\n"));
         // Not 10.96.0.0/12: pod CIDRs such as 10.104.0.0/16 are in it.
         let busy = Lab::new(
             "t",
