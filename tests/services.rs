@@ -13,8 +13,8 @@
 //! the cluster through the CNI's MASQUERADE; a Service without endpoints;
 //! a late reply dropped as conntrack INVALID; and cluster mode.
 //!
-//! Each case is a `case_…(mode)` run by a thin `#[test]` per kube-proxy
-//! mode. Translations podtrace cannot know up front (a MASQUERADE's port,
+//! Each case is a `case_…(mode)` run by `in_both_modes!` as a `#[test]`
+//! per kube-proxy mode. Translations podtrace cannot know up front (a MASQUERADE's port,
 //! a bare ClusterIP's backends without a Services list) are learnt from
 //! conntrack as connections open: a connection's first packets may pass
 //! before that, and their stories must say so, never `vanished`.
@@ -140,13 +140,38 @@ in_both_modes! {
     service_without_endpoints:
         a_service_without_endpoints_is_rejected_by_kube_proxy_with_the_rule_iptables,
         a_service_without_endpoints_is_rejected_by_kube_proxy_with_the_rule_nftables;
+    case_bare_cluster_ip_learnt_from_conntrack:
+        a_bare_cluster_ip_without_any_list_is_learnt_from_conntrack_iptables,
+        a_bare_cluster_ip_without_any_list_is_learnt_from_conntrack_nftables;
+    case_same_node_backend:
+        a_cluster_ip_whose_backend_is_on_the_same_node_is_followed_iptables,
+        a_cluster_ip_whose_backend_is_on_the_same_node_is_followed_nftables;
+    case_hairpin:
+        a_pod_reaching_a_service_that_picks_itself_hairpins_with_dnat_and_masquerade_iptables,
+        a_pod_reaching_a_service_that_picks_itself_hairpins_with_dnat_and_masquerade_nftables;
+    case_node_port_from_outside:
+        a_node_port_entering_a_node_without_the_backend_is_dnatted_masqueraded_and_tunnelled_iptables,
+        a_node_port_entering_a_node_without_the_backend_is_dnatted_masqueraded_and_tunnelled_nftables;
+    case_outside_masquerade:
+        a_pod_reaching_outside_the_cluster_is_masqueraded_at_eth0_by_the_cni_rule_iptables,
+        a_pod_reaching_outside_the_cluster_is_masqueraded_at_eth0_by_the_cni_rule_nftables;
+    case_invalid_reply_dropped:
+        a_reply_conntrack_finds_invalid_is_dropped_with_its_rule_named_iptables,
+        a_reply_conntrack_finds_invalid_is_dropped_with_its_rule_named_nftables;
+    case_cluster_mode:
+        cluster_mode_follows_a_cluster_ip_through_its_agents_iptables,
+        cluster_mode_follows_a_cluster_ip_through_its_agents_nftables;
+    case_cluster_mode_hairpin:
+        cluster_mode_joins_a_hairpin_through_what_its_agent_learnt_from_conntrack_iptables,
+        cluster_mode_joins_a_hairpin_through_what_its_agent_learnt_from_conntrack_nftables;
 }
 
 /// The DNAT rule as the story must name it, for the backend it picked:
 /// kube-proxy's KUBE-SEP chain in iptables syntax, or its endpoint chain
 /// with the `dnat to` statement as `nft -a list` shows it.
 fn assert_dnat_rule(mode: ProxyMode, rule: &str, backend: std::net::Ipv4Addr) {
-    let to = format!("{backend}:8080");
+    let to = format!("{backend}:{TCP_PORT}");
+    assert!(dnat_words(mode).iter().all(|w| rule.contains(w)), "{rule}");
     match mode {
         ProxyMode::Iptables => assert!(
             rule.starts_with("nat KUBE-SEP-")
@@ -163,6 +188,65 @@ fn assert_dnat_rule(mode: ProxyMode, rule: &str, backend: std::net::Ipv4Addr) {
             )
         }
     }
+}
+
+/// Words every kube-proxy DNAT rule has in `mode`, whatever its backend.
+fn dnat_words(mode: ProxyMode) -> [&'static str; 2] {
+    match mode {
+        ProxyMode::Iptables => ["nat KUBE-SEP-", "-j DNAT --to-destination "],
+        ProxyMode::Nftables => ["ip kube-proxy endpoint-", " dnat to "],
+    }
+}
+
+/// kube-proxy's MASQUERADE of what it marked (hairpin, NodePort from
+/// outside): KUBE-POSTROUTING's rule, or the `masquerading` chain's
+/// `masquerade fully-random` as `nft -a list` shows it.
+fn masquerade_words(mode: ProxyMode) -> [&'static str; 2] {
+    match mode {
+        ProxyMode::Iptables => ["nat KUBE-POSTROUTING", "-j MASQUERADE --random-fully"],
+        ProxyMode::Nftables => [
+            "ip kube-proxy masquerading: ",
+            "masquerade fully-random # handle ",
+        ],
+    }
+}
+
+fn assert_masquerade_rule(mode: ProxyMode, rule: &str) {
+    assert!(
+        masquerade_words(mode).iter().all(|w| rule.contains(w)),
+        "{rule}"
+    );
+}
+
+/// Flannel's MASQUERADE of pod traffic leaving the cluster: iptables in
+/// both modes, as on a real node.
+const FLANNEL_MASQUERADE: [&str; 2] = ["nat FLANNEL-POSTRTG", "-j MASQUERADE --random-fully"];
+
+/// kube-proxy's drop of what conntrack finds INVALID, as the verdict's
+/// `netfilter` names it and the summary says it: KUBE-FORWARD's
+/// `--ctstate INVALID` DROP, or `ct state invalid drop` in the table's
+/// `filter-forward` chain.
+fn assert_invalid_drop_rule(mode: ProxyMode, netfilter: &Value, summary: &str) {
+    let rule = netfilter["rule"].as_str().unwrap_or("");
+    let chain = match mode {
+        ProxyMode::Iptables => {
+            assert!(
+                rule.contains("--ctstate INVALID") && rule.contains("-j DROP"),
+                "{netfilter}"
+            );
+            "KUBE-FORWARD"
+        }
+        ProxyMode::Nftables => {
+            assert_eq!(netfilter["table"], "ip kube-proxy", "{netfilter}");
+            assert!(
+                rule.starts_with("ct state invalid drop # handle "),
+                "{netfilter}"
+            );
+            "filter-forward"
+        }
+    };
+    assert_eq!(netfilter["chain"], chain, "{netfilter}");
+    assert!(summary.contains(chain), "{summary}");
 }
 
 /// `nodes`: how the story names node-1 and node-2 (by their netns without
@@ -493,13 +577,10 @@ fn case_bare_cluster_ip_learnt_from_conntrack(mode: ProxyMode) {
         assert_eq!(step["conntrack"]["zone"], 0, "{step}");
         assert_eq!(step["conntrack"]["mark"], 0x42, "{step}");
         if step["conntrack"]["state"] == "new" {
-            assert!(
-                step["rule"].as_str().unwrap().contains("nat KUBE-SEP-"),
-                "{step}"
-            );
+            assert_dnat_rule(mode, step["rule"].as_str().unwrap(), backend.ip);
         }
     }
-    assert_some_rule(&syns, &["nat KUBE-SEP-", "-j DNAT --to-destination"]);
+    assert_some_rule(&syns, &dnat_words(mode));
     // The replies: un-DNATed on node-1, or said to be first seen after it.
     let synacks: Vec<Value> = done
         .stories()
@@ -521,11 +602,6 @@ fn case_bare_cluster_ip_learnt_from_conntrack(mode: ProxyMode) {
     }
 }
 
-#[test]
-fn a_bare_cluster_ip_without_any_list_is_learnt_from_conntrack() {
-    case_bare_cluster_ip_learnt_from_conntrack(ProxyMode::Iptables);
-}
-
 fn case_same_node_backend(mode: ProxyMode) {
     let lab = services_lab(mode);
     let lab = &lab.0;
@@ -543,10 +619,7 @@ fn case_same_node_backend(mode: ProxyMode) {
     let dnat = step(&syn, "DNAT");
     assert_eq!(dnat["before"], format!("{}:80", web.cluster_ip));
     assert_eq!(dnat["after"], format!("{}:{TCP_PORT}", lab.pod("web-0").ip));
-    assert!(
-        dnat["rule"].as_str().unwrap().contains("nat KUBE-SEP-"),
-        "{dnat}"
-    );
+    assert_dnat_rule(mode, dnat["rule"].as_str().unwrap(), lab.pod("web-0").ip);
     assert_eq!(dnat["conntrack"]["state"], "new");
     assert_eq!(dnat["backend"], "default/web-0");
     assert_eq!(syn["verdict"]["outcome"], "delivered", "{syn}");
@@ -560,11 +633,6 @@ fn case_same_node_backend(mode: ProxyMode) {
     assert_eq!(undone["after"], format!("{}:80", web.cluster_ip));
     assert_eq!(synack["verdict"]["outcome"], "delivered", "{synack}");
     assert_eq!(nodes_of(&synack), ["node-1"]);
-}
-
-#[test]
-fn a_cluster_ip_whose_backend_is_on_the_same_node_is_followed() {
-    case_same_node_backend(ProxyMode::Iptables);
 }
 
 fn case_hairpin(mode: ProxyMode) {
@@ -582,13 +650,19 @@ fn case_hairpin(mode: ProxyMode) {
             })
         },
     );
-    assert_hairpin(lab, &done, &answers, true);
+    assert_hairpin(lab, mode, &done, &answers, true);
 }
 
 /// web-0 → svc/web, whose only backend is web-0: the stories of a
 /// hairpin. `every`: each connection's first packet is followed too (node
 /// mode traces the node's addresses with the backends from the start).
-fn assert_hairpin(lab: &Lab, done: &Finished, answers: &[Result<String, String>], every: bool) {
+fn assert_hairpin(
+    lab: &Lab,
+    mode: ProxyMode,
+    done: &Finished,
+    answers: &[Result<String, String>],
+    every: bool,
+) {
     let web = lab.service("web");
     let web0 = lab.pod("web-0");
     assert!(
@@ -629,14 +703,7 @@ fn assert_hairpin(lab: &Lab, done: &Finished, answers: &[Result<String, String>]
         "{snat}"
     );
     if snat["conntrack"]["state"] == "new" {
-        assert!(
-            snat["rule"].as_str().unwrap().contains("KUBE-POSTROUTING"),
-            "{snat}"
-        );
-        assert!(
-            snat["rule"].as_str().unwrap().contains("-j MASQUERADE"),
-            "{snat}"
-        );
+        assert_masquerade_rule(mode, snat["rule"].as_str().unwrap());
     }
     assert_eq!(syn["verdict"]["outcome"], "delivered", "{syn}");
     assert_eq!(
@@ -655,11 +722,6 @@ fn assert_hairpin(lab: &Lab, done: &Finished, answers: &[Result<String, String>]
         format!("{}:80", web.cluster_ip)
     );
     assert_eq!(reply["verdict"]["outcome"], "delivered", "{reply}");
-}
-
-#[test]
-fn a_pod_reaching_a_service_that_picks_itself_hairpins_with_dnat_and_masquerade() {
-    case_hairpin(ProxyMode::Iptables);
 }
 
 fn case_node_port_from_outside(mode: ProxyMode) {
@@ -707,10 +769,7 @@ fn case_node_port_from_outside(mode: ProxyMode) {
             .unwrap_or_else(|| panic!("DNAT to a backend: {dnat}"));
         assert_eq!(dnat["backend"], format!("default/{}", backend.name));
         if dnat["conntrack"]["state"] == "new" {
-            assert!(
-                dnat["rule"].as_str().unwrap().contains("nat KUBE-SEP-"),
-                "{dnat}"
-            );
+            assert_dnat_rule(mode, dnat["rule"].as_str().unwrap(), backend.ip);
         }
         // Then MASQUERADE (KUBE-MARK-MASQ's mark), then the tunnel.
         let (masq, snat) = source_step(syn);
@@ -730,12 +789,7 @@ fn case_node_port_from_outside(mode: ProxyMode) {
         assert_eq!(syn["verdict"]["node"], "node-2");
         assert_eq!(nodes_of(syn), ["node-1", "node-2"]);
     }
-    assert_some_rule(&syns, &["KUBE-POSTROUTING", "-j MASQUERADE"]);
-}
-
-#[test]
-fn a_node_port_entering_a_node_without_the_backend_is_dnatted_masqueraded_and_tunnelled() {
-    case_node_port_from_outside(ProxyMode::Iptables);
+    assert_some_rule(&syns, &masquerade_words(mode));
 }
 
 fn case_outside_masquerade(mode: ProxyMode) {
@@ -787,8 +841,9 @@ fn case_outside_masquerade(mode: ProxyMode) {
             "{syn}"
         );
         if masq["conntrack"]["state"] == "new" {
+            let rule = masq["rule"].as_str().unwrap();
             assert!(
-                masq["rule"].as_str().unwrap().contains("-j MASQUERADE"),
+                FLANNEL_MASQUERADE.iter().all(|w| rule.contains(w)),
                 "{masq}"
             );
         }
@@ -802,7 +857,7 @@ fn case_outside_masquerade(mode: ProxyMode) {
         );
         assert!(text.contains(&format!(" → {node1}:")), "{text}");
     }
-    assert_some_rule(&syns, &["FLANNEL-POSTRTG", "-j MASQUERADE"]);
+    assert_some_rule(&syns, &FLANNEL_MASQUERADE);
     // The answer comes back un-SNATed to web-0.
     let reply = done
         .stories()
@@ -814,11 +869,6 @@ fn case_outside_masquerade(mode: ProxyMode) {
         .unwrap()
         .starts_with(&format!("{}:", web0.ip)));
     assert_eq!(reply["verdict"]["outcome"], "delivered", "{reply}");
-}
-
-#[test]
-fn a_pod_reaching_outside_the_cluster_is_masqueraded_at_eth0_by_the_cni_rule() {
-    case_outside_masquerade(ProxyMode::Iptables);
 }
 
 /// A server in `pod` that answers a request only after `delay`: its
@@ -883,23 +933,11 @@ fn case_invalid_reply_dropped(mode: ProxyMode) {
         .unwrap_or_else(|| panic!("a dropped reply: {}\n{}", done.stdout, done.stderr));
     assert_eq!(dropped["dst"], web0.ip.to_string());
     assert_eq!(dropped["verdict"]["node"], "node-2", "{dropped}");
-    let rule = &dropped["verdict"]["netfilter"];
-    assert_eq!(rule["chain"], "KUBE-FORWARD", "{dropped}");
-    assert!(
-        rule["rule"].as_str().unwrap().contains("--ctstate INVALID"),
-        "{rule}"
-    );
-    assert!(rule["rule"].as_str().unwrap().contains("-j DROP"), "{rule}");
     assert!(
         summary(dropped).starts_with("dropped as conntrack INVALID"),
         "{dropped}"
     );
-    assert!(summary(dropped).contains("KUBE-FORWARD"), "{dropped}");
-}
-
-#[test]
-fn a_reply_conntrack_finds_invalid_is_dropped_with_its_rule_named() {
-    case_invalid_reply_dropped(ProxyMode::Iptables);
+    assert_invalid_drop_rule(mode, &dropped["verdict"]["netfilter"], summary(dropped));
 }
 
 /// `podtrace --cluster SRC DST` through the API stub, which plays kubelet
@@ -945,11 +983,6 @@ fn case_cluster_mode(mode: ProxyMode) {
     assert_cluster_ip_followed(lab, &done, mode, NAMED);
 }
 
-#[test]
-fn cluster_mode_follows_a_cluster_ip_through_its_agents() {
-    case_cluster_mode(ProxyMode::Iptables);
-}
-
 /// The MASQUERADE of a hairpin is learnt from conntrack by the agent and
 /// passed on to the front-end.
 fn case_cluster_mode_hairpin(mode: ProxyMode) {
@@ -960,10 +993,5 @@ fn case_cluster_mode_hairpin(mode: ProxyMode) {
             lab.tcp_request("web-0", lab.service("web").cluster_ip, 80)
         })
     });
-    assert_hairpin(lab, &done, &answers, false);
-}
-
-#[test]
-fn cluster_mode_joins_a_hairpin_through_what_its_agent_learnt_from_conntrack() {
-    case_cluster_mode_hairpin(ProxyMode::Iptables);
+    assert_hairpin(lab, mode, &done, &answers, false);
 }
