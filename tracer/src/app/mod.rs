@@ -51,7 +51,7 @@ use crate::{
     probe::{
         link_watch::LinkChange,
         netfilter::{Backend, TracedRule},
-        Kernel,
+        Batch, Kernel, RING_HANDOVER,
     },
     story::{
         journey::{Correlator, Waits},
@@ -169,7 +169,7 @@ struct Trace {
     kernel: Kernel,
     ctx: Context,
     rules_traced: bool,
-    sightings: mpsc::UnboundedReceiver<Sighting>,
+    sightings: mpsc::UnboundedReceiver<Batch>,
     links: mpsc::UnboundedReceiver<(u32, LinkChange)>,
     rules: mpsc::UnboundedReceiver<(u32, TracedRule)>,
     /// Namespaces no traced node owns (pods), named on first sight.
@@ -326,19 +326,19 @@ async fn stream(
 
     'trace: loop {
         tokio::select! {
-            sighting = trace.sightings.recv() => {
-                let Some(sighting) = sighting else { break };
-                absorb(&sighting, trace, &mut summary, &mut correlator).await;
+            batch = trace.sightings.recv() => {
+                let Some(batch) = batch else { break };
+                for sighting in &batch {
+                    absorb(sighting, trace, &mut summary, &mut correlator).await;
+                }
             }
             _ = tick.tick() => {
                 let now = monotonic_ns();
                 if let Some((from, to, _)) = losses.check(&trace.nodes, now)? {
                     correlator.observe_loss(from, to);
                 }
-                for journey in correlator.take_finished(now) {
-                    if !teller.tell(&journey)? {
-                        break 'trace;
-                    }
+                if !teller.tell_all(&correlator.take_finished(now))? {
+                    break 'trace;
                 }
             }
             Some(moved) = moved_rx.recv() => {
@@ -356,15 +356,13 @@ async fn stream(
         }
     }
     // Let the ring readers hand over what they have read, then take it.
-    tokio::task::yield_now().await;
-    while let Ok(sighting) = trace.sightings.try_recv() {
-        absorb(&sighting, trace, &mut summary, &mut correlator).await;
-    }
-    for journey in correlator.take_all() {
-        if !teller.tell(&journey)? {
-            break;
+    tokio::time::sleep(RING_HANDOVER).await;
+    while let Ok(batch) = trace.sightings.try_recv() {
+        for sighting in &batch {
+            absorb(sighting, trace, &mut summary, &mut correlator).await;
         }
     }
+    teller.tell_all(&correlator.take_all())?;
     Ok((summary, teller))
 }
 
@@ -394,9 +392,9 @@ async fn until(duration: Option<Duration>) {
 fn new_teller(args: &Args, ctx: Context) -> Teller<'static> {
     // `-w -` puts the packets on stdout: the stories go to stderr.
     let (out, terminal): (Box<dyn Write>, bool) = if args.write.as_deref() == Some("-") {
-        (Box::new(std::io::stderr()), std::io::stderr().is_terminal())
+        (buffered(std::io::stderr()), std::io::stderr().is_terminal())
     } else {
-        (Box::new(std::io::stdout()), std::io::stdout().is_terminal())
+        (buffered(std::io::stdout()), std::io::stdout().is_terminal())
     };
     let colour = match args.color.as_str() {
         "always" => true,
@@ -411,6 +409,11 @@ fn new_teller(args: &Args, ctx: Context) -> Teller<'static> {
         told: 0,
         pcap: None,
     }
+}
+
+/// Stories are written a batch at a time (`Teller::tell_all` flushes).
+fn buffered(out: impl Write + 'static) -> Box<dyn Write> {
+    Box::new(std::io::BufWriter::with_capacity(1 << 16, out))
 }
 
 /// The `--write` file, with every watched interface announced.
