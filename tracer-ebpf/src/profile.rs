@@ -3,7 +3,10 @@
 //! record per packet. The first hook that sees a packet stamps it (STAMPS,
 //! keyed by what identifies the packet on its way); each later hook adds
 //! the time since the last stamp to the per-CPU histogram of that step
-//! (STEPS) and stamps it again. Userspace reads STEPS.
+//! (STEPS) and stamps it again. Userspace reads STEPS. Where nodes share
+//! one kernel (and so one clock), userspace gives every node's instance
+//! the same STAMPS map (pinned in a bpffs private to podtrace), and the
+//! step from one node's underlay to the next's is the wire.
 
 use aya_ebpf::{
     macros::map,

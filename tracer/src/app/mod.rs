@@ -213,6 +213,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         mode: args.attach,
         ring_bytes: args.ring_buffer,
         profile: args.in_kernel_profile,
+        shared_stamps: args.shared_stamps.as_deref(),
         sample: args.sample,
         link_tx,
         netfilter_tx: why_rule_unnamed.is_none().then_some(netfilter_tx),

@@ -42,6 +42,9 @@ pub struct ProbeSpec<'a> {
     pub ring_bytes: u32,
     /// Profile mode: step histograms in the kernel, no records per packet.
     pub profile: bool,
+    /// Profile mode: a bpffs directory where every node's probe of this
+    /// run pins and finds the same STAMPS, so that the wire is a step.
+    pub shared_stamps: Option<&'a std::path::Path>,
     /// `--sample N`: one packet in N reported, every hop of it (1: all).
     pub sample: u32,
 }
@@ -94,7 +97,12 @@ impl NodeProbe {
     pub fn attach(spec: &ProbeSpec<'_>, watched: &[Watched]) -> Result<Self> {
         // Whatever killed runs left goes first, in every mode.
         run_registry::sweep_dead_runs()?;
-        let mut ebpf = EbpfLoader::new()
+        let stamps = spec.shared_stamps.map(|dir| dir.join(names::STAMPS));
+        let mut loader = EbpfLoader::new();
+        if let Some(path) = &stamps {
+            loader.map_pin_path(names::STAMPS, path.as_path());
+        }
+        let mut ebpf = loader
             .override_global(names::NODE_ID, &spec.node_id, true)
             .override_global(names::LAYOUT, spec.layout, true)
             .override_global(names::NETNS_INUM, &spec.netns.inum, true)

@@ -8,7 +8,9 @@
 //! - `btf`: the running kernel's struct layout, since Rust eBPF has no CO-RE;
 //! - `profile`: profile mode's step histograms, read from the kernel;
 //! - `load`: one node's probe, the eBPF object loaded with its globals;
-//! - `run_registry`: which run owns which filter and table, alive or not.
+//! - `run_registry`: which run owns which filter and table, alive or not;
+//! - `shared_maps`: a bpffs private to the process, for maps its probes
+//!   share.
 
 pub mod btf;
 pub mod drops;
@@ -17,6 +19,7 @@ mod load;
 pub mod netfilter;
 pub mod profile;
 pub mod run_registry;
+pub mod shared_maps;
 pub mod tc;
 
 use anyhow::{Context as _, Result};
