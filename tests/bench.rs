@@ -6,6 +6,7 @@
 #[allow(dead_code)]
 mod support;
 
+#[allow(dead_code)]
 mod datapath;
 
 use std::time::{Duration, Instant};
