@@ -75,10 +75,18 @@ pub fn lookup<K, V: Copy>(map: &HashMap<K, V>, key: &K) -> Option<V> {
     unsafe { map.get(key) }.copied()
 }
 
-/// A copy of the value at `key` of an LRU map, if there is one.
+/// Runs `f` on the value at `key` of an LRU map, in place (no update
+/// call, which takes the map's lock); false if there is none. Only the
+/// program run that handles the packet a key names writes its value.
 #[inline(always)]
-pub fn lru_lookup<K, V: Copy>(map: &LruHashMap<K, V>, key: &K) -> Option<V> {
-    unsafe { map.get(key) }.copied()
+pub fn lru_update<K, V>(map: &LruHashMap<K, V>, key: &K, f: impl FnOnce(&mut V)) -> bool {
+    match map.get_ptr_mut(key) {
+        Some(value) => {
+            f(unsafe { &mut *value });
+            true
+        }
+        None => false,
+    }
 }
 
 /// Sets `key` of an LRU map (evicting the oldest entry when full).

@@ -51,7 +51,7 @@ use crate::{
     probe::{
         link_watch::LinkChange,
         netfilter::{Backend, TracedRule},
-        Batch, Kernel, RING_HANDOVER,
+        Batch, Kernel, BATCHES_QUEUED, RING_HANDOVER,
     },
     story::{
         journey::{Correlator, Waits},
@@ -169,7 +169,7 @@ struct Trace {
     kernel: Kernel,
     ctx: Context,
     rules_traced: bool,
-    sightings: mpsc::UnboundedReceiver<Batch>,
+    sightings: mpsc::Receiver<Batch>,
     links: mpsc::UnboundedReceiver<(u32, LinkChange)>,
     rules: mpsc::UnboundedReceiver<(u32, TracedRule)>,
     /// Namespaces no traced node owns (pods), named on first sight.
@@ -198,7 +198,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
     for (slot, ns) in traced_netns.iter_mut().zip(&namespaces) {
         *slot = ns.inum;
     }
-    let (tx, sightings) = mpsc::unbounded_channel();
+    let (tx, sightings) = mpsc::channel(BATCHES_QUEUED);
     let (link_tx, links) = mpsc::unbounded_channel();
     let (netfilter_tx, rules) = mpsc::unbounded_channel();
     let typed_btf = Kernel::typed_btf()?;

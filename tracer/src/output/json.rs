@@ -10,7 +10,20 @@ use crate::story::{profile::StepLatency, Story};
 
 /// Writes stories for programs.
 pub struct Json<W: Write> {
-    pub out: W,
+    out: W,
+    /// One line, serialized here first and handed to `out` whole: serde
+    /// writes a story in hundreds of small pieces, each a call through
+    /// `out` otherwise.
+    line: Vec<u8>,
+}
+
+impl<W: Write> Json<W> {
+    pub fn new(out: W) -> Self {
+        Json {
+            out,
+            line: Vec::with_capacity(4096),
+        }
+    }
 }
 
 /// A line's object: its `type`, then the value's own fields, serialized
@@ -51,7 +64,9 @@ impl<W: Write> Sink for Json<W> {
 
 impl<W: Write> Json<W> {
     fn line<T: Serialize>(&mut self, kind: &str, value: &T) -> std::io::Result<()> {
-        serde_json::to_writer(&mut self.out, &Tagged { kind, value })?;
-        self.out.write_all(b"\n")
+        self.line.clear();
+        serde_json::to_writer(&mut self.line, &Tagged { kind, value })?;
+        self.line.push(b'\n');
+        self.out.write_all(&self.line)
     }
 }

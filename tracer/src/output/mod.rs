@@ -97,6 +97,6 @@ pub trait Sink {
 pub fn sink<'a, W: Write + 'a>(format: Format, out: W, colour: bool) -> Box<dyn Sink + 'a> {
     match format {
         Format::Human => Box::new(Human { out, colour }),
-        Format::Json => Box::new(Json { out }),
+        Format::Json => Box::new(Json::new(out)),
     }
 }

@@ -61,6 +61,12 @@ pub const RING_HANDOVER: std::time::Duration = RING_POLL.saturating_mul(2);
 /// found, at once (one channel wakeup per drain, not per record).
 pub type Batch = Vec<Sighting>;
 
+/// Batches that may wait for the stories to catch up, at most. Past it the
+/// ring reader waits, the ring fills, and the kernel counts what it could
+/// not report: memory stays bounded (a few rings' worth) and no record is
+/// lost uncounted.
+pub const BATCHES_QUEUED: usize = 4;
+
 /// The programs of one node, attached; dropping it detaches everything.
 pub struct NodeProbe {
     /// Dropped inside `netns`: clsact filters are detached over netlink by
@@ -154,7 +160,7 @@ impl NodeProbe {
     /// sighting. Not a task of the runtime: telling stories (a large
     /// write of JSON that the page cache may throttle) must never keep
     /// the ring from being drained, or a line-rate flow fills it.
-    pub fn stream(&mut self, tx: mpsc::UnboundedSender<Batch>) -> Result<()> {
+    pub fn stream(&mut self, tx: mpsc::Sender<Batch>) -> Result<()> {
         let map = self
             .ebpf
             .take_map(names::SIGHTINGS)
@@ -199,7 +205,7 @@ impl NodeProbe {
 
 /// Drains `ring` whenever it wakes us (a quarter full) or `RING_POLL`
 /// has passed, until nobody listens.
-fn read_ring(mut ring: RingBuf<MapData>, tx: &mpsc::UnboundedSender<Batch>) {
+fn read_ring(mut ring: RingBuf<MapData>, tx: &mpsc::Sender<Batch>) {
     let fd = ring.as_raw_fd();
     while drain(&mut ring, tx) && !tx.is_closed() {
         let mut ready = libc::pollfd {
@@ -215,7 +221,7 @@ fn read_ring(mut ring: RingBuf<MapData>, tx: &mpsc::UnboundedSender<Batch>) {
 
 /// Forwards every record waiting in `ring`, as one batch; false once
 /// nobody listens.
-fn drain(ring: &mut RingBuf<MapData>, tx: &mpsc::UnboundedSender<Batch>) -> bool {
+fn drain(ring: &mut RingBuf<MapData>, tx: &mpsc::Sender<Batch>) -> bool {
     let mut batch = Batch::new();
     while let Some(item) = ring.next() {
         if item.len() >= std::mem::size_of::<Sighting>() {
@@ -223,7 +229,7 @@ fn drain(ring: &mut RingBuf<MapData>, tx: &mpsc::UnboundedSender<Batch>) -> bool
             batch.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<Sighting>()) });
         }
     }
-    batch.is_empty() || tx.send(batch).is_ok()
+    batch.is_empty() || tx.blocking_send(batch).is_ok()
 }
 
 /// Fills the maps that say where a packet's inner header may be read.

@@ -25,7 +25,7 @@ pub mod tc;
 use anyhow::{Context as _, Result};
 use podtrace_common::KernelLayout;
 
-pub use load::{Batch, NodeProbe, ProbeSpec, RING_HANDOVER};
+pub use load::{Batch, NodeProbe, ProbeSpec, BATCHES_QUEUED, RING_HANDOVER};
 pub use tc::AttachMode;
 
 use self::{
