@@ -169,6 +169,8 @@ struct Trace {
     kernel: Kernel,
     ctx: Context,
     rules_traced: bool,
+    /// `--write`: hops keep the header bytes the kernel copied.
+    keep_snapshots: bool,
     sightings: mpsc::Receiver<Batch>,
     links: mpsc::UnboundedReceiver<(u32, LinkChange)>,
     rules: mpsc::UnboundedReceiver<(u32, TracedRule)>,
@@ -255,6 +257,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         kernel,
         ctx,
         rules_traced: why_rule_unnamed.is_none(),
+        keep_snapshots: args.write.is_some(),
         sightings,
         links,
         rules,
@@ -538,7 +541,8 @@ async fn to_hop(s: &Sighting, trace: &mut Trace, summary: &mut Summary) -> Optio
     if s.node_id == NODE_OTHER_NETNS {
         trace.others.learn(s.netns_inum).await;
     }
-    match place(s, &trace.nodes, &trace.others, &trace.kernel) {
+    let keep = trace.keep_snapshots;
+    match place(s, &trace.nodes, &trace.others, &trace.kernel, keep) {
         Ok(hop) => Some(hop),
         Err(Unplaced::UnknownInterface) => {
             summary.unknown_interface += 1;
