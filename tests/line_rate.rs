@@ -23,7 +23,7 @@ use xtask::{
     podtrace_run,
 };
 
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 const SECONDS: u32 = 3;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
