@@ -6,6 +6,7 @@
 #[allow(dead_code)]
 mod support;
 
+#[allow(dead_code)]
 mod datapath;
 
 use std::time::{Duration, Instant};
@@ -342,4 +343,52 @@ fn print_nat_cost(mode: xtask::lab::kube_proxy::ProxyMode, untraced: &NatRound, 
         gbit(traced),
         gbit(traced) / gbit(untraced)
     );
+}
+
+/// What naming the rule costs a ping: interleaved rounds of 300 pings
+/// untraced, traced with nft rule tracing (the default), and traced
+/// without it (`--no-ruleset-changes`); median average RTTs.
+#[test]
+#[ignore = "benchmark: run with cargo xtask bench"]
+fn rule_naming_cost() {
+    const PINGS: u32 = 300;
+    const ROUNDS: usize = 3;
+    let lab = lab(Topology::FlannelVxlan);
+    ping_rtt(&lab.0, 20);
+    let cases: [(&str, Option<&[&str]>); 3] = [
+        ("untraced", None),
+        ("traced, rules named", Some(&[])),
+        (
+            "traced, --no-ruleset-changes",
+            Some(&["--no-ruleset-changes"]),
+        ),
+    ];
+    let mut rtts = vec![Vec::new(); cases.len()];
+    for _ in 0..ROUNDS {
+        for (i, (_, flags)) in cases.iter().enumerate() {
+            let trace = flags.map(|flags| {
+                let mut args = argv(&["web-0", "db-0", "-o", "json"], lab_args(&lab.0, &[1, 2]));
+                args.extend(flags.iter().map(|f| f.to_string()));
+                Trace::start(&args)
+            });
+            rtts[i].push(ping_rtt(&lab.0, PINGS).0);
+            if let Some(trace) = trace {
+                trace.signal(libc::SIGINT);
+                trace.finish();
+            }
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let bare = median(&mut rtts[0].clone());
+    println!("rule naming: {PINGS} pings web-0 → db-0 (10 ms apart), {ROUNDS} interleaved rounds; median average RTT");
+    for ((what, _), rtt) in cases.iter().zip(&mut rtts) {
+        let rtt = median(rtt);
+        println!(
+            "  {what}: {rtt:.0} µs ({:+.1}%)",
+            (rtt / bare - 1.0) * 100.0
+        );
+    }
 }

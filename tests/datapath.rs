@@ -71,6 +71,12 @@ impl BpfStats {
         sysctl_write("kernel.bpf_stats_enabled", "1");
         Self { before }
     }
+
+    /// Stats on or off while the guard lives (off: BPF_PROG_TEST_RUN
+    /// times a program without the two clock reads per run).
+    pub fn set(&self, on: bool) {
+        sysctl_write("kernel.bpf_stats_enabled", if on { "1" } else { "0" });
+    }
 }
 
 impl Drop for BpfStats {
@@ -96,11 +102,7 @@ fn sysctl_write(key: &str, value: &str) {
 /// holds (every node's instance), found through its fds' fdinfo.
 pub fn prog_stats(pid: i32) -> BTreeMap<String, (u64, u64)> {
     let ids = prog_ids(pid);
-    let out = Command::new("bpftool")
-        .args(["prog", "show", "-j"])
-        .output()
-        .expect("bpftool");
-    let progs: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let progs = programs();
     let mut stats: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     for prog in &progs {
         let ours = prog["id"].as_u64().is_some_and(|id| ids.contains(&id));
@@ -161,4 +163,161 @@ pub fn cpu_seconds(pid: i32) -> f64 {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     (ticks(11) + ticks(12)) / hz
+}
+
+/// An empty tc program (it returns TC_ACT_UNSPEC at once) on both hooks of
+/// every interface of some lab nodes, attached with clsact while it lives:
+/// what bpf_stats charges any program per run (its two clock reads), so
+/// that podtrace's ns/run can be read against it, measured in the same
+/// run on the same packets.
+pub struct Floor {
+    /// (netns, interface) with the clsact qdisc this added.
+    hooked: Vec<(String, String)>,
+    pub ids: std::collections::BTreeSet<u64>,
+}
+
+/// The empty program, in BPF assembly for llvm-mc (no C compiler needed).
+const FLOOR_ASM: &str = "\t.section classifier,\"ax\",@progbits
+\t.globl bench_floor
+\t.type bench_floor,@function
+bench_floor:
+\tr0 = -1
+\texit
+\t.size bench_floor, .-bench_floor
+\t.section license,\"aw\",@progbits
+\t.asciz \"GPL\"
+";
+
+impl Floor {
+    pub fn attach(lab: &Lab, nodes: &[u8]) -> Self {
+        let dir = std::env::temp_dir().join(format!("podtrace-floor-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("floor dir");
+        let (asm, object) = (dir.join("floor.s"), dir.join("floor.o"));
+        std::fs::write(&asm, FLOOR_ASM).expect("floor.s");
+        let built = Command::new("llvm-mc-22")
+            .args(["-triple", "bpfel", "-filetype=obj", "-o"])
+            .args([&object, &asm])
+            .status();
+        assert!(
+            built.is_ok_and(|s| s.success()),
+            "llvm-mc-22 (cargo xtask setup installs LLVM 22)"
+        );
+        let mut floor = Floor {
+            hooked: Vec::new(),
+            ids: Default::default(),
+        };
+        for &node in nodes {
+            let netns = lab.node_netns(node);
+            for iface in interfaces(&netns) {
+                floor.hook(&netns, &iface, &object);
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        floor
+    }
+
+    fn hook(&mut self, netns: &str, iface: &str, object: &std::path::Path) {
+        let tc = |args: &[&str]| in_netns(netns, "tc").args(args).output().ok();
+        if !tc(&["qdisc", "add", "dev", iface, "clsact"]).is_some_and(|o| o.status.success()) {
+            return;
+        }
+        self.hooked.push((netns.to_string(), iface.to_string()));
+        let object = object.to_string_lossy();
+        for hook in ["ingress", "egress"] {
+            tc(&[
+                "filter",
+                "add",
+                "dev",
+                iface,
+                hook,
+                "bpf",
+                "da",
+                "obj",
+                &object,
+                "sec",
+                "classifier",
+            ]);
+            let shown = tc(&["filter", "show", "dev", iface, hook]).map(|o| o.stdout);
+            let text = String::from_utf8_lossy(&shown.unwrap_or_default()).to_string();
+            self.ids.extend(
+                text.split_whitespace()
+                    .skip_while(|w| *w != "id")
+                    .nth(1)
+                    .and_then(|id| id.parse::<u64>().ok()),
+            );
+        }
+    }
+
+    /// (runs, ns) of every floor program together.
+    pub fn stats(&self) -> (u64, u64) {
+        programs()
+            .iter()
+            .filter(|p| p["id"].as_u64().is_some_and(|id| self.ids.contains(&id)))
+            .fold((0, 0), |(runs, ns), p| {
+                (
+                    runs + p["run_cnt"].as_u64().unwrap_or(0),
+                    ns + p["run_time_ns"].as_u64().unwrap_or(0),
+                )
+            })
+    }
+}
+
+impl Drop for Floor {
+    fn drop(&mut self) {
+        for (netns, iface) in &self.hooked {
+            let _ = in_netns(netns, "tc")
+                .args(["qdisc", "del", "dev", iface, "clsact"])
+                .status();
+        }
+    }
+}
+
+/// Every interface of a namespace but lo.
+fn interfaces(netns: &str) -> Vec<String> {
+    let out = in_netns(netns, "ip").args(["-o", "link", "show"]).output();
+    let text = out.map(|o| String::from_utf8_lossy(&o.stdout).to_string());
+    text.unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(": ").nth(1))
+        .map(|name| name.split('@').next().unwrap_or(name).to_string())
+        .filter(|name| name != "lo")
+        .collect()
+}
+
+/// `bpftool prog show`, every program.
+fn programs() -> Vec<Value> {
+    let out = Command::new("bpftool")
+        .args(["prog", "show", "-j"])
+        .output()
+        .expect("bpftool");
+    serde_json::from_slice(&out.stdout).unwrap_or_default()
+}
+
+/// Average ns per run of program `id` on `packet`, run `repeat` times by
+/// the kernel (BPF_PROG_TEST_RUN): no traffic and, with bpf_stats off, no
+/// clock read per run, so the program's own cost.
+pub fn test_run(id: u64, packet: &[u8], repeat: u32) -> Option<f64> {
+    let file = std::env::temp_dir().join(format!("podtrace-testrun-{}", std::process::id()));
+    std::fs::write(&file, packet).ok()?;
+    let out = Command::new("bpftool")
+        .args(["prog", "run", "id", &id.to_string(), "data_in"])
+        .arg(&file)
+        .args(["repeat", &repeat.to_string()])
+        .output()
+        .ok()?;
+    let _ = std::fs::remove_file(&file);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let average = text.split("duration (average): ").nth(1)?;
+    average.trim().trim_end_matches("ns").parse().ok()
+}
+
+/// Ids of the programs named `name` that process `pid` holds.
+pub fn program_ids(pid: i32, name: &str) -> Vec<u64> {
+    let ids = prog_ids(pid);
+    programs()
+        .iter()
+        .filter(|p| p["name"] == name)
+        .filter_map(|p| p["id"].as_u64())
+        .filter(|id| ids.contains(id))
+        .collect()
 }

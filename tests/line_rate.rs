@@ -23,7 +23,7 @@ use xtask::{
     podtrace_run,
 };
 
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 const SECONDS: u32 = 3;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -278,4 +278,95 @@ fn step_line(s: &Value) -> String {
         s["from"].as_str().unwrap_or(""),
         s["to"].as_str().unwrap_or("")
     )
+}
+
+/// What podtrace costs packets it does not report: iperf3 web-0 → db-0
+/// while podtrace traces web-1 ⇄ db-1, per-program ns/run from bpf_stats
+/// beside an empty program on the same hooks (the floor bpf_stats itself
+/// charges), then the kernel's own timing of the same programs
+/// (BPF_PROG_TEST_RUN, stats off) on an untraced packet, plain and
+/// VXLAN-encapsulated, beside the empty program.
+#[test]
+#[ignore = "benchmark: run with cargo xtask bench"]
+fn untraced_cost() {
+    let lab = lab(Topology::FlannelVxlan);
+    let stats = datapath::BpfStats::enable();
+    let floor = datapath::Floor::attach(&lab.0, &[1, 2]);
+    let args = argv(&["web-1", "db-1", "-o", "json"], lab_args(&lab.0, &[1, 2]));
+    let trace = Trace::start(&args);
+    let (floor_before, progs_before) = (floor.stats(), datapath::prog_stats(trace.pid()));
+    let bits = median(
+        (0..ROUNDS)
+            .map(|_| datapath::iperf(&lab.0, "web-0", "db-0", SECONDS).0)
+            .collect(),
+    );
+    let progs = since(&datapath::prog_stats(trace.pid()), &progs_before);
+    let floor_runs = (
+        floor.stats().0 - floor_before.0,
+        floor.stats().1 - floor_before.1,
+    );
+    println!("untraced cost: iperf3 web-0 → db-0 ({:.2} Gbit/s, median of {ROUNDS} × {SECONDS} s) while podtrace traces web-1 ⇄ db-1", bits / 1e9);
+    println!("  bpf_stats: {}", datapath::format_stats(&progs));
+    println!(
+        "  bpf_stats floor (an empty tc program on the same hooks): {:.0} ns/run ({} runs)",
+        floor_runs.1 as f64 / floor_runs.0.max(1) as f64,
+        floor_runs.0
+    );
+    stats.set(false);
+    let packets = [
+        ("plain TCP", untraced_tcp(&lab.0)),
+        ("VXLAN", untraced_vxlan(&lab.0)),
+    ];
+    let floor_id = floor.ids.first().copied();
+    for (what, packet) in &packets {
+        let mut line = format!("  BPF_PROG_TEST_RUN, {what} {} B, ns/run:", packet.len());
+        for name in ["podtrace_ingress", "podtrace_egress"] {
+            let id = datapath::program_ids(trace.pid(), name).first().copied();
+            let ns = id.and_then(|id| datapath::test_run(id, packet, 1_000_000));
+            line += &format!(" {name} {:.0}", ns.unwrap_or(f64::NAN));
+        }
+        let ns = floor_id.and_then(|id| datapath::test_run(id, packet, 1_000_000));
+        line += &format!(", empty program {:.0}", ns.unwrap_or(f64::NAN));
+        println!("{line}");
+    }
+    trace.signal(libc::SIGINT);
+    trace.finish();
+}
+
+/// What ran in `now` since `before`, per program.
+fn since(
+    now: &BTreeMap<String, (u64, u64)>,
+    before: &BTreeMap<String, (u64, u64)>,
+) -> BTreeMap<String, (u64, u64)> {
+    now.iter()
+        .map(|(name, (runs, ns))| {
+            let (r0, n0) = before.get(name).copied().unwrap_or_default();
+            (name.clone(), (runs - r0, ns - n0))
+        })
+        .collect()
+}
+
+/// A full-size TCP segment of iperf3's pair, which is not traced.
+fn untraced_tcp(lab: &Lab) -> Vec<u8> {
+    let (from, to) = (lab.pod("web-0").ip.octets(), lab.pod("db-0").ip.octets());
+    let mut out = Vec::new();
+    etherparse::PacketBuilder::ethernet2([2; 6], [4; 6])
+        .ipv4(from, to, 64)
+        .tcp(40_000, 5201, 1, 64_000)
+        .write(&mut out, &[0; 1400])
+        .expect("a frame");
+    out
+}
+
+/// The same segment as flannel sends it between the nodes.
+fn untraced_vxlan(lab: &Lab) -> Vec<u8> {
+    let mut vxlan = vec![0x08, 0, 0, 0, 0, 0, 1, 0];
+    vxlan.extend(untraced_tcp(lab));
+    let mut out = Vec::new();
+    etherparse::PacketBuilder::ethernet2([2; 6], [4; 6])
+        .ipv4(Lab::node_ip(1).octets(), Lab::node_ip(2).octets(), 64)
+        .udp(50_000, 8472)
+        .write(&mut out, &vxlan)
+        .expect("a frame");
+    out
 }

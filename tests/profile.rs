@@ -12,7 +12,7 @@ mod datapath;
 use std::time::Duration;
 
 use support::*;
-use xtask::lab::{in_netns, Topology};
+use xtask::lab::{in_netns, sysctl, Topology};
 
 #[test]
 fn profile_aggregates_steps_in_the_kernel_and_plots_them() {
@@ -26,12 +26,7 @@ fn profile_aggregates_steps_in_the_kernel_and_plots_them() {
     argv.push(plot.display().to_string());
     argv.extend(lab_args(&lab.0, &[1, 2]));
     let trace = Trace::start(&argv);
-    let pinged = in_netns(&lab.0.pod("web-0").netns, "ping")
-        .args(["-q", "-c", "100", "-i", "0.01"])
-        .arg(lab.0.pod("db-0").ip.to_string())
-        .output()
-        .unwrap();
-    assert!(pinged.status.success());
+    ping_burst(&lab.0, 100, "0.01");
     std::thread::sleep(Duration::from_millis(300));
     trace.signal(libc::SIGINT);
     let done = trace.finish();
@@ -65,6 +60,15 @@ fn profile_aggregates_steps_in_the_kernel_and_plots_them() {
         let p50 = encap["p50_us"].as_f64().unwrap();
         assert!(p50 > 0.0 && p50 <= encap["max_us"].as_f64().unwrap());
     }
+    // The lab's nodes share one kernel clock: the wire is a step.
+    for (from, to) in [("node-1", "node-2"), ("node-2", "node-1")] {
+        let wire = step(
+            &format!("{from}/eth0:egress"),
+            &format!("{to}/eth0:ingress"),
+        );
+        assert!(wire["packets"].as_u64().unwrap() >= 90, "{wire}");
+        assert_eq!(wire["node"], to, "{wire}");
+    }
 
     let svg = std::fs::read_to_string(&plot).expect("the --plot file");
     let _ = std::fs::remove_file(&plot);
@@ -74,6 +78,98 @@ fn profile_aggregates_steps_in_the_kernel_and_plots_them() {
         .filter(|n| n.attribute("class") == Some("histogram"))
         .count();
     assert_eq!(histograms, steps.len(), "one histogram per step");
+}
+
+/// The histograms account for every packet the flow sent: each step of
+/// each direction counts as many packets as the sending pod's interface
+/// sent (IPv6 off in both pods and ARP warmed first, so that the flow's
+/// IPv4 packets are all its interface carries).
+#[test]
+fn profile_histograms_count_every_packet_the_interfaces_carried() {
+    let lab = lab(Topology::FlannelVxlan);
+    for pod in ["web-0", "db-0"] {
+        sysctl(&lab.0.pod(pod).netns, "net.ipv6.conf.all.disable_ipv6", "1").expect("sysctl");
+    }
+    assert!(ping(&lab.0, "web-0", "db-0"));
+    let argv = argv(
+        &["profile", "web-0", "db-0", "-o", "json"],
+        lab_args(&lab.0, &[1, 2]),
+    );
+    let trace = Trace::start(&argv);
+    let sent_before = [tx_packets(&lab.0, "web-0"), tx_packets(&lab.0, "db-0")];
+    ping_burst(&lab.0, 300, "0.005");
+    let requests = tx_packets(&lab.0, "web-0") - sent_before[0];
+    let replies = tx_packets(&lab.0, "db-0") - sent_before[1];
+    std::thread::sleep(Duration::from_millis(300));
+    trace.signal(libc::SIGINT);
+    let done = trace.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    let lines = done.json();
+    let steps = lines[0]["steps"].as_array().expect("steps");
+    let mut from_web = 0;
+    for s in steps {
+        let expected = if is_reply_step(steps, s) {
+            replies
+        } else {
+            requests
+        };
+        assert_eq!(
+            s["packets"].as_u64(),
+            Some(expected),
+            "every packet on every step: {s}"
+        );
+        from_web += u64::from(
+            s["from"]
+                .as_str()
+                .is_some_and(|h| h.starts_with("node-1/veth")),
+        );
+    }
+    assert_eq!(from_web, 1, "one chain starts at web-0's veth: {steps:?}");
+    assert!(
+        requests >= 300 && replies >= 300,
+        "{requests} requests, {replies} replies"
+    );
+}
+
+/// Whether step `s` lies on the chain that starts at db-0's veth (node-2).
+fn is_reply_step(steps: &[serde_json::Value], s: &serde_json::Value) -> bool {
+    let mut at = s.clone();
+    for _ in 0..steps.len() {
+        let from = at["from"].as_str().unwrap_or_default().to_string();
+        if from.starts_with("node-2/veth") {
+            return true;
+        }
+        if from.starts_with("node-1/veth") {
+            return false;
+        }
+        let Some(before) = steps.iter().find(|p| p["to"].as_str() == Some(&from)) else {
+            return false;
+        };
+        at = before.clone();
+    }
+    false
+}
+
+/// `count` pings from web-0 to db-0, `interval` seconds apart, all answered.
+fn ping_burst(lab: &xtask::lab::Lab, count: u32, interval: &str) {
+    let pinged = in_netns(&lab.pod("web-0").netns, "ping")
+        .args(["-q", "-c", &count.to_string(), "-i", interval])
+        .arg(lab.pod("db-0").ip.to_string())
+        .output()
+        .unwrap();
+    assert!(pinged.status.success());
+}
+
+/// Packets the pod's own interface has sent.
+fn tx_packets(lab: &xtask::lab::Lab, pod: &str) -> u64 {
+    let out = in_netns(&lab.pod(pod).netns, "cat")
+        .arg("/sys/class/net/eth0/statistics/tx_packets")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("tx_packets")
 }
 
 #[test]

@@ -75,10 +75,18 @@ pub fn lookup<K, V: Copy>(map: &HashMap<K, V>, key: &K) -> Option<V> {
     unsafe { map.get(key) }.copied()
 }
 
-/// A copy of the value at `key` of an LRU map, if there is one.
+/// Runs `f` on the value at `key` of an LRU map, in place (no update
+/// call, which takes the map's lock); false if there is none. Only the
+/// program run that handles the packet a key names writes its value.
 #[inline(always)]
-pub fn lru_lookup<K, V: Copy>(map: &LruHashMap<K, V>, key: &K) -> Option<V> {
-    unsafe { map.get(key) }.copied()
+pub fn lru_update<K, V>(map: &LruHashMap<K, V>, key: &K, f: impl FnOnce(&mut V)) -> bool {
+    match map.get_ptr_mut(key) {
+        Some(value) => {
+            f(unsafe { &mut *value });
+            true
+        }
+        None => false,
+    }
 }
 
 /// Sets `key` of an LRU map (evicting the oldest entry when full).
@@ -129,8 +137,14 @@ pub fn with_per_cpu<T, R>(
 }
 
 /// Reserves a `T` on the ring buffer, lets `fill` write all of it, then
-/// submits it; false if the ring buffer is full. Userspace is woken only
-/// once `wake_bytes` wait (0: on every record, the kernel's default).
+/// submits it; false if the ring buffer is full. With `wake_bytes` set,
+/// userspace is woken only by the record that makes the waiting bytes
+/// cross it (0: the kernel's default, a wakeup whenever userspace had
+/// caught up). Not on every record past it: each wakeup is an IPI (a VM
+/// exit on a guest), and a reader that lags behind a line-rate flow would
+/// otherwise be sent one per record, slowing the very datapath it
+/// watches. A crossing missed between CPUs costs nothing: userspace also
+/// drains on a timer.
 #[inline(always)]
 pub fn submit_with<T: 'static>(ring: &RingBuf, wake_bytes: u64, fill: impl FnOnce(&mut T)) -> bool {
     let Some(mut entry) = ring.reserve::<T>(0) else {
@@ -139,10 +153,15 @@ pub fn submit_with<T: 'static>(ring: &RingBuf, wake_bytes: u64, fill: impl FnOnc
     fill(unsafe { &mut *entry.as_mut_ptr() });
     let flags = if wake_bytes == 0 {
         0
-    } else if ring.query(u64::from(BPF_RB_AVAIL_DATA)) >= wake_bytes {
-        BPF_RB_FORCE_WAKEUP
     } else {
-        BPF_RB_NO_WAKEUP
+        // Includes this record: the producer moved at reservation.
+        let waiting = ring.query(u64::from(BPF_RB_AVAIL_DATA));
+        let before = waiting.saturating_sub(core::mem::size_of::<T>() as u64);
+        if before < wake_bytes && waiting >= wake_bytes {
+            BPF_RB_FORCE_WAKEUP
+        } else {
+            BPF_RB_NO_WAKEUP
+        }
     };
     entry.submit(u64::from(flags));
     true

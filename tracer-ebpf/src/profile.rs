@@ -3,7 +3,10 @@
 //! record per packet. The first hook that sees a packet stamps it (STAMPS,
 //! keyed by what identifies the packet on its way); each later hook adds
 //! the time since the last stamp to the per-CPU histogram of that step
-//! (STEPS) and stamps it again. Userspace reads STEPS.
+//! (STEPS) and stamps it again. Userspace reads STEPS. Where nodes share
+//! one kernel (and so one clock), userspace gives every node's instance
+//! the same STAMPS map (pinned in a bpffs private to podtrace), and the
+//! step from one node's underlay to the next's is the wire.
 
 use aya_ebpf::{
     macros::map,
@@ -14,7 +17,7 @@ use podtrace_common::{
     Histogram, PacketId, Stamp, StepKey, HIST_LINEAR_US, HIST_LOG2,
 };
 
-use crate::kernel::{global, ktime_ns, lru_insert, lru_lookup, step_histogram};
+use crate::kernel::{global, ktime_ns, lru_insert, lru_update, step_histogram};
 
 /// Packets in flight on one node: LRU, so old ones age out by themselves.
 const MAX_STAMPS: u32 = 65_536;
@@ -52,24 +55,36 @@ pub fn identify<B: Bytes>(b: &B, l3: usize, kind: u8) -> Option<PacketId> {
 /// step from where it was last seen, and a new stamp.
 #[inline(always)]
 pub fn record(id: &PacketId, hook: u32, skb_len: u32) {
-    let now = ktime_ns();
-    if let Some(last) = lru_lookup(&STAMPS, id) {
-        let elapsed = now.wrapping_sub(last.ktime_ns);
-        if last.hook != hook && elapsed < STALE_NS {
-            let key = StepKey {
-                from: last.hook,
-                to: hook,
-            };
-            let added = u64::from(skb_len).wrapping_sub(u64::from(last.skb_len));
-            step_histogram(&STEPS, &HIST_ZERO, &key, |h| add(h, elapsed, added));
-        }
-    }
     let stamp = Stamp {
-        ktime_ns: now,
+        ktime_ns: ktime_ns(),
         hook,
         skb_len,
     };
-    lru_insert(&STAMPS, id, &stamp);
+    // Stamped again in place: an LRU update per hook (its lock and
+    // free-list) was most of what a profiled hook cost.
+    let seen = lru_update(&STAMPS, id, |last| {
+        step(last, &stamp);
+        *last = stamp;
+    });
+    if !seen {
+        lru_insert(&STAMPS, id, &stamp);
+    }
+}
+
+/// One more sample of the step from `last` to `now`, unless it is the same
+/// hook again or too old to be the same packet.
+#[inline(always)]
+fn step(last: &Stamp, now: &Stamp) {
+    let elapsed = now.ktime_ns.wrapping_sub(last.ktime_ns);
+    if last.hook == now.hook || elapsed >= STALE_NS {
+        return;
+    }
+    let key = StepKey {
+        from: last.hook,
+        to: now.hook,
+    };
+    let added = u64::from(now.skb_len).wrapping_sub(u64::from(last.skb_len));
+    step_histogram(&STEPS, &HIST_ZERO, &key, |h| add(h, elapsed, added));
 }
 
 #[inline(always)]

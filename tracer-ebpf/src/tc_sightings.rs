@@ -56,7 +56,8 @@ fn observe(ctx: &TcContext, direction: Direction, has_l2: bool) -> i32 {
             let id =
                 profile::identify(&linear, l3, kind).or_else(|| profile::identify(&skb, l3, kind));
             if let Some(id) = id {
-                profile::record(&id, hook_id(ifindex, direction as u8), skb.len());
+                let hook = hook_id(node_id(), ifindex, direction as u8);
+                profile::record(&id, hook, skb.len());
             }
         } else if kept(&linear, &skb, l3, kind) {
             report(&skb, direction, has_l2, kind, l3);

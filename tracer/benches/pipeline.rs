@@ -11,6 +11,7 @@ use podtrace::{
         hop::{Direction, Hop, Snapshot},
     },
     node::interfaces::Role,
+    output::{self, Format, Sink},
     story::{
         journey::{Correlator, Waits},
         tell, Context,
@@ -51,8 +52,9 @@ fn hop(f: &[u8], i: u64, h: u64) -> Hop {
     }
 }
 
-/// Every story told from `frames`, each seen at `HOPS` hooks.
-fn pipeline(frames: &[Vec<u8>], ctx: &Context) -> usize {
+/// Every story told from `frames`, each seen at `HOPS` hooks, and written
+/// to `sink` when there is one.
+fn pipeline(frames: &[Vec<u8>], ctx: &Context, mut sink: Option<&mut dyn Sink>) -> usize {
     let mut correlator = Correlator::new(Waits {
         idle_ns: 1_000_000,
         patience_ns: 1_000_000,
@@ -65,7 +67,11 @@ fn pipeline(frames: &[Vec<u8>], ctx: &Context) -> usize {
             correlator.observe(hop(f, i as u64, h));
         }
         for journey in correlator.take_finished(i as u64 * 10_000_000) {
-            told += usize::from(!tell(&journey, ctx).hops.is_empty());
+            let story = tell(&journey, ctx);
+            if let Some(sink) = sink.as_mut() {
+                sink.story(told as u64, &story).expect("written");
+            }
+            told += usize::from(!story.hops.is_empty());
         }
     }
     told + correlator.take_all().len()
@@ -78,7 +84,13 @@ fn sightings(c: &mut Criterion) {
     group.throughput(Throughput::Elements(STORIES * HOPS));
     group.sample_size(20);
     group.bench_function("decode+correlate+tell", |b| {
-        b.iter(|| assert_eq!(pipeline(&frames, &ctx) as u64, STORIES))
+        b.iter(|| assert_eq!(pipeline(&frames, &ctx, None) as u64, STORIES))
+    });
+    // What `-o json` adds: every story serialized (to a sink that keeps
+    // nothing, so the number is podtrace's, not the disk's).
+    let mut json = output::sink(Format::Json, std::io::sink(), false);
+    group.bench_function("decode+correlate+tell+json", |b| {
+        b.iter(|| assert_eq!(pipeline(&frames, &ctx, Some(json.as_mut())) as u64, STORIES))
     });
     group.finish();
 }

@@ -136,6 +136,10 @@ pub struct Args {
     /// Set by `podtrace profile`: step histograms in the kernel.
     #[arg(skip)]
     pub in_kernel_profile: bool,
+    /// Set by `podtrace profile`: a bpffs directory private to podtrace
+    /// where every node's probe finds the same packet stamps.
+    #[arg(skip)]
+    pub shared_stamps: Option<std::path::PathBuf>,
     /// Do not add podtrace's nft tracing table: netfilter drops are then
     /// reported without the rule that dropped them.
     #[arg(long)]

@@ -204,13 +204,32 @@ pub fn sampled(id: &PacketId, n: u32) -> bool {
     h.is_multiple_of(n)
 }
 
-/// A hook as profile mode names it: ifindex and direction.
+/// A hook as profile mode names it: node, ifindex and direction. The node
+/// is in it because nodes that share a kernel (the lab's namespaces) share
+/// the stamps too, so that a step may start on another node: the wire.
 #[inline(always)]
-pub const fn hook_id(ifindex: u32, direction: u8) -> u32 {
-    ifindex << 1 | direction as u32
+pub const fn hook_id(node: u32, ifindex: u32, direction: u8) -> u32 {
+    node << HOOK_NODE_SHIFT | (ifindex & HOOK_IFINDEX_MASK) << 1 | direction as u32
 }
 
-/// Key of profile mode's `STEPS`: from one hook to the next on one node.
+/// (node, ifindex, direction) of a [`hook_id`].
+pub const fn hook_parts(hook: u32) -> (u32, u32, u8) {
+    (
+        hook >> HOOK_NODE_SHIFT,
+        hook >> 1 & HOOK_IFINDEX_MASK,
+        (hook & 1) as u8,
+    )
+}
+
+/// Room for [`MAX_NODES`] nodes above 2^23 ifindexes (a namespace's
+/// ifindexes count up from 1).
+const HOOK_NODE_SHIFT: u32 = 24;
+const HOOK_IFINDEX_MASK: u32 = (1 << (HOOK_NODE_SHIFT - 1)) - 1;
+const _: () = assert!(MAX_NODES <= 1 << (32 - HOOK_NODE_SHIFT));
+
+/// Key of profile mode's `STEPS`: from one hook to the next (on one node,
+/// or from another node's hook across the wire), as recorded on the node
+/// of `to`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StepKey {
@@ -282,6 +301,7 @@ pub mod names {
     pub const SAMPLE: &str = "SAMPLE";
     pub const WAKE_BYTES: &str = "WAKE_BYTES";
     pub const STEPS: &str = "STEPS";
+    pub const STAMPS: &str = "STAMPS";
     pub const SIGHTINGS: &str = "SIGHTINGS";
     pub const COUNTERS: &str = "COUNTERS";
     pub const NODE_ID: &str = "NODE_ID";

@@ -154,9 +154,11 @@ async fn relay(
     let mut lease_lost = None;
     loop {
         tokio::select! {
-            sighting = trace.sightings.recv() => {
-                let Some(sighting) = sighting else { break };
-                pass_on(&sighting, trace, &mut summary, out).await;
+            batch = trace.sightings.recv() => {
+                let Some(batch) = batch else { break };
+                for sighting in &batch {
+                    pass_on(sighting, trace, &mut summary, out).await;
+                }
             }
             _ = tick.tick() => {
                 let now = super::monotonic_ns();
@@ -186,9 +188,11 @@ async fn relay(
             _ = &mut until_deadline => break,
         }
     }
-    tokio::task::yield_now().await;
-    while let Ok(sighting) = trace.sightings.try_recv() {
-        pass_on(&sighting, trace, &mut summary, out).await;
+    tokio::time::sleep(crate::probe::RING_HANDOVER).await;
+    while let Ok(batch) = trace.sightings.try_recv() {
+        for sighting in &batch {
+            pass_on(sighting, trace, &mut summary, out).await;
+        }
     }
     Ok((summary, lease_lost))
 }

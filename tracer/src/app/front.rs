@@ -465,11 +465,8 @@ impl Session {
             .iter()
             .filter_map(|(n, p)| Some((n.clone(), p.uncertainty_ns?)))
             .collect();
-        for journey in journeys {
-            if !teller.tell(&journey)? {
-                self.wanted_more = false;
-                break;
-            }
+        if !teller.tell_all(&journeys)? {
+            self.wanted_more = false;
         }
         Ok(())
     }

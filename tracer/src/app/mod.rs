@@ -52,7 +52,7 @@ use crate::{
         conntrack,
         link_watch::LinkChange,
         netfilter::{Backend, TracedRule},
-        Kernel,
+        Batch, Kernel, BATCHES_QUEUED, RING_HANDOVER,
     },
     story::{
         journey::{Correlator, Waits},
@@ -171,7 +171,9 @@ struct Trace {
     kernel: Kernel,
     ctx: Context,
     rules_traced: bool,
-    sightings: mpsc::UnboundedReceiver<Sighting>,
+    /// `--write`: hops keep the header bytes the kernel copied.
+    keep_snapshots: bool,
+    sightings: mpsc::Receiver<Batch>,
     links: mpsc::UnboundedReceiver<(u32, LinkChange)>,
     rules: mpsc::UnboundedReceiver<(u32, TracedRule)>,
     conntrack: mpsc::UnboundedReceiver<(u32, conntrack::Entry)>,
@@ -207,7 +209,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
     for (slot, ns) in traced_netns.iter_mut().zip(&namespaces) {
         *slot = ns.inum;
     }
-    let (tx, sightings) = mpsc::unbounded_channel();
+    let (tx, sightings) = mpsc::channel(BATCHES_QUEUED);
     let (link_tx, links) = mpsc::unbounded_channel();
     let (netfilter_tx, rules) = mpsc::unbounded_channel();
     let (conntrack_tx, conntrack) = mpsc::unbounded_channel();
@@ -223,6 +225,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         mode: args.attach,
         ring_bytes: args.ring_buffer,
         profile: args.in_kernel_profile,
+        shared_stamps: args.shared_stamps.as_deref(),
         sample: args.sample,
         link_tx,
         conntrack_tx,
@@ -265,6 +268,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         kernel,
         ctx,
         rules_traced: why_rule_unnamed.is_none(),
+        keep_snapshots: args.write.is_some(),
         sightings,
         links,
         rules,
@@ -400,19 +404,19 @@ async fn stream(
 
     'trace: loop {
         tokio::select! {
-            sighting = trace.sightings.recv() => {
-                let Some(sighting) = sighting else { break };
-                absorb(&sighting, trace, &mut summary, &mut correlator).await;
+            batch = trace.sightings.recv() => {
+                let Some(batch) = batch else { break };
+                for sighting in &batch {
+                    absorb(sighting, trace, &mut summary, &mut correlator).await;
+                }
             }
             _ = tick.tick() => {
                 let now = monotonic_ns();
                 if let Some((from, to, _)) = losses.check(&trace.nodes, now)? {
                     correlator.observe_loss(from, to);
                 }
-                for journey in correlator.take_finished(now) {
-                    if !teller.tell(&journey)? {
-                        break 'trace;
-                    }
+                if !teller.tell_all(&correlator.take_finished(now))? {
+                    break 'trace;
                 }
             }
             Some(moved) = moved_rx.recv() => {
@@ -433,15 +437,13 @@ async fn stream(
         }
     }
     // Let the ring readers hand over what they have read, then take it.
-    tokio::task::yield_now().await;
-    while let Ok(sighting) = trace.sightings.try_recv() {
-        absorb(&sighting, trace, &mut summary, &mut correlator).await;
-    }
-    for journey in correlator.take_all() {
-        if !teller.tell(&journey)? {
-            break;
+    tokio::time::sleep(RING_HANDOVER).await;
+    while let Ok(batch) = trace.sightings.try_recv() {
+        for sighting in &batch {
+            absorb(sighting, trace, &mut summary, &mut correlator).await;
         }
     }
+    teller.tell_all(&correlator.take_all())?;
     Ok((summary, teller))
 }
 
@@ -541,9 +543,9 @@ async fn until(duration: Option<Duration>) {
 fn new_teller(args: &Args, ctx: Context) -> Teller<'static> {
     // `-w -` puts the packets on stdout: the stories go to stderr.
     let (out, terminal): (Box<dyn Write>, bool) = if args.write.as_deref() == Some("-") {
-        (Box::new(std::io::stderr()), std::io::stderr().is_terminal())
+        (buffered(std::io::stderr()), std::io::stderr().is_terminal())
     } else {
-        (Box::new(std::io::stdout()), std::io::stdout().is_terminal())
+        (buffered(std::io::stdout()), std::io::stdout().is_terminal())
     };
     let colour = match args.color.as_str() {
         "always" => true,
@@ -558,6 +560,11 @@ fn new_teller(args: &Args, ctx: Context) -> Teller<'static> {
         told: 0,
         pcap: None,
     }
+}
+
+/// Stories are written a batch at a time (`Teller::tell_all` flushes).
+fn buffered(out: impl Write + 'static) -> Box<dyn Write> {
+    Box::new(std::io::BufWriter::with_capacity(1 << 16, out))
 }
 
 /// The `--write` file, with every watched interface announced.
@@ -681,7 +688,8 @@ async fn to_hop(s: &Sighting, trace: &mut Trace, summary: &mut Summary) -> Optio
     if s.node_id == NODE_OTHER_NETNS {
         trace.others.learn(s.netns_inum).await;
     }
-    match place(s, &trace.nodes, &trace.others, &trace.kernel) {
+    let keep = trace.keep_snapshots;
+    match place(s, &trace.nodes, &trace.others, &trace.kernel, keep) {
         Ok(hop) => Some(hop),
         Err(Unplaced::UnknownInterface) => {
             summary.unknown_interface += 1;

@@ -9,13 +9,14 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use podtrace_common::StepKey;
+use podtrace_common::{hook_parts, StepKey};
 
 use super::{attach, require_root, resolve, stop::Stop, until, Trace};
 use crate::{
     cli::ProfileArgs,
     decode::hop::Direction,
     output::{plot, Format},
+    probe::shared_maps,
     story::steps::{self, KernelStep},
 };
 
@@ -25,6 +26,14 @@ pub async fn run(profile: ProfileArgs) -> Result<()> {
         plot: plot_file,
     } = profile;
     args.in_kernel_profile = true;
+    // One stamp map for every node of this kernel: the wire is a step.
+    args.shared_stamps = match shared_maps::private_bpffs() {
+        Ok(dir) => Some(dir),
+        Err(e) => {
+            eprintln!("podtrace: the wire between nodes is not profiled ({e:#}): each node keeps its own stamps");
+            None
+        }
+    };
     // Profiling names no rule: no nft tracing table to slow the path.
     args.no_ruleset_changes = true;
     require_root()?;
@@ -69,23 +78,27 @@ pub async fn run(profile: ProfileArgs) -> Result<()> {
     Ok(())
 }
 
-/// Every node's steps, hooks named.
+/// Every node's steps, hooks named (a step from another node's hook is
+/// the wire).
 fn read(trace: &Trace) -> Result<Vec<KernelStep>> {
+    let name = |hook: u32| {
+        let (node, ifindex, direction) = hook_parts(hook);
+        let Some(node) = trace.nodes.get(node as usize) else {
+            return format!("node{node}/if{ifindex}");
+        };
+        let iface = node
+            .interfaces
+            .get(&ifindex)
+            .map_or_else(|| format!("if{ifindex}"), |w| w.name.clone());
+        let direction = if direction == 0 {
+            Direction::Ingress
+        } else {
+            Direction::Egress
+        };
+        format!("{}/{iface}:{}", node.name, direction.label())
+    };
     let mut out = Vec::new();
     for node in &trace.nodes {
-        let name = |hook: u32| {
-            let (ifindex, direction) = (hook >> 1, hook & 1);
-            let iface = node
-                .interfaces
-                .get(&ifindex)
-                .map_or_else(|| format!("if{ifindex}"), |w| w.name.clone());
-            let direction = if direction == 0 {
-                Direction::Ingress
-            } else {
-                Direction::Egress
-            };
-            format!("{}/{iface}:{}", node.name, direction.label())
-        };
         for (StepKey { from, to }, h) in node.probe.steps()? {
             out.push(steps::step(&node.name, name(from), name(to), &h));
         }

@@ -38,7 +38,7 @@ pub fn replay(args: &ReadArgs) -> Result<()> {
         match event {
             Replayed::Context(ctx) => teller.ctx = *ctx,
             Replayed::Story(journey) => {
-                teller.tell(&journey)?;
+                teller.tell_all(std::slice::from_ref(&journey))?;
             }
             Replayed::Summary(s) => summary = Some(s),
             Replayed::Foreign(n) => foreign = n,

@@ -23,8 +23,24 @@ impl Teller<'_> {
         self.limit.is_some_and(|n| self.told >= n)
     }
 
+    /// Tells the journeys' stories, then hands them to the output at
+    /// once: one write for a batch, not one per story, so that a flow at
+    /// line rate is not told a syscall per packet. False once no more
+    /// stories are wanted.
+    pub fn tell_all(&mut self, journeys: &[Journey]) -> std::io::Result<bool> {
+        let mut wanted = true;
+        for journey in journeys {
+            wanted = self.tell(journey)?;
+            if !wanted {
+                break;
+            }
+        }
+        self.sink.flush()?;
+        Ok(wanted)
+    }
+
     /// Tells the journey's story; false once no more stories are wanted.
-    pub fn tell(&mut self, journey: &Journey) -> std::io::Result<bool> {
+    fn tell(&mut self, journey: &Journey) -> std::io::Result<bool> {
         if self.limit_reached() {
             return Ok(false);
         }

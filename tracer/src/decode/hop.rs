@@ -156,12 +156,15 @@ fn interface_of(
 }
 
 /// Drops in namespaces no traced node owns (pods) are named by `others`
-/// (learnt beforehand: see `OtherNamespaces::learn`).
+/// (learnt beforehand: see `OtherNamespaces::learn`). The header bytes
+/// are kept in the hop only with `keep_snapshot` (`--write`): a copy per
+/// hop that nothing else reads.
 pub fn place(
     s: &Sighting,
     nodes: &[TracedNode],
     others: &OtherNamespaces,
     kernel: &Kernel,
+    keep_snapshot: bool,
 ) -> Result<Hop, Unplaced> {
     let is_drop = s.kind == sighting_kind::DROP;
     let node = if s.node_id == NODE_OTHER_NETNS {
@@ -228,7 +231,11 @@ pub fn place(
         drop,
         route,
         snapshot: Snapshot {
-            bytes: snapshot.to_vec(),
+            bytes: if keep_snapshot {
+                snapshot.to_vec()
+            } else {
+                Vec::new()
+            },
             has_l2: s.has_l2 != 0,
         },
     })

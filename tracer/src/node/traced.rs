@@ -41,6 +41,8 @@ pub struct Shared<'a> {
     pub ring_bytes: u32,
     /// Profile mode (`podtrace profile`).
     pub profile: bool,
+    /// Profile mode: where the nodes' probes share their packet stamps.
+    pub shared_stamps: Option<&'a std::path::Path>,
     /// `--sample N`.
     pub sample: u32,
     pub link_tx: mpsc::UnboundedSender<(u32, LinkChange)>,
@@ -120,6 +122,7 @@ impl TracedNode {
             tunnels: &tunnels,
             ring_bytes: shared.ring_bytes,
             profile: shared.profile,
+            shared_stamps: shared.shared_stamps,
             sample: shared.sample,
         };
         let probe = NodeProbe::attach(&spec, &watched).with_context(|| format!("node {name}"))?;

@@ -14,21 +14,21 @@ pub struct Human<W: Write> {
 
 impl<W: Write> Sink for Human<W> {
     fn story(&mut self, n: u64, story: &Story) -> std::io::Result<()> {
-        self.write(&human_story(n, story, self.colour))
+        self.out
+            .write_all(human_story(n, story, self.colour).as_bytes())
     }
 
     fn profile(&mut self, steps: &[StepLatency]) -> std::io::Result<()> {
-        self.write(&human_profile(steps))
+        self.out.write_all(human_profile(steps).as_bytes())?;
+        self.out.flush()
     }
 
     fn summary(&mut self, summary: &Summary) -> std::io::Result<()> {
-        self.write(&human_summary(summary))
+        self.out.write_all(human_summary(summary).as_bytes())?;
+        self.out.flush()
     }
-}
 
-impl<W: Write> Human<W> {
-    fn write(&mut self, text: &str) -> std::io::Result<()> {
-        self.out.write_all(text.as_bytes())?;
+    fn flush(&mut self) -> std::io::Result<()> {
         self.out.flush()
     }
 }

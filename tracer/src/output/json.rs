@@ -1,5 +1,5 @@
 //! The JSON lines format: one object per line, tagged with `type`
-//! (`story`, `profile`, `summary`); fields are only ever added.
+//! (`story`, `profile`, `summary`) first; fields are only ever added.
 
 use std::io::Write;
 
@@ -10,7 +10,36 @@ use crate::story::{profile::StepLatency, Story};
 
 /// Writes stories for programs.
 pub struct Json<W: Write> {
-    pub out: W,
+    out: W,
+    /// One line, serialized here first and handed to `out` whole: serde
+    /// writes a story in hundreds of small pieces, each a call through
+    /// `out` otherwise.
+    line: Vec<u8>,
+}
+
+impl<W: Write> Json<W> {
+    pub fn new(out: W) -> Self {
+        Json {
+            out,
+            line: Vec::with_capacity(4096),
+        }
+    }
+}
+
+/// A line's object: its `type`, then the value's own fields, serialized
+/// straight to the output (no `serde_json::Value` built on the way, which
+/// cost an allocation per field of every story).
+#[derive(Serialize)]
+struct Tagged<'a, T: Serialize> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    #[serde(flatten)]
+    value: &'a T,
+}
+
+#[derive(Serialize)]
+struct Steps<'a> {
+    steps: &'a [StepLatency],
 }
 
 impl<W: Write> Sink for Json<W> {
@@ -19,21 +48,25 @@ impl<W: Write> Sink for Json<W> {
     }
 
     fn profile(&mut self, steps: &[StepLatency]) -> std::io::Result<()> {
-        self.line("profile", &serde_json::json!({ "steps": steps }))
+        self.line("profile", &Steps { steps })?;
+        self.out.flush()
     }
 
     fn summary(&mut self, summary: &Summary) -> std::io::Result<()> {
-        self.line("summary", summary)
+        self.line("summary", summary)?;
+        self.out.flush()
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
     }
 }
 
 impl<W: Write> Json<W> {
     fn line<T: Serialize>(&mut self, kind: &str, value: &T) -> std::io::Result<()> {
-        let mut object = serde_json::to_value(value)?;
-        if let Some(map) = object.as_object_mut() {
-            map.insert("type".into(), kind.into());
-        }
-        writeln!(self.out, "{object}")?;
-        self.out.flush()
+        self.line.clear();
+        serde_json::to_writer(&mut self.line, &Tagged { kind, value })?;
+        self.line.push(b'\n');
+        self.out.write_all(&self.line)
     }
 }

@@ -88,12 +88,15 @@ pub trait Sink {
     /// The `--profile` table: per hop-to-hop step, its latency percentiles.
     fn profile(&mut self, steps: &[StepLatency]) -> std::io::Result<()>;
     fn summary(&mut self, summary: &Summary) -> std::io::Result<()>;
+    /// Hands what was written to the output: stories are buffered until
+    /// their batch is told; the profile and the summary are flushed.
+    fn flush(&mut self) -> std::io::Result<()>;
 }
 
 /// The sink for `format`, writing to `out`.
 pub fn sink<'a, W: Write + 'a>(format: Format, out: W, colour: bool) -> Box<dyn Sink + 'a> {
     match format {
         Format::Human => Box::new(Human { out, colour }),
-        Format::Json => Box::new(Json { out }),
+        Format::Json => Box::new(Json::new(out)),
     }
 }

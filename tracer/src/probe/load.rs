@@ -4,7 +4,7 @@
 //! probe detaches everything
 //! it attached, and nothing another podtrace did.
 
-use std::mem::ManuallyDrop;
+use std::{mem::ManuallyDrop, os::fd::AsRawFd};
 
 use anyhow::{anyhow, Context, Result};
 use aya::{
@@ -15,7 +15,7 @@ use podtrace_common::{
     addr_bit, counter, names, node_addr, AddrBits, FlowKey, Histogram, KernelLayout, Sighting,
     StepKey, TunnelKey, MAX_NODES,
 };
-use tokio::{io::unix::AsyncFd, sync::mpsc};
+use tokio::sync::mpsc;
 
 use super::{
     drops,
@@ -42,6 +42,9 @@ pub struct ProbeSpec<'a> {
     pub ring_bytes: u32,
     /// Profile mode: step histograms in the kernel, no records per packet.
     pub profile: bool,
+    /// Profile mode: a bpffs directory where every node's probe of this
+    /// run pins and finds the same STAMPS, so that the wire is a step.
+    pub shared_stamps: Option<&'a std::path::Path>,
     /// `--sample N`: one packet in N reported, every hop of it (1: all).
     pub sample: u32,
 }
@@ -49,6 +52,20 @@ pub struct ProbeSpec<'a> {
 /// How often the ring is drained when no wakeup came: records wake
 /// userspace only once a quarter of the ring waits.
 const RING_POLL: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// How long to wait at the end of a trace for the ring reader to hand over
+/// what the kernel last wrote: its poll period, twice.
+pub const RING_HANDOVER: std::time::Duration = RING_POLL.saturating_mul(2);
+
+/// Sightings as the ring reader hands them over: every record one drain
+/// found, at once (one channel wakeup per drain, not per record).
+pub type Batch = Vec<Sighting>;
+
+/// Batches that may wait for the stories to catch up, at most. Past it the
+/// ring reader waits, the ring fills, and the kernel counts what it could
+/// not report: memory stays bounded (a few rings' worth) and no record is
+/// lost uncounted.
+pub const BATCHES_QUEUED: usize = 4;
 
 /// The programs of one node, attached; dropping it detaches everything.
 pub struct NodeProbe {
@@ -86,7 +103,12 @@ impl NodeProbe {
     pub fn attach(spec: &ProbeSpec<'_>, watched: &[Watched]) -> Result<Self> {
         // Whatever killed runs left goes first, in every mode.
         run_registry::sweep_dead_runs()?;
-        let mut ebpf = EbpfLoader::new()
+        let stamps = spec.shared_stamps.map(|dir| dir.join(names::STAMPS));
+        let mut loader = EbpfLoader::new();
+        if let Some(path) = &stamps {
+            loader.map_pin_path(names::STAMPS, path.as_path());
+        }
+        let mut ebpf = loader
             .override_global(names::NODE_ID, &spec.node_id, true)
             .override_global(names::LAYOUT, spec.layout, true)
             .override_global(names::NETNS_INUM, &spec.netns.inum, true)
@@ -134,37 +156,20 @@ impl NodeProbe {
         flow_filter(&mut self.ebpf)?.replace(old, new)
     }
 
-    /// Moves the ring buffer into a task that forwards every sighting.
-    pub fn stream(&mut self, tx: mpsc::UnboundedSender<Sighting>) -> Result<()> {
+    /// Moves the ring buffer into a thread of its own that forwards every
+    /// sighting. Not a task of the runtime: telling stories (a large
+    /// write of JSON that the page cache may throttle) must never keep
+    /// the ring from being drained, or a line-rate flow fills it.
+    pub fn stream(&mut self, tx: mpsc::Sender<Batch>) -> Result<()> {
         let map = self
             .ebpf
             .take_map(names::SIGHTINGS)
             .ok_or_else(|| anyhow!("no SIGHTINGS map"))?;
         let ring = RingBuf::try_from(map)?;
-        // SAFETY: the ring buffer owns its fd, and the AsyncFd owns the ring
-        // buffer, so the fd stays open for as long as it is registered.
-        let mut ring = unsafe { AsyncFd::register(ring) }
-            .map_err(|e| anyhow!("cannot poll the ring buffer: {e}"))?;
-        tokio::spawn(async move {
-            let mut poll = tokio::time::interval(RING_POLL);
-            poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    guard = ring.readable_mut() => {
-                        let Ok(mut guard) = guard else { return };
-                        // Clear before draining: a wakeup that lands while
-                        // we drain must stay pending, or the ring stalls.
-                        guard.clear_ready();
-                        if !drain(guard.get_inner_mut(), &tx) {
-                            return;
-                        }
-                    }
-                    _ = poll.tick() => if !drain(ring.get_mut(), &tx) {
-                        return;
-                    },
-                }
-            }
-        });
+        std::thread::Builder::new()
+            .name("podtrace-ring".into())
+            .spawn(move || read_ring(ring, &tx))
+            .context("cannot start the ring buffer reader")?;
         Ok(())
     }
 
@@ -198,18 +203,33 @@ impl NodeProbe {
     }
 }
 
-/// Forwards every record waiting in `ring`; false once nobody listens.
-fn drain(ring: &mut RingBuf<MapData>, tx: &mpsc::UnboundedSender<Sighting>) -> bool {
+/// Drains `ring` whenever it wakes us (a quarter full) or `RING_POLL`
+/// has passed, until nobody listens.
+fn read_ring(mut ring: RingBuf<MapData>, tx: &mpsc::Sender<Batch>) {
+    let fd = ring.as_raw_fd();
+    while drain(&mut ring, tx) && !tx.is_closed() {
+        let mut ready = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; the ring owns the fd for this whole
+        // loop. An error (EINTR) is only an early drain.
+        unsafe { libc::poll(&mut ready, 1, RING_POLL.as_millis() as i32) };
+    }
+}
+
+/// Forwards every record waiting in `ring`, as one batch; false once
+/// nobody listens.
+fn drain(ring: &mut RingBuf<MapData>, tx: &mpsc::Sender<Batch>) -> bool {
+    let mut batch = Batch::new();
     while let Some(item) = ring.next() {
         if item.len() >= std::mem::size_of::<Sighting>() {
             // SAFETY: the kernel wrote a whole Sighting here.
-            let s = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<Sighting>()) };
-            if tx.send(s).is_err() {
-                return false;
-            }
+            batch.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<Sighting>()) });
         }
     }
-    true
+    batch.is_empty() || tx.blocking_send(batch).is_ok()
 }
 
 /// Fills the maps that say where a packet's inner header may be read.

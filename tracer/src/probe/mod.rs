@@ -11,7 +11,9 @@
 //! - `btf`: the running kernel's struct layout, since Rust eBPF has no CO-RE;
 //! - `profile`: profile mode's step histograms, read from the kernel;
 //! - `load`: one node's probe, the eBPF object loaded with its globals;
-//! - `run_registry`: which run owns which filter and table, alive or not.
+//! - `run_registry`: which run owns which filter and table, alive or not;
+//! - `shared_maps`: a bpffs private to the process, for maps its probes
+//!   share.
 
 pub mod btf;
 pub mod conntrack;
@@ -22,12 +24,13 @@ pub mod netfilter;
 pub mod nft_trace;
 pub mod profile;
 pub mod run_registry;
+pub mod shared_maps;
 pub mod tc;
 
 use anyhow::{Context as _, Result};
 use podtrace_common::KernelLayout;
 
-pub use load::{NodeProbe, ProbeSpec};
+pub use load::{Batch, NodeProbe, ProbeSpec, BATCHES_QUEUED, RING_HANDOVER};
 pub use tc::AttachMode;
 
 use self::{
