@@ -136,6 +136,12 @@ pub struct Args {
     /// Set by `podtrace profile`: step histograms in the kernel.
     #[arg(skip)]
     pub in_kernel_profile: bool,
+    /// Without a Services list (API, --services-file), do not read the
+    /// traced nodes' kube-proxy rules for a ClusterIP's backends: learn
+    /// each translation from conntrack as its connection opens (its first
+    /// packet is then not followed past the DNAT).
+    #[arg(long)]
+    pub no_kube_proxy_rules: bool,
     /// Do not add podtrace's nft tracing table: netfilter drops are then
     /// reported without the rule that dropped them.
     #[arg(long)]
