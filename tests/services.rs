@@ -7,15 +7,17 @@
 //! without endpoints is `rejected`.
 //!
 //! The cases: a ClusterIP with its backend on the other node (through
-//! `--services-file`, the API stub, a bare `ClusterIP:port`, and a bare
-//! ClusterIP learnt from conntrack alone), on the same node, and hairpin;
+//! `--services-file`, the API stub, a bare `ClusterIP:port`, a bare
+//! ClusterIP followed through the nodes' kube-proxy rules alone, and one
+//! learnt from conntrack alone), on the same node, and hairpin;
 //! a NodePort entering a node without the backend; a pod reaching outside
 //! the cluster through the CNI's MASQUERADE; a Service without endpoints;
 //! a late reply dropped as conntrack INVALID; and cluster mode.
 //!
 //! Each case is a `case_…(mode)` run by `in_both_modes!` as a `#[test]`
 //! per kube-proxy mode. Translations podtrace cannot know up front (a MASQUERADE's port,
-//! a bare ClusterIP's backends without a Services list) are learnt from
+//! a bare ClusterIP's backends without a Services list when the nodes'
+//! kube-proxy rules are not read) are learnt from
 //! conntrack as connections open: a connection's first packets may pass
 //! before that, and their stories must say so, never `vanished`.
 
@@ -23,7 +25,7 @@
 mod support;
 
 use serde_json::Value;
-use std::time::Duration;
+use std::{net::Ipv4Addr, time::Duration};
 use support::*;
 
 use xtask::{
@@ -140,6 +142,9 @@ in_both_modes! {
     service_without_endpoints:
         a_service_without_endpoints_is_rejected_by_kube_proxy_with_the_rule_iptables,
         a_service_without_endpoints_is_rejected_by_kube_proxy_with_the_rule_nftables;
+    case_bare_cluster_ip_from_the_nodes_rules:
+        a_bare_cluster_ip_without_any_list_is_followed_from_the_first_syn_by_the_nodes_rules_iptables,
+        a_bare_cluster_ip_without_any_list_is_followed_from_the_first_syn_by_the_nodes_rules_nftables;
     case_bare_cluster_ip_learnt_from_conntrack:
         a_bare_cluster_ip_without_any_list_is_learnt_from_conntrack_iptables,
         a_bare_cluster_ip_without_any_list_is_learnt_from_conntrack_nftables;
@@ -169,7 +174,7 @@ in_both_modes! {
 /// The DNAT rule as the story must name it, for the backend it picked:
 /// kube-proxy's KUBE-SEP chain in iptables syntax, or its endpoint chain
 /// with the `dnat to` statement as `nft -a list` shows it.
-fn assert_dnat_rule(mode: ProxyMode, rule: &str, backend: std::net::Ipv4Addr) {
+fn assert_dnat_rule(mode: ProxyMode, rule: &str, backend: Ipv4Addr) {
     let to = format!("{backend}:{TCP_PORT}");
     assert!(dnat_words(mode).iter().all(|w| rule.contains(w)), "{rule}");
     match mode {
@@ -528,6 +533,63 @@ fn assert_some_rule(syns: &[Value], words: &[&str]) {
     );
 }
 
+/// A SYN to db's ClusterIP DNATed on node-1 and delivered to the backend
+/// it picked on node-2, across both nodes: its DNAT step and the backend.
+fn dnat_to_a_backend_on_node_2<'a>(lab: &Lab, syn: &'a Value) -> (&'a Value, Ipv4Addr) {
+    let db = lab.service("db");
+    let (n1, n2) = (lab.node_netns(1), lab.node_netns(2));
+    let step = step(syn, "DNAT");
+    assert_eq!(step["before"], format!("{}:80", db.cluster_ip), "{step}");
+    let after = step["after"].as_str().unwrap();
+    let backend = db
+        .backends
+        .iter()
+        .map(|b| b.ip)
+        .find(|ip| after == format!("{ip}:{TCP_PORT}"))
+        .unwrap_or_else(|| panic!("DNAT to a backend: {step}"));
+    assert_eq!(nat_hops(syn, "DNAT")[0]["node"], n1.as_str());
+    assert_eq!(syn["verdict"]["outcome"], "delivered", "{syn}");
+    assert_eq!(syn["verdict"]["node"], n2.as_str());
+    assert!(
+        summary(syn).contains(&format!("delivered to {backend}")),
+        "{syn}"
+    );
+    assert_eq!(nodes_of(syn), [n1.as_str(), n2.as_str()]);
+    (step, backend)
+}
+
+/// No pods file, no Services file, no API: the traced nodes' kube-proxy
+/// rules say where the ClusterIP goes, so every connection's SYN, the
+/// first one included, is followed across the DNAT to its backend.
+fn case_bare_cluster_ip_from_the_nodes_rules(mode: ProxyMode) {
+    let lab = services_lab(mode);
+    let lab = &lab.0;
+    let db = lab.service("db");
+    let web0 = lab.pod("web-0");
+    let (src, dst) = (web0.ip.to_string(), db.cluster_ip.to_string());
+    let connections = 3;
+    let (done, answers) = trace_while(lab, &[&src, &dst], 9, || {
+        requests(connections, || lab.tcp_request("web-0", db.cluster_ip, 80))
+    });
+    assert!(
+        answers.iter().all(|a| a.as_deref() == Ok("ok")),
+        "{answers:?}"
+    );
+    assert!(done.status.success(), "{}", done.stderr);
+    assert!(
+        !done.stderr.contains("no kube-proxy rules"),
+        "{}",
+        done.stderr
+    );
+    let syns = syns(&done);
+    assert!(syns.len() >= connections, "a SYN per connection: {syns:?}");
+    for syn in &syns {
+        let (step, backend) = dnat_to_a_backend_on_node_2(lab, syn);
+        assert_eq!(step["conntrack"]["state"], "new", "{step}");
+        assert_dnat_rule(mode, step["rule"].as_str().unwrap_or(""), backend);
+    }
+}
+
 fn case_bare_cluster_ip_learnt_from_conntrack(mode: ProxyMode) {
     let lab = services_lab(mode);
     let lab = &lab.0;
@@ -542,10 +604,12 @@ fn case_bare_cluster_ip_learnt_from_conntrack(mode: ProxyMode) {
         .status()
         .expect("iptables");
     assert!(marked.success());
-    // No pods file, no Services file, no API: only conntrack can say
-    // where the ClusterIP goes. Three connections over two backends: one
-    // goes to a backend an earlier one taught.
-    let (done, answers) = trace_while(lab, &[&src, &dst], 9, || {
+    // No pods file, no Services file, no API, and the nodes' kube-proxy
+    // rules left unread: only conntrack can say where the ClusterIP goes.
+    // Three connections over two backends: one goes to a backend an
+    // earlier one taught.
+    let args = [src.as_str(), dst.as_str(), "--no-kube-proxy-rules"];
+    let (done, answers) = trace_while(lab, &args, 9, || {
         requests(3, || lab.tcp_request("web-0", db.cluster_ip, 80))
     });
     assert!(
@@ -553,34 +617,26 @@ fn case_bare_cluster_ip_learnt_from_conntrack(mode: ProxyMode) {
         "{answers:?}"
     );
     assert!(done.status.success(), "{}", done.stderr);
-    let (n1, n2) = (lab.node_netns(1), lab.node_netns(2));
+    let n1 = lab.node_netns(1);
     let syns = syns(&done);
     let dnat = format!("DNAT {}:80 → ", db.cluster_ip);
     for syn in followed(&syns, "DNAT", &[dnat]) {
-        let step = step(syn, "DNAT");
-        assert_eq!(step["before"], format!("{}:80", db.cluster_ip), "{step}");
-        let after = step["after"].as_str().unwrap();
-        let backend = db
-            .backends
-            .iter()
-            .find(|b| after == format!("{}:{TCP_PORT}", b.ip))
-            .unwrap_or_else(|| panic!("DNAT to a backend: {step}"));
-        assert_eq!(nat_hops(syn, "DNAT")[0]["node"], n1.as_str());
-        assert_eq!(syn["verdict"]["outcome"], "delivered", "{syn}");
-        assert_eq!(syn["verdict"]["node"], n2.as_str());
-        assert!(
-            summary(syn).contains(&format!("delivered to {}", backend.ip)),
-            "{syn}"
-        );
-        assert_eq!(nodes_of(syn), [n1.as_str(), n2.as_str()]);
+        let (step, backend) = dnat_to_a_backend_on_node_2(lab, syn);
         // What conntrack said of the connection.
         assert_eq!(step["conntrack"]["zone"], 0, "{step}");
         assert_eq!(step["conntrack"]["mark"], 0x42, "{step}");
         if step["conntrack"]["state"] == "new" {
-            assert_dnat_rule(mode, step["rule"].as_str().unwrap(), backend.ip);
+            assert_dnat_rule(mode, step["rule"].as_str().unwrap(), backend);
         }
     }
     assert_some_rule(&syns, &dnat_words(mode));
+    // The first connection's SYN passed before conntrack reported it: the
+    // nodes' rules were indeed left unread.
+    assert!(
+        syns.iter()
+            .any(|s| s["verdict"]["outcome"] == "translated_out_of_sight"),
+        "{syns:?}"
+    );
     // The replies: un-DNATed on node-1, or said to be first seen after it.
     let synacks: Vec<Value> = done
         .stories()

@@ -140,6 +140,12 @@ pub struct Args {
     /// where every node's probe finds the same packet stamps.
     #[arg(skip)]
     pub shared_stamps: Option<std::path::PathBuf>,
+    /// Without a Services list (API, --services-file), do not read the
+    /// traced nodes' kube-proxy rules for a ClusterIP's backends: learn
+    /// each translation from conntrack as its connection opens (its first
+    /// packet is then not followed past the DNAT).
+    #[arg(long)]
+    pub no_kube_proxy_rules: bool,
     /// Do not add podtrace's nft tracing table: netfilter drops are then
     /// reported without the rule that dropped them.
     #[arg(long)]

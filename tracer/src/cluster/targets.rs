@@ -1,6 +1,7 @@
 //! From the two pod arguments to the traced endpoints and what is known of
 //! the cluster around them: from a pods file, from the Kubernetes API, or
-//! from plain IPs with no Kubernetes at all.
+//! from plain IPs with no Kubernetes at all (Services then read from the
+//! traced nodes' kube-proxy rules).
 
 use std::net::Ipv4Addr;
 
@@ -13,7 +14,11 @@ use super::{
     nodes::{self, NodeSubnet},
     services::{Catalog, Service},
 };
-use crate::{cli::Args, story::nat::NatBook};
+use crate::{
+    cli::Args,
+    node::{kube_proxy_rules, netns::Namespace},
+    story::nat::NatBook,
+};
 
 pub struct Targets {
     pub src: Endpoint,
@@ -49,8 +54,19 @@ impl Targets {
             None => None,
         };
         let plain_ips = src_target.ip().is_some() && dst_target.ip().is_some();
+        let without_api = args.pods_file.is_some() || (plain_ips && !access.configured());
+        if catalog.is_none()
+            && without_api
+            && dst_target.ip().is_some()
+            && !args.no_kube_proxy_rules
+        {
+            catalog = kube_proxy_rules::read_nodes(&Namespace::all(&args.netns)?);
+        }
         let (src, dst, inventory, cluster) = if let Some(path) = &args.pods_file {
             let inventory = Inventory::load(path)?;
+            if let Some(catalog) = &mut catalog {
+                name_backends(catalog, &inventory);
+            }
             let src = inventory.resolve(&src_target)?;
             let dst = match service_destination(&dst_target, catalog.as_ref())? {
                 Some(dst) => dst,
@@ -174,6 +190,18 @@ impl Targets {
     /// Where each endpoint runs, when known.
     pub fn node_of(endpoint: &Endpoint) -> Option<&str> {
         endpoint.pod.as_ref()?.node.as_deref()
+    }
+}
+
+/// Backends known only by address (read from kube-proxy's rules) named
+/// after the pods that have them, with their nodes.
+fn name_backends(catalog: &mut Catalog, inventory: &Inventory) {
+    let backends = catalog.services.iter_mut().flat_map(|s| &mut s.backends);
+    for backend in backends.filter(|b| b.pod.is_none()) {
+        if let Some(pod) = inventory.pods.iter().find(|p| p.ip == Some(backend.ip)) {
+            backend.pod = Some(pod.qualified());
+            backend.node = pod.node.clone();
+        }
     }
 }
 

@@ -74,8 +74,9 @@ pub fn parse(text: &str) -> Table {
     table
 }
 
-/// Splits on spaces, keeping "double-quoted words" together.
-fn shell_words(text: &str) -> Vec<String> {
+/// Splits on spaces, keeping "double-quoted words" together (as
+/// iptables-save quotes a comment).
+pub(crate) fn shell_words(text: &str) -> Vec<String> {
     let mut words = vec![String::new()];
     let mut quoted = false;
     for c in text.chars() {

@@ -1,9 +1,11 @@
 //! What a node looks like: its links, addresses, IPv4 routes, neighbours
 //! and bridge FDB, read over rtnetlink; which of its interfaces podtrace
-//! watches (`interfaces`); the namespaces of traced nodes (`netns`); and a
+//! watches (`interfaces`); the Services its kube-proxy rules translate
+//! (`kube_proxy_rules`); the namespaces of traced nodes (`netns`); and a
 //! traced node set up end to end (`traced`).
 
 pub mod interfaces;
+pub mod kube_proxy_rules;
 mod netlink;
 pub mod netns;
 pub mod pod_netns;

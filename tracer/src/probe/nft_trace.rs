@@ -350,7 +350,8 @@ fn element_comment_in(listing: &str, key: &str) -> Option<String> {
     after.split('"').next().map(str::to_string)
 }
 
-fn output(command: &mut Command) -> Option<String> {
+/// A command's stdout, when it succeeds.
+pub(crate) fn output(command: &mut Command) -> Option<String> {
     let out = command.output().ok()?;
     out.status
         .success()

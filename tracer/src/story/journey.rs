@@ -188,14 +188,17 @@ impl Journey {
     }
 
     /// Left the last traced node toward one that is not traced: nothing
-    /// more of it can be seen.
+    /// more of it can be seen. Judged by the destination the packet has
+    /// when it leaves, not the one it was sent to: after a DNAT, a
+    /// ClusterIP is in no node's pod subnet, but its backend may be on a
+    /// traced node, whose hops are still to come.
     fn left_the_traced_nodes(&self, traced_destinations: &[Ipv4Net]) -> bool {
         self.hops.last().is_some_and(|h| {
             h.role == Role::Underlay
                 && h.direction == Direction::Egress
                 && !traced_destinations
                     .iter()
-                    .any(|net| net.contains(&self.key.dst))
+                    .any(|net| net.contains(&h.packet.packet.dst))
         })
     }
 
@@ -833,6 +836,63 @@ pub(crate) mod tests {
             &out,
         ));
         assert_eq!(c.take_finished(2_000).len(), 1);
+    }
+
+    #[test]
+    fn a_dnatted_packet_leaving_toward_a_traced_node_waits_for_its_hops_there() {
+        // Sent to a ClusterIP (in no traced subnet), DNATed to a backend
+        // on a traced node: the journey is not done when it leaves.
+        let sent = frames::tcp_syn([10, 244, 1, 2], [10, 96, 7, 7], 40000, 80);
+        let dnatted = frames::tcp_syn([10, 244, 1, 2], [10, 244, 2, 2], 40000, 8080);
+        let book = NatBook {
+            translations: vec![nat::Translation {
+                protocol: 6,
+                front: nat::Frontend {
+                    ip: [10, 96, 7, 7].into(),
+                    port: 80,
+                },
+                back: nat::Frontend {
+                    ip: [10, 244, 2, 2].into(),
+                    port: 8080,
+                },
+                service: None,
+                backend: None,
+                source: false,
+            }],
+            ..NatBook::default()
+        };
+        let mut c = Correlator::new(waits(1_000, 50_000)).with_nat(book);
+        c.observe(hop(
+            0,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &sent,
+        ));
+        c.observe(hop(
+            10,
+            "n1",
+            "eth0",
+            Role::Underlay,
+            Direction::Egress,
+            &dnatted,
+        ));
+        assert!(
+            c.take_finished(2_000).is_empty(),
+            "its backend's node is traced"
+        );
+        c.observe(hop(
+            3_000,
+            "n2",
+            "veth2",
+            Role::PodVeth,
+            Direction::Egress,
+            &dnatted,
+        ));
+        let told = c.take_all();
+        assert_eq!(told.len(), 1, "{told:?}");
+        assert_eq!(told[0].hops.len(), 3);
     }
 
     #[test]
