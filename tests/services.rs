@@ -789,16 +789,13 @@ fn case_node_port_from_outside(mode: ProxyMode) {
     // The client is outside the pods: the nodes' gateway, on the underlay.
     let client = "192.0.2.1";
     let [a, b, c, d] = files(lab);
-    let (done, answers) = trace_while(
-        lab,
-        &[client, &node1.to_string(), &a, &b, &c, &d],
-        9,
-        || {
-            requests(3, || {
-                lab.tcp_request_from_netns(&client_ns, node1, NODE_PORT)
-            })
-        },
-    );
+    // DST as a user types it: the node's address and the NodePort.
+    let node_port = format!("{node1}:{NODE_PORT}");
+    let (done, answers) = trace_while(lab, &[client, &node_port, &a, &b, &c, &d], 9, || {
+        requests(3, || {
+            lab.tcp_request_from_netns(&client_ns, node1, NODE_PORT)
+        })
+    });
     assert!(
         answers.iter().all(|a| a.as_deref() == Ok("ok")),
         "{answers:?}"

@@ -152,6 +152,13 @@ impl Catalog {
             .find(|s| s.namespace == namespace && s.name == name)
     }
 
+    /// The Service that has `port` as a NodePort.
+    pub fn by_node_port(&self, port: u16) -> Option<&Service> {
+        self.services
+            .iter()
+            .find(|s| s.ports.iter().any(|p| p.node_port == Some(port)))
+    }
+
     pub fn by_cluster_ip(&self, ip: Ipv4Addr) -> Option<&Service> {
         self.services.iter().find(|s| s.cluster_ip == Some(ip))
     }

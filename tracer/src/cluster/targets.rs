@@ -229,7 +229,10 @@ fn service_destination(target: &Target, catalog: Option<&Catalog>) -> Result<Opt
                 s.qualified(),
                 s.ports.iter().map(|p| p.port.to_string()).collect::<Vec<_>>().join(", ")
             ),
-            None => bail!("{ip}:{port}: {ip} is not a Service's ClusterIP: give a pod's address without a port ({ip}); podtrace traces every port between the two"),
+            // A node's address and one of the Services' NodePorts: traced
+            // as the node, whose NodePort translations are followed.
+            None if catalog.by_node_port(*port).is_some() => return Ok(None),
+            None => bail!("{ip}:{port}: {ip} is not a Service's ClusterIP and {port} no Service's NodePort: give a pod's address without a port ({ip}); podtrace traces every port between the two"),
         },
         _ => return Ok(None),
     };
@@ -277,6 +280,32 @@ pub fn vantage(ends: [(&str, Option<&str>); 2], traced: &[String]) -> Option<Str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ip_and_port_is_a_cluster_ip_port_or_a_node_port() {
+        let service = serde_json::json!({
+            "kind": "Service",
+            "metadata": {"name": "db", "namespace": "default"},
+            "spec": {"clusterIP": "10.96.0.7", "ports": [{"port": 80, "nodePort": 30080}]}
+        });
+        let catalog = Catalog::from_objects(&[service]);
+        let at = |arg: &str| {
+            service_destination(&Target::parse(arg, "default").unwrap(), Some(&catalog))
+        };
+        assert_eq!(
+            at("10.96.0.7:80").unwrap().unwrap().ip,
+            Ipv4Addr::new(10, 96, 0, 7)
+        );
+        let wrong_port = at("10.96.0.7:81").unwrap_err().to_string();
+        assert!(
+            wrong_port.contains("default/db has no port 81"),
+            "{wrong_port}"
+        );
+        // A node's address and a NodePort: resolved as the node.
+        assert!(at("192.0.2.11:30080").unwrap().is_none());
+        let neither = at("192.0.2.11:30081").unwrap_err().to_string();
+        assert!(neither.contains("no Service's NodePort"), "{neither}");
+    }
 
     #[test]
     fn vantage_says_what_this_node_sees_and_where_to_go() {
