@@ -37,6 +37,21 @@ pub struct Context {
     pub doctor: HashMap<String, Vec<crate::doctor::trace::Finding>>,
 }
 
+/// An address and its name, as [`Context::label`] shows it.
+pub struct Label<'a> {
+    ip: Ipv4Addr,
+    name: Option<&'a str>,
+}
+
+impl std::fmt::Display for Label<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.name {
+            Some(name) => write!(f, "{} ({name})", self.ip),
+            None => write!(f, "{}", self.ip),
+        }
+    }
+}
+
 /// A `&'static str` that serde's derive does not take for a borrow of the
 /// input (it only sees through a written `&`): read with [`leak_str`].
 pub type StaticStr = &'static str;
@@ -55,10 +70,13 @@ pub(crate) fn leak_opt_str<'de, D: Deserializer<'de>>(
 }
 
 impl Context {
-    pub fn label(&self, ip: Ipv4Addr) -> String {
-        match self.names.get(&ip) {
-            Some(name) => format!("{ip} ({name})"),
-            None => ip.to_string(),
+    /// `ip`, with its name when known ("10.244.2.2 (default/db-0)"): a
+    /// `Display`, so that a note at line rate writes it in place rather
+    /// than through a String of its own.
+    pub fn label(&self, ip: Ipv4Addr) -> Label<'_> {
+        Label {
+            ip,
+            name: self.names.get(&ip).map(String::as_str),
         }
     }
 
