@@ -620,7 +620,7 @@ pub(crate) mod tests {
         c.learn_translation(learnt);
         let journeys = c.take_all();
         assert_eq!(journeys.len(), 1);
-        let ifaces: Vec<&str> = journeys[0].hops.iter().map(|h| h.iface.as_str()).collect();
+        let ifaces: Vec<&str> = journeys[0].hops.iter().map(|h| &*h.iface).collect();
         assert_eq!(ifaces, ["vethA", "cni0"]);
         assert_eq!(journeys[0].key.dst, std::net::Ipv4Addr::new(10, 96, 7, 7));
     }

@@ -97,7 +97,7 @@ fn larger_than_mtu(out: &mut String, hop: &Hop, dev: &str, ctx: &Context) -> fmt
     let p = &hop.packet.packet;
     let mtu = ctx
         .nodes
-        .get(&hop.node)
+        .get(&*hop.node)
         .and_then(|facts| facts.view.link_named(dev))
         .map(|link| link.mtu);
     let then = if p.dont_fragment {
