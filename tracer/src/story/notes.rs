@@ -9,7 +9,7 @@ use crate::decode::{
 };
 use crate::node::interfaces::Role;
 
-use super::Context;
+use super::{context::Dotted, Context};
 
 pub(super) fn describe_packet(d: &Decoded) -> String {
     let p = &d.packet;
@@ -84,9 +84,15 @@ impl fmt::Display for TunnelText<'_> {
                 if let Some(vni) = t.vni {
                     write!(f, " VNI {vni}")?;
                 }
-                write!(f, " {}:{sport} → {}:{dport}", t.outer.src, t.outer.dst)
+                let (src, dst) = (Dotted(t.outer.src), Dotted(t.outer.dst));
+                write!(f, " {src}:{sport} → {dst}:{dport}")
             }
-            _ => write!(f, "{kind} {} → {}", t.outer.src, t.outer.dst),
+            _ => write!(
+                f,
+                "{kind} {} → {}",
+                Dotted(t.outer.src),
+                Dotted(t.outer.dst)
+            ),
         }
     }
 }
