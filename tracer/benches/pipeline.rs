@@ -9,6 +9,7 @@ use podtrace::{
     decode::{
         decode,
         hop::{Direction, Hop, Snapshot},
+        name::Name,
     },
     node::interfaces::Role,
     output::{self, Format, Sink},
@@ -31,12 +32,28 @@ fn frame(seq: u16) -> Vec<u8> {
     out
 }
 
-fn hop(f: &[u8], i: u64, h: u64) -> Hop {
+/// The names a traced node holds, shared by its hops as `place` shares
+/// them.
+struct Names {
+    node: Name,
+    ifaces: Vec<Name>,
+}
+
+impl Names {
+    fn new() -> Self {
+        Self {
+            node: "node-1".into(),
+            ifaces: (0..HOPS).map(|h| format!("if{h}").into()).collect(),
+        }
+    }
+}
+
+fn hop(f: &[u8], i: u64, h: u64, names: &Names) -> Hop {
     let head = &f[..f.len().min(128)];
     Hop {
         ktime_ns: i * 10_000_000 + h * 1_000,
-        node: "node-1".into(),
-        iface: format!("if{h}"),
+        node: names.node.clone(),
+        iface: names.ifaces[h as usize].clone(),
         role: Role::PodVeth,
         direction: Direction::Ingress,
         skb_len: f.len() as u32,
@@ -61,10 +78,11 @@ fn pipeline(frames: &[Vec<u8>], ctx: &Context, mut sink: Option<&mut dyn Sink>) 
         arp_ns: 1_000_000,
         ..Waits::default()
     });
+    let names = Names::new();
     let mut told = 0;
     for (i, f) in frames.iter().enumerate() {
         for h in 0..HOPS {
-            correlator.observe(hop(f, i as u64, h));
+            correlator.observe(hop(f, i as u64, h, &names));
         }
         for journey in correlator.take_finished(i as u64 * 10_000_000) {
             let story = tell(&journey, ctx);

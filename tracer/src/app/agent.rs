@@ -72,7 +72,7 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
     let node = agent
         .node
         .clone()
-        .unwrap_or_else(|| trace.nodes[0].name.clone());
+        .unwrap_or_else(|| trace.nodes[0].name.to_string());
     let mut out = Output::start();
     let facts = trace.ctx.nodes.values().next().map(WireFacts::from);
     out.send(Record::Start(Box::new(Start {

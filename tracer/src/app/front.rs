@@ -366,7 +366,7 @@ impl Session {
                 let own = agent.start.as_ref().is_some_and(|s| s.node == hop.node);
                 if !own
                     && !self.foreign.insert((
-                        hop.node.clone(),
+                        hop.node.to_string(),
                         hop.ktime_ns,
                         format!("{:?}", hop.drop),
                     ))

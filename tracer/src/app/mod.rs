@@ -249,9 +249,9 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
             );
         }
         node.probe.stream(tx.clone())?;
-        ctx.nodes.insert(node.name.clone(), facts);
+        ctx.nodes.insert(node.name.to_string(), facts);
         if let Some(findings) = doctor.get(id) {
-            ctx.doctor.insert(node.name.clone(), findings.clone());
+            ctx.doctor.insert(node.name.to_string(), findings.clone());
         }
         nodes.push(node);
     }
@@ -337,7 +337,7 @@ fn trace_masquerade_sources(trace: &mut Trace) -> Result<()> {
 
 /// Says what the traced nodes can see, and that the trace has started.
 fn announce(targets: &Targets, nodes: &[TracedNode], ctx: &Context) {
-    let traced_names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+    let traced_names: Vec<String> = nodes.iter().map(|n| n.name.to_string()).collect();
     let ends = [&targets.src, &targets.dst].map(|e| {
         (
             e.name().unwrap_or_else(|| e.ip.to_string()),

@@ -89,7 +89,7 @@ fn read(trace: &Trace) -> Result<Vec<KernelStep>> {
         let iface = node
             .interfaces
             .get(&ifindex)
-            .map_or_else(|| format!("if{ifindex}"), |w| w.name.clone());
+            .map_or_else(|| format!("if{ifindex}"), |w| w.name.to_string());
         let direction = if direction == 0 {
             Direction::Ingress
         } else {

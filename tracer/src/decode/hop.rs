@@ -10,7 +10,7 @@ use podtrace_common::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::{decode, decode_tunnel, Decoded};
+use super::{decode, decode_tunnel, name::Name, Decoded};
 use crate::{
     node::{
         interfaces::Role, netns::describe_inode, pod_netns::OtherNamespaces, traced::TracedNode,
@@ -97,8 +97,8 @@ pub struct DropInfo {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Hop {
     pub ktime_ns: u64,
-    pub node: String,
-    pub iface: String,
+    pub node: Name,
+    pub iface: Name,
     pub role: Role,
     pub direction: Direction,
     pub skb_len: u32,
@@ -135,7 +135,7 @@ fn interface_of(
     s: &Sighting,
     node: Option<&TracedNode>,
     others: &OtherNamespaces,
-) -> Result<(String, Role), Unplaced> {
+) -> Result<(Name, Role), Unplaced> {
     if let Some(w) = node.and_then(|n| n.interfaces.get(&s.ifindex)) {
         return Ok((w.name.clone(), w.role));
     }
@@ -152,7 +152,7 @@ fn interface_of(
         0 => "-".into(),
         index => format!("if{index}"),
     });
-    Ok((name, Role::Other))
+    Ok((name.into(), Role::Other))
 }
 
 /// Drops in namespaces no traced node owns (pods) are named by `others`
@@ -220,7 +220,8 @@ pub fn place(
             Some(n) => n.name.clone(),
             None => others
                 .get(s.netns_inum)
-                .map_or_else(|| describe_inode(s.netns_inum), |o| o.label.clone()),
+                .map_or_else(|| describe_inode(s.netns_inum), |o| o.label.clone())
+                .into(),
         },
         iface,
         role,

@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
 use super::{Link, NodeView};
-use crate::cni::Backend;
+use crate::{cni::Backend, decode::name::Name};
 
 /// The part an interface plays on a Kubernetes node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,7 +29,7 @@ pub enum Role {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Watched {
     pub index: u32,
-    pub name: String,
+    pub name: Name,
     pub role: Role,
     pub has_ethernet_header: bool,
 }
@@ -52,7 +52,7 @@ pub fn watch(link: &Link, underlay: u32, cni: &dyn Backend) -> Option<Watched> {
     };
     Some(Watched {
         index: link.index,
-        name: link.name.clone(),
+        name: link.name.as_str().into(),
         role,
         has_ethernet_header: link.has_ethernet_header,
     })
@@ -117,7 +117,7 @@ mod tests {
         let underlay = underlay(view, node_ip, &[]).unwrap().index;
         select(view, underlay, cni)
             .into_iter()
-            .map(|w| (w.name, w.role))
+            .map(|w| (w.name.to_string(), w.role))
             .collect()
     }
 

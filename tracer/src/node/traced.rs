@@ -19,6 +19,7 @@ use super::{
 use crate::{
     cluster::NodeSubnet,
     cni::{self, Backend},
+    decode::name::Name,
     probe::{
         conntrack,
         link_watch::{self, LinkChange},
@@ -62,7 +63,7 @@ pub struct Shared<'a> {
 }
 
 pub struct TracedNode {
-    pub name: String,
+    pub name: Name,
     underlay: u32,
     cni: &'static dyn Backend,
     pub probe: NodeProbe,
@@ -151,7 +152,7 @@ impl TracedNode {
             view: view.clone(),
         };
         let node = Self {
-            name,
+            name: name.into(),
             underlay,
             cni,
             probe,
@@ -261,7 +262,7 @@ impl TracedNode {
             .collect();
         named.sort_by_key(|w| w.index);
         let veths = self.interfaces.len() - named.len();
-        let mut parts: Vec<String> = named.iter().map(|w| w.name.clone()).collect();
+        let mut parts: Vec<String> = named.iter().map(|w| w.name.to_string()).collect();
         parts.push(match veths {
             1 => "1 pod veth".to_string(),
             n => format!("{n} pod veths"),

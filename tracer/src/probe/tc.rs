@@ -152,7 +152,7 @@ fn attach_filter(
         netns,
         Held::Filter {
             ifindex: iface.index,
-            ifname: iface.name.clone(),
+            ifname: iface.name.to_string(),
             ingress: hook == TcAttachType::Ingress,
             priority: PRIORITY,
             handle,

@@ -19,7 +19,10 @@
 use std::collections::{HashMap, VecDeque};
 
 use crate::{
-    decode::hop::{Direction, Hop},
+    decode::{
+        hop::{Direction, Hop},
+        name::Name,
+    },
     node::interfaces::Role,
     story::journey::PacketKey,
 };
@@ -57,7 +60,7 @@ pub struct Clocks {
     reference: Option<String>,
     realtime_offset: HashMap<String, i64>,
     /// Underlay crossings seen at one end: (packet, egress?) → (node, wall).
-    pending: HashMap<(PacketKey, bool), (String, i64)>,
+    pending: HashMap<(PacketKey, bool), (Name, i64)>,
     order: VecDeque<(PacketKey, bool)>,
     pairs: HashMap<(String, String), Pair>,
 }

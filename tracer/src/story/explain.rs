@@ -85,7 +85,7 @@ fn missing_route(
     let dst = hops[0].packet.packet.dst;
     let reason = last.drop.as_ref().map(|d| d.reason.as_str());
     let left_by_default = hops.iter().rev().find_map(|h| {
-        let facts = nodes.get(&h.node)?;
+        let facts = nodes.get(&*h.node)?;
         let leaves_plain = h.role == Role::Underlay
             && h.direction == Direction::Egress
             && h.packet.tunnel.is_none();
@@ -106,13 +106,13 @@ fn missing_route(
         (_, Some(h)) if dst_is_pod => h,
         _ => return None,
     };
-    let facts = nodes.get(&routing_hop.node)?;
+    let facts = nodes.get(&*routing_hop.node)?;
     let used = facts
         .view
         .route_to(dst)
         .map_or("no route at all".to_string(), |r| facts.view.describe(r));
     Some(RouteCheck {
-        node: routing_hop.node.clone(),
+        node: routing_hop.node.to_string(),
         expected: expected_route(dst, subnets, pod_cidrs, facts),
         used,
     })
@@ -131,7 +131,7 @@ fn hint(hops: &[Hop], nodes: &HashMap<String, NodeFacts>) -> Option<String> {
                 .is_some_and(|r| r.result == "forwarding_disabled")
     });
     let by_socket = last.drop.as_ref().is_some_and(|d| d.by_socket);
-    match (reason, nodes.get(&last.node)) {
+    match (reason, nodes.get(&*last.node)) {
         (Some(r), _) if by_socket && NO_ROUTE_REASONS.contains(&r) => Some(format!(
             "the sender {} has no route to {dst} in its own network namespace ({}): the packet never left it",
             hops[0].packet.packet.src, last.node

@@ -27,6 +27,7 @@ pub use verdict::{Outcome, PathStep, Verdict};
 use crate::{
     decode::{
         hop::{Direction, DropInfo, Hop, KernelRoute},
+        name::Name,
         Transport, Tunnel,
     },
     node::interfaces::Role,
@@ -42,8 +43,8 @@ pub struct HopLine {
     /// step may be, the nodes' clocks being placed by the traced packets.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub clock_uncertainty_us: Option<f64>,
-    pub node: String,
-    pub iface: String,
+    pub node: Name,
+    pub iface: Name,
     pub role: Role,
     pub direction: Direction,
     pub skb_len: u32,

@@ -1,13 +1,15 @@
 //! The wording of a story: what happened at each hop, the packet in one
 //! line, a tunnel in one phrase.
 
+use std::fmt::{self, Write};
+
 use crate::decode::{
     hop::{Direction, Hop, KernelRoute},
     Decoded, Transport, Tunnel, TunnelKind,
 };
 use crate::node::interfaces::Role;
 
-use super::Context;
+use super::{context::Dotted, Context};
 
 pub(super) fn describe_packet(d: &Decoded) -> String {
     let p = &d.packet;
@@ -60,103 +62,152 @@ fn tcp_flags(flags: u8) -> String {
     set.join(",")
 }
 
+/// "VXLAN VNI 1 192.0.2.11:41000 → 192.0.2.12:8472".
 pub(super) fn tunnel_text(t: &Tunnel) -> String {
-    let kind = match t.kind {
-        TunnelKind::Vxlan => "VXLAN",
-        TunnelKind::Geneve => "Geneve",
-        TunnelKind::Ipip => "IPIP",
-    };
-    let vni = t.vni.map(|v| format!(" VNI {v}")).unwrap_or_default();
-    match t.outer.transport {
-        Transport::Udp { sport, dport } => {
-            format!(
-                "{kind}{vni} {}:{sport} → {}:{dport}",
-                t.outer.src, t.outer.dst
-            )
+    TunnelText(t).to_string()
+}
+
+/// A tunnel in one phrase, written in place (see [`tunnel_text`]).
+struct TunnelText<'a>(&'a Tunnel);
+
+impl fmt::Display for TunnelText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = self.0;
+        let kind = match t.kind {
+            TunnelKind::Vxlan => "VXLAN",
+            TunnelKind::Geneve => "Geneve",
+            TunnelKind::Ipip => "IPIP",
+        };
+        match t.outer.transport {
+            Transport::Udp { sport, dport } => {
+                f.write_str(kind)?;
+                if let Some(vni) = t.vni {
+                    write!(f, " VNI {vni}")?;
+                }
+                let (src, dst) = (Dotted(t.outer.src), Dotted(t.outer.dst));
+                write!(f, " {src}:{sport} → {dst}:{dport}")
+            }
+            _ => write!(
+                f,
+                "{kind} {} → {}",
+                Dotted(t.outer.src),
+                Dotted(t.outer.dst)
+            ),
         }
-        _ => format!("{kind} {} → {}", t.outer.src, t.outer.dst),
     }
 }
 
 /// "; the packet (1500 B, DF) is larger than dev's MTU 1450": what the
 /// kernel's FRAG_NEEDED answer means for this packet.
-fn larger_than_mtu(hop: &Hop, dev: &str, ctx: &Context) -> String {
+fn larger_than_mtu(out: &mut String, hop: &Hop, dev: &str, ctx: &Context) -> fmt::Result {
     let p = &hop.packet.packet;
     let mtu = ctx
         .nodes
-        .get(&hop.node)
+        .get(&*hop.node)
         .and_then(|facts| facts.view.link_named(dev))
-        .map_or(String::new(), |link| format!(" {}", link.mtu));
+        .map(|link| link.mtu);
     let then = if p.dont_fragment {
         "DF is set: the kernel drops it and answers ICMP fragmentation needed"
     } else {
         "the kernel fragments it"
     };
-    format!(
-        "; the packet ({} B) is larger than {dev}'s MTU{mtu}: {then}",
+    write!(
+        out,
+        "; the packet ({} B) is larger than {dev}'s MTU",
         p.total_len
-    )
+    )?;
+    if let Some(mtu) = mtu {
+        write!(out, " {mtu}")?;
+    }
+    write!(out, ": {then}")
 }
 
-/// What happened at `hop`, given the hop before it.
+/// What happened at `hop`, given the hop before it. Written into one
+/// buffer: a note per hop at line rate, where a String per phrase was a
+/// good part of what telling cost.
 pub(super) fn note(hop: &Hop, prev: Option<&Hop>, ctx: &Context) -> String {
+    let mut out = String::with_capacity(64);
+    write_note(&mut out, hop, prev, ctx).expect("writing to a String");
+    out
+}
+
+fn write_note(out: &mut String, hop: &Hop, prev: Option<&Hop>, ctx: &Context) -> fmt::Result {
     let p = &hop.packet.packet;
-    let ttl_drop = prev
+    if let Some(before) = prev
         .map(|prev| prev.packet.packet.ttl)
         .filter(|before| *before > p.ttl)
-        .map(|before| format!("routed (TTL {before}→{})", p.ttl));
-    let what = match (hop.role, hop.direction, &hop.packet.tunnel) {
+    {
+        write!(out, "routed (TTL {before}→{}), ", p.ttl)?;
+    }
+    match (p.fragment, p.transport) {
+        (true, Transport::Fragment { offset, .. }) => write!(out, "fragment @{offset}: ")?,
+        (true, _) => out.push_str("first fragment: "),
+        (false, _) => {}
+    }
+    write_what(out, hop, ctx)?;
+    write_route(out, hop, ctx)
+}
+
+/// What the hook saw, by where it is and what the packet carries.
+fn write_what(out: &mut String, hop: &Hop, ctx: &Context) -> fmt::Result {
+    let p = &hop.packet.packet;
+    let said = match (hop.role, hop.direction, &hop.packet.tunnel) {
         (_, Direction::Drop, _) => match &hop.drop {
-            Some(d) if d.by_socket => format!(
-                "dropped before it had an IP header (matched by its socket): {} in {}",
-                d.reason, d.location
-            ),
-            Some(d) => format!("dropped: {} in {}", d.reason, d.location),
-            None => "dropped".to_string(),
+            Some(d) if d.by_socket => {
+                return write!(
+                    out,
+                    "dropped before it had an IP header (matched by its socket): {} in {}",
+                    d.reason, d.location
+                )
+            }
+            Some(d) => return write!(out, "dropped: {} in {}", d.reason, d.location),
+            None => "dropped",
         },
         (_, Direction::Egress, Some(t)) => {
             let added = t.outer.total_len.saturating_sub(p.total_len);
-            format!("encapsulated {} (+{added} B)", tunnel_text(t))
+            return write!(out, "encapsulated {} (+{added} B)", TunnelText(t));
         }
         (_, Direction::Ingress, Some(t)) => {
-            let from = ctx
-                .names
-                .get(&t.outer.src)
-                .map(|n| format!(" from {n}"))
-                .unwrap_or_default();
-            format!("arrives encapsulated{from}: {}", tunnel_text(t))
+            out.push_str("arrives encapsulated");
+            if let Some(name) = ctx.names.get(&t.outer.src) {
+                write!(out, " from {name}")?;
+            }
+            return write!(out, ": {}", TunnelText(t));
         }
-        (Role::Tunnel, Direction::Ingress, None) => "decapsulated".to_string(),
-        (Role::Tunnel, Direction::Egress, None) => "into the tunnel device".to_string(),
-        (Role::PodVeth, Direction::Ingress, None) => format!("sent by {}", ctx.label(p.src)),
-        (Role::PodVeth, Direction::Egress, None) => format!("handed to {}", ctx.label(p.dst)),
-        (Role::Bridge, Direction::Ingress, None) => "bridge up to the host stack".to_string(),
-        (Role::Bridge, Direction::Egress, None) => "host stack down to the bridge".to_string(),
-        (Role::Underlay, Direction::Egress, None) => "leaves the node unencapsulated".to_string(),
-        (Role::Underlay, Direction::Ingress, None) => "arrives unencapsulated".to_string(),
-        (Role::Other, _, None) => "seen".to_string(),
+        (Role::Tunnel, Direction::Ingress, None) => "decapsulated",
+        (Role::Tunnel, Direction::Egress, None) => "into the tunnel device",
+        (Role::PodVeth, Direction::Ingress, None) => {
+            return write!(out, "sent by {}", ctx.label(p.src))
+        }
+        (Role::PodVeth, Direction::Egress, None) => {
+            return write!(out, "handed to {}", ctx.label(p.dst))
+        }
+        (Role::Bridge, Direction::Ingress, None) => "bridge up to the host stack",
+        (Role::Bridge, Direction::Egress, None) => "host stack down to the bridge",
+        (Role::Underlay, Direction::Egress, None) => "leaves the node unencapsulated",
+        (Role::Underlay, Direction::Ingress, None) => "arrives unencapsulated",
+        (Role::Other, _, None) => "seen",
     };
-    let what = match &hop.route {
+    out.push_str(said);
+    Ok(())
+}
+
+/// The kernel's route for the packet, when this hook asked for it.
+fn write_route(out: &mut String, hop: &Hop, ctx: &Context) -> fmt::Result {
+    match &hop.route {
         Some(route) if route.found() => {
-            let via = route.via.map(|v| format!(" via {v}")).unwrap_or_default();
+            out.push_str("; kernel route");
+            if let Some(via) = route.via {
+                write!(out, " via {via}")?;
+            }
             let dev = route.dev.as_deref().unwrap_or("?");
-            let too_big = if route.result == KernelRoute::FRAG_NEEDED {
-                larger_than_mtu(hop, dev, ctx)
-            } else {
-                String::new()
-            };
-            format!("{what}; kernel route{via} dev {dev}{too_big}")
+            write!(out, " dev {dev}")?;
+            if route.result == KernelRoute::FRAG_NEEDED {
+                larger_than_mtu(out, hop, dev, ctx)?;
+            }
+            Ok(())
         }
-        Some(route) => format!("{what}; kernel route lookup: {}", route.result),
-        None => what,
-    };
-    let what = match (p.fragment, p.transport) {
-        (true, Transport::Fragment { offset, .. }) => format!("fragment @{offset}: {what}"),
-        (true, _) => format!("first fragment: {what}"),
-        (false, _) => what,
-    };
-    match ttl_drop {
-        Some(routed) => format!("{routed}, {what}"),
-        None => what,
+        Some(route) => write!(out, "; kernel route lookup: {}", route.result),
+        None => Ok(()),
     }
 }

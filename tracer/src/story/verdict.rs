@@ -317,15 +317,15 @@ fn outcome_of(journey: &Journey, delivered: bool, ctx: &Context) -> Outcome {
     let dst = journey.hops[0].packet.packet.dst;
     if let (Direction::Drop, Some(drop)) = (last.direction, &last.drop) {
         Outcome::Dropped {
-            node: last.node.clone(),
-            iface: last.iface.clone(),
+            node: last.node.to_string(),
+            iface: last.iface.to_string(),
             reason: drop.reason.clone(),
             location: drop.location.clone(),
         }
     } else if delivered {
         Outcome::Delivered {
-            node: last.node.clone(),
-            iface: last.iface.clone(),
+            node: last.node.to_string(),
+            iface: last.iface.to_string(),
         }
     } else if last.role == Role::Underlay
         && last.direction == Direction::Egress
@@ -333,14 +333,14 @@ fn outcome_of(journey: &Journey, delivered: bool, ctx: &Context) -> Outcome {
     {
         let toward = last.packet.tunnel.map_or(dst, |t| t.outer.dst);
         Outcome::LeftNode {
-            node: last.node.clone(),
-            iface: last.iface.clone(),
+            node: last.node.to_string(),
+            iface: last.iface.to_string(),
             toward,
         }
     } else if journey.records_lost {
         Outcome::Incomplete {
-            node: last.node.clone(),
-            iface: last.iface.clone(),
+            node: last.node.to_string(),
+            iface: last.iface.to_string(),
             direction: last.direction,
         }
     } else if let Some(translation) = ctx
@@ -348,15 +348,15 @@ fn outcome_of(journey: &Journey, delivered: bool, ctx: &Context) -> Outcome {
         .translated_out_of_sight(&last.packet.packet, last.ktime_ns)
     {
         Outcome::TranslatedOutOfSight {
-            node: last.node.clone(),
-            iface: last.iface.clone(),
+            node: last.node.to_string(),
+            iface: last.iface.to_string(),
             direction: last.direction,
             translation,
         }
     } else {
         Outcome::Vanished {
-            node: last.node.clone(),
-            iface: last.iface.clone(),
+            node: last.node.to_string(),
+            iface: last.iface.to_string(),
             direction: last.direction,
         }
     }
