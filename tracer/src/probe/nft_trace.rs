@@ -422,6 +422,15 @@ mod tests {
         }
     }
 
+    /// The rules a recorded `nft monitor trace` names, given `canned`.
+    fn rules_of(trace: &str, canned: &mut Canned) -> Vec<TracedRule> {
+        let mut parser = TraceParser::default();
+        trace
+            .lines()
+            .filter_map(|l| parser.feed(l, canned))
+            .collect()
+    }
+
     /// Recorded: a rule inserted after the monitor started.
     #[test]
     fn a_rule_the_monitor_does_not_know_is_read_from_the_kernel() {
@@ -432,11 +441,7 @@ trace id 354d7c83 ip kube-proxy filter-forward unknown rule handle 76 (verdict d
             ("filter-forward".into(), 76),
             "ip daddr 10.96.171.61 tcp dport 80 counter packets 1 bytes 60 drop".into(),
         );
-        let mut parser = TraceParser::default();
-        let rules: Vec<_> = trace
-            .lines()
-            .filter_map(|l| parser.feed(l, &mut canned))
-            .collect();
+        let rules = rules_of(trace, &mut canned);
         assert_eq!(rules.len(), 1);
         assert_eq!(
             rules[0].rule.rule,
@@ -458,12 +463,7 @@ trace id 1cc0b69c ip kube-proxy filter-forward policy accept
 
     #[test]
     fn a_native_dnat_is_named_by_its_endpoint_chain_and_nft_text() {
-        let mut parser = TraceParser::default();
-        let mut none = Canned::default();
-        let rules: Vec<_> = KUBE_PROXY_NFT
-            .lines()
-            .filter_map(|l| parser.feed(l, &mut none))
-            .collect();
+        let rules = rules_of(KUBE_PROXY_NFT, &mut Canned::default());
         assert_eq!(rules.len(), 1, "{rules:?}");
         let rule = &rules[0];
         assert_eq!(
@@ -497,11 +497,7 @@ trace id 63a446b6 ip kube-proxy reject-chain rule reject # handle 54 (verdict dr
             "no-endpoint-services 10.96.171.9 . tcp . 80".into(),
             "default/empty:http".into(),
         );
-        let mut parser = TraceParser::default();
-        let rules: Vec<_> = trace
-            .lines()
-            .filter_map(|l| parser.feed(l, &mut canned))
-            .collect();
+        let rules = rules_of(trace, &mut canned);
         assert_eq!(rules.len(), 1);
         assert_eq!(rules[0].rule.chain, "reject-chain");
         assert_eq!(rules[0].rule.hook, "filter-forward");
@@ -516,11 +512,7 @@ trace id 63a446b6 ip kube-proxy reject-chain rule reject # handle 54 (verdict dr
     fn other_native_tables_are_named_the_same_way() {
         let trace = r#"trace id c7b07101 inet firewalld filter_FWD_public packet: iif "cni0" oif "flannel.1" ether saddr 8e:9b:38:30:42:e5 ether daddr 0a:58:0a:ab:01:01 ip saddr 10.171.1.2 ip daddr 10.171.2.3 ip dscp cs0 ip ecn not-ect ip ttl 63 ip id 48453 ip protocol tcp ip length 60 tcp sport 37302 tcp dport 8080 tcp flags == syn tcp window 64860
 trace id c7b07101 inet firewalld filter_FWD_public rule ip daddr 10.171.2.3 tcp dport 8080 counter packets 0 bytes 0 reject with tcp reset comment "block db-1" # handle 2 (verdict drop)"#;
-        let mut parser = TraceParser::default();
-        let rules: Vec<_> = trace
-            .lines()
-            .filter_map(|l| parser.feed(l, &mut Canned::default()))
-            .collect();
+        let rules = rules_of(trace, &mut Canned::default());
         assert_eq!(rules.len(), 1);
         let rule = &rules[0].rule;
         assert_eq!(
@@ -545,11 +537,7 @@ trace id 1 ip filter FORWARD policy drop"#;
         canned
             .iptables
             .insert(("PREROUTING".into(), 4), dnat.into());
-        let mut parser = TraceParser::default();
-        let rules: Vec<_> = trace
-            .lines()
-            .filter_map(|l| parser.feed(l, &mut canned))
-            .collect();
+        let rules = rules_of(trace, &mut canned);
         assert_eq!(rules.len(), 2, "{rules:?}");
         assert_eq!(rules[0].rule.table, "nat");
         assert_eq!(rules[0].rule.rule, dnat);
