@@ -173,7 +173,6 @@ fn tx_packets(lab: &xtask::lab::Lab, pod: &str) -> u64 {
 }
 
 #[test]
-#[ignore = "known bug, open in #11: under a full-rate flow one packet is sometimes told as two stories (its first node's hops 'vanished' at eth0 egress, its second node's hops 'delivered' from eth0 ingress), a correlation bug of the per-node ring readers' ordering or of PacketKey; failed 1 in 10 runs before the userspace speed-up and 4 in 7 after"]
 fn sample_100_loses_nothing_on_a_full_rate_iperf3_flow() {
     let lab = lab(Topology::FlannelVxlan);
     assert!(ping(&lab.0, "web-0", "db-0"));

@@ -31,6 +31,7 @@ use crate::{
         wire::{Numbering, Record, Start, WireFacts},
     },
     output::Summary,
+    probe::monotonic_ns,
 };
 
 /// Records queued for stdout at most; more are counted as lost.
@@ -147,7 +148,7 @@ async fn relay(
         hooks_attached: trace.nodes.iter().map(|n| n.hooks()).sum(),
         ..Default::default()
     };
-    let mut losses = LossWatch::new(&trace.nodes, super::monotonic_ns());
+    let mut losses = LossWatch::new(&trace.nodes, monotonic_ns());
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let until_deadline = super::until(args.duration);
     tokio::pin!(until_deadline);
@@ -161,7 +162,7 @@ async fn relay(
                 }
             }
             _ = tick.tick() => {
-                let now = super::monotonic_ns();
+                let now = monotonic_ns();
                 let window = losses.check(&trace.nodes, now)?;
                 let agent = out.take_lost();
                 if window.is_some() || agent > 0 {
@@ -171,11 +172,11 @@ async fn relay(
             }
             Some(moved) = moved_rx.recv() => follow_move(trace, &mut traced_ips, &moved)?,
             Some((_node, drop)) = trace.rules.recv() => {
-                out.send(Record::Rule { src: drop.src, dst: drop.dst, ip_id: drop.ip_id, rule: drop.rule, at_ns: super::monotonic_ns() });
+                out.send(Record::Rule { src: drop.src, dst: drop.dst, ip_id: drop.ip_id, rule: drop.rule, at_ns: monotonic_ns() });
             }
             Some((_node, entry)) = trace.conntrack.recv() => {
                 if super::of_the_traced_pair(&entry, &trace.targets) {
-                    let untraced_until_ns = if super::follow_connection(&entry, trace).await? { super::monotonic_ns() } else { 0 };
+                    let untraced_until_ns = if super::follow_connection(&entry, trace).await? { monotonic_ns() } else { 0 };
                     out.send(Record::Conntrack { entry, untraced_until_ns });
                 }
             }
@@ -287,5 +288,5 @@ fn realtime_offset_ns() -> i64 {
     // SAFETY: a valid pointer to a timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
     let realtime = ts.tv_sec * 1_000_000_000 + ts.tv_nsec;
-    realtime - super::monotonic_ns() as i64
+    realtime - monotonic_ns() as i64
 }

@@ -51,8 +51,9 @@ use crate::{
     probe::{
         conntrack,
         link_watch::LinkChange,
+        monotonic_ns,
         netfilter::{Backend, TracedRule},
-        Batch, Kernel, BATCHES_QUEUED, RING_HANDOVER,
+        Batch, Kernel, ReadThrough, BATCHES_QUEUED, RING_HANDOVER,
     },
     story::{
         journey::{Correlator, Waits},
@@ -174,6 +175,8 @@ struct Trace {
     /// `--write`: hops keep the header bytes the kernel copied.
     keep_snapshots: bool,
     sightings: mpsc::Receiver<Batch>,
+    /// How far each node's ring reader has read.
+    read_through: Vec<ReadThrough>,
     links: mpsc::UnboundedReceiver<(u32, LinkChange)>,
     rules: mpsc::UnboundedReceiver<(u32, TracedRule)>,
     conntrack: mpsc::UnboundedReceiver<(u32, conntrack::Entry)>,
@@ -185,6 +188,18 @@ struct Trace {
     joining_only: Vec<(Ipv4Addr, Ipv4Addr)>,
     /// Namespaces no traced node owns (pods), named on first sight.
     others: OtherNamespaces,
+}
+
+impl Trace {
+    /// The slowest ring reader's progress: records stamped before it are
+    /// all sent (see `ReadThrough`).
+    fn read_through(&self) -> u64 {
+        self.read_through
+            .iter()
+            .map(ReadThrough::get)
+            .min()
+            .unwrap_or(u64::MAX)
+    }
 }
 
 async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
@@ -239,6 +254,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         single_node: namespaces.len() == 1,
     };
     let mut nodes = Vec::new();
+    let mut read_through = Vec::new();
     for (id, ns) in namespaces.iter().enumerate() {
         let (mut node, facts) = TracedNode::trace(id as u32, ns, &shared).await?;
         for (ip, iface) in &facts.pod_interfaces {
@@ -248,7 +264,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
                 ctx.label(*ip)
             );
         }
-        node.probe.stream(tx.clone())?;
+        read_through.push(node.probe.stream(tx.clone())?);
         ctx.nodes.insert(node.name.to_string(), facts);
         if let Some(findings) = doctor.get(id) {
             ctx.doctor.insert(node.name.to_string(), findings.clone());
@@ -270,6 +286,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         rules_traced: why_rule_unnamed.is_none(),
         keep_snapshots: args.write.is_some(),
         sightings,
+        read_through,
         links,
         rules,
         conntrack,
@@ -411,11 +428,19 @@ async fn stream(
                 }
             }
             _ = tick.tick() => {
+                // Read before the queue is taken: every record stamped
+                // before it is then absorbed, whichever node sent it.
+                let read_through = trace.read_through();
+                while let Ok(batch) = trace.sightings.try_recv() {
+                    for sighting in &batch {
+                        absorb(sighting, trace, &mut summary, &mut correlator).await;
+                    }
+                }
                 let now = monotonic_ns();
                 if let Some((from, to, _)) = losses.check(&trace.nodes, now)? {
                     correlator.observe_loss(from, to);
                 }
-                if !teller.tell_all(&correlator.take_finished(now))? {
+                if !teller.tell_all(&correlator.take_finished(read_through.min(now)))? {
                     break 'trace;
                 }
             }
@@ -700,15 +725,4 @@ async fn to_hop(s: &Sighting, trace: &mut Trace, summary: &mut Summary) -> Optio
             None
         }
     }
-}
-
-/// CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

@@ -4,7 +4,14 @@
 //! probe detaches everything
 //! it attached, and nothing another podtrace did.
 
-use std::{mem::ManuallyDrop, os::fd::AsRawFd};
+use std::{
+    mem::ManuallyDrop,
+    os::fd::AsRawFd,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+};
 
 use anyhow::{anyhow, Context, Result};
 use aya::{
@@ -60,6 +67,40 @@ pub const RING_HANDOVER: std::time::Duration = RING_POLL.saturating_mul(2);
 /// Sightings as the ring reader hands them over: every record one drain
 /// found, at once (one channel wakeup per drain, not per record).
 pub type Batch = Vec<Sighting>;
+
+/// How far one ring reader has read, as a CLOCK_MONOTONIC instant (the
+/// clock the kernel stamps records with): every record stamped before it
+/// is in a batch already sent. Stories are finished against the slowest
+/// reader's, not the wall clock: a reader or the stories' task that fell
+/// behind must not cut a packet in two because its other node's records
+/// were still on their way.
+#[derive(Clone, Debug, Default)]
+pub struct ReadThrough(Arc<AtomicU64>);
+
+impl ReadThrough {
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    fn set(&self, ns: u64) {
+        self.0.store(ns, Ordering::Release);
+    }
+}
+
+/// How long after the kernel stamps a record it may still be uncommitted
+/// (stamped, then reserved and written): far more than it takes.
+const COMMIT_SLACK_NS: u64 = 1_000_000;
+
+/// The kernel's clock (`bpf_ktime_get_ns`), read from userspace.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
 
 /// Batches that may wait for the stories to catch up, at most. Past it the
 /// ring reader waits, the ring fills, and the kernel counts what it could
@@ -160,17 +201,19 @@ impl NodeProbe {
     /// sighting. Not a task of the runtime: telling stories (a large
     /// write of JSON that the page cache may throttle) must never keep
     /// the ring from being drained, or a line-rate flow fills it.
-    pub fn stream(&mut self, tx: mpsc::Sender<Batch>) -> Result<()> {
+    pub fn stream(&mut self, tx: mpsc::Sender<Batch>) -> Result<ReadThrough> {
         let map = self
             .ebpf
             .take_map(names::SIGHTINGS)
             .ok_or_else(|| anyhow!("no SIGHTINGS map"))?;
         let ring = RingBuf::try_from(map)?;
+        let read_through = ReadThrough::default();
+        let progress = read_through.clone();
         std::thread::Builder::new()
             .name("podtrace-ring".into())
-            .spawn(move || read_ring(ring, &tx))
+            .spawn(move || read_ring(ring, &tx, &progress))
             .context("cannot start the ring buffer reader")?;
-        Ok(())
+        Ok(read_through)
     }
 
     /// Profile mode's step histograms, summed over CPUs.
@@ -205,9 +248,14 @@ impl NodeProbe {
 
 /// Drains `ring` whenever it wakes us (a quarter full) or `RING_POLL`
 /// has passed, until nobody listens.
-fn read_ring(mut ring: RingBuf<MapData>, tx: &mpsc::Sender<Batch>) {
+fn read_ring(mut ring: RingBuf<MapData>, tx: &mpsc::Sender<Batch>, progress: &ReadThrough) {
     let fd = ring.as_raw_fd();
-    while drain(&mut ring, tx) && !tx.is_closed() {
+    loop {
+        let started = monotonic_ns();
+        if !drain(&mut ring, tx) || tx.is_closed() {
+            break;
+        }
+        progress.set(started.saturating_sub(COMMIT_SLACK_NS));
         let mut ready = libc::pollfd {
             fd,
             events: libc::POLLIN,

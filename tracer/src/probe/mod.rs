@@ -30,7 +30,9 @@ pub mod tc;
 use anyhow::{Context as _, Result};
 use podtrace_common::KernelLayout;
 
-pub use load::{Batch, NodeProbe, ProbeSpec, BATCHES_QUEUED, RING_HANDOVER};
+pub use load::{
+    monotonic_ns, Batch, NodeProbe, ProbeSpec, ReadThrough, BATCHES_QUEUED, RING_HANDOVER,
+};
 pub use tc::AttachMode;
 
 use self::{
