@@ -299,15 +299,12 @@ fn the_nft_table_is_gone_after_sigint_sigterm_and_sigkill() {
         trace.signal(signal);
         trace.finish();
         if signal == libc::SIGKILL {
-            assert_eq!(
-                tables().len(),
-                1,
-                "a killed podtrace cannot remove its table"
-            );
-            // The next start removes it.
+            // A killed podtrace cannot remove its table; the next start
+            // sweeps it. (Any podtrace's start may: the other tests' runs
+            // share /run/podtrace, so it may already be gone here.)
             let next = Trace::start(&lab_args_with(&lab, &["web-0", "db-0"]));
             let now = tables();
-            assert_eq!(now.len(), 1, "{now:?}");
+            assert_eq!(now.len(), 1, "only the new run's table: {now:?}");
             assert_ne!(now, ours, "the killed run's table went");
             next.signal(libc::SIGINT);
             next.finish();
