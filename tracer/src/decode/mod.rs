@@ -12,7 +12,7 @@ use podtrace_common::{GENEVE_PORT, VXLAN_PORT_FLANNEL, VXLAN_PORT_IANA};
 use serde::{Deserialize, Serialize};
 
 /// The layer-4 facts that tell one packet of a flow from the next.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(tag = "proto", rename_all = "lowercase")]
 pub enum Transport {
     Icmp {

@@ -12,7 +12,7 @@
 //! without bound: evidence that finds no journey expires.
 
 use std::{
-    collections::{HashMap, HashSet, VecDeque},
+    collections::{BTreeSet, HashMap, HashSet, VecDeque},
     net::Ipv4Addr,
 };
 
@@ -37,7 +37,7 @@ const MAX_WAITING_RULES: usize = 4096;
 /// What stays the same for one packet on every hop, encapsulated or not:
 /// addresses, IP ID and the transport identity. TTL and the tunnel are
 /// left out because routing and encapsulation change them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct PacketKey {
     pub src: Ipv4Addr,
     pub dst: Ipv4Addr,
@@ -273,6 +273,10 @@ pub struct Waits {
 /// expire.
 pub struct Correlator {
     open: HashMap<PacketKey, Journey>,
+    /// The open journeys by when they were first seen: finishing walks
+    /// from the oldest and stops at the first still under way, instead of
+    /// judging every open journey each time (thousands at line rate).
+    by_first_seen: BTreeSet<(u64, PacketKey)>,
     waits: Waits,
     /// Rules that arrived before their journey's first hop: (when, packet,
     /// rule), oldest first.
@@ -295,6 +299,7 @@ impl Correlator {
     pub fn new(waits: Waits) -> Self {
         Self {
             open: HashMap::new(),
+            by_first_seen: BTreeSet::new(),
             waits,
             waiting_rules: VecDeque::new(),
             losses: VecDeque::new(),
@@ -332,10 +337,12 @@ impl Correlator {
             let Some(half) = self.open.remove(&key) else {
                 continue;
             };
+            self.by_first_seen.remove(&(half.first_seen(), key));
             if key.in_pieces() {
                 self.open_in_pieces -= 1;
             }
             if let Some(journey) = self.open.get_mut(&into) {
+                let first_before = journey.first_seen();
                 for hop in half.hops {
                     let at = journey.hops.partition_point(|h| h.ktime_ns <= hop.ktime_ns);
                     journey.hops.insert(at, hop);
@@ -344,6 +351,8 @@ impl Correlator {
                     journey.add_rule(rule);
                 }
                 journey.records_lost |= half.records_lost;
+                let first_now = journey.first_seen();
+                reindex(&mut self.by_first_seen, into, first_before, first_now);
             }
         }
     }
@@ -395,14 +404,23 @@ impl Correlator {
         let waiting = &mut self.waiting_rules;
         let journey = self.open.entry(key).or_insert_with(|| Journey {
             key,
-            hops: Vec::new(),
+            // Room for a two-node path without growing.
+            hops: Vec::with_capacity(8),
             rule: None,
             nat_rules: Vec::new(),
             records_lost: false,
         });
+        let first_before = (!journey.hops.is_empty()).then(|| journey.first_seen());
         // Different CPUs and ring buffers deliver slightly out of order.
         let at = journey.hops.partition_point(|h| h.ktime_ns <= hop.ktime_ns);
         journey.hops.insert(at, hop);
+        let first_now = journey.first_seen();
+        match first_before {
+            None => {
+                self.by_first_seen.insert((first_now, key));
+            }
+            Some(before) => reindex(&mut self.by_first_seen, key, before, first_now),
+        }
         // Rules traced before this sighting reached us (a nat rule may
         // have seen the packet half translated: `is_packet`).
         while let Some(at) = waiting.iter().position(|(_, id, _)| journey.is_packet(*id)) {
@@ -448,14 +466,20 @@ impl Correlator {
     /// sent: one that is done waits for every earlier one.
     pub fn take_finished(&mut self, now_ns: u64) -> Vec<Journey> {
         self.expire(now_ns);
-        let (done, open): (Vec<&Journey>, Vec<&Journey>) =
-            self.open.values().partition(|j| self.is_done(j, now_ns));
-        let oldest_open = open.iter().map(|j| j.first_seen()).min();
-        let keys: Vec<_> = done
-            .iter()
-            .filter(|j| oldest_open.is_none_or(|t| j.first_seen() <= t))
-            .map(|j| j.key)
-            .collect();
+        let mut keys = Vec::new();
+        // Done ones up to the oldest still under way, and those first seen
+        // at that same instant.
+        let mut oldest_under_way = None;
+        for &(first, key) in &self.by_first_seen {
+            if oldest_under_way.is_some_and(|t| first > t) {
+                break;
+            }
+            if self.is_done(&self.open[&key], now_ns) {
+                keys.push(key);
+            } else {
+                oldest_under_way.get_or_insert(first);
+            }
+        }
         self.drain(keys)
     }
 
@@ -483,7 +507,7 @@ impl Correlator {
         {
             self.waiting_rules.pop_front();
         }
-        let oldest_open = self.open.values().map(Journey::first_seen).min();
+        let oldest_open = self.by_first_seen.first().map(|(first, _)| *first);
         while self
             .losses
             .front()
@@ -510,6 +534,10 @@ impl Correlator {
 
     fn drain(&mut self, keys: Vec<PacketKey>) -> Vec<Journey> {
         let mut out: Vec<_> = keys.iter().filter_map(|k| self.open.remove(k)).collect();
+        for journey in &out {
+            self.by_first_seen
+                .remove(&(journey.first_seen(), journey.key));
+        }
         self.open_in_pieces -= out.iter().filter(|j| j.key.in_pieces()).count();
         out.retain(|j| !self.only_for_joining(j));
         out.sort_by_key(Journey::first_seen);
@@ -524,6 +552,15 @@ impl Correlator {
                 let p = &h.packet.packet;
                 self.joining_only.contains(&(p.src, p.dst))
             })
+    }
+}
+
+/// Moves `key` in the index when a hop seen earlier changed when its
+/// journey was first seen.
+fn reindex(index: &mut BTreeSet<(u64, PacketKey)>, key: PacketKey, before: u64, now: u64) {
+    if before != now {
+        index.remove(&(before, key));
+        index.insert((now, key));
     }
 }
 
@@ -678,6 +715,48 @@ pub(crate) mod tests {
         assert_eq!(rest.len(), 1);
         assert_eq!(rest[0].hops.len(), 1);
         assert_eq!(c.pending(), 0);
+    }
+
+    #[test]
+    fn a_hop_seen_earlier_arriving_late_moves_its_journey_ahead() {
+        let a = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
+        let b = frames::icmp_echo([10, 244, 1, 3], [10, 244, 2, 3], 64, 1);
+        let mut c = Correlator::new(waits(1_000, 1_000_000));
+        // A's delivery on node-2 reaches us first, B (under way) next,
+        // then A's first hop on node-1, from a reader that lagged.
+        c.observe(hop(
+            600,
+            "n2",
+            "veth2",
+            Role::PodVeth,
+            Direction::Egress,
+            &a,
+        ));
+        c.observe(hop(
+            300,
+            "n1",
+            "veth3",
+            Role::PodVeth,
+            Direction::Ingress,
+            &b,
+        ));
+        c.observe(hop(
+            100,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &a,
+        ));
+        assert_eq!(c.by_first_seen.len(), c.open.len());
+        // A was sent before B and is done: it does not wait for B.
+        let done = c.take_finished(2_000);
+        assert_eq!(done.len(), 1, "{done:?}");
+        assert_eq!(done[0].key.src, std::net::Ipv4Addr::new(10, 244, 1, 2));
+        assert_eq!(done[0].hops.len(), 2);
+        assert_eq!((c.pending(), c.by_first_seen.len()), (1, 1));
+        assert_eq!(c.take_all().len(), 1);
+        assert!(c.by_first_seen.is_empty());
     }
 
     #[test]
