@@ -238,13 +238,6 @@ fn request_times(lab: &xtask::lab::Lab, svc: &str, count: u32) -> Vec<f64> {
         .collect()
 }
 
-fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(((v.len() as f64 - 1.0) * p) as usize)
-        .copied()
-        .unwrap_or(0.0)
-}
-
 /// One traced or untraced round: request times and iperf3 bits/s.
 #[derive(Default)]
 struct NatRound {
@@ -321,8 +314,8 @@ fn finish_trace(trace: Option<Trace>) {
 }
 
 fn print_nat_cost(mode: xtask::lab::kube_proxy::ProxyMode, untraced: &NatRound, traced: &NatRound) {
-    let p = |r: &NatRound, q| percentile(r.requests_us.clone(), q);
-    let gbit = |r: &NatRound| percentile(r.bits.clone(), 0.5) / 1e9;
+    let p = |r: &NatRound, q| datapath::percentile(r.requests_us.iter().copied(), q);
+    let gbit = |r: &NatRound| datapath::median(r.bits.iter().copied()) / 1e9;
     println!(
         "NAT following ({mode:?} kube-proxy): web-0 → ClusterIP → backend on node-2, {} interleaved rounds",
         traced.bits.len()
@@ -378,13 +371,10 @@ fn rule_naming_cost() {
             }
         }
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let bare = median(&mut rtts[0].clone());
+    let median = |v: &[f64]| datapath::median(v.iter().copied());
+    let bare = median(&rtts[0]);
     println!("rule naming: {PINGS} pings web-0 → db-0 (10 ms apart), {ROUNDS} interleaved rounds; median average RTT");
-    for ((what, _), rtt) in cases.iter().zip(&mut rtts) {
+    for ((what, _), rtt) in cases.iter().zip(&rtts) {
         let rtt = median(rtt);
         println!(
             "  {what}: {rtt:.0} µs ({:+.1}%)",

@@ -1,7 +1,8 @@
 //! What `cargo xtask bench` measures on the real datapath besides ping:
 //! TCP throughput with iperf3 between lab pods, the kernel's own run-time
 //! statistics of podtrace's programs (bpf_stats), and a process's CPU time,
-//! so that every bench case is measured the same way.
+//! so that every bench case is measured (and its rounds summed up) the
+//! same way.
 
 use std::{
     collections::BTreeMap,
@@ -163,6 +164,22 @@ pub fn cpu_seconds(pid: i32) -> f64 {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     (ticks(11) + ticks(12)) / hz
+}
+
+/// The `p` quantile (0 to 1) of some measurements: the one at rank
+/// ⌊(n − 1)·p⌋ in ascending order, not interpolated; 0 of none.
+pub fn percentile(values: impl IntoIterator<Item = f64>, p: f64) -> f64 {
+    let mut v: Vec<f64> = values.into_iter().collect();
+    v.sort_by(f64::total_cmp);
+    v.get(((v.len() as f64 - 1.0) * p) as usize)
+        .copied()
+        .unwrap_or(0.0)
+}
+
+/// The median as `percentile` takes it: the middle of an odd count, the
+/// lower middle of an even one.
+pub fn median(values: impl IntoIterator<Item = f64>) -> f64 {
+    percentile(values, 0.5)
 }
 
 /// An empty tc program (it returns TC_ACT_UNSPEC at once) on both hooks of

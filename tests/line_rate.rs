@@ -68,16 +68,16 @@ fn line_rate_cases() {
             runs.entry(case).or_default().push(run(&lab.0, case));
         }
     }
-    let bare = median(runs[&Case::Untraced].iter().map(|r| r.bits).collect());
+    let bare = datapath::median(runs[&Case::Untraced].iter().map(|r| r.bits));
     println!(
         "line rate: iperf3 TCP web-0 → db-0 across flannel.1 (VXLAN), {ROUNDS} interleaved rounds of {SECONDS} s; medians"
     );
     println!("  untraced: {:.2} Gbit/s", bare / 1e9);
     for case in &CASES[1..] {
         let r = &runs[case];
-        let bits = median(r.iter().map(|r| r.bits).collect());
+        let bits = datapath::median(r.iter().map(|r| r.bits));
         let lost: u64 = r.iter().map(|r| r.lost).sum();
-        let cpu = median(r.iter().map(|r| r.cpu_percent).collect());
+        let cpu = datapath::median(r.iter().map(|r| r.cpu_percent));
         let rss = r.iter().map(|r| r.rss_kib).max().unwrap_or(0);
         let mut progs: BTreeMap<String, (u64, u64)> = BTreeMap::new();
         for (name, (runs, ns)) in r.iter().flat_map(|r| r.prog_ns.iter()) {
@@ -96,11 +96,6 @@ fn line_rate_cases() {
             }
         );
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 fn run(lab: &Lab, case: Case) -> Run {
@@ -295,11 +290,8 @@ fn untraced_cost() {
     let args = argv(&["web-1", "db-1", "-o", "json"], lab_args(&lab.0, &[1, 2]));
     let trace = Trace::start(&args);
     let (floor_before, progs_before) = (floor.stats(), datapath::prog_stats(trace.pid()));
-    let bits = median(
-        (0..ROUNDS)
-            .map(|_| datapath::iperf(&lab.0, "web-0", "db-0", SECONDS).0)
-            .collect(),
-    );
+    let bits =
+        datapath::median((0..ROUNDS).map(|_| datapath::iperf(&lab.0, "web-0", "db-0", SECONDS).0));
     let progs = since(&datapath::prog_stats(trace.pid()), &progs_before);
     let floor_runs = (
         floor.stats().0 - floor_before.0,

@@ -75,49 +75,28 @@ pub struct ReadArgs {
 /// tells, per packet, where it went and what happened to it.
 #[derive(Debug, Parser)]
 #[command(name = "podtrace", version, about)]
+#[group(id = "trace")]
 pub struct Args {
     /// Source pod: namespace/name, name (with -n), or an IPv4 address.
+    // `Cli` builds its optional trace only when this group is present, but
+    // clap leaves the group empty in a struct that flattens another
+    // (clap-rs/clap#4570, #4697): the required SRC joins it by hand.
+    #[arg(group = "trace")]
     pub src: String,
     /// Destination: a pod (namespace/name, name with -n), an IPv4 address,
     /// a Service (`svc/<name>`, a ClusterIP, `ClusterIP:port`) or `node/<name>`.
     pub dst: String,
-    /// Namespace for pod names given without one.
-    #[arg(short = 'n', long, default_value = "default")]
-    pub namespace: String,
-    /// Kubeconfig to reach the API (default: KUBECONFIG, ~/.kube/config,
-    /// then the in-cluster service account).
-    #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
-    /// Kubeconfig context to use.
-    #[arg(long)]
-    pub context: Option<String>,
-    /// Pod inventory in `kubectl get pods -A -o json` format, instead of
-    /// the API.
-    #[arg(long, value_name = "FILE")]
-    pub pods_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub kube: KubeArgs,
     /// Services and their EndpointSlices in `kubectl get
     /// svc,endpointslices -A -o json` format, instead of the API: a
     /// ClusterIP or `svc/<name>` destination is followed to its backends.
     #[arg(long, value_name = "FILE")]
     pub services_file: Option<PathBuf>,
-    /// Node list in `kubectl get nodes -o json` format: pod subnets and
-    /// CNI annotations, to name the route a node should have had.
-    #[arg(long, value_name = "FILE")]
-    pub nodes_file: Option<PathBuf>,
     /// The cluster's pod CIDR (repeatable), e.g. 10.244.0.0/16; also read
     /// from /run/flannel/subnet.env when present.
     #[arg(long, value_name = "CIDR")]
     pub pod_cidr: Vec<ipnet::Ipv4Net>,
-    /// Trace inside this network namespace (a name from `ip netns` or a
-    /// path such as /proc/PID/ns/net). Repeat it to trace several nodes in
-    /// one run.
-    #[arg(long, value_name = "NETNS")]
-    pub netns: Vec<String>,
-    /// Each traced node's root filesystem, in --netns order (`/host` in a
-    /// debug pod), for the doctor's checks when a trace ends without a
-    /// packet to blame.
-    #[arg(long, value_name = "DIR")]
-    pub host_root: Vec<PathBuf>,
     /// A node's own IP, to find its underlay interface when nothing else
     /// tells (repeatable: each traced node takes the one it holds).
     #[arg(long, value_name = "IP")]
@@ -194,6 +173,51 @@ pub struct Args {
     pub clock_skew_for_testing: Option<String>,
 }
 
+/// Where the cluster is and which nodes to look at, for a trace and the
+/// doctor alike: the API (or files in its place) and each node's network
+/// namespace and root filesystem.
+#[derive(Clone, Debug, clap::Args)]
+pub struct KubeArgs {
+    /// Namespace for pod names given without one.
+    #[arg(short = 'n', long, default_value = "default")]
+    pub namespace: String,
+    /// Kubeconfig to reach the API (default: KUBECONFIG, ~/.kube/config,
+    /// then the in-cluster service account).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context to use.
+    #[arg(long)]
+    pub context: Option<String>,
+    /// Pod inventory in `kubectl get pods -A -o json` format, instead of
+    /// the API.
+    #[arg(long, value_name = "FILE")]
+    pub pods_file: Option<PathBuf>,
+    /// Node list in `kubectl get nodes -o json` format, instead of the
+    /// API: each node's pod subnet, CNI annotations and conditions.
+    #[arg(long, value_name = "FILE")]
+    pub nodes_file: Option<PathBuf>,
+    /// Trace (or examine) the node inside this network namespace: a name
+    /// from `ip netns` or a path such as /proc/PID/ns/net. Repeat it for
+    /// several nodes in one run.
+    #[arg(long, value_name = "NETNS")]
+    pub netns: Vec<String>,
+    /// Each node's root filesystem, in --netns order (`/host` in a debug
+    /// pod): the doctor reads its etc/cni/net.d, opt/cni/bin and
+    /// run/flannel (a trace too, when it ends without a packet to blame).
+    #[arg(long, value_name = "DIR")]
+    pub host_root: Vec<PathBuf>,
+}
+
+impl KubeArgs {
+    /// How to reach the API.
+    pub fn access(&self) -> crate::cluster::api::Access {
+        crate::cluster::api::Access {
+            kubeconfig: self.kubeconfig.clone(),
+            context: self.context.clone(),
+        }
+    }
+}
+
 /// A `--snaplen`: 1 to what the kernel copies of each packet.
 fn parse_snaplen(text: &str) -> Result<u32, String> {
     let n: u32 = text
@@ -257,7 +281,29 @@ pub fn parse_ring_size(text: &str) -> Result<u32, String> {
 
 #[cfg(test)]
 mod tests {
+    use clap::CommandFactory;
+
     use super::*;
+
+    #[test]
+    fn the_shared_flags_reach_a_trace_and_the_doctor() {
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from(["podtrace", "a", "b", "-n", "ns", "--netns", "n1"]).unwrap();
+        let trace = cli.trace.expect("a trace");
+        assert!(cli.command.is_none());
+        assert_eq!((trace.src.as_str(), trace.dst.as_str()), ("a", "b"));
+        assert_eq!(trace.kube.namespace, "ns");
+        assert_eq!(trace.kube.netns, ["n1"]);
+
+        let cli = Cli::try_parse_from(["podtrace", "doctor", "p", "--host-root", "/h"]).unwrap();
+        assert!(cli.trace.is_none());
+        let Some(Command::Doctor(doctor)) = cli.command else {
+            panic!("not the doctor: {:?}", cli.command);
+        };
+        assert_eq!(doctor.pods, ["p"]);
+        assert_eq!(doctor.kube.namespace, "default");
+        assert_eq!(doctor.kube.host_root, [PathBuf::from("/h")]);
+    }
 
     #[test]
     fn durations() {

@@ -53,8 +53,8 @@ fn main() -> std::process::ExitCode {
         (None, Some(trace))
             if trace.cluster
                 || (invoked_as_kubectl_plugin()
-                    && trace.netns.is_empty()
-                    && trace.pods_file.is_none()) =>
+                    && trace.kube.netns.is_empty()
+                    && trace.kube.pods_file.is_none()) =>
         {
             runtime.block_on(podtrace::app::front::run(trace))
         }

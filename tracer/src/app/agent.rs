@@ -27,7 +27,7 @@ use crate::{
     cli::Args,
     cluster::{
         agents::{self, parse_skew, STALE_AFTER},
-        api::{Access, Cluster},
+        api::Cluster,
         wire::{Numbering, Record, Start, WireFacts},
     },
     output::Summary,
@@ -57,8 +57,8 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
     let mut args = agent.trace;
     // Where the kubelet runs agents outside the node's namespace (the
     // lab), it says which namespace is the node's.
-    if let (true, Ok(netns)) = (args.netns.is_empty(), std::env::var("PODTRACE_NETNS")) {
-        args.netns.push(netns);
+    if let (true, Ok(netns)) = (args.kube.netns.is_empty(), std::env::var("PODTRACE_NETNS")) {
+        args.kube.netns.push(netns);
     }
     let skew = match &args.clock_skew_for_testing {
         Some(text) => parse_skew(text.rsplit('=').next().unwrap_or(text))?,
@@ -92,7 +92,7 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
     // However it ended, its pod goes with it: a finished pod would stay
     // behind otherwise. The lease goes too when its front-end is gone.
     if agent.pod.is_some() || lease_lost.is_some() {
-        if let Ok(cluster) = Cluster::connect(&access(&args)).await {
+        if let Ok(cluster) = Cluster::connect(&args.kube.access()).await {
             let lease = lease_lost.and(agent.lease.as_deref());
             agents::remove_self(
                 cluster.client(),
@@ -106,13 +106,6 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
     Ok(())
 }
 
-fn access(args: &Args) -> Access {
-    Access {
-        kubeconfig: args.kubeconfig.clone(),
-        context: args.context.clone(),
-    }
-}
-
 /// Resolves with the reason once the front-end's lease goes stale.
 async fn lease_watch(args: &Args, lease: Option<&String>) -> mpsc::UnboundedReceiver<String> {
     let (tx, rx) = mpsc::unbounded_channel();
@@ -120,7 +113,7 @@ async fn lease_watch(args: &Args, lease: Option<&String>) -> mpsc::UnboundedRece
         return rx;
     };
     let namespace = args.agent_namespace.clone();
-    match Cluster::connect(&access(args)).await {
+    match Cluster::connect(&args.kube.access()).await {
         Ok(cluster) => {
             tokio::spawn(async move {
                 let why =

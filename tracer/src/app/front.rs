@@ -538,7 +538,7 @@ fn agent_args(args: &Args, targets: &Targets, node: &str) -> Vec<String> {
         endpoint(&args.src, &targets.src),
         endpoint(&args.dst, &targets.dst),
         "-n".into(),
-        args.namespace.clone(),
+        args.kube.namespace.clone(),
     ];
     for cidr in &args.pod_cidr {
         out.extend(["--pod-cidr".into(), cidr.to_string()]);

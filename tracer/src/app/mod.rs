@@ -117,7 +117,7 @@ struct Resolved {
 
 async fn resolve(args: &Args) -> Result<Resolved> {
     let targets = Targets::resolve(args).await?;
-    let namespaces = Namespace::all(&args.netns)?;
+    let namespaces = Namespace::all(&args.kube.netns)?;
     let mut ctx = context_of(args, &targets);
     let why_rule_unnamed = match (args.no_ruleset_changes, Backend::detect()) {
         (true, _) => Some("rule tracing is off (--no-ruleset-changes)"),

@@ -8,7 +8,7 @@ use std::net::Ipv4Addr;
 use anyhow::{bail, Result};
 
 use super::{
-    api::{Access, Cluster},
+    api::Cluster,
     argument::Target,
     inventory::{Endpoint, Inventory},
     nodes::{self, NodeSubnet},
@@ -38,14 +38,11 @@ pub struct Targets {
 
 impl Targets {
     pub async fn resolve(args: &Args) -> Result<Self> {
-        let access = Access {
-            kubeconfig: args.kubeconfig.clone(),
-            context: args.context.clone(),
-        };
+        let access = args.kube.access();
         // Garbage in an argument is said before anything else is tried.
-        let src_target = Target::parse(&args.src, &args.namespace)?;
-        let dst_target = Target::parse(&args.dst, &args.namespace)?;
-        let mut subnets = match &args.nodes_file {
+        let src_target = Target::parse(&args.src, &args.kube.namespace)?;
+        let dst_target = Target::parse(&args.dst, &args.kube.namespace)?;
+        let mut subnets = match &args.kube.nodes_file {
             Some(path) => nodes::load_nodes(path)?,
             None => Vec::new(),
         };
@@ -54,15 +51,15 @@ impl Targets {
             None => None,
         };
         let plain_ips = src_target.ip().is_some() && dst_target.ip().is_some();
-        let without_api = args.pods_file.is_some() || (plain_ips && !access.configured());
+        let without_api = args.kube.pods_file.is_some() || (plain_ips && !access.configured());
         if catalog.is_none()
             && without_api
             && dst_target.ip().is_some()
             && !args.no_kube_proxy_rules
         {
-            catalog = kube_proxy_rules::read_nodes(&Namespace::all(&args.netns)?);
+            catalog = kube_proxy_rules::read_nodes(&Namespace::all(&args.kube.netns)?);
         }
-        let (src, dst, inventory, cluster) = if let Some(path) = &args.pods_file {
+        let (src, dst, inventory, cluster) = if let Some(path) = &args.kube.pods_file {
             let inventory = Inventory::load(path)?;
             if let Some(catalog) = &mut catalog {
                 name_backends(catalog, &inventory);
@@ -91,7 +88,7 @@ impl Targets {
                 Some(dst) => dst,
                 None => cluster.resolve(&dst_target).await?,
             };
-            if args.nodes_file.is_none() {
+            if args.kube.nodes_file.is_none() {
                 subnets = cluster.nodes().await?;
             }
             let inventory = Inventory {

@@ -103,14 +103,11 @@ impl ClusterState {
             .iter()
             .map(|p| match p.split_once('/') {
                 Some(_) => p.clone(),
-                None => format!("{}/{p}", args.namespace),
+                None => format!("{}/{p}", args.kube.namespace),
             })
             .collect();
-        let access = Access {
-            kubeconfig: args.kubeconfig.clone(),
-            context: args.context.clone(),
-        };
-        let files = args.pods_file.is_some() || args.nodes_file.is_some();
+        let access = args.kube.access();
+        let files = args.kube.pods_file.is_some() || args.kube.nodes_file.is_some();
         let mut state = if files || !access.configured() {
             Self::from_files(args)?
         } else {
@@ -122,14 +119,14 @@ impl ClusterState {
 
     fn from_files(args: &DoctorArgs) -> Result<Self> {
         let mut state = Self::default();
-        if let Some(path) = &args.nodes_file {
+        if let Some(path) = &args.kube.nodes_file {
             let text = crate::cluster::read_file(path, "nodes file")?;
             let list: Value = serde_json::from_str(&text)
                 .with_context(|| format!("{} is not a node list", path.display()))?;
             state.nodes = items(&list).iter().map(ClusterNode::from_json).collect();
             state.known = true;
         }
-        if let Some(path) = &args.pods_file {
+        if let Some(path) = &args.kube.pods_file {
             let inventory = Inventory::load(path)?;
             state.pods = inventory
                 .pods

@@ -22,12 +22,10 @@ pub mod plugins;
 pub mod render;
 pub mod trace;
 
-use std::path::PathBuf;
-
 use anyhow::{bail, Result};
 use serde::Serialize;
 
-use crate::output::Format;
+use crate::{cli::KubeArgs, output::Format};
 
 /// `podtrace doctor [<pod>…]`.
 #[derive(Debug, clap::Args)]
@@ -35,35 +33,14 @@ pub struct DoctorArgs {
     /// Pods to look at (namespace/name, or name with -n): their node, their
     /// sandbox events, the firewall between them.
     pub pods: Vec<String>,
-    /// Namespace for pod names given without one.
-    #[arg(short = 'n', long, default_value = "default")]
-    pub namespace: String,
+    #[command(flatten)]
+    pub kube: KubeArgs,
     /// The node examined here (default: the node whose InternalIP this
     /// network namespace holds).
     #[arg(long, value_name = "NAME")]
     pub node: Vec<String>,
-    /// The node's root filesystem (`/host` in a debug pod): etc/cni/net.d,
-    /// opt/cni/bin, run/flannel. Repeat it with --netns, in the same order.
-    #[arg(long, value_name = "DIR")]
-    pub host_root: Vec<PathBuf>,
-    /// Examine the node inside this network namespace (repeatable: one per
-    /// node, in the order of --host-root).
-    #[arg(long, value_name = "NETNS")]
-    pub netns: Vec<String>,
     #[arg(short, long, value_enum, default_value = "human")]
     pub output: Format,
-    /// Kubeconfig to reach the API.
-    #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
-    /// Kubeconfig context to use.
-    #[arg(long)]
-    pub context: Option<String>,
-    /// Pods as `kubectl get pods -A -o json`, instead of the API.
-    #[arg(long, value_name = "FILE")]
-    pub pods_file: Option<PathBuf>,
-    /// Nodes as `kubectl get nodes -o json`, instead of the API.
-    #[arg(long, value_name = "FILE")]
-    pub nodes_file: Option<PathBuf>,
     /// Do not examine the node this runs on (API checks only).
     #[arg(long)]
     pub api_only: bool,
@@ -146,10 +123,11 @@ pub fn node_checks(facts: &node::NodeFacts) -> Vec<Check> {
 
 /// `podtrace doctor`: Ok(true) when every check passed.
 pub async fn run(args: DoctorArgs) -> Result<bool> {
-    if args.node.len() > 1 && args.node.len() != args.netns.len().max(1) {
+    let nodes = args.kube.netns.len().max(1);
+    if args.node.len() > 1 && args.node.len() != nodes {
         bail!("give one --node per --netns");
     }
-    if !args.host_root.is_empty() && args.host_root.len() != args.netns.len().max(1) {
+    if !args.kube.host_root.is_empty() && args.kube.host_root.len() != nodes {
         bail!("give one --host-root per --netns, in the same order");
     }
     let cluster = cluster::ClusterState::load(&args).await?;

@@ -92,14 +92,14 @@ impl NodeFacts {
 
 /// Every node the arguments name: one per --netns, or this one.
 pub async fn gather_all(args: &DoctorArgs, cluster: &ClusterState) -> Result<Vec<NodeFacts>> {
-    let netns: Vec<Option<String>> = if args.netns.is_empty() {
+    let netns: Vec<Option<String>> = if args.kube.netns.is_empty() {
         vec![None]
     } else {
-        args.netns.iter().cloned().map(Some).collect()
+        args.kube.netns.iter().cloned().map(Some).collect()
     };
     let mut all = Vec::new();
     for (i, ns) in netns.iter().enumerate() {
-        let given = args.host_root.get(i).cloned();
+        let given = args.kube.host_root.get(i).cloned();
         let files = given.is_some() || ns.is_none();
         let root = given.unwrap_or_else(|| PathBuf::from("/"));
         let name = args.node.get(i).cloned();

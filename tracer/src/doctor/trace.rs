@@ -40,15 +40,9 @@ fn doctor_args(args: &Args) -> DoctorArgs {
             .filter(|a| a.parse::<std::net::Ipv4Addr>().is_err() && !a.contains(':'))
             .cloned()
             .collect(),
-        namespace: args.namespace.clone(),
+        kube: args.kube.clone(),
         node: Vec::new(),
-        host_root: args.host_root.clone(),
-        netns: args.netns.clone(),
         output: Format::Json,
-        kubeconfig: args.kubeconfig.clone(),
-        context: args.context.clone(),
-        pods_file: args.pods_file.clone(),
-        nodes_file: args.nodes_file.clone(),
         api_only: false,
         conntrack_max_for_testing: None,
     }
