@@ -3,7 +3,8 @@
 //! It resolves and attaches exactly as node mode does (the same phases),
 //! then, instead of telling stories, writes what it sees as JSON lines
 //! (`cluster::wire`) on stdout: its node's facts and clock first, then
-//! placed hops, netfilter rules, loss windows, and its summary last.
+//! placed hops, how far it has read them (every tick), netfilter rules,
+//! loss windows, and its summary last.
 //! A writer thread owns stdout, behind a bounded queue: a slow reader
 //! costs counted records, never a stalled ring buffer reader. It stops on
 //! SIGTERM (its pod deleted), `--duration`, or when the front-end's lease
@@ -82,6 +83,7 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
         watched: trace.nodes[0].watched_list(),
         hooks: trace.nodes[0].hooks(),
         facts: facts.unwrap_or_else(|| WireFacts::from(&Default::default())),
+        reports_read_through: true,
     })));
     let gone = lease_watch(&args, agent.lease.as_ref()).await;
     let (summary, lease_lost) = relay(&args, &mut trace, &mut stop, &mut out, gone).await?;
@@ -155,6 +157,11 @@ async fn relay(
                 }
             }
             _ = tick.tick() => {
+                // Read before the queue is taken: every sighting stamped
+                // before it is then on its way, ahead of the record.
+                let read_through = trace.read_through();
+                pass_on_queued(trace, &mut summary, out).await;
+                out.send(Record::ReadThrough { at_ns: read_through });
                 let now = monotonic_ns();
                 let window = losses.check(&trace.nodes, now)?;
                 let agent = out.take_lost();
@@ -183,12 +190,17 @@ async fn relay(
         }
     }
     tokio::time::sleep(crate::probe::RING_HANDOVER).await;
+    pass_on_queued(trace, &mut summary, out).await;
+    Ok((summary, lease_lost))
+}
+
+/// Every batch the ring readers have sent so far, passed on.
+async fn pass_on_queued(trace: &mut Trace, summary: &mut Summary, out: &mut Output) {
     while let Ok(batch) = trace.sightings.try_recv() {
         for sighting in &batch {
-            pass_on(sighting, trace, &mut summary, out).await;
+            pass_on(sighting, trace, summary, out).await;
         }
     }
-    Ok((summary, lease_lost))
 }
 
 /// One sighting, placed, onto stdout (or into the summary's counts).

@@ -7,10 +7,13 @@
 //! tells. Each node's kernel times are put on one timeline
 //! (`story::clock`): hops are held for [`HOLD`] after they arrive, so that
 //! the crossings that place their node's clock (a request's and its
-//! reply's) are in before the hop is placed and correlated.
+//! reply's) are in before the hop is placed and correlated. Journeys are
+//! finished no further than every agent's hops have come in
+//! ([`Arrivals`]): one agent's stream falling behind holds them back
+//! rather than cutting a packet that crossed to its node in two.
 
 use std::{
-    collections::{BTreeMap, HashSet, VecDeque},
+    collections::{BTreeMap, HashMap, HashSet, VecDeque},
     time::{Duration, Instant},
 };
 
@@ -32,8 +35,8 @@ use crate::{
     output::{NodeCounts, Summary},
     probe::conntrack,
     story::{
-        clock::Clocks,
-        journey::{Correlator, Waits},
+        clock::{Clocks, Placement},
+        journey::{Correlator, Journey, Waits},
         Context,
     },
 };
@@ -59,7 +62,7 @@ pub async fn run(args: Args) -> Result<()> {
     let image = agents::image(client.clone(), args.image.as_ref(), &args.agent_namespace).await;
     let mut agents = Agents::new(client.clone(), &args.agent_namespace).await?;
     let renewing = agents.renew();
-    let mut session = Session::new(&args, &targets, untraced);
+    let mut session = Session::new(front_context(&args, &targets), untraced);
     let outcome = session
         .run(&args, &targets, &mut agents, &nodes, &image, &mut stop)
         .await;
@@ -133,14 +136,96 @@ struct Followed {
     lost_agent: u64,
 }
 
+/// What an agent said that waits for [`HOLD`] after it came.
+enum Held {
+    Hop(Box<Hop>),
+    /// The agent had read through this kernel time: every hop it stamped
+    /// before then came before this.
+    ReadThrough(u64),
+    /// Its log ended: nothing more comes from it.
+    Ended,
+}
+
+/// How far an agent's hops are in the correlator.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Delivered {
+    /// It has not said yet: no journey may finish.
+    Nothing,
+    /// Every hop it stamped before this kernel time.
+    Through(u64),
+    /// All it will send: it ended, or it is older than `ReadThrough`
+    /// (then, as before, only [`HOLD`] waits for it).
+    Everything,
+}
+
+/// What agents said, held for [`HOLD`] in the order it came, and how far
+/// each agent's hops are through it. An agent's stream can fall behind
+/// the others' (its ring reader or its log, at line rate): a journey must
+/// not finish while hops of it may still be on their way from there.
+#[derive(Default)]
+struct Arrivals {
+    held: VecDeque<(Instant, String, Held)>,
+    delivered: BTreeMap<String, Delivered>,
+}
+
+impl Arrivals {
+    /// `agent` started tracing; `reports_read_through`: it will say how
+    /// far it has read.
+    fn started(&mut self, agent: &str, reports_read_through: bool) {
+        let delivered = if reports_read_through {
+            Delivered::Nothing
+        } else {
+            Delivered::Everything
+        };
+        self.delivered.insert(agent.to_string(), delivered);
+    }
+
+    fn hold(&mut self, at: Instant, agent: String, held: Held) {
+        self.held.push_back((at, agent, held));
+    }
+
+    /// The next hop held long enough by `now` (`all`: any), with when it
+    /// came and from which agent. What agents said of their progress
+    /// before it counts on the way: the hops it covers are out already.
+    fn next_hop(&mut self, now: Instant, all: bool) -> Option<(Instant, String, Hop)> {
+        while let Some((at, _, _)) = self.held.front() {
+            if !all && now.saturating_duration_since(*at) < HOLD {
+                return None;
+            }
+            let (at, agent, held) = self.held.pop_front()?;
+            let delivered = match held {
+                Held::Hop(hop) => return Some((at, agent, *hop)),
+                Held::ReadThrough(ktime_ns) => Delivered::Through(ktime_ns),
+                Held::Ended => Delivered::Everything,
+            };
+            self.delivered.insert(agent, delivered);
+        }
+        None
+    }
+
+    /// The slowest agent's progress on the common timeline: every hop
+    /// stamped before it is in the correlator. An agent whose clock is not
+    /// measured yet is read on its wall clock, where its hops are placed.
+    fn delivered_ns(&self, clocks: &Clocks, placed: &HashMap<String, Placement>) -> u64 {
+        self.delivered
+            .iter()
+            .map(|(agent, delivered)| match *delivered {
+                Delivered::Nothing => 0,
+                Delivered::Through(ktime_ns) => clocks.common_ns(placed, agent, ktime_ns),
+                Delivered::Everything => u64::MAX,
+            })
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+}
+
 /// Everything one cluster-mode trace holds while it runs.
 struct Session {
     agents: BTreeMap<String, Followed>,
     heard: mpsc::UnboundedReceiver<Heard>,
     heard_tx: mpsc::UnboundedSender<Heard>,
     clocks: Clocks,
-    /// Hops waiting for [`HOLD`]: when they came, from which agent.
-    held: VecDeque<(Instant, String, Hop)>,
+    arrivals: Arrivals,
     /// Sightings in other namespaces (a pod's own stack) that every agent
     /// of a shared kernel reports (the lab): told once.
     foreign: HashSet<(String, u64, String)>,
@@ -154,21 +239,26 @@ struct Session {
     wanted_more: bool,
 }
 
+/// The context stories are told in, before any agent said its node's.
+fn front_context(args: &Args, targets: &Targets) -> Context {
+    let mut ctx = context_of(args, targets);
+    ctx.why_rule_unnamed = if args.no_ruleset_changes {
+        "rule tracing is off (--no-ruleset-changes)"
+    } else {
+        crate::probe::netfilter::UNTRACED_DROP
+    };
+    ctx
+}
+
 impl Session {
-    fn new(args: &Args, targets: &Targets, untraced: Vec<String>) -> Self {
+    fn new(ctx: Context, untraced: Vec<String>) -> Self {
         let (heard_tx, heard) = mpsc::unbounded_channel();
-        let mut ctx = context_of(args, targets);
-        ctx.why_rule_unnamed = if args.no_ruleset_changes {
-            "rule tracing is off (--no-ruleset-changes)"
-        } else {
-            crate::probe::netfilter::UNTRACED_DROP
-        };
         Self {
             agents: BTreeMap::new(),
             heard,
             heard_tx,
             clocks: Clocks::default(),
-            held: VecDeque::new(),
+            arrivals: Arrivals::default(),
             foreign: HashSet::new(),
             correlator: Correlator::new(Waits::default()),
             teller: None,
@@ -344,6 +434,7 @@ impl Session {
                 if let Some(agent) = self.agents.get_mut(&node) {
                     agent.ended = true;
                 }
+                self.arrivals.hold(Instant::now(), node, Held::Ended);
                 return Ok(());
             }
         };
@@ -361,7 +452,10 @@ impl Session {
             Read::Record(record) => record,
         };
         match record {
-            Record::Start(start) => agent.start = Some(*start),
+            Record::Start(start) => {
+                self.arrivals.started(&node, start.reports_read_through);
+                agent.start = Some(*start);
+            }
             Record::Hop(hop) => {
                 let own = agent.start.as_ref().is_some_and(|s| s.node == hop.node);
                 if !own
@@ -374,7 +468,11 @@ impl Session {
                     return Ok(());
                 }
                 self.clocks.observe(&hop);
-                self.held.push_back((Instant::now(), node, *hop));
+                self.arrivals.hold(Instant::now(), node, Held::Hop(hop));
+            }
+            Record::ReadThrough { at_ns } => {
+                self.arrivals
+                    .hold(Instant::now(), node, Held::ReadThrough(at_ns));
             }
             Record::Rule {
                 src,
@@ -383,7 +481,7 @@ impl Session {
                 rule,
                 ..
             } => {
-                let now = self.now_common();
+                let now = self.now_common(Instant::now());
                 self.correlator.observe_rule((src, dst, ip_id), rule, now);
             }
             Record::Loss {
@@ -402,7 +500,7 @@ impl Session {
                 entry,
                 untraced_until_ns,
             } => self.learn_conntrack(&node, &entry, untraced_until_ns),
-            Record::Hooks { .. } => {}
+            Record::Hooks { .. } | Record::Unknown => {}
             Record::Summary(summary) => agent.summary = Some(*summary),
         }
         Ok(())
@@ -430,34 +528,10 @@ impl Session {
         }
     }
 
-    /// Places held hops on the common timeline, correlates them, and tells
-    /// the journeys that are done (`all`: everything, at the end).
+    /// Tells the journeys that are done (`all`: everything, at the end).
     fn release(&mut self, all: bool) -> Result<()> {
+        let journeys = self.settle(Instant::now(), all);
         let placed = self.clocks.placements();
-        while let Some((at, _, _)) = self.held.front() {
-            if !all && at.elapsed() < HOLD {
-                break;
-            }
-            let Some((at, agent, mut hop)) = self.held.pop_front() else {
-                break;
-            };
-            // The agent's kernel clock, also for what it saw in other
-            // namespaces of its node.
-            hop.ktime_ns = self.clocks.common_ns(&placed, &agent, hop.ktime_ns);
-            if placed
-                .get(&agent)
-                .is_some_and(|p| p.uncertainty_ns.is_some())
-            {
-                let lag = hop.ktime_ns as i64 - self.local_ns(at);
-                self.lag_ns = Some(self.lag_ns.map_or(lag, |l| l.max(lag)));
-            }
-            self.correlator.observe(hop);
-        }
-        let journeys = if all {
-            self.correlator.take_all()
-        } else {
-            self.correlator.take_finished(self.now_common())
-        };
         let Some(teller) = &mut self.teller else {
             return Ok(());
         };
@@ -471,13 +545,38 @@ impl Session {
         Ok(())
     }
 
+    /// Places the hops held long enough by `now` on the common timeline,
+    /// correlates them, and takes the journeys that are done.
+    fn settle(&mut self, now: Instant, all: bool) -> Vec<Journey> {
+        let placed = self.clocks.placements();
+        while let Some((at, agent, mut hop)) = self.arrivals.next_hop(now, all) {
+            // The agent's kernel clock, also for what it saw in other
+            // namespaces of its node.
+            hop.ktime_ns = self.clocks.common_ns(&placed, &agent, hop.ktime_ns);
+            if placed
+                .get(&agent)
+                .is_some_and(|p| p.uncertainty_ns.is_some())
+            {
+                let lag = hop.ktime_ns as i64 - self.local_ns(at);
+                self.lag_ns = Some(self.lag_ns.map_or(lag, |l| l.max(lag)));
+            }
+            self.correlator.observe(hop);
+        }
+        if all {
+            return self.correlator.take_all();
+        }
+        let delivered = self.arrivals.delivered_ns(&self.clocks, &placed);
+        self.correlator
+            .take_finished(self.now_common(now).min(delivered))
+    }
+
     fn local_ns(&self, at: Instant) -> i64 {
         at.saturating_duration_since(self.started_at).as_nanos() as i64
     }
 
-    /// Now on the common timeline, from the hops placed so far.
-    fn now_common(&self) -> u64 {
-        let local = self.local_ns(Instant::now()) - HOLD.as_nanos() as i64;
+    /// `now` on the common timeline, from the hops placed so far.
+    fn now_common(&self, now: Instant) -> u64 {
+        let local = self.local_ns(now) - HOLD.as_nanos() as i64;
         self.lag_ns.map_or(0, |lag| (local + lag).max(0) as u64)
     }
 
@@ -560,4 +659,138 @@ fn agent_args(args: &Args, targets: &Targets, node: &str) -> Vec<String> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        cluster::wire::{Numbering, WireFacts},
+        decode::{
+            hop::{tests::hop, Direction},
+            tests as frames,
+        },
+        node::{interfaces::Role, NodeFacts},
+    };
+
+    const MS: u64 = 1_000_000;
+
+    /// One agent's log, line by line as the front-end hears it.
+    struct Agent {
+        node: &'static str,
+        numbering: Numbering,
+    }
+
+    impl Agent {
+        fn says(&mut self, session: &mut Session, record: Record) {
+            let line = self.numbering.line(record);
+            session.hear(Heard::Line(self.node.into(), line)).unwrap();
+        }
+
+        /// What its node saw of the ping, then that it read through 3 s.
+        fn tells_the_ping(&mut self, session: &mut Session) {
+            for record in ping_seen_on(self.node) {
+                self.says(session, record);
+            }
+            self.says(session, Record::ReadThrough { at_ns: 3_000 * MS });
+        }
+    }
+
+    /// Past every hold and wait, by the wall clock and by any agent that
+    /// read through 3 s.
+    fn past_every_wait() -> Instant {
+        Instant::now() + HOLD + Duration::from_secs(5)
+    }
+
+    /// A session whose agents on n1 and n2 (one kernel clock, as in the
+    /// lab) have started; `n2_reports`: n2 says how far it has read.
+    fn two_agents(n2_reports: bool) -> (Session, Agent, Agent) {
+        let mut session = Session::new(Context::default(), Vec::new());
+        session.correlator = Correlator::new(Waits {
+            idle_ns: JOURNEY_IDLE.as_nanos() as u64,
+            patience_ns: JOURNEY_PATIENCE.as_nanos() as u64,
+            arp_ns: ARP_PATIENCE.as_nanos() as u64,
+            rules_traced: false,
+            traced_destinations: vec!["10.244.0.0/16".parse().unwrap()],
+        });
+        let [mut n1, mut n2] = ["n1", "n2"].map(|node| Agent {
+            node,
+            numbering: Numbering::default(),
+        });
+        for (agent, reports_read_through) in [(&mut n1, true), (&mut n2, n2_reports)] {
+            session
+                .agents
+                .insert(agent.node.into(), Followed::default());
+            let start = Start {
+                node: agent.node.into(),
+                realtime_offset_ns: 0,
+                watched: String::new(),
+                hooks: 0,
+                facts: WireFacts::from(&NodeFacts::default()),
+                reports_read_through,
+            };
+            agent.says(&mut session, Record::Start(Box::new(start)));
+            session.clocks.start(agent.node, 0);
+        }
+        (session, n1, n2)
+    }
+
+    /// What `node` saw of a ping from n1's pod to n2's at 10 ms.
+    fn ping_seen_on(node: &str) -> Vec<Record> {
+        let frame = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
+        let seen = if node == "n1" {
+            [
+                (10 * MS, "veth1", Role::PodVeth, Direction::Ingress),
+                (10 * MS + 10_000, "eth0", Role::Underlay, Direction::Egress),
+            ]
+        } else {
+            [
+                (10 * MS + 30_000, "eth0", Role::Underlay, Direction::Ingress),
+                (10 * MS + 40_000, "veth2", Role::PodVeth, Direction::Egress),
+            ]
+        };
+        seen.map(|(t, iface, role, direction)| {
+            Record::Hop(Box::new(hop(t, node, iface, role, direction, &frame)))
+        })
+        .into()
+    }
+
+    fn nodes_of(journey: &Journey) -> Vec<&str> {
+        journey.hops.iter().map(|h| &*h.node).collect()
+    }
+
+    #[test]
+    fn a_packet_crossing_to_a_lagging_agent_is_one_story() {
+        let (mut session, mut n1, mut n2) = two_agents(true);
+        // n2's log is behind: it has told of what it read up to 5 ms.
+        n2.says(&mut session, Record::ReadThrough { at_ns: 5 * MS });
+        n1.tells_the_ping(&mut session);
+        let later = past_every_wait();
+        assert!(session.settle(later, false).is_empty());
+        n2.tells_the_ping(&mut session);
+        let told = session.settle(later, false);
+        assert_eq!(told.len(), 1);
+        assert_eq!(nodes_of(&told[0]), ["n1", "n1", "n2", "n2"]);
+    }
+
+    #[test]
+    fn an_agent_that_ended_holds_nothing_back() {
+        let (mut session, mut n1, _n2) = two_agents(true);
+        n1.tells_the_ping(&mut session);
+        let later = past_every_wait();
+        // n2 never said how far it read…
+        assert!(session.settle(later, false).is_empty());
+        // …until its log ended.
+        session.hear(Heard::Ended("n2".into(), None)).unwrap();
+        let told = session.settle(later, false);
+        assert_eq!(told.len(), 1);
+        assert_eq!(nodes_of(&told[0]), ["n1", "n1"]);
+    }
+
+    #[test]
+    fn an_agent_too_old_to_say_how_far_it_read_holds_nothing_back() {
+        let (mut session, mut n1, _n2) = two_agents(false);
+        n1.tells_the_ping(&mut session);
+        assert_eq!(session.settle(past_every_wait(), false).len(), 1);
+    }
 }

@@ -58,8 +58,16 @@ pub enum Record {
     },
     /// Hooks attached now (an interface came or went).
     Hooks { hooks: usize },
+    /// How far the agent has read its ring buffer (kernel time): every
+    /// sighting stamped before `at_ns` was sent before this record. The
+    /// front-end finishes no journey past the slowest agent's.
+    ReadThrough { at_ns: u64 },
     /// Last: the agent's own counts.
     Summary(Box<Summary>),
+    /// A record a newer agent sends that this front-end does not know:
+    /// numbered like the others, so it is no transport loss, and skipped.
+    #[serde(other)]
+    Unknown,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -72,6 +80,10 @@ pub struct Start {
     pub watched: String,
     pub hooks: usize,
     pub facts: WireFacts,
+    /// It sends `ReadThrough` records. Older agents do not: nothing
+    /// waits for theirs.
+    #[serde(default)]
+    pub reports_read_through: bool,
 }
 
 /// [`NodeFacts`] as they travel (the CNI by its name).
@@ -181,5 +193,14 @@ mod tests {
             reader.read("podtrace: node-1: hello"),
             Read::Message("podtrace: node-1: hello".into())
         );
+    }
+
+    #[test]
+    fn a_record_of_a_newer_agent_is_skipped_and_not_lost() {
+        let mut reader = Reader::default();
+        let newer = r#"{"seq":0,"type":"from_the_future","at_ns":7}"#;
+        assert_eq!(reader.read(newer), Read::Record(Record::Unknown));
+        reader.read(r#"{"seq":1,"type":"hooks","hooks":3}"#);
+        assert_eq!(reader.lost, 0);
     }
 }
