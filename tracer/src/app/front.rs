@@ -43,6 +43,8 @@ use crate::{
 
 /// How long a hop waits before it is placed on the timeline.
 const HOLD: Duration = Duration::from_millis(300);
+/// How far behind an agent's progress may hold stories back.
+const STALLED_AGENT: Duration = Duration::from_secs(10);
 /// How long agents may take to start (image pull, attach).
 const START_PATIENCE: Duration = Duration::from_secs(120);
 /// How long stopped agents may take to say their summary.
@@ -565,9 +567,14 @@ impl Session {
         if all {
             return self.correlator.take_all();
         }
+        let now_common = self.now_common(now);
+        // A stalled agent (its log stuck, not ended) holds stories back
+        // only so long: past it, its late hops may start stories of their
+        // own, rather than no story being told at all.
+        let stalled = now_common.saturating_sub(STALLED_AGENT.as_nanos() as u64);
         let delivered = self.arrivals.delivered_ns(&self.clocks, &placed);
         self.correlator
-            .take_finished(self.now_common(now).min(delivered))
+            .take_finished(now_common.min(delivered.max(stalled)))
     }
 
     fn local_ns(&self, at: Instant) -> i64 {
@@ -783,6 +790,18 @@ mod tests {
         // …until its log ended.
         session.hear(Heard::Ended("n2".into(), None)).unwrap();
         let told = session.settle(later, false);
+        assert_eq!(told.len(), 1);
+        assert_eq!(nodes_of(&told[0]), ["n1", "n1"]);
+    }
+
+    #[test]
+    fn a_stalled_agent_holds_stories_back_only_so_long() {
+        let (mut session, mut n1, _n2) = two_agents(true);
+        n1.tells_the_ping(&mut session);
+        // n2 never says how far it read, nor ends.
+        assert!(session.settle(past_every_wait(), false).is_empty());
+        let much_later = past_every_wait() + STALLED_AGENT;
+        let told = session.settle(much_later, false);
         assert_eq!(told.len(), 1);
         assert_eq!(nodes_of(&told[0]), ["n1", "n1"]);
     }
