@@ -86,6 +86,42 @@ fn profile_aggregates_steps_in_the_kernel_and_plots_them() {
 /// IPv4 packets are all its interface carries).
 #[test]
 fn profile_histograms_count_every_packet_the_interfaces_carried() {
+    let (requests, replies) = profile_counts_every_packet(|lab| ping_burst(lab, 300, "0.005"));
+    assert!(
+        requests >= 300 && replies >= 300,
+        "{requests} requests, {replies} replies"
+    );
+}
+
+/// The same at line rate: a full-rate iperf3 flow (TCP across VXLAN, its
+/// GSO super-packets counted as the interfaces count them: one skb each).
+#[test]
+fn profile_histograms_count_every_packet_of_a_full_rate_iperf3_flow() {
+    let mut segments = 0;
+    let (requests, replies) = profile_counts_every_packet(|lab| {
+        let before = tcp_segments_sent(lab, "web-0");
+        let (bits, _) = datapath::iperf(lab, "web-0", "db-0", 3);
+        segments = tcp_segments_sent(lab, "web-0") - before;
+        assert!(bits > 0.0, "iperf3 ran");
+        eprintln!("iperf3: {:.2} Gbit/s", bits / 1e9);
+    });
+    eprintln!(
+        "{requests} packets web-0 → db-0 ({segments} TCP segments), {replies} back, every one in every step"
+    );
+    assert!(
+        segments >= requests,
+        "a GSO packet carries one segment or more"
+    );
+    assert!(
+        requests >= 10_000 && replies >= 1_000,
+        "{requests} requests, {replies} replies"
+    );
+}
+
+/// Runs `traffic` web-0 ⇄ db-0 under `podtrace profile` and checks that
+/// every step counted exactly what the sending pod's interface sent;
+/// returns (packets web-0 sent, packets db-0 sent).
+fn profile_counts_every_packet(traffic: impl FnOnce(&xtask::lab::Lab)) -> (u64, u64) {
     let lab = lab(Topology::FlannelVxlan);
     for pod in ["web-0", "db-0"] {
         sysctl(&lab.0.pod(pod).netns, "net.ipv6.conf.all.disable_ipv6", "1").expect("sysctl");
@@ -97,7 +133,7 @@ fn profile_histograms_count_every_packet_the_interfaces_carried() {
     );
     let trace = Trace::start(&argv);
     let sent_before = [tx_packets(&lab.0, "web-0"), tx_packets(&lab.0, "db-0")];
-    ping_burst(&lab.0, 300, "0.005");
+    traffic(&lab.0);
     let requests = tx_packets(&lab.0, "web-0") - sent_before[0];
     let replies = tx_packets(&lab.0, "db-0") - sent_before[1];
     std::thread::sleep(Duration::from_millis(300));
@@ -125,10 +161,7 @@ fn profile_histograms_count_every_packet_the_interfaces_carried() {
         );
     }
     assert_eq!(from_web, 1, "one chain starts at web-0's veth: {steps:?}");
-    assert!(
-        requests >= 300 && replies >= 300,
-        "{requests} requests, {replies} replies"
-    );
+    (requests, replies)
 }
 
 /// Whether step `s` lies on the chain that starts at db-0's veth (node-2).
@@ -158,6 +191,27 @@ fn ping_burst(lab: &xtask::lab::Lab, count: u32, interval: &str) {
         .output()
         .unwrap();
     assert!(pinged.status.success());
+}
+
+/// TCP segments the pod's stack has sent (`Tcp: OutSegs` of its
+/// namespace's /proc/net/snmp; a GSO packet counts each segment).
+fn tcp_segments_sent(lab: &xtask::lab::Lab, pod: &str) -> u64 {
+    let out = in_netns(&lab.pod(pod).netns, "cat")
+        .arg("/proc/net/snmp")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut tcp = text.lines().filter(|l| l.starts_with("Tcp:"));
+    let (names, values) = (
+        tcp.next().expect("Tcp names"),
+        tcp.next().expect("Tcp values"),
+    );
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(name, _)| *name == "OutSegs")
+        .and_then(|(_, v)| v.parse().ok())
+        .expect("OutSegs")
 }
 
 /// Packets the pod's own interface has sent.
