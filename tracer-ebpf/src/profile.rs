@@ -52,9 +52,10 @@ pub fn identify<B: Bytes>(b: &B, l3: usize, kind: u8) -> Option<PacketId> {
 }
 
 /// Packet `id` seen at `hook` with `skb_len` bytes: one more sample of the
-/// step from where it was last seen, and a new stamp.
+/// step from where it was last seen, and a new stamp (none after its
+/// `last` hook).
 #[inline(always)]
-pub fn record(id: &PacketId, hook: u32, skb_len: u32) {
+pub fn record(id: &PacketId, hook: u32, skb_len: u32, last: bool) {
     let stamp = Stamp {
         ktime_ns: ktime_ns(),
         hook,
@@ -66,7 +67,11 @@ pub fn record(id: &PacketId, hook: u32, skb_len: u32) {
         step(last, &stamp);
         *last = stamp;
     });
-    if !seen {
+    if last {
+        if seen {
+            let _ = STAMPS.remove(id);
+        }
+    } else if !seen {
         lru_insert(&STAMPS, id, &stamp);
     }
 }

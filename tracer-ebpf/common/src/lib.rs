@@ -313,6 +313,7 @@ pub mod names {
     pub const TUNNEL_HOOKS: &str = "TUNNEL_HOOKS";
     pub const TC_INGRESS: &str = "podtrace_ingress";
     pub const TC_EGRESS: &str = "podtrace_egress";
+    pub const TC_TO_POD: &str = "podtrace_to_pod";
     pub const TC_INGRESS_L3: &str = "podtrace_ingress_l3";
     pub const TC_EGRESS_L3: &str = "podtrace_egress_l3";
     pub const DROPS: &str = "podtrace_kfree_skb";

@@ -27,7 +27,10 @@ use aya::{
 use podtrace_common::names;
 
 use super::run_registry::{self, Exclusive, Held, Record};
-use crate::node::{interfaces::Watched, netns::Namespace};
+use crate::node::{
+    interfaces::{Role, Watched},
+    netns::Namespace,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum AttachMode {
@@ -52,9 +55,10 @@ impl AttachMode {
 }
 
 /// Every tc program, loaded once per node before any attachment.
-pub(super) const PROGRAMS: [&str; 4] = [
+pub(super) const PROGRAMS: [&str; 5] = [
     names::TC_INGRESS,
     names::TC_EGRESS,
+    names::TC_TO_POD,
     names::TC_INGRESS_L3,
     names::TC_EGRESS_L3,
 ];
@@ -68,7 +72,10 @@ pub(super) fn attach_interface(
     mode: AttachMode,
     netns: &Namespace,
 ) -> Result<Vec<Record>> {
-    let (ingress, egress) = if iface.has_ethernet_header {
+    let (ingress, egress) = if iface.role == Role::PodVeth && iface.has_ethernet_header {
+        // Its egress hands packets to the pod: the end of their path.
+        (names::TC_INGRESS, names::TC_TO_POD)
+    } else if iface.has_ethernet_header {
         (names::TC_INGRESS, names::TC_EGRESS)
     } else {
         (names::TC_INGRESS_L3, names::TC_EGRESS_L3)
