@@ -13,7 +13,7 @@
 //! rather than cutting a packet that crossed to its node in two.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet, VecDeque},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque},
     time::{Duration, Instant},
 };
 
@@ -43,7 +43,7 @@ use crate::{
 
 /// How long a hop waits before it is placed on the timeline.
 const HOLD: Duration = Duration::from_millis(300);
-/// How far behind an agent's progress may hold stories back.
+/// How long an agent may say nothing before stories stop waiting for it.
 const STALLED_AGENT: Duration = Duration::from_secs(10);
 /// How long agents may take to start (image pull, attach).
 const START_PATIENCE: Duration = Duration::from_secs(120);
@@ -168,22 +168,55 @@ enum Delivered {
 struct Arrivals {
     held: VecDeque<(Instant, String, Held)>,
     delivered: BTreeMap<String, Delivered>,
+    /// When each agent was last heard from.
+    heard: BTreeMap<String, Instant>,
+    /// Agents silent for [`STALLED_AGENT`]: they hold nothing back until
+    /// they are heard again.
+    stalled: BTreeSet<String>,
+}
+
+/// Agents that fell silent, or were heard again, since the last check.
+#[derive(Debug, Default, PartialEq)]
+struct StallChanges {
+    stalled: Vec<String>,
+    resumed: Vec<String>,
 }
 
 impl Arrivals {
-    /// `agent` started tracing; `reports_read_through`: it will say how
-    /// far it has read.
-    fn started(&mut self, agent: &str, reports_read_through: bool) {
+    /// `agent` started tracing at `at`; `reports_read_through`: it will
+    /// say how far it has read.
+    fn started(&mut self, at: Instant, agent: &str, reports_read_through: bool) {
         let delivered = if reports_read_through {
             Delivered::Nothing
         } else {
             Delivered::Everything
         };
         self.delivered.insert(agent.to_string(), delivered);
+        self.heard.insert(agent.to_string(), at);
     }
 
     fn hold(&mut self, at: Instant, agent: String, held: Held) {
+        self.heard.insert(agent.clone(), at);
         self.held.push_back((at, agent, held));
+    }
+
+    /// Which agents have been silent for [`STALLED_AGENT`] by `now` (a
+    /// live agent says how far it has read ten times a second): a stalled
+    /// log must not keep every story untold. One heard again holds
+    /// stories back by its own progress again, so its late hops join one
+    /// another rather than being told piecemeal.
+    fn check_stalls(&mut self, now: Instant) -> StallChanges {
+        let mut changes = StallChanges::default();
+        for (agent, at) in &self.heard {
+            let silent = now.saturating_duration_since(*at) >= STALLED_AGENT;
+            let ended = self.delivered.get(agent) == Some(&Delivered::Everything);
+            if silent && !ended && self.stalled.insert(agent.clone()) {
+                changes.stalled.push(agent.clone());
+            } else if !silent && self.stalled.remove(agent) {
+                changes.resumed.push(agent.clone());
+            }
+        }
+        changes
     }
 
     /// The next hop held long enough by `now` (`all`: any), with when it
@@ -211,6 +244,7 @@ impl Arrivals {
     fn delivered_ns(&self, clocks: &Clocks, placed: &HashMap<String, Placement>) -> u64 {
         self.delivered
             .iter()
+            .filter(|(agent, _)| !self.stalled.contains(*agent))
             .map(|(agent, delivered)| match *delivered {
                 Delivered::Nothing => 0,
                 Delivered::Through(ktime_ns) => clocks.common_ns(placed, agent, ktime_ns),
@@ -455,7 +489,8 @@ impl Session {
         };
         match record {
             Record::Start(start) => {
-                self.arrivals.started(&node, start.reports_read_through);
+                self.arrivals
+                    .started(Instant::now(), &node, start.reports_read_through);
                 agent.start = Some(*start);
             }
             Record::Hop(hop) => {
@@ -567,14 +602,19 @@ impl Session {
         if all {
             return self.correlator.take_all();
         }
-        let now_common = self.now_common(now);
-        // A stalled agent (its log stuck, not ended) holds stories back
-        // only so long: past it, its late hops may start stories of their
-        // own, rather than no story being told at all.
-        let stalled = now_common.saturating_sub(STALLED_AGENT.as_nanos() as u64);
+        let changes = self.arrivals.check_stalls(now);
+        for node in &changes.stalled {
+            eprintln!(
+                "podtrace: {node}: its agent has sent nothing for {} s: stories are told without waiting for it (a packet that went on to {node} may end as vanished where it left the nodes heard from)",
+                STALLED_AGENT.as_secs()
+            );
+        }
+        for node in &changes.resumed {
+            eprintln!("podtrace: {node}: its agent is heard again; packets that crossed to {node} while it was silent were told without its hops");
+        }
         let delivered = self.arrivals.delivered_ns(&self.clocks, &placed);
         self.correlator
-            .take_finished(now_common.min(delivered.max(stalled)))
+            .take_finished(self.now_common(now).min(delivered))
     }
 
     fn local_ns(&self, at: Instant) -> i64 {
@@ -804,6 +844,41 @@ mod tests {
         let told = session.settle(much_later, false);
         assert_eq!(told.len(), 1);
         assert_eq!(nodes_of(&told[0]), ["n1", "n1"]);
+    }
+
+    #[test]
+    fn an_agent_heard_again_holds_back_by_its_own_progress() {
+        let (mut session, mut n1, mut n2) = two_agents(true);
+        n1.tells_the_ping(&mut session);
+        let later = past_every_wait() + STALLED_AGENT;
+        assert_eq!(session.settle(later, false).len(), 1, "n2 stalled");
+        // n2 comes back with its backlog, a hop at a time: its own
+        // progress holds again, so the hops it still owes join.
+        let mut backlog = ping_seen_on("n2").into_iter();
+        n2.says(&mut session, backlog.next().unwrap());
+        let after = Instant::now() + HOLD + Duration::from_secs(5);
+        assert!(
+            session.settle(after, false).is_empty(),
+            "n2 has not said how far it read"
+        );
+        n2.says(&mut session, backlog.next().unwrap());
+        n2.says(&mut session, Record::ReadThrough { at_ns: 3_000 * MS });
+        let told = session.settle(after, false);
+        assert_eq!(told.len(), 1, "{told:?}");
+        assert_eq!(nodes_of(&told[0]), ["n2", "n2"]);
+    }
+
+    #[test]
+    fn stalls_are_noticed_once_and_so_is_the_return() {
+        let mut arrivals = Arrivals::default();
+        let t0 = Instant::now();
+        arrivals.started(t0, "n2", true);
+        assert_eq!(arrivals.check_stalls(t0 + HOLD), StallChanges::default());
+        let silent = t0 + STALLED_AGENT;
+        assert_eq!(arrivals.check_stalls(silent).stalled, ["n2"]);
+        assert_eq!(arrivals.check_stalls(silent), StallChanges::default());
+        arrivals.hold(silent, "n2".into(), Held::ReadThrough(0));
+        assert_eq!(arrivals.check_stalls(silent).resumed, ["n2"]);
     }
 
     #[test]
