@@ -68,6 +68,20 @@ fn garbage_arguments_say_what_is_wrong_with_them() {
             ],
             "are the same network namespace",
         ),
+        // Profile mode keeps no packet: a trace's flags are refused, not
+        // ignored.
+        (
+            vec!["profile", "web-0", "db-0", "--count", "3"],
+            "--count is a trace's flag",
+        ),
+        (
+            vec!["profile", "web-0", "db-0", "-w", "/tmp/never.pcapng"],
+            "--write is a trace's flag",
+        ),
+        (
+            vec!["profile", "web-0", "db-0", "--sample", "10"],
+            "--sample is a trace's flag",
+        ),
     ];
     for (argv, expected) in cases {
         assert_refused(&argv, expected, &node1);

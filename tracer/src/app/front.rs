@@ -318,6 +318,7 @@ impl Session {
         image: &str,
         stop: &mut Stop,
     ) -> Result<()> {
+        self.summary.sample = args.sample;
         let client = targets
             .cluster
             .as_ref()
@@ -695,6 +696,20 @@ fn agent_args(args: &Args, targets: &Targets, node: &str) -> Vec<String> {
     ]);
     if args.no_ruleset_changes {
         out.push("--no-ruleset-changes".into());
+    }
+    if args.no_kube_proxy_rules {
+        out.push("--no-kube-proxy-rules".into());
+    }
+    // What each node's kernel side keeps: the same on every node, so that
+    // a sampled packet is kept on all of them.
+    out.extend([
+        "--sample".into(),
+        args.sample.to_string(),
+        "--ring-buffer".into(),
+        args.ring_buffer.to_string(),
+    ]);
+    for ip in &args.node_ip {
+        out.extend(["--node-ip".into(), ip.to_string()]);
     }
     if let Some(skew) = &args.clock_skew_for_testing {
         let (target, value) = match skew.split_once('=') {

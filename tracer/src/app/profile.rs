@@ -13,18 +13,38 @@ use podtrace_common::{hook_parts, StepKey};
 
 use super::{attach, require_root, resolve, stop::Stop, until, Trace};
 use crate::{
-    cli::ProfileArgs,
+    cli::{Args, ProfileArgs},
     decode::hop::Direction,
-    output::{plot, Format},
+    output::{pcapng::MAX_SNAPLEN, plot, Format},
     probe::shared_maps,
     story::steps::{self, KernelStep},
 };
+
+/// A trace's flags that profile mode has no use for (it keeps no packet,
+/// it counts them all in the kernel): refused rather than ignored, so
+/// that nobody waits for a `--count` or a `--write` file that never comes.
+fn refuse_trace_only_flags(args: &Args) -> Result<()> {
+    let given = [
+        (args.count.is_some(), "--count"),
+        (args.write.is_some(), "--write"),
+        (args.snaplen != MAX_SNAPLEN, "--snaplen"),
+        (args.sample != 1, "--sample"),
+        (args.profile, "--profile"),
+    ];
+    match given.iter().find(|(given, _)| *given) {
+        Some((_, flag)) => anyhow::bail!(
+            "{flag} is a trace's flag: podtrace profile counts every packet in the kernel and tells no story (stop it with --duration or Ctrl-C)"
+        ),
+        None => Ok(()),
+    }
+}
 
 pub async fn run(profile: ProfileArgs) -> Result<()> {
     let ProfileArgs {
         trace: mut args,
         plot: plot_file,
     } = profile;
+    refuse_trace_only_flags(&args)?;
     args.in_kernel_profile = true;
     // One stamp map for every node of this kernel: the wire is a step.
     args.shared_stamps = match shared_maps::private_bpffs() {
