@@ -443,3 +443,50 @@ fn the_api_alone_names_network_unavailable_and_overlapping_pod_cidrs() {
         "{report:#}"
     );
 }
+
+/// Bad input to the doctor: one line naming it, exit 2, no report (an
+/// unknown pod used to give a clean report of nothing, exit 0).
+#[test]
+fn the_doctor_refuses_an_unknown_pod_a_malformed_one_and_a_missing_host_root() {
+    let lab = lab(Topology::FlannelVxlan);
+    let pods = lab.0.pods_file().display().to_string();
+    let node1 = lab.0.node_netns(1);
+    let cases: [(Vec<&str>, &str); 3] = [
+        (
+            vec![
+                "doctor",
+                "default/nope-9",
+                "--pods-file",
+                &pods,
+                "--netns",
+                &node1,
+            ],
+            "pod default/nope-9 not found in the pods file",
+        ),
+        (
+            vec!["doctor", "nope/x/y", "--pods-file", &pods, "--api-only"],
+            "\"nope/x/y\" is not a pod",
+        ),
+        (
+            vec![
+                "doctor",
+                "--netns",
+                &node1,
+                "--host-root",
+                "/nonexistent-root",
+            ],
+            "--host-root /nonexistent-root: no such directory",
+        ),
+    ];
+    for (argv, expected) in cases {
+        let out = Command::new(PODTRACE)
+            .args(&argv)
+            .output()
+            .expect("podtrace");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{argv:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{argv:?}: no report");
+        assert_eq!(stderr.lines().count(), 1, "{argv:?}: one line: {stderr}");
+        assert!(stderr.contains(expected), "{argv:?}: {stderr}");
+    }
+}

@@ -5,7 +5,7 @@
 
 use std::net::Ipv4Addr;
 
-use anyhow::{Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use ipnet::Ipv4Net;
 use k8s_openapi::api::core::v1::{Event, Node, Pod as KubePod};
 use kube::{api::ListParams, Api};
@@ -98,14 +98,17 @@ pub struct ClusterState {
 
 impl ClusterState {
     pub async fn load(args: &DoctorArgs) -> Result<Self> {
-        let asked = args
+        let asked: Vec<String> = args
             .pods
             .iter()
-            .map(|p| match p.split_once('/') {
-                Some(_) => p.clone(),
-                None => format!("{}/{p}", args.kube.namespace),
+            .map(|p| match p.split('/').count() {
+                1 => Ok(format!("{}/{p}", args.kube.namespace)),
+                2 if !p.starts_with('/') && !p.ends_with('/') => Ok(p.clone()),
+                _ => Err(anyhow!(
+                    "{p:?} is not a pod (namespace/name, or name with -n)"
+                )),
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let access = args.kube.access();
         let files = args.kube.pods_file.is_some() || args.kube.nodes_file.is_some();
         let mut state = if files || !access.configured() {
@@ -113,6 +116,17 @@ impl ClusterState {
         } else {
             Self::from_api(&access).await?
         };
+        if state.known {
+            let missing = asked
+                .iter()
+                .find(|name| !state.pods.iter().any(|p| &p.pod.qualified() == *name));
+            if let Some(name) = missing {
+                let source = if files { "the pods file" } else { "the API" };
+                bail!("pod {name} not found in {source}");
+            }
+        } else if let Some(name) = asked.first() {
+            bail!("pod {name}: no pods file and no API to look it up in (give --pods-file or a kubeconfig)");
+        }
         state.asked = asked;
         Ok(state)
     }

@@ -130,6 +130,10 @@ pub async fn run(args: DoctorArgs) -> Result<bool> {
     if !args.kube.host_root.is_empty() && args.kube.host_root.len() != nodes {
         bail!("give one --host-root per --netns, in the same order");
     }
+    // A mistyped root would read as a node with no CNI at all.
+    if let Some(root) = args.kube.host_root.iter().find(|r| !r.is_dir()) {
+        bail!("--host-root {}: no such directory", root.display());
+    }
     let cluster = cluster::ClusterState::load(&args).await?;
     let mut checks = Vec::new();
     let mut examined = Vec::new();
