@@ -64,6 +64,7 @@ pub struct ReadArgs {
     /// A pcapng file written by `podtrace --write`.
     #[arg(value_name = "FILE.pcapng")]
     pub file: PathBuf,
+    /// human: stories to read; json: one object per line for programs.
     #[arg(short, long, value_enum, default_value = "human")]
     pub output: Format,
     /// Colour: auto (on a terminal), always, never.
@@ -101,6 +102,7 @@ pub struct Args {
     /// tells (repeatable: each traced node takes the one it holds).
     #[arg(long, value_name = "IP")]
     pub node_ip: Vec<Ipv4Addr>,
+    /// human: stories to read; json: one object per line for programs.
     #[arg(short, long, value_enum, default_value = "human")]
     pub output: Format,
     /// Stop after this many packet stories (at least 1).

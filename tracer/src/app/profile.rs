@@ -149,6 +149,9 @@ fn tell(steps: &[KernelStep], format: Format, pair: &str, seconds: f64) -> Resul
             });
             writeln!(out, "{line}")?;
         }
+        Format::Human if steps.is_empty() => {
+            writeln!(out, "podtrace profile: {pair}, {seconds:.1} s: no traced packet crossed two hooks (no traffic between them while it ran?)")?;
+        }
         Format::Human => {
             writeln!(out, "podtrace profile: {pair}, {seconds:.1} s; per step, in-kernel histograms (µs; share of its direction's time)")?;
             writeln!(

@@ -39,6 +39,7 @@ pub struct DoctorArgs {
     /// network namespace holds).
     #[arg(long, value_name = "NAME")]
     pub node: Vec<String>,
+    /// human: the checks to read; json: one report for programs.
     #[arg(short, long, value_enum, default_value = "human")]
     pub output: Format,
     /// Do not examine the node this runs on (API checks only).

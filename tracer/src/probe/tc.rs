@@ -36,7 +36,11 @@ use crate::node::{
 pub enum AttachMode {
     /// TCX links where the kernel has them (≥ 6.6), clsact otherwise.
     Auto,
+    /// TCX links (kernel ≥ 6.6): the kernel removes them when podtrace's
+    /// fds close, even after kill -9.
     Tcx,
+    /// A clsact qdisc and tc filters (older kernels): after a kill -9 they
+    /// stay until the next podtrace start removes them.
     Clsact,
 }
 
