@@ -136,6 +136,12 @@ pub async fn run(args: DoctorArgs) -> Result<bool> {
         bail!("--host-root {}: no such directory", root.display());
     }
     let cluster = cluster::ClusterState::load(&args).await?;
+    // Said by the command only: a trace's own doctor stays quiet.
+    if !args.api_only {
+        for ns in args.kube.netns.iter().skip(args.kube.host_root.len()) {
+            eprintln!("podtrace doctor: {ns}: no --host-root, so the node's files (etc/cni/net.d, opt/cni/bin, run/flannel) are not examined");
+        }
+    }
     let mut checks = Vec::new();
     let mut examined = Vec::new();
     if !args.api_only {

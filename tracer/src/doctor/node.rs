@@ -101,9 +101,6 @@ pub async fn gather_all(args: &DoctorArgs, cluster: &ClusterState) -> Result<Vec
     for (i, ns) in netns.iter().enumerate() {
         let given = args.kube.host_root.get(i).cloned();
         let files = given.is_some() || ns.is_none();
-        if let (false, Some(ns)) = (files, ns) {
-            eprintln!("podtrace doctor: {ns}: no --host-root, so the node's files (etc/cni/net.d, opt/cni/bin, run/flannel) are not examined");
-        }
         let root = given.unwrap_or_else(|| PathBuf::from("/"));
         let name = args.node.get(i).cloned();
         let path = ns.as_deref().map(netns::resolve);
