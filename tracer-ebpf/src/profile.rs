@@ -53,9 +53,9 @@ pub fn identify<B: Bytes>(b: &B, l3: usize, kind: u8) -> Option<PacketId> {
 
 /// Packet `id` seen at `hook` with `skb_len` bytes: one more sample of the
 /// step from where it was last seen, and a new stamp (none after its
-/// `last` hook).
+/// last hook, where it is handed to its pod).
 #[inline(always)]
-pub fn record(id: &PacketId, hook: u32, skb_len: u32, last: bool) {
+pub fn record(id: &PacketId, hook: u32, skb_len: u32, to_pod: bool) {
     let stamp = Stamp {
         ktime_ns: ktime_ns(),
         hook,
@@ -67,7 +67,7 @@ pub fn record(id: &PacketId, hook: u32, skb_len: u32, last: bool) {
         step(last, &stamp);
         *last = stamp;
     });
-    if last {
+    if to_pod {
         if seen {
             let _ = STAMPS.remove(id);
         }

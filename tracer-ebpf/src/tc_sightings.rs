@@ -34,7 +34,7 @@ pub fn podtrace_egress(ctx: TcContext) -> i32 {
 /// name has 15 characters at most.)
 #[classifier]
 pub fn podtrace_to_pod(ctx: TcContext) -> i32 {
-    observe_last(&ctx, Direction::Egress, true, true)
+    observe_at(&ctx, Direction::Egress, true, true)
 }
 
 /// For devices without an Ethernet header (tunl0, wireguard).
@@ -50,14 +50,14 @@ pub fn podtrace_egress_l3(ctx: TcContext) -> i32 {
 
 #[inline(always)]
 fn observe(ctx: &TcContext, direction: Direction, has_l2: bool) -> i32 {
-    observe_last(ctx, direction, has_l2, false)
+    observe_at(ctx, direction, has_l2, false)
 }
 
-/// `last`: the hook hands the packet to a pod; profile mode then forgets
+/// `to_pod`: the hook hands the packet to a pod; profile mode then forgets
 /// its stamp, so that a new packet's stamp takes a free slot instead of
 /// evicting the oldest (an LRU eviction is most of what stamping costs).
 #[inline(always)]
-fn observe_last(ctx: &TcContext, direction: Direction, has_l2: bool, last: bool) -> i32 {
+fn observe_at(ctx: &TcContext, direction: Direction, has_l2: bool, to_pod: bool) -> i32 {
     let skb = Skb(ctx);
     let ifindex = skb.ifindex();
     // The linear head, read directly; through the helper only when the
@@ -73,7 +73,7 @@ fn observe_last(ctx: &TcContext, direction: Direction, has_l2: bool, last: bool)
                 profile::identify(&linear, l3, kind).or_else(|| profile::identify(&skb, l3, kind));
             if let Some(id) = id {
                 let hook = hook_id(node_id(), ifindex, direction as u8);
-                profile::record(&id, hook, skb.len(), last);
+                profile::record(&id, hook, skb.len(), to_pod);
             }
         } else if kept(&linear, &skb, l3, kind) {
             report(&skb, direction, has_l2, kind, l3);

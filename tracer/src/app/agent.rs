@@ -196,7 +196,7 @@ async fn relay(
 
 /// Every batch the ring readers have sent so far, passed on.
 async fn pass_on_queued(trace: &mut Trace, summary: &mut Summary, out: &mut Output) {
-    while let Ok(batch) = trace.sightings.try_recv() {
+    for batch in trace.take_queued() {
         for sighting in &batch {
             pass_on(sighting, trace, summary, out).await;
         }

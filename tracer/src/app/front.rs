@@ -51,6 +51,10 @@ const START_PATIENCE: Duration = Duration::from_secs(120);
 const END_PATIENCE: Duration = Duration::from_secs(15);
 
 pub async fn run(args: Args) -> Result<()> {
+    // Agents keep no header bytes, and no pcapng is written from them.
+    if args.write.is_some() {
+        bail!("--write works in node mode only (--netns, or on the node): cluster mode writes no pcapng");
+    }
     let mut stop = Stop::catch()?;
     let targets = tokio::select! {
         targets = Targets::resolve(&args) => targets?,
@@ -169,7 +173,7 @@ struct Arrivals {
     held: VecDeque<(Instant, String, Held)>,
     delivered: BTreeMap<String, Delivered>,
     /// When each agent was last heard from.
-    heard: BTreeMap<String, Instant>,
+    last_heard: BTreeMap<String, Instant>,
     /// Agents silent for [`STALLED_AGENT`]: they hold nothing back until
     /// they are heard again.
     stalled: BTreeSet<String>,
@@ -192,11 +196,11 @@ impl Arrivals {
             Delivered::Everything
         };
         self.delivered.insert(agent.to_string(), delivered);
-        self.heard.insert(agent.to_string(), at);
+        self.last_heard.insert(agent.to_string(), at);
     }
 
     fn hold(&mut self, at: Instant, agent: String, held: Held) {
-        self.heard.insert(agent.clone(), at);
+        self.last_heard.insert(agent.clone(), at);
         self.held.push_back((at, agent, held));
     }
 
@@ -207,7 +211,7 @@ impl Arrivals {
     /// another rather than being told piecemeal.
     fn check_stalls(&mut self, now: Instant) -> StallChanges {
         let mut changes = StallChanges::default();
-        for (agent, at) in &self.heard {
+        for (agent, at) in &self.last_heard {
             let silent = now.saturating_duration_since(*at) >= STALLED_AGENT;
             let ended = self.delivered.get(agent) == Some(&Delivered::Everything);
             if silent && !ended && self.stalled.insert(agent.clone()) {

@@ -191,6 +191,16 @@ struct Trace {
 }
 
 impl Trace {
+    /// The batches queued now, not those the readers send meanwhile:
+    /// under a flow faster than stories can be told, emptying the queue
+    /// would never end (and Ctrl-C would wait for it).
+    fn take_queued(&mut self) -> Vec<Batch> {
+        let queued = self.sightings.len();
+        (0..queued)
+            .map_while(|_| self.sightings.try_recv().ok())
+            .collect()
+    }
+
     /// The slowest ring reader's progress: records stamped before it are
     /// all sent (see `ReadThrough`).
     fn read_through(&self) -> u64 {
@@ -431,7 +441,7 @@ async fn stream(
                 // Read before the queue is taken: every record stamped
                 // before it is then absorbed, whichever node sent it.
                 let read_through = trace.read_through();
-                while let Ok(batch) = trace.sightings.try_recv() {
+                for batch in trace.take_queued() {
                     for sighting in &batch {
                         absorb(sighting, trace, &mut summary, &mut correlator).await;
                     }
@@ -463,7 +473,7 @@ async fn stream(
     }
     // Let the ring readers hand over what they have read, then take it.
     tokio::time::sleep(RING_HANDOVER).await;
-    while let Ok(batch) = trace.sightings.try_recv() {
+    for batch in trace.take_queued() {
         for sighting in &batch {
             absorb(sighting, trace, &mut summary, &mut correlator).await;
         }

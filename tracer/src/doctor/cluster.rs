@@ -5,7 +5,7 @@
 
 use std::net::Ipv4Addr;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use ipnet::Ipv4Net;
 use k8s_openapi::api::core::v1::{Event, Node, Pod as KubePod};
 use kube::{api::ListParams, Api};
@@ -94,21 +94,20 @@ pub struct ClusterState {
     pub asked: Vec<String>,
     /// Whether the nodes and pods came from anywhere at all.
     pub known: bool,
+    /// Whether the pods did (a pods file or the API).
+    pub pods_listed: bool,
 }
 
 impl ClusterState {
     pub async fn load(args: &DoctorArgs) -> Result<Self> {
-        let asked: Vec<String> = args
+        let asked = args
             .pods
             .iter()
-            .map(|p| match p.split('/').count() {
-                1 => Ok(format!("{}/{p}", args.kube.namespace)),
-                2 if !p.starts_with('/') && !p.ends_with('/') => Ok(p.clone()),
-                _ => Err(anyhow!(
-                    "{p:?} is not a pod (namespace/name, or name with -n)"
-                )),
+            .map(|p| match p.split_once('/') {
+                Some(_) => p.clone(),
+                None => format!("{}/{p}", args.kube.namespace),
             })
-            .collect::<Result<_>>()?;
+            .collect();
         let access = args.kube.access();
         let files = args.kube.pods_file.is_some() || args.kube.nodes_file.is_some();
         let mut state = if files || !access.configured() {
@@ -116,19 +115,31 @@ impl ClusterState {
         } else {
             Self::from_api(&access).await?
         };
-        if state.known {
-            let missing = asked
-                .iter()
-                .find(|name| !state.pods.iter().any(|p| &p.pod.qualified() == *name));
-            if let Some(name) = missing {
-                let source = if files { "the pods file" } else { "the API" };
-                bail!("pod {name} not found in {source}");
-            }
-        } else if let Some(name) = asked.first() {
-            bail!("pod {name}: no pods file and no API to look it up in (give --pods-file or a kubeconfig)");
-        }
         state.asked = asked;
         Ok(state)
+    }
+
+    /// Every pod asked about is known (the `doctor` command: an unknown
+    /// pod would give a clean report of nothing).
+    pub fn check_asked(&self, args: &DoctorArgs) -> Result<()> {
+        let source = if args.kube.pods_file.is_some() {
+            "the pods file"
+        } else if self.pods_listed {
+            "the API"
+        } else {
+            return match self.asked.first() {
+                Some(name) => bail!("pod {name}: no pods file and no API to look it up in (give --pods-file or a kubeconfig)"),
+                None => Ok(()),
+            };
+        };
+        let missing = self
+            .asked
+            .iter()
+            .find(|name| !self.pods.iter().any(|p| &p.pod.qualified() == *name));
+        match missing {
+            Some(name) => bail!("pod {name} not found in {source}"),
+            None => Ok(()),
+        }
     }
 
     fn from_files(args: &DoctorArgs) -> Result<Self> {
@@ -151,6 +162,7 @@ impl ClusterState {
                 })
                 .collect();
             state.known = true;
+            state.pods_listed = true;
         }
         Ok(state)
     }
@@ -169,6 +181,7 @@ impl ClusterState {
             .context("cannot list pods")?;
         let mut state = Self {
             known: true,
+            pods_listed: true,
             ..Self::default()
         };
         for node in nodes {

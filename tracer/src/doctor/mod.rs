@@ -122,6 +122,14 @@ pub fn node_checks(facts: &node::NodeFacts) -> Vec<Check> {
     checks
 }
 
+/// `name` or `namespace/name`.
+fn is_pod_name(p: &str) -> bool {
+    let mut parts = p.split('/');
+    let first = parts.next().is_some_and(|s| !s.is_empty());
+    let second = parts.next().is_none_or(|s| !s.is_empty());
+    first && second && parts.next().is_none()
+}
+
 /// `podtrace doctor`: Ok(true) when every check passed.
 pub async fn run(args: DoctorArgs) -> Result<bool> {
     let nodes = args.kube.netns.len().max(1);
@@ -135,7 +143,11 @@ pub async fn run(args: DoctorArgs) -> Result<bool> {
     if let Some(root) = args.kube.host_root.iter().find(|r| !r.is_dir()) {
         bail!("--host-root {}: no such directory", root.display());
     }
+    if let Some(p) = args.pods.iter().find(|p| !is_pod_name(p)) {
+        bail!("{p:?} is not a pod (namespace/name, or name with -n)");
+    }
     let cluster = cluster::ClusterState::load(&args).await?;
+    cluster.check_asked(&args)?;
     // Said by the command only: a trace's own doctor stays quiet.
     if !args.api_only {
         for ns in args.kube.netns.iter().skip(args.kube.host_root.len()) {
@@ -154,4 +166,19 @@ pub async fn run(args: DoctorArgs) -> Result<bool> {
     let failed = checks.iter().any(|c| !c.ok);
     render::print(&checks, args.output);
     Ok(!failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_pod_name;
+
+    #[test]
+    fn a_pod_is_a_name_or_namespace_slash_name() {
+        for ok in ["web-0", "default/web-0"] {
+            assert!(is_pod_name(ok), "{ok}");
+        }
+        for bad in ["nope/x/y", "/web-0", "default/", ""] {
+            assert!(!is_pod_name(bad), "{bad:?}");
+        }
+    }
 }

@@ -37,7 +37,13 @@ fn doctor_args(args: &Args) -> DoctorArgs {
     DoctorArgs {
         pods: [&args.src, &args.dst]
             .into_iter()
-            .filter(|a| a.parse::<std::net::Ipv4Addr>().is_err() && !a.contains(':'))
+            // Pods only: not an address, a Service or a node.
+            .filter(|a| {
+                a.parse::<std::net::Ipv4Addr>().is_err()
+                    && !a.contains(':')
+                    && !a.starts_with("svc/")
+                    && !a.starts_with("node/")
+            })
             .cloned()
             .collect(),
         kube: args.kube.clone(),

@@ -87,8 +87,10 @@ impl ReadThrough {
     }
 }
 
-/// How long after the kernel stamps a record it may still be uncommitted
-/// (stamped, then reserved and written): far more than it takes.
+/// How long a record may stay reserved but not yet committed: one still
+/// being written stops the reader, and every record reserved after it
+/// waits behind it, so a record stamped just before a drain may come in
+/// the next one. Far more than writing a record takes.
 const COMMIT_SLACK_NS: u64 = 1_000_000;
 
 /// The kernel's clock (`bpf_ktime_get_ns`), read from userspace.

@@ -474,7 +474,11 @@ impl Correlator {
             if oldest_under_way.is_some_and(|t| first > t) {
                 break;
             }
-            if self.is_done(&self.open[&key], now_ns) {
+            let Some(journey) = self.open.get(&key) else {
+                debug_assert!(false, "the index names a journey that is not open");
+                continue;
+            };
+            if self.is_done(journey, now_ns) {
                 keys.push(key);
             } else {
                 oldest_under_way.get_or_insert(first);
