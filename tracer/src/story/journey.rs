@@ -662,6 +662,8 @@ pub(crate) mod tests {
         assert_eq!(c.pending(), 2);
         let learnt = crate::story::nat::tests::book().translations[1].clone();
         c.learn_translation(learnt);
+        // The joined half left the index with its journey.
+        assert_eq!(c.by_first_seen.len(), c.open.len());
         let journeys = c.take_all();
         assert_eq!(journeys.len(), 1);
         let ifaces: Vec<&str> = journeys[0].hops.iter().map(|h| &*h.iface).collect();
