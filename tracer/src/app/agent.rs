@@ -194,7 +194,7 @@ async fn relay(
     Ok((summary, lease_lost))
 }
 
-/// Every batch the ring readers have sent so far, passed on.
+/// Every batch queued now, passed on.
 async fn pass_on_queued(trace: &mut Trace, summary: &mut Summary, out: &mut Output) {
     for batch in trace.take_queued() {
         for sighting in &batch {

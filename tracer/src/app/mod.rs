@@ -441,11 +441,7 @@ async fn stream(
                 // Read before the queue is taken: every record stamped
                 // before it is then absorbed, whichever node sent it.
                 let read_through = trace.read_through();
-                for batch in trace.take_queued() {
-                    for sighting in &batch {
-                        absorb(sighting, trace, &mut summary, &mut correlator).await;
-                    }
-                }
+                absorb_queued(trace, &mut summary, &mut correlator).await;
                 let now = monotonic_ns();
                 if let Some((from, to, _)) = losses.check(&trace.nodes, now)? {
                     correlator.observe_loss(from, to);
@@ -473,11 +469,7 @@ async fn stream(
     }
     // Let the ring readers hand over what they have read, then take it.
     tokio::time::sleep(RING_HANDOVER).await;
-    for batch in trace.take_queued() {
-        for sighting in &batch {
-            absorb(sighting, trace, &mut summary, &mut correlator).await;
-        }
-    }
+    absorb_queued(trace, &mut summary, &mut correlator).await;
     teller.tell_all(&correlator.take_all())?;
     Ok((summary, teller))
 }
@@ -705,6 +697,16 @@ fn flow_ips((a, b): (Ipv4Addr, Ipv4Addr)) -> Vec<FlowKey> {
 }
 
 /// One sighting into the correlator, or into the summary's counts.
+/// Every batch queued now, into journeys (node mode's twin of the
+/// agent's `pass_on_queued`).
+async fn absorb_queued(trace: &mut Trace, summary: &mut Summary, correlator: &mut Correlator) {
+    for batch in trace.take_queued() {
+        for sighting in &batch {
+            absorb(sighting, trace, summary, correlator).await;
+        }
+    }
+}
+
 async fn absorb(
     s: &Sighting,
     trace: &mut Trace,

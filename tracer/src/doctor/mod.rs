@@ -25,7 +25,7 @@ pub mod trace;
 use anyhow::{bail, Result};
 use serde::Serialize;
 
-use crate::{cli::KubeArgs, output::Format};
+use crate::{cli::KubeArgs, cluster::argument::Target, output::Format};
 
 /// `podtrace doctor [<pod>…]`.
 #[derive(Debug, clap::Args)]
@@ -122,12 +122,13 @@ pub fn node_checks(facts: &node::NodeFacts) -> Vec<Check> {
     checks
 }
 
-/// `name` or `namespace/name`.
-fn is_pod_name(p: &str) -> bool {
-    let mut parts = p.split('/');
-    let first = parts.next().is_some_and(|s| !s.is_empty());
-    let second = parts.next().is_none_or(|s| !s.is_empty());
-    first && second && parts.next().is_none()
+/// A pod argument, checked as a trace's SRC and DST are.
+fn check_pod_arg(arg: &str, namespace: &str) -> Result<()> {
+    match Target::parse(arg, namespace) {
+        Ok(Target::Pod { .. }) => Ok(()),
+        Ok(_) => bail!("{arg:?} is not a pod (namespace/name, or name with -n)"),
+        Err(e) => bail!("{arg:?} is not a pod: {e}"),
+    }
 }
 
 /// `podtrace doctor`: Ok(true) when every check passed.
@@ -143,8 +144,8 @@ pub async fn run(args: DoctorArgs) -> Result<bool> {
     if let Some(root) = args.kube.host_root.iter().find(|r| !r.is_dir()) {
         bail!("--host-root {}: no such directory", root.display());
     }
-    if let Some(p) = args.pods.iter().find(|p| !is_pod_name(p)) {
-        bail!("{p:?} is not a pod (namespace/name, or name with -n)");
+    for pod in &args.pods {
+        check_pod_arg(pod, &args.kube.namespace)?;
     }
     let cluster = cluster::ClusterState::load(&args).await?;
     cluster.check_asked(&args)?;
@@ -170,15 +171,15 @@ pub async fn run(args: DoctorArgs) -> Result<bool> {
 
 #[cfg(test)]
 mod tests {
-    use super::is_pod_name;
+    use super::check_pod_arg;
 
     #[test]
     fn a_pod_is_a_name_or_namespace_slash_name() {
         for ok in ["web-0", "default/web-0"] {
-            assert!(is_pod_name(ok), "{ok}");
+            assert!(check_pod_arg(ok, "default").is_ok(), "{ok}");
         }
-        for bad in ["nope/x/y", "/web-0", "default/", ""] {
-            assert!(!is_pod_name(bad), "{bad:?}");
+        for bad in ["nope/x/y", "/web-0", "default/", "", "svc/db", "10.244.1.2"] {
+            assert!(check_pod_arg(bad, "default").is_err(), "{bad:?}");
         }
     }
 }

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::{api, cluster::ClusterState, node, Check, DoctorArgs};
 use crate::{
     cli::Args,
+    cluster::argument::Target,
     output::Format,
     story::{Context, Outcome},
 };
@@ -39,10 +40,10 @@ fn doctor_args(args: &Args) -> DoctorArgs {
             .into_iter()
             // Pods only: not an address, a Service or a node.
             .filter(|a| {
-                a.parse::<std::net::Ipv4Addr>().is_err()
-                    && !a.contains(':')
-                    && !a.starts_with("svc/")
-                    && !a.starts_with("node/")
+                matches!(
+                    Target::parse(a, &args.kube.namespace),
+                    Ok(Target::Pod { .. })
+                )
             })
             .cloned()
             .collect(),

@@ -730,30 +730,14 @@ pub(crate) mod tests {
         let mut c = Correlator::new(waits(1_000, 1_000_000));
         // A's delivery on node-2 reaches us first, B (under way) next,
         // then A's first hop on node-1, from a reader that lagged.
-        c.observe(hop(
-            600,
-            "n2",
-            "veth2",
-            Role::PodVeth,
-            Direction::Egress,
-            &a,
-        ));
-        c.observe(hop(
-            300,
-            "n1",
-            "veth3",
-            Role::PodVeth,
-            Direction::Ingress,
-            &b,
-        ));
-        c.observe(hop(
-            100,
-            "n1",
-            "veth1",
-            Role::PodVeth,
-            Direction::Ingress,
-            &a,
-        ));
+        let seen = [
+            (600, "n2", "veth2", Direction::Egress, &a),
+            (300, "n1", "veth3", Direction::Ingress, &b),
+            (100, "n1", "veth1", Direction::Ingress, &a),
+        ];
+        for (t, node, iface, direction, frame) in seen {
+            c.observe(hop(t, node, iface, Role::PodVeth, direction, frame));
+        }
         assert_eq!(c.by_first_seen.len(), c.open.len());
         // A was sent before B and is done: it does not wait for B.
         let done = c.take_finished(2_000);
