@@ -875,7 +875,7 @@ mod tests {
         // progress holds again, so the hops it still owes join.
         let mut backlog = ping_seen_on("n2").into_iter();
         n2.says(&mut session, backlog.next().unwrap());
-        let after = Instant::now() + HOLD + Duration::from_secs(5);
+        let after = past_every_wait();
         assert!(
             session.settle(after, false).is_empty(),
             "n2 has not said how far it read"
