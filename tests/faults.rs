@@ -9,7 +9,7 @@ use serde_json::Value;
 use support::*;
 use xtask::{
     faults::Fault,
-    lab::{LabGuard, Topology},
+    lab::{in_netns, LabGuard, Topology},
 };
 
 /// The story of one ping web-0 → db-0 (or a big DF ping), traced on both
@@ -55,6 +55,15 @@ fn trace_once(lab: &LabGuard, big: bool) -> (Value, String) {
     (json.unwrap(), human.unwrap())
 }
 
+/// podtrace's arguments for the JSON story of one packet `src` → `dst`
+/// on both nodes.
+fn one_story(lab: &LabGuard, src: &str, dst: &str, extra: &[&str]) -> Vec<String> {
+    let first = [src, dst, "--count", "1", "--duration", "20s", "-o", "json"];
+    let mut args = argv(&first, lab_args(&lab.0, &[1, 2]));
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
 fn faulty(fault: Fault) -> LabGuard {
     let lab = lab(fault.topology());
     fault.apply(&lab.0).expect("apply the fault");
@@ -87,25 +96,50 @@ fn iptables_forward_drop_names_the_rule() {
     );
 }
 
+/// Rule tracing marks a pair on the output hook only where the node sends
+/// it itself (its own address is the source): a rule that drops what the
+/// node sends is still named, and without rule tracing the hook is told
+/// from the packet's source.
+#[test]
+fn a_drop_of_what_the_node_sends_itself_names_the_output_rule() {
+    let lab = lab(Topology::FlannelVxlan);
+    let node_ip = xtask::lab::Lab::node_ip(2);
+    let web = lab.0.pod("web-0");
+    let rule = format!("-A OUTPUT -d {}/32 -p icmp -j DROP", web.ip);
+    let node = lab.0.node_netns(2);
+    let added = in_netns(&node, "iptables")
+        .args(rule.split(' ').collect::<Vec<_>>())
+        .status()
+        .expect("iptables");
+    assert!(added.success(), "cannot add {rule}");
+    let story_of_one_ping = |extra: &[&str]| {
+        let trace = Trace::start(&one_story(&lab, &node_ip.to_string(), "web-0", extra));
+        // From the node's own address (its route to the pod would pick
+        // flannel.1's).
+        let _refused = in_netns(&node, "ping")
+            .args(["-c", "1", "-W", "1", "-I", &node_ip.to_string()])
+            .arg(web.ip.to_string())
+            .output();
+        let story = trace.finish().stories().into_iter().next();
+        story.expect("a story")
+    };
+    let story = story_of_one_ping(&[]);
+    assert_dropped(&story, "node-2", "NETFILTER_DROP");
+    let named = &story["verdict"]["netfilter"];
+    assert_eq!(named["chain"], "OUTPUT", "{story}");
+    assert_eq!(named["rule"], rule.as_str(), "{story}");
+    let story = story_of_one_ping(&["--no-ruleset-changes"]);
+    assert_dropped(&story, "node-2", "NETFILTER_DROP");
+    assert_eq!(
+        story["verdict"]["netfilter_hook"], "OUTPUT or POSTROUTING",
+        "{story}"
+    );
+}
+
 #[test]
 fn without_ruleset_changes_the_drop_names_the_hook_but_not_the_rule() {
     let lab = faulty(Fault::IptablesForwardDrop);
-    let mut argv: Vec<String> = [
-        "web-0",
-        "db-0",
-        "--count",
-        "1",
-        "--duration",
-        "20s",
-        "-o",
-        "json",
-        "--no-ruleset-changes",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    argv.extend(lab_args(&lab.0, &[1, 2]));
-    let trace = Trace::start(&argv);
+    let trace = Trace::start(&one_story(&lab, "web-0", "db-0", &["--no-ruleset-changes"]));
     let _answered = lab.0.ping("web-0", lab.0.pod("db-0").ip, &[]);
     let done = trace.finish();
     let story = &done.stories()[0];

@@ -1,7 +1,8 @@
 //! `cargo xtask bench`, at line rate: iperf3 TCP across VXLAN between two
 //! lab pods, in interleaved rounds of every case (untraced, podtrace on
 //! another pair, per-packet on the flow, profile mode, tcpdump likewise),
-//! then `podtrace profile` of the same flow on every lab topology.
+//! on a bare node and then on one with a cluster's netfilter rules; then
+//! `podtrace profile` of the same flow on every lab topology.
 //! Numbers, not asserts.
 
 #[allow(dead_code)]
@@ -19,7 +20,7 @@ use std::{
 use serde_json::Value;
 use support::*;
 use xtask::{
-    lab::{in_netns, Lab, Topology},
+    lab::{in_netns, kube_proxy::ProxyMode, Lab, Topology},
     podtrace_run,
 };
 
@@ -30,6 +31,7 @@ const SECONDS: u32 = 3;
 enum Case {
     Untraced,
     PodtraceOtherPair,
+    PodtraceOtherPairNoRuleset,
     PodtracePerPacket,
     PodtraceSample100,
     PodtraceProfile,
@@ -37,9 +39,10 @@ enum Case {
     TcpdumpFlow,
 }
 
-const CASES: [Case; 7] = [
+const CASES: [Case; 8] = [
     Case::Untraced,
     Case::PodtraceOtherPair,
+    Case::PodtraceOtherPairNoRuleset,
     Case::PodtracePerPacket,
     Case::PodtraceSample100,
     Case::PodtraceProfile,
@@ -52,6 +55,7 @@ impl Case {
         matches!(
             self,
             Case::PodtraceOtherPair
+                | Case::PodtraceOtherPairNoRuleset
                 | Case::PodtracePerPacket
                 | Case::PodtraceSample100
                 | Case::PodtraceProfile
@@ -74,6 +78,25 @@ struct Run {
 fn line_rate_cases() {
     let lab = lab(Topology::FlannelVxlan);
     let stats = datapath::BpfStats::enable();
+    // A node with no netfilter rule at all first: podtrace's rule-tracing
+    // table is then the only netfilter hook, so what it costs shows.
+    interleaved_rounds(&lab.0, &stats, "a bare node: no netfilter rule");
+    // Then the node as a cluster has it: kube-proxy's Services (iptables
+    // mode) and flannel's MASQUERADE, so conntrack and iptables already
+    // see every packet.
+    lab.0
+        .install_services(ProxyMode::Iptables)
+        .expect("install services");
+    interleaved_rounds(
+        &lab.0,
+        &stats,
+        "a cluster's node: kube-proxy (iptables) and flannel's rules",
+    );
+}
+
+/// Every case in [`ROUNDS`] interleaved rounds on `lab` as it is now,
+/// printed as medians against the untraced run.
+fn interleaved_rounds(lab: &Lab, stats: &datapath::BpfStats, node: &str) {
     // Throughput with bpf_stats off: its two clock reads per program run
     // would be charged to podtrace's cases alone.
     stats.set(false);
@@ -83,7 +106,7 @@ fn line_rate_cases() {
         // same one (and what it left behind, such as a file's write-back).
         for i in 0..CASES.len() {
             let case = CASES[(round + i) % CASES.len()];
-            runs.entry(case).or_default().push(run(&lab.0, case));
+            runs.entry(case).or_default().push(run(lab, case));
         }
     }
     // Then one more run of each case with bpf_stats on, for ns/run.
@@ -91,11 +114,11 @@ fn line_rate_cases() {
     let timed: BTreeMap<Case, Run> = CASES
         .iter()
         .filter(|case| case.runs_podtrace())
-        .map(|&case| (case, run(&lab.0, case)))
+        .map(|&case| (case, run(lab, case)))
         .collect();
     let bare = datapath::median(runs[&Case::Untraced].iter().map(|r| r.bits));
     println!(
-        "line rate: iperf3 TCP web-0 → db-0 across flannel.1 (VXLAN), {ROUNDS} interleaved rounds of {SECONDS} s; medians"
+        "line rate on {node}: iperf3 TCP web-0 → db-0 across flannel.1 (VXLAN), {ROUNDS} interleaved rounds of {SECONDS} s; medians"
     );
     println!("  untraced: {:.2} Gbit/s", bare / 1e9);
     for case in &CASES[1..] {
@@ -124,6 +147,10 @@ fn run(lab: &Lab, case: Case) -> Run {
             ..Run::default()
         },
         Case::PodtraceOtherPair => podtrace(lab, &["web-1", "db-1"]),
+        // Without the rule-tracing table: the tc programs' share alone.
+        Case::PodtraceOtherPairNoRuleset => {
+            podtrace(lab, &["web-1", "db-1", "--no-ruleset-changes"])
+        }
         Case::PodtracePerPacket => podtrace(lab, &["web-0", "db-0"]),
         Case::PodtraceSample100 => podtrace(lab, &["web-0", "db-0", "--sample", "100"]),
         Case::PodtraceProfile => podtrace(lab, &["profile", "web-0", "db-0"]),

@@ -134,9 +134,10 @@ impl TracedNode {
         if let Err(e) = conntrack::watch(id, shared.conntrack_tx.clone()) {
             eprintln!("podtrace: {name}: conntrack is not read ({e:#}); translations are known only from the Services");
         }
+        let own_addresses: Vec<Ipv4Addr> = view.addresses.iter().map(|(_, ip)| *ip).collect();
         let netfilter = match &shared.netfilter_tx {
             Some(tx) => Some(
-                NodeTrace::start(ns, id, &shared.pairs, tx.clone())
+                NodeTrace::start(ns, id, &shared.pairs, &own_addresses, tx.clone())
                     .with_context(|| format!("node {name}"))?,
             ),
             None => None,

@@ -88,15 +88,19 @@ pub struct NodeTrace {
     monitor: Child,
     table: String,
     record: Record,
+    /// The node's own addresses: which traced packets it can send itself.
+    local: Vec<Ipv4Addr>,
 }
 
 impl NodeTrace {
     /// Inside `netns`: removes stale podtrace tables, adds ours for the
-    /// traced pairs, and starts the monitor; its drops go to `tx`.
+    /// traced pairs, and starts the monitor; its drops go to `tx`. `local`
+    /// are the node's own addresses.
     pub fn start(
         netns: &Namespace,
         node_id: u32,
         pairs: &[(Ipv4Addr, Ipv4Addr)],
+        local: &[Ipv4Addr],
         tx: mpsc::UnboundedSender<(u32, TracedRule)>,
     ) -> Result<Self> {
         run_registry::sweep_dead_runs()?;
@@ -112,9 +116,9 @@ impl NodeTrace {
         let started = netns.run(|| {
             remove_stale_tables()?;
             let mut script = format!(
-                "table inet {table} {{\n chain prerouting {{ type filter hook prerouting priority -350; }}\n chain output {{ type filter hook output priority -350; }}\n}}\n"
+                "table inet {table} {{\n chain prerouting {{ type filter hook prerouting priority -350; }}\n}}\n"
             );
-            script.push_str(&trace_rules(&table, pairs));
+            script.push_str(&trace_rules(&table, pairs, local));
             nft_script(&script).context("cannot add podtrace's nft tracing table")?;
             let mut command = Command::new("nft");
             command
@@ -156,6 +160,7 @@ impl NodeTrace {
                 monitor,
                 table: table.clone(),
                 record: record.clone(),
+                local: local.to_vec(),
             })
         });
         if started.is_err() {
@@ -171,7 +176,7 @@ impl NodeTrace {
     /// Traces more pairs too (a traced pod came back with a new IP).
     pub fn follow(&self, pairs: &[(Ipv4Addr, Ipv4Addr)]) -> Result<()> {
         self.netns
-            .run(|| nft_script(&trace_rules(&self.table, pairs)))
+            .run(|| nft_script(&trace_rules(&self.table, pairs, &self.local)))
     }
 }
 
@@ -187,12 +192,26 @@ pub const TRACED_PER_SECOND: u32 = 5;
 pub const UNTRACED_DROP: &str =
     "no DROP verdict was traced for this packet (rule tracing follows 5 packets/s per direction)";
 
-/// The rules that mark the traced pairs for tracing, before raw.
-fn trace_rules(table: &str, pairs: &[(Ipv4Addr, Ipv4Addr)]) -> String {
+/// The rules that mark the traced pairs for tracing, before raw: where
+/// packets arrive (prerouting), and where the node sends its own (output)
+/// for pairs whose source is one of the node's `local` addresses (a
+/// host-network pod, the node itself). Only such a packet crosses output
+/// with the pair in its header, and every packet the node sends,
+/// encapsulated ones included, pays for a chain on that hook.
+fn trace_rules(table: &str, pairs: &[(Ipv4Addr, Ipv4Addr)], local: &[Ipv4Addr]) -> String {
     let mut rules = String::new();
     let limit = format!("limit rate {TRACED_PER_SECOND}/second burst {TRACED_PER_SECOND} packets");
     for (src, dst) in pairs {
-        for chain in ["prerouting", "output"] {
+        let mut chains = vec!["prerouting"];
+        if local.contains(src) {
+            // `add` of a chain that exists is no error: the first pair
+            // that needs it makes it.
+            rules.push_str(&format!(
+                "add chain inet {table} output {{ type filter hook output priority -350; }}\n"
+            ));
+            chains.push("output");
+        }
+        for chain in chains {
             rules.push_str(&format!(
                 "add rule inet {table} {chain} ip saddr {src} ip daddr {dst} {limit} meta nftrace set 1\n"
             ));
@@ -295,13 +314,27 @@ mod tests {
     #[test]
     fn tracing_is_rate_limited_per_pair_and_says_so() {
         let pair = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
-        let rules = trace_rules("t", &[pair]);
+        let rules = trace_rules("t", &[pair], &[]);
         assert_eq!(
             rules
                 .matches("limit rate 5/second burst 5 packets meta nftrace set 1")
                 .count(),
-            2
+            1
         );
         assert!(UNTRACED_DROP.contains(&format!("{TRACED_PER_SECOND} packets/s")));
+    }
+
+    #[test]
+    fn only_a_pair_the_node_sends_itself_is_marked_on_output() {
+        let node: Ipv4Addr = "192.0.2.11".parse().unwrap();
+        let pod: Ipv4Addr = "10.244.1.2".parse().unwrap();
+        let between_pods = trace_rules("t", &[(pod, "10.244.2.2".parse().unwrap())], &[node]);
+        assert!(!between_pods.contains(" output "), "{between_pods}");
+        let from_node = trace_rules("t", &[(node, pod), (pod, node)], &[node]);
+        assert_eq!(from_node.matches("add chain inet t output").count(), 1);
+        assert!(from_node.contains(&format!(
+            "add rule inet t output ip saddr {node} ip daddr {pod}"
+        )));
+        assert!(!from_node.contains(&format!("output ip saddr {pod}")));
     }
 }

@@ -137,7 +137,7 @@ pub fn tell(journey: &Journey, ctx: &Context) -> Story {
         records_lost: journey.records_lost,
     };
     if story.netfilter_drop() {
-        story.name_rule(journey.rule.as_ref(), ctx.why_rule_unnamed);
+        story.name_rule(journey.rule.as_ref(), ctx);
     }
     story.name_translations();
     if story.hops.iter().all(|h| h.nat.is_empty()) {

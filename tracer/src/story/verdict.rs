@@ -106,7 +106,7 @@ impl Story {
 
     /// Names the netfilter rule that dropped the packet, or says why it
     /// cannot be named.
-    pub(super) fn name_rule(&mut self, rule: Option<&NetfilterRule>, why_unnamed: &str) {
+    pub(super) fn name_rule(&mut self, rule: Option<&NetfilterRule>, ctx: &Context) {
         match rule {
             Some(rule) => {
                 if let Some(why) = rejection(&rule.rule).or_else(|| invalid(&rule.rule)) {
@@ -119,9 +119,10 @@ impl Story {
                 self.verdict.netfilter = Some(rule.clone());
             }
             None => {
-                let hook = self.netfilter_hook();
+                let hook = self.netfilter_hook(ctx);
                 self.verdict.summary.push_str(&format!(
-                    "; dropped by netfilter at hook {hook}; the rule is not named: {why_unnamed}"
+                    "; dropped by netfilter at hook {hook}; the rule is not named: {}",
+                    ctx.why_rule_unnamed
                 ));
                 self.verdict.netfilter_hook = Some(hook.to_string());
             }
@@ -169,15 +170,24 @@ impl Story {
     }
 
     /// The netfilter hook of a drop, from the packet alone: routed on the
-    /// dropping node (TTL lower than when it arrived there) means FORWARD.
-    fn netfilter_hook(&self) -> &'static str {
+    /// dropping node (TTL lower than when it arrived there) means FORWARD;
+    /// first seen there leaving, or not seen arriving with one of the
+    /// node's own addresses as its source, means the node sent it.
+    fn netfilter_hook(&self, ctx: &Context) -> &'static str {
         let Some(last) = self.hops.last() else {
             return "unknown";
         };
         let arrived = self.hops.iter().find(|h| h.node == last.node);
+        let own_source = ctx
+            .nodes
+            .get(&*last.node)
+            .is_some_and(|node| node.view.addresses.iter().any(|(_, ip)| *ip == self.src));
         match arrived {
             Some(first) if last.ttl < first.ttl => "FORWARD",
             Some(first) if first.direction == Direction::Egress => "OUTPUT or POSTROUTING",
+            Some(first) if first.direction == Direction::Drop && own_source => {
+                "OUTPUT or POSTROUTING"
+            }
             _ => "PREROUTING or INPUT",
         }
     }
