@@ -39,6 +39,7 @@ use crate::{
 const QUEUE: usize = 65_536;
 
 #[derive(Debug, clap::Args)]
+#[command(mut_arg("host_root", |a| a.help(crate::cli::HOST_ROOT_AGENT)))]
 pub struct AgentArgs {
     #[command(flatten)]
     pub trace: Args,
