@@ -120,6 +120,13 @@ pub fn prog_stats(pid: i32) -> BTreeMap<String, (u64, u64)> {
 
 /// Ids of the eBPF programs process `pid` holds an fd of.
 fn prog_ids(pid: i32) -> std::collections::BTreeSet<u64> {
+    held_ids(pid, "prog")
+}
+
+/// Ids of the eBPF programs or maps (`kind`: `prog`, `map`) process `pid`
+/// holds an fd of, from the fds' fdinfo (`prog_id:`, `map_id:`).
+fn held_ids(pid: i32, kind: &str) -> std::collections::BTreeSet<u64> {
+    let line = format!("{kind}_id:");
     let fds = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
         .into_iter()
         .flatten();
@@ -127,7 +134,7 @@ fn prog_ids(pid: i32) -> std::collections::BTreeSet<u64> {
         .filter_map(|fd| std::fs::read_to_string(fd.path()).ok())
         .filter_map(|info| {
             info.lines()
-                .find_map(|l| l.strip_prefix("prog_id:"))
+                .find_map(|l| l.strip_prefix(line.as_str()))
                 .and_then(|id| id.trim().parse().ok())
         })
         .collect()
@@ -303,8 +310,14 @@ fn interfaces(netns: &str) -> Vec<String> {
 
 /// `bpftool prog show`, every program.
 fn programs() -> Vec<Value> {
+    bpftool(&["prog", "show"])
+}
+
+/// `bpftool ARGS -j`, parsed (an empty list when it says nothing).
+fn bpftool(args: &[&str]) -> Vec<Value> {
     let out = Command::new("bpftool")
-        .args(["prog", "show", "-j"])
+        .args(args)
+        .arg("-j")
         .output()
         .expect("bpftool");
     serde_json::from_slice(&out.stdout).unwrap_or_default()
@@ -330,11 +343,27 @@ pub fn test_run(id: u64, packet: &[u8], repeat: u32) -> Option<f64> {
 
 /// Ids of the programs named `name` that process `pid` holds.
 pub fn program_ids(pid: i32, name: &str) -> Vec<u64> {
-    let ids = prog_ids(pid);
-    programs()
+    held_named(pid, "prog", name)
+}
+
+/// Ids of the maps named `name` that process `pid` holds (a map shared
+/// by several nodes' instances once).
+pub fn map_ids(pid: i32, name: &str) -> Vec<u64> {
+    held_named(pid, "map", name)
+}
+
+/// Ids of the programs or maps (`kind`) named `name` that `pid` holds.
+fn held_named(pid: i32, kind: &str, name: &str) -> Vec<u64> {
+    let ids = held_ids(pid, kind);
+    bpftool(&[kind, "show"])
         .iter()
         .filter(|p| p["name"] == name)
         .filter_map(|p| p["id"].as_u64())
         .filter(|id| ids.contains(id))
         .collect()
+}
+
+/// How many entries map `id` holds now (`bpftool map dump`).
+pub fn map_entries(id: u64) -> usize {
+    bpftool(&["map", "dump", "id", &id.to_string()]).len()
 }

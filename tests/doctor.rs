@@ -131,6 +131,47 @@ fn the_healthy_labs_pass_every_check() {
     }
 }
 
+/// cni0's check names the gateway when the node's podCIDR or subnet.env
+/// tells it, and otherwise says what cni0 holds and why it cannot judge
+/// it (`podtrace doctor` with neither --nodes-file nor --host-root).
+#[test]
+fn the_cni0_check_names_the_gateway_or_says_why_it_cannot() {
+    let lab = lab(Topology::FlannelVxlan);
+    let gateway = lab.0.subnet_host(1, 1);
+    let cni0 = |(report, code): (Value, i32)| -> String {
+        assert_eq!(code, 0, "{report:#}");
+        let check = report["checks"]
+            .as_array()
+            .expect("checks")
+            .iter()
+            .find(|c| c["node"] == "node-1" && c["name"] == "cni0")
+            .unwrap_or_else(|| panic!("no cni0 check on node-1: {report:#}"));
+        check["evidence"].as_str().expect("evidence").to_string()
+    };
+    assert_eq!(
+        cni0(doctor(&lab, &[])),
+        format!("cni0 has the gateway {gateway}, MTU 1450 (FLANNEL_MTU 1450)")
+    );
+    let bare: Vec<String> = [
+        "doctor",
+        "-o",
+        "json",
+        "--pods-file",
+        &lab.0.pods_file().display().to_string(),
+        "--netns",
+        &lab.0.node_netns(1),
+    ]
+    .map(String::from)
+    .into();
+    assert_eq!(
+        cni0(run(&bare)),
+        format!(
+            "cni0 holds {gateway} (no podCIDR or subnet.env to tell which gateway it needs), \
+             MTU 1450 (no FLANNEL_MTU to compare)"
+        )
+    );
+}
+
 #[test]
 fn every_fault_of_the_catalogue_has_a_doctor_test() {
     // The tests below, by fault: adding a fault without one fails here.

@@ -80,6 +80,52 @@ fn profile_aggregates_steps_in_the_kernel_and_plots_them() {
     assert_eq!(histograms, steps.len(), "one histogram per step");
 }
 
+/// A packet's stamp is forgotten where it is handed to its pod
+/// (`podtrace_to_pod`): after pings across nodes, every request and reply
+/// delivered, the STAMPS map holds none of them while podtrace still
+/// runs. Kept, they would fill it until the LRU evicted live packets'.
+#[test]
+fn profile_forgets_each_stamp_when_its_packet_is_delivered() {
+    const PINGS: u32 = 50;
+    let lab = lab(Topology::FlannelVxlan);
+    assert!(ping(&lab.0, "web-0", "db-0"));
+    let argv = argv(
+        &["profile", "web-0", "db-0", "-o", "json"],
+        lab_args(&lab.0, &[1, 2]),
+    );
+    let trace = Trace::start(&argv);
+    ping_burst(&lab.0, PINGS, "0.01");
+    // Every reply has reached web-0: ping has returned.
+    let maps = datapath::map_ids(trace.pid(), "STAMPS");
+    let left: Vec<usize> = maps.iter().map(|&id| datapath::map_entries(id)).collect();
+    trace.signal(libc::SIGINT);
+    let done = trace.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    assert!(!maps.is_empty(), "podtrace holds no STAMPS map");
+    // The pings were profiled (stamped at every hook), so an empty map
+    // says they were forgotten, not that none was stamped.
+    let lines = done.json();
+    let steps = lines[0]["steps"].as_array().expect("steps");
+    let delivered = |pod_node: &str| {
+        steps
+            .iter()
+            .filter(|s| s["to"].as_str().is_some_and(|to| to.starts_with(pod_node)))
+            .filter(|s| s["to"].as_str().is_some_and(|to| to.contains("/veth")))
+            .map(|s| s["packets"].as_u64().unwrap_or(0))
+            .sum::<u64>()
+    };
+    assert!(
+        delivered("node-2/") >= u64::from(PINGS) && delivered("node-1/") >= u64::from(PINGS),
+        "every request and reply reached its pod's veth: {steps:?}"
+    );
+    let total: usize = left.iter().sum();
+    eprintln!("STAMPS maps {maps:?} hold {left:?} entries after {PINGS} pings");
+    assert!(
+        total <= 2,
+        "{total} stamps left after {PINGS} pings delivered both ways (maps {maps:?}: {left:?})"
+    );
+}
+
 /// The histograms account for every packet the flow sent: each step of
 /// each direction counts as many packets as the sending pod's interface
 /// sent (IPv6 off in both pods and ARP warmed first, so that the flow's

@@ -48,8 +48,16 @@ pub enum Command {
     Profile(ProfileArgs),
 }
 
+/// `--host-root` for a trace (`KubeArgs` has the doctor's wording).
+const HOST_ROOT_TRACE: &str = "Each traced node's root filesystem, in --netns order (`/host` in a debug pod): when a packet vanishes or finds no route, or a pod has no IP, podtrace also says what the doctor finds wrong in its etc/cni/net.d, opt/cni/bin and run/flannel (node mode only)";
+/// `--host-root` for profile mode, which has no verdict.
+const HOST_ROOT_PROFILE: &str = "Not used by profile mode: it tells no verdict for the doctor's checks of the node's files to join";
+/// `--host-root` for an agent, whose front-end tells the verdicts.
+pub const HOST_ROOT_AGENT: &str = "Not used by an agent: the front-end tells the verdicts, without the doctor's checks of the node's files";
+
 /// `podtrace profile SRC DST`.
 #[derive(Debug, clap::Args)]
+#[command(mut_arg("host_root", |a| a.help(HOST_ROOT_PROFILE)))]
 pub struct ProfileArgs {
     #[command(flatten)]
     pub trace: Args,
@@ -76,6 +84,7 @@ pub struct ReadArgs {
 /// tells, per packet, where it went and what happened to it.
 #[derive(Debug, Parser)]
 #[command(name = "podtrace", version, about)]
+#[command(mut_arg("host_root", |a| a.help(HOST_ROOT_TRACE)))]
 #[group(id = "trace")]
 pub struct Args {
     /// Source pod: namespace/name, name (with -n), or an IPv4 address.
@@ -204,8 +213,11 @@ pub struct KubeArgs {
     #[arg(long, value_name = "NETNS")]
     pub netns: Vec<String>,
     /// Each node's root filesystem, in --netns order (`/host` in a debug
-    /// pod): the doctor reads its etc/cni/net.d, opt/cni/bin and
-    /// run/flannel (a trace too, when it ends without a packet to blame).
+    /// pod), for its etc/cni/net.d, opt/cni/bin and run/flannel; without
+    /// it a --netns node's files are not examined (this host's are read
+    /// from /).
+    // The doctor's wording: the commands that flatten a trace's `Args`
+    // say what it does for them (`HOST_ROOT_*`, with `mut_arg`).
     #[arg(long, value_name = "DIR")]
     pub host_root: Vec<PathBuf>,
 }
@@ -305,6 +317,26 @@ mod tests {
         assert_eq!(doctor.pods, ["p"]);
         assert_eq!(doctor.kube.namespace, "default");
         assert_eq!(doctor.kube.host_root, [PathBuf::from("/h")]);
+    }
+
+    #[test]
+    fn host_root_says_what_it_does_for_each_command() {
+        let cli = Cli::command();
+        let help = |command: Option<&str>| {
+            let command = match command {
+                Some(name) => cli.find_subcommand(name).expect(name),
+                None => &cli,
+            };
+            let arg = command.get_arguments().find(|a| a.get_id() == "host_root");
+            arg.and_then(|a| a.get_help())
+                .expect("--host-root")
+                .to_string()
+        };
+        assert!(help(None).starts_with("Each traced node's root filesystem"));
+        assert!(help(None).ends_with("(node mode only)"));
+        assert!(help(Some("doctor")).contains("without it a --netns node's files are not examined"));
+        assert_eq!(help(Some("profile")), HOST_ROOT_PROFILE);
+        assert_eq!(help(Some("agent")), HOST_ROOT_AGENT);
     }
 
     #[test]

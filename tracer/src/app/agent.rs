@@ -32,13 +32,14 @@ use crate::{
         wire::{Numbering, Record, Start, WireFacts},
     },
     output::Summary,
-    probe::monotonic_ns,
+    probe::clock::{monotonic_ns, realtime_offset_ns},
 };
 
 /// Records queued for stdout at most; more are counted as lost.
 const QUEUE: usize = 65_536;
 
 #[derive(Debug, clap::Args)]
+#[command(mut_arg("host_root", |a| a.help(crate::cli::HOST_ROOT_AGENT)))]
 pub struct AgentArgs {
     #[command(flatten)]
     pub trace: Args,
@@ -282,16 +283,4 @@ impl Output {
             let _ = writer.join();
         }
     }
-}
-
-/// CLOCK_REALTIME − CLOCK_MONOTONIC now, in ns.
-fn realtime_offset_ns() -> i64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-    let realtime = ts.tv_sec * 1_000_000_000 + ts.tv_nsec;
-    realtime - monotonic_ns() as i64
 }

@@ -49,9 +49,9 @@ use crate::{
         Summary,
     },
     probe::{
+        clock::monotonic_ns,
         conntrack,
         link_watch::LinkChange,
-        monotonic_ns,
         netfilter::{Backend, TracedRule},
         Batch, Kernel, ReadThrough, BATCHES_QUEUED, RING_HANDOVER,
     },

@@ -90,11 +90,15 @@ fn check_subnet_env(facts: &NodeFacts) -> Check {
     )
 }
 
-/// The gateway address cni0 must hold: FLANNEL_SUBNET's, or the podCIDR's first.
-fn gateway(facts: &NodeFacts) -> Option<Ipv4Addr> {
+/// The gateway address cni0 must hold, with its subnet's length:
+/// FLANNEL_SUBNET's, or the podCIDR's first address.
+fn gateway(facts: &NodeFacts) -> Option<Ipv4Net> {
     let env = subnet_env(facts);
-    env.and_then(|e| e.get("FLANNEL_SUBNET")?.split('/').next()?.parse().ok())
-        .or_else(|| facts.pod_cidr()?.hosts().next())
+    env.and_then(|e| e.get("FLANNEL_SUBNET")?.parse().ok())
+        .or_else(|| {
+            let cidr = facts.pod_cidr()?;
+            Ipv4Net::new(cidr.hosts().next()?, cidr.prefix_len()).ok()
+        })
 }
 
 fn check_cni0(facts: &NodeFacts) -> Check {
@@ -104,31 +108,60 @@ fn check_cni0(facts: &NodeFacts) -> Check {
             "cni0 does not exist: the pods' veths have no bridge, nothing they send is routed".into(),
             "recreate the bridge by recreating one pod on the node (the bridge plugin makes cni0), or `ip link add cni0 type bridge` with the gateway address and enslave the veths".into());
     };
-    let gw = gateway(facts);
-    let has_gw = gw.is_none_or(|g| facts.view.addresses.contains(&(cni0.index, g)));
-    let mtu = subnet_env(facts).and_then(|e| e.get("FLANNEL_MTU")?.parse::<u32>().ok());
-    let mtu_ok = mtu.is_none_or(|m| m == cni0.mtu);
-    let gw_text = gw.map_or(
-        "(the gateway: no podCIDR or subnet.env to tell it)".into(),
-        |g| g.to_string(),
-    );
-    Check::judge(
-        FAMILY,
-        node,
-        "cni0",
-        has_gw && mtu_ok,
-        format!(
-            "cni0 {} {gw_text}, MTU {} (FLANNEL_MTU {})",
-            if has_gw { "has" } else { "lacks the gateway" },
-            cni0.mtu,
-            mtu.map_or("unknown".into(), |m| m.to_string())
+    let held: Vec<Ipv4Addr> = facts
+        .view
+        .addresses
+        .iter()
+        .filter(|(index, _)| *index == cni0.index)
+        .map(|(_, ip)| *ip)
+        .collect();
+    let flannel_mtu = subnet_env(facts).and_then(|e| e.get("FLANNEL_MTU")?.parse::<u32>().ok());
+    let (ok, evidence, fix) = judge_cni0(gateway(facts), &held, cni0.mtu, flannel_mtu);
+    Check::judge(FAMILY, node, "cni0", ok, evidence, || fix)
+}
+
+/// cni0 against what Flannel expects of it: the gateway address (when a
+/// podCIDR or subnet.env tells it) and FLANNEL_MTU (when subnet.env says
+/// it). Whether it passes, the evidence, and the fix for what is wrong.
+fn judge_cni0(
+    gateway: Option<Ipv4Net>,
+    held: &[Ipv4Addr],
+    mtu: u32,
+    flannel_mtu: Option<u32>,
+) -> (bool, String, String) {
+    let holds = || match held {
+        [] => "no IPv4 address".to_string(),
+        _ => held
+            .iter()
+            .map(|ip| ip.to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
+    let has_gw = gateway.is_none_or(|g| held.contains(&g.addr()));
+    let addresses = match gateway {
+        Some(g) if has_gw => format!("cni0 has the gateway {}", g.addr()),
+        Some(g) => format!("cni0 lacks the gateway {} (it holds {})", g.addr(), holds()),
+        None => format!(
+            "cni0 holds {} (no podCIDR or subnet.env to tell which gateway it needs)",
+            holds()
         ),
-        || {
-            format!(
-                "ip addr add {gw_text}/24 dev cni0; ip link set cni0 mtu {}",
-                mtu.unwrap_or(cni0.mtu)
-            )
-        },
+    };
+    let mtu_ok = flannel_mtu.is_none_or(|m| m == mtu);
+    let mtus = match flannel_mtu {
+        Some(m) => format!("MTU {mtu} (FLANNEL_MTU {m})"),
+        None => format!("MTU {mtu} (no FLANNEL_MTU to compare)"),
+    };
+    let mut fix = Vec::new();
+    if let Some(g) = gateway.filter(|_| !has_gw) {
+        fix.push(format!("ip addr add {g} dev cni0"));
+    }
+    if let Some(m) = flannel_mtu.filter(|_| !mtu_ok) {
+        fix.push(format!("ip link set cni0 mtu {m}"));
+    }
+    (
+        has_gw && mtu_ok,
+        format!("{addresses}, {mtus}"),
+        fix.join("; "),
     )
 }
 
@@ -240,4 +273,61 @@ pub fn format_mac(mac: &[u8; 6]) -> String {
         .map(|b| format!("{b:02x}"))
         .collect::<Vec<_>>()
         .join(":")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> Ipv4Addr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn cni0_is_judged_against_the_gateway_when_known_and_described_when_not() {
+        let gw: Ipv4Net = "10.244.1.1/24".parse().unwrap();
+        let healthy = judge_cni0(Some(gw), &[ip("10.244.1.1")], 1450, Some(1450));
+        assert_eq!(
+            healthy,
+            (
+                true,
+                "cni0 has the gateway 10.244.1.1, MTU 1450 (FLANNEL_MTU 1450)".into(),
+                String::new()
+            )
+        );
+
+        let (ok, evidence, fix) = judge_cni0(Some(gw), &[ip("10.244.9.1")], 1450, Some(1450));
+        assert!(!ok);
+        assert_eq!(
+            evidence,
+            "cni0 lacks the gateway 10.244.1.1 (it holds 10.244.9.1), MTU 1450 (FLANNEL_MTU 1450)"
+        );
+        assert_eq!(fix, "ip addr add 10.244.1.1/24 dev cni0");
+
+        let (ok, evidence, fix) = judge_cni0(Some(gw), &[], 1500, Some(1450));
+        assert!(!ok);
+        assert_eq!(
+            evidence,
+            "cni0 lacks the gateway 10.244.1.1 (it holds no IPv4 address), MTU 1500 (FLANNEL_MTU 1450)"
+        );
+        assert_eq!(
+            fix,
+            "ip addr add 10.244.1.1/24 dev cni0; ip link set cni0 mtu 1450"
+        );
+
+        // No podCIDR, no subnet.env (the doctor without --nodes-file or
+        // --host-root): nothing to judge the address by, so it is said.
+        let unknown = judge_cni0(None, &[ip("10.244.1.1")], 1450, None);
+        assert_eq!(
+            unknown,
+            (
+                true,
+                "cni0 holds 10.244.1.1 (no podCIDR or subnet.env to tell which gateway it needs), MTU 1450 (no FLANNEL_MTU to compare)".into(),
+                String::new()
+            )
+        );
+        let (ok, _, fix) = judge_cni0(None, &[], 1500, Some(1450));
+        assert!(!ok);
+        assert_eq!(fix, "ip link set cni0 mtu 1450");
+    }
 }

@@ -41,7 +41,10 @@ use super::Summary;
 use crate::{
     decode::hop::{Direction, Hop},
     node::interfaces::Role,
-    probe::netfilter::NetfilterRule,
+    probe::{
+        clock::{monotonic_ns, realtime_offset_ns},
+        netfilter::NetfilterRule,
+    },
     story::{journey::Journey, Context, Story},
 };
 
@@ -114,7 +117,7 @@ impl PcapWriter {
             out,
             interfaces: HashMap::new(),
             snaplen: snaplen.clamp(1, MAX_SNAPLEN),
-            wall_offset_ns: wall_offset_ns(),
+            wall_offset_ns: realtime_offset_ns().into(),
             packets: 0,
             renamed: None,
         };
@@ -168,7 +171,8 @@ impl PcapWriter {
         if self.interfaces.is_empty() {
             return self.out.flush();
         }
-        let ns = u64::try_from(wall_offset_ns() + i128::from(monotonic_ns())).unwrap_or(0);
+        let ns = u64::try_from(i128::from(realtime_offset_ns()) + i128::from(monotonic_ns()))
+            .unwrap_or(0);
         let mut body = Block::new();
         body.u32(0);
         body.u32((ns >> 32) as u32);
@@ -370,25 +374,6 @@ fn hop_comments(n: u64, journey: &Journey, story: &Story) -> Vec<String> {
             }
         })
         .collect()
-}
-
-fn clock_ns(clock: libc::clockid_t) -> i128 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer to a timespec.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
-}
-
-/// CLOCK_REALTIME − CLOCK_MONOTONIC, now.
-fn wall_offset_ns() -> i128 {
-    clock_ns(libc::CLOCK_REALTIME) - clock_ns(libc::CLOCK_MONOTONIC)
-}
-
-fn monotonic_ns() -> u64 {
-    u64::try_from(clock_ns(libc::CLOCK_MONOTONIC)).unwrap_or(0)
 }
 
 #[cfg(test)]

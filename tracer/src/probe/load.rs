@@ -25,6 +25,7 @@ use podtrace_common::{
 use tokio::sync::mpsc;
 
 use super::{
+    clock::monotonic_ns,
     drops,
     run_registry::{self, Record},
     tc::{self, AttachMode},
@@ -92,17 +93,6 @@ impl ReadThrough {
 /// waits behind it, so a record stamped just before a drain may come in
 /// the next one. Far more than writing a record takes.
 const COMMIT_SLACK_NS: u64 = 1_000_000;
-
-/// The kernel's clock (`bpf_ktime_get_ns`), read from userspace.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 /// Batches that may wait for the stories to catch up, at most. Past it the
 /// ring reader waits, the ring fills, and the kernel counts what it could

@@ -10,12 +10,15 @@
 //! - `link_watch`: interfaces that come and go during a trace;
 //! - `btf`: the running kernel's struct layout, since Rust eBPF has no CO-RE;
 //! - `profile`: profile mode's step histograms, read from the kernel;
+//! - `clock`: the kernel's clock (CLOCK_MONOTONIC) and its offset to the
+//!   wall clock, read from userspace;
 //! - `load`: one node's probe, the eBPF object loaded with its globals;
 //! - `run_registry`: which run owns which filter and table, alive or not;
 //! - `shared_maps`: a bpffs private to the process, for maps its probes
 //!   share.
 
 pub mod btf;
+pub mod clock;
 pub mod conntrack;
 pub mod drops;
 pub mod link_watch;
@@ -30,9 +33,7 @@ pub mod tc;
 use anyhow::{Context as _, Result};
 use podtrace_common::KernelLayout;
 
-pub use load::{
-    monotonic_ns, Batch, NodeProbe, ProbeSpec, ReadThrough, BATCHES_QUEUED, RING_HANDOVER,
-};
+pub use load::{Batch, NodeProbe, ProbeSpec, ReadThrough, BATCHES_QUEUED, RING_HANDOVER};
 pub use tc::AttachMode;
 
 use self::{
