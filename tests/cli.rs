@@ -82,6 +82,10 @@ fn garbage_arguments_say_what_is_wrong_with_them() {
             vec!["profile", "web-0", "db-0", "--sample", "10"],
             "--sample is a trace's flag",
         ),
+        (
+            vec!["profile", "web-0", "db-0", "--host-root", "/"],
+            "--host-root is a trace's flag",
+        ),
     ];
     for (argv, expected) in cases {
         assert_refused(&argv, expected, &node1);

@@ -50,14 +50,13 @@ pub enum Command {
 
 /// `--host-root` for a trace (`KubeArgs` has the doctor's wording).
 const HOST_ROOT_TRACE: &str = "Each traced node's root filesystem, in --netns order (`/host` in a debug pod): when a packet vanishes or finds no route, or a pod has no IP, podtrace also says what the doctor finds wrong in its etc/cni/net.d, opt/cni/bin and run/flannel (node mode only)";
-/// `--host-root` for profile mode, which has no verdict.
-const HOST_ROOT_PROFILE: &str = "Not used by profile mode: it tells no verdict for the doctor's checks of the node's files to join";
 /// `--host-root` for an agent, whose front-end tells the verdicts.
 pub const HOST_ROOT_AGENT: &str = "Not used by an agent: the front-end tells the verdicts, without the doctor's checks of the node's files";
 
 /// `podtrace profile SRC DST`.
 #[derive(Debug, clap::Args)]
-#[command(mut_arg("host_root", |a| a.help(HOST_ROOT_PROFILE)))]
+// No verdict for the doctor's findings to join: hidden, and refused when given.
+#[command(mut_arg("host_root", |a| a.hide(true)))]
 pub struct ProfileArgs {
     #[command(flatten)]
     pub trace: Args,
@@ -335,7 +334,9 @@ mod tests {
         assert!(help(None).starts_with("Each traced node's root filesystem"));
         assert!(help(None).ends_with("(node mode only)"));
         assert!(help(Some("doctor")).contains("without it a --netns node's files are not examined"));
-        assert_eq!(help(Some("profile")), HOST_ROOT_PROFILE);
+        let profile = cli.find_subcommand("profile").expect("profile");
+        let host_root = profile.get_arguments().find(|a| a.get_id() == "host_root");
+        assert!(host_root.expect("--host-root").is_hide_set());
         assert_eq!(help(Some("agent")), HOST_ROOT_AGENT);
     }
 
