@@ -305,4 +305,12 @@ fn records_lost_in_flight_make_stories_incomplete_never_vanished() {
         "said as it happens: {}",
         done.stderr
     );
+    assert_eq!(
+        done.stderr
+            .matches("to lose nothing at this rate: --sample N")
+            .count(),
+        1,
+        "with what to do about it, once: {}",
+        done.stderr
+    );
 }

@@ -20,6 +20,8 @@ pub(super) struct LossWatch {
     /// Lost since the last line on stderr, per node name.
     unreported: Vec<u64>,
     reported_at: Instant,
+    /// Whether stderr was told how to lose less (once is enough).
+    advised: bool,
 }
 
 impl LossWatch {
@@ -29,6 +31,7 @@ impl LossWatch {
             read_at_ns: now_ns,
             unreported: vec![0; nodes.len()],
             reported_at: Instant::now(),
+            advised: false,
         }
     }
 
@@ -62,6 +65,10 @@ impl LossWatch {
                 );
                 *lost = 0;
             }
+        }
+        if !self.advised {
+            eprintln!("{}", crate::output::KEEP_UP);
+            self.advised = true;
         }
         self.reported_at = Instant::now();
     }

@@ -124,6 +124,10 @@ pub fn human_profile(steps: &[StepLatency]) -> String {
 
 pub fn human_summary(s: &Summary) -> String {
     let mut text = node_mode_summary(s);
+    if s.lost_ringbuf_full > 0 {
+        text.push_str(super::KEEP_UP);
+        text.push('\n');
+    }
     if s.sample > 1 {
         text.push_str(&format!(
             "podtrace: sampled: 1 packet in {} told (chosen in the kernel by packet identity, every hop of it kept)\n",
@@ -159,4 +163,21 @@ fn node_mode_summary(s: &Summary) -> String {
         s.interfaces_vanished,
         s.interfaces_added
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_summary_with_records_lost_says_how_to_lose_none() {
+        let lossless = human_summary(&Summary::default());
+        assert!(!lossless.contains("--sample N"), "{lossless}");
+        let lossy = human_summary(&Summary {
+            lost_ringbuf_full: 3,
+            ..Summary::default()
+        });
+        assert!(lossy.contains("lost: 3 (ring buffer full)"), "{lossy}");
+        assert!(lossy.contains(crate::output::KEEP_UP), "{lossy}");
+    }
 }

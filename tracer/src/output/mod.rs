@@ -28,6 +28,10 @@ pub enum Format {
     Json,
 }
 
+/// What to do about records lost to a full ring buffer: said on stderr
+/// at the first loss, and in the summary.
+pub const KEEP_UP: &str = "podtrace: to lose nothing at this rate: --sample N (one packet in N, every hop of it kept), or a larger --ring-buffer (16MiB by default)";
+
 /// Counts shown at exit: nothing is lost silently.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
