@@ -363,7 +363,11 @@ fn held_named(pid: i32, kind: &str, name: &str) -> Vec<u64> {
         .collect()
 }
 
-/// How many entries map `id` holds now (`bpftool map dump`).
-pub fn map_entries(id: u64) -> usize {
-    bpftool(&["map", "dump", "id", &id.to_string()]).len()
+/// The values of map `id` now, as bytes (`bpftool map dump`).
+pub fn map_values(id: u64) -> Vec<Vec<u8>> {
+    let byte = |b: &Value| u8::from_str_radix(b.as_str()?.trim_start_matches("0x"), 16).ok();
+    bpftool(&["map", "dump", "id", &id.to_string()])
+        .iter()
+        .filter_map(|entry| entry["value"].as_array()?.iter().map(byte).collect())
+        .collect()
 }

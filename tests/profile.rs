@@ -82,8 +82,9 @@ fn profile_aggregates_steps_in_the_kernel_and_plots_them() {
 
 /// A packet's stamp is forgotten where it is handed to its pod
 /// (`podtrace_to_pod`): after pings across nodes, every request and reply
-/// delivered, the STAMPS map holds none of them while podtrace still
-/// runs. Kept, they would fill it until the LRU evicted live packets'.
+/// delivered, the STAMPS table holds none of them while podtrace still
+/// runs. Kept, they would fill its buckets until live packets' stamps
+/// were taken.
 #[test]
 fn profile_forgets_each_stamp_when_its_packet_is_delivered() {
     const PINGS: u32 = 50;
@@ -97,7 +98,7 @@ fn profile_forgets_each_stamp_when_its_packet_is_delivered() {
     ping_burst(&lab.0, PINGS, "0.01");
     // Every reply has reached web-0: ping has returned.
     let maps = datapath::map_ids(trace.pid(), "STAMPS");
-    let left: Vec<usize> = maps.iter().map(|&id| datapath::map_entries(id)).collect();
+    let left: Vec<usize> = maps.iter().map(|&id| stamped_slots(id)).collect();
     trace.signal(libc::SIGINT);
     let done = trace.finish();
     assert!(done.status.success(), "{}", done.stderr);
@@ -124,6 +125,25 @@ fn profile_forgets_each_stamp_when_its_packet_is_delivered() {
         total <= 2,
         "{total} stamps left after {PINGS} pings delivered both ways (maps {maps:?}: {left:?})"
     );
+}
+
+/// Slots of STAMPS table `id` that hold a packet (a stamp time not 0).
+fn stamped_slots(id: u64) -> usize {
+    use podtrace_common::{StampBucket, StampSlot};
+    let slot = std::mem::size_of::<StampSlot>();
+    let time = std::mem::offset_of!(StampSlot, stamp);
+    let buckets = datapath::map_values(id);
+    assert!(
+        buckets
+            .iter()
+            .all(|b| b.len() == std::mem::size_of::<StampBucket>()),
+        "STAMPS values are not StampBuckets"
+    );
+    buckets
+        .iter()
+        .flat_map(|bucket| bucket.chunks(slot))
+        .filter(|s| s[time..time + 8].iter().any(|&b| b != 0))
+        .count()
 }
 
 /// The histograms account for every packet the flow sent: each step of
@@ -187,6 +207,10 @@ fn profile_counts_every_packet(traffic: impl FnOnce(&xtask::lab::Lab)) -> (u64, 
     let done = trace.finish();
     assert!(done.status.success(), "{}", done.stderr);
     let lines = done.json();
+    assert_eq!(
+        lines[0]["steps_unmeasured"], 0,
+        "no stamp taken by another packet in flight"
+    );
     let steps = lines[0]["steps"].as_array().expect("steps");
     let mut from_web = 0;
     for s in steps {

@@ -29,7 +29,7 @@ use aya_ebpf::{
         BPF_RB_NO_WAKEUP,
     },
     helpers::{bpf_fib_lookup, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_buf},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::TcContext,
 };
 use podtrace_common::{headers::IPV4_SADDR, packet::Bytes, FlowKey, Histogram, SNAPSHOT_LEN};
@@ -73,26 +73,6 @@ pub fn contains<K, V>(map: &HashMap<K, V>, key: &K) -> bool {
 #[inline(always)]
 pub fn lookup<K, V: Copy>(map: &HashMap<K, V>, key: &K) -> Option<V> {
     unsafe { map.get(key) }.copied()
-}
-
-/// Runs `f` on the value at `key` of an LRU map, in place (no update
-/// call, which takes the map's lock); false if there is none. Only the
-/// program run that handles the packet a key names writes its value.
-#[inline(always)]
-pub fn lru_update<K, V>(map: &LruHashMap<K, V>, key: &K, f: impl FnOnce(&mut V)) -> bool {
-    match map.get_ptr_mut(key) {
-        Some(value) => {
-            f(unsafe { &mut *value });
-            true
-        }
-        None => false,
-    }
-}
-
-/// Sets `key` of an LRU map (evicting the oldest entry when full).
-#[inline(always)]
-pub fn lru_insert<K, V>(map: &LruHashMap<K, V>, key: &K, value: &V) {
-    let _ = map.insert(key, value, 0);
 }
 
 /// Runs `f` on this CPU's histogram at `key`, inserting a copy of `zero`'s

@@ -10,24 +10,31 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{LruHashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, PerCpuArray, PerCpuHashMap},
 };
 use podtrace_common::{
+    counter,
     packet::{packet_id, Bytes},
-    Histogram, PacketId, Stamp, StepKey, HIST_LINEAR_US, HIST_LOG2,
+    packet_hash, Histogram, PacketId, Stamp, StampBucket, StampSlot, StepKey, HIST_LINEAR_US,
+    HIST_LOG2, STAMP_BUCKETS, STAMP_WAYS,
 };
 
-use crate::kernel::{global, ktime_ns, lru_insert, lru_update, step_histogram};
+use crate::{
+    kernel::{global, ktime_ns, step_histogram},
+    maps::bump,
+};
 
-/// Packets in flight on one node: LRU, so old ones age out by themselves.
-const MAX_STAMPS: u32 = 65_536;
 /// Hook pairs of one node.
 const MAX_STEPS: u32 = 1024;
 /// A "step" longer than this is a new packet with an old identity.
 const STALE_NS: u64 = 1_000_000_000;
 
+/// Packets in flight, in buckets chosen by a hash of their identity: an
+/// array, so finding a packet is arithmetic and a lookup the verifier
+/// inlines. (An LRU hash map cost a third of a profiled hook: a hash
+/// walk on every hook, its lock and LRU lists on every insert and delete.)
 #[map(name = "STAMPS")]
-static STAMPS: LruHashMap<PacketId, Stamp> = LruHashMap::with_max_entries(MAX_STAMPS, 0);
+static STAMPS: Array<StampBucket> = Array::with_max_entries(STAMP_BUCKETS, 0);
 
 #[map(name = "STEPS")]
 pub static STEPS: PerCpuHashMap<StepKey, Histogram> = PerCpuHashMap::with_max_entries(MAX_STEPS, 0);
@@ -53,26 +60,55 @@ pub fn identify<B: Bytes>(b: &B, l3: usize, kind: u8) -> Option<PacketId> {
 
 /// Packet `id` seen at `hook` with `skb_len` bytes: one more sample of the
 /// step from where it was last seen, and a new stamp (none after its
-/// last hook, where it is handed to its pod).
+/// last hook, where it is handed to its pod, which frees its slot).
 #[inline(always)]
 pub fn record(id: &PacketId, hook: u32, skb_len: u32, to_pod: bool) {
-    let stamp = Stamp {
+    let now = Stamp {
         ktime_ns: ktime_ns(),
         hook,
         skb_len,
     };
-    // Stamped again in place: an LRU update per hook (its lock and
-    // free-list) was most of what a profiled hook cost.
-    let seen = lru_update(&STAMPS, id, |last| {
-        step(last, &stamp);
-        *last = stamp;
-    });
-    if to_pod {
-        if seen {
-            let _ = STAMPS.remove(id);
+    let hash = packet_hash(id);
+    let Some(bucket) = STAMPS.get_ptr_mut(hash & (STAMP_BUCKETS - 1)) else {
+        return;
+    };
+    // SAFETY: a map value, valid while the program runs; other CPUs may
+    // write its slots meanwhile, which the seals tell.
+    let bucket = unsafe { &mut *bucket };
+    // The packet's own slot, else the one to take: free, else the one
+    // idle longest.
+    let mut take = 0;
+    let mut take_idle = 0;
+    for way in 0..STAMP_WAYS {
+        // A copy: judged whole, not while another CPU rewrites it.
+        let slot = bucket.slots[way];
+        if slot.holds(id, hash) {
+            step(&slot.stamp, &now);
+            if to_pod {
+                bucket.slots[way].stamp.ktime_ns = 0;
+            } else {
+                bucket.slots[way] = StampSlot::sealed(id, hash, &now);
+            }
+            return;
         }
-    } else if !seen {
-        lru_insert(&STAMPS, id, &stamp);
+        let idle = match slot.stamp.ktime_ns {
+            0 => u64::MAX,
+            // Stamped by another CPU after this run read the clock.
+            t => now.ktime_ns.saturating_sub(t),
+        };
+        if idle > take_idle {
+            take_idle = idle;
+            take = way;
+        }
+    }
+    if to_pod {
+        return;
+    }
+    if take_idle < STALE_NS {
+        bump(counter::STAMP_EVICTED);
+    }
+    if let Some(slot) = bucket.slots.get_mut(take) {
+        *slot = StampSlot::sealed(id, hash, &now);
     }
 }
 

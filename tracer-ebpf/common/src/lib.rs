@@ -187,9 +187,12 @@ pub struct Stamp {
 /// same on every hook, so a sampled packet keeps all its hops.
 #[inline(always)]
 pub fn sampled(id: &PacketId, n: u32) -> bool {
-    if n <= 1 {
-        return true;
-    }
+    n <= 1 || packet_hash(id).is_multiple_of(n)
+}
+
+/// A hash of the packet's identity: the same on every hook and node.
+#[inline(always)]
+pub fn packet_hash(id: &PacketId) -> u32 {
     let words = [
         u32::from_ne_bytes(id.pair.src),
         u32::from_ne_bytes(id.pair.dst),
@@ -201,7 +204,76 @@ pub fn sampled(id: &PacketId, n: u32) -> bool {
         h = (h ^ w).wrapping_mul(0x0100_0193);
         h ^= h >> 15;
     }
-    h.is_multiple_of(n)
+    h
+}
+
+/// Buckets of profile mode's `STAMPS` table (a power of two).
+pub const STAMP_BUCKETS: u32 = 4096;
+/// Packets in flight one bucket holds.
+pub const STAMP_WAYS: usize = 4;
+
+/// One packet in flight in `STAMPS`: its identity, where and when it was
+/// last seen, and a seal over both. Slots are written in place without a
+/// lock, so a reader checks the seal: a slot that two packets' writes
+/// interleaved in is no packet's, not a wrong time for one.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct StampSlot {
+    pub id: PacketId,
+    /// `ktime_ns` 0: free.
+    pub stamp: Stamp,
+    pub seal: u64,
+}
+
+impl StampSlot {
+    /// The slot for packet `id` (whose [`packet_hash`] is `hash`) at `stamp`.
+    #[inline(always)]
+    pub fn sealed(id: &PacketId, hash: u32, stamp: &Stamp) -> Self {
+        Self {
+            id: *id,
+            stamp: *stamp,
+            seal: seal(hash, stamp),
+        }
+    }
+
+    /// Whether the slot holds packet `id` (hash `hash`), whole.
+    #[inline(always)]
+    pub fn holds(&self, id: &PacketId, hash: u32) -> bool {
+        self.stamp.ktime_ns != 0 && self.id.same(id) && self.seal == seal(hash, &self.stamp)
+    }
+}
+
+/// The seal over a slot: its packet's hash (the id is compared whole
+/// besides) and its stamp.
+#[inline(always)]
+fn seal(hash: u32, stamp: &Stamp) -> u64 {
+    let tag = u64::from(hash) << 32 | u64::from(stamp.hook);
+    let h = (tag ^ stamp.ktime_ns).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (h ^ h >> 29 ^ u64::from(stamp.skb_len)).wrapping_mul(0xbf58_476d_1ce4_e5b9)
+}
+
+/// A bucket of `STAMPS`: the packets in flight whose hash selects it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct StampBucket {
+    pub slots: [StampSlot; STAMP_WAYS],
+}
+
+impl PacketId {
+    /// Equality as two words each side (no byte-wise compare loop).
+    #[inline(always)]
+    pub fn same(&self, other: &PacketId) -> bool {
+        self.words() == other.words()
+    }
+
+    #[inline(always)]
+    fn words(&self) -> (u64, u64) {
+        (
+            u64::from(u32::from_ne_bytes(self.pair.src)) << 32
+                | u64::from(u32::from_ne_bytes(self.pair.dst)),
+            u64::from(self.ip_id) << 48 | u64::from(self.protocol) << 32 | u64::from(self.l4),
+        )
+    }
 }
 
 /// A hook as profile mode names it: node, ifindex and direction. The node
@@ -289,7 +361,10 @@ pub mod counter {
     pub const RINGBUF_FULL: u32 = 0;
     /// A matching packet whose header bytes could not be copied.
     pub const SNAPSHOT_FAILED: u32 = 1;
-    pub const COUNT: u32 = 2;
+    /// Profile mode: a packet in flight lost its stamp to another packet
+    /// (its bucket was full), so its next step was not measured.
+    pub const STAMP_EVICTED: u32 = 2;
+    pub const COUNT: u32 = 3;
 }
 
 /// Map, global and program names, shared so that neither side spells them
@@ -343,4 +418,60 @@ mod user {
     unsafe impl aya::Pod for super::KernelLayout {}
     unsafe impl aya::Pod for super::StepKey {}
     unsafe impl aya::Pod for super::Histogram {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn packet(ip_id: u16) -> PacketId {
+        PacketId {
+            pair: FlowKey {
+                src: [10, 244, 1, 2],
+                dst: [10, 244, 2, 2],
+            },
+            ip_id,
+            protocol: 6,
+            _pad: 0,
+            l4: 0x1234_5678,
+        }
+    }
+
+    fn stamp(ktime_ns: u64) -> Stamp {
+        Stamp {
+            ktime_ns,
+            hook: hook_id(1, 7, 0),
+            skb_len: 1500,
+        }
+    }
+
+    #[test]
+    fn a_stamp_slot_holds_its_packet_whole_or_not_at_all() {
+        let (a, b) = (packet(1), packet(2));
+        let (ha, hb) = (packet_hash(&a), packet_hash(&b));
+        let slot = StampSlot::sealed(&a, ha, &stamp(100));
+        assert!(slot.holds(&a, ha));
+        assert!(!slot.holds(&b, hb));
+        // Two packets' writes interleaved: a's identity, b's stamp and
+        // seal; or a's identity and stamp, b's seal.
+        let other = StampSlot::sealed(&b, hb, &stamp(200));
+        let torn = StampSlot { id: a, ..other };
+        assert!(!torn.holds(&a, ha));
+        let torn = StampSlot {
+            seal: other.seal,
+            ..slot
+        };
+        assert!(!torn.holds(&a, ha));
+        // Freed where the packet was handed to its pod.
+        let mut freed = slot;
+        freed.stamp.ktime_ns = 0;
+        assert!(!freed.holds(&a, ha));
+    }
+
+    #[test]
+    fn sampling_keeps_about_one_packet_in_n() {
+        assert!(sampled(&packet(9), 1));
+        let kept = (0..10_000u16).filter(|&i| sampled(&packet(i), 100)).count();
+        assert!((50..=200).contains(&kept), "{kept} of 10000 kept");
+    }
 }

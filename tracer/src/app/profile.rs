@@ -82,6 +82,11 @@ pub async fn run(profile: ProfileArgs) -> Result<()> {
         }
     }
     let steps = steps::chain(read(&trace)?);
+    let unmeasured = trace
+        .nodes
+        .iter()
+        .map(|node| node.probe.stamps_evicted())
+        .sum::<Result<u64>>()?;
     let seconds = started.elapsed().as_secs_f64();
     let pair = format!(
         "{} ⇄ {}",
@@ -92,7 +97,7 @@ pub async fn run(profile: ProfileArgs) -> Result<()> {
     if live {
         eprintln!();
     }
-    tell(&steps, args.output, &pair, seconds)?;
+    tell(&steps, args.output, &pair, seconds, unmeasured)?;
     if let Some(file) = plot_file {
         std::fs::write(&file, plot::svg(&steps))
             .with_context(|| format!("cannot write {}", file.display()))?;
@@ -139,7 +144,15 @@ fn progress(steps: &[KernelStep], started: Instant) {
     let _ = std::io::stderr().flush();
 }
 
-fn tell(steps: &[KernelStep], format: Format, pair: &str, seconds: f64) -> Result<()> {
+/// `unmeasured`: steps the kernel could not time (their packet's stamp
+/// was taken by another packet in flight), said rather than lost.
+fn tell(
+    steps: &[KernelStep],
+    format: Format,
+    pair: &str,
+    seconds: f64,
+    unmeasured: u64,
+) -> Result<()> {
     let mut out = std::io::stdout().lock();
     match format {
         Format::Json => {
@@ -148,8 +161,10 @@ fn tell(steps: &[KernelStep], format: Format, pair: &str, seconds: f64) -> Resul
                 "pair": pair,
                 "seconds": seconds,
                 "steps": steps,
+                "steps_unmeasured": unmeasured,
             });
             writeln!(out, "{line}")?;
+            return Ok(());
         }
         Format::Human if steps.is_empty() => {
             writeln!(out, "podtrace profile: {pair}, {seconds:.1} s: no traced packet crossed two hooks (no traffic between them while it ran?)")?;
@@ -177,6 +192,9 @@ fn tell(steps: &[KernelStep], format: Format, pair: &str, seconds: f64) -> Resul
                 )?;
             }
         }
+    }
+    if unmeasured > 0 {
+        writeln!(out, "podtrace profile: {unmeasured} steps not measured: their packets' stamps were taken by other packets in flight (too many at once in one of the kernel's buckets)")?;
     }
     Ok(())
 }

@@ -223,6 +223,12 @@ impl NodeProbe {
         ))
     }
 
+    /// Profile mode: steps not measured because the packet's stamp was
+    /// taken by another packet in flight.
+    pub fn stamps_evicted(&self) -> Result<u64> {
+        Ok(self.counters()?[counter::STAMP_EVICTED as usize])
+    }
+
     /// The kernel-side loss counters, summed over CPUs.
     fn counters(&self) -> Result<[u64; counter::COUNT as usize]> {
         let map = self
