@@ -53,7 +53,7 @@ const HOST_ROOT_TRACE: &str = "Each traced node's root filesystem, in --netns or
 /// `--host-root` for profile mode, which has no verdict.
 const HOST_ROOT_PROFILE: &str = "Not used by profile mode: it tells no verdict for the doctor's checks of the node's files to join";
 /// `--host-root` for an agent, whose front-end tells the verdicts.
-pub const HOST_ROOT_AGENT: &str = "Not used by an agent: the front-end tells the verdicts, without the doctor's checks of the node's files";
+pub const HOST_ROOT_AGENT: &str = "The node's root filesystem as the agent's pod mounts it (`/host`, read-only): the doctor's failing checks of the node, its etc/cni/net.d, opt/cni/bin and run/flannel too, go to the front-end for the verdicts that have no packet to blame";
 
 /// `podtrace profile SRC DST`.
 #[derive(Debug, clap::Args)]
