@@ -17,7 +17,7 @@ use serde_json::Value;
 use support::*;
 use xtask::{
     api_stub::{Kubelet, Stub, TOKEN},
-    lab::{Lab, LabGuard, Topology},
+    lab::{LabGuard, Topology},
     podtrace_run,
 };
 
@@ -25,13 +25,10 @@ const NOBODY: u32 = 65534;
 
 /// The stub, as kubelet of both lab nodes.
 fn api_for(lab: &LabGuard) -> Stub {
-    let nodes = (1..=2)
-        .map(|n| (Lab::node_name(n), lab.0.node_netns(n)))
-        .collect();
     // Each stub its own directory: its agents' kubeconfig names its port.
     let state = scratch().join(&lab.0.prefix);
     std::fs::create_dir_all(&state).unwrap();
-    let kubelet = Kubelet::new(PODTRACE.as_ref(), nodes, &state);
+    let kubelet = Kubelet::for_lab(PODTRACE.as_ref(), &lab.0, &state);
     Stub::with_kubelet(&lab.0.pod_list(), &lab.0.node_list(), kubelet)
 }
 

@@ -63,6 +63,11 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
     if let (true, Ok(netns)) = (args.kube.netns.is_empty(), std::env::var("PODTRACE_NETNS")) {
         args.kube.netns.push(netns);
     }
+    // Likewise where the node's root filesystem is: the lab's kubelet
+    // cannot mount it at the pod's /host.
+    if let Ok(root) = std::env::var("PODTRACE_HOST_ROOT") {
+        args.kube.host_root = vec![root.into()];
+    }
     // The doctor's findings are the node's only where its files are read
     // from the node's root (or not at all, in a --netns node): otherwise
     // they would be the container's.
