@@ -17,7 +17,8 @@ use serde_json::Value;
 use support::*;
 use xtask::{
     api_stub::{Kubelet, Stub, TOKEN},
-    lab::{Lab, LabGuard, Topology},
+    faults::Fault,
+    lab::{LabGuard, Topology},
     podtrace_run,
 };
 
@@ -25,13 +26,10 @@ const NOBODY: u32 = 65534;
 
 /// The stub, as kubelet of both lab nodes.
 fn api_for(lab: &LabGuard) -> Stub {
-    let nodes = (1..=2)
-        .map(|n| (Lab::node_name(n), lab.0.node_netns(n)))
-        .collect();
     // Each stub its own directory: its agents' kubeconfig names its port.
     let state = scratch().join(&lab.0.prefix);
     std::fs::create_dir_all(&state).unwrap();
-    let kubelet = Kubelet::new(PODTRACE.as_ref(), nodes, &state);
+    let kubelet = Kubelet::for_lab(PODTRACE.as_ref(), &lab.0, &state);
     Stub::with_kubelet(&lab.0.pod_list(), &lab.0.node_list(), kubelet)
 }
 
@@ -207,6 +205,71 @@ fn kubectl_podtrace_tells_the_cross_node_stories_node_mode_tells() {
         cluster[0]["hops"][4]["clock_uncertainty_us"].is_number(),
         "{}",
         cluster[0]["hops"][4]
+    );
+}
+
+/// flanneld never ran on node-2: no subnet.env in its root, no route to
+/// node-1's pods. db-0's ping finds no route there; the verdict says what
+/// node-2's doctor finds, its files read by the agent from the node's root
+/// its pod mounts, as node mode says it with `--host-root`.
+#[test]
+fn a_no_route_verdict_carries_the_doctors_findings_from_the_nodes_root_as_in_node_mode() {
+    let lab = lab(Topology::FlannelVxlan);
+    Fault::SubnetEnvMissing
+        .apply(&lab.0)
+        .expect("apply the fault");
+    let to_node1 = format!("route del {}", lab.0.node_subnet(1));
+    xtask::lab::ip(&lab.0.node_netns(2), &to_node1).expect("delete the route");
+    let pair = [
+        "default/db-0",
+        "default/web-0",
+        "--count",
+        "1",
+        "-o",
+        "json",
+    ];
+    let stub = api_for(&lab);
+    let mut args = pair.to_vec();
+    args.extend(["--duration", "30s"]);
+    let started = kubectl_podtrace(&stub, &args);
+    let _answered = ping(&lab.0, "db-0", "web-0");
+    let done = finish(started);
+    assert!(done.status.success(), "{}", done.stderr);
+    let cluster = done.stories().into_iter().next().expect("a story");
+
+    // Node mode with each node's root, in --netns order.
+    let mut node_args = argv(&pair, lab_args(&lab.0, &[1, 2]));
+    node_args.extend(["--duration".into(), "20s".into(), "--nodes-file".into()]);
+    node_args.push(lab.0.nodes_file().display().to_string());
+    for n in [1, 2] {
+        node_args.extend([
+            "--host-root".into(),
+            lab.0.host_root(n).display().to_string(),
+        ]);
+    }
+    let trace = Trace::start(&node_args);
+    let _answered = ping(&lab.0, "db-0", "web-0");
+    let traced = trace.finish();
+    assert!(traced.status.success(), "{}", traced.stderr);
+    let node = traced.stories().into_iter().next().expect("a story");
+
+    for (mode, story) in [("cluster", &cluster), ("node", &node)] {
+        let verdict = &story["verdict"];
+        assert_eq!(verdict["outcome"], "no_route", "{mode} mode: {verdict}");
+        assert_eq!(verdict["check"]["node"], "node-2", "{mode} mode: {verdict}");
+        let doctor = verdict["doctor"].as_array();
+        let subnet_env = doctor.into_iter().flatten().find(|f| {
+            f["family"] == "flannel"
+                && f["check"] == "subnet.env"
+                && f["evidence"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("/run/flannel/subnet.env is missing"))
+        });
+        assert!(subnet_env.is_some(), "{mode} mode: {verdict}");
+    }
+    assert_eq!(
+        cluster["verdict"]["doctor"], node["verdict"]["doctor"],
+        "the same findings as node mode"
     );
 }
 

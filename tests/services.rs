@@ -1001,12 +1001,9 @@ fn cluster_trace_while<T>(
     dst: &str,
     act: impl FnOnce() -> T,
 ) -> (Finished, T) {
-    let nodes = (1..=2)
-        .map(|n| (Lab::node_name(n), lab.node_netns(n)))
-        .collect();
     let state = std::env::temp_dir().join(format!("podtrace-svc-cluster-{}", lab.prefix));
     std::fs::create_dir_all(&state).unwrap();
-    let kubelet = Kubelet::new(PODTRACE.as_ref(), nodes, &state);
+    let kubelet = Kubelet::for_lab(PODTRACE.as_ref(), lab, &state);
     let stub = Stub::with_kubelet(&lab.pod_list(), &lab.node_list(), kubelet);
     stub.add_services(&lab.service_list());
     let kubeconfig = stub.kubeconfig(&state, TOKEN).display().to_string();

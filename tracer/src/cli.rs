@@ -51,7 +51,7 @@ pub enum Command {
 /// `--host-root` for a trace (`KubeArgs` has the doctor's wording).
 const HOST_ROOT_TRACE: &str = "Each traced node's root filesystem, in --netns order (`/host` in a debug pod): when a packet vanishes or finds no route, or a pod has no IP, podtrace also says what the doctor finds wrong in its etc/cni/net.d, opt/cni/bin and run/flannel (node mode only)";
 /// `--host-root` for an agent, whose front-end tells the verdicts.
-pub const HOST_ROOT_AGENT: &str = "Not used by an agent: the front-end tells the verdicts, without the doctor's checks of the node's files";
+pub const HOST_ROOT_AGENT: &str = "The node's root filesystem as the agent's pod mounts it (`/host`, read-only): the doctor's failing checks of the node, its etc/cni/net.d, opt/cni/bin and run/flannel too, go to the front-end for the verdicts that have no packet to blame";
 
 /// `podtrace profile SRC DST`.
 #[derive(Debug, clap::Args)]

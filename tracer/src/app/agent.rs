@@ -2,7 +2,8 @@
 //!
 //! It resolves and attaches exactly as node mode does (the same phases),
 //! then, instead of telling stories, writes what it sees as JSON lines
-//! (`cluster::wire`) on stdout: its node's facts and clock first, then
+//! (`cluster::wire`) on stdout: its node's facts, clock and the doctor's
+//! failing checks (its files read at `--host-root`) first, then
 //! placed hops, how far it has read them (every tick), netfilter rules,
 //! loss windows, and its summary last.
 //! A writer thread owns stdout, behind a bounded queue: a slow reader
@@ -62,6 +63,22 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
     if let (true, Ok(netns)) = (args.kube.netns.is_empty(), std::env::var("PODTRACE_NETNS")) {
         args.kube.netns.push(netns);
     }
+    // Likewise where the node's root filesystem is: the lab's kubelet
+    // cannot mount it at the pod's /host.
+    if let Ok(root) = std::env::var("PODTRACE_HOST_ROOT") {
+        args.kube.host_root = vec![root.into()];
+    }
+    // The doctor's findings are the node's only where its files are read
+    // from the node's root (or not at all, in a --netns node): otherwise
+    // they would be the container's.
+    let findings_are_the_nodes = match args.kube.host_root.first() {
+        Some(root) if root.is_dir() => true,
+        Some(root) => {
+            eprintln!("podtrace: --host-root {}: no such directory: the doctor's findings on this node are not sent", root.display());
+            false
+        }
+        None => !args.kube.netns.is_empty(),
+    };
     let skew = match &args.clock_skew_for_testing {
         Some(text) => parse_skew(text.rsplit('=').next().unwrap_or(text))?,
         None => 0,
@@ -78,6 +95,14 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
         .unwrap_or_else(|| trace.nodes[0].name.to_string());
     let mut out = Output::start();
     let facts = trace.ctx.nodes.values().next().map(WireFacts::from);
+    // The doctor's failing checks, as node mode joins them to its verdicts.
+    let doctor = trace
+        .ctx
+        .doctor
+        .get(&*trace.nodes[0].name)
+        .filter(|_| findings_are_the_nodes)
+        .cloned()
+        .unwrap_or_default();
     out.send(Record::Start(Box::new(Start {
         node,
         realtime_offset_ns: realtime_offset_ns() + skew,
@@ -85,6 +110,7 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
         hooks: trace.nodes[0].hooks(),
         facts: facts.unwrap_or_else(|| WireFacts::from(&Default::default())),
         reports_read_through: true,
+        doctor,
     })));
     let gone = lease_watch(&args, agent.lease.as_ref()).await;
     let (summary, lease_lost) = relay(&args, &mut trace, &mut stop, &mut out, gone).await?;

@@ -384,6 +384,10 @@ impl Session {
                 self.clocks.start(&start.node, start.realtime_offset_ns);
                 ctx.nodes
                     .insert(start.node.clone(), start.facts.clone().into());
+                // Its doctor's failing checks, for the verdicts on its node.
+                if !start.doctor.is_empty() {
+                    ctx.doctor.insert(start.node.clone(), start.doctor.clone());
+                }
             }
         }
         self.correlator = Correlator::new(Waits {
@@ -794,6 +798,7 @@ mod tests {
                 hooks: 0,
                 facts: WireFacts::from(&NodeFacts::default()),
                 reports_read_through,
+                doctor: Vec::new(),
             };
             agent.says(&mut session, Record::Start(Box::new(start)));
             session.clocks.start(agent.node, 0);

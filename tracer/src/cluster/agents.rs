@@ -4,7 +4,8 @@
 //!
 //! - An agent is `podtrace agent …` in a pod pinned to its node
 //!   (`nodeName`, hostNetwork, hostPID, the capabilities node mode needs,
-//!   /sys/kernel/btf read-only) in podtrace's own namespace. It writes
+//!   /sys/kernel/btf read-only, the node's root read-only at [`HOST_ROOT`]
+//!   for the doctor's checks of its files) in podtrace's own namespace. It writes
 //!   JSON lines (`cluster::wire`) to stdout; the front-end follows
 //!   `pods/<name>/log?follow=true`.
 //! - Nothing lingers: the front-end deletes its pods on every exit it
@@ -31,6 +32,10 @@ use tokio::sync::mpsc;
 pub const RENEW_EVERY: Duration = Duration::from_secs(10);
 /// An agent whose lease was not renewed for this long stops.
 pub const STALE_AFTER: Duration = Duration::from_secs(30);
+/// Where an agent's pod mounts its node's root filesystem, read-only (as
+/// `kubectl debug node/…` does): the doctor reads the node's CNI config,
+/// plugins and flannel's subnet.env there.
+pub const HOST_ROOT: &str = "/host";
 /// The image when neither `--image` nor a podtrace DaemonSet names one.
 pub const DEFAULT_IMAGE: &str = concat!("ghcr.io/podtrace/podtrace:", env!("CARGO_PKG_VERSION"));
 
@@ -95,18 +100,7 @@ impl Agents {
             .await
             .ok()
             .and_then(|l| l.metadata.uid);
-        let mut argv = vec!["agent".to_string()];
-        argv.extend(args);
-        argv.extend([
-            "--node".into(),
-            node.into(),
-            "--lease".into(),
-            self.lease.clone(),
-            "--pod".into(),
-            name.clone(),
-            "--agent-namespace".into(),
-            self.namespace.clone(),
-        ]);
+        let argv = agent_argv(args, node, &self.lease, &name, &self.namespace);
         let pod: KubePod = serde_json::from_value(agent_pod(
             &name,
             node,
@@ -312,6 +306,32 @@ pub async fn remove_self(client: Client, namespace: &str, pod: Option<&str>, lea
     }
 }
 
+/// `podtrace agent` with the front-end's `args`, then who it is and
+/// where its node's root is mounted.
+fn agent_argv(
+    args: Vec<String>,
+    node: &str,
+    lease: &str,
+    pod: &str,
+    namespace: &str,
+) -> Vec<String> {
+    let mut argv = vec!["agent".to_string()];
+    argv.extend(args);
+    argv.extend([
+        "--node".into(),
+        node.into(),
+        "--lease".into(),
+        lease.into(),
+        "--pod".into(),
+        pod.into(),
+        "--agent-namespace".into(),
+        namespace.into(),
+        "--host-root".into(),
+        HOST_ROOT.into(),
+    ]);
+    argv
+}
+
 fn agent_pod(
     name: &str,
     node: &str,
@@ -334,10 +354,12 @@ fn agent_pod(
                 "name": "agent", "image": image, "command": ["podtrace"], "args": argv,
                 "securityContext": {"capabilities": {"add": ["BPF", "PERFMON", "NET_ADMIN", "SYS_ADMIN"], "drop": ["ALL"]}},
                 "volumeMounts": [{"name": "btf", "mountPath": "/sys/kernel/btf", "readOnly": true},
-                                 {"name": "runs", "mountPath": "/run/podtrace"}]
+                                 {"name": "runs", "mountPath": "/run/podtrace"},
+                                 {"name": "host", "mountPath": HOST_ROOT, "readOnly": true}]
             }],
             "volumes": [{"name": "btf", "hostPath": {"path": "/sys/kernel/btf"}},
-                        {"name": "runs", "hostPath": {"path": "/run/podtrace", "type": "DirectoryOrCreate"}}]
+                        {"name": "runs", "hostPath": {"path": "/run/podtrace", "type": "DirectoryOrCreate"}},
+                        {"name": "host", "hostPath": {"path": "/"}}]
         }
     })
 }
@@ -418,5 +440,39 @@ mod tests {
         assert_eq!(parse_skew("-2s").unwrap(), -2_000_000_000);
         assert_eq!(parse_skew("3s").unwrap(), 3_000_000_000);
         assert!(now_micro_time().ends_with('Z'));
+    }
+
+    #[test]
+    fn an_agent_pod_mounts_its_nodes_root_read_only_and_keeps_its_mounts() {
+        let argv = agent_argv(vec!["a".into(), "b".into()], "node-1", "l", "p", "podtrace");
+        assert!(
+            argv.windows(2).any(|w| w == ["--host-root", HOST_ROOT]),
+            "{argv:?}"
+        );
+        let pod = agent_pod("p", "node-1", "img", &argv, "l", None, None);
+        let spec = &pod["spec"];
+        let container = &spec["containers"][0];
+        let mount = |path: &str| {
+            let mounts = container["volumeMounts"].as_array().unwrap();
+            let mount = mounts.iter().find(|m| m["mountPath"] == path);
+            let mount = mount.unwrap_or_else(|| panic!("nothing mounted at {path}"));
+            let volume = spec["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["name"] == mount["name"])
+                .unwrap_or_else(|| panic!("no volume for {mount}"));
+            (
+                mount["readOnly"].clone(),
+                volume["hostPath"]["path"].clone(),
+            )
+        };
+        assert_eq!(mount("/host"), (json!(true), json!("/")));
+        assert_eq!(
+            mount("/sys/kernel/btf"),
+            (json!(true), json!("/sys/kernel/btf"))
+        );
+        assert_eq!(mount("/run/podtrace").1, json!("/run/podtrace"));
+        assert_eq!(container["args"], json!(argv));
     }
 }

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     cni,
     decode::hop::Hop,
+    doctor::trace::Finding,
     node::{NodeFacts, NodeView},
     output::Summary,
     probe::{conntrack, netfilter::NetfilterRule},
@@ -84,6 +85,11 @@ pub struct Start {
     /// waits for theirs.
     #[serde(default)]
     pub reports_read_through: bool,
+    /// The doctor's failing checks on the node (its files read from the
+    /// host's root the agent's pod mounts), for the verdicts that have no
+    /// packet to blame, as node mode joins them. Older agents send none.
+    #[serde(default)]
+    pub doctor: Vec<Finding>,
 }
 
 /// [`NodeFacts`] as they travel (the CNI by its name).
@@ -192,6 +198,38 @@ mod tests {
         assert_eq!(
             reader.read("podtrace: node-1: hello"),
             Read::Message("podtrace: node-1: hello".into())
+        );
+    }
+
+    #[test]
+    fn an_older_agents_start_without_findings_still_parses() {
+        let mut start = Start {
+            node: "node-2".into(),
+            realtime_offset_ns: 7,
+            watched: "eth0".into(),
+            hooks: 2,
+            facts: WireFacts::from(&NodeFacts::default()),
+            reports_read_through: true,
+            doctor: vec![Finding {
+                family: "flannel".into(),
+                check: "subnet.env".into(),
+                evidence: "/run/flannel/subnet.env is missing".into(),
+                fix: Some("check flanneld".into()),
+            }],
+        };
+        let line = Numbering::default().line(Record::Start(Box::new(start.clone())));
+        let mut reader = Reader::default();
+        assert_eq!(
+            reader.read(&line),
+            Read::Record(Record::Start(Box::new(start.clone())))
+        );
+        // As an agent before the field wrote it.
+        let mut old: serde_json::Value = serde_json::from_str(&line).unwrap();
+        old.as_object_mut().unwrap().remove("doctor");
+        start.doctor.clear();
+        assert_eq!(
+            Reader::default().read(&old.to_string()),
+            Read::Record(Record::Start(Box::new(start)))
         );
     }
 

@@ -5,7 +5,11 @@
 //! podtrace binary. It runs in the root namespace, told its node's network
 //! namespace by `PODTRACE_NETNS` (so that it still reaches the stub on
 //! 127.0.0.1), and the stub's API by `KUBECONFIG` (a real kubelet mounts
-//! the service account's token instead). Its stdout and stderr are the
+//! the service account's token instead). A hostPath volume of `/` (the
+//! node's root, which a real kubelet mounts where the pod says) is the lab
+//! node's host-root directory, told by `PODTRACE_HOST_ROOT`: the process
+//! shares this host's filesystem, so nothing is mounted; a pod that does
+//! not mount the node's root is not told it. Its stdout and stderr are the
 //! pod's log. Pending → Running → Succeeded / Failed; deleting the pod
 //! sends SIGTERM, then SIGKILL after the grace period, and the pod goes
 //! once its process has.
@@ -22,6 +26,7 @@ use serde_json::{json, Value};
 use tokio::io::AsyncBufReadExt;
 
 use super::{namespace_of, Shared};
+use crate::lab::{Lab, NODES};
 
 /// A pod's log so far, and whether its process has ended.
 #[derive(Default)]
@@ -33,10 +38,17 @@ pub struct LogBuffer {
 type PodKey = (String, String);
 type SharedLog = Arc<Mutex<LogBuffer>>;
 
+/// Where a lab node's containers run: its network namespace, and the
+/// directory that stands for its root filesystem.
+pub struct LabNode {
+    pub netns: String,
+    pub root: PathBuf,
+}
+
 pub struct Kubelet {
     podtrace: PathBuf,
-    /// Lab node name → its network namespace.
-    node_netns: HashMap<String, String>,
+    /// Lab node name → where it is.
+    nodes: HashMap<String, LabNode>,
     pub state_dir: PathBuf,
     kubeconfig: Mutex<Option<PathBuf>>,
     /// (namespace, name) → its log, and its process while it runs.
@@ -44,14 +56,28 @@ pub struct Kubelet {
 }
 
 impl Kubelet {
-    pub fn new(podtrace: &Path, node_netns: HashMap<String, String>, state_dir: &Path) -> Self {
+    pub fn new(podtrace: &Path, nodes: HashMap<String, LabNode>, state_dir: &Path) -> Self {
         Self {
             podtrace: podtrace.into(),
-            node_netns,
+            nodes,
             state_dir: state_dir.into(),
             kubeconfig: Mutex::new(None),
             pods: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The kubelet of every node of `lab`.
+    pub fn for_lab(podtrace: &Path, lab: &Lab, state_dir: &Path) -> Self {
+        let nodes = (1..=NODES)
+            .map(|n| {
+                let node = LabNode {
+                    netns: lab.node_netns(n),
+                    root: lab.host_root(n),
+                };
+                (Lab::node_name(n), node)
+            })
+            .collect();
+        Self::new(podtrace, nodes, state_dir)
     }
 
     pub(crate) fn set_kubeconfig(&self, path: PathBuf) {
@@ -66,9 +92,9 @@ impl Kubelet {
 
     /// Starts a new pod's container, if it is for a lab node.
     pub(crate) fn run(self: &Arc<Self>, shared: &Shared, pod: &Value) {
-        let Some(netns) = pod["spec"]["nodeName"]
+        let Some(node) = pod["spec"]["nodeName"]
             .as_str()
-            .and_then(|n| self.node_netns.get(n))
+            .and_then(|n| self.nodes.get(n))
         else {
             return;
         };
@@ -91,10 +117,13 @@ impl Kubelet {
         let mut command = tokio::process::Command::new(&self.podtrace);
         command
             .args(&args)
-            .env("PODTRACE_NETNS", netns)
+            .env("PODTRACE_NETNS", &node.netns)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        if mounts_host_path(pod, container, "/") {
+            command.env("PODTRACE_HOST_ROOT", &node.root);
+        }
         if let Some(kubeconfig) = self.kubeconfig.lock().unwrap().clone() {
             command.env("KUBECONFIG", kubeconfig);
         }
@@ -218,6 +247,16 @@ impl Kubelet {
     }
 }
 
+/// Whether `container` mounts the pod's hostPath volume of `path`.
+fn mounts_host_path(pod: &Value, container: &Value, path: &str) -> bool {
+    let volumes = pod["spec"]["volumes"].as_array().into_iter().flatten();
+    let mut names = volumes
+        .filter(|v| v["hostPath"]["path"] == path)
+        .filter_map(|v| v["name"].as_str());
+    let mounts = container["volumeMounts"].as_array();
+    names.any(|name| mounts.into_iter().flatten().any(|m| m["name"] == name))
+}
+
 fn zombie(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
         s.rsplit(')')
@@ -276,4 +315,26 @@ fn set_phase(shared: &Shared, pod: &Value, phase: &str, message: Option<&str>) -
 /// Now, as the API writes times (RFC 3339, UTC).
 pub(crate) fn now() -> String {
     humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_container_that_mounts_the_nodes_root_is_told_where_it_is() {
+        let pod = json!({"spec": {
+            "volumes": [{"name": "btf", "hostPath": {"path": "/sys/kernel/btf"}},
+                        {"name": "host", "hostPath": {"path": "/"}}],
+            "containers": [
+                {"volumeMounts": [{"name": "host", "mountPath": "/host", "readOnly": true}]},
+                {"volumeMounts": [{"name": "btf", "mountPath": "/sys/kernel/btf"}]},
+                {}
+            ]
+        }});
+        let told: Vec<bool> = (0..3)
+            .map(|c| mounts_host_path(&pod, &pod["spec"]["containers"][c], "/"))
+            .collect();
+        assert_eq!(told, [true, false, false]);
+    }
 }

@@ -21,7 +21,7 @@ mod routes;
 mod services;
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, HashSet},
     net::SocketAddr,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
@@ -355,10 +355,7 @@ pub fn serve_lab(
     port: u16,
     kubeconfig: &Path,
 ) -> anyhow::Result<()> {
-    let node_netns: HashMap<String, String> = (1..=2)
-        .map(|n| (crate::lab::Lab::node_name(n), lab.node_netns(n)))
-        .collect();
-    let kubelet = Kubelet::new(podtrace, node_netns, &lab.state_dir());
+    let kubelet = Kubelet::for_lab(podtrace, lab, &lab.state_dir());
     let stub = Stub::serve(&lab.pod_list(), &lab.node_list(), Some(kubelet), port);
     if lab.services_file().exists() {
         stub.add_services(&lab.service_list());
