@@ -12,21 +12,48 @@ fn documents(file: &str) -> Vec<Value> {
         .collect()
 }
 
+/// (apiGroups, resources, verbs) of each rule of a Role or ClusterRole.
+fn rules_of(role: &Value) -> Vec<(Value, Value, Value)> {
+    role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["apiGroups"].clone(),
+                r["resources"].clone(),
+                r["verbs"].clone(),
+            )
+        })
+        .collect()
+}
+
+/// What podtrace reads through the API: pods and nodes (the traced pods
+/// watched), Services and EndpointSlices (`svc/…` and ClusterIP
+/// destinations), and events (the doctor, for a pod without an IP). Read
+/// only, and nothing else.
 #[test]
-fn rbac_grants_get_list_watch_on_pods_and_nodes_and_nothing_else() {
+fn rbac_grants_read_on_what_podtrace_reads_and_nothing_else() {
+    use serde_json::json;
     let docs = documents("rbac.yaml");
     let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
     assert_eq!(
         kinds,
         ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"]
     );
-    let rules = docs[1]["rules"].as_array().unwrap();
-    assert_eq!(rules.len(), 1);
-    assert_eq!(rules[0]["apiGroups"], serde_json::json!([""]));
-    assert_eq!(rules[0]["resources"], serde_json::json!(["pods", "nodes"]));
+    let rules = rules_of(&docs[1]);
+    let read = json!(["get", "list", "watch"]);
     assert_eq!(
-        rules[0]["verbs"],
-        serde_json::json!(["get", "list", "watch"])
+        rules,
+        [
+            (
+                json!([""]),
+                json!(["pods", "nodes", "services"]),
+                read.clone()
+            ),
+            (json!(["discovery.k8s.io"]), json!(["endpointslices"]), read),
+            (json!([""]), json!(["events"]), json!(["get", "list"])),
+        ]
     );
     let binding = &docs[2];
     assert_eq!(binding["roleRef"]["name"], "podtrace");
@@ -76,6 +103,19 @@ fn check_pod_spec(spec: &Value, what: &str) {
         .find(|m| m["mountPath"] == "/sys/kernel/btf")
         .expect("BTF mounted");
     assert_eq!(btf["readOnly"], true, "{what}");
+    // The doctor's --host-root /host: the node's root, read only.
+    let host = mounts
+        .iter()
+        .find(|m| m["mountPath"] == "/host")
+        .unwrap_or_else(|| panic!("{what}: the node's root is not mounted at /host"));
+    assert_eq!(host["readOnly"], true, "{what}");
+    let volume = spec["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == host["name"])
+        .expect("the /host volume");
+    assert_eq!(volume["hostPath"]["path"], "/", "{what}");
 }
 
 #[test]
@@ -120,18 +160,7 @@ fn cluster_mode_rbac_is_a_role_in_podtraces_own_namespace_only() {
     );
     let role = &docs[2];
     assert_eq!(role["metadata"]["namespace"], "podtrace");
-    let rules: Vec<(Value, Value, Value)> = role["rules"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            (
-                r["apiGroups"].clone(),
-                r["resources"].clone(),
-                r["verbs"].clone(),
-            )
-        })
-        .collect();
+    let rules = rules_of(role);
     use serde_json::json;
     assert_eq!(
         rules,

@@ -61,6 +61,15 @@ fn run(argv: &[String]) -> (Value, i32) {
     (report, out.status.code().unwrap_or(-1))
 }
 
+/// The failing check named `name`.
+fn failing_check(report: &Value, name: &str) -> Value {
+    failing(report)
+        .into_iter()
+        .find(|c| c["name"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no failing check {name}: {report:#}"))
+}
+
 fn failing(report: &Value) -> Vec<&Value> {
     report["checks"]
         .as_array()
@@ -300,11 +309,7 @@ fn sandbox_failure(broken: Broken, message: &str) -> (Value, String) {
     argv.extend(node_args(&lab));
     let (report, code) = run(&argv);
     assert_eq!(code, 1, "{report:#}");
-    let check = failing(&report)
-        .into_iter()
-        .find(|c| c["name"] == "pod default/db-0")
-        .cloned()
-        .unwrap_or_else(|| panic!("{report:#}"));
+    let check = failing_check(&report, "pod default/db-0");
     assert_eq!(check["node"], "node-2");
     let kubectl = |args: &[&str]| {
         let out = Command::new("kubectl")
@@ -334,6 +339,34 @@ fn sandbox_failure(broken: Broken, message: &str) -> (Value, String) {
     let described = kubectl(&["describe", "pod", "db-0"]);
     assert!(described.contains("FailedCreatePodSandBox"), "{described}");
     (check, described)
+}
+
+/// Events the API refuses to list (RBAC without them) cost the pod's
+/// sandbox event, not the doctor's other checks: the pod is still
+/// checked, with its node's evidence, and says why its events are
+/// missing.
+#[test]
+fn a_pod_whose_events_cannot_be_read_is_still_checked_and_says_why() {
+    let (lab, stub, kubeconfig) = failing_sandbox(
+        Broken::Fault(Fault::SubnetEnvMissing),
+        "loadFlannelSubnetEnv failed",
+    );
+    stub.forbid("list", "events");
+    let mut argv = argv(
+        &["doctor", "db-0", "-o", "json", "--kubeconfig", &kubeconfig],
+        Vec::new(),
+    );
+    argv.extend(node_args(&lab));
+    let (report, code) = run(&argv);
+    assert_eq!(code, 1, "{report:#}");
+    let check = failing_check(&report, "pod default/db-0");
+    let evidence = check["evidence"].as_str().unwrap();
+    assert!(evidence.contains("subnet.env"), "{evidence}");
+    assert!(
+        evidence.contains("its events could not be read")
+            && evidence.contains("events is forbidden"),
+        "{evidence}"
+    );
 }
 
 #[test]

@@ -155,8 +155,14 @@ pub fn cni_error(message: &str) -> &str {
 /// `db-0 has no IP: its sandbox fails with "…" (CNI plugin flannel not
 /// found); on node-2, /opt/cni/bin has no flannel binary`.
 pub fn pod_finding(state: &PodState, examined: &[NodeFacts]) -> String {
-    explain_pod(state, examined)
-        .unwrap_or_else(|| format!("{}; no sandbox failure event", pod_status(state)))
+    let finding = explain_pod(state, examined).unwrap_or_else(|| match state.events_unread {
+        Some(_) => pod_status(state),
+        None => format!("{}; no sandbox failure event", pod_status(state)),
+    });
+    match &state.events_unread {
+        Some(why) => format!("{finding}; its events could not be read: {why}"),
+        None => finding,
+    }
 }
 
 /// `db-0 has no IP`, or `db-0 (10.244.2.2) is Pending`.

@@ -84,6 +84,9 @@ pub struct PodState {
     pub pod: Pod,
     /// (reason, message) of its events, oldest first.
     pub events: Vec<(String, String)>,
+    /// Why its events could not be read (RBAC without events, …): the
+    /// pod is still checked, and the finding says so.
+    pub events_unread: Option<String>,
 }
 
 #[derive(Default)]
@@ -159,6 +162,7 @@ impl ClusterState {
                 .map(|pod| PodState {
                     pod,
                     events: Vec::new(),
+                    events_unread: None,
                 })
                 .collect();
             state.known = true;
@@ -191,12 +195,20 @@ impl ClusterState {
         }
         for pod in pods {
             let pod = pod_from_json(serde_json::to_value(pod)?)?;
-            let events = if needs_events(&pod) {
-                events_of(&client, &pod).await?
+            let (events, events_unread) = if needs_events(&pod) {
+                match events_of(&client, &pod).await {
+                    Ok(events) => (events, None),
+                    // One pod's events are not worth every other check.
+                    Err(e) => (Vec::new(), Some(format!("{e:#}"))),
+                }
             } else {
-                Vec::new()
+                (Vec::new(), None)
             };
-            state.pods.push(PodState { pod, events });
+            state.pods.push(PodState {
+                pod,
+                events,
+                events_unread,
+            });
         }
         Ok(state)
     }
