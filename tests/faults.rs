@@ -99,7 +99,8 @@ fn iptables_forward_drop_names_the_rule() {
 /// Rule tracing marks a pair on the output hook only where the node sends
 /// it itself (its own address is the source): a rule that drops what the
 /// node sends is still named, and without rule tracing the hook is told
-/// from the packet's source.
+/// from the packet's source. That the node's route would pick another
+/// source is said at start.
 #[test]
 fn a_drop_of_what_the_node_sends_itself_names_the_output_rule() {
     let lab = lab(Topology::FlannelVxlan);
@@ -120,15 +121,23 @@ fn a_drop_of_what_the_node_sends_itself_names_the_output_rule() {
             .args(["-c", "1", "-W", "1", "-I", &node_ip.to_string()])
             .arg(web.ip.to_string())
             .output();
-        let story = trace.finish().stories().into_iter().next();
-        story.expect("a story")
+        let done = trace.finish();
+        let story = done.stories().into_iter().next().expect("a story");
+        (story, done.stderr)
     };
-    let story = story_of_one_ping(&[]);
+    let (story, stderr) = story_of_one_ping(&[]);
+    // Unbound, node-2 would have sent from flannel.1's address: said.
+    let note = format!(
+        "note: node-2 sends to {} from {} by default",
+        web.ip,
+        lab.0.node_subnet(2).network()
+    );
+    assert!(stderr.contains(&note), "{stderr}");
     assert_dropped(&story, "node-2", "NETFILTER_DROP");
     let named = &story["verdict"]["netfilter"];
     assert_eq!(named["chain"], "OUTPUT", "{story}");
     assert_eq!(named["rule"], rule.as_str(), "{story}");
-    let story = story_of_one_ping(&["--no-ruleset-changes"]);
+    let (story, _) = story_of_one_ping(&["--no-ruleset-changes"]);
     assert_dropped(&story, "node-2", "NETFILTER_DROP");
     assert_eq!(
         story["verdict"]["netfilter_hook"], "OUTPUT or POSTROUTING",

@@ -72,6 +72,29 @@ impl NodeView {
     }
 }
 
+/// The source address the calling thread's namespace sends from toward
+/// `dst` (`ip route get DST`'s `src`); `None` where it has no route.
+pub async fn source_toward(dst: Ipv4Addr) -> Result<Option<Ipv4Addr>> {
+    let (connection, handle, _) =
+        rtnetlink::new_connection().context("cannot open an rtnetlink socket")?;
+    let task = tokio::spawn(connection);
+    let asked = RouteMessageBuilder::<Ipv4Addr>::new()
+        .destination_prefix(dst, 32)
+        .build();
+    let answer: Result<Vec<RouteMessage>, _> =
+        handle.route().get(asked).execute().try_collect().await;
+    task.abort();
+    // Unreachable is an answer too: no source.
+    Ok(answer
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|m| &m.attributes)
+        .find_map(|a| match a {
+            RouteAttribute::PrefSource(RouteAddress::Inet(ip)) => Some(*ip),
+            _ => None,
+        }))
+}
+
 /// (link index, address) of every IPv4 address.
 async fn read_addresses(handle: &Handle) -> Result<Vec<(u32, Ipv4Addr)>> {
     handle

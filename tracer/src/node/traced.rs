@@ -75,6 +75,26 @@ pub struct TracedNode {
     netns: Namespace,
 }
 
+/// Where the traced source is one of the node's own addresses and the
+/// node's route to the destination picks another source (flannel.1's or
+/// cni0's address, a route's `src`), what the node starts by itself is
+/// not the traced pair: said, so that no one waits for packets traced
+/// under an address they never carry. Only the asked direction: a node
+/// answers from the address it was asked at.
+async fn say_own_source(view: &NodeView, node: &str, asked: Option<&(Ipv4Addr, Ipv4Addr)>) {
+    let Some((src, dst)) = asked else {
+        return;
+    };
+    if !view.addresses.iter().any(|(_, ip)| ip == src) {
+        return;
+    }
+    if let Ok(Some(picked)) = super::netlink::source_toward(*dst).await {
+        if picked != *src {
+            eprintln!("podtrace: note: {node} sends to {dst} from {picked} by default (its route there picks that source), not {src}: only its packets sent from {src} (such as `ping -I {src}`) are this pair; trace {picked} for the rest");
+        }
+    }
+}
+
 impl TracedNode {
     /// Sets up one node: reads it, picks its interfaces, attaches.
     pub async fn trace(id: u32, ns: &Namespace, shared: &Shared<'_>) -> Result<(Self, NodeFacts)> {
@@ -82,6 +102,7 @@ impl TracedNode {
         let view = NodeView::read().await?;
         let identity = Identity::of(&view, ns, shared);
         let name = identity.name.clone();
+        say_own_source(&view, &name, shared.pairs.first()).await;
         let cni = cni::detect(&view, identity.annotated_cni);
         let other_nodes: Vec<Ipv4Addr> = shared
             .known_nodes
