@@ -16,7 +16,7 @@ use podtrace_common::{
     counter,
     packet::{packet_id, Bytes},
     packet_hash, Histogram, PacketId, Stamp, StampBucket, StampSlot, StepKey, HIST_LINEAR_US,
-    HIST_LOG2, STAMP_BUCKETS, STAMP_WAYS,
+    HIST_LOG2, STAMP_BUCKETS, STAMP_BUCKET_BITS, STAMP_WAYS,
 };
 
 use crate::{
@@ -28,6 +28,9 @@ use crate::{
 const MAX_STEPS: u32 = 1024;
 /// A "step" longer than this is a new packet with an old identity.
 const STALE_NS: u64 = 1_000_000_000;
+/// Longer than any packet takes between two hooks of one kernel: a stamp
+/// idle for this long belongs to a packet that is gone.
+const IN_FLIGHT_NS: u64 = 10_000_000;
 
 /// Packets in flight, in buckets chosen by a hash of their identity: an
 /// array, so finding a packet is arithmetic and a lookup the verifier
@@ -69,26 +72,35 @@ pub fn record(id: &PacketId, hook: u32, skb_len: u32, to_pod: bool) {
         skb_len,
     };
     let hash = packet_hash(id);
-    let Some(bucket) = STAMPS.get_ptr_mut(hash & (STAMP_BUCKETS - 1)) else {
+    // The bucket by the hash's high bits: `--sample` keeps packets by its
+    // low ones.
+    let Some(bucket) = STAMPS.get_ptr_mut(hash >> (32 - STAMP_BUCKET_BITS)) else {
         return;
     };
-    // SAFETY: a map value, valid while the program runs; other CPUs may
-    // write its slots meanwhile, which the seals tell.
-    let bucket = unsafe { &mut *bucket };
+    // Other CPUs may write these slots meanwhile: each is read and
+    // written whole through its pointer (volatile: one copy, judged by its
+    // seal, never re-read field by field), never through a reference.
+    let slot_at = |way: usize| -> *mut StampSlot {
+        // SAFETY: a map value, valid while the program runs; `way` is
+        // below STAMP_WAYS.
+        unsafe { core::ptr::addr_of_mut!((*bucket).slots[way]) }
+    };
     // The packet's own slot, else the one to take: free, else the one
     // idle longest.
     let mut take = 0;
     let mut take_idle = 0;
     for way in 0..STAMP_WAYS {
-        // A copy: judged whole, not while another CPU rewrites it.
-        let slot = bucket.slots[way];
+        // SAFETY: as above.
+        let slot = unsafe { core::ptr::read_volatile(slot_at(way)) };
         if slot.holds(id, hash) {
             step(&slot.stamp, &now);
-            if to_pod {
-                bucket.slots[way].stamp.ktime_ns = 0;
+            let next = if to_pod {
+                StampSlot::FREE
             } else {
-                bucket.slots[way] = StampSlot::sealed(id, hash, &now);
-            }
+                StampSlot::sealed(id, hash, &now)
+            };
+            // SAFETY: as above.
+            unsafe { core::ptr::write_volatile(slot_at(way), next) };
             return;
         }
         let idle = match slot.stamp.ktime_ns {
@@ -104,11 +116,16 @@ pub fn record(id: &PacketId, hook: u32, skb_len: u32, to_pod: bool) {
     if to_pod {
         return;
     }
-    if take_idle < STALE_NS {
+    // A packet stamped this recently is still on its way: its next step
+    // goes unmeasured. An older stamp is a packet done with this kernel's
+    // hooks by another way than a pod (it left for an untraced node, was
+    // dropped, was delivered to the host): nothing is lost with it.
+    if take_idle < IN_FLIGHT_NS {
         bump(counter::STAMP_EVICTED);
     }
-    if let Some(slot) = bucket.slots.get_mut(take) {
-        *slot = StampSlot::sealed(id, hash, &now);
+    if take < STAMP_WAYS {
+        // SAFETY: as above.
+        unsafe { core::ptr::write_volatile(slot_at(take), StampSlot::sealed(id, hash, &now)) };
     }
 }
 

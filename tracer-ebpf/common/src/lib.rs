@@ -207,8 +207,9 @@ pub fn packet_hash(id: &PacketId) -> u32 {
     h
 }
 
-/// Buckets of profile mode's `STAMPS` table (a power of two).
-pub const STAMP_BUCKETS: u32 = 4096;
+/// Buckets of profile mode's `STAMPS` table: 2^STAMP_BUCKET_BITS.
+pub const STAMP_BUCKET_BITS: u32 = 12;
+pub const STAMP_BUCKETS: u32 = 1 << STAMP_BUCKET_BITS;
 /// Packets in flight one bucket holds.
 pub const STAMP_WAYS: usize = 4;
 
@@ -226,30 +227,62 @@ pub struct StampSlot {
 }
 
 impl StampSlot {
+    /// A slot that holds no packet.
+    pub const FREE: Self = Self {
+        id: PacketId {
+            pair: FlowKey {
+                src: [0; 4],
+                dst: [0; 4],
+            },
+            ip_id: 0,
+            protocol: 0,
+            _pad: 0,
+            l4: 0,
+        },
+        stamp: Stamp {
+            ktime_ns: 0,
+            hook: 0,
+            skb_len: 0,
+        },
+        seal: 0,
+    };
+
     /// The slot for packet `id` (whose [`packet_hash`] is `hash`) at `stamp`.
     #[inline(always)]
     pub fn sealed(id: &PacketId, hash: u32, stamp: &Stamp) -> Self {
         Self {
             id: *id,
             stamp: *stamp,
-            seal: seal(hash, stamp),
+            seal: seal(id, hash, stamp),
         }
     }
 
     /// Whether the slot holds packet `id` (hash `hash`), whole.
     #[inline(always)]
     pub fn holds(&self, id: &PacketId, hash: u32) -> bool {
-        self.stamp.ktime_ns != 0 && self.id.same(id) && self.seal == seal(hash, &self.stamp)
+        self.stamp.ktime_ns != 0 && self.id.same(id) && self.seal == seal(id, hash, &self.stamp)
     }
 }
 
-/// The seal over a slot: its packet's hash (the id is compared whole
-/// besides) and its stamp.
+/// The seal over a slot: every field of its packet's identity and of its
+/// stamp, so that a slot two packets' writes interleaved in (one's
+/// identity, the other's stamp) is told apart by all but chance.
 #[inline(always)]
-fn seal(hash: u32, stamp: &Stamp) -> u64 {
-    let tag = u64::from(hash) << 32 | u64::from(stamp.hook);
-    let h = (tag ^ stamp.ktime_ns).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    (h ^ h >> 29 ^ u64::from(stamp.skb_len)).wrapping_mul(0xbf58_476d_1ce4_e5b9)
+fn seal(id: &PacketId, hash: u32, stamp: &Stamp) -> u64 {
+    let (pair, rest) = id.words();
+    let words = [
+        pair,
+        rest,
+        u64::from(hash) << 32 | u64::from(stamp.hook),
+        stamp.ktime_ns,
+        u64::from(stamp.skb_len),
+    ];
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for w in words {
+        h = (h ^ w).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h ^= h >> 29;
+    }
+    h
 }
 
 /// A bucket of `STAMPS`: the packets in flight whose hash selects it.

@@ -64,9 +64,12 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
         args.kube.netns.push(netns);
     }
     // Likewise where the node's root filesystem is: the lab's kubelet
-    // cannot mount it at the pod's /host.
+    // cannot mount it at the pod's /host, which the agent's arguments
+    // name, so its word wins over theirs.
+    let mut root_from = "--host-root";
     if let Ok(root) = std::env::var("PODTRACE_HOST_ROOT") {
         args.kube.host_root = vec![root.into()];
+        root_from = "PODTRACE_HOST_ROOT";
     }
     // The doctor's findings are the node's only where its files are read
     // from the node's root (or not at all, in a --netns node): otherwise
@@ -74,7 +77,7 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
     let findings_are_the_nodes = match args.kube.host_root.first() {
         Some(root) if root.is_dir() => true,
         Some(root) => {
-            eprintln!("podtrace: --host-root {}: no such directory: the doctor's findings on this node are not sent", root.display());
+            eprintln!("podtrace: {root_from} {:?}: no such directory: the doctor's findings on this node are not sent", root.display().to_string());
             false
         }
         None => !args.kube.netns.is_empty(),

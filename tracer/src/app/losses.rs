@@ -66,7 +66,12 @@ impl LossWatch {
                 *lost = 0;
             }
         }
-        if !self.advised {
+        // The advice is for a full ring, not for headers that could not
+        // be copied.
+        let ring_full = nodes
+            .iter()
+            .any(|node| node.probe.losses().is_ok_and(|(full, _)| full > 0));
+        if ring_full && !self.advised {
             eprintln!("{}", crate::output::KEEP_UP);
             self.advised = true;
         }

@@ -133,7 +133,12 @@ async fn resolve(args: &Args) -> Result<Resolved> {
         namespaces,
         ctx,
         why_rule_unnamed,
-        doctor: doctor::trace::node_findings(args).await,
+        // Profile mode tells no verdict for findings to join: not asked.
+        doctor: if args.in_kernel_profile {
+            Vec::new()
+        } else {
+            doctor::trace::node_findings(args).await
+        },
     })
 }
 

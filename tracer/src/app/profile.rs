@@ -194,7 +194,7 @@ fn tell(
         }
     }
     if unmeasured > 0 {
-        writeln!(out, "podtrace profile: {unmeasured} steps not measured: their packets' stamps were taken by other packets in flight (too many at once in one of the kernel's buckets)")?;
+        writeln!(out, "podtrace profile: about {unmeasured} steps not measured: their packets' stamps were taken by other packets in flight (too many at once in one of the kernel's buckets)")?;
     }
     Ok(())
 }

@@ -23,7 +23,7 @@ use crate::{
     probe::{
         conntrack,
         link_watch::{self, LinkChange},
-        netfilter::{NodeTrace, TracedRule},
+        netfilter::{NodeTrace, SentHere, TracedRule},
         AttachMode, Kernel, NodeProbe, ProbeSpec,
     },
 };
@@ -155,10 +155,14 @@ impl TracedNode {
         if let Err(e) = conntrack::watch(id, shared.conntrack_tx.clone()) {
             eprintln!("podtrace: {name}: conntrack is not read ({e:#}); translations are known only from the Services");
         }
-        let own_addresses: Vec<Ipv4Addr> = view.addresses.iter().map(|(_, ip)| *ip).collect();
+        let sent_here = SentHere {
+            own_addresses: view.addresses.iter().map(|(_, ip)| *ip).collect(),
+            // kube-proxy's IPVS mode holds its Service addresses there.
+            ipvs: view.links.iter().any(|l| l.name == "kube-ipvs0"),
+        };
         let netfilter = match &shared.netfilter_tx {
             Some(tx) => Some(
-                NodeTrace::start(ns, id, &shared.pairs, &own_addresses, tx.clone())
+                NodeTrace::start(ns, id, &shared.pairs, sent_here, tx.clone())
                     .with_context(|| format!("node {name}"))?,
             ),
             None => None,

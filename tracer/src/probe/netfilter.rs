@@ -88,19 +88,35 @@ pub struct NodeTrace {
     monitor: Child,
     table: String,
     record: Record,
-    /// The node's own addresses: which traced packets it can send itself.
-    local: Vec<Ipv4Addr>,
+    /// Which traced packets the node may send itself.
+    sent_here: SentHere,
+}
+
+/// Which traced pairs a node may send through its output hook: those
+/// whose source is one of its own addresses (a host-network pod, the
+/// node itself), and with kube-proxy in IPVS mode every pair, since IPVS
+/// sends a Service's packet on to its backend from the output hook under
+/// the client's own address.
+#[derive(Clone, Debug, Default)]
+pub struct SentHere {
+    pub own_addresses: Vec<Ipv4Addr>,
+    pub ipvs: bool,
+}
+
+impl SentHere {
+    fn may_send(&self, src: &Ipv4Addr) -> bool {
+        self.ipvs || self.own_addresses.contains(src)
+    }
 }
 
 impl NodeTrace {
     /// Inside `netns`: removes stale podtrace tables, adds ours for the
-    /// traced pairs, and starts the monitor; its drops go to `tx`. `local`
-    /// are the node's own addresses.
+    /// traced pairs, and starts the monitor; its drops go to `tx`.
     pub fn start(
         netns: &Namespace,
         node_id: u32,
         pairs: &[(Ipv4Addr, Ipv4Addr)],
-        local: &[Ipv4Addr],
+        sent_here: SentHere,
         tx: mpsc::UnboundedSender<(u32, TracedRule)>,
     ) -> Result<Self> {
         run_registry::sweep_dead_runs()?;
@@ -118,7 +134,7 @@ impl NodeTrace {
             let mut script = format!(
                 "table inet {table} {{\n chain prerouting {{ type filter hook prerouting priority -350; }}\n}}\n"
             );
-            script.push_str(&trace_rules(&table, pairs, local));
+            script.push_str(&trace_rules(&table, pairs, &sent_here));
             nft_script(&script).context("cannot add podtrace's nft tracing table")?;
             let mut command = Command::new("nft");
             command
@@ -160,7 +176,7 @@ impl NodeTrace {
                 monitor,
                 table: table.clone(),
                 record: record.clone(),
-                local: local.to_vec(),
+                sent_here: sent_here.clone(),
             })
         });
         if started.is_err() {
@@ -176,7 +192,7 @@ impl NodeTrace {
     /// Traces more pairs too (a traced pod came back with a new IP).
     pub fn follow(&self, pairs: &[(Ipv4Addr, Ipv4Addr)]) -> Result<()> {
         self.netns
-            .run(|| nft_script(&trace_rules(&self.table, pairs, &self.local)))
+            .run(|| nft_script(&trace_rules(&self.table, pairs, &self.sent_here)))
     }
 }
 
@@ -194,27 +210,25 @@ pub const UNTRACED_DROP: &str =
 
 /// The rules that mark the traced pairs for tracing, before raw: where
 /// packets arrive (prerouting), and where the node sends its own (output)
-/// for pairs whose source is one of the node's `local` addresses (a
-/// host-network pod, the node itself). Only such a packet crosses output
-/// with the pair in its header, and every packet the node sends,
-/// encapsulated ones included, pays for a chain on that hook.
-fn trace_rules(table: &str, pairs: &[(Ipv4Addr, Ipv4Addr)], local: &[Ipv4Addr]) -> String {
-    let mut rules = String::new();
+/// for the pairs it may send itself ([`SentHere`]). Every packet a node
+/// sends, encapsulated ones included, pays for a chain on that hook, so it
+/// is made only for them.
+fn trace_rules(table: &str, pairs: &[(Ipv4Addr, Ipv4Addr)], sent_here: &SentHere) -> String {
     let limit = format!("limit rate {TRACED_PER_SECOND}/second burst {TRACED_PER_SECOND} packets");
+    let rule = |chain: &str, src: &Ipv4Addr, dst: &Ipv4Addr| {
+        format!("add rule inet {table} {chain} ip saddr {src} ip daddr {dst} {limit} meta nftrace set 1\n")
+    };
+    let mut rules = String::new();
+    if pairs.iter().any(|(src, _)| sent_here.may_send(src)) {
+        // `add` of a chain that exists is no error (a pair followed later).
+        rules.push_str(&format!(
+            "add chain inet {table} output {{ type filter hook output priority -350; }}\n"
+        ));
+    }
     for (src, dst) in pairs {
-        let mut chains = vec!["prerouting"];
-        if local.contains(src) {
-            // `add` of a chain that exists is no error: the first pair
-            // that needs it makes it.
-            rules.push_str(&format!(
-                "add chain inet {table} output {{ type filter hook output priority -350; }}\n"
-            ));
-            chains.push("output");
-        }
-        for chain in chains {
-            rules.push_str(&format!(
-                "add rule inet {table} {chain} ip saddr {src} ip daddr {dst} {limit} meta nftrace set 1\n"
-            ));
+        rules.push_str(&rule("prerouting", src, dst));
+        if sent_here.may_send(src) {
+            rules.push_str(&rule("output", src, dst));
         }
     }
     rules
@@ -314,7 +328,7 @@ mod tests {
     #[test]
     fn tracing_is_rate_limited_per_pair_and_says_so() {
         let pair = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
-        let rules = trace_rules("t", &[pair], &[]);
+        let rules = trace_rules("t", &[pair], &SentHere::default());
         assert_eq!(
             rules
                 .matches("limit rate 5/second burst 5 packets meta nftrace set 1")
@@ -328,13 +342,32 @@ mod tests {
     fn only_a_pair_the_node_sends_itself_is_marked_on_output() {
         let node: Ipv4Addr = "192.0.2.11".parse().unwrap();
         let pod: Ipv4Addr = "10.244.1.2".parse().unwrap();
-        let between_pods = trace_rules("t", &[(pod, "10.244.2.2".parse().unwrap())], &[node]);
+        let backends: Vec<(Ipv4Addr, Ipv4Addr)> = ["10.244.2.2", "10.244.2.3"]
+            .iter()
+            .map(|b| (node, b.parse().unwrap()))
+            .collect();
+        let sent_here = SentHere {
+            own_addresses: vec![node],
+            ipvs: false,
+        };
+        let between_pods = trace_rules("t", &[(pod, "10.244.2.2".parse().unwrap())], &sent_here);
         assert!(!between_pods.contains(" output "), "{between_pods}");
-        let from_node = trace_rules("t", &[(node, pod), (pod, node)], &[node]);
-        assert_eq!(from_node.matches("add chain inet t output").count(), 1);
+        let from_node = trace_rules("t", &[(node, pod), (pod, node)], &sent_here);
         assert!(from_node.contains(&format!(
             "add rule inet t output ip saddr {node} ip daddr {pod}"
         )));
         assert!(!from_node.contains(&format!("output ip saddr {pod}")));
+        // One chain, however many pairs need it.
+        let to_backends = trace_rules("t", &backends, &sent_here);
+        assert_eq!(to_backends.matches("add chain inet t output").count(), 1);
+        assert_eq!(to_backends.matches("add rule inet t output").count(), 2);
+        // IPVS sends a Service's packets on from output under the
+        // client's address: every pair is marked there.
+        let ipvs = SentHere {
+            ipvs: true,
+            ..sent_here
+        };
+        let via_ipvs = trace_rules("t", &[(pod, "10.244.2.2".parse().unwrap())], &ipvs);
+        assert!(via_ipvs.contains(&format!("add rule inet t output ip saddr {pod}")));
     }
 }

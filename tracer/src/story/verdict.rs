@@ -172,22 +172,28 @@ impl Story {
     /// The netfilter hook of a drop, from the packet alone: routed on the
     /// dropping node (TTL lower than when it arrived there) means FORWARD;
     /// first seen there leaving, or not seen arriving with one of the
-    /// node's own addresses as its source, means the node sent it.
+    /// node's own addresses as its source, means the node sent it (to
+    /// itself, when the destination is its own too: over lo, where any
+    /// of the four hooks may have dropped it).
     fn netfilter_hook(&self, ctx: &Context) -> &'static str {
         let Some(last) = self.hops.last() else {
             return "unknown";
         };
         let arrived = self.hops.iter().find(|h| h.node == last.node);
-        let own_source = ctx
-            .nodes
-            .get(&*last.node)
-            .is_some_and(|node| node.view.addresses.iter().any(|(_, ip)| *ip == self.src));
+        let own = |ip: Ipv4Addr| {
+            ctx.nodes
+                .get(&*last.node)
+                .is_some_and(|node| node.view.addresses.iter().any(|(_, a)| *a == ip))
+        };
+        let unseen_from_here = arrived.is_some_and(|first| first.direction == Direction::Drop);
         match arrived {
             Some(first) if last.ttl < first.ttl => "FORWARD",
             Some(first) if first.direction == Direction::Egress => "OUTPUT or POSTROUTING",
-            Some(first) if first.direction == Direction::Drop && own_source => {
-                "OUTPUT or POSTROUTING"
+            // Sent to itself, over lo (no tc hook there): any of the four.
+            _ if unseen_from_here && own(self.src) && own(self.dst) => {
+                "OUTPUT, POSTROUTING, PREROUTING or INPUT"
             }
+            _ if unseen_from_here && own(self.src) => "OUTPUT or POSTROUTING",
             _ => "PREROUTING or INPUT",
         }
     }
