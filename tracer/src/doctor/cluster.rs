@@ -193,16 +193,25 @@ impl ClusterState {
                 .nodes
                 .push(ClusterNode::from_json(&serde_json::to_value(node)?));
         }
+        // Once the API refuses events (RBAC), it refuses them for every
+        // pod: asked once, the refusal stands for the rest.
+        let mut refused: Option<String> = None;
         for pod in pods {
             let pod = pod_from_json(serde_json::to_value(pod)?)?;
-            let (events, events_unread) = if needs_events(&pod) {
-                match events_of(&client, &pod).await {
+            let (events, events_unread) = match (needs_events(&pod), &refused) {
+                (false, _) => (Vec::new(), None),
+                (true, Some(why)) => (Vec::new(), Some(why.clone())),
+                (true, None) => match events_of(&client, &pod).await {
                     Ok(events) => (events, None),
                     // One pod's events are not worth every other check.
-                    Err(e) => (Vec::new(), Some(format!("{e:#}"))),
-                }
-            } else {
-                (Vec::new(), None)
+                    Err(e) => {
+                        let why = format!("{e:#}");
+                        if is_forbidden(&e) {
+                            refused = Some(why.clone());
+                        }
+                        (Vec::new(), Some(why))
+                    }
+                },
             };
             state.pods.push(PodState {
                 pod,
@@ -239,6 +248,11 @@ pub fn needs_events(pod: &Pod) -> bool {
     !pod.host_network && (pod.ip.is_none() || pod.phase.as_deref().is_some_and(|p| p != "Running"))
 }
 
+/// Whether the API refused the call (403).
+fn is_forbidden(e: &anyhow::Error) -> bool {
+    matches!(e.downcast_ref::<kube::Error>(), Some(kube::Error::Api(status)) if status.code == 403)
+}
+
 /// `kubectl get events --field-selector involvedObject.name=<pod>`.
 async fn events_of(client: &kube::Client, pod: &Pod) -> Result<Vec<(String, String)>> {
     let events: Api<Event> = Api::namespaced(client.clone(), &pod.namespace);
@@ -252,4 +266,24 @@ async fn events_of(client: &kube::Client, pod: &Pod) -> Result<Vec<(String, Stri
         .into_iter()
         .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_is_told_apart_through_the_context_added_to_it() {
+        let refused = |code| {
+            let status = kube::core::Status {
+                code,
+                ..Default::default()
+            };
+            anyhow::Error::new(kube::Error::Api(Box::new(status)))
+                .context("cannot list the events of default/db-0")
+        };
+        assert!(is_forbidden(&refused(403)));
+        assert!(!is_forbidden(&refused(500)));
+        assert!(!is_forbidden(&anyhow::anyhow!("connection reset")));
+    }
 }
