@@ -34,7 +34,7 @@ fn api_for(lab: &LabGuard) -> Stub {
 }
 
 fn scratch() -> PathBuf {
-    std::env::temp_dir().join(format!("podtrace-cluster-tests-{}", std::process::id()))
+    scratch_dir("cluster")
 }
 
 /// `kubectl podtrace ARGS` as nobody, with only a kubeconfig of its own

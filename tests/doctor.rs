@@ -253,7 +253,7 @@ names_the_fault! {
 }
 
 fn scratch() -> PathBuf {
-    std::env::temp_dir().join(format!("podtrace-doctor-tests-{}", std::process::id()))
+    scratch_dir("doctor")
 }
 
 /// A lab with `fault`, and a stub in which db-0 (node-2) has no IP and

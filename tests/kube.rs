@@ -13,7 +13,7 @@ use xtask::api_stub::{Stub, TOKEN};
 use xtask::lab::{LabGuard, Topology};
 
 fn scratch() -> PathBuf {
-    std::env::temp_dir().join(format!("podtrace-kube-tests-{}", std::process::id()))
+    scratch_dir("kube")
 }
 
 fn stub_for(lab: &LabGuard) -> Stub {

@@ -1,6 +1,7 @@
 //! Kernel integration tests: real labs in network namespaces, real pings,
 //! the real podtrace binary, and the stories it tells.
 
+#[allow(dead_code)]
 mod support;
 
 use serde_json::Value;

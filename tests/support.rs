@@ -35,6 +35,18 @@ pub fn require_kernel() {
     );
 }
 
+/// This test process's scratch directory for `kind` of test. A process of
+/// an earlier run with the same PID may have left one: it is removed
+/// before this process makes its own (a symlink there would exist).
+pub fn scratch_dir(kind: &str) -> std::path::PathBuf {
+    static FRESH: std::sync::Once = std::sync::Once::new();
+    let dir = std::env::temp_dir().join(format!("podtrace-{kind}-tests-{}", std::process::id()));
+    FRESH.call_once(|| {
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+    dir
+}
+
 /// A lab under a name prefix no other test uses.
 ///
 /// Each lab also gets its own pod CIDR (10.1xx.0.0/16): the drop
