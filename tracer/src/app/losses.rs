@@ -20,6 +20,9 @@ pub(super) struct LossWatch {
     /// Lost since the last line on stderr, per node name.
     unreported: Vec<u64>,
     reported_at: Instant,
+    /// Whether a ring buffer was ever full (the loss advice is for that,
+    /// not for headers that could not be copied).
+    ring_was_full: bool,
     /// Whether stderr was told how to lose less (once is enough).
     advised: bool,
 }
@@ -31,6 +34,7 @@ impl LossWatch {
             read_at_ns: now_ns,
             unreported: vec![0; nodes.len()],
             reported_at: Instant::now(),
+            ring_was_full: false,
             advised: false,
         }
     }
@@ -40,7 +44,9 @@ impl LossWatch {
     pub fn check(&mut self, nodes: &[TracedNode], now_ns: u64) -> Result<Option<(u64, u64, u64)>> {
         let mut lost_now = 0;
         for (i, node) in nodes.iter().enumerate() {
-            let total = lost(node)?;
+            let (ring_full, snapshot) = node.probe.losses()?;
+            self.ring_was_full |= ring_full > 0;
+            let total = ring_full + snapshot;
             if total > self.seen[i] {
                 self.unreported[i] += total - self.seen[i];
                 lost_now += total - self.seen[i];
@@ -66,21 +72,10 @@ impl LossWatch {
                 *lost = 0;
             }
         }
-        // The advice is for a full ring, not for headers that could not
-        // be copied.
-        let ring_full = nodes
-            .iter()
-            .any(|node| node.probe.losses().is_ok_and(|(full, _)| full > 0));
-        if ring_full && !self.advised {
+        if self.ring_was_full && !self.advised {
             eprintln!("{}", crate::output::KEEP_UP);
             self.advised = true;
         }
         self.reported_at = Instant::now();
     }
-}
-
-/// Records a node's probe could not report, so far.
-fn lost(node: &TracedNode) -> Result<u64> {
-    let (ringbuf_full, snapshot) = node.probe.losses()?;
-    Ok(ringbuf_full + snapshot)
 }

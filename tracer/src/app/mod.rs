@@ -326,7 +326,7 @@ fn trace_masquerade_sources(trace: &mut Trace) -> Result<()> {
     let node_addresses: Vec<Ipv4Addr> = ctx
         .nodes
         .values()
-        .flat_map(|facts| facts.view.addresses.iter().map(|(_, ip)| *ip))
+        .flat_map(|facts| facts.view.own_addresses())
         .filter(|ip| !ip.is_loopback())
         .collect();
     let dst = targets.dst.ip;
@@ -701,7 +701,6 @@ fn flow_ips((a, b): (Ipv4Addr, Ipv4Addr)) -> Vec<FlowKey> {
     vec![FlowKey { src: a, dst: b }, FlowKey { src: b, dst: a }]
 }
 
-/// One sighting into the correlator, or into the summary's counts.
 /// Every batch queued now, into journeys (node mode's twin of the
 /// agent's `pass_on_queued`).
 async fn absorb_queued(trace: &mut Trace, summary: &mut Summary, correlator: &mut Correlator) {
@@ -712,6 +711,7 @@ async fn absorb_queued(trace: &mut Trace, summary: &mut Summary, correlator: &mu
     }
 }
 
+/// One sighting into the correlator, or into the summary's counts.
 async fn absorb(
     s: &Sighting,
     trace: &mut Trace,

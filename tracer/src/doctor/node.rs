@@ -78,7 +78,7 @@ impl NodeFacts {
     }
 
     pub fn addresses(&self) -> Vec<Ipv4Addr> {
-        self.view.addresses.iter().map(|(_, ip)| *ip).collect()
+        self.view.own_addresses().collect()
     }
 
     /// The pod whose IP a link's route or name points at, for naming.

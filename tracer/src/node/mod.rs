@@ -126,6 +126,16 @@ impl NodeView {
         self.links.iter().find(|l| l.name == name)
     }
 
+    /// The namespace's own IPv4 addresses.
+    pub fn own_addresses(&self) -> impl Iterator<Item = Ipv4Addr> + '_ {
+        self.addresses.iter().map(|(_, ip)| *ip)
+    }
+
+    /// Whether `ip` is one of the namespace's own addresses.
+    pub fn holds(&self, ip: Ipv4Addr) -> bool {
+        self.own_addresses().any(|a| a == ip)
+    }
+
     /// The link holding `ip`, if the node owns it.
     pub fn link_with_address(&self, ip: Ipv4Addr) -> Option<&Link> {
         self.addresses

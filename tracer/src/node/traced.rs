@@ -85,7 +85,7 @@ async fn say_own_source(view: &NodeView, node: &str, asked: Option<&(Ipv4Addr, I
     let Some((src, dst)) = asked else {
         return;
     };
-    if !view.addresses.iter().any(|(_, ip)| ip == src) {
+    if !view.holds(*src) {
         return;
     }
     if let Ok(Some(picked)) = super::netlink::source_toward(*dst).await {
@@ -156,9 +156,9 @@ impl TracedNode {
             eprintln!("podtrace: {name}: conntrack is not read ({e:#}); translations are known only from the Services");
         }
         let sent_here = SentHere {
-            own_addresses: view.addresses.iter().map(|(_, ip)| *ip).collect(),
+            own_addresses: view.own_addresses().collect(),
             // kube-proxy's IPVS mode holds its Service addresses there.
-            ipvs: view.links.iter().any(|l| l.name == "kube-ipvs0"),
+            ipvs: view.link_named("kube-ipvs0").is_some(),
         };
         let netfilter = match &shared.netfilter_tx {
             Some(tx) => Some(

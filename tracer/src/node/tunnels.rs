@@ -60,7 +60,7 @@ impl TunnelTrust {
                 _ => {}
             }
         }
-        let local: Vec<Ipv4Addr> = view.addresses.iter().map(|(_, ip)| *ip).collect();
+        let local: Vec<Ipv4Addr> = view.own_addresses().collect();
         // An IPIP route's gateway is the peer node itself (Calico: `via
         // <node IP> dev tunl0 onlink`); a VXLAN route's is the remote VTEP's
         // inner address, and its FDB names the node.

@@ -183,7 +183,7 @@ impl Story {
         let own = |ip: Ipv4Addr| {
             ctx.nodes
                 .get(&*last.node)
-                .is_some_and(|node| node.view.addresses.iter().any(|(_, a)| *a == ip))
+                .is_some_and(|node| node.view.holds(ip))
         };
         let unseen_from_here = arrived.is_some_and(|first| first.direction == Direction::Drop);
         match arrived {
