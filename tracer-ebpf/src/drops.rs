@@ -66,6 +66,10 @@ const ARG_SKB: usize = 0;
 const ARG_LOCATION: usize = 1;
 const ARG_REASON: usize = 2;
 
+/// The reason of a drop on a kernel that passes none (userspace knows
+/// which kernel it loaded into and says so).
+const REASON_NOT_PASSED: u32 = 0;
+
 #[btf_tracepoint(function = "kfree_skb")]
 pub fn podtrace_kfree_skb(ctx: BtfTracePointContext) -> i32 {
     on_drop(
@@ -84,6 +88,22 @@ pub fn podtrace_kfree_skb_raw(ctx: RawTracePointContext) -> i32 {
         ctx.arg(ARG_LOCATION),
         ctx.arg::<u64>(ARG_REASON) as u32,
     );
+    0
+}
+
+// Kernels before 5.17 pass kfree_skb no reason: its third argument does not
+// exist, and the verifier refuses a program that reads it (tp_btf at load,
+// a raw tracepoint at attach). These read the first two only.
+
+#[btf_tracepoint(function = "kfree_skb")]
+pub fn podtrace_kfree_skb_noreason(ctx: BtfTracePointContext) -> i32 {
+    on_drop(ctx.arg(ARG_SKB), ctx.arg(ARG_LOCATION), REASON_NOT_PASSED);
+    0
+}
+
+#[raw_tracepoint(tracepoint = "kfree_skb")]
+pub fn podtrace_kfree_skb_raw_noreason(ctx: RawTracePointContext) -> i32 {
+    on_drop(ctx.arg(ARG_SKB), ctx.arg(ARG_LOCATION), REASON_NOT_PASSED);
     0
 }
 

@@ -36,6 +36,9 @@ use podtrace_common::{headers::IPV4_SADDR, packet::Bytes, FlowKey, Histogram, SN
 
 use crate::sighting::Route;
 
+// `copy_start` bounds a length by masking with SNAPSHOT_LEN - 1.
+const _: () = assert!(SNAPSHOT_LEN.is_power_of_two());
+
 /// Offsets the direct reader accepts: the verifier wants a bounded
 /// variable offset before it compares a packet pointer with `data_end`.
 const LINEAR_MAX: usize = 1 << 9;
@@ -171,20 +174,29 @@ impl Skb<'_> {
         self.fields().mark
     }
 
-    /// Copies the packet's first `len` bytes (1..=SNAPSHOT_LEN, which the
-    /// verifier must be able to see) into `dst`.
+    /// Copies the packet's first `len` bytes (1..=SNAPSHOT_LEN) into `dst`.
     #[inline(always)]
     pub fn copy_start(&self, dst: &mut [u8; SNAPSHOT_LEN], len: usize) -> bool {
-        len != 0
-            && len <= SNAPSHOT_LEN
-            && unsafe {
-                aya_ebpf::helpers::bpf_skb_load_bytes(
-                    self.0.skb.skb.cast(),
-                    0,
-                    dst.as_mut_ptr().cast(),
-                    len as u32,
-                )
-            } == 0
+        // Verifiers before 6.8 lose a range checked on a copy of the
+        // register (LLVM turns `len != 0 && len <= N` into one compare of
+        // `len - 1`), and 6.1's then refuses a length that may be 0. A
+        // mask on a value the optimizer cannot see through gives every
+        // verifier the range itself: ((len - 1) & (N - 1)) + 1 is len for
+        // 1..=N, and provably within 1..=N.
+        let len = core::hint::black_box(len);
+        if len == 0 || len > SNAPSHOT_LEN {
+            return false;
+        }
+        let bounded = ((len - 1) & (SNAPSHOT_LEN - 1)) + 1;
+        let copied = unsafe {
+            aya_ebpf::helpers::bpf_skb_load_bytes(
+                self.0.skb.skb.cast(),
+                0,
+                dst.as_mut_ptr().cast(),
+                bounded as u32,
+            )
+        };
+        copied == 0
     }
 
     /// bpf_fib_lookup for the packet as arriving on this interface: the

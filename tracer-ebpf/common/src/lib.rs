@@ -426,6 +426,9 @@ pub mod names {
     pub const TC_EGRESS_L3: &str = "podtrace_egress_l3";
     pub const DROPS: &str = "podtrace_kfree_skb";
     pub const DROPS_RAW: &str = "podtrace_kfree_skb_raw";
+    /// The same, on kernels whose kfree_skb passes no reason (< 5.17).
+    pub const DROPS_NO_REASON: &str = "podtrace_kfree_skb_noreason";
+    pub const DROPS_RAW_NO_REASON: &str = "podtrace_kfree_skb_raw_noreason";
 }
 
 // The ABI, checked where it is defined: the kernel side and userspace copy

@@ -46,11 +46,11 @@ use crate::{
     output::{
         self,
         pcapng::{self, Announced, PcapWriter},
-        Summary,
+        KernelSummary, Summary,
     },
     probe::{
         clock::monotonic_ns,
-        conntrack,
+        conntrack, features,
         link_watch::LinkChange,
         netfilter::{Backend, TracedRule},
         Batch, Kernel, ReadThrough, BATCHES_QUEUED, RING_HANDOVER,
@@ -172,6 +172,8 @@ fn context_of(args: &Args, targets: &Targets) -> Context {
 
 /// A trace under way: the attached nodes and the channels they feed.
 struct Trace {
+    /// The kernel, and what this run does without (the summary says it).
+    kernel_summary: KernelSummary,
     targets: Targets,
     nodes: Vec<TracedNode>,
     kernel: Kernel,
@@ -245,6 +247,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
     let (conntrack_tx, conntrack) = mpsc::unbounded_channel();
     let typed_btf = Kernel::typed_btf()?;
     let known_nodes = targets.known_nodes();
+    let mode = kernel.features.attach_mode(args.attach)?;
     let shared = Shared {
         kernel: &kernel,
         btf: &typed_btf,
@@ -252,7 +255,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         subnets: &targets.subnets,
         flows: &flows,
         traced_netns,
-        mode: args.attach,
+        mode,
         ring_bytes: args.ring_buffer,
         profile: args.in_kernel_profile,
         shared_stamps: args.shared_stamps.as_deref(),
@@ -291,8 +294,17 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
     // Hand the parsed BTF's memory back: podtrace may run for hours.
     // SAFETY: no preconditions.
     unsafe { libc::malloc_trim(0) };
+    let drop_hook = nodes.first().map(|n| n.probe.drop_hook);
+    let degraded = kernel.features.degraded(mode, drop_hook);
+    if let Some(line) = features::banner(&kernel.features.release, &degraded) {
+        eprintln!("podtrace: {line}");
+    }
     announce(&targets, &nodes, &ctx);
     Ok(Trace {
+        kernel_summary: KernelSummary {
+            release: kernel.features.release.clone(),
+            degraded: degraded.iter().map(ToString::to_string).collect(),
+        },
         others: OtherNamespaces::new(ctx.names.clone()),
         targets,
         nodes,
@@ -411,6 +423,7 @@ async fn stream(
     let mut summary = Summary {
         hooks_attached: trace.nodes.iter().map(TracedNode::hooks).sum(),
         sample: args.sample,
+        kernel: Some(trace.kernel_summary.clone()),
         ..Default::default()
     };
     let correlator = Correlator::new(Waits {

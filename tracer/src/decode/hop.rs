@@ -87,6 +87,10 @@ impl KernelRoute {
 pub struct DropInfo {
     /// `enum skb_drop_reason` name, without SKB_DROP_REASON_.
     pub reason: String,
+    /// The kernel passes no reason (< 5.17): `reason` is what the
+    /// location says (nf_hook_slow: NETFILTER_DROP).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reason_from_location: bool,
     /// The kernel function that freed the packet, `name+0xoff`.
     pub location: String,
     /// The packet had no IP header yet; it was matched by its socket.
@@ -186,9 +190,12 @@ pub fn place(
     };
     let packet = decoded.map_err(|_| Unplaced::Undecodable)?;
     let (direction, drop) = if is_drop {
+        let location = kernel.symbols.name(s.location);
+        let (reason, reason_from_location) = kernel.reasons.name(s.reason, &location);
         let info = DropInfo {
-            reason: kernel.reasons.name(s.reason),
-            location: kernel.symbols.name(s.location),
+            reason,
+            reason_from_location,
+            location,
             by_socket: s.match_kind == match_kind::SOCKET,
         };
         (Direction::Drop, Some(info))
@@ -286,6 +293,7 @@ pub(crate) mod tests {
         let mut h = hop(t, node, iface, role, Direction::Drop, frame);
         h.drop = Some(DropInfo {
             reason: reason.into(),
+            reason_from_location: false,
             location: "nf_hook_slow+0x9c".into(),
             by_socket: false,
         });

@@ -141,6 +141,7 @@ impl TracedNode {
             btf: shared.btf,
             flows: shared.flows,
             mode: shared.mode,
+            drop_reasons: shared.kernel.features.drop_reasons,
             tunnels: &tunnels,
             ring_bytes: shared.ring_bytes,
             profile: shared.profile,

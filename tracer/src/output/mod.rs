@@ -61,9 +61,24 @@ pub struct Summary {
     /// Cluster mode: each traced node's counts.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<NodeCounts>,
+    /// The kernel traced on, and what podtrace did without there (node
+    /// mode; cluster mode has each node's in `nodes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<KernelSummary>,
     /// Cluster mode: the cluster's nodes that were not traced.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub untraced_nodes: Vec<String>,
+}
+
+/// A kernel, and what it lacks that podtrace worked around.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct KernelSummary {
+    /// `uname -r`.
+    pub release: String,
+    /// Each: what podtrace does instead, and the version that brings the
+    /// feature (`clsact instead of TCX (needs 6.6)`).
+    pub degraded: Vec<String>,
 }
 
 fn all_told(sample: &u32) -> bool {

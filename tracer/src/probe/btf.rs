@@ -208,6 +208,34 @@ impl Btf {
         None
     }
 
+    /// Whether `enum name` has a value called `value`: how a kernel says
+    /// it knows a map type or attach type (`BPF_MAP_TYPE_RINGBUF`), which
+    /// follows backports where a version number would not.
+    pub fn has_enum_value(&self, name: &str, value: &str) -> bool {
+        self.enum_values(name)
+            .is_ok_and(|values| values.iter().any(|(v, _)| v == value))
+    }
+
+    /// How many arguments a raw tracepoint hands its programs: the
+    /// parameters of `btf_trace_<name>` (a typedef of a pointer to a
+    /// function whose first parameter is the context), less that context.
+    pub fn tracepoint_args(&self, name: &str) -> Result<usize> {
+        let typedef = format!("btf_trace_{name}");
+        let id = self
+            .by_name
+            .get(&(BTF_KIND_TYPEDEF, typedef.clone()))
+            .copied()
+            .ok_or_else(|| anyhow!("the kernel's BTF has no {typedef}"))?;
+        // TYPEDEF and PTR name their target where a size would be.
+        let target = |id: u32| self.get(id).map(|t| self.u32_at(t.extra - 4));
+        let proto = target(id)
+            .and_then(target)
+            .and_then(|proto| self.get(proto))
+            .filter(|t| t.kind == BTF_KIND_FUNC_PROTO)
+            .ok_or_else(|| anyhow!("{typedef} is not a pointer to a function"))?;
+        Ok(proto.vlen.saturating_sub(1))
+    }
+
     /// The values of `enum name` (or enum64), as (name, value).
     pub fn enum_values(&self, name: &str) -> Result<Vec<(String, i64)>> {
         let id = self
@@ -243,7 +271,8 @@ mod tests {
     /// A hand-built BTF blob: `struct outer { int a; union { struct { int b;
     /// long c; }; int d; }; }` and `enum reason { R_OK = 0, R_DROP = 12 }`.
     fn sample() -> Vec<u8> {
-        let strings = b"\0int\0outer\0a\0b\0c\0d\0reason\0R_OK\0R_DROP\0long\0";
+        let strings =
+            b"\0int\0outer\0a\0b\0c\0d\0reason\0R_OK\0R_DROP\0long\0btf_trace_kfree_skb\0";
         let s = |name: &str| -> u32 {
             let needle = [name.as_bytes(), b"\0"].concat();
             strings
@@ -282,6 +311,11 @@ mod tests {
             s("R_DROP"),
             12,
         ]); // 6
+        // `typedef void (*btf_trace_kfree_skb)(void *, long, long)`: the
+        // context and two tracepoint arguments.
+        push(&[0, info(BTF_KIND_FUNC_PROTO, 3), 0, 0, 2, 0, 2, 0, 2]); // 7
+        push(&[0, info(BTF_KIND_PTR, 0), 7]); // 8
+        push(&[s("btf_trace_kfree_skb"), info(BTF_KIND_TYPEDEF, 0), 8]); // 9
         let mut blob = Vec::new();
         blob.extend_from_slice(&MAGIC.to_le_bytes());
         blob.extend_from_slice(&[1, 0]);
@@ -316,6 +350,16 @@ mod tests {
             btf.enum_values("reason").unwrap(),
             [("R_OK".to_string(), 0), ("R_DROP".to_string(), 12)]
         );
+    }
+
+    #[test]
+    fn a_tracepoints_arguments_are_counted_without_its_context() {
+        let btf = Btf::parse(sample()).unwrap();
+        assert_eq!(btf.tracepoint_args("kfree_skb").unwrap(), 2);
+        assert!(btf.tracepoint_args("consume_skb").is_err());
+        assert!(btf.has_enum_value("reason", "R_DROP"));
+        assert!(!btf.has_enum_value("reason", "R_NONE"));
+        assert!(!btf.has_enum_value("nope", "R_OK"));
     }
 
     #[test]

@@ -12,31 +12,40 @@ use aya::{
 };
 use podtrace_common::{names, KernelLayout};
 
-use super::btf::Btf;
+use super::{btf::Btf, features::DropHook};
 
 /// kfree_skb as a BTF-typed tracepoint, else as a raw one (the classic
-/// tracepoint would need tracefs).
-pub(super) fn attach(ebpf: &mut Ebpf, btf: &aya::Btf) -> Result<()> {
+/// tracepoint would need tracefs), in the variant that reads a reason
+/// only where the kernel passes one.
+pub(super) fn attach(ebpf: &mut Ebpf, btf: &aya::Btf, drop_reasons: bool) -> Result<DropHook> {
+    let (typed_name, raw_name) = if drop_reasons {
+        (names::DROPS, names::DROPS_RAW)
+    } else {
+        (names::DROPS_NO_REASON, names::DROPS_RAW_NO_REASON)
+    };
     let typed: Result<()> = (|| {
         let program: &mut BtfTracePoint = ebpf
-            .program_mut(names::DROPS)
-            .ok_or_else(|| anyhow!("no program {}", names::DROPS))?
+            .program_mut(typed_name)
+            .ok_or_else(|| anyhow!("no program {typed_name}"))?
             .try_into()?;
         program.load("kfree_skb", btf)?;
         program.attach()?;
         Ok(())
     })();
     let Err(typed_error) = typed else {
-        return Ok(());
+        return Ok(DropHook::Typed);
     };
     let program: &mut RawTracePoint = ebpf
-        .program_mut(names::DROPS_RAW)
-        .ok_or_else(|| anyhow!("no program {}", names::DROPS_RAW))?
+        .program_mut(raw_name)
+        .ok_or_else(|| anyhow!("no program {raw_name}"))?
         .try_into()?;
     program.load()?;
-    program.attach("kfree_skb").map(|_| ()).with_context(|| {
-        format!("cannot attach to the kfree_skb tracepoint (as tp_btf: {typed_error:#})")
-    })
+    program
+        .attach("kfree_skb")
+        .map(|_| DropHook::Raw)
+        .with_context(|| {
+            format!("cannot attach to the kfree_skb tracepoint (as tp_btf: {typed_error:#})")
+        })
 }
 
 /// Offsets of the sk_buff, net_device and net fields the drop program reads.
@@ -90,14 +99,22 @@ fn socket_layout(btf: &Btf) -> Result<impl Fn(KernelLayout) -> KernelLayout> {
     })
 }
 
+/// What a drop's reason is called where the kernel passes none (< 5.17)
+/// and its location does not tell it either.
+pub const REASON_NOT_NAMED: &str = "reason not named by this kernel";
+
 /// `enum skb_drop_reason` of the running kernel: value → name without the
-/// SKB_DROP_REASON_ prefix (NETFILTER_DROP, IP_INNOROUTES, …).
-pub struct ReasonNames(HashMap<u32, String>);
+/// SKB_DROP_REASON_ prefix (NETFILTER_DROP, IP_INNOROUTES, …). `None` on a
+/// kernel whose kfree_skb passes no reason.
+pub struct ReasonNames(Option<HashMap<u32, String>>);
 
 impl ReasonNames {
-    pub fn from_btf(btf: &Btf) -> Result<Self> {
-        let values = btf.enum_values("skb_drop_reason")?;
-        Ok(Self(
+    pub fn from_btf(btf: &Btf, passed: bool) -> Self {
+        let values = btf
+            .enum_values("skb_drop_reason")
+            .ok()
+            .filter(|_| passed);
+        Self(values.map(|values| {
             values
                 .into_iter()
                 .map(|(name, value)| {
@@ -107,15 +124,29 @@ impl ReasonNames {
                         .to_string();
                     (value as u32, short)
                 })
-                .collect(),
-        ))
+                .collect()
+        }))
     }
 
-    pub fn name(&self, reason: u32) -> String {
-        self.0
-            .get(&reason)
-            .cloned()
-            .unwrap_or_else(|| format!("reason {reason}"))
+    /// The reason's name, and whether it was read from the drop's
+    /// `location` (`name+0xoff`) rather than passed by the kernel. Without
+    /// reasons only an unambiguous location counts: nf_hook_slow frees a
+    /// packet only on a netfilter rule's DROP, which newer kernels call
+    /// NETFILTER_DROP there.
+    pub fn name(&self, reason: u32, location: &str) -> (String, bool) {
+        match &self.0 {
+            Some(names) => (
+                names
+                    .get(&reason)
+                    .cloned()
+                    .unwrap_or_else(|| format!("reason {reason}")),
+                false,
+            ),
+            None if location.split('+').next() == Some("nf_hook_slow") => {
+                ("NETFILTER_DROP".into(), true)
+            }
+            None => (REASON_NOT_NAMED.into(), false),
+        }
     }
 }
 
@@ -166,5 +197,24 @@ mod tests {
         assert_eq!(symbols.name(0xffffffff81a0009c), "nf_hook_slow+0x9c");
         assert_eq!(symbols.name(0xffffffff81a00200), "ip_forward+0x0");
         assert_eq!(symbols.name(0x10), "0x10");
+    }
+
+    #[test]
+    fn without_reasons_only_a_netfilter_location_names_one() {
+        let unnamed = ReasonNames(None);
+        assert_eq!(
+            unnamed.name(0, "nf_hook_slow+0x9c"),
+            ("NETFILTER_DROP".to_string(), true)
+        );
+        assert_eq!(
+            unnamed.name(0, "ip_error+0x3a"),
+            (REASON_NOT_NAMED.to_string(), false)
+        );
+        let named = ReasonNames(Some(HashMap::from([(2, "NO_SOCKET".to_string())])));
+        assert_eq!(
+            named.name(2, "nf_hook_slow+0x9c"),
+            ("NO_SOCKET".to_string(), false)
+        );
+        assert_eq!(named.name(9, "x+0x1"), ("reason 9".to_string(), false));
     }
 }

@@ -27,6 +27,7 @@ use tokio::sync::mpsc;
 use super::{
     clock::monotonic_ns,
     drops,
+    features::DropHook,
     run_registry::{self, Record},
     tc::{self, AttachMode},
 };
@@ -43,7 +44,10 @@ pub struct ProbeSpec<'a> {
     pub layout: &'a KernelLayout,
     pub btf: &'a Btf,
     pub flows: &'a [FlowKey],
+    /// Resolved for this kernel (`Features::attach_mode`): never Auto.
     pub mode: AttachMode,
+    /// The kernel's kfree_skb passes a drop reason.
+    pub drop_reasons: bool,
     /// Where the node's kernel treats packets as encapsulated.
     pub tunnels: &'a TunnelTrust,
     /// Bytes of the ring buffer of records.
@@ -107,6 +111,8 @@ pub struct NodeProbe {
     ebpf: ManuallyDrop<Ebpf>,
     netns: Namespace,
     mode: AttachMode,
+    /// How kfree_skb was attached (tp_btf, or a raw tracepoint).
+    pub drop_hook: DropHook,
     pub hooks: usize,
     /// The clsact filters this probe attached, as the run registry has them.
     filters: Vec<Record>,
@@ -159,11 +165,12 @@ impl NodeProbe {
                 .load()
                 .with_context(|| format!("the kernel refused {name}"))?;
         }
-        drops::attach(&mut ebpf, spec.btf)?;
+        let drop_hook = drops::attach(&mut ebpf, spec.btf, spec.drop_reasons)?;
         let mut probe = Self {
             ebpf: ManuallyDrop::new(ebpf),
             netns: spec.netns.clone(),
-            mode: spec.mode.resolve(),
+            mode: spec.mode,
+            drop_hook,
             hooks: 0,
             filters: Vec::new(),
         };

@@ -9,6 +9,8 @@
 //!   `nft_trace`: its events read into named rules;
 //! - `link_watch`: interfaces that come and go during a trace;
 //! - `btf`: the running kernel's struct layout, since Rust eBPF has no CO-RE;
+//! - `features`: what the running kernel can do, and what podtrace does
+//!   instead where it cannot;
 //! - `profile`: profile mode's step histograms, read from the kernel;
 //! - `clock`: the kernel's clock (CLOCK_MONOTONIC) and its offset to the
 //!   wall clock, read from userspace;
@@ -21,6 +23,7 @@ pub mod btf;
 pub mod clock;
 pub mod conntrack;
 pub mod drops;
+pub mod features;
 pub mod link_watch;
 mod load;
 pub mod netfilter;
@@ -39,11 +42,13 @@ pub use tc::AttachMode;
 use self::{
     btf::Btf,
     drops::{ReasonNames, Symbols},
+    features::Features,
 };
 
 /// What the running kernel says about itself, read once.
 pub struct Kernel {
     pub layout: KernelLayout,
+    pub features: Features,
     pub reasons: ReasonNames,
     pub symbols: Symbols,
 }
@@ -51,9 +56,11 @@ pub struct Kernel {
 impl Kernel {
     pub fn read() -> Result<Self> {
         let btf = Btf::from_sys_fs()?;
+        let features = Features::probe(&btf)?;
         Ok(Self {
             layout: drops::kernel_layout(&btf)?,
-            reasons: ReasonNames::from_btf(&btf)?,
+            reasons: ReasonNames::from_btf(&btf, features.drop_reasons),
+            features,
             symbols: Symbols::from_kallsyms()?,
         })
     }

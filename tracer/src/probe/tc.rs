@@ -21,7 +21,6 @@ use aya::{
         tc::{self, NlOptions, TcAttachOptions, TcHandle},
         Link, LinkOrder, SchedClassifier, TcAttachType,
     },
-    util::KernelVersion,
     Ebpf,
 };
 use podtrace_common::names;
@@ -42,20 +41,6 @@ pub enum AttachMode {
     /// A clsact qdisc and tc filters (older kernels): after a kill -9 they
     /// stay until the next podtrace start removes them.
     Clsact,
-}
-
-impl AttachMode {
-    pub(super) fn resolve(self) -> Self {
-        match self {
-            Self::Auto
-                if KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0)) =>
-            {
-                Self::Tcx
-            }
-            Self::Auto => Self::Clsact,
-            other => other,
-        }
-    }
 }
 
 /// Every tc program, loaded once per node before any attachment.
