@@ -5,7 +5,7 @@ use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
 use clap::{Parser, Subcommand};
 
 use crate::{
-    output::{pcapng::MAX_SNAPLEN, Format},
+    model::{Format, MAX_SNAPLEN},
     probe::AttachMode,
 };
 

@@ -25,6 +25,7 @@ pub mod cluster;
 pub mod cni;
 pub mod decode;
 pub mod doctor;
+pub mod model;
 pub mod node;
 pub mod output;
 pub mod probe;

@@ -15,16 +15,16 @@ use anyhow::{bail, Context, Result};
 /// The folders (and single-file modules) of `tracer/src`, bottom first.
 pub const LAYERS: &[&str] = &[
     // The nouns every layer shares.
-    "model", // What a node looks like: netlink, links, routes, namespaces.
-    "node", // Kernel programs: load, attach, read.
-    "probe", // Arguments only, for every command.
-    "cli", // One file per CNI backend, and the interfaces to watch.
-    "cni", // The API, inventories, Services and their translations, agents.
+    "model",   // What a node looks like: netlink, links, routes, namespaces.
+    "node",    // Kernel programs: load, attach, read.
+    "probe",   // Arguments only, for every command.
+    "cli",     // One file per CNI backend, and the interfaces to watch.
+    "cni",     // The API, inventories, Services and their translations, agents.
     "cluster", // Checks only.
-    "doctor", // A kernel record into a hop.
-    "decode", // Journeys, NAT, verdicts, notes.
-    "story", // One sink per format.
-    "output", // The run: resolve, attach, one stream loop, the wire.
+    "doctor",  // A kernel record into a hop.
+    "decode",  // Journeys, NAT, verdicts, notes.
+    "story",   // One sink per format.
+    "output",  // The run: resolve, attach, one stream loop, the wire.
     "app",
 ];
 

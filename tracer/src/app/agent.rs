@@ -32,7 +32,7 @@ use crate::{
         api::Cluster,
         wire::{Numbering, Record, Start, WireFacts},
     },
-    output::Summary,
+    model::Summary,
     probe::clock::{monotonic_ns, realtime_offset_ns},
 };
 

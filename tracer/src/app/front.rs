@@ -32,7 +32,7 @@ use crate::{
         wire::{Read, Reader, Record, Start},
     },
     decode::hop::Hop,
-    output::{NodeCounts, Summary},
+    model::{NodeCounts, Summary},
     probe::conntrack,
     story::{
         clock::{Clocks, Placement},

@@ -73,7 +73,7 @@ impl LossWatch {
             }
         }
         if self.ring_was_full && !self.advised {
-            eprintln!("{}", crate::output::KEEP_UP);
+            eprintln!("{}", crate::model::KEEP_UP);
             self.advised = true;
         }
         self.reported_at = Instant::now();

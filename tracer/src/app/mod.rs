@@ -38,6 +38,7 @@ use crate::{
     cni,
     decode::hop::{place, Hop, Unplaced},
     doctor,
+    model::Summary,
     node::{
         netns::Namespace,
         pod_netns::OtherNamespaces,
@@ -46,7 +47,6 @@ use crate::{
     output::{
         self,
         pcapng::{self, Announced, PcapWriter},
-        Summary,
     },
     probe::{
         clock::monotonic_ns,
@@ -112,7 +112,7 @@ struct Resolved {
     ctx: Context,
     why_rule_unnamed: Option<&'static str>,
     /// The doctor's failing checks per --netns, in order.
-    doctor: Vec<Vec<doctor::trace::Finding>>,
+    doctor: Vec<Vec<crate::model::Finding>>,
 }
 
 async fn resolve(args: &Args) -> Result<Resolved> {

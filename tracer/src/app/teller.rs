@@ -5,7 +5,8 @@
 use std::net::Ipv4Addr;
 
 use crate::{
-    output::{pcapng::PcapWriter, Sink, Summary},
+    model::Summary,
+    output::{pcapng::PcapWriter, Sink},
     story::{self, journey::Journey, profile::Profile, Context},
 };
 

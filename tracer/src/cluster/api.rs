@@ -17,10 +17,12 @@ use kube::{
 };
 use tokio::sync::mpsc;
 
+use crate::model::NodeSubnet;
+
 use super::{
     argument::Target,
     inventory::{not_found, pod_from_json, Endpoint, Pod},
-    nodes::{nodes_from_items, NodeSubnet},
+    nodes::nodes_from_items,
     services::Catalog,
 };
 

@@ -12,8 +12,6 @@ pub mod services;
 pub mod targets;
 pub mod wire;
 
-pub use nodes::NodeSubnet;
-
 use std::{path::Path, sync::mpsc, time::Duration};
 
 use anyhow::{bail, Context, Result};

@@ -11,11 +11,12 @@ use super::{
     api::Cluster,
     argument::Target,
     inventory::{Endpoint, Inventory},
-    nodes::{self, NodeSubnet},
+    nodes,
     services::{Catalog, Service},
 };
 use crate::{
     cli::Args,
+    model::NodeSubnet,
     node::{kube_proxy_rules, netns::Namespace},
     story::nat::NatBook,
 };

@@ -13,9 +13,9 @@ use serde::{Deserialize, Serialize};
 use crate::{
     cni,
     decode::hop::Hop,
-    doctor::trace::Finding,
+    model::Finding,
+    model::Summary,
     node::{NodeFacts, NodeView},
-    output::Summary,
     probe::{conntrack, netfilter::NetfilterRule},
 };
 

@@ -25,7 +25,7 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 
 use crate::{
-    cluster::NodeSubnet,
+    model::NodeSubnet,
     node::{interfaces::Role, Link, NodeView},
 };
 

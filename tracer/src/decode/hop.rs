@@ -10,8 +10,9 @@ use podtrace_common::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::{decode, decode_tunnel, name::Name, Decoded};
+use super::{decode, decode_tunnel, Decoded};
 use crate::{
+    model::Name,
     node::{
         interfaces::Role, netns::describe_inode, pod_netns::OtherNamespaces, traced::TracedNode,
     },

@@ -25,7 +25,7 @@ pub mod trace;
 use anyhow::{bail, Result};
 use serde::Serialize;
 
-use crate::{cli::KubeArgs, cluster::argument::Target, output::Format};
+use crate::{cli::KubeArgs, cluster::argument::Target, model::Format};
 
 /// `podtrace doctor [<pod>…]`.
 #[derive(Debug, clap::Args)]

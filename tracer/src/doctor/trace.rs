@@ -3,24 +3,13 @@
 //! pod argument has no IP, the trace ends with why (its sandbox failure,
 //! confirmed on its node) instead of a bare error.
 
-use serde::{Deserialize, Serialize};
-
 use super::{api, cluster::ClusterState, node, Check, DoctorArgs};
 use crate::{
     cli::Args,
     cluster::argument::Target,
-    output::Format,
+    model::{Finding, Format},
     story::{Context, Outcome},
 };
-
-/// A failing check, as a verdict carries it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Finding {
-    pub family: String,
-    pub check: String,
-    pub evidence: String,
-    pub fix: Option<String>,
-}
 
 impl From<Check> for Finding {
     fn from(c: Check) -> Self {

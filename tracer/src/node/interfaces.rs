@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
 use super::{Link, NodeView};
-use crate::{cni::Backend, decode::name::Name};
+use crate::{cni::Backend, model::Name};
 
 /// The part an interface plays on a Kubernetes node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

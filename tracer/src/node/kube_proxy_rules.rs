@@ -33,7 +33,7 @@ use std::{
 
 use crate::{
     cluster::services::{Backend, Catalog, Service, ServicePort},
-    doctor::firewall::shell_words,
+    model::text::shell_words,
     probe::nft_trace::output,
 };
 

@@ -104,8 +104,8 @@ pub struct NodeFacts {
     /// net.ipv4.ip_forward.
     pub forwarding: bool,
     /// The CNI backend it runs (`cni::Backend::name`).
-    #[serde(deserialize_with = "crate::story::context::leak_str")]
-    pub cni: crate::story::context::StaticStr,
+    #[serde(deserialize_with = "crate::model::interned::leak_str")]
+    pub cni: crate::model::interned::StaticStr,
     /// Subnets it delivers locally, through a bridge or a pod veth.
     pub local_pod_subnets: Vec<Ipv4Net>,
     /// The traced pods that are local here, and their host interfaces.

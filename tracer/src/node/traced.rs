@@ -17,9 +17,9 @@ use super::{
     NodeFacts, NodeView,
 };
 use crate::{
-    cluster::NodeSubnet,
     cni::{self, Backend},
-    decode::name::Name,
+    model::Name,
+    model::NodeSubnet,
     probe::{
         conntrack,
         link_watch::{self, LinkChange},

@@ -27,9 +27,9 @@ pub use verdict::{Outcome, PathStep, Verdict};
 use crate::{
     decode::{
         hop::{Direction, DropInfo, Hop, KernelRoute},
-        name::Name,
         Transport, Tunnel,
     },
+    model::Name,
     node::interfaces::Role,
 };
 use journey::Journey;

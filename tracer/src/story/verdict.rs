@@ -95,7 +95,7 @@ pub struct Verdict {
     /// For `vanished`, `no_route` and `dropped`: the doctor's failing
     /// checks on that node (`podtrace doctor`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub doctor: Vec<crate::doctor::trace::Finding>,
+    pub doctor: Vec<crate::model::Finding>,
 }
 
 impl Story {
