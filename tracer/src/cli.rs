@@ -38,11 +38,11 @@ pub enum Command {
     Read(ReadArgs),
     /// Trace one node for a cluster-mode front-end (run as a pod on that
     /// node): JSON lines on stdout.
-    Agent(crate::app::agent::AgentArgs),
+    Agent(AgentArgs),
     /// Check a node and the API for the failures that leave no packet to
     /// trace (CNI config and plugins, flannel/calico state, kernel and
     /// firewall, pods without an IP); exit 1 if any check failed.
-    Doctor(crate::doctor::DoctorArgs),
+    Doctor(DoctorArgs),
     /// Profile the encapsulation path of SRC ⇄ DST at line rate: per-step
     /// latency histograms aggregated in the kernel, no record per packet.
     Profile(ProfileArgs),
@@ -221,14 +221,45 @@ pub struct KubeArgs {
     pub host_root: Vec<PathBuf>,
 }
 
-impl KubeArgs {
-    /// How to reach the API.
-    pub fn access(&self) -> crate::cluster::api::Access {
-        crate::cluster::api::Access {
-            kubeconfig: self.kubeconfig.clone(),
-            context: self.context.clone(),
-        }
-    }
+/// `podtrace agent`: a trace of one node, for a cluster-mode front-end.
+#[derive(Debug, clap::Args)]
+#[command(mut_arg("host_root", |a| a.help(HOST_ROOT_AGENT)))]
+pub struct AgentArgs {
+    #[command(flatten)]
+    pub trace: Args,
+    /// The node this agent runs on (as the API names it).
+    #[arg(long)]
+    pub node: Option<String>,
+    /// The front-end's lease: stop when it goes stale.
+    #[arg(long)]
+    pub lease: Option<String>,
+    /// This agent's own pod, removed when the front-end is gone.
+    #[arg(long)]
+    pub pod: Option<String>,
+}
+
+/// `podtrace doctor [<pod>…]`.
+#[derive(Debug, clap::Args)]
+pub struct DoctorArgs {
+    /// Pods to look at (namespace/name, or name with -n): their node, their
+    /// sandbox events, the firewall between them.
+    pub pods: Vec<String>,
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    /// The node examined here (default: the node whose InternalIP this
+    /// network namespace holds).
+    #[arg(long, value_name = "NAME")]
+    pub node: Vec<String>,
+    /// human: the checks to read; json: one report for programs.
+    #[arg(short, long, value_enum, default_value = "human")]
+    pub output: Format,
+    /// Do not examine the node this runs on (API checks only).
+    #[arg(long)]
+    pub api_only: bool,
+    /// Testing only: the conntrack table size to judge usage against (the
+    /// kernel's nf_conntrack_max is read-only outside the initial netns).
+    #[arg(long, hide = true, value_name = "N")]
+    pub conntrack_max_for_testing: Option<u64>,
 }
 
 /// A `--snaplen`: 1 to what the kernel copies of each packet.

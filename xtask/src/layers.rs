@@ -50,9 +50,14 @@ impl std::fmt::Display for Upward {
     }
 }
 
-/// Fails, listing each one, when an import in `src` (tracer/src) points up.
-pub fn check(src: &Path) -> Result<()> {
-    let upward = upward_imports(src)?;
+/// The folder the layering is about.
+pub fn tracer_src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tracer/src")
+}
+
+/// Fails, listing each one, when an import in tracer/src points up.
+pub fn check() -> Result<()> {
+    let upward = upward_imports(&tracer_src())?;
     if upward.is_empty() {
         return Ok(());
     }
@@ -388,5 +393,14 @@ mod tests {
         let text = "\n\n/* a\nb */\nuse crate::app::X;";
         let module = vec!["node".to_string()];
         assert_eq!(imported_folders(text, &module), [(5, "app".to_string())]);
+    }
+
+    #[test]
+    fn tracer_imports_point_down() {
+        let upward = upward_imports(&tracer_src()).unwrap();
+        for u in &upward {
+            eprintln!("{u}");
+        }
+        assert!(upward.is_empty(), "{} upward import(s)", upward.len());
     }
 }

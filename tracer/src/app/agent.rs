@@ -2,7 +2,7 @@
 //!
 //! It resolves and attaches exactly as node mode does (the same phases),
 //! then, instead of telling stories, writes what it sees as JSON lines
-//! (`cluster::wire`) on stdout: its node's facts, clock and the doctor's
+//! (`app::wire`) on stdout: its node's facts, clock and the doctor's
 //! failing checks (its files read at `--host-root`) first, then
 //! placed hops, how far it has read them (every tick), netfilter rules,
 //! loss windows, and its summary last.
@@ -22,15 +22,19 @@ use anyhow::Result;
 use tokio::sync::mpsc;
 
 use super::{
-    add_kernel_losses, attach, follow_move, link_changed, losses::LossWatch, resolve, stop::Stop,
-    to_hop, Trace,
+    add_kernel_losses, attach, follow_move, link_changed,
+    losses::LossWatch,
+    resolve,
+    stop::Stop,
+    to_hop,
+    wire::{Numbering, Record, Start, WireFacts},
+    Trace,
 };
 use crate::{
-    cli::Args,
+    cli::{AgentArgs, Args},
     cluster::{
         agents::{self, parse_skew, STALE_AFTER},
-        api::Cluster,
-        wire::{Numbering, Record, Start, WireFacts},
+        api::{Access, Cluster},
     },
     model::Summary,
     probe::clock::{monotonic_ns, realtime_offset_ns},
@@ -38,22 +42,6 @@ use crate::{
 
 /// Records queued for stdout at most; more are counted as lost.
 const QUEUE: usize = 65_536;
-
-#[derive(Debug, clap::Args)]
-#[command(mut_arg("host_root", |a| a.help(crate::cli::HOST_ROOT_AGENT)))]
-pub struct AgentArgs {
-    #[command(flatten)]
-    pub trace: Args,
-    /// The node this agent runs on (as the API names it).
-    #[arg(long)]
-    pub node: Option<String>,
-    /// The front-end's lease: stop when it goes stale.
-    #[arg(long)]
-    pub lease: Option<String>,
-    /// This agent's own pod, removed when the front-end is gone.
-    #[arg(long)]
-    pub pod: Option<String>,
-}
 
 pub async fn run(agent: AgentArgs) -> Result<()> {
     super::require_root()?;
@@ -124,7 +112,7 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
     // However it ended, its pod goes with it: a finished pod would stay
     // behind otherwise. The lease goes too when its front-end is gone.
     if agent.pod.is_some() || lease_lost.is_some() {
-        if let Ok(cluster) = Cluster::connect(&args.kube.access()).await {
+        if let Ok(cluster) = Cluster::connect(&Access::of(&args.kube)).await {
             let lease = lease_lost.and(agent.lease.as_deref());
             agents::remove_self(
                 cluster.client(),
@@ -145,7 +133,7 @@ async fn lease_watch(args: &Args, lease: Option<&String>) -> mpsc::UnboundedRece
         return rx;
     };
     let namespace = args.agent_namespace.clone();
-    match Cluster::connect(&args.kube.access()).await {
+    match Cluster::connect(&Access::of(&args.kube)).await {
         Ok(cluster) => {
             tokio::spawn(async move {
                 let why =

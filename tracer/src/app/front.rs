@@ -21,16 +21,16 @@ use anyhow::{anyhow, bail, Result};
 use tokio::sync::mpsc;
 
 use super::{
-    context_of, new_teller, stop::Stop, teller::Teller, ARP_PATIENCE, JOURNEY_IDLE,
-    JOURNEY_PATIENCE,
+    context_of, new_teller,
+    stop::Stop,
+    targets::{vantage, Targets},
+    teller::Teller,
+    wire::{Read, Reader, Record, Start},
+    ARP_PATIENCE, JOURNEY_IDLE, JOURNEY_PATIENCE,
 };
 use crate::{
     cli::Args,
-    cluster::{
-        agents::{self, Agents, Heard},
-        targets::{vantage, Targets},
-        wire::{Read, Reader, Record, Start},
-    },
+    cluster::agents::{self, Agents, Heard},
     decode::hop::Hop,
     model::{NodeCounts, Summary},
     probe::conntrack,
@@ -735,7 +735,7 @@ fn agent_args(args: &Args, targets: &Targets, node: &str) -> Vec<String> {
 mod tests {
     use super::*;
     use crate::{
-        cluster::wire::{Numbering, WireFacts},
+        app::wire::{Numbering, WireFacts},
         decode::{
             hop::{tests::hop, Direction},
             tests as frames,

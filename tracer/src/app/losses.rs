@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::node::traced::TracedNode;
+use super::traced::TracedNode;
 
 /// How often the loss is said on stderr, at most.
 const REPORT_EVERY: Duration = Duration::from_secs(1);

@@ -14,7 +14,10 @@ mod losses;
 pub mod profile;
 mod replay;
 mod stop;
+pub mod targets;
 mod teller;
+pub mod traced;
+pub mod wire;
 
 pub use replay::replay;
 pub use stop::block_signals;
@@ -29,21 +32,17 @@ use anyhow::{bail, Result};
 use podtrace_common::{FlowKey, Sighting, MAX_NODES, NODE_OTHER_NETNS};
 use tokio::sync::mpsc;
 
+use targets::{vantage, Targets};
+use traced::{LinkOutcome, Shared, TracedNode};
+
 use crate::{
     cli::Args,
-    cluster::{
-        api::PodMoved,
-        targets::{vantage, Targets},
-    },
+    cluster::api::PodMoved,
     cni,
     decode::hop::{place, Hop, Unplaced},
     doctor,
     model::Summary,
-    node::{
-        netns::Namespace,
-        pod_netns::OtherNamespaces,
-        traced::{LinkOutcome, Shared, TracedNode},
-    },
+    node::{netns::Namespace, pod_netns::OtherNamespaces},
     output::{
         self,
         pcapng::{self, Announced, PcapWriter},

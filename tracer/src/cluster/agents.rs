@@ -6,7 +6,7 @@
 //!   (`nodeName`, hostNetwork, hostPID, the capabilities node mode needs,
 //!   /sys/kernel/btf read-only, the node's root read-only at [`HOST_ROOT`]
 //!   for the doctor's checks of its files) in podtrace's own namespace. It writes
-//!   JSON lines (`cluster::wire`) to stdout; the front-end follows
+//!   JSON lines (`app::wire`) to stdout; the front-end follows
 //!   `pods/<name>/log?follow=true`.
 //! - Nothing lingers: the front-end deletes its pods on every exit it
 //!   lives through. It also holds a coordination.k8s.io/v1 Lease, renewed

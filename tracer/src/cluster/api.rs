@@ -17,7 +17,7 @@ use kube::{
 };
 use tokio::sync::mpsc;
 
-use crate::model::NodeSubnet;
+use crate::{cli::KubeArgs, model::NodeSubnet};
 
 use super::{
     argument::Target,
@@ -34,6 +34,14 @@ pub struct Access {
 }
 
 impl Access {
+    /// The way to the API that the flags (of a trace or the doctor) give.
+    pub fn of(kube: &KubeArgs) -> Self {
+        Self {
+            kubeconfig: kube.kubeconfig.clone(),
+            context: kube.context.clone(),
+        }
+    }
+
     /// Whether any way to the API is configured: a kubeconfig (flag,
     /// KUBECONFIG, ~/.kube/config) or the in-cluster service account.
     pub fn configured(&self) -> bool {

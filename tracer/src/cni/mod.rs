@@ -19,6 +19,7 @@ mod calico_vxlan;
 mod flannel_host_gw;
 mod flannel_vxlan;
 mod unknown;
+pub mod watch;
 
 use std::net::Ipv4Addr;
 

@@ -8,7 +8,6 @@ use crate::{
     cli::Args,
     cluster::argument::Target,
     model::{Finding, Format},
-    story::{Context, Outcome},
 };
 
 impl From<Check> for Finding {
@@ -79,21 +78,4 @@ pub async fn no_ip(args: &Args) -> Option<String> {
         .await
         .unwrap_or_default();
     api::explain_pod(pod, &examined)
-}
-
-/// The findings that bear on an outcome, on the node where it happened.
-pub fn for_outcome(outcome: &Outcome, ctx: &Context) -> Vec<Finding> {
-    let (node, families): (&str, &[&str]) = match outcome {
-        Outcome::Dropped { node, .. } => (node, &["firewall", "kernel"]),
-        Outcome::NoRoute { check, .. } => (&check.node, &["flannel", "calico", "kernel"]),
-        Outcome::Vanished { node, .. } => (node, &[]),
-        _ => return Vec::new(),
-    };
-    ctx.doctor
-        .get(node)
-        .into_iter()
-        .flatten()
-        .filter(|f| families.is_empty() || families.contains(&f.family.as_str()))
-        .cloned()
-        .collect()
 }

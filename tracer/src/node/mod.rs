@@ -1,15 +1,12 @@
 //! What a node looks like: its links, addresses, IPv4 routes, neighbours
 //! and bridge FDB, read over rtnetlink; which of its interfaces podtrace
-//! watches (`interfaces`); the Services its kube-proxy rules translate
-//! (`kube_proxy_rules`); the namespaces of traced nodes (`netns`); and a
-//! traced node set up end to end (`traced`).
+//! watches (`interfaces`); the namespaces of traced nodes (`netns`), of
+//! pods (`pod_netns`); its tunnels (`tunnels`).
 
 pub mod interfaces;
-pub mod kube_proxy_rules;
-mod netlink;
+pub mod netlink;
 pub mod netns;
 pub mod pod_netns;
-pub mod traced;
 pub mod tunnels;
 
 use std::net::Ipv4Addr;

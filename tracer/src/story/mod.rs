@@ -10,6 +10,7 @@
 pub mod clock;
 pub(crate) mod context;
 pub mod explain;
+mod findings;
 pub mod journey;
 pub mod nat;
 mod notes;

@@ -286,7 +286,7 @@ pub(super) fn judge(journey: &Journey, ctx: &Context) -> Verdict {
         summary
             .push_str("; records were lost while this packet was in flight: hops may be missing");
     }
-    let doctor = crate::doctor::trace::for_outcome(&outcome, ctx);
+    let doctor = super::findings::for_outcome(&outcome, ctx);
     Verdict {
         outcome,
         path,

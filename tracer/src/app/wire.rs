@@ -13,8 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     cni,
     decode::hop::Hop,
-    model::Finding,
-    model::Summary,
+    model::{Finding, Summary},
     node::{NodeFacts, NodeView},
     probe::{conntrack, netfilter::NetfilterRule},
 };
