@@ -2,7 +2,7 @@
 
 use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::{
     model::{Format, MAX_SNAPLEN},
@@ -262,6 +262,112 @@ pub struct DoctorArgs {
     pub conntrack_max_for_testing: Option<u64>,
 }
 
+impl Args {
+    /// The trace an agent runs for this one: `src` and `dst` as the
+    /// front-end resolved them, the flags that matter on a node, and every
+    /// other flag at its default. Every field is named here, so that a new
+    /// flag is decided for agents where it is added.
+    pub fn for_agent(&self, src: String, dst: String) -> Args {
+        Args {
+            src,
+            dst,
+            kube: KubeArgs {
+                namespace: self.kube.namespace.clone(),
+                kubeconfig: None,
+                context: None,
+                pods_file: None,
+                nodes_file: None,
+                netns: Vec::new(),
+                host_root: Vec::new(),
+            },
+            services_file: None,
+            pod_cidr: self.pod_cidr.clone(),
+            node_ip: self.node_ip.clone(),
+            output: Format::Human,
+            count: None,
+            duration: None,
+            profile: false,
+            in_kernel_profile: false,
+            shared_stamps: None,
+            no_kube_proxy_rules: self.no_kube_proxy_rules,
+            no_ruleset_changes: self.no_ruleset_changes,
+            // What each node's kernel side keeps: the same on every node,
+            // so that a sampled packet is kept on all of them.
+            ring_buffer: self.ring_buffer,
+            sample: self.sample,
+            attach: self.attach,
+            color: "auto".into(),
+            write: None,
+            snaplen: MAX_SNAPLEN,
+            cluster: false,
+            agent_namespace: self.agent_namespace.clone(),
+            image: None,
+            nodes: None,
+            // Each agent's own, when the front-end sets it.
+            clock_skew_for_testing: None,
+        }
+    }
+}
+
+impl AgentArgs {
+    /// `agent …`, the command line that parses back into these arguments:
+    /// the one place an agent's command line is written. It writes what
+    /// `Args::for_agent` keeps; `an_agent_command_line_parses_back` holds
+    /// the round trip.
+    pub fn argv(&self) -> Vec<String> {
+        let trace = &self.trace;
+        let mut argv = vec![
+            "agent".to_string(),
+            trace.src.clone(),
+            trace.dst.clone(),
+            "-n".into(),
+            trace.kube.namespace.clone(),
+        ];
+        for cidr in &trace.pod_cidr {
+            argv.extend(["--pod-cidr".into(), cidr.to_string()]);
+        }
+        let attach = trace
+            .attach
+            .to_possible_value()
+            .expect("no mode is skipped");
+        argv.extend(["--attach".into(), attach.get_name().to_string()]);
+        if trace.no_ruleset_changes {
+            argv.push("--no-ruleset-changes".into());
+        }
+        if trace.no_kube_proxy_rules {
+            argv.push("--no-kube-proxy-rules".into());
+        }
+        argv.extend([
+            "--sample".into(),
+            trace.sample.to_string(),
+            "--ring-buffer".into(),
+            trace.ring_buffer.to_string(),
+        ]);
+        for ip in &trace.node_ip {
+            argv.extend(["--node-ip".into(), ip.to_string()]);
+        }
+        if let Some(skew) = &trace.clock_skew_for_testing {
+            // One word: a negative skew (`-2s`) would read as a flag.
+            argv.push(format!("--clock-skew-for-testing={skew}"));
+        }
+        let named = [
+            ("--node", &self.node),
+            ("--lease", &self.lease),
+            ("--pod", &self.pod),
+        ];
+        for (flag, value) in named {
+            if let Some(value) = value {
+                argv.extend([flag.to_string(), value.clone()]);
+            }
+        }
+        argv.extend(["--agent-namespace".into(), trace.agent_namespace.clone()]);
+        for root in &trace.kube.host_root {
+            argv.extend(["--host-root".into(), root.display().to_string()]);
+        }
+        argv
+    }
+}
+
 /// A `--snaplen`: 1 to what the kernel copies of each packet.
 fn parse_snaplen(text: &str) -> Result<u32, String> {
     let n: u32 = text
@@ -369,6 +475,53 @@ mod tests {
         let host_root = profile.get_arguments().find(|a| a.get_id() == "host_root");
         assert!(host_root.expect("--host-root").is_hide_set());
         assert_eq!(help(Some("agent")), HOST_ROOT_AGENT);
+    }
+
+    #[test]
+    fn an_agent_command_line_parses_back() {
+        let front = Cli::try_parse_from([
+            "podtrace",
+            "a",
+            "b",
+            "-n",
+            "ns",
+            "--pod-cidr",
+            "10.244.0.0/16",
+            "--attach",
+            "clsact",
+            "--no-ruleset-changes",
+            "--no-kube-proxy-rules",
+            "--sample",
+            "4",
+            "--ring-buffer",
+            "4MiB",
+            "--node-ip",
+            "192.0.2.11",
+            "--agent-namespace",
+            "tracing",
+            "--output",
+            "json",
+            "--count",
+            "3",
+            "--netns",
+            "n1",
+        ])
+        .unwrap()
+        .trace
+        .expect("a trace");
+        let mut agent = AgentArgs {
+            trace: front.for_agent("ns/a".into(), "ns/b".into()),
+            node: Some("node-1".into()),
+            lease: Some("lease".into()),
+            pod: Some("pod".into()),
+        };
+        agent.trace.kube.host_root = vec![PathBuf::from("/host")];
+        agent.trace.clock_skew_for_testing = Some("-2s".into());
+        let argv = std::iter::once("podtrace".to_string()).chain(agent.argv());
+        let Some(Command::Agent(parsed)) = Cli::try_parse_from(argv).unwrap().command else {
+            panic!("not an agent");
+        };
+        assert_eq!(format!("{parsed:?}"), format!("{agent:?}"));
     }
 
     #[test]
