@@ -21,12 +21,11 @@ use anyhow::{anyhow, bail, Result};
 use tokio::sync::mpsc;
 
 use super::{
-    context_of, new_teller,
+    context_of, correlator_for, new_teller,
     stop::Stop,
     targets::{vantage, Targets},
     teller::Teller,
     wire::{Read, Reader, Record, Start},
-    ARP_PATIENCE, JOURNEY_IDLE, JOURNEY_PATIENCE,
 };
 use crate::{
     cli::{AgentArgs, Args},
@@ -390,18 +389,7 @@ impl Session {
                 }
             }
         }
-        self.correlator = Correlator::new(Waits {
-            idle_ns: JOURNEY_IDLE.as_nanos() as u64,
-            patience_ns: JOURNEY_PATIENCE.as_nanos() as u64,
-            arp_ns: ARP_PATIENCE.as_nanos() as u64,
-            rules_traced: !args.no_ruleset_changes,
-            traced_destinations: ctx
-                .nodes
-                .values()
-                .flat_map(|f| f.local_pod_subnets.iter().copied())
-                .collect(),
-        })
-        .with_nat(ctx.nat.clone());
+        self.correlator = correlator_for(&ctx, !args.no_ruleset_changes);
         self.summary.hooks_attached = self
             .agents
             .values()
@@ -714,7 +702,10 @@ fn agent_args(args: &Args, targets: &Targets, node: &str) -> AgentArgs {
 mod tests {
     use super::*;
     use crate::{
-        app::wire::{Numbering, WireFacts},
+        app::{
+            wire::{Numbering, WireFacts},
+            ARP_PATIENCE, JOURNEY_IDLE, JOURNEY_PATIENCE,
+        },
         decode::{
             hop::{tests::hop, Direction},
             tests as frames,

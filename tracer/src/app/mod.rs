@@ -412,19 +412,7 @@ async fn stream(
         sample: args.sample,
         ..Default::default()
     };
-    let correlator = Correlator::new(Waits {
-        idle_ns: JOURNEY_IDLE.as_nanos() as u64,
-        patience_ns: JOURNEY_PATIENCE.as_nanos() as u64,
-        arp_ns: ARP_PATIENCE.as_nanos() as u64,
-        rules_traced: trace.rules_traced,
-        traced_destinations: teller
-            .ctx
-            .nodes
-            .values()
-            .flat_map(|facts| facts.local_pod_subnets.iter().copied())
-            .collect(),
-    });
-    let mut correlator = correlator.with_nat(teller.ctx.nat.clone());
+    let mut correlator = correlator_for(&teller.ctx, trace.rules_traced);
     for (a, b) in &trace.joining_only {
         correlator.trace_for_joining(*a, *b);
     }
@@ -476,6 +464,23 @@ async fn stream(
     absorb_queued(trace, &mut summary, &mut correlator).await;
     teller.tell_all(&correlator.take_all())?;
     Ok((summary, teller))
+}
+
+/// The correlator for a trace told with `ctx`, node mode's and the
+/// front-end's alike.
+fn correlator_for(ctx: &Context, rules_traced: bool) -> Correlator {
+    Correlator::new(Waits {
+        idle_ns: JOURNEY_IDLE.as_nanos() as u64,
+        patience_ns: JOURNEY_PATIENCE.as_nanos() as u64,
+        arp_ns: ARP_PATIENCE.as_nanos() as u64,
+        rules_traced,
+        traced_destinations: ctx
+            .nodes
+            .values()
+            .flat_map(|facts| facts.local_pod_subnets.iter().copied())
+            .collect(),
+    })
+    .with_nat(ctx.nat.clone())
 }
 
 /// A conntrack entry of a node (node mode): if it is the traced pair's,
