@@ -22,11 +22,9 @@ use anyhow::Result;
 use tokio::sync::mpsc;
 
 use super::{
-    add_kernel_losses, attach, follow_move, link_changed,
-    losses::LossWatch,
-    resolve,
+    add_kernel_losses, attach, follow_connection, of_the_traced_pair, resolve,
     stop::Stop,
-    to_hop,
+    stream::{stream, Consumer},
     wire::{Numbering, Record, Start, WireFacts},
     Trace,
 };
@@ -34,10 +32,15 @@ use crate::{
     cli::{AgentArgs, Args},
     cluster::{
         agents::{self, parse_skew, STALE_AFTER},
-        api::{Access, Cluster},
+        api::{Access, Cluster, PodMoved},
     },
+    decode::hop::Hop,
     model::Summary,
-    probe::clock::{monotonic_ns, realtime_offset_ns},
+    probe::{
+        clock::{monotonic_ns, realtime_offset_ns},
+        conntrack,
+        netfilter::TracedRule,
+    },
 };
 
 /// Records queued for stdout at most; more are counted as lost.
@@ -104,7 +107,11 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
         doctor,
     })));
     let gone = lease_watch(&args, agent.lease.as_ref()).await;
-    let (summary, lease_lost) = relay(&args, &mut trace, &mut stop, &mut out, gone).await?;
+    let mut summary = Summary {
+        hooks_attached: trace.nodes.iter().map(|n| n.hooks()).sum(),
+        ..Default::default()
+    };
+    let lease_lost = stream(&args, &mut trace, &mut stop, &mut out, &mut summary, gone).await?;
     finish(trace, summary, out)?;
     if let Some(lost) = &lease_lost {
         eprintln!("podtrace: {lost}; removing this agent");
@@ -146,93 +153,6 @@ async fn lease_watch(args: &Args, lease: Option<&String>) -> mpsc::UnboundedRece
     rx
 }
 
-/// Streams records until a stop; returns the counts and, when the lease
-/// went stale, why.
-async fn relay(
-    args: &Args,
-    trace: &mut Trace,
-    stop: &mut Stop,
-    out: &mut Output,
-    mut gone: mpsc::UnboundedReceiver<String>,
-) -> Result<(Summary, Option<String>)> {
-    let mut moved_rx = super::watch_moves(trace);
-    let mut traced_ips = (trace.targets.src.ip, trace.targets.dst.ip);
-    let mut summary = Summary {
-        hooks_attached: trace.nodes.iter().map(|n| n.hooks()).sum(),
-        ..Default::default()
-    };
-    let mut losses = LossWatch::new(&trace.nodes, monotonic_ns());
-    let mut tick = tokio::time::interval(Duration::from_millis(100));
-    let until_deadline = super::until(args.duration);
-    tokio::pin!(until_deadline);
-    let mut lease_lost = None;
-    loop {
-        tokio::select! {
-            batch = trace.sightings.recv() => {
-                let Some(batch) = batch else { break };
-                for sighting in &batch {
-                    pass_on(sighting, trace, &mut summary, out).await;
-                }
-            }
-            _ = tick.tick() => {
-                // Read before the queue is taken: every sighting stamped
-                // before it is then on its way, ahead of the record.
-                let read_through = trace.read_through();
-                pass_on_queued(trace, &mut summary, out).await;
-                out.send(Record::ReadThrough { at_ns: read_through });
-                let now = monotonic_ns();
-                let window = losses.check(&trace.nodes, now)?;
-                let agent = out.take_lost();
-                if window.is_some() || agent > 0 {
-                    let (from_ns, to_ns, kernel) = window.unwrap_or((now, now, 0));
-                    out.send(Record::Loss { from_ns, to_ns, kernel, agent });
-                }
-            }
-            Some(moved) = moved_rx.recv() => follow_move(trace, &mut traced_ips, &moved)?,
-            Some((_node, drop)) = trace.rules.recv() => {
-                out.send(Record::Rule { src: drop.src, dst: drop.dst, ip_id: drop.ip_id, rule: drop.rule, at_ns: monotonic_ns() });
-            }
-            Some((_node, entry)) = trace.conntrack.recv() => {
-                if super::of_the_traced_pair(&entry, &trace.targets) {
-                    let untraced_until_ns = if super::follow_connection(&entry, trace).await? { monotonic_ns() } else { 0 };
-                    out.send(Record::Conntrack { entry, untraced_until_ns });
-                }
-            }
-            Some((node, change)) = trace.links.recv() => {
-                link_changed(trace, node, change, &mut summary);
-                out.send(Record::Hooks { hooks: summary.hooks_attached });
-            }
-            Some(why) = gone.recv() => { lease_lost = Some(why); break }
-            () = stop.recv() => break,
-            _ = &mut until_deadline => break,
-        }
-    }
-    tokio::time::sleep(crate::probe::RING_HANDOVER).await;
-    pass_on_queued(trace, &mut summary, out).await;
-    Ok((summary, lease_lost))
-}
-
-/// Every batch queued now, passed on.
-async fn pass_on_queued(trace: &mut Trace, summary: &mut Summary, out: &mut Output) {
-    for batch in trace.take_queued() {
-        for sighting in &batch {
-            pass_on(sighting, trace, summary, out).await;
-        }
-    }
-}
-
-/// One sighting, placed, onto stdout (or into the summary's counts).
-async fn pass_on(
-    s: &podtrace_common::Sighting,
-    trace: &mut Trace,
-    summary: &mut Summary,
-    out: &mut Output,
-) {
-    if let Some(hop) = to_hop(s, trace, summary).await {
-        out.send(Record::Hop(Box::new(hop)));
-    }
-}
-
 /// The kernel's counters, detach, then the summary as the last record.
 fn finish(trace: Trace, mut summary: Summary, mut out: Output) -> Result<()> {
     add_kernel_losses(&trace.nodes, &mut summary)?;
@@ -250,6 +170,66 @@ struct Output {
     writer: Option<JoinHandle<()>>,
     lost: u64,
     lost_total: u64,
+}
+
+/// An agent's consumer: every event onto the wire, for the front-end's
+/// correlator.
+impl Consumer for Output {
+    fn tick_every(&self) -> Duration {
+        Duration::from_millis(100)
+    }
+
+    fn hop(&mut self, hop: Hop) {
+        self.send(Record::Hop(Box::new(hop)));
+    }
+
+    fn tick(&mut self, read_through: u64, now: u64, loss: Option<(u64, u64, u64)>) -> Result<bool> {
+        self.send(Record::ReadThrough {
+            at_ns: read_through,
+        });
+        let agent = self.take_lost();
+        if loss.is_some() || agent > 0 {
+            let (from_ns, to_ns, kernel) = loss.unwrap_or((now, now, 0));
+            self.send(Record::Loss {
+                from_ns,
+                to_ns,
+                kernel,
+                agent,
+            });
+        }
+        Ok(true)
+    }
+
+    fn moved(&mut self, _moved: &PodMoved) {}
+
+    fn rule(&mut self, drop: TracedRule, at_ns: u64) {
+        self.send(Record::Rule {
+            src: drop.src,
+            dst: drop.dst,
+            ip_id: drop.ip_id,
+            rule: drop.rule,
+            at_ns,
+        });
+    }
+
+    async fn conntrack(&mut self, entry: conntrack::Entry, trace: &mut Trace) -> Result<()> {
+        if of_the_traced_pair(&entry, &trace.targets) {
+            let untraced_until_ns = if follow_connection(&entry, trace).await? {
+                monotonic_ns()
+            } else {
+                0
+            };
+            self.send(Record::Conntrack {
+                entry,
+                untraced_until_ns,
+            });
+        }
+        Ok(())
+    }
+
+    fn hooks(&mut self, hooks: usize) {
+        self.send(Record::Hooks { hooks });
+    }
 }
 
 impl Output {

@@ -14,6 +14,7 @@ mod losses;
 pub mod profile;
 mod replay;
 mod stop;
+mod stream;
 pub mod targets;
 mod teller;
 pub mod traced;
@@ -52,7 +53,7 @@ use crate::{
         conntrack,
         link_watch::LinkChange,
         netfilter::{Backend, TracedRule},
-        Batch, Kernel, ReadThrough, BATCHES_QUEUED, RING_HANDOVER,
+        Batch, Kernel, ReadThrough, BATCHES_QUEUED,
     },
     story::{
         journey::{Correlator, Waits},
@@ -60,7 +61,6 @@ use crate::{
         Context,
     },
 };
-use losses::LossWatch;
 use stop::Stop;
 use teller::Teller;
 
@@ -92,7 +92,7 @@ pub async fn run(args: Args) -> Result<()> {
     };
     let mut trace = attach(&args, resolved).await?;
     trace_masquerade_sources(&mut trace)?;
-    let summary = stream(&args, &mut trace, &mut stop, write).await?;
+    let summary = stream_here(&args, &mut trace, &mut stop, write).await?;
     finish(trace, summary)
 }
 
@@ -395,14 +395,12 @@ fn announce(targets: &Targets, nodes: &[TracedNode], ctx: &Context) {
 
 /// Streams until Ctrl-C, SIGTERM, `--duration` or `--count`; returns the
 /// summary so far and a teller holding what is still to be told.
-async fn stream(
+async fn stream_here(
     args: &Args,
     trace: &mut Trace,
     stop: &mut Stop,
     write: Option<Box<dyn Write>>,
 ) -> Result<(Summary, Teller<'static>)> {
-    let mut moved_rx = watch_moves(trace);
-    let mut traced_ips = (trace.targets.src.ip, trace.targets.dst.ip);
     let mut teller = new_teller(args, std::mem::take(&mut trace.ctx));
     if let Some(out) = write {
         teller.pcap = Some(pcap_writer(out, args, trace, &teller.ctx)?);
@@ -416,52 +414,14 @@ async fn stream(
     for (a, b) in &trace.joining_only {
         correlator.trace_for_joining(*a, *b);
     }
-    let mut losses = LossWatch::new(&trace.nodes, monotonic_ns());
-    let mut tick = tokio::time::interval(JOURNEY_IDLE / 2);
-    let until_deadline = until(args.duration);
-    tokio::pin!(until_deadline);
-
-    'trace: loop {
-        tokio::select! {
-            batch = trace.sightings.recv() => {
-                let Some(batch) = batch else { break };
-                for sighting in &batch {
-                    absorb(sighting, trace, &mut summary, &mut correlator).await;
-                }
-            }
-            _ = tick.tick() => {
-                // Read before the queue is taken: every record stamped
-                // before it is then absorbed, whichever node sent it.
-                let read_through = trace.read_through();
-                absorb_queued(trace, &mut summary, &mut correlator).await;
-                let now = monotonic_ns();
-                if let Some((from, to, _)) = losses.check(&trace.nodes, now)? {
-                    correlator.observe_loss(from, to);
-                }
-                if !teller.tell_all(&correlator.take_finished(read_through.min(now)))? {
-                    break 'trace;
-                }
-            }
-            Some(moved) = moved_rx.recv() => {
-                follow_move(trace, &mut traced_ips, &moved)?;
-                teller.rename(moved.new, moved.pod.clone());
-            }
-            Some((_node, drop)) = trace.rules.recv() => {
-                correlator.observe_rule((drop.src, drop.dst, drop.ip_id), drop.rule, monotonic_ns());
-            }
-            Some((_node, entry)) = trace.conntrack.recv() => {
-                learn_connection(&entry, trace, &mut teller.ctx, &mut correlator).await?;
-            }
-            Some((node, change)) = trace.links.recv() => {
-                link_changed(trace, node, change, &mut summary);
-            }
-            () = stop.recv() => break,
-            _ = &mut until_deadline => break,
-        }
-    }
-    // Let the ring readers hand over what they have read, then take it.
-    tokio::time::sleep(RING_HANDOVER).await;
-    absorb_queued(trace, &mut summary, &mut correlator).await;
+    let mut local = stream::Local { teller, correlator };
+    // Node mode has no lease to lose.
+    let (_, no_lease) = mpsc::unbounded_channel();
+    stream::stream(args, trace, stop, &mut local, &mut summary, no_lease).await?;
+    let stream::Local {
+        mut teller,
+        mut correlator,
+    } = local;
     teller.tell_all(&correlator.take_all())?;
     Ok((summary, teller))
 }
@@ -703,28 +663,6 @@ fn traced_pairs(targets: &Targets) -> Vec<(Ipv4Addr, Ipv4Addr)> {
 fn flow_ips((a, b): (Ipv4Addr, Ipv4Addr)) -> Vec<FlowKey> {
     let (a, b) = (a.octets(), b.octets());
     vec![FlowKey { src: a, dst: b }, FlowKey { src: b, dst: a }]
-}
-
-/// Every batch queued now, into journeys (node mode's twin of the
-/// agent's `pass_on_queued`).
-async fn absorb_queued(trace: &mut Trace, summary: &mut Summary, correlator: &mut Correlator) {
-    for batch in trace.take_queued() {
-        for sighting in &batch {
-            absorb(sighting, trace, summary, correlator).await;
-        }
-    }
-}
-
-/// One sighting into the correlator, or into the summary's counts.
-async fn absorb(
-    s: &Sighting,
-    trace: &mut Trace,
-    summary: &mut Summary,
-    correlator: &mut Correlator,
-) {
-    if let Some(hop) = to_hop(s, trace, summary).await {
-        correlator.observe(hop);
-    }
 }
 
 /// A sighting as a hop on its node and interface (a pod's namespace is
