@@ -4,14 +4,18 @@
 //! handed to a [`Consumer`]: node mode's local correlator ([`Local`]), or
 //! an agent's wire (`agent::Output`).
 
-use std::time::Duration;
+use std::{io::Write, time::Duration};
 
 use anyhow::Result;
 use tokio::sync::mpsc;
 
+use super::traced::TracedNode;
 use super::{
-    follow_move, learn_connection, link_changed, losses::LossWatch, stop::Stop, teller::Teller,
-    to_hop, until, watch_moves, Trace, JOURNEY_IDLE,
+    follow_move, learn_connection, link_changed,
+    losses::LossWatch,
+    stop::Stop,
+    teller::{new_teller, pcap_writer, Teller},
+    to_hop, until, watch_moves, Trace, ARP_PATIENCE, JOURNEY_IDLE, JOURNEY_PATIENCE,
 };
 use crate::{
     cli::Args,
@@ -19,8 +23,61 @@ use crate::{
     decode::hop::Hop,
     model::Summary,
     probe::{clock::monotonic_ns, conntrack, netfilter::TracedRule, RING_HANDOVER},
-    story::journey::Correlator,
+    story::{
+        journey::{Correlator, Waits},
+        Context,
+    },
 };
+
+/// Streams until Ctrl-C, SIGTERM, `--duration` or `--count`; returns the
+/// summary so far and a teller holding what is still to be told.
+pub(super) async fn here(
+    args: &Args,
+    trace: &mut Trace,
+    stop: &mut Stop,
+    write: Option<Box<dyn Write>>,
+) -> Result<(Summary, Teller<'static>)> {
+    let mut teller = new_teller(args, std::mem::take(&mut trace.ctx));
+    if let Some(out) = write {
+        teller.pcap = Some(pcap_writer(out, args, trace, &teller.ctx)?);
+    }
+    let mut summary = Summary {
+        hooks_attached: trace.nodes.iter().map(TracedNode::hooks).sum(),
+        sample: args.sample,
+        ..Default::default()
+    };
+    let mut correlator = correlator_for(&teller.ctx, trace.rules_traced);
+    for (a, b) in &trace.joining_only {
+        correlator.trace_for_joining(*a, *b);
+    }
+    let mut local = Local { teller, correlator };
+    // Node mode has no lease to lose.
+    let (_, no_lease) = mpsc::unbounded_channel();
+    stream(args, trace, stop, &mut local, &mut summary, no_lease).await?;
+    let Local {
+        mut teller,
+        mut correlator,
+    } = local;
+    teller.tell_all(&correlator.take_all())?;
+    Ok((summary, teller))
+}
+
+/// The correlator for a trace told with `ctx`, node mode's and the
+/// front-end's alike.
+pub(super) fn correlator_for(ctx: &Context, rules_traced: bool) -> Correlator {
+    Correlator::new(Waits {
+        idle_ns: JOURNEY_IDLE.as_nanos() as u64,
+        patience_ns: JOURNEY_PATIENCE.as_nanos() as u64,
+        arp_ns: ARP_PATIENCE.as_nanos() as u64,
+        rules_traced,
+        traced_destinations: ctx
+            .nodes
+            .values()
+            .flat_map(|facts| facts.local_pod_subnets.iter().copied())
+            .collect(),
+    })
+    .with_nat(ctx.nat.clone())
+}
 
 /// Where the stream loop's events go.
 pub(super) trait Consumer {
