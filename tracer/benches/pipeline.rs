@@ -9,10 +9,10 @@ use podtrace::{
     decode::{
         decode,
         hop::{Direction, Hop, Snapshot},
-        name::Name,
     },
+    model::{Format, Name},
     node::interfaces::Role,
-    output::{self, Format, Sink},
+    output::{self, Sink},
     story::{
         journey::{Correlator, Waits},
         tell, Context,

@@ -1,23 +1,28 @@
 //! podtrace: an eBPF packet tracer for Kubernetes pod traffic.
 //!
-//! The pipeline runs one way, one folder per stage:
-//! - [`probe`]: kernel signals and their loading and attaching — tc
-//!   sightings (`probe::tc`), drops (`probe::drops`), netfilter rule tracing
-//!   (`probe::netfilter`), conntrack's translations (`probe::conntrack`),
-//!   link changes, the kernel's BTF layout;
-//! - [`node`]: what a node looks like (links, routes, neighbours), which
-//!   interfaces are watched, the traced namespaces, a traced node set up;
+//! Every folder imports only the folders listed before it here (bottom
+//! first); `cargo xtask test` checks it (xtask/src/layers.rs):
+//! - [`model`]: the nouns every layer shares (names, interned strings,
+//!   node subnets, translations, the output format and summary, the
+//!   doctor's findings, text helpers);
+//! - [`node`]: what a node looks like (links, routes, neighbours over
+//!   netlink), network namespaces, tunnels, interface roles;
+//! - [`probe`]: kernel programs and their loading, attaching and reading:
+//!   tc sightings, drops, netfilter rule tracing, conntrack's
+//!   translations, link changes, the kernel's BTF layout;
+//! - [`cli`]: the arguments of every command;
 //! - [`cni`]: one file per CNI backend (flannel-vxlan, flannel-host-gw,
-//!   calico-bird, calico-vxlan, calico-ipip, unknown): how it is recognised,
-//!   its tunnel, the routes it needs, where a pod's interface is;
-//! - [`cluster`]: the Kubernetes API, inventory files, argument resolution;
+//!   calico-bird, calico-vxlan, calico-ipip, unknown), and which
+//!   interfaces to watch;
+//! - [`cluster`]: the Kubernetes API, inventory files, Services and
+//!   kube-proxy's rules, the endpoint arguments, cluster mode's agents;
+//! - [`doctor`]: `podtrace doctor`, one file per check family;
 //! - [`decode`]: a kernel record into a hop (headers, node, interface);
-//! - [`story`]: journeys (pure correlation), hop notes (`story::notes`),
-//!   verdicts, explanations, the profile;
-//! - [`output`]: one file per format (human, JSON);
-//! - [`app`]: one trace in phases (resolve, attach, stream, finish);
-//! - [`doctor`]: `podtrace doctor`, one file per check family: the node
-//!   and CNI failures that leave no packet to trace.
+//! - [`story`]: journeys (pure correlation), NAT, verdicts, notes,
+//!   explanations, clocks, the profile;
+//! - [`output`]: one sink per format (human, JSON), pcapng;
+//! - [`app`]: one run in phases (resolve, attach, stream, finish), the
+//!   agent, the cluster-mode front-end and their wire.
 
 pub mod app;
 pub mod cli;
@@ -25,6 +30,7 @@ pub mod cluster;
 pub mod cni;
 pub mod decode;
 pub mod doctor;
+pub mod model;
 pub mod node;
 pub mod output;
 pub mod probe;

@@ -4,5 +4,6 @@
 pub mod api_stub;
 pub mod faults;
 pub mod lab;
+pub mod layers;
 pub mod podtrace_run;
 pub mod setup;

@@ -321,6 +321,7 @@ fn test() -> Result<()> {
     let started = Instant::now();
     setup()?;
     cargo(&["fmt", "--all", "--check"])?;
+    xtask::layers::check()?;
     // Host crates (the default members), then the eBPF crate for its target.
     cargo(&["clippy", "--all-targets", "--", "-D", "warnings"])?;
     run(

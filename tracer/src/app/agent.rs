@@ -2,7 +2,7 @@
 //!
 //! It resolves and attaches exactly as node mode does (the same phases),
 //! then, instead of telling stories, writes what it sees as JSON lines
-//! (`cluster::wire`) on stdout: its node's facts, clock and the doctor's
+//! (`app::wire`) on stdout: its node's facts, clock and the doctor's
 //! failing checks (its files read at `--host-root`) first, then
 //! placed hops, how far it has read them (every tick), netfilter rules,
 //! loss windows, and its summary last.
@@ -22,38 +22,29 @@ use anyhow::Result;
 use tokio::sync::mpsc;
 
 use super::{
-    add_kernel_losses, attach, follow_move, link_changed, losses::LossWatch, resolve, stop::Stop,
-    to_hop, Trace,
+    add_kernel_losses, attach, follow_connection, of_the_traced_pair, resolve,
+    stop::Stop,
+    stream::{stream, Consumer},
+    wire::{Numbering, Record, Start, WireFacts},
+    Trace,
 };
 use crate::{
-    cli::Args,
+    cli::{AgentArgs, Args},
     cluster::{
         agents::{self, parse_skew, STALE_AFTER},
-        api::Cluster,
-        wire::{Numbering, Record, Start, WireFacts},
+        api::{Access, Cluster, PodMoved},
     },
-    output::Summary,
-    probe::clock::{monotonic_ns, realtime_offset_ns},
+    decode::hop::Hop,
+    model::Summary,
+    probe::{
+        clock::{monotonic_ns, realtime_offset_ns},
+        conntrack,
+        netfilter::TracedRule,
+    },
 };
 
 /// Records queued for stdout at most; more are counted as lost.
 const QUEUE: usize = 65_536;
-
-#[derive(Debug, clap::Args)]
-#[command(mut_arg("host_root", |a| a.help(crate::cli::HOST_ROOT_AGENT)))]
-pub struct AgentArgs {
-    #[command(flatten)]
-    pub trace: Args,
-    /// The node this agent runs on (as the API names it).
-    #[arg(long)]
-    pub node: Option<String>,
-    /// The front-end's lease: stop when it goes stale.
-    #[arg(long)]
-    pub lease: Option<String>,
-    /// This agent's own pod, removed when the front-end is gone.
-    #[arg(long)]
-    pub pod: Option<String>,
-}
 
 pub async fn run(agent: AgentArgs) -> Result<()> {
     super::require_root()?;
@@ -116,7 +107,11 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
         doctor,
     })));
     let gone = lease_watch(&args, agent.lease.as_ref()).await;
-    let (summary, lease_lost) = relay(&args, &mut trace, &mut stop, &mut out, gone).await?;
+    let mut summary = Summary {
+        hooks_attached: trace.nodes.iter().map(|n| n.hooks()).sum(),
+        ..Default::default()
+    };
+    let lease_lost = stream(&args, &mut trace, &mut stop, &mut out, &mut summary, gone).await?;
     finish(trace, summary, out)?;
     if let Some(lost) = &lease_lost {
         eprintln!("podtrace: {lost}; removing this agent");
@@ -124,7 +119,7 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
     // However it ended, its pod goes with it: a finished pod would stay
     // behind otherwise. The lease goes too when its front-end is gone.
     if agent.pod.is_some() || lease_lost.is_some() {
-        if let Ok(cluster) = Cluster::connect(&args.kube.access()).await {
+        if let Ok(cluster) = Cluster::connect(&Access::of(&args.kube)).await {
             let lease = lease_lost.and(agent.lease.as_deref());
             agents::remove_self(
                 cluster.client(),
@@ -145,7 +140,7 @@ async fn lease_watch(args: &Args, lease: Option<&String>) -> mpsc::UnboundedRece
         return rx;
     };
     let namespace = args.agent_namespace.clone();
-    match Cluster::connect(&args.kube.access()).await {
+    match Cluster::connect(&Access::of(&args.kube)).await {
         Ok(cluster) => {
             tokio::spawn(async move {
                 let why =
@@ -156,93 +151,6 @@ async fn lease_watch(args: &Args, lease: Option<&String>) -> mpsc::UnboundedRece
         Err(e) => eprintln!("podtrace: cannot watch lease {lease}: {e:#}"),
     }
     rx
-}
-
-/// Streams records until a stop; returns the counts and, when the lease
-/// went stale, why.
-async fn relay(
-    args: &Args,
-    trace: &mut Trace,
-    stop: &mut Stop,
-    out: &mut Output,
-    mut gone: mpsc::UnboundedReceiver<String>,
-) -> Result<(Summary, Option<String>)> {
-    let mut moved_rx = super::watch_moves(trace);
-    let mut traced_ips = (trace.targets.src.ip, trace.targets.dst.ip);
-    let mut summary = Summary {
-        hooks_attached: trace.nodes.iter().map(|n| n.hooks()).sum(),
-        ..Default::default()
-    };
-    let mut losses = LossWatch::new(&trace.nodes, monotonic_ns());
-    let mut tick = tokio::time::interval(Duration::from_millis(100));
-    let until_deadline = super::until(args.duration);
-    tokio::pin!(until_deadline);
-    let mut lease_lost = None;
-    loop {
-        tokio::select! {
-            batch = trace.sightings.recv() => {
-                let Some(batch) = batch else { break };
-                for sighting in &batch {
-                    pass_on(sighting, trace, &mut summary, out).await;
-                }
-            }
-            _ = tick.tick() => {
-                // Read before the queue is taken: every sighting stamped
-                // before it is then on its way, ahead of the record.
-                let read_through = trace.read_through();
-                pass_on_queued(trace, &mut summary, out).await;
-                out.send(Record::ReadThrough { at_ns: read_through });
-                let now = monotonic_ns();
-                let window = losses.check(&trace.nodes, now)?;
-                let agent = out.take_lost();
-                if window.is_some() || agent > 0 {
-                    let (from_ns, to_ns, kernel) = window.unwrap_or((now, now, 0));
-                    out.send(Record::Loss { from_ns, to_ns, kernel, agent });
-                }
-            }
-            Some(moved) = moved_rx.recv() => follow_move(trace, &mut traced_ips, &moved)?,
-            Some((_node, drop)) = trace.rules.recv() => {
-                out.send(Record::Rule { src: drop.src, dst: drop.dst, ip_id: drop.ip_id, rule: drop.rule, at_ns: monotonic_ns() });
-            }
-            Some((_node, entry)) = trace.conntrack.recv() => {
-                if super::of_the_traced_pair(&entry, &trace.targets) {
-                    let untraced_until_ns = if super::follow_connection(&entry, trace).await? { monotonic_ns() } else { 0 };
-                    out.send(Record::Conntrack { entry, untraced_until_ns });
-                }
-            }
-            Some((node, change)) = trace.links.recv() => {
-                link_changed(trace, node, change, &mut summary);
-                out.send(Record::Hooks { hooks: summary.hooks_attached });
-            }
-            Some(why) = gone.recv() => { lease_lost = Some(why); break }
-            () = stop.recv() => break,
-            _ = &mut until_deadline => break,
-        }
-    }
-    tokio::time::sleep(crate::probe::RING_HANDOVER).await;
-    pass_on_queued(trace, &mut summary, out).await;
-    Ok((summary, lease_lost))
-}
-
-/// Every batch queued now, passed on.
-async fn pass_on_queued(trace: &mut Trace, summary: &mut Summary, out: &mut Output) {
-    for batch in trace.take_queued() {
-        for sighting in &batch {
-            pass_on(sighting, trace, summary, out).await;
-        }
-    }
-}
-
-/// One sighting, placed, onto stdout (or into the summary's counts).
-async fn pass_on(
-    s: &podtrace_common::Sighting,
-    trace: &mut Trace,
-    summary: &mut Summary,
-    out: &mut Output,
-) {
-    if let Some(hop) = to_hop(s, trace, summary).await {
-        out.send(Record::Hop(Box::new(hop)));
-    }
 }
 
 /// The kernel's counters, detach, then the summary as the last record.
@@ -262,6 +170,66 @@ struct Output {
     writer: Option<JoinHandle<()>>,
     lost: u64,
     lost_total: u64,
+}
+
+/// An agent's consumer: every event onto the wire, for the front-end's
+/// correlator.
+impl Consumer for Output {
+    fn tick_every(&self) -> Duration {
+        Duration::from_millis(100)
+    }
+
+    fn hop(&mut self, hop: Hop) {
+        self.send(Record::Hop(Box::new(hop)));
+    }
+
+    fn tick(&mut self, read_through: u64, now: u64, loss: Option<(u64, u64, u64)>) -> Result<bool> {
+        self.send(Record::ReadThrough {
+            at_ns: read_through,
+        });
+        let agent = self.take_lost();
+        if loss.is_some() || agent > 0 {
+            let (from_ns, to_ns, kernel) = loss.unwrap_or((now, now, 0));
+            self.send(Record::Loss {
+                from_ns,
+                to_ns,
+                kernel,
+                agent,
+            });
+        }
+        Ok(true)
+    }
+
+    fn moved(&mut self, _moved: &PodMoved) {}
+
+    fn rule(&mut self, drop: TracedRule, at_ns: u64) {
+        self.send(Record::Rule {
+            src: drop.src,
+            dst: drop.dst,
+            ip_id: drop.ip_id,
+            rule: drop.rule,
+            at_ns,
+        });
+    }
+
+    async fn conntrack(&mut self, entry: conntrack::Entry, trace: &mut Trace) -> Result<()> {
+        if of_the_traced_pair(&entry, &trace.targets) {
+            let untraced_until_ns = if follow_connection(&entry, trace).await? {
+                monotonic_ns()
+            } else {
+                0
+            };
+            self.send(Record::Conntrack {
+                entry,
+                untraced_until_ns,
+            });
+        }
+        Ok(())
+    }
+
+    fn hooks(&mut self, hooks: usize) {
+        self.send(Record::Hooks { hooks });
+    }
 }
 
 impl Output {

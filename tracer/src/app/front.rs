@@ -21,18 +21,17 @@ use anyhow::{anyhow, bail, Result};
 use tokio::sync::mpsc;
 
 use super::{
-    context_of, new_teller, stop::Stop, teller::Teller, ARP_PATIENCE, JOURNEY_IDLE,
-    JOURNEY_PATIENCE,
+    context_of, correlator_for, new_teller,
+    stop::Stop,
+    targets::{vantage, Targets},
+    teller::Teller,
+    wire::{Read, Reader, Record, Start},
 };
 use crate::{
-    cli::Args,
-    cluster::{
-        agents::{self, Agents, Heard},
-        targets::{vantage, Targets},
-        wire::{Read, Reader, Record, Start},
-    },
+    cli::{AgentArgs, Args},
+    cluster::agents::{self, Agents, Heard},
     decode::hop::Hop,
-    output::{NodeCounts, Summary},
+    model::{NodeCounts, Summary},
     probe::conntrack,
     story::{
         clock::{Clocks, Placement},
@@ -390,18 +389,7 @@ impl Session {
                 }
             }
         }
-        self.correlator = Correlator::new(Waits {
-            idle_ns: JOURNEY_IDLE.as_nanos() as u64,
-            patience_ns: JOURNEY_PATIENCE.as_nanos() as u64,
-            arp_ns: ARP_PATIENCE.as_nanos() as u64,
-            rules_traced: !args.no_ruleset_changes,
-            traced_destinations: ctx
-                .nodes
-                .values()
-                .flat_map(|f| f.local_pod_subnets.iter().copied())
-                .collect(),
-        })
-        .with_nat(ctx.nat.clone());
+        self.correlator = correlator_for(&ctx, !args.no_ruleset_changes);
         self.summary.hooks_attached = self
             .agents
             .values()
@@ -685,57 +673,39 @@ impl Session {
 
 /// The agent's arguments: the pods by name (the agent resolves them
 /// through the API too) and the trace flags that matter on a node.
-fn agent_args(args: &Args, targets: &Targets, node: &str) -> Vec<String> {
+fn agent_args(args: &Args, targets: &Targets, node: &str) -> AgentArgs {
     let endpoint = |arg: &str, e: &crate::cluster::inventory::Endpoint| {
         e.pod.as_ref().map_or(arg.to_string(), |p| p.qualified())
     };
-    let mut out = vec![
+    let mut trace = args.for_agent(
         endpoint(&args.src, &targets.src),
         endpoint(&args.dst, &targets.dst),
-        "-n".into(),
-        args.kube.namespace.clone(),
-    ];
-    for cidr in &args.pod_cidr {
-        out.extend(["--pod-cidr".into(), cidr.to_string()]);
-    }
-    out.extend([
-        "--attach".into(),
-        format!("{:?}", args.attach).to_lowercase(),
-    ]);
-    if args.no_ruleset_changes {
-        out.push("--no-ruleset-changes".into());
-    }
-    if args.no_kube_proxy_rules {
-        out.push("--no-kube-proxy-rules".into());
-    }
-    // What each node's kernel side keeps: the same on every node, so that
-    // a sampled packet is kept on all of them.
-    out.extend([
-        "--sample".into(),
-        args.sample.to_string(),
-        "--ring-buffer".into(),
-        args.ring_buffer.to_string(),
-    ]);
-    for ip in &args.node_ip {
-        out.extend(["--node-ip".into(), ip.to_string()]);
-    }
+    );
     if let Some(skew) = &args.clock_skew_for_testing {
         let (target, value) = match skew.split_once('=') {
             Some((n, v)) => (Some(n), v),
             None => (Targets::node_of(&targets.dst), skew.as_str()),
         };
         if target == Some(node) {
-            out.extend(["--clock-skew-for-testing".into(), value.into()]);
+            trace.clock_skew_for_testing = Some(value.into());
         }
     }
-    out
+    AgentArgs {
+        trace,
+        node: None,
+        lease: None,
+        pod: None,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{
-        cluster::wire::{Numbering, WireFacts},
+        app::{
+            wire::{Numbering, WireFacts},
+            ARP_PATIENCE, JOURNEY_IDLE, JOURNEY_PATIENCE,
+        },
         decode::{
             hop::{tests::hop, Direction},
             tests as frames,

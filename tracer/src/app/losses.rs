@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::node::traced::TracedNode;
+use super::traced::TracedNode;
 
 /// How often the loss is said on stderr, at most.
 const REPORT_EVERY: Duration = Duration::from_secs(1);
@@ -73,7 +73,7 @@ impl LossWatch {
             }
         }
         if self.ring_was_full && !self.advised {
-            eprintln!("{}", crate::output::KEEP_UP);
+            eprintln!("{}", crate::model::KEEP_UP);
             self.advised = true;
         }
         self.reported_at = Instant::now();

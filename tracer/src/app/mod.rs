@@ -9,61 +9,53 @@
 //! `replay` tells the stories of a `--write` file again (`podtrace read`).
 
 pub mod agent;
+mod follow;
 pub mod front;
 mod losses;
 pub mod profile;
 mod replay;
 mod stop;
+mod stream;
+pub mod targets;
 mod teller;
+pub mod traced;
+pub mod wire;
 
 pub use replay::replay;
 pub use stop::block_signals;
 
-use std::{
-    io::{IsTerminal, Write},
-    net::Ipv4Addr,
-    time::Duration,
-};
+use std::{net::Ipv4Addr, time::Duration};
 
 use anyhow::{bail, Result};
 use podtrace_common::{FlowKey, Sighting, MAX_NODES, NODE_OTHER_NETNS};
 use tokio::sync::mpsc;
 
+use follow::{
+    follow_connection, follow_move, learn_connection, learn_translations, of_the_traced_pair,
+    watch_moves,
+};
+use targets::{vantage, Targets};
+use traced::{LinkOutcome, Shared, TracedNode};
+
 use crate::{
     cli::Args,
-    cluster::{
-        api::PodMoved,
-        targets::{vantage, Targets},
-    },
     cni,
     decode::hop::{place, Hop, Unplaced},
     doctor,
-    node::{
-        netns::Namespace,
-        pod_netns::OtherNamespaces,
-        traced::{LinkOutcome, Shared, TracedNode},
-    },
-    output::{
-        self,
-        pcapng::{self, Announced, PcapWriter},
-        KernelSummary, Summary,
-    },
+    model::{KernelSummary, Summary},
+    node::{netns::Namespace, pod_netns::OtherNamespaces},
+    output::pcapng,
     probe::{
-        clock::monotonic_ns,
         conntrack, features,
         link_watch::LinkChange,
         netfilter::{Backend, TracedRule},
-        Batch, Kernel, ReadThrough, BATCHES_QUEUED, RING_HANDOVER,
+        Batch, Kernel, ReadThrough, BATCHES_QUEUED,
     },
-    story::{
-        journey::{Correlator, Waits},
-        profile::Profile,
-        Context,
-    },
+    story::Context,
 };
-use losses::LossWatch;
 use stop::Stop;
-use teller::Teller;
+use stream::correlator_for;
+use teller::{new_teller, Teller};
 
 /// A journey is done once nothing joined it for this long.
 const JOURNEY_IDLE: Duration = Duration::from_millis(250);
@@ -93,7 +85,7 @@ pub async fn run(args: Args) -> Result<()> {
     };
     let mut trace = attach(&args, resolved).await?;
     trace_masquerade_sources(&mut trace)?;
-    let summary = stream(&args, &mut trace, &mut stop, write).await?;
+    let summary = stream::here(&args, &mut trace, &mut stop, write).await?;
     finish(trace, summary)
 }
 
@@ -112,7 +104,7 @@ struct Resolved {
     ctx: Context,
     why_rule_unnamed: Option<&'static str>,
     /// The doctor's failing checks per --netns, in order.
-    doctor: Vec<Vec<doctor::trace::Finding>>,
+    doctor: Vec<Vec<crate::model::Finding>>,
 }
 
 async fn resolve(args: &Args) -> Result<Resolved> {
@@ -406,259 +398,12 @@ fn announce(targets: &Targets, nodes: &[TracedNode], ctx: &Context) {
     );
 }
 
-/// Streams until Ctrl-C, SIGTERM, `--duration` or `--count`; returns the
-/// summary so far and a teller holding what is still to be told.
-async fn stream(
-    args: &Args,
-    trace: &mut Trace,
-    stop: &mut Stop,
-    write: Option<Box<dyn Write>>,
-) -> Result<(Summary, Teller<'static>)> {
-    let mut moved_rx = watch_moves(trace);
-    let mut traced_ips = (trace.targets.src.ip, trace.targets.dst.ip);
-    let mut teller = new_teller(args, std::mem::take(&mut trace.ctx));
-    if let Some(out) = write {
-        teller.pcap = Some(pcap_writer(out, args, trace, &teller.ctx)?);
-    }
-    let mut summary = Summary {
-        hooks_attached: trace.nodes.iter().map(TracedNode::hooks).sum(),
-        sample: args.sample,
-        kernel: Some(trace.kernel_summary.clone()),
-        ..Default::default()
-    };
-    let correlator = Correlator::new(Waits {
-        idle_ns: JOURNEY_IDLE.as_nanos() as u64,
-        patience_ns: JOURNEY_PATIENCE.as_nanos() as u64,
-        arp_ns: ARP_PATIENCE.as_nanos() as u64,
-        rules_traced: trace.rules_traced,
-        traced_destinations: teller
-            .ctx
-            .nodes
-            .values()
-            .flat_map(|facts| facts.local_pod_subnets.iter().copied())
-            .collect(),
-    });
-    let mut correlator = correlator.with_nat(teller.ctx.nat.clone());
-    for (a, b) in &trace.joining_only {
-        correlator.trace_for_joining(*a, *b);
-    }
-    let mut losses = LossWatch::new(&trace.nodes, monotonic_ns());
-    let mut tick = tokio::time::interval(JOURNEY_IDLE / 2);
-    let until_deadline = until(args.duration);
-    tokio::pin!(until_deadline);
-
-    'trace: loop {
-        tokio::select! {
-            batch = trace.sightings.recv() => {
-                let Some(batch) = batch else { break };
-                for sighting in &batch {
-                    absorb(sighting, trace, &mut summary, &mut correlator).await;
-                }
-            }
-            _ = tick.tick() => {
-                // Read before the queue is taken: every record stamped
-                // before it is then absorbed, whichever node sent it.
-                let read_through = trace.read_through();
-                absorb_queued(trace, &mut summary, &mut correlator).await;
-                let now = monotonic_ns();
-                if let Some((from, to, _)) = losses.check(&trace.nodes, now)? {
-                    correlator.observe_loss(from, to);
-                }
-                if !teller.tell_all(&correlator.take_finished(read_through.min(now)))? {
-                    break 'trace;
-                }
-            }
-            Some(moved) = moved_rx.recv() => {
-                follow_move(trace, &mut traced_ips, &moved)?;
-                teller.rename(moved.new, moved.pod.clone());
-            }
-            Some((_node, drop)) = trace.rules.recv() => {
-                correlator.observe_rule((drop.src, drop.dst, drop.ip_id), drop.rule, monotonic_ns());
-            }
-            Some((_node, entry)) = trace.conntrack.recv() => {
-                learn_connection(&entry, trace, &mut teller.ctx, &mut correlator).await?;
-            }
-            Some((node, change)) = trace.links.recv() => {
-                link_changed(trace, node, change, &mut summary);
-            }
-            () = stop.recv() => break,
-            _ = &mut until_deadline => break,
-        }
-    }
-    // Let the ring readers hand over what they have read, then take it.
-    tokio::time::sleep(RING_HANDOVER).await;
-    absorb_queued(trace, &mut summary, &mut correlator).await;
-    teller.tell_all(&correlator.take_all())?;
-    Ok((summary, teller))
-}
-
-/// A conntrack entry of a node (node mode): if it is the traced pair's,
-/// its translated addresses traced and its translations learnt.
-async fn learn_connection(
-    entry: &conntrack::Entry,
-    trace: &mut Trace,
-    ctx: &mut Context,
-    correlator: &mut Correlator,
-) -> Result<()> {
-    if of_the_traced_pair(entry, &trace.targets) {
-        let newly_traced = follow_connection(entry, trace).await?;
-        let untraced_until = if newly_traced { monotonic_ns() } else { 0 };
-        learn_translations(entry, untraced_until, ctx, correlator);
-    }
-    Ok(())
-}
-
-/// Whether a conntrack entry is a connection of the traced pair.
-fn of_the_traced_pair(entry: &conntrack::Entry, targets: &Targets) -> bool {
-    let traced = [targets.src.ip, targets.dst.ip];
-    traced.contains(&entry.orig.src) && traced.contains(&entry.orig.dst)
-}
-
-/// A translated connection of the traced pair, from conntrack, told to
-/// the stories' context and the correlator (node mode, and the front-end
-/// of cluster mode); its translated addresses were not traced until
-/// `untraced_until_ns` (0: always were).
-fn learn_translations(
-    entry: &conntrack::Entry,
-    untraced_until_ns: u64,
-    ctx: &mut Context,
-    correlator: &mut Correlator,
-) {
-    let names = ctx.names.clone();
-    let learnt = ctx
-        .nat
-        .learn_connection(entry, |ip| names.get(&ip).cloned(), untraced_until_ns);
-    for t in learnt {
-        correlator.learn_translation(t);
-    }
-    if entry.snat() {
-        correlator.trace_for_joining(entry.reply.src, entry.reply.dst);
-    }
-}
-
-/// The addresses a connection of the traced pair is translated to,
-/// traced on every node from now on, and a backend's pod veth watched
-/// where it is local (node mode, and each agent of cluster mode).
-/// Returns whether they were not traced before.
-async fn follow_connection(entry: &conntrack::Entry, trace: &mut Trace) -> Result<bool> {
-    // The connection as the peer sees it, both ways: what the kernel
-    // filter must now let through.
-    let (a, b) = (entry.reply.src, entry.reply.dst);
-    let new = flow_ips((a, b));
-    let traced = traced_pairs(&trace.targets);
-    if (a, b) == (entry.orig.dst, entry.orig.src)
-        || traced.contains(&(b, a))
-        || trace.learnt_flows.iter().any(|k| new.contains(k))
-    {
-        return Ok(false);
-    }
-    for node in &mut trace.nodes {
-        node.follow(&[], &new)?;
-        if entry.dnat() {
-            node.watch_pod(a).await?;
-        }
-    }
-    trace.learnt_flows.extend(new);
-    Ok(true)
-}
-
-/// Watches the traced pods through the API, when names came from it: a
-/// pod that comes back with a new IP is said on the channel.
-fn watch_moves(trace: &Trace) -> mpsc::UnboundedReceiver<PodMoved> {
-    let (moved_tx, moved_rx) = mpsc::unbounded_channel::<PodMoved>();
-    if let Some(cluster) = &trace.targets.cluster {
-        for pod in [&trace.targets.src, &trace.targets.dst]
-            .into_iter()
-            .filter_map(|e| e.pod.as_ref())
-        {
-            cluster.watch(pod, moved_tx.clone());
-        }
-    }
-    moved_rx
-}
-
 /// Resolves after `--duration`, or never.
 async fn until(duration: Option<Duration>) {
     match duration {
         Some(d) => tokio::time::sleep(d).await,
         None => std::future::pending().await,
     }
-}
-
-fn new_teller(args: &Args, ctx: Context) -> Teller<'static> {
-    // `-w -` puts the packets on stdout: the stories go to stderr.
-    let (out, terminal): (Box<dyn Write>, bool) = if args.write.as_deref() == Some("-") {
-        (buffered(std::io::stderr()), std::io::stderr().is_terminal())
-    } else {
-        (buffered(std::io::stdout()), std::io::stdout().is_terminal())
-    };
-    let colour = match args.color.as_str() {
-        "always" => true,
-        "never" => false,
-        _ => terminal,
-    };
-    Teller {
-        sink: output::sink(args.output, out, colour),
-        ctx,
-        profile: args.profile.then(Profile::default),
-        limit: args.count,
-        told: 0,
-        pcap: None,
-    }
-}
-
-/// Stories are written a batch at a time (`Teller::tell_all` flushes).
-fn buffered(out: impl Write + 'static) -> Box<dyn Write> {
-    Box::new(std::io::BufWriter::with_capacity(1 << 16, out))
-}
-
-/// The `--write` file, with every watched interface announced.
-fn pcap_writer(
-    out: Box<dyn Write>,
-    args: &Args,
-    trace: &Trace,
-    ctx: &Context,
-) -> std::io::Result<PcapWriter> {
-    let mut watched = Vec::new();
-    for node in &trace.nodes {
-        let mut ifaces: Vec<_> = node.interfaces.values().collect();
-        ifaces.sort_by_key(|w| w.index);
-        watched.extend(ifaces.into_iter().map(|w| Announced {
-            node: &node.name,
-            iface: &w.name,
-            role: w.role,
-            has_l2: w.has_ethernet_header,
-        }));
-    }
-    let title = format!(
-        "podtrace {} ⇄ {}",
-        ctx.label(trace.targets.src.ip),
-        ctx.label(trace.targets.dst.ip)
-    );
-    PcapWriter::create(out, args.snaplen, title, &watched, ctx)
-}
-
-/// A traced pod came back with a new IP: trace the new pair everywhere.
-fn follow_move(
-    trace: &mut Trace,
-    traced_ips: &mut (Ipv4Addr, Ipv4Addr),
-    moved: &PodMoved,
-) -> Result<()> {
-    let old = flow_ips(*traced_ips);
-    if traced_ips.0 == moved.old {
-        traced_ips.0 = moved.new;
-    }
-    if traced_ips.1 == moved.old {
-        traced_ips.1 = moved.new;
-    }
-    eprintln!(
-        "podtrace: {} moved from {} to {}; now tracing its new IP",
-        moved.pod, moved.old, moved.new
-    );
-    for node in &mut trace.nodes {
-        node.follow(&old, &flow_ips(*traced_ips))?;
-    }
-    Ok(())
 }
 
 /// An interface came or went on a node: attach to it, and keep the
@@ -712,28 +457,6 @@ fn traced_pairs(targets: &Targets) -> Vec<(Ipv4Addr, Ipv4Addr)> {
 fn flow_ips((a, b): (Ipv4Addr, Ipv4Addr)) -> Vec<FlowKey> {
     let (a, b) = (a.octets(), b.octets());
     vec![FlowKey { src: a, dst: b }, FlowKey { src: b, dst: a }]
-}
-
-/// Every batch queued now, into journeys (node mode's twin of the
-/// agent's `pass_on_queued`).
-async fn absorb_queued(trace: &mut Trace, summary: &mut Summary, correlator: &mut Correlator) {
-    for batch in trace.take_queued() {
-        for sighting in &batch {
-            absorb(sighting, trace, summary, correlator).await;
-        }
-    }
-}
-
-/// One sighting into the correlator, or into the summary's counts.
-async fn absorb(
-    s: &Sighting,
-    trace: &mut Trace,
-    summary: &mut Summary,
-    correlator: &mut Correlator,
-) {
-    if let Some(hop) = to_hop(s, trace, summary).await {
-        correlator.observe(hop);
-    }
 }
 
 /// A sighting as a hop on its node and interface (a pod's namespace is

@@ -15,7 +15,8 @@ use super::{attach, require_root, resolve, stop::Stop, until, Trace};
 use crate::{
     cli::{Args, ProfileArgs},
     decode::hop::Direction,
-    output::{pcapng::MAX_SNAPLEN, plot, Format},
+    model::{Format, MAX_SNAPLEN},
+    output::plot,
     probe::shared_maps,
     story::steps::{self, KernelStep},
 };

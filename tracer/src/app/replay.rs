@@ -9,10 +9,10 @@ use anyhow::Result;
 use super::teller::Teller;
 use crate::{
     cli::ReadArgs,
+    model::Summary,
     output::{
         self,
         pcapng_read::{read, Replayed},
-        Summary,
     },
     story::Context,
 };

@@ -2,10 +2,20 @@
 //! the `--profile` table, and writes each told journey's packets
 //! (`--write`).
 
-use std::net::Ipv4Addr;
+use std::{
+    io::{IsTerminal, Write},
+    net::Ipv4Addr,
+};
 
+use super::Trace;
 use crate::{
-    output::{pcapng::PcapWriter, Sink, Summary},
+    cli::Args,
+    model::Summary,
+    output::{
+        self,
+        pcapng::{Announced, PcapWriter},
+        Sink,
+    },
     story::{self, journey::Journey, profile::Profile, Context},
 };
 
@@ -80,4 +90,57 @@ impl Teller<'_> {
         }
         self.sink.summary(&summary)
     }
+}
+
+pub(super) fn new_teller(args: &Args, ctx: Context) -> Teller<'static> {
+    // `-w -` puts the packets on stdout: the stories go to stderr.
+    let (out, terminal): (Box<dyn Write>, bool) = if args.write.as_deref() == Some("-") {
+        (buffered(std::io::stderr()), std::io::stderr().is_terminal())
+    } else {
+        (buffered(std::io::stdout()), std::io::stdout().is_terminal())
+    };
+    let colour = match args.color.as_str() {
+        "always" => true,
+        "never" => false,
+        _ => terminal,
+    };
+    Teller {
+        sink: output::sink(args.output, out, colour),
+        ctx,
+        profile: args.profile.then(Profile::default),
+        limit: args.count,
+        told: 0,
+        pcap: None,
+    }
+}
+
+/// Stories are written a batch at a time (`Teller::tell_all` flushes).
+fn buffered(out: impl Write + 'static) -> Box<dyn Write> {
+    Box::new(std::io::BufWriter::with_capacity(1 << 16, out))
+}
+
+/// The `--write` file, with every watched interface announced.
+pub(super) fn pcap_writer(
+    out: Box<dyn Write>,
+    args: &Args,
+    trace: &Trace,
+    ctx: &Context,
+) -> std::io::Result<PcapWriter> {
+    let mut watched = Vec::new();
+    for node in &trace.nodes {
+        let mut ifaces: Vec<_> = node.interfaces.values().collect();
+        ifaces.sort_by_key(|w| w.index);
+        watched.extend(ifaces.into_iter().map(|w| Announced {
+            node: &node.name,
+            iface: &w.name,
+            role: w.role,
+            has_l2: w.has_ethernet_header,
+        }));
+    }
+    let title = format!(
+        "podtrace {} ⇄ {}",
+        ctx.label(trace.targets.src.ip),
+        ctx.label(trace.targets.dst.ip)
+    );
+    PcapWriter::create(out, args.snaplen, title, &watched, ctx)
 }

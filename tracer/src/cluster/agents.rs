@@ -6,7 +6,7 @@
 //!   (`nodeName`, hostNetwork, hostPID, the capabilities node mode needs,
 //!   /sys/kernel/btf read-only, the node's root read-only at [`HOST_ROOT`]
 //!   for the doctor's checks of its files) in podtrace's own namespace. It writes
-//!   JSON lines (`cluster::wire`) to stdout; the front-end follows
+//!   JSON lines (`app::wire`) to stdout; the front-end follows
 //!   `pods/<name>/log?follow=true`.
 //! - Nothing lingers: the front-end deletes its pods on every exit it
 //!   lives through. It also holds a coordination.k8s.io/v1 Lease, renewed
@@ -27,6 +27,8 @@ use kube::{
 };
 use serde_json::json;
 use tokio::sync::mpsc;
+
+use crate::cli::AgentArgs;
 
 /// How often the front-end renews its lease.
 pub const RENEW_EVERY: Duration = Duration::from_secs(10);
@@ -85,12 +87,12 @@ impl Agents {
         })
     }
 
-    /// Starts the agent for `node` with `args` (after `podtrace agent`).
+    /// Starts the agent for `node` with `agent`'s trace.
     pub async fn start(
         &mut self,
         node: &str,
         image: &str,
-        args: Vec<String>,
+        agent: AgentArgs,
         deadline: Option<Duration>,
     ) -> Result<String> {
         let name = pod_name(&self.run, node);
@@ -100,7 +102,7 @@ impl Agents {
             .await
             .ok()
             .and_then(|l| l.metadata.uid);
-        let argv = agent_argv(args, node, &self.lease, &name, &self.namespace);
+        let argv = agent_argv(agent, node, &self.lease, &name, &self.namespace);
         let pod: KubePod = serde_json::from_value(agent_pod(
             &name,
             node,
@@ -306,30 +308,21 @@ pub async fn remove_self(client: Client, namespace: &str, pod: Option<&str>, lea
     }
 }
 
-/// `podtrace agent` with the front-end's `args`, then who it is and
-/// where its node's root is mounted.
+/// `podtrace agent` with the front-end's trace for it, then who it is
+/// and where its node's root is mounted.
 fn agent_argv(
-    args: Vec<String>,
+    mut agent: AgentArgs,
     node: &str,
     lease: &str,
     pod: &str,
     namespace: &str,
 ) -> Vec<String> {
-    let mut argv = vec!["agent".to_string()];
-    argv.extend(args);
-    argv.extend([
-        "--node".into(),
-        node.into(),
-        "--lease".into(),
-        lease.into(),
-        "--pod".into(),
-        pod.into(),
-        "--agent-namespace".into(),
-        namespace.into(),
-        "--host-root".into(),
-        HOST_ROOT.into(),
-    ]);
-    argv
+    agent.node = Some(node.into());
+    agent.lease = Some(lease.into());
+    agent.pod = Some(pod.into());
+    agent.trace.agent_namespace = namespace.into();
+    agent.trace.kube.host_root = vec![HOST_ROOT.into()];
+    agent.argv()
 }
 
 fn agent_pod(
@@ -427,7 +420,10 @@ fn forbidden_or(e: kube::Error, what: &str, namespace: &str) -> anyhow::Error {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
     use super::*;
+    use crate::cli::Args;
 
     #[test]
     fn names_times_and_skews() {
@@ -444,7 +440,13 @@ mod tests {
 
     #[test]
     fn an_agent_pod_mounts_its_nodes_root_read_only_and_keeps_its_mounts() {
-        let argv = agent_argv(vec!["a".into(), "b".into()], "node-1", "l", "p", "podtrace");
+        let agent = AgentArgs {
+            trace: Args::try_parse_from(["podtrace", "a", "b"]).unwrap(),
+            node: None,
+            lease: None,
+            pod: None,
+        };
+        let argv = agent_argv(agent, "node-1", "l", "p", "podtrace");
         assert!(
             argv.windows(2).any(|w| w == ["--host-root", HOST_ROOT]),
             "{argv:?}"

@@ -17,10 +17,12 @@ use kube::{
 };
 use tokio::sync::mpsc;
 
+use crate::{cli::KubeArgs, model::NodeSubnet};
+
 use super::{
     argument::Target,
     inventory::{not_found, pod_from_json, Endpoint, Pod},
-    nodes::{nodes_from_items, NodeSubnet},
+    nodes::nodes_from_items,
     services::Catalog,
 };
 
@@ -32,6 +34,14 @@ pub struct Access {
 }
 
 impl Access {
+    /// The way to the API that the flags (of a trace or the doctor) give.
+    pub fn of(kube: &KubeArgs) -> Self {
+        Self {
+            kubeconfig: kube.kubeconfig.clone(),
+            context: kube.context.clone(),
+        }
+    }
+
     /// Whether any way to the API is configured: a kubeconfig (flag,
     /// KUBECONFIG, ~/.kube/config) or the in-cluster service account.
     pub fn configured(&self) -> bool {

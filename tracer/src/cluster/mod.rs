@@ -1,18 +1,17 @@
 //! What podtrace knows of the cluster: the Kubernetes API (`api`), the
-//! inventory files that stand in for it (`inventory`, `nodes`), and the
-//! two endpoint arguments: checked (`argument`), then resolved into traced
-//! endpoints (`targets`).
+//! inventory files that stand in for it (`inventory`, `nodes`), Services
+//! (`services`, or a node's kube-proxy rules in their place:
+//! `kube_proxy_rules`), the endpoint arguments checked (`argument`), and
+//! cluster mode's agent pods (`agents`). Resolving the arguments into
+//! traced endpoints is a phase of the run: `app::targets`.
 
 pub mod agents;
 pub mod api;
 pub mod argument;
 pub mod inventory;
+pub mod kube_proxy_rules;
 pub mod nodes;
 pub mod services;
-pub mod targets;
-pub mod wire;
-
-pub use nodes::NodeSubnet;
 
 use std::{path::Path, sync::mpsc, time::Duration};
 

@@ -2,26 +2,11 @@
 //! and CNI (from its annotations), from `kubectl get nodes -o json` or the
 //! API's Node objects.
 
-use std::{net::Ipv4Addr, path::Path};
+use std::path::Path;
 
 use anyhow::{Context, Result};
-use ipnet::Ipv4Net;
-use serde::{Deserialize, Serialize};
 
-use crate::cni;
-
-/// A node's pod subnet, from the Kubernetes nodes.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeSubnet {
-    pub node: String,
-    pub subnet: Ipv4Net,
-    pub node_ip: Ipv4Addr,
-    /// The CNI backend its annotations name (`cni::Backend::name`).
-    #[serde(deserialize_with = "crate::story::context::leak_opt_str")]
-    pub cni: Option<crate::story::context::StaticStr>,
-    /// Its VXLAN VTEP address, where the CNI annotates one (Calico).
-    pub tunnel_ip: Option<Ipv4Addr>,
-}
+use crate::{cni, model::NodeSubnet};
 
 /// Nodes of a `kubectl get nodes -o json` file: their pod subnets, IPs and
 /// CNI backend (Flannel's backend-type annotation; Calico's IPv4Address).
@@ -74,6 +59,8 @@ pub fn nodes_from_items(items: &[serde_json::Value]) -> Result<Vec<NodeSubnet>> 
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
 
     #[test]

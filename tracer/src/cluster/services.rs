@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::story::nat::{Frontend, Translation};
+use crate::model::{Frontend, Translation};
 
 /// One port of a Service.
 #[derive(Clone, Debug, PartialEq, Eq)]

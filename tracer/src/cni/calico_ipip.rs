@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 
 use super::{annotation, Backend, TunnelSpec};
 use crate::{
-    cluster::NodeSubnet,
+    model::NodeSubnet,
     node::{Link, NodeView, RouteOrigin},
 };
 

@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 
 use super::{annotation, flannel_vxlan::BACKEND_TYPE, Backend};
 use crate::{
-    cluster::NodeSubnet,
+    model::NodeSubnet,
     node::{Link, NodeView},
 };
 

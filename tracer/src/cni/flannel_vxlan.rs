@@ -7,7 +7,7 @@ use std::net::Ipv4Addr;
 
 use super::{annotation, vxlan_device, Backend, TunnelSpec};
 use crate::{
-    cluster::NodeSubnet,
+    model::NodeSubnet,
     node::{Link, NodeView},
 };
 

@@ -19,13 +19,14 @@ mod calico_vxlan;
 mod flannel_host_gw;
 mod flannel_vxlan;
 mod unknown;
+pub mod watch;
 
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 
 use crate::{
-    cluster::NodeSubnet,
+    model::NodeSubnet,
     node::{interfaces::Role, Link, NodeView},
 };
 

@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 
 use super::Backend;
 use crate::{
-    cluster::NodeSubnet,
+    model::NodeSubnet,
     node::{Link, NodeView},
 };
 

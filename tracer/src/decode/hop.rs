@@ -10,10 +10,13 @@ use podtrace_common::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::{decode, decode_tunnel, name::Name, Decoded};
+use super::{decode, decode_tunnel, Decoded};
 use crate::{
+    model::Name,
     node::{
-        interfaces::Role, netns::describe_inode, pod_netns::OtherNamespaces, traced::TracedNode,
+        interfaces::{Role, Watched},
+        netns::describe_inode,
+        pod_netns::OtherNamespaces,
     },
     probe::Kernel,
 };
@@ -132,22 +135,32 @@ pub enum Unplaced {
     Undecodable,
 }
 
-/// Turns a raw sighting into a hop on a known node and interface.
+/// What placing a record needs of a traced node, and no more: its name
+/// and its links. The node that owns the loaded probes (`app::traced`)
+/// answers it; decoding does not reach into it.
+pub trait NodeLinks {
+    fn name(&self) -> &Name;
+    /// A watched interface, by index.
+    fn watched(&self, ifindex: u32) -> Option<&Watched>;
+    /// Any link's name, by index (drops happen on unwatched links too).
+    fn link_name(&self, ifindex: u32) -> Option<&String>;
+}
+
 /// The interface a sighting was on: a watched one, or, for a drop, any
 /// interface of its namespace (a drop may happen anywhere).
 fn interface_of(
     s: &Sighting,
-    node: Option<&TracedNode>,
+    node: Option<&impl NodeLinks>,
     others: &OtherNamespaces,
 ) -> Result<(Name, Role), Unplaced> {
-    if let Some(w) = node.and_then(|n| n.interfaces.get(&s.ifindex)) {
+    if let Some(w) = node.and_then(|n| n.watched(s.ifindex)) {
         return Ok((w.name.clone(), w.role));
     }
     if s.kind != sighting_kind::DROP {
         return Err(Unplaced::UnknownInterface);
     }
     let name = match node {
-        Some(n) => n.link_names.get(&s.ifindex).cloned(),
+        Some(n) => n.link_name(s.ifindex).cloned(),
         None => others
             .get(s.netns_inum)
             .and_then(|o| o.links.get(&s.ifindex).cloned()),
@@ -165,7 +178,7 @@ fn interface_of(
 /// hop that nothing else reads.
 pub fn place(
     s: &Sighting,
-    nodes: &[TracedNode],
+    nodes: &[impl NodeLinks],
     others: &OtherNamespaces,
     kernel: &Kernel,
     keep_snapshot: bool,
@@ -213,7 +226,7 @@ pub fn place(
         if !route.found() {
             return route;
         }
-        let dev = node.and_then(|n| n.link_names.get(&s.fib_ifindex).cloned());
+        let dev = node.and_then(|n| n.link_name(s.fib_ifindex).cloned());
         let via = Ipv4Addr::from(s.fib_nexthop);
         KernelRoute {
             dev,
@@ -224,7 +237,7 @@ pub fn place(
     Ok(Hop {
         ktime_ns: s.ktime_ns,
         node: match node {
-            Some(n) => n.name.clone(),
+            Some(n) => n.name().clone(),
             None => others
                 .get(s.netns_inum)
                 .map_or_else(|| describe_inode(s.netns_inum), |o| o.label.clone())

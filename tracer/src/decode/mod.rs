@@ -3,7 +3,6 @@
 //! `hop` places a whole kernel record on its node and interface.
 
 pub mod hop;
-pub mod name;
 
 use std::net::Ipv4Addr;
 

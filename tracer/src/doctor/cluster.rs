@@ -111,7 +111,7 @@ impl ClusterState {
                 None => format!("{}/{p}", args.kube.namespace),
             })
             .collect();
-        let access = args.kube.access();
+        let access = Access::of(&args.kube);
         let files = args.kube.pods_file.is_some() || args.kube.nodes_file.is_some();
         let mut state = if files || !access.configured() {
             Self::from_files(args)?

@@ -9,6 +9,7 @@ use std::{collections::BTreeMap, net::Ipv4Addr};
 use ipnet::Ipv4Net;
 
 use super::{node::NodeFacts, Check};
+use crate::model::text::shell_words;
 
 const FAMILY: &str = "firewall";
 
@@ -72,22 +73,6 @@ pub fn parse(text: &str) -> Table {
         }
     }
     table
-}
-
-/// Splits on spaces, keeping "double-quoted words" together (as
-/// iptables-save quotes a comment).
-pub(crate) fn shell_words(text: &str) -> Vec<String> {
-    let mut words = vec![String::new()];
-    let mut quoted = false;
-    for c in text.chars() {
-        match c {
-            '"' => quoted = !quoted,
-            ' ' if !quoted => words.push(String::new()),
-            c => words.last_mut().expect("one").push(c),
-        }
-    }
-    words.retain(|w| !w.is_empty());
-    words
 }
 
 impl Table {

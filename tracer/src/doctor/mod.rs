@@ -25,31 +25,7 @@ pub mod trace;
 use anyhow::{bail, Result};
 use serde::Serialize;
 
-use crate::{cli::KubeArgs, cluster::argument::Target, output::Format};
-
-/// `podtrace doctor [<pod>…]`.
-#[derive(Debug, clap::Args)]
-pub struct DoctorArgs {
-    /// Pods to look at (namespace/name, or name with -n): their node, their
-    /// sandbox events, the firewall between them.
-    pub pods: Vec<String>,
-    #[command(flatten)]
-    pub kube: KubeArgs,
-    /// The node examined here (default: the node whose InternalIP this
-    /// network namespace holds).
-    #[arg(long, value_name = "NAME")]
-    pub node: Vec<String>,
-    /// human: the checks to read; json: one report for programs.
-    #[arg(short, long, value_enum, default_value = "human")]
-    pub output: Format,
-    /// Do not examine the node this runs on (API checks only).
-    #[arg(long)]
-    pub api_only: bool,
-    /// Testing only: the conntrack table size to judge usage against (the
-    /// kernel's nf_conntrack_max is read-only outside the initial netns).
-    #[arg(long, hide = true, value_name = "N")]
-    pub conntrack_max_for_testing: Option<u64>,
-}
+use crate::{cli::DoctorArgs, cluster::argument::Target};
 
 /// One check: ✓ or ✗, what was seen, and what to do.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde_json::json;
 
 use super::Check;
-use crate::output::Format;
+use crate::model::Format;
 
 pub fn print(checks: &[Check], format: Format) {
     match format {

@@ -3,24 +3,12 @@
 //! pod argument has no IP, the trace ends with why (its sandbox failure,
 //! confirmed on its node) instead of a bare error.
 
-use serde::{Deserialize, Serialize};
-
 use super::{api, cluster::ClusterState, node, Check, DoctorArgs};
 use crate::{
     cli::Args,
     cluster::argument::Target,
-    output::Format,
-    story::{Context, Outcome},
+    model::{Finding, Format},
 };
-
-/// A failing check, as a verdict carries it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Finding {
-    pub family: String,
-    pub check: String,
-    pub evidence: String,
-    pub fix: Option<String>,
-}
 
 impl From<Check> for Finding {
     fn from(c: Check) -> Self {
@@ -90,21 +78,4 @@ pub async fn no_ip(args: &Args) -> Option<String> {
         .await
         .unwrap_or_default();
     api::explain_pod(pod, &examined)
-}
-
-/// The findings that bear on an outcome, on the node where it happened.
-pub fn for_outcome(outcome: &Outcome, ctx: &Context) -> Vec<Finding> {
-    let (node, families): (&str, &[&str]) = match outcome {
-        Outcome::Dropped { node, .. } => (node, &["firewall", "kernel"]),
-        Outcome::NoRoute { check, .. } => (&check.node, &["flannel", "calico", "kernel"]),
-        Outcome::Vanished { node, .. } => (node, &[]),
-        _ => return Vec::new(),
-    };
-    ctx.doctor
-        .get(node)
-        .into_iter()
-        .flatten()
-        .filter(|f| families.is_empty() || families.contains(&f.family.as_str()))
-        .cloned()
-        .collect()
 }

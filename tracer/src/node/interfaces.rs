@@ -1,6 +1,6 @@
-//! Which interfaces of a node podtrace watches, and what each one is for.
-//! The roles come from the node's CNI backend (`cni`); the underlay is
-//! found from what the node has.
+//! The interfaces of a node podtrace watches, and what each one is for.
+//! The roles come from the node's CNI backend (`cni::watch` picks them);
+//! the underlay is found from what the node has.
 
 use std::net::Ipv4Addr;
 
@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
 use super::{Link, NodeView};
-use crate::{cni::Backend, decode::name::Name};
+use crate::model::Name;
 
 /// The part an interface plays on a Kubernetes node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,30 +32,6 @@ pub struct Watched {
     pub name: Name,
     pub role: Role,
     pub has_ethernet_header: bool,
-}
-
-/// Picks the interfaces to attach to: the underlay, CNI bridges, overlay
-/// devices, and every pod-facing veth.
-pub fn select(view: &NodeView, underlay: u32, cni: &dyn Backend) -> Vec<Watched> {
-    view.links
-        .iter()
-        .filter_map(|link| watch(link, underlay, cni))
-        .collect()
-}
-
-/// The link as a watched interface, if it plays a part on the node.
-pub fn watch(link: &Link, underlay: u32, cni: &dyn Backend) -> Option<Watched> {
-    let role = if link.index == underlay {
-        Role::Underlay
-    } else {
-        cni.role(link)?
-    };
-    Some(Watched {
-        index: link.index,
-        name: link.name.as_str().into(),
-        role,
-        has_ethernet_header: link.has_ethernet_header,
-    })
 }
 
 /// The interface that carries traffic between nodes, from the best
@@ -110,38 +86,7 @@ pub fn underlay<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{cni, node::fixtures::flannel_node};
-
-    fn roles(view: &NodeView, node_ip: Option<Ipv4Addr>) -> Vec<(String, Role)> {
-        let cni = cni::detect(view, None);
-        let underlay = underlay(view, node_ip, &[]).unwrap().index;
-        select(view, underlay, cni)
-            .into_iter()
-            .map(|w| (w.name.to_string(), w.role))
-            .collect()
-    }
-
-    #[test]
-    fn the_underlay_is_the_link_with_the_node_ip_even_when_it_is_a_veth() {
-        let view = flannel_node();
-        let watched = roles(&view, Some("192.0.2.11".parse().unwrap()));
-        let expected = [
-            ("eth0", Role::Underlay),
-            ("cni0", Role::Bridge),
-            ("flannel.1", Role::Tunnel),
-            ("veth1a2b", Role::PodVeth),
-            ("tunl0", Role::Tunnel),
-        ];
-        assert_eq!(watched, expected.map(|(n, r)| (n.to_string(), r)).to_vec());
-        assert!(!view.link_named("tunl0").unwrap().has_ethernet_header);
-    }
-
-    #[test]
-    fn without_a_node_ip_the_default_route_names_the_underlay() {
-        let mut view = flannel_node();
-        view.links[3].vxlan = None;
-        assert_eq!(roles(&view, None)[0], ("eth0".to_string(), Role::Underlay));
-    }
+    use crate::node::fixtures::flannel_node;
 
     #[test]
     fn without_a_default_route_the_tunnel_or_a_route_to_another_node_names_it() {

@@ -1,15 +1,12 @@
 //! What a node looks like: its links, addresses, IPv4 routes, neighbours
 //! and bridge FDB, read over rtnetlink; which of its interfaces podtrace
-//! watches (`interfaces`); the Services its kube-proxy rules translate
-//! (`kube_proxy_rules`); the namespaces of traced nodes (`netns`); and a
-//! traced node set up end to end (`traced`).
+//! watches (`interfaces`); the namespaces of traced nodes (`netns`), of
+//! pods (`pod_netns`); its tunnels (`tunnels`).
 
 pub mod interfaces;
-pub mod kube_proxy_rules;
-mod netlink;
+pub mod netlink;
 pub mod netns;
 pub mod pod_netns;
-pub mod traced;
 pub mod tunnels;
 
 use std::net::Ipv4Addr;
@@ -104,8 +101,8 @@ pub struct NodeFacts {
     /// net.ipv4.ip_forward.
     pub forwarding: bool,
     /// The CNI backend it runs (`cni::Backend::name`).
-    #[serde(deserialize_with = "crate::story::context::leak_str")]
-    pub cni: crate::story::context::StaticStr,
+    #[serde(deserialize_with = "crate::model::interned::leak_str")]
+    pub cni: crate::model::interned::StaticStr,
     /// Subnets it delivers locally, through a bridge or a pod veth.
     pub local_pod_subnets: Vec<Ipv4Net>,
     /// The traced pods that are local here, and their host interfaces.

@@ -3,7 +3,8 @@
 
 use std::io::Write;
 
-use super::{Sink, Summary};
+use super::Sink;
+use crate::model::Summary;
 use crate::story::{profile::StepLatency, Outcome, Story};
 
 /// Writes stories as people read them.
@@ -125,7 +126,7 @@ pub fn human_profile(steps: &[StepLatency]) -> String {
 pub fn human_summary(s: &Summary) -> String {
     let mut text = node_mode_summary(s);
     if s.lost_ringbuf_full > 0 {
-        text.push_str(super::KEEP_UP);
+        text.push_str(crate::model::KEEP_UP);
         text.push('\n');
     }
     if s.sample > 1 {
@@ -178,6 +179,6 @@ mod tests {
             ..Summary::default()
         });
         assert!(lossy.contains("lost: 3 (ring buffer full)"), "{lossy}");
-        assert!(lossy.contains(crate::output::KEEP_UP), "{lossy}");
+        assert!(lossy.contains(crate::model::KEEP_UP), "{lossy}");
     }
 }

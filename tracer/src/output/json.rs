@@ -5,7 +5,8 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use super::{Sink, Summary};
+use super::Sink;
+use crate::model::Summary;
 use crate::story::{profile::StepLatency, Story};
 
 /// Writes stories for programs.

@@ -34,12 +34,11 @@ use std::{
 
 use anyhow::Context as _;
 
-use podtrace_common::SNAPSHOT_LEN;
 use serde::{Deserialize, Serialize};
 
-use super::Summary;
 use crate::{
     decode::hop::{Direction, Hop},
+    model::{Summary, MAX_SNAPLEN},
     node::interfaces::Role,
     probe::{
         clock::{monotonic_ns, realtime_offset_ns},
@@ -54,8 +53,6 @@ use crate::{
 pub const PEN: u32 = 32473;
 /// A custom option with UTF-8 data that may be copied.
 pub const CUSTOM_UTF8: u16 = 2988;
-/// What the kernel copies of each packet (`SNAPSHOT_LEN`).
-pub const MAX_SNAPLEN: u32 = SNAPSHOT_LEN as u32;
 
 /// The custom option of an EPB: the hop as podtrace saw it (its bytes are
 /// the packet's), with the facts of its journey.

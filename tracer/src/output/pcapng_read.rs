@@ -19,10 +19,8 @@ use pcap_file::{
     DataLink,
 };
 
-use super::{
-    pcapng::{HopRecord, PEN},
-    Summary,
-};
+use super::pcapng::{HopRecord, PEN};
+use crate::model::Summary;
 use crate::{
     decode::hop::Snapshot,
     story::{journey::Journey, Context},

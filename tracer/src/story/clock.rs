@@ -19,10 +19,8 @@
 use std::collections::{HashMap, VecDeque};
 
 use crate::{
-    decode::{
-        hop::{Direction, Hop},
-        name::Name,
-    },
+    decode::hop::{Direction, Hop},
+    model::Name,
     node::interfaces::Role,
     story::journey::PacketKey,
 };

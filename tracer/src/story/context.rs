@@ -5,10 +5,16 @@
 use std::{collections::HashMap, net::Ipv4Addr};
 
 use ipnet::Ipv4Net;
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 
 use super::nat::NatBook;
-use crate::{cluster::NodeSubnet, node::NodeFacts};
+use crate::{
+    model::{
+        interned::{leak_str, StaticStr},
+        NodeSubnet,
+    },
+    node::NodeFacts,
+};
 
 /// What podtrace knows about the traced part of the cluster.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -34,7 +40,7 @@ pub struct Context {
     /// The doctor's failing checks on each traced node, by node name: what
     /// a verdict without a packet to blame adds.
     #[serde(default)]
-    pub doctor: HashMap<String, Vec<crate::doctor::trace::Finding>>,
+    pub doctor: HashMap<String, Vec<crate::model::Finding>>,
 }
 
 /// An address and its name, as [`Context::label`] shows it.
@@ -79,23 +85,6 @@ impl std::fmt::Display for Dotted {
         }
         f.write_str(std::str::from_utf8(&text[..len]).expect("ASCII digits and dots"))
     }
-}
-
-/// A `&'static str` that serde's derive does not take for a borrow of the
-/// input (it only sees through a written `&`): read with [`leak_str`].
-pub type StaticStr = &'static str;
-
-/// A `&'static str` read back from a file (`podtrace read`): the few such
-/// strings of a context are leaked, once per context read.
-pub(crate) fn leak_str<'de, D: Deserializer<'de>>(d: D) -> Result<&'static str, D::Error> {
-    Ok(String::deserialize(d)?.leak())
-}
-
-/// An optional `&'static str` read back from a file, as [`leak_str`].
-pub(crate) fn leak_opt_str<'de, D: Deserializer<'de>>(
-    d: D,
-) -> Result<Option<&'static str>, D::Error> {
-    Ok(Option::<String>::deserialize(d)?.map(|s| &*s.leak()))
 }
 
 impl Context {

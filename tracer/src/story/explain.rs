@@ -9,12 +9,12 @@ use ipnet::Ipv4Net;
 use serde::Serialize;
 
 use crate::{
-    cluster::NodeSubnet,
     cni,
     decode::{
         hop::{Direction, Hop},
         Transport,
     },
+    model::NodeSubnet,
     node::{interfaces::Role, NodeFacts},
 };
 

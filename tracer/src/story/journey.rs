@@ -23,6 +23,7 @@ use crate::{
         hop::{Direction, Hop, KernelRoute},
         Decoded, Transport,
     },
+    model::Translation,
     node::interfaces::Role,
     probe::netfilter::{NetfilterRule, PacketId},
     story::nat::{self, NatBook},
@@ -319,7 +320,7 @@ impl Correlator {
     /// A translation learnt while tracing (from conntrack). Sightings of
     /// a packet after it that arrived before it opened journeys of their
     /// own: they join the packet's journey now.
-    pub fn learn_translation(&mut self, t: nat::Translation) {
+    pub fn learn_translation(&mut self, t: Translation) {
         if !self.nat.learn(t) {
             return;
         }
@@ -571,9 +572,12 @@ fn reindex(index: &mut BTreeSet<(u64, PacketKey)>, key: PacketKey, before: u64, 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::decode::{
-        hop::tests::{drop_hop, hop},
-        tests as frames,
+    use crate::{
+        decode::{
+            hop::tests::{drop_hop, hop},
+            tests as frames,
+        },
+        model::Frontend,
     };
 
     fn waits(idle_ns: u64, patience_ns: u64) -> Waits {
@@ -951,13 +955,13 @@ pub(crate) mod tests {
         let sent = frames::tcp_syn([10, 244, 1, 2], [10, 96, 7, 7], 40000, 80);
         let dnatted = frames::tcp_syn([10, 244, 1, 2], [10, 244, 2, 2], 40000, 8080);
         let book = NatBook {
-            translations: vec![nat::Translation {
+            translations: vec![Translation {
                 protocol: 6,
-                front: nat::Frontend {
+                front: Frontend {
                     ip: [10, 96, 7, 7].into(),
                     port: 80,
                 },
-                back: nat::Frontend {
+                back: Frontend {
                     ip: [10, 244, 2, 2].into(),
                     port: 8080,
                 },

@@ -10,6 +10,7 @@
 pub mod clock;
 pub(crate) mod context;
 pub mod explain;
+mod findings;
 pub mod journey;
 pub mod nat;
 mod notes;
@@ -27,9 +28,9 @@ pub use verdict::{Outcome, PathStep, Verdict};
 use crate::{
     decode::{
         hop::{Direction, DropInfo, Hop, KernelRoute},
-        name::Name,
         Transport, Tunnel,
     },
+    model::Name,
     node::interfaces::Role,
 };
 use journey::Journey;

@@ -21,49 +21,19 @@
 //! chains, later ones are translated by conntrack) and the Service and
 //! backend pod.
 
-use std::{collections::VecDeque, fmt, net::Ipv4Addr};
+use std::{collections::VecDeque, net::Ipv4Addr};
 
 use serde::{Deserialize, Serialize};
 
 use super::journey::PacketKey;
 use crate::{
     decode::{Ipv4Packet, Transport},
+    model::{Frontend, Translation},
     probe::{
         conntrack::{self, Tuple},
         netfilter::NetfilterRule,
     },
 };
-
-/// An address and port.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Frontend {
-    pub ip: Ipv4Addr,
-    pub port: u16,
-}
-
-impl fmt::Display for Frontend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.ip, self.port)
-    }
-}
-
-/// One way kube-proxy rewrites a destination: `front` (ClusterIP:port or
-/// node IP:NodePort) to `back` (a backend pod's IP:targetPort). Or, with
-/// `source`, one connection's source rewrite (SNAT, MASQUERADE, learnt
-/// from conntrack): `back` is the original source, `front` what it became.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Translation {
-    pub protocol: u8,
-    pub front: Frontend,
-    pub back: Frontend,
-    /// `namespace/name` of the Service, when known (a translation learnt
-    /// from conntrack has no name).
-    pub service: Option<String>,
-    /// `namespace/name` of the backend pod, when known.
-    pub backend: Option<String>,
-    #[serde(default)]
-    pub source: bool,
-}
 
 /// Every translation known to the trace, and the traced pair's
 /// connections conntrack reported (for their zone and mark, and to tell a

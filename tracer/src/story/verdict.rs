@@ -95,7 +95,7 @@ pub struct Verdict {
     /// For `vanished`, `no_route` and `dropped`: the doctor's failing
     /// checks on that node (`podtrace doctor`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub doctor: Vec<crate::doctor::trace::Finding>,
+    pub doctor: Vec<crate::model::Finding>,
 }
 
 impl Story {
@@ -286,7 +286,7 @@ pub(super) fn judge(journey: &Journey, ctx: &Context) -> Verdict {
         summary
             .push_str("; records were lost while this packet was in flight: hops may be missing");
     }
-    let doctor = crate::doctor::trace::for_outcome(&outcome, ctx);
+    let doctor = super::findings::for_outcome(&outcome, ctx);
     Verdict {
         outcome,
         path,

@@ -2,10 +2,9 @@
 //! ruleset: what a ClusterIP or a NodePort is translated to, when no
 //! Services list is known (no API, no `--services-file`).
 //!
-//! It lives under `node` because it reads one node's kernel state (inside
-//! the node's network namespace, as rule tracing does), but it yields a
-//! `cluster::services::Catalog`, so that the rest of podtrace treats the
-//! rules exactly as Services and EndpointSlices: the same translations,
+//! It reads one node's kernel state (inside the node's network namespace,
+//! as rule tracing does), and yields a `cluster::services::Catalog`, so
+//! that the rest of podtrace treats the rules exactly as Services and EndpointSlices: the same translations,
 //! the kernel filter tracing every backend from the first SYN.
 //!
 //! Both kube-proxy modes, as kube-proxy lays them out:
@@ -31,13 +30,8 @@ use std::{
     process::Command,
 };
 
-use crate::{
-    cluster::services::{Backend, Catalog, Service, ServicePort},
-    doctor::firewall::shell_words,
-    probe::nft_trace::output,
-};
-
-use super::netns::Namespace;
+use super::services::{Backend, Catalog, Service, ServicePort};
+use crate::{model::text::shell_words, node::netns::Namespace, probe::nft_trace::output};
 
 /// Where kube-proxy sends one frontend: a Service port's ClusterIP or
 /// NodePort, and the chain that picks its backend.

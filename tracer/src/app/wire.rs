@@ -13,9 +13,8 @@ use serde::{Deserialize, Serialize};
 use crate::{
     cni,
     decode::hop::Hop,
-    doctor::trace::Finding,
+    model::{Finding, Summary},
     node::{NodeFacts, NodeView},
-    output::Summary,
     probe::{conntrack, netfilter::NetfilterRule},
 };
 

@@ -7,16 +7,17 @@ use std::net::Ipv4Addr;
 
 use anyhow::{bail, Result};
 
-use super::{
-    api::Cluster,
-    argument::Target,
-    inventory::{Endpoint, Inventory},
-    nodes::{self, NodeSubnet},
-    services::{Catalog, Service},
-};
 use crate::{
     cli::Args,
-    node::{kube_proxy_rules, netns::Namespace},
+    cluster::{
+        api::{Access, Cluster},
+        argument::Target,
+        inventory::{Endpoint, Inventory},
+        kube_proxy_rules, nodes,
+        services::{Catalog, Service},
+    },
+    model::NodeSubnet,
+    node::netns::Namespace,
     story::nat::NatBook,
 };
 
@@ -38,7 +39,7 @@ pub struct Targets {
 
 impl Targets {
     pub async fn resolve(args: &Args) -> Result<Self> {
-        let access = args.kube.access();
+        let access = Access::of(&args.kube);
         // Garbage in an argument is said before anything else is tried.
         let src_target = Target::parse(&args.src, &args.kube.namespace)?;
         let dst_target = Target::parse(&args.dst, &args.kube.namespace)?;

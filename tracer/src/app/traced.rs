@@ -9,17 +9,22 @@ use anyhow::{Context as _, Result};
 use podtrace_common::{FlowKey, MAX_NODES};
 use tokio::sync::mpsc;
 
-use super::{
-    interfaces::{self, Role, Watched},
-    netns::Namespace,
-    pod_netns,
-    tunnels::TunnelTrust,
-    NodeFacts, NodeView,
-};
 use crate::{
-    cluster::NodeSubnet,
-    cni::{self, Backend},
-    decode::name::Name,
+    cni::{
+        self,
+        watch::{select, watch},
+        Backend,
+    },
+    decode::hop::NodeLinks,
+    model::{Name, NodeSubnet},
+    node::{
+        interfaces::{self, Role, Watched},
+        netlink,
+        netns::{self, Namespace},
+        pod_netns,
+        tunnels::TunnelTrust,
+        NodeFacts, NodeView,
+    },
     probe::{
         conntrack,
         link_watch::{self, LinkChange},
@@ -88,17 +93,29 @@ async fn say_own_source(view: &NodeView, node: &str, asked: Option<&(Ipv4Addr, I
     if !view.holds(*src) {
         return;
     }
-    if let Ok(Some(picked)) = super::netlink::source_toward(*dst).await {
+    if let Ok(Some(picked)) = netlink::source_toward(*dst).await {
         if picked != *src {
             eprintln!("podtrace: note: {node} sends to {dst} from {picked} by default (its route there picks that source), not {src}: only its packets sent from {src} (such as `ping -I {src}`) are this pair; trace {picked} for the rest");
         }
     }
 }
 
+impl NodeLinks for TracedNode {
+    fn name(&self) -> &Name {
+        &self.name
+    }
+    fn watched(&self, ifindex: u32) -> Option<&Watched> {
+        self.interfaces.get(&ifindex)
+    }
+    fn link_name(&self, ifindex: u32) -> Option<&String> {
+        self.link_names.get(&ifindex)
+    }
+}
+
 impl TracedNode {
     /// Sets up one node: reads it, picks its interfaces, attaches.
     pub async fn trace(id: u32, ns: &Namespace, shared: &Shared<'_>) -> Result<(Self, NodeFacts)> {
-        let _entered = ns.path.as_deref().map(super::netns::enter).transpose()?;
+        let _entered = ns.path.as_deref().map(netns::enter).transpose()?;
         let view = NodeView::read().await?;
         let identity = Identity::of(&view, ns, shared);
         let name = identity.name.clone();
@@ -113,7 +130,7 @@ impl TracedNode {
         let underlay = interfaces::underlay(&view, identity.node_ip, &other_nodes)
             .with_context(|| format!("node {name}"))?
             .index;
-        let every = interfaces::select(&view, underlay, cni);
+        let every = select(&view, underlay, cni);
         let local_pod_subnets = local_pod_subnets(&view, &every);
         let mut endpoints: Vec<Ipv4Addr> = shared.pairs.iter().map(|(src, _)| *src).collect();
         // A Service's client is in one pair per backend: said once.
@@ -207,14 +224,9 @@ impl TracedNode {
     /// Watches the veth of a pod the trace learnt of while it ran (a
     /// Service's backend, from conntrack), if the pod is on this node.
     pub async fn watch_pod(&mut self, ip: Ipv4Addr) -> Result<()> {
-        let _entered = self
-            .netns
-            .path
-            .as_deref()
-            .map(super::netns::enter)
-            .transpose()?;
+        let _entered = self.netns.path.as_deref().map(netns::enter).transpose()?;
         let view = NodeView::read().await?;
-        let every = interfaces::select(&view, self.underlay, self.cni);
+        let every = select(&view, self.underlay, self.cni);
         let local: Vec<Ipv4Addr> = local_pod_subnets(&view, &every)
             .iter()
             .any(|net| net.contains(&ip))
@@ -242,7 +254,7 @@ impl TracedNode {
         match change {
             LinkChange::Added(link) if !self.interfaces.contains_key(&link.index) => {
                 self.link_names.insert(link.index, link.name.clone());
-                let Some(iface) = interfaces::watch(&link, self.underlay, self.cni) else {
+                let Some(iface) = watch(&link, self.underlay, self.cni) else {
                     return LinkOutcome::Ignored;
                 };
                 match self.probe.attach_interface(&iface) {

@@ -2,10 +2,15 @@
 
 use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
+
+mod values;
+
+use values::parse_snaplen;
+pub use values::{parse_duration, parse_ring_size};
 
 use crate::{
-    output::{pcapng::MAX_SNAPLEN, Format},
+    model::{Format, MAX_SNAPLEN},
     probe::AttachMode,
 };
 
@@ -38,11 +43,11 @@ pub enum Command {
     Read(ReadArgs),
     /// Trace one node for a cluster-mode front-end (run as a pod on that
     /// node): JSON lines on stdout.
-    Agent(crate::app::agent::AgentArgs),
+    Agent(AgentArgs),
     /// Check a node and the API for the failures that leave no packet to
     /// trace (CNI config and plugins, flannel/calico state, kernel and
     /// firewall, pods without an IP); exit 1 if any check failed.
-    Doctor(crate::doctor::DoctorArgs),
+    Doctor(DoctorArgs),
     /// Profile the encapsulation path of SRC ⇄ DST at line rate: per-step
     /// latency histograms aggregated in the kernel, no record per packet.
     Profile(ProfileArgs),
@@ -221,75 +226,151 @@ pub struct KubeArgs {
     pub host_root: Vec<PathBuf>,
 }
 
-impl KubeArgs {
-    /// How to reach the API.
-    pub fn access(&self) -> crate::cluster::api::Access {
-        crate::cluster::api::Access {
-            kubeconfig: self.kubeconfig.clone(),
-            context: self.context.clone(),
+/// `podtrace agent`: a trace of one node, for a cluster-mode front-end.
+#[derive(Debug, clap::Args)]
+#[command(mut_arg("host_root", |a| a.help(HOST_ROOT_AGENT)))]
+pub struct AgentArgs {
+    #[command(flatten)]
+    pub trace: Args,
+    /// The node this agent runs on (as the API names it).
+    #[arg(long)]
+    pub node: Option<String>,
+    /// The front-end's lease: stop when it goes stale.
+    #[arg(long)]
+    pub lease: Option<String>,
+    /// This agent's own pod, removed when the front-end is gone.
+    #[arg(long)]
+    pub pod: Option<String>,
+}
+
+/// `podtrace doctor [<pod>…]`.
+#[derive(Debug, clap::Args)]
+pub struct DoctorArgs {
+    /// Pods to look at (namespace/name, or name with -n): their node, their
+    /// sandbox events, the firewall between them.
+    pub pods: Vec<String>,
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    /// The node examined here (default: the node whose InternalIP this
+    /// network namespace holds).
+    #[arg(long, value_name = "NAME")]
+    pub node: Vec<String>,
+    /// human: the checks to read; json: one report for programs.
+    #[arg(short, long, value_enum, default_value = "human")]
+    pub output: Format,
+    /// Do not examine the node this runs on (API checks only).
+    #[arg(long)]
+    pub api_only: bool,
+    /// Testing only: the conntrack table size to judge usage against (the
+    /// kernel's nf_conntrack_max is read-only outside the initial netns).
+    #[arg(long, hide = true, value_name = "N")]
+    pub conntrack_max_for_testing: Option<u64>,
+}
+
+impl Args {
+    /// The trace an agent runs for this one: `src` and `dst` as the
+    /// front-end resolved them, the flags that matter on a node, and every
+    /// other flag at its default. Every field is named here, so that a new
+    /// flag is decided for agents where it is added.
+    pub fn for_agent(&self, src: String, dst: String) -> Args {
+        Args {
+            src,
+            dst,
+            kube: KubeArgs {
+                namespace: self.kube.namespace.clone(),
+                kubeconfig: None,
+                context: None,
+                pods_file: None,
+                nodes_file: None,
+                netns: Vec::new(),
+                host_root: Vec::new(),
+            },
+            services_file: None,
+            pod_cidr: self.pod_cidr.clone(),
+            node_ip: self.node_ip.clone(),
+            output: Format::Human,
+            count: None,
+            duration: None,
+            profile: false,
+            in_kernel_profile: false,
+            shared_stamps: None,
+            no_kube_proxy_rules: self.no_kube_proxy_rules,
+            no_ruleset_changes: self.no_ruleset_changes,
+            // What each node's kernel side keeps: the same on every node,
+            // so that a sampled packet is kept on all of them.
+            ring_buffer: self.ring_buffer,
+            sample: self.sample,
+            attach: self.attach,
+            color: "auto".into(),
+            write: None,
+            snaplen: MAX_SNAPLEN,
+            cluster: false,
+            agent_namespace: self.agent_namespace.clone(),
+            image: None,
+            nodes: None,
+            // Each agent's own, when the front-end sets it.
+            clock_skew_for_testing: None,
         }
     }
 }
 
-/// A `--snaplen`: 1 to what the kernel copies of each packet.
-fn parse_snaplen(text: &str) -> Result<u32, String> {
-    let n: u32 = text
-        .trim()
-        .parse()
-        .map_err(|_| format!("--snaplen takes a number of bytes, not {text:?}"))?;
-    if n == 0 || n > MAX_SNAPLEN {
-        return Err(format!(
-            "--snaplen {n}: the kernel copies the first {MAX_SNAPLEN} bytes of each packet (headers), so 1 to {MAX_SNAPLEN}"
-        ));
+impl AgentArgs {
+    /// `agent …`, the command line that parses back into these arguments:
+    /// the one place an agent's command line is written. It writes what
+    /// `Args::for_agent` keeps; `an_agent_command_line_parses_back` holds
+    /// the round trip.
+    pub fn argv(&self) -> Vec<String> {
+        let trace = &self.trace;
+        let mut argv = vec![
+            "agent".to_string(),
+            trace.src.clone(),
+            trace.dst.clone(),
+            "-n".into(),
+            trace.kube.namespace.clone(),
+        ];
+        for cidr in &trace.pod_cidr {
+            argv.extend(["--pod-cidr".into(), cidr.to_string()]);
+        }
+        let attach = trace
+            .attach
+            .to_possible_value()
+            .expect("no mode is skipped");
+        argv.extend(["--attach".into(), attach.get_name().to_string()]);
+        if trace.no_ruleset_changes {
+            argv.push("--no-ruleset-changes".into());
+        }
+        if trace.no_kube_proxy_rules {
+            argv.push("--no-kube-proxy-rules".into());
+        }
+        argv.extend([
+            "--sample".into(),
+            trace.sample.to_string(),
+            "--ring-buffer".into(),
+            trace.ring_buffer.to_string(),
+        ]);
+        for ip in &trace.node_ip {
+            argv.extend(["--node-ip".into(), ip.to_string()]);
+        }
+        if let Some(skew) = &trace.clock_skew_for_testing {
+            // One word: a negative skew (`-2s`) would read as a flag.
+            argv.push(format!("--clock-skew-for-testing={skew}"));
+        }
+        let named = [
+            ("--node", &self.node),
+            ("--lease", &self.lease),
+            ("--pod", &self.pod),
+        ];
+        for (flag, value) in named {
+            if let Some(value) = value {
+                argv.extend([flag.to_string(), value.clone()]);
+            }
+        }
+        argv.extend(["--agent-namespace".into(), trace.agent_namespace.clone()]);
+        for root in &trace.kube.host_root {
+            argv.extend(["--host-root".into(), root.display().to_string()]);
+        }
+        argv
     }
-    Ok(n)
-}
-
-/// A duration as people write it (humantime: `10s`, `500ms`, `1h 30m`); a
-/// bare number is seconds. Too large a value is an error, not a panic.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let parsed = if !text.is_empty() && text.chars().all(|c| c.is_ascii_digit()) {
-        text.parse::<u64>()
-            .map(Duration::from_secs)
-            .map_err(|_| "the number is too large".to_string())
-    } else {
-        humantime::parse_duration(text).map_err(|e| e.to_string())
-    };
-    let duration =
-        parsed.map_err(|e| format!("not a duration: {text:?} ({e}; use e.g. 10s, 500ms, 2m)"))?;
-    // tokio's timer cannot sleep past about 2 years from now.
-    const LONGEST: Duration = Duration::from_secs(365 * 24 * 3600);
-    if duration > LONGEST {
-        return Err(format!("--duration {text} is longer than a year"));
-    }
-    Ok(duration)
-}
-
-/// A ring buffer size: bytes, or KiB / MiB; the kernel wants a power of two
-/// of at least one page.
-pub fn parse_ring_size(text: &str) -> Result<u32, String> {
-    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
-        Some(at) => text.split_at(at),
-        None => (text, ""),
-    };
-    let scale: u64 = match unit {
-        "" | "B" => 1,
-        "KiB" | "K" | "k" => 1 << 10,
-        "MiB" | "M" => 1 << 20,
-        _ => return Err(format!("not a size: {text} (use e.g. 4MiB or 64KiB)")),
-    };
-    let bytes = number
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(scale))
-        .ok_or_else(|| format!("not a size: {text} (use e.g. 4MiB or 64KiB)"))?;
-    if !(4096..=1 << 30).contains(&bytes) || !bytes.is_power_of_two() {
-        return Err(format!(
-            "--ring-buffer {text}: the kernel takes a power of two from 4KiB to 1GiB"
-        ));
-    }
-    Ok(bytes as u32)
 }
 
 #[cfg(test)]
@@ -341,35 +422,49 @@ mod tests {
     }
 
     #[test]
-    fn durations() {
-        assert_eq!(parse_duration("10").unwrap(), Duration::from_secs(10));
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert_eq!(parse_duration("1h 30m").unwrap(), Duration::from_secs(5400));
-        assert_eq!(
-            parse_duration("3 weeks").unwrap(),
-            Duration::from_secs(3 * 7 * 86400)
-        );
-        assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("").is_err());
-    }
-
-    #[test]
-    fn ring_sizes() {
-        assert_eq!(parse_ring_size("4MiB").unwrap(), 4 << 20);
-        assert_eq!(parse_ring_size("4096").unwrap(), 4096);
-        assert!(parse_ring_size("3MiB").is_err());
-        assert!(parse_ring_size("1KiB").is_err());
-        assert!(parse_ring_size("lots").is_err());
-    }
-
-    #[test]
-    fn absurd_durations_are_errors_not_panics() {
-        let e = parse_duration("99999999999999999999h").unwrap_err();
-        assert!(e.contains("not a duration"), "{e}");
-        assert!(parse_duration("99999999999999999999").is_err());
-        assert!(parse_duration("20000h")
-            .unwrap_err()
-            .contains("longer than a year"));
+    fn an_agent_command_line_parses_back() {
+        let front = Cli::try_parse_from([
+            "podtrace",
+            "a",
+            "b",
+            "-n",
+            "ns",
+            "--pod-cidr",
+            "10.244.0.0/16",
+            "--attach",
+            "clsact",
+            "--no-ruleset-changes",
+            "--no-kube-proxy-rules",
+            "--sample",
+            "4",
+            "--ring-buffer",
+            "4MiB",
+            "--node-ip",
+            "192.0.2.11",
+            "--agent-namespace",
+            "tracing",
+            "--output",
+            "json",
+            "--count",
+            "3",
+            "--netns",
+            "n1",
+        ])
+        .unwrap()
+        .trace
+        .expect("a trace");
+        let mut agent = AgentArgs {
+            trace: front.for_agent("ns/a".into(), "ns/b".into()),
+            node: Some("node-1".into()),
+            lease: Some("lease".into()),
+            pod: Some("pod".into()),
+        };
+        agent.trace.kube.host_root = vec![PathBuf::from("/host")];
+        agent.trace.clock_skew_for_testing = Some("-2s".into());
+        let argv = std::iter::once("podtrace".to_string()).chain(agent.argv());
+        let Some(Command::Agent(parsed)) = Cli::try_parse_from(argv).unwrap().command else {
+            panic!("not an agent");
+        };
+        assert_eq!(format!("{parsed:?}"), format!("{agent:?}"));
     }
 }

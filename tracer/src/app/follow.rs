@@ -1,0 +1,122 @@
+//! Following the traced pair as it changes under way: a connection
+//! translated (conntrack), a pod that comes back with a new IP (the API).
+
+use std::net::Ipv4Addr;
+
+use anyhow::Result;
+use tokio::sync::mpsc;
+
+use super::{flow_ips, traced_pairs, Targets, Trace};
+use crate::{
+    cluster::api::PodMoved,
+    probe::{clock::monotonic_ns, conntrack},
+    story::{journey::Correlator, Context},
+};
+
+/// A conntrack entry of a node (node mode): if it is the traced pair's,
+/// its translated addresses traced and its translations learnt.
+pub(super) async fn learn_connection(
+    entry: &conntrack::Entry,
+    trace: &mut Trace,
+    ctx: &mut Context,
+    correlator: &mut Correlator,
+) -> Result<()> {
+    if of_the_traced_pair(entry, &trace.targets) {
+        let newly_traced = follow_connection(entry, trace).await?;
+        let untraced_until = if newly_traced { monotonic_ns() } else { 0 };
+        learn_translations(entry, untraced_until, ctx, correlator);
+    }
+    Ok(())
+}
+
+/// Whether a conntrack entry is a connection of the traced pair.
+pub(super) fn of_the_traced_pair(entry: &conntrack::Entry, targets: &Targets) -> bool {
+    let traced = [targets.src.ip, targets.dst.ip];
+    traced.contains(&entry.orig.src) && traced.contains(&entry.orig.dst)
+}
+
+/// A translated connection of the traced pair, from conntrack, told to
+/// the stories' context and the correlator (node mode, and the front-end
+/// of cluster mode); its translated addresses were not traced until
+/// `untraced_until_ns` (0: always were).
+pub(super) fn learn_translations(
+    entry: &conntrack::Entry,
+    untraced_until_ns: u64,
+    ctx: &mut Context,
+    correlator: &mut Correlator,
+) {
+    let names = ctx.names.clone();
+    let learnt = ctx
+        .nat
+        .learn_connection(entry, |ip| names.get(&ip).cloned(), untraced_until_ns);
+    for t in learnt {
+        correlator.learn_translation(t);
+    }
+    if entry.snat() {
+        correlator.trace_for_joining(entry.reply.src, entry.reply.dst);
+    }
+}
+
+/// The addresses a connection of the traced pair is translated to,
+/// traced on every node from now on, and a backend's pod veth watched
+/// where it is local (node mode, and each agent of cluster mode).
+/// Returns whether they were not traced before.
+pub(super) async fn follow_connection(entry: &conntrack::Entry, trace: &mut Trace) -> Result<bool> {
+    // The connection as the peer sees it, both ways: what the kernel
+    // filter must now let through.
+    let (a, b) = (entry.reply.src, entry.reply.dst);
+    let new = flow_ips((a, b));
+    let traced = traced_pairs(&trace.targets);
+    if (a, b) == (entry.orig.dst, entry.orig.src)
+        || traced.contains(&(b, a))
+        || trace.learnt_flows.iter().any(|k| new.contains(k))
+    {
+        return Ok(false);
+    }
+    for node in &mut trace.nodes {
+        node.follow(&[], &new)?;
+        if entry.dnat() {
+            node.watch_pod(a).await?;
+        }
+    }
+    trace.learnt_flows.extend(new);
+    Ok(true)
+}
+
+/// Watches the traced pods through the API, when names came from it: a
+/// pod that comes back with a new IP is said on the channel.
+pub(super) fn watch_moves(trace: &Trace) -> mpsc::UnboundedReceiver<PodMoved> {
+    let (moved_tx, moved_rx) = mpsc::unbounded_channel::<PodMoved>();
+    if let Some(cluster) = &trace.targets.cluster {
+        for pod in [&trace.targets.src, &trace.targets.dst]
+            .into_iter()
+            .filter_map(|e| e.pod.as_ref())
+        {
+            cluster.watch(pod, moved_tx.clone());
+        }
+    }
+    moved_rx
+}
+
+/// A traced pod came back with a new IP: trace the new pair everywhere.
+pub(super) fn follow_move(
+    trace: &mut Trace,
+    traced_ips: &mut (Ipv4Addr, Ipv4Addr),
+    moved: &PodMoved,
+) -> Result<()> {
+    let old = flow_ips(*traced_ips);
+    if traced_ips.0 == moved.old {
+        traced_ips.0 = moved.new;
+    }
+    if traced_ips.1 == moved.old {
+        traced_ips.1 = moved.new;
+    }
+    eprintln!(
+        "podtrace: {} moved from {} to {}; now tracing its new IP",
+        moved.pod, moved.old, moved.new
+    );
+    for node in &mut trace.nodes {
+        node.follow(&old, &flow_ips(*traced_ips))?;
+    }
+    Ok(())
+}

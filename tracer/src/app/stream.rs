@@ -1,0 +1,210 @@
+//! The one stream loop of a trace on this host (pwru's read → decode →
+//! hand over): the nodes' records placed as hops, their netfilter rules,
+//! conntrack entries and link changes, and the traced pods' moves, each
+//! handed to a [`Consumer`]: node mode's local correlator ([`Local`]), or
+//! an agent's wire (`agent::Output`).
+
+use std::{io::Write, time::Duration};
+
+use anyhow::Result;
+use tokio::sync::mpsc;
+
+use super::traced::TracedNode;
+use super::{
+    follow_move, learn_connection, link_changed,
+    losses::LossWatch,
+    stop::Stop,
+    teller::{new_teller, pcap_writer, Teller},
+    to_hop, until, watch_moves, Trace, ARP_PATIENCE, JOURNEY_IDLE, JOURNEY_PATIENCE,
+};
+use crate::{
+    cli::Args,
+    cluster::api::PodMoved,
+    decode::hop::Hop,
+    model::Summary,
+    probe::{clock::monotonic_ns, conntrack, netfilter::TracedRule, RING_HANDOVER},
+    story::{
+        journey::{Correlator, Waits},
+        Context,
+    },
+};
+
+/// Streams until Ctrl-C, SIGTERM, `--duration` or `--count`; returns the
+/// summary so far and a teller holding what is still to be told.
+pub(super) async fn here(
+    args: &Args,
+    trace: &mut Trace,
+    stop: &mut Stop,
+    write: Option<Box<dyn Write>>,
+) -> Result<(Summary, Teller<'static>)> {
+    let mut teller = new_teller(args, std::mem::take(&mut trace.ctx));
+    if let Some(out) = write {
+        teller.pcap = Some(pcap_writer(out, args, trace, &teller.ctx)?);
+    }
+    let mut summary = Summary {
+        hooks_attached: trace.nodes.iter().map(TracedNode::hooks).sum(),
+        sample: args.sample,
+        kernel: Some(trace.kernel_summary.clone()),
+        ..Default::default()
+    };
+    let mut correlator = correlator_for(&teller.ctx, trace.rules_traced);
+    for (a, b) in &trace.joining_only {
+        correlator.trace_for_joining(*a, *b);
+    }
+    let mut local = Local { teller, correlator };
+    // Node mode has no lease to lose.
+    let (_, no_lease) = mpsc::unbounded_channel();
+    stream(args, trace, stop, &mut local, &mut summary, no_lease).await?;
+    let Local {
+        mut teller,
+        mut correlator,
+    } = local;
+    teller.tell_all(&correlator.take_all())?;
+    Ok((summary, teller))
+}
+
+/// The correlator for a trace told with `ctx`, node mode's and the
+/// front-end's alike.
+pub(super) fn correlator_for(ctx: &Context, rules_traced: bool) -> Correlator {
+    Correlator::new(Waits {
+        idle_ns: JOURNEY_IDLE.as_nanos() as u64,
+        patience_ns: JOURNEY_PATIENCE.as_nanos() as u64,
+        arp_ns: ARP_PATIENCE.as_nanos() as u64,
+        rules_traced,
+        traced_destinations: ctx
+            .nodes
+            .values()
+            .flat_map(|facts| facts.local_pod_subnets.iter().copied())
+            .collect(),
+    })
+    .with_nat(ctx.nat.clone())
+}
+
+/// Where the stream loop's events go.
+pub(super) trait Consumer {
+    /// How often [`Consumer::tick`] runs.
+    fn tick_every(&self) -> Duration;
+    /// One sighting, placed.
+    fn hop(&mut self, hop: Hop);
+    /// Every record stamped before `read_through` has been handed over;
+    /// `loss` is a window (from, to, count) of records the kernel lost.
+    /// Returns whether to go on (`--count` may be reached).
+    fn tick(&mut self, read_through: u64, now: u64, loss: Option<(u64, u64, u64)>) -> Result<bool>;
+    /// A traced pod came back with a new IP (already traced).
+    fn moved(&mut self, moved: &PodMoved);
+    /// A netfilter rule that dropped a traced packet.
+    fn rule(&mut self, rule: TracedRule, at_ns: u64);
+    /// A node's conntrack entry.
+    async fn conntrack(&mut self, entry: conntrack::Entry, trace: &mut Trace) -> Result<()>;
+    /// The number of attached hooks changed.
+    fn hooks(&mut self, hooks: usize);
+}
+
+/// Streams until Ctrl-C, SIGTERM, `--duration`, the consumer says stop,
+/// or `gone` says why (an agent's lease went stale: returned).
+pub(super) async fn stream(
+    args: &Args,
+    trace: &mut Trace,
+    stop: &mut Stop,
+    consumer: &mut impl Consumer,
+    summary: &mut Summary,
+    mut gone: mpsc::UnboundedReceiver<String>,
+) -> Result<Option<String>> {
+    let mut moved_rx = watch_moves(trace);
+    let mut traced_ips = (trace.targets.src.ip, trace.targets.dst.ip);
+    let mut losses = LossWatch::new(&trace.nodes, monotonic_ns());
+    let mut tick = tokio::time::interval(consumer.tick_every());
+    let until_deadline = until(args.duration);
+    tokio::pin!(until_deadline);
+    let mut why_gone = None;
+    loop {
+        tokio::select! {
+            batch = trace.sightings.recv() => {
+                let Some(batch) = batch else { break };
+                for sighting in &batch {
+                    if let Some(hop) = to_hop(sighting, trace, summary).await {
+                        consumer.hop(hop);
+                    }
+                }
+            }
+            _ = tick.tick() => {
+                // Read before the queue is taken: every record stamped
+                // before it is then handed over, whichever node sent it.
+                let read_through = trace.read_through();
+                hand_over_queued(trace, summary, consumer).await;
+                let now = monotonic_ns();
+                let loss = losses.check(&trace.nodes, now)?;
+                if !consumer.tick(read_through, now, loss)? {
+                    break;
+                }
+            }
+            Some(moved) = moved_rx.recv() => {
+                follow_move(trace, &mut traced_ips, &moved)?;
+                consumer.moved(&moved);
+            }
+            Some((_node, rule)) = trace.rules.recv() => consumer.rule(rule, monotonic_ns()),
+            Some((_node, entry)) = trace.conntrack.recv() => consumer.conntrack(entry, trace).await?,
+            Some((node, change)) = trace.links.recv() => {
+                link_changed(trace, node, change, summary);
+                consumer.hooks(summary.hooks_attached);
+            }
+            Some(why) = gone.recv() => { why_gone = Some(why); break }
+            () = stop.recv() => break,
+            _ = &mut until_deadline => break,
+        }
+    }
+    // Let the ring readers hand over what they have read, then take it.
+    tokio::time::sleep(RING_HANDOVER).await;
+    hand_over_queued(trace, summary, consumer).await;
+    Ok(why_gone)
+}
+
+/// Every batch queued now, placed and handed over.
+async fn hand_over_queued(trace: &mut Trace, summary: &mut Summary, consumer: &mut impl Consumer) {
+    for batch in trace.take_queued() {
+        for sighting in &batch {
+            if let Some(hop) = to_hop(sighting, trace, summary).await {
+                consumer.hop(hop);
+            }
+        }
+    }
+}
+
+/// Node mode's consumer: journeys correlated here and told.
+pub(super) struct Local {
+    pub teller: Teller<'static>,
+    pub correlator: Correlator,
+}
+
+impl Consumer for Local {
+    fn tick_every(&self) -> Duration {
+        JOURNEY_IDLE / 2
+    }
+
+    fn hop(&mut self, hop: Hop) {
+        self.correlator.observe(hop);
+    }
+
+    fn tick(&mut self, read_through: u64, now: u64, loss: Option<(u64, u64, u64)>) -> Result<bool> {
+        if let Some((from, to, _)) = loss {
+            self.correlator.observe_loss(from, to);
+        }
+        let finished = self.correlator.take_finished(read_through.min(now));
+        Ok(self.teller.tell_all(&finished)?)
+    }
+
+    fn moved(&mut self, moved: &PodMoved) {
+        self.teller.rename(moved.new, moved.pod.clone());
+    }
+
+    fn rule(&mut self, rule: TracedRule, at_ns: u64) {
+        self.correlator
+            .observe_rule((rule.src, rule.dst, rule.ip_id), rule.rule, at_ns);
+    }
+
+    async fn conntrack(&mut self, entry: conntrack::Entry, trace: &mut Trace) -> Result<()> {
+        learn_connection(&entry, trace, &mut self.teller.ctx, &mut self.correlator).await
+    }
+
+    fn hooks(&mut self, _hooks: usize) {}
+}

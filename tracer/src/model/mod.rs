@@ -1,0 +1,20 @@
+//! The nouns every layer shares, at the bottom of the tree: names, the
+//! interned strings, node subnets, address translations, the output
+//! format and summary, the doctor's findings, text helpers. Nothing here
+//! imports another folder of podtrace.
+
+pub mod finding;
+pub mod format;
+pub mod interned;
+pub mod name;
+pub mod subnet;
+pub mod summary;
+pub mod text;
+pub mod translation;
+
+pub use finding::Finding;
+pub use format::{Format, MAX_SNAPLEN};
+pub use name::Name;
+pub use subnet::NodeSubnet;
+pub use summary::{KernelSummary, NodeCounts, Summary, KEEP_UP};
+pub use translation::{Frontend, Translation};

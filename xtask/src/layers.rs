@@ -1,0 +1,406 @@
+//! The layering of `tracer/src`: every import between its folders points
+//! down. A folder may use the folders listed before it in [`LAYERS`] and
+//! never one listed after it, so a newcomer can tell from this list alone
+//! what a folder may use, and the folders form no cycle.
+//!
+//! The check reads the code as text: every `crate::…` path (in `use` lines
+//! and inline) and every `super::…` path that climbs out of a folder. It
+//! skips comments and string literals, so a path in prose or in a message
+//! is not an import.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+/// The folders (and single-file modules) of `tracer/src`, bottom first.
+pub const LAYERS: &[&str] = &[
+    // The nouns every layer shares.
+    "model",   // What a node looks like: netlink, links, routes, namespaces.
+    "node",    // Kernel programs: load, attach, read.
+    "probe",   // Arguments only, for every command.
+    "cli",     // One file per CNI backend, and the interfaces to watch.
+    "cni",     // The API, inventories, Services and their translations, agents.
+    "cluster", // Checks only.
+    "doctor",  // A kernel record into a hop.
+    "decode",  // Journeys, NAT, verdicts, notes.
+    "story",   // One sink per format.
+    "output",  // The run: resolve, attach, one stream loop, the wire.
+    "app",
+];
+
+/// One import that points up.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Upward {
+    pub file: PathBuf,
+    pub line: usize,
+    pub from: String,
+    pub to: String,
+}
+
+impl std::fmt::Display for Upward {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}:{}: {} imports {}, which sits above it",
+            self.file.display(),
+            self.line,
+            self.from,
+            self.to
+        )
+    }
+}
+
+/// The folder the layering is about.
+pub fn tracer_src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tracer/src")
+}
+
+/// Fails, listing each one, when an import in tracer/src points up.
+pub fn check() -> Result<()> {
+    let upward = upward_imports(&tracer_src())?;
+    if upward.is_empty() {
+        return Ok(());
+    }
+    let list: Vec<String> = upward.iter().map(|u| u.to_string()).collect();
+    bail!(
+        "{} import(s) point up (xtask/src/layers.rs has the order):\n{}",
+        upward.len(),
+        list.join("\n")
+    )
+}
+
+/// Every upward import under `src`, in file order.
+pub fn upward_imports(src: &Path) -> Result<Vec<Upward>> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files)?;
+    files.sort();
+    let mut upward = Vec::new();
+    for file in files {
+        let relative = file.strip_prefix(src).unwrap_or(&file);
+        let module = module_path(relative);
+        let Some(from) = module.first().filter(|m| rank(m).is_some()) else {
+            // lib.rs and main.rs: the root declares and dispatches.
+            continue;
+        };
+        let text =
+            std::fs::read_to_string(&file).with_context(|| format!("read {}", file.display()))?;
+        for (line, to) in imported_folders(&text, &module) {
+            if rank(&to) > rank(from) {
+                upward.push(Upward {
+                    file: file.clone(),
+                    line,
+                    from: from.clone(),
+                    to,
+                });
+            }
+        }
+    }
+    Ok(upward)
+}
+
+fn rank(folder: &str) -> Option<usize> {
+    LAYERS.iter().position(|l| *l == folder)
+}
+
+fn rust_files(dir: &Path, into: &mut Vec<PathBuf>) -> Result<()> {
+    for entry in std::fs::read_dir(dir).with_context(|| format!("read {}", dir.display()))? {
+        let path = entry?.path();
+        if path.is_dir() {
+            rust_files(&path, into)?;
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            into.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// `story/verdict.rs` is `[story, verdict]`; `story/mod.rs` is `[story]`.
+fn module_path(relative: &Path) -> Vec<String> {
+    let mut parts: Vec<String> = relative
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    if let Some(last) = parts.pop() {
+        let stem = last.trim_end_matches(".rs");
+        if stem != "mod" && stem != "lib" && stem != "main" {
+            parts.push(stem.to_string());
+        }
+    }
+    parts
+}
+
+/// The top-level modules that `text` (the file of module `module`) names,
+/// with the line of each naming.
+fn imported_folders(text: &str, module: &[String]) -> Vec<(usize, String)> {
+    let tokens = tokens(text);
+    let mut found = Vec::new();
+    // Inline `mod name { … }` blocks: `super::` inside one climbs to the
+    // file's own module first.
+    let mut inline_mods: Vec<usize> = Vec::new();
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < tokens.len() {
+        let (line, token) = (tokens[i].0, tokens[i].1.as_str());
+        match token {
+            "{" => depth += 1,
+            "}" => {
+                depth = depth.saturating_sub(1);
+                if inline_mods.last() == Some(&depth) {
+                    inline_mods.pop();
+                }
+            }
+            "mod" if tokens.get(i + 2).is_some_and(|t| t.1 == "{") => {
+                inline_mods.push(depth);
+            }
+            "crate" | "super" if tokens.get(i + 1).is_some_and(|t| t.1 == "::") => {
+                // `a::crate` cannot happen; `x::super` can (`super::super`).
+                if i > 0 && tokens[i - 1].1 == "::" {
+                    i += 1;
+                    continue;
+                }
+                let mut base: Vec<String> = if token == "crate" {
+                    Vec::new()
+                } else {
+                    let mut here = module.to_vec();
+                    here.extend(inline_mods.iter().map(|_| String::new()));
+                    here.pop();
+                    here
+                };
+                let mut j = i + 2;
+                while tokens.get(j).is_some_and(|t| t.1 == "super")
+                    && tokens.get(j + 1).is_some_and(|t| t.1 == "::")
+                {
+                    base.pop();
+                    j += 2;
+                }
+                if !base.is_empty() {
+                    // Still inside a folder (or an inline module): no folder
+                    // is crossed.
+                    i = j;
+                    continue;
+                }
+                for first in first_segments(&tokens, j) {
+                    found.push((line, first));
+                }
+                i = j;
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    found
+}
+
+/// The first path segment at `tokens[at]`, or each one of a `{a::…, b}`
+/// group.
+fn first_segments(tokens: &[(usize, String)], at: usize) -> Vec<String> {
+    match tokens.get(at).map(|t| t.1.as_str()) {
+        Some("{") => {
+            let mut firsts = Vec::new();
+            let mut depth = 0;
+            let mut expect = true;
+            for (_, t) in &tokens[at..] {
+                match t.as_str() {
+                    "{" => {
+                        depth += 1;
+                        expect = depth == 1;
+                    }
+                    "}" => {
+                        depth -= 1;
+                        if depth == 0 {
+                            break;
+                        }
+                    }
+                    "," if depth == 1 => expect = true,
+                    word if expect && is_ident(word) => {
+                        firsts.push(word.to_string());
+                        expect = false;
+                    }
+                    _ => expect = false,
+                }
+            }
+            firsts
+        }
+        Some(word) if is_ident(word) => vec![word.to_string()],
+        _ => Vec::new(),
+    }
+}
+
+fn is_ident(word: &str) -> bool {
+    word.chars()
+        .next()
+        .is_some_and(|c| c.is_alphabetic() || c == '_')
+}
+
+/// Identifiers, `::` and single punctuation, with their line; comments,
+/// strings and character literals are left out.
+fn tokens(text: &str) -> Vec<(usize, String)> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = Vec::new();
+    let mut line = 1;
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        let next = chars.get(i + 1).copied();
+        if c == '\n' {
+            line += 1;
+            i += 1;
+        } else if c.is_whitespace() {
+            i += 1;
+        } else if c == '/' && next == Some('/') {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
+            }
+        } else if c == '/' && next == Some('*') {
+            i += 2;
+            let mut nested = 1;
+            while i < chars.len() && nested > 0 {
+                if chars[i] == '\n' {
+                    line += 1;
+                }
+                if chars[i] == '/' && chars.get(i + 1) == Some(&'*') {
+                    nested += 1;
+                    i += 1;
+                } else if chars[i] == '*' && chars.get(i + 1) == Some(&'/') {
+                    nested -= 1;
+                    i += 1;
+                }
+                i += 1;
+            }
+        } else if c == '"' || (c == 'r' && matches!(next, Some('"') | Some('#'))) {
+            i = skip_string(&chars, i, &mut line);
+        } else if c == 'b' && matches!(next, Some('"') | Some('r')) {
+            i = skip_string(&chars, i + 1, &mut line);
+        } else if c == '\'' {
+            i = skip_char_literal(&chars, i);
+        } else if c.is_alphanumeric() || c == '_' {
+            let start = i;
+            while i < chars.len() && (chars[i].is_alphanumeric() || chars[i] == '_') {
+                i += 1;
+            }
+            out.push((line, chars[start..i].iter().collect()));
+        } else if c == ':' && next == Some(':') {
+            out.push((line, "::".to_string()));
+            i += 2;
+        } else {
+            out.push((line, c.to_string()));
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Past a `"…"`, `r"…"` or `r#"…"#` literal starting at `i`.
+fn skip_string(chars: &[char], mut i: usize, line: &mut usize) -> usize {
+    if chars[i] == 'r' {
+        let mut hashes = 0;
+        i += 1;
+        while chars.get(i) == Some(&'#') {
+            hashes += 1;
+            i += 1;
+        }
+        if chars.get(i) != Some(&'"') {
+            // `r#ident` (a raw identifier), not a string.
+            return i;
+        }
+        i += 1;
+        while i < chars.len() {
+            if chars[i] == '\n' {
+                *line += 1;
+            }
+            if chars[i] == '"' && (1..=hashes).all(|h| chars.get(i + h) == Some(&'#')) {
+                return i + 1 + hashes;
+            }
+            i += 1;
+        }
+        return i;
+    }
+    i += 1;
+    while i < chars.len() {
+        match chars[i] {
+            '\\' => i += 1,
+            '\n' => *line += 1,
+            '"' => return i + 1,
+            _ => {}
+        }
+        i += 1;
+    }
+    i
+}
+
+/// Past a `'x'` or `'\n'` literal; a lifetime (`'a`) is just its quote.
+fn skip_char_literal(chars: &[char], i: usize) -> usize {
+    if chars.get(i + 1) == Some(&'\\') {
+        let mut j = i + 2;
+        while j < chars.len() && chars[j] != '\'' {
+            j += 1;
+        }
+        return j + 1;
+    }
+    if chars.get(i + 2) == Some(&'\'') {
+        return i + 3;
+    }
+    i + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn folders(text: &str, module: &[&str]) -> Vec<String> {
+        let module: Vec<String> = module.iter().map(|m| m.to_string()).collect();
+        imported_folders(text, &module)
+            .into_iter()
+            .map(|(_, f)| f)
+            .collect()
+    }
+
+    #[test]
+    fn crate_paths_in_use_lines_groups_and_inline() {
+        let text = "use crate::{story::X, output::{a, b}};\n\
+                    use crate::node;\n\
+                    fn f() { crate::probe::load(); }";
+        assert_eq!(
+            folders(text, &["app", "run"]),
+            ["story", "output", "node", "probe"]
+        );
+    }
+
+    #[test]
+    fn super_climbs_out_of_a_folder_only_from_its_mod_rs() {
+        // story/verdict.rs: super is story, no folder crossed.
+        assert!(folders("use super::journey::J;", &["story", "verdict"]).is_empty());
+        // story/mod.rs: super is the crate root.
+        assert_eq!(folders("use super::doctor::F;", &["story"]), ["doctor"]);
+        assert_eq!(
+            folders("use super::super::doctor::F;", &["story", "verdict"]),
+            ["doctor"]
+        );
+        // Inside an inline module, super is the file's own module.
+        assert!(folders("mod tests { use super::cli::X; }", &["story"]).is_empty());
+    }
+
+    #[test]
+    fn comments_and_strings_are_not_imports() {
+        let text = "// crate::app::x\n/* crate::app */ let s = \"crate::app::y\";\n\
+                    let c = '\"'; let r = r#\"crate::app\"#; fn g<'a>() {}";
+        assert!(folders(text, &["node"]).is_empty());
+    }
+
+    #[test]
+    fn lines_are_counted() {
+        let text = "\n\n/* a\nb */\nuse crate::app::X;";
+        let module = vec!["node".to_string()];
+        assert_eq!(imported_folders(text, &module), [(5, "app".to_string())]);
+    }
+
+    #[test]
+    fn tracer_imports_point_down() {
+        let upward = upward_imports(&tracer_src()).unwrap();
+        for u in &upward {
+            eprintln!("{u}");
+        }
+        assert!(upward.is_empty(), "{} upward import(s)", upward.len());
+    }
+}
