@@ -205,7 +205,11 @@ fn assert_no_route(story: &Value, human: &str, lab: &LabGuard, then_reason: &str
     );
     assert_eq!(verdict["check"]["node"], "node-1");
     assert_eq!(verdict["check"]["expected"], expected.as_str());
-    assert_eq!(verdict["then"]["reason"], then_reason, "{verdict}");
+    assert_eq!(
+        verdict["then"]["reason"],
+        told_reason(then_reason).as_str(),
+        "{verdict}"
+    );
     assert!(
         human.contains(&format!(
             "verdict: no route on node-1 to {}",

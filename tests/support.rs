@@ -256,3 +256,18 @@ fn interfaces() -> Vec<String> {
         .map(|name| name.split('@').next().unwrap_or(name).to_string())
         .collect()
 }
+
+/// The drop reason podtrace tells for a drop the kernel calls `reason`:
+/// the name itself where kfree_skb passes reasons (5.17), else what it
+/// says on older kernels. NETFILTER_DROP is known there too, by the drop's
+/// location.
+pub fn told_reason(reason: &str) -> String {
+    let btf = podtrace::probe::btf::Btf::from_sys_fs().expect("the kernel's BTF");
+    let features =
+        podtrace::probe::features::Features::probe(&btf).expect("a kernel podtrace runs on");
+    if features.drop_reasons || reason == "NETFILTER_DROP" {
+        reason.to_string()
+    } else {
+        podtrace::probe::drops::REASON_NOT_NAMED.to_string()
+    }
+}

@@ -19,7 +19,7 @@ use podtrace_common::{
 use crate::{
     kernel::{global, kernel_read, kernel_read_buf, with_per_cpu},
     maps::{bump, is_traced, node_id, sample, trusted_tunnel, SIGHTINGS},
-    sighting::Meta,
+    sighting::{Meta, NO_ROUTE_ASKED},
 };
 
 #[unsafe(no_mangle)]
@@ -159,7 +159,7 @@ fn report(s: &mut Sighting, skb: u64, location: u64, reason: u32) {
         netns_inum: inum,
         direction: 0,
         has_l2: 0,
-        route: None,
+        route: NO_ROUTE_ASKED,
     };
     meta.write(s, snapshot_len as u16);
     if SIGHTINGS.output::<Sighting>(s, 0).is_err() {

@@ -34,7 +34,7 @@ use aya_ebpf::{
 };
 use podtrace_common::{headers::IPV4_SADDR, packet::Bytes, FlowKey, Histogram, SNAPSHOT_LEN};
 
-use crate::sighting::Route;
+use crate::sighting::{Route, NO_ROUTE_ASKED};
 
 // `copy_start` bounds a length by masking with SNAPSHOT_LEN - 1.
 const _: () = assert!(SNAPSHOT_LEN.is_power_of_two());
@@ -200,9 +200,10 @@ impl Skb<'_> {
     }
 
     /// bpf_fib_lookup for the packet as arriving on this interface: the
-    /// BPF_FIB_LKUP_RET_* code and the output ifindex and IPv4 next hop.
+    /// BPF_FIB_LKUP_RET_* code and the output ifindex and IPv4 next hop
+    /// (NO_ROUTE_ASKED if the helper itself failed).
     #[inline(always)]
-    pub fn fib_lookup(&self, fill: impl FnOnce(&mut FibParams)) -> Option<Route> {
+    pub fn fib_lookup(&self, fill: impl FnOnce(&mut FibParams)) -> Route {
         let mut params: FibParams = unsafe { core::mem::zeroed() };
         fill(&mut params);
         params.ifindex = self.ifindex();
@@ -215,10 +216,10 @@ impl Skb<'_> {
             )
         };
         if rc < 0 {
-            return None;
+            return NO_ROUTE_ASKED;
         }
         let nexthop = unsafe { params.__bindgen_anon_4.ipv4_dst }.to_ne_bytes();
-        Some((rc as u8, params.ifindex, nexthop))
+        (rc as u8, params.ifindex, nexthop)
     }
 }
 

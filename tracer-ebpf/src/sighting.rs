@@ -10,6 +10,11 @@ use crate::kernel::ktime_ns;
 /// IPv4 next hop).
 pub type Route = (u8, u32, [u8; 4]);
 
+/// No route asked: every byte set, never an `Option`. LLVM may load the
+/// payload of a `None` before it selects the default, and verifiers
+/// before 5.19 refuse a read of stack that was never written.
+pub const NO_ROUTE_ASKED: Route = (FIB_NOT_LOOKED_UP, 0, [0; 4]);
+
 pub struct Meta {
     /// One of `sighting_kind`.
     pub kind: u8,
@@ -24,15 +29,14 @@ pub struct Meta {
     pub netns_inum: u32,
     pub direction: u8,
     pub has_l2: u8,
-    pub route: Option<Route>,
+    pub route: Route,
 }
 
 impl Meta {
     /// Fills every field of `s` but the snapshot bytes, and stamps the time.
     #[inline(always)]
     pub fn write(&self, s: &mut Sighting, snapshot_len: u16) {
-        let (fib_result, fib_ifindex, fib_nexthop) =
-            self.route.unwrap_or((FIB_NOT_LOOKED_UP, 0, [0; 4]));
+        let (fib_result, fib_ifindex, fib_nexthop) = self.route;
         s.ktime_ns = ktime_ns();
         s.location = self.location;
         s.ifindex = self.ifindex;

@@ -13,7 +13,7 @@ use crate::{
     kernel::{submit_with, Linear, Skb},
     maps::{bump, is_traced, node_id, sample, trusted_tunnel, wake_bytes, SIGHTINGS},
     profile,
-    sighting::{Meta, Route},
+    sighting::{Meta, Route, NO_ROUTE_ASKED},
 };
 
 /// bpf_fib_lookup's address family for IPv4.
@@ -107,7 +107,7 @@ fn report(skb: &Skb, direction: Direction, has_l2: bool, kind: u8, l3: usize) {
     let route = if direction == Direction::Ingress && kind == match_kind::PLAIN {
         route_lookup(skb, l3)
     } else {
-        None
+        NO_ROUTE_ASKED
     };
     let meta = Meta {
         kind: sighting_kind::TC,
@@ -137,12 +137,16 @@ fn report(skb: &Skb, direction: Direction, has_l2: bool, kind: u8, l3: usize) {
 }
 
 /// bpf_fib_lookup for the IPv4 packet at `l3`, as arriving on this
-/// interface.
+/// interface (NO_ROUTE_ASKED where its header cannot be read).
 #[inline(always)]
-fn route_lookup(skb: &Skb, l3: usize) -> Option<Route> {
-    let tos = skb.u8_at(l3 + IPV4_TOS)?;
-    let protocol = skb.u8_at(l3 + IPV4_PROTOCOL)?;
-    let pair = skb.pair_at(l3)?;
+fn route_lookup(skb: &Skb, l3: usize) -> Route {
+    let (Some(tos), Some(protocol), Some(pair)) = (
+        skb.u8_at(l3 + IPV4_TOS),
+        skb.u8_at(l3 + IPV4_PROTOCOL),
+        skb.pair_at(l3),
+    ) else {
+        return NO_ROUTE_ASKED;
+    };
     skb.fib_lookup(|params| {
         params.family = AF_INET;
         params.l4_protocol = protocol;

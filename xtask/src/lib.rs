@@ -7,3 +7,4 @@ pub mod lab;
 pub mod layers;
 pub mod podtrace_run;
 pub mod setup;
+pub mod vm;

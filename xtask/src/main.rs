@@ -34,8 +34,13 @@ enum Task {
     },
     /// Set up, build, bring up the flannel-vxlan lab and trace a cross-node ping.
     Demo,
-    /// Set up, then fmt, clippy, unit tests and kernel integration tests (as root).
-    Test,
+    /// Set up, then fmt, clippy, unit tests and kernel integration tests (as root),
+    /// then the kernel suite on 5.10, 6.1 and 6.12 in VMs.
+    Test {
+        /// Only the kernel suite, on this kernel alone: 5.10, 6.1, 6.12 or host.
+        #[arg(long)]
+        kernel: Option<String>,
+    },
     /// Set up, then measure podtrace on the lab.
     Bench,
     /// The lab's API stub as a server (started by `lab up --api`).
@@ -100,7 +105,10 @@ fn main() -> std::process::ExitCode {
         Task::Setup => setup(),
         Task::Lab { action } => lab(action),
         Task::Demo => demo(),
-        Task::Test => test(),
+        Task::Test { kernel: None } => test(),
+        Task::Test {
+            kernel: Some(kernel),
+        } => kernel_suite(Some(&kernel)),
         Task::Bench => bench(),
         Task::ApiStub {
             prefix,
@@ -347,11 +355,22 @@ fn test() -> Result<()> {
     cargo(&["test"])?;
     // The README's other command must stay true.
     demo()?;
+    // The host's kernel ran every test above; the others run the suite.
+    kernel_suite(None)?;
     eprintln!(
         "xtask test: all passed in {:.0} s",
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The kernel suite on one kernel (`--kernel`; in a VM unless it is the
+/// host's), or on every kernel of the matrix in VMs.
+fn kernel_suite(kernel: Option<&str>) -> Result<()> {
+    require_root()?;
+    setup()?;
+    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    xtask::vm::matrix(&workspace, kernel)
 }
 
 fn bench() -> Result<()> {

@@ -24,6 +24,14 @@ const APT_PACKAGES: &[&str] = &[
     "python3",
     "iperf3",
     "tcpdump",
+    // The kernel matrix (xtask/src/vm): QEMU, and what builds a guest's
+    // initramfs from a Debian kernel package (busybox, cpio, modprobe and
+    // depmod, xz for trixie's modules).
+    "qemu-system-x86",
+    "busybox-static",
+    "cpio",
+    "kmod",
+    "xz-utils",
 ];
 
 /// Answers for debconf, so that installing stays non-interactive:
@@ -37,6 +45,9 @@ pub fn setup() -> Result<()> {
     apt()?;
     kubectl()?;
     bpf_linker()?;
+    for series in &crate::vm::kernels::MATRIX {
+        crate::vm::kernels::ensure(series)?;
+    }
     Ok(())
 }
 

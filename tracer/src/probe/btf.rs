@@ -311,8 +311,8 @@ mod tests {
             s("R_DROP"),
             12,
         ]); // 6
-        // `typedef void (*btf_trace_kfree_skb)(void *, long, long)`: the
-        // context and two tracepoint arguments.
+            // `typedef void (*btf_trace_kfree_skb)(void *, long, long)`: the
+            // context and two tracepoint arguments.
         push(&[0, info(BTF_KIND_FUNC_PROTO, 3), 0, 0, 2, 0, 2, 0, 2]); // 7
         push(&[0, info(BTF_KIND_PTR, 0), 7]); // 8
         push(&[s("btf_trace_kfree_skb"), info(BTF_KIND_TYPEDEF, 0), 8]); // 9

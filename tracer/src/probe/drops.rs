@@ -110,10 +110,7 @@ pub struct ReasonNames(Option<HashMap<u32, String>>);
 
 impl ReasonNames {
     pub fn from_btf(btf: &Btf, passed: bool) -> Self {
-        let values = btf
-            .enum_values("skb_drop_reason")
-            .ok()
-            .filter(|_| passed);
+        let values = btf.enum_values("skb_drop_reason").ok().filter(|_| passed);
         Self(values.map(|values| {
             values
                 .into_iter()

@@ -1,0 +1,289 @@
+//! The kernel matrix: the kernel tests that matter most, run on each
+//! kernel clusters run (Debian's 5.10, 6.1 and 6.12, under QEMU) and on
+//! the host's own. `cargo xtask test` runs all of it; `cargo xtask test
+//! --kernel 6.1` runs one kernel alone.
+//!
+//! Each guest boots the kernel with the host root shared read-only, runs
+//! the work tree's own test binaries (built on the host, before booting)
+//! and reports their exit code on its console.
+
+mod boot;
+pub mod kernels;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+use boot::Accel;
+use kernels::{Series, MATRIX};
+
+/// What every kernel runs: (test target, exact test names). Chosen to
+/// cover each kernel signal and each topology in little time under TCG:
+/// the lab's stories on all four topologies, the fault catalogue's drops
+/// each named with its rule, no_route, a ClusterIP's DNAT in both
+/// kube-proxy modes, and cleanup after kill -9 in clsact mode (every
+/// kernel) and in TCX mode (`TCX_SUITE`, where the kernel has it).
+pub const SUITE: &[(&str, &[&str])] = &[
+    (
+        "lab",
+        &[
+            "cross_node_vxlan_traced_on_both_nodes",
+            "flannel_host_gw_is_routed_without_encapsulation",
+            "calico_bgp_is_routed_without_encapsulation",
+            "clsact_fallback_attaches_and_cleans_up_even_after_sigkill",
+        ],
+    ),
+    (
+        "profile",
+        &["calico_vxlan_cross_node_ping_is_encapsulated_with_vni_4096_on_4789"],
+    ),
+    (
+        "faults",
+        &[
+            "iptables_forward_drop_names_the_rule",
+            "calico_profile_drop_names_the_rule_with_its_comments",
+            "kube_firewall_mark_drop_is_named_at_kube_firewall",
+            "flannel_route_missing_is_no_route_even_with_a_default_route",
+        ],
+    ),
+    (
+        "services",
+        &[
+            "a_cluster_ip_is_followed_to_its_backend_on_the_other_node_and_back_iptables",
+            "a_cluster_ip_is_followed_to_its_backend_on_the_other_node_and_back_nftables",
+        ],
+    ),
+];
+
+/// What kernels with TCX links (6.6) also run.
+pub const TCX_SUITE: (&str, &[&str]) = ("lab", &["nothing_stays_attached_after_sigint_or_sigkill"]);
+
+/// Time for one kernel's suite under TCG, at most.
+const SUITE_DEADLINE: Duration = Duration::from_secs(40 * 60);
+
+/// `--kernel` values: a series of the matrix, or `host`.
+pub fn known() -> Vec<&'static str> {
+    MATRIX.iter().map(|s| s.version).chain(["host"]).collect()
+}
+
+/// Runs the suite on `only` (a series or `host`), or on every kernel of
+/// the matrix in VMs (`cargo xtask test` has run every test on the host's
+/// kernel already).
+pub fn matrix(workspace: &Path, only: Option<&str>) -> Result<()> {
+    let chosen: Vec<Option<&Series>> = match only {
+        None => MATRIX.iter().map(Some).collect(),
+        Some("host") => vec![None],
+        Some(version) => vec![Some(
+            MATRIX
+                .iter()
+                .find(|s| s.version == version)
+                .with_context(|| {
+                    format!(
+                        "no kernel {version} in the matrix: --kernel takes one of {}",
+                        known().join(", ")
+                    )
+                })?,
+        )],
+    };
+    let binaries = build_suite(workspace)?;
+    let mut accel = None;
+    let mut results = Vec::new();
+    for series in chosen {
+        let started = Instant::now();
+        let (name, passed) = match series {
+            Some(series) => (
+                series.version.to_string(),
+                in_vm(workspace, series, &binaries, &mut accel)?,
+            ),
+            None => (
+                format!("host ({})", host_release()),
+                on_host(workspace, &binaries)?,
+            ),
+        };
+        results.push((name, passed, started.elapsed()));
+    }
+    println!("\nkernel matrix:");
+    if only.is_none() {
+        println!("  host ({}): every kernel test, above", host_release());
+    }
+    for (name, passed, took) in &results {
+        let verdict = if *passed { "passed" } else { "FAILED" };
+        println!("  {name}: {verdict} in {:.0} s", took.as_secs_f64());
+    }
+    let failed: Vec<&str> = results
+        .iter()
+        .filter(|r| !r.1)
+        .map(|r| r.0.as_str())
+        .collect();
+    if !failed.is_empty() {
+        bail!("the kernel suite failed on {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// Builds the suite's test binaries; returns (target, executable).
+fn build_suite(workspace: &Path) -> Result<Vec<(String, PathBuf)>> {
+    let mut cargo = Command::new(env!("CARGO"));
+    cargo.current_dir(workspace).args([
+        "test",
+        "--no-run",
+        "--message-format=json",
+        "--package",
+        "podtrace",
+    ]);
+    for (target, _) in SUITE {
+        cargo.args(["--test", target]);
+    }
+    let out = cargo.output().context("cannot run cargo")?;
+    if !out.status.success() {
+        bail!(
+            "cannot build the kernel suite: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let mut binaries = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(message) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        let (Some(name), Some(exe)) = (
+            message["target"]["name"].as_str(),
+            message["executable"].as_str(),
+        ) else {
+            continue;
+        };
+        if SUITE.iter().any(|(target, _)| *target == name) {
+            binaries.push((name.to_string(), PathBuf::from(exe)));
+        }
+    }
+    if binaries.len() != SUITE.len() {
+        bail!(
+            "cargo built {} of the suite's {} test binaries",
+            binaries.len(),
+            SUITE.len()
+        );
+    }
+    Ok(binaries)
+}
+
+/// The commands that run the suite, one test binary at a time.
+fn suite_commands(binaries: &[(String, PathBuf)], tcx: bool) -> Vec<Vec<String>> {
+    binaries
+        .iter()
+        .map(|(target, exe)| {
+            let mut tests: Vec<&str> = SUITE
+                .iter()
+                .filter(|(t, _)| t == target)
+                .flat_map(|(_, tests)| tests.iter().copied())
+                .collect();
+            if tcx && TCX_SUITE.0 == target {
+                tests.extend(TCX_SUITE.1);
+            }
+            let mut argv = vec![
+                exe.display().to_string(),
+                "--exact".into(),
+                "--test-threads".into(),
+                "1".into(),
+            ];
+            argv.extend(tests.iter().map(ToString::to_string));
+            argv
+        })
+        .collect()
+}
+
+fn on_host(workspace: &Path, binaries: &[(String, PathBuf)]) -> Result<bool> {
+    let mut passed = true;
+    let tcx = std::fs::read("/sys/kernel/btf/vmlinux")
+        .is_ok_and(|btf| btf.windows(15).any(|w| w == b"BPF_TCX_INGRESS"));
+    for argv in suite_commands(binaries, tcx) {
+        let status = Command::new(&argv[0])
+            .args(&argv[1..])
+            .current_dir(workspace.join("tracer"))
+            .status()
+            .with_context(|| format!("cannot run {}", argv[0]))?;
+        passed &= status.success();
+    }
+    Ok(passed)
+}
+
+fn in_vm(
+    workspace: &Path,
+    series: &Series,
+    binaries: &[(String, PathBuf)],
+    accel: &mut Option<Accel>,
+) -> Result<bool> {
+    let kernel = kernels::ensure(series)?;
+    let dir = workspace.join("target/vm").join(series.version);
+    std::fs::create_dir_all(&dir)?;
+    let initramfs = boot::initramfs(&kernel, &dir)?;
+    let script = dir.join("run.sh");
+    std::fs::write(&script, guest_script(workspace, series, binaries))?;
+    println!(
+        "vm: kernel {} ({}): the suite",
+        series.version, kernel.release
+    );
+    let tries: Vec<(Accel, Duration)> = match accel {
+        Some(Accel::Tcg) => vec![(Accel::Tcg, Duration::from_secs(180))],
+        _ if Path::new("/dev/kvm").exists() => vec![
+            // Nested KVM hangs at boot on some hosts: TCG then.
+            (Accel::Kvm, Duration::from_secs(30)),
+            (Accel::Tcg, Duration::from_secs(180)),
+        ],
+        _ => vec![(Accel::Tcg, Duration::from_secs(180))],
+    };
+    for (how, boot_deadline) in tries {
+        let ended = boot::run(
+            series,
+            &kernel,
+            &initramfs,
+            &script,
+            how,
+            boot_deadline,
+            SUITE_DEADLINE,
+        )?;
+        match ended {
+            Some(ended) => {
+                *accel = Some(how);
+                println!(
+                    "vm: kernel {}: exit {} after {:.0} s ({how:?})",
+                    series.version,
+                    ended.code,
+                    ended.took.as_secs_f64()
+                );
+                return Ok(ended.code == 0);
+            }
+            None => eprintln!(
+                "vm: kernel {} did not boot under {how:?} in {} s",
+                series.version,
+                boot_deadline.as_secs()
+            ),
+        }
+    }
+    bail!("kernel {} boots under no accelerator", series.version)
+}
+
+/// The guest's script: the suite's binaries with their tests, in the
+/// package's directory as cargo runs them, then the exit code.
+fn guest_script(workspace: &Path, series: &Series, binaries: &[(String, PathBuf)]) -> String {
+    let mut script = format!(
+        "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root RUST_BACKTRACE=1\ncd '{}'\nstatus=0\n",
+        workspace.join("tracer").display()
+    );
+    for argv in suite_commands(binaries, series.tcx) {
+        let quoted: Vec<String> = argv.iter().map(|a| format!("'{a}'")).collect();
+        script.push_str(&format!("{} || status=1\n", quoted.join(" ")));
+    }
+    script.push_str(boot::SCRIPT_END);
+    script
+}
+
+fn host_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|r| r.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
