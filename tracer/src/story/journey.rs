@@ -208,11 +208,33 @@ impl Journey {
 
     /// Ended in a netfilter drop whose rule has not arrived yet.
     fn awaits_rule(&self) -> bool {
-        self.rule.is_none()
+        let dropped_by_a_rule = self.rule.is_none()
             && self
                 .hops
                 .last()
-                .is_some_and(|h| h.drop.as_ref().is_some_and(|d| d.reason == NETFILTER_DROP))
+                .is_some_and(|h| h.drop.as_ref().is_some_and(|d| d.reason == NETFILTER_DROP));
+        dropped_by_a_rule || self.awaits_nat_rule()
+    }
+
+    /// A connection's first packet (a TCP SYN) whose addresses changed on
+    /// the way: a nat rule translated it, and rule tracing names that rule
+    /// unless its event is still on its way (`nft monitor` may lag the
+    /// ring buffer on a busy or slow node). Later packets of the
+    /// connection are translated by conntrack and name no rule, so only
+    /// the SYN waits.
+    fn awaits_nat_rule(&self) -> bool {
+        const SYN: u8 = 0x02;
+        const ACK: u8 = 0x10;
+        let first = &self.hops[0].packet.packet;
+        let opens_a_connection = matches!(
+            first.transport,
+            Transport::Tcp { flags, .. } if flags & (SYN | ACK) == SYN
+        );
+        let translated = self.hops.iter().any(|h| {
+            let p = &h.packet.packet;
+            p.src != first.src || p.dst != first.dst
+        });
+        opens_a_connection && translated && self.nat_rules.is_empty()
     }
 
     /// Waiting for the next hop's MAC: the kernel said so when asked for
@@ -639,6 +661,68 @@ pub(crate) mod tests {
         let told = c.take_all();
         assert_eq!(told.len(), 1, "{told:?}");
         assert_eq!(told[0].hops.len(), 2);
+    }
+
+    #[test]
+    fn a_translated_syn_waits_for_its_nat_rule_where_rules_are_traced() {
+        let pre = frames::tcp_syn([10, 244, 1, 2], [10, 96, 7, 7], 40000, 80);
+        let post = frames::tcp_syn([10, 244, 1, 2], [10, 244, 2, 3], 40000, 8080);
+        let mut c = Correlator::new(Waits {
+            rules_traced: true,
+            ..waits(1_000, 50_000)
+        });
+        c.learn_translation(crate::story::nat::tests::book().translations[1].clone());
+        c.observe(hop(
+            100,
+            "n1",
+            "vethA",
+            Role::PodVeth,
+            Direction::Ingress,
+            &pre,
+        ));
+        c.observe(hop(
+            200,
+            "n2",
+            "vethB",
+            Role::PodVeth,
+            Direction::Egress,
+            &post,
+        ));
+        assert!(
+            c.take_finished(5_000).is_empty(),
+            "delivered, but its DNAT rule may still be on its way"
+        );
+        let id =
+            PacketKey::of(&hop(0, "n1", "x", Role::Bridge, Direction::Ingress, &pre).packet).id();
+        let dnat = NetfilterRule {
+            table: "nat".into(),
+            chain: "KUBE-SEP-X".into(),
+            hook: "PREROUTING".into(),
+            rule: "-A KUBE-SEP-X -p tcp -j DNAT --to-destination 10.244.2.3:8080".into(),
+        };
+        c.observe_rule(id, dnat.clone(), 5_000);
+        let done = c.take_finished(5_000);
+        assert_eq!(done.len(), 1, "told once its rule joined it");
+        assert_eq!(done[0].nat_rules, [dnat]);
+        // Without its rule, it is told after the longer wait all the same.
+        c.observe(hop(
+            60_000,
+            "n1",
+            "vethA",
+            Role::PodVeth,
+            Direction::Ingress,
+            &pre,
+        ));
+        c.observe(hop(
+            60_100,
+            "n2",
+            "vethB",
+            Role::PodVeth,
+            Direction::Egress,
+            &post,
+        ));
+        assert!(c.take_finished(62_000).is_empty());
+        assert_eq!(c.take_finished(111_000).len(), 1);
     }
 
     #[test]
