@@ -45,6 +45,7 @@ fn main() -> std::process::ExitCode {
                 }
             };
         }
+        (Some(Command::Kernel(kernel)), _) => podtrace::app::kernel::run(&kernel),
         (Some(Command::Profile(profile)), _) => {
             runtime.block_on(podtrace::app::profile::run(profile))
         }

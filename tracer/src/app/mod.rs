@@ -11,6 +11,7 @@
 pub mod agent;
 mod follow;
 pub mod front;
+pub mod kernel;
 mod losses;
 pub mod profile;
 mod replay;

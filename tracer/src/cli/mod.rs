@@ -51,6 +51,18 @@ pub enum Command {
     /// Profile the encapsulation path of SRC ⇄ DST at line rate: per-step
     /// latency histograms aggregated in the kernel, no record per packet.
     Profile(ProfileArgs),
+    /// What this node's kernel gives podtrace: each feature, what podtrace
+    /// does without it, and whether every program loads (they are loaded
+    /// for a moment; nothing stays attached).
+    Kernel(KernelArgs),
+}
+
+/// `podtrace kernel`.
+#[derive(Debug, clap::Args)]
+pub struct KernelArgs {
+    /// human: a line per feature; json: one object.
+    #[arg(short, long, value_enum, default_value = "human")]
+    pub output: Format,
 }
 
 /// `--host-root` for a trace (`KubeArgs` has the doctor's wording).

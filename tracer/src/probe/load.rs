@@ -30,6 +30,7 @@ use super::{
     features::DropHook,
     run_registry::{self, Record},
     tc::{self, AttachMode},
+    Kernel,
 };
 use crate::node::{interfaces::Watched, netns::Namespace, tunnels::TunnelTrust};
 
@@ -249,6 +250,22 @@ impl NodeProbe {
         }
         Ok(out)
     }
+}
+
+/// Loads every program into the running kernel and attaches the drop
+/// program, as a trace would, then lets go of them all: whether this
+/// kernel's verifier takes them, and how drops attach.
+pub fn try_load(kernel: &Kernel, btf: &aya::Btf) -> Result<DropHook> {
+    let mut ebpf = EbpfLoader::new()
+        .override_global(names::LAYOUT, &kernel.layout, true)
+        .load(EBPF_OBJECT)
+        .context("cannot load the eBPF programs")?;
+    for name in tc::PROGRAMS {
+        tc::program(&mut ebpf, name)?
+            .load()
+            .with_context(|| format!("the kernel refused {name}"))?;
+    }
+    drops::attach(&mut ebpf, btf, kernel.features.drop_reasons)
 }
 
 /// Drains `ring` whenever it wakes us (a quarter full) or `RING_POLL`

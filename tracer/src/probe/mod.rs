@@ -36,7 +36,7 @@ pub mod tc;
 use anyhow::{Context as _, Result};
 use podtrace_common::KernelLayout;
 
-pub use load::{Batch, NodeProbe, ProbeSpec, ReadThrough, BATCHES_QUEUED, RING_HANDOVER};
+pub use load::{try_load, Batch, NodeProbe, ProbeSpec, ReadThrough, BATCHES_QUEUED, RING_HANDOVER};
 pub use tc::AttachMode;
 
 use self::{

@@ -137,10 +137,15 @@ pub enum Accel {
     Tcg,
 }
 
-/// A guest's end: the script's exit code, and how long it took.
+/// What the guest says of its kernel: `podtrace kernel -o json`.
+pub const KERNEL_REPORT: &str = "podtrace-vm: kernel ";
+
+/// A guest's end: the script's exit code, how long it took, and its
+/// kernel report.
 pub struct Ended {
     pub code: i32,
     pub took: Duration,
+    pub report: Option<String>,
 }
 
 /// Boots `kernel` to run `script` (a path on the host, seen at the same
@@ -205,6 +210,7 @@ pub fn run(
     let tag = series.version;
     let mut booted = false;
     let mut code = None;
+    let mut report = None;
     loop {
         let limit = if booted { deadline } else { boot_deadline };
         let Some(left) = limit.checked_sub(started.elapsed()) else {
@@ -224,6 +230,9 @@ pub fn run(
                 if let Some(rest) = line.split(EXIT).nth(1) {
                     code = rest.trim().parse().ok();
                 }
+                if let Some(rest) = line.split(KERNEL_REPORT).nth(1) {
+                    report = Some(rest.trim().to_string());
+                }
                 if booted {
                     println!("[{tag}] {line}");
                 }
@@ -242,5 +251,6 @@ pub fn run(
     Ok(Some(Ended {
         code,
         took: started.elapsed(),
+        report,
     }))
 }

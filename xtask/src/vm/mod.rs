@@ -95,35 +95,104 @@ pub fn matrix(workspace: &Path, only: Option<&str>) -> Result<()> {
     let mut results = Vec::new();
     for series in chosen {
         let started = Instant::now();
-        let (name, passed) = match series {
+        let (name, (passed, report)) = match series {
             Some(series) => (
                 series.version.to_string(),
                 in_vm(workspace, series, &binaries, &mut accel)?,
             ),
-            None => (
-                format!("host ({})", host_release()),
-                on_host(workspace, &binaries)?,
-            ),
+            None => ("host".to_string(), on_host(workspace, &binaries)?),
         };
-        results.push((name, passed, started.elapsed()));
+        results.push(Outcome {
+            name,
+            passed,
+            took: started.elapsed(),
+            report,
+        });
     }
-    println!("\nkernel matrix:");
     if only.is_none() {
-        println!("  host ({}): every kernel test, above", host_release());
+        // The host's kernel ran every test before the matrix.
+        let report = kernel_report(&mut Command::new(workspace.join("target/debug/podtrace")));
+        results.insert(
+            0,
+            Outcome {
+                name: "host".into(),
+                passed: true,
+                took: Duration::ZERO,
+                report,
+            },
+        );
     }
-    for (name, passed, took) in &results {
-        let verdict = if *passed { "passed" } else { "FAILED" };
-        println!("  {name}: {verdict} in {:.0} s", took.as_secs_f64());
-    }
+    let table = table(&results);
+    println!("\nkernel matrix:\n{table}");
+    let file = workspace.join("target/vm/kernels.md");
+    std::fs::create_dir_all(file.parent().expect("a directory"))?;
+    std::fs::write(&file, &table)?;
+    println!("(also in {})", file.display());
     let failed: Vec<&str> = results
         .iter()
-        .filter(|r| !r.1)
-        .map(|r| r.0.as_str())
+        .filter(|r| !r.passed)
+        .map(|r| r.name.as_str())
         .collect();
     if !failed.is_empty() {
         bail!("the kernel suite failed on {}", failed.join(", "));
     }
     Ok(())
+}
+
+/// One kernel's run of the suite.
+struct Outcome {
+    name: String,
+    passed: bool,
+    took: Duration,
+    /// `podtrace kernel -o json` on that kernel.
+    report: Option<String>,
+}
+
+/// The README's kernel table, from the kernels' own reports.
+fn table(results: &[Outcome]) -> String {
+    let mut out = String::from(
+        "| kernel | release | attach | drop reasons | drops attach as | programs load | suite |\n|---|---|---|---|---|---|---|\n",
+    );
+    for r in results {
+        let report: Value = r
+            .report
+            .as_deref()
+            .and_then(|j| serde_json::from_str(j).ok())
+            .unwrap_or(Value::Null);
+        let text = |key: &str| report[key].as_str().unwrap_or("?").to_string();
+        let yes_no = |key: &str| match report[key].as_bool() {
+            Some(true) => "named",
+            Some(false) => "not named (needs 5.17)",
+            None => "?",
+        };
+        let suite = match (r.passed, r.took.is_zero()) {
+            (true, true) => "every kernel test".to_string(),
+            (true, false) => format!("passed in {:.0} s", r.took.as_secs_f64()),
+            (false, _) => "FAILED".to_string(),
+        };
+        out += &format!(
+            "| {} | {} | {} | {} | {} | {} | {} |\n",
+            r.name,
+            text("release"),
+            text("attach"),
+            yes_no("drop_reasons"),
+            text("drop_hook"),
+            if report["loads"].as_bool() == Some(true) {
+                "yes"
+            } else {
+                "no"
+            },
+            suite
+        );
+    }
+    out
+}
+
+/// `podtrace kernel -o json`, run by `command`.
+fn kernel_report(command: &mut Command) -> Option<String> {
+    let out = command.args(["kernel", "-o", "json"]).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (!text.is_empty()).then_some(text)
 }
 
 /// Builds the suite's test binaries; returns (target, executable).
@@ -196,7 +265,7 @@ fn suite_commands(binaries: &[(String, PathBuf)], tcx: bool) -> Vec<Vec<String>>
         .collect()
 }
 
-fn on_host(workspace: &Path, binaries: &[(String, PathBuf)]) -> Result<bool> {
+fn on_host(workspace: &Path, binaries: &[(String, PathBuf)]) -> Result<(bool, Option<String>)> {
     let mut passed = true;
     let tcx = std::fs::read("/sys/kernel/btf/vmlinux")
         .is_ok_and(|btf| btf.windows(15).any(|w| w == b"BPF_TCX_INGRESS"));
@@ -208,7 +277,8 @@ fn on_host(workspace: &Path, binaries: &[(String, PathBuf)]) -> Result<bool> {
             .with_context(|| format!("cannot run {}", argv[0]))?;
         passed &= status.success();
     }
-    Ok(passed)
+    let report = kernel_report(&mut Command::new(workspace.join("target/debug/podtrace")));
+    Ok((passed, report))
 }
 
 fn in_vm(
@@ -216,7 +286,7 @@ fn in_vm(
     series: &Series,
     binaries: &[(String, PathBuf)],
     accel: &mut Option<Accel>,
-) -> Result<bool> {
+) -> Result<(bool, Option<String>)> {
     let kernel = kernels::ensure(series)?;
     let dir = workspace.join("target/vm").join(series.version);
     std::fs::create_dir_all(&dir)?;
@@ -255,7 +325,7 @@ fn in_vm(
                     ended.code,
                     ended.took.as_secs_f64()
                 );
-                return Ok(ended.code == 0);
+                return Ok((ended.code == 0, ended.report));
             }
             None => eprintln!(
                 "vm: kernel {} did not boot under {how:?} in {} s",
@@ -271,8 +341,10 @@ fn in_vm(
 /// package's directory as cargo runs them, then the exit code.
 fn guest_script(workspace: &Path, series: &Series, binaries: &[(String, PathBuf)]) -> String {
     let mut script = format!(
-        "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root RUST_BACKTRACE=1\ncd '{}'\nstatus=0\n",
-        workspace.join("tracer").display()
+        "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root RUST_BACKTRACE=1\ncd '{}'\nstatus=0\necho \"{}$('{}' kernel -o json)\"\n",
+        workspace.join("tracer").display(),
+        boot::KERNEL_REPORT,
+        workspace.join("target/debug/podtrace").display(),
     );
     for argv in suite_commands(binaries, series.tcx) {
         let quoted: Vec<String> = argv.iter().map(|a| format!("'{a}'")).collect();
@@ -280,10 +352,4 @@ fn guest_script(workspace: &Path, series: &Series, binaries: &[(String, PathBuf)
     }
     script.push_str(boot::SCRIPT_END);
     script
-}
-
-fn host_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|r| r.trim().to_string())
-        .unwrap_or_else(|_| "unknown".into())
 }

@@ -1,0 +1,100 @@
+//! `podtrace kernel`: what the running kernel gives podtrace, told from
+//! its BTF and from loading every program for a moment, as a trace would.
+//! The kernel matrix fills the README's kernel table from this.
+
+use anyhow::Result;
+use serde::Serialize;
+
+use crate::{
+    cli::KernelArgs,
+    model::Format,
+    probe::{features::DropHook, tc::AttachMode, try_load, Kernel},
+};
+
+/// The kernel's report, as `-o json` prints it.
+#[derive(Debug, Serialize)]
+struct Report {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    release: String,
+    /// kfree_skb passes a drop reason (5.17).
+    drop_reasons: bool,
+    /// TCX links (6.6); else clsact.
+    tcx: bool,
+    /// How a trace attaches by default: `tcx` or `clsact`.
+    attach: &'static str,
+    /// How drops attach: `tp_btf` or `raw_tracepoint`; absent if the
+    /// programs did not load.
+    drop_hook: Option<&'static str>,
+    /// Every program loads (the verifier takes them).
+    loads: bool,
+    /// Why they do not, in one line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    /// What podtrace does without, as the trace's banner says it.
+    degraded: Vec<String>,
+}
+
+pub fn run(args: &KernelArgs) -> Result<()> {
+    super::require_root()?;
+    let kernel = Kernel::read()?;
+    let features = &kernel.features;
+    let mode = features.attach_mode(AttachMode::Auto)?;
+    let loaded = Kernel::typed_btf().and_then(|btf| try_load(&kernel, &btf));
+    let drop_hook = loaded.as_ref().ok().copied();
+    let report = Report {
+        kind: "kernel",
+        release: features.release.clone(),
+        drop_reasons: features.drop_reasons,
+        tcx: features.tcx,
+        attach: if mode == AttachMode::Tcx {
+            "tcx"
+        } else {
+            "clsact"
+        },
+        drop_hook: drop_hook.map(|hook| match hook {
+            DropHook::Typed => "tp_btf",
+            DropHook::Raw => "raw_tracepoint",
+        }),
+        loads: loaded.is_ok(),
+        error: loaded.as_ref().err().map(|e| {
+            format!("{e:#}")
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_string()
+        }),
+        degraded: features
+            .degraded(mode, drop_hook)
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+    };
+    match args.output {
+        Format::Json => println!("{}", serde_json::to_string(&report)?),
+        Format::Human => print!("{}", human(&report)),
+    }
+    if let Err(e) = loaded {
+        anyhow::bail!("this kernel refuses podtrace's programs: {e:#}");
+    }
+    Ok(())
+}
+
+fn human(r: &Report) -> String {
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    let mut out = format!("kernel {}\n", r.release);
+    out += &format!("  drop reasons named (5.17): {}\n", yes(r.drop_reasons));
+    out += &format!(
+        "  TCX links (6.6): {}; traces attach by {}\n",
+        yes(r.tcx),
+        r.attach
+    );
+    match r.drop_hook {
+        Some(hook) => out += &format!("  every program loads; drops attach as {hook}\n"),
+        None => out += "  the programs do not load\n",
+    }
+    for degraded in &r.degraded {
+        out += &format!("  {degraded}\n");
+    }
+    out
+}
