@@ -22,7 +22,7 @@ use anyhow::Result;
 use tokio::sync::mpsc;
 
 use super::{
-    add_kernel_losses, attach, follow_connection, of_the_traced_pair, resolve,
+    add_kernel_losses, follow_connection, of_the_traced_pair, resolve_and_attach,
     stop::Stop,
     stream::{stream, Consumer},
     wire::{Numbering, Record, Start, WireFacts},
@@ -78,11 +78,9 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
         None => 0,
     };
     let mut stop = Stop::catch()?;
-    let resolved = tokio::select! {
-        resolved = resolve(&args) => resolved?,
-        () = stop.recv() => return Ok(()),
+    let Some(mut trace) = resolve_and_attach(&args, &mut stop).await? else {
+        return Ok(());
     };
-    let mut trace = attach(&args, resolved).await?;
     let node = agent
         .node
         .clone()

@@ -484,6 +484,15 @@ impl Session {
             }
             Read::Record(record) => record,
         };
+        self.take(node, record)
+    }
+
+    /// One record an agent sent: wire records back into the events the
+    /// agent's stream loop handed over (`agent::Output`, its mirror).
+    fn take(&mut self, node: String, record: Record) -> Result<()> {
+        let Some(agent) = self.agents.get_mut(&node) else {
+            return Ok(());
+        };
         match record {
             Record::Start(start) => {
                 self.arrivals

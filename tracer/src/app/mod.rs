@@ -72,9 +72,8 @@ pub async fn run(args: Args) -> Result<()> {
     let mut stop = Stop::catch()?;
     // Before anything is attached: a path that cannot be written is bad input.
     let write = args.write.as_deref().map(pcapng::open).transpose()?;
-    let resolved = tokio::select! {
-        resolved = resolve(&args) => resolved,
-        () = stop.recv() => return Ok(()),
+    let Some(resolved) = resolve_unless_stopped(&args, &mut stop).await else {
+        return Ok(());
     };
     let resolved = match resolved {
         Err(e) if format!("{e}").contains("has no IP") => match doctor::trace::no_ip(&args).await {
@@ -87,6 +86,24 @@ pub async fn run(args: Args) -> Result<()> {
     trace_masquerade_sources(&mut trace)?;
     let summary = stream::here(&args, &mut trace, &mut stop, write).await?;
     finish(trace, summary)
+}
+
+/// The resolve phase, or `None` on a stop meanwhile: nothing is attached
+/// yet, so a stop there just ends the run.
+async fn resolve_unless_stopped(args: &Args, stop: &mut Stop) -> Option<Result<Resolved>> {
+    tokio::select! {
+        resolved = resolve(args) => Some(resolved),
+        () = stop.recv() => None,
+    }
+}
+
+/// The resolve and attach phases, as the agent and profile mode run them;
+/// `None` on a stop while resolving.
+async fn resolve_and_attach(args: &Args, stop: &mut Stop) -> Result<Option<Trace>> {
+    match resolve_unless_stopped(args, stop).await {
+        Some(resolved) => Ok(Some(attach(args, resolved?).await?)),
+        None => Ok(None),
+    }
 }
 
 fn require_root() -> Result<()> {
