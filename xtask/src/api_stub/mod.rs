@@ -18,6 +18,7 @@ mod discovery;
 mod events;
 mod kubelet;
 mod routes;
+mod selectors;
 mod services;
 
 use std::{
