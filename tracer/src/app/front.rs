@@ -35,7 +35,8 @@ use crate::{
     probe::conntrack,
     story::{
         clock::{Clocks, Placement},
-        journey::{Correlator, Journey, Waits},
+        correlator::{Correlator, Waits},
+        journey::Journey,
         Context,
     },
 };

@@ -9,6 +9,7 @@
 
 pub mod clock;
 pub(crate) mod context;
+pub mod correlator;
 pub mod explain;
 mod findings;
 pub mod journey;
