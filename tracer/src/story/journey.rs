@@ -13,7 +13,7 @@ use crate::{
     },
     node::interfaces::Role,
     probe::netfilter::{NetfilterRule, PacketId},
-    story::nat,
+    story::nat_steps,
 };
 
 /// The reason name of a drop by an iptables / nftables verdict.
@@ -147,7 +147,7 @@ impl Journey {
     /// Evidence from rule tracing: a nat rule that translated it, or the
     /// rule that dropped it.
     pub(super) fn add_rule(&mut self, rule: NetfilterRule) {
-        if nat::rule_action(&rule).is_some() {
+        if nat_steps::rule_action(&rule).is_some() {
             if !self.nat_rules.contains(&rule) {
                 self.nat_rules.push(rule);
             }

@@ -14,6 +14,7 @@ pub mod explain;
 mod findings;
 pub mod journey;
 pub mod nat;
+pub mod nat_steps;
 mod notes;
 pub mod profile;
 pub mod steps;
@@ -35,7 +36,7 @@ use crate::{
     node::interfaces::Role,
 };
 use journey::Journey;
-use nat::NatStep;
+use nat_steps::NatStep;
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct HopLine {
@@ -95,7 +96,7 @@ pub fn tell(journey: &Journey, ctx: &Context) -> Story {
         .map(|(i, hop)| {
             let prev = i.checked_sub(1).map(|p| &journey.hops[p]);
             let nat = prev.map_or_else(Vec::new, |p| {
-                nat::steps(
+                nat_steps::steps(
                     &p.packet.packet,
                     &hop.packet.packet,
                     &journey.nat_rules,

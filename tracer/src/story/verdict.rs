@@ -133,7 +133,7 @@ impl Story {
     /// addresses were translated: the destination (DNAT, un-DNAT) and
     /// the source (SNAT, MASQUERADE, un-SNAT).
     pub(super) fn name_translations(&mut self) {
-        use super::nat::NatKind;
+        use super::nat_steps::NatKind;
         let mut said = Vec::new();
         for kind in [
             NatKind::Dnat,
