@@ -17,8 +17,10 @@ pub mod nat;
 pub mod nat_steps;
 mod notes;
 pub mod profile;
+mod rule_text;
 pub mod steps;
 mod verdict;
+mod verdict_names;
 
 use std::{borrow::Cow, net::Ipv4Addr};
 
