@@ -20,6 +20,7 @@ mod kubelet;
 mod routes;
 mod selectors;
 mod services;
+mod tables;
 
 use std::{
     collections::{BTreeMap, HashSet},

@@ -8,7 +8,7 @@ use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
 use hyper::{body::Frame, Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 
-use super::{discovery, namespace_of, selectors::object_matches, Shared, TOKEN};
+use super::{discovery, namespace_of, selectors::object_matches, tables, Shared, TOKEN};
 
 pub(crate) type Body = BoxBody<Bytes, Infallible>;
 
@@ -319,10 +319,7 @@ fn list(shared: &Shared, t: &Target, q: &HashMap<String, String>, accept: &str) 
     let version = st.resource_version.to_string();
     drop(st);
     if accept.contains("as=Table") {
-        return json_response(
-            StatusCode::OK,
-            &discovery::table(t.resource, &items, &version),
-        );
+        return json_response(StatusCode::OK, &tables::table(t.resource, &items, &version));
     }
     let kind = discovery::list_kind(t.resource);
     let api_version = discovery::group_version(t.resource);
