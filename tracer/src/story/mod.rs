@@ -1,9 +1,13 @@
 //! From a journey to its story: what happened at each hop, and the
 //! verdict. Pure; rendering (text, JSON) is in `output`.
 //!
-//! - `journey`: grouping the sightings of one packet (correlation);
+//! - `journey`: one packet's sightings, and the key that finds them;
+//! - `correlator`: grouping the sightings of one packet (correlation);
+//! - `nat`, `nat_steps`: one packet across translations, and their naming;
 //! - `notes`: the wording of each hop;
 //! - `verdict`: how the packet travelled and where it ended;
+//! - `verdict_names`, `rule_text`: the rule that dropped it, read, and the
+//!   translations on its way;
 //! - `explain`: why, in the operator's terms (route -n, hints);
 //! - `profile`: per-step latency over many stories.
 
