@@ -6,4 +6,6 @@ pub mod faults;
 pub mod lab;
 pub mod layers;
 pub mod podtrace_run;
+mod rust_tokens;
 pub mod setup;
+pub mod sizes;
