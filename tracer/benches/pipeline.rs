@@ -14,7 +14,7 @@ use podtrace::{
     node::interfaces::Role,
     output::{self, Sink},
     story::{
-        journey::{Correlator, Waits},
+        correlator::{Correlator, Waits},
         tell, Context,
     },
 };

@@ -6,5 +6,7 @@ pub mod faults;
 pub mod lab;
 pub mod layers;
 pub mod podtrace_run;
+mod rust_tokens;
 pub mod setup;
+pub mod sizes;
 pub mod vm;

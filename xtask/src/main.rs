@@ -330,6 +330,7 @@ fn test() -> Result<()> {
     setup()?;
     cargo(&["fmt", "--all", "--check"])?;
     xtask::layers::check()?;
+    xtask::sizes::check()?;
     // Host crates (the default members), then the eBPF crate for its target.
     cargo(&["clippy", "--all-targets", "--", "-D", "warnings"])?;
     run(

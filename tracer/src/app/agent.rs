@@ -22,7 +22,7 @@ use anyhow::Result;
 use tokio::sync::mpsc;
 
 use super::{
-    add_kernel_losses, attach, follow_connection, of_the_traced_pair, resolve,
+    add_kernel_losses, follow_connection, of_the_traced_pair, resolve_and_attach,
     stop::Stop,
     stream::{stream, Consumer},
     wire::{Numbering, Record, Start, WireFacts},
@@ -49,40 +49,15 @@ const QUEUE: usize = 65_536;
 pub async fn run(agent: AgentArgs) -> Result<()> {
     super::require_root()?;
     let mut args = agent.trace;
-    // Where the kubelet runs agents outside the node's namespace (the
-    // lab), it says which namespace is the node's.
-    if let (true, Ok(netns)) = (args.kube.netns.is_empty(), std::env::var("PODTRACE_NETNS")) {
-        args.kube.netns.push(netns);
-    }
-    // Likewise where the node's root filesystem is: the lab's kubelet
-    // cannot mount it at the pod's /host, which the agent's arguments
-    // name, so its word wins over theirs.
-    let mut root_from = "--host-root";
-    if let Ok(root) = std::env::var("PODTRACE_HOST_ROOT") {
-        args.kube.host_root = vec![root.into()];
-        root_from = "PODTRACE_HOST_ROOT";
-    }
-    // The doctor's findings are the node's only where its files are read
-    // from the node's root (or not at all, in a --netns node): otherwise
-    // they would be the container's.
-    let findings_are_the_nodes = match args.kube.host_root.first() {
-        Some(root) if root.is_dir() => true,
-        Some(root) => {
-            eprintln!("podtrace: {root_from} {:?}: no such directory: the doctor's findings on this node are not sent", root.display().to_string());
-            false
-        }
-        None => !args.kube.netns.is_empty(),
-    };
+    let findings_are_the_nodes = where_the_node_is(&mut args);
     let skew = match &args.clock_skew_for_testing {
         Some(text) => parse_skew(text.rsplit('=').next().unwrap_or(text))?,
         None => 0,
     };
     let mut stop = Stop::catch()?;
-    let resolved = tokio::select! {
-        resolved = resolve(&args) => resolved?,
-        () = stop.recv() => return Ok(()),
+    let Some(mut trace) = resolve_and_attach(&args, &mut stop).await? else {
+        return Ok(());
     };
-    let mut trace = attach(&args, resolved).await?;
     let node = agent
         .node
         .clone()
@@ -131,6 +106,36 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Where the node is, when the kubelet's environment says it better than
+/// the agent's arguments (`PODTRACE_NETNS`, `PODTRACE_HOST_ROOT`), into
+/// `args`; returns whether the doctor's findings are then the node's.
+fn where_the_node_is(args: &mut Args) -> bool {
+    // Where the kubelet runs agents outside the node's namespace (the
+    // lab), it says which namespace is the node's.
+    if let (true, Ok(netns)) = (args.kube.netns.is_empty(), std::env::var("PODTRACE_NETNS")) {
+        args.kube.netns.push(netns);
+    }
+    // Likewise where the node's root filesystem is: the lab's kubelet
+    // cannot mount it at the pod's /host, which the agent's arguments
+    // name, so its word wins over theirs.
+    let mut root_from = "--host-root";
+    if let Ok(root) = std::env::var("PODTRACE_HOST_ROOT") {
+        args.kube.host_root = vec![root.into()];
+        root_from = "PODTRACE_HOST_ROOT";
+    }
+    // The doctor's findings are the node's only where its files are read
+    // from the node's root (or not at all, in a --netns node): otherwise
+    // they would be the container's.
+    match args.kube.host_root.first() {
+        Some(root) if root.is_dir() => true,
+        Some(root) => {
+            eprintln!("podtrace: {root_from} {:?}: no such directory: the doctor's findings on this node are not sent", root.display().to_string());
+            false
+        }
+        None => !args.kube.netns.is_empty(),
+    }
 }
 
 /// Resolves with the reason once the front-end's lease goes stale.

@@ -10,7 +10,7 @@ use super::{flow_ips, traced_pairs, Targets, Trace};
 use crate::{
     cluster::api::PodMoved,
     probe::{clock::monotonic_ns, conntrack},
-    story::{journey::Correlator, Context},
+    story::{correlator::Correlator, Context},
 };
 
 /// A conntrack entry of a node (node mode): if it is the traced pair's,

@@ -13,6 +13,7 @@ mod follow;
 pub mod front;
 pub mod kernel;
 mod losses;
+mod masquerade;
 pub mod profile;
 mod replay;
 mod stop;
@@ -73,9 +74,8 @@ pub async fn run(args: Args) -> Result<()> {
     let mut stop = Stop::catch()?;
     // Before anything is attached: a path that cannot be written is bad input.
     let write = args.write.as_deref().map(pcapng::open).transpose()?;
-    let resolved = tokio::select! {
-        resolved = resolve(&args) => resolved,
-        () = stop.recv() => return Ok(()),
+    let Some(resolved) = resolve_unless_stopped(&args, &mut stop).await else {
+        return Ok(());
     };
     let resolved = match resolved {
         Err(e) if format!("{e}").contains("has no IP") => match doctor::trace::no_ip(&args).await {
@@ -85,9 +85,27 @@ pub async fn run(args: Args) -> Result<()> {
         other => other?,
     };
     let mut trace = attach(&args, resolved).await?;
-    trace_masquerade_sources(&mut trace)?;
+    masquerade::trace_masquerade_sources(&mut trace)?;
     let summary = stream::here(&args, &mut trace, &mut stop, write).await?;
     finish(trace, summary)
+}
+
+/// The resolve phase, or `None` on a stop meanwhile: nothing is attached
+/// yet, so a stop there just ends the run.
+async fn resolve_unless_stopped(args: &Args, stop: &mut Stop) -> Option<Result<Resolved>> {
+    tokio::select! {
+        resolved = resolve(args) => Some(resolved),
+        () = stop.recv() => None,
+    }
+}
+
+/// The resolve and attach phases, as the agent and profile mode run them;
+/// `None` on a stop while resolving.
+async fn resolve_and_attach(args: &Args, stop: &mut Stop) -> Result<Option<Trace>> {
+    match resolve_unless_stopped(args, stop).await {
+        Some(resolved) => Ok(Some(attach(args, resolved?).await?)),
+        None => Ok(None),
+    }
 }
 
 fn require_root() -> Result<()> {
@@ -222,18 +240,9 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
     } = resolved;
     let (src, dst) = (&targets.src, &targets.dst);
     let pairs = traced_pairs(&targets);
-    let flows: Vec<FlowKey> = pairs
-        .iter()
-        .map(|(a, b)| FlowKey {
-            src: a.octets(),
-            dst: b.octets(),
-        })
-        .collect();
+    let flows = flow_keys(&pairs);
     let kernel = Kernel::read()?;
-    let mut traced_netns = [0; MAX_NODES];
-    for (slot, ns) in traced_netns.iter_mut().zip(&namespaces) {
-        *slot = ns.inum;
-    }
+    let traced_netns = netns_inums(&namespaces);
     let (tx, sightings) = mpsc::channel(BATCHES_QUEUED);
     let (link_tx, links) = mpsc::unbounded_channel();
     let (netfilter_tx, rules) = mpsc::unbounded_channel();
@@ -264,24 +273,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         node_ips: &args.node_ip,
         single_node: namespaces.len() == 1,
     };
-    let mut nodes = Vec::new();
-    let mut read_through = Vec::new();
-    for (id, ns) in namespaces.iter().enumerate() {
-        let (mut node, facts) = TracedNode::trace(id as u32, ns, &shared).await?;
-        for (ip, iface) in &facts.pod_interfaces {
-            eprintln!(
-                "podtrace: {}: {} is behind {iface}",
-                node.name,
-                ctx.label(*ip)
-            );
-        }
-        read_through.push(node.probe.stream(tx.clone())?);
-        ctx.nodes.insert(node.name.to_string(), facts);
-        if let Some(findings) = doctor.get(id) {
-            ctx.doctor.insert(node.name.to_string(), findings.clone());
-        }
-        nodes.push(node);
-    }
+    let (nodes, read_through) = trace_nodes(&namespaces, &shared, &tx, &mut ctx, &doctor).await?;
     drop(shared);
     drop(typed_btf);
     // Hand the parsed BTF's memory back: podtrace may run for hours.
@@ -315,61 +307,54 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
     })
 }
 
-/// At most this many (node address, peer) pairs are traced ahead of a
-/// MASQUERADE: the kernel filter holds 1024 pairs.
-const MAX_MASQUERADE_PAIRS: usize = 128;
+/// Every pair as the kernel filter wants it.
+fn flow_keys(pairs: &[(Ipv4Addr, Ipv4Addr)]) -> Vec<FlowKey> {
+    pairs
+        .iter()
+        .map(|(a, b)| FlowKey {
+            src: a.octets(),
+            dst: b.octets(),
+        })
+        .collect()
+}
 
-/// Where a MASQUERADE of the traced pair may take it, traced from the
-/// start, so that its first packet is seen after the translation too: a
-/// MASQUERADE takes an address of the node (the way out's), the peer is a
-/// Service backend (hairpin, a NodePort from another node) or the
-/// destination outside the cluster. Only to join: traffic between them is
-/// told only as part of the traced pair's (conntrack then says which
-/// port). Node mode; cluster mode learns these from conntrack.
-fn trace_masquerade_sources(trace: &mut Trace) -> Result<()> {
-    let (targets, ctx) = (&trace.targets, &trace.ctx);
-    let node_addresses: Vec<Ipv4Addr> = ctx
-        .nodes
-        .values()
-        .flat_map(|facts| facts.view.own_addresses())
-        .filter(|ip| !ip.is_loopback())
-        .collect();
-    let dst = targets.dst.ip;
-    let in_the_cluster = |ip: Ipv4Addr| {
-        ctx.expects_arrival(ip)
-            || ctx
-                .subnets
-                .iter()
-                .any(|s| s.subnet.contains(&ip) || s.node_ip == ip)
-            || ctx.pod_cidrs.iter().any(|net| net.contains(&ip))
-            || node_addresses.contains(&ip)
-    };
-    let outside = targets.dst.pod.is_none() && targets.service.is_none() && !in_the_cluster(dst);
-    let mut peers: Vec<Ipv4Addr> = targets
-        .nat
-        .translations
-        .iter()
-        .filter(|t| !t.source)
-        .map(|t| t.back.ip)
-        .chain(outside.then_some(dst))
-        .collect();
-    peers.sort();
-    peers.dedup();
-    let pairs: Vec<(Ipv4Addr, Ipv4Addr)> = node_addresses
-        .iter()
-        .flat_map(|a| peers.iter().map(move |p| (*a, *p)))
-        .filter(|(a, p)| a != p)
-        .collect();
-    if pairs.is_empty() || pairs.len() > MAX_MASQUERADE_PAIRS {
-        return Ok(());
+/// The traced namespaces' inode numbers, in node id order.
+fn netns_inums(namespaces: &[Namespace]) -> [u32; MAX_NODES] {
+    let mut traced_netns = [0; MAX_NODES];
+    for (slot, ns) in traced_netns.iter_mut().zip(namespaces) {
+        *slot = ns.inum;
     }
-    let flows: Vec<FlowKey> = pairs.iter().flat_map(|pair| flow_ips(*pair)).collect();
-    for node in &mut trace.nodes {
-        node.probe.replace_flows(&[], &flows)?;
+    traced_netns
+}
+
+/// Sets up every node, each streaming its records into `tx`; what each
+/// is (and the doctor's failing checks there) goes into `ctx`.
+async fn trace_nodes(
+    namespaces: &[Namespace],
+    shared: &Shared<'_>,
+    tx: &mpsc::Sender<Batch>,
+    ctx: &mut Context,
+    doctor: &[Vec<crate::model::Finding>],
+) -> Result<(Vec<TracedNode>, Vec<ReadThrough>)> {
+    let mut nodes = Vec::new();
+    let mut read_through = Vec::new();
+    for (id, ns) in namespaces.iter().enumerate() {
+        let (mut node, facts) = TracedNode::trace(id as u32, ns, shared).await?;
+        for (ip, iface) in &facts.pod_interfaces {
+            eprintln!(
+                "podtrace: {}: {} is behind {iface}",
+                node.name,
+                ctx.label(*ip)
+            );
+        }
+        read_through.push(node.probe.stream(tx.clone())?);
+        ctx.nodes.insert(node.name.to_string(), facts);
+        if let Some(findings) = doctor.get(id) {
+            ctx.doctor.insert(node.name.to_string(), findings.clone());
+        }
+        nodes.push(node);
     }
-    trace.learnt_flows.extend(flows);
-    trace.joining_only.extend(pairs);
-    Ok(())
+    Ok((nodes, read_through))
 }
 
 /// Says what the traced nodes can see, and that the trace has started.

@@ -11,7 +11,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use podtrace_common::{hook_parts, StepKey};
 
-use super::{attach, require_root, resolve, stop::Stop, until, Trace};
+use super::{require_root, resolve_and_attach, stop::Stop, until, Trace};
 use crate::{
     cli::{Args, ProfileArgs},
     decode::hop::Direction,
@@ -61,11 +61,9 @@ pub async fn run(profile: ProfileArgs) -> Result<()> {
     args.no_ruleset_changes = true;
     require_root()?;
     let mut stop = Stop::catch()?;
-    let resolved = tokio::select! {
-        resolved = resolve(&args) => resolved?,
-        () = stop.recv() => return Ok(()),
+    let Some(mut trace) = resolve_and_attach(&args, &mut stop).await? else {
+        return Ok(());
     };
-    let mut trace = attach(&args, resolved).await?;
     let started = Instant::now();
     let live = std::io::stderr().is_terminal();
     let mut tick = tokio::time::interval(Duration::from_secs(1));

@@ -24,7 +24,7 @@ use crate::{
     model::Summary,
     probe::{clock::monotonic_ns, conntrack, netfilter::TracedRule, RING_HANDOVER},
     story::{
-        journey::{Correlator, Waits},
+        correlator::{Correlator, Waits},
         Context,
     },
 };

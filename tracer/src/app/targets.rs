@@ -37,6 +37,19 @@ pub struct Targets {
     pub nat: NatBook,
 }
 
+/// A pod on the host network is traced on the node's own interfaces:
+/// said, as its story has no pod veth.
+fn note_host_network(src: &Endpoint, dst: &Endpoint) {
+    for pod in [src, dst].into_iter().filter_map(|e| e.pod.as_ref()) {
+        if pod.host_network {
+            eprintln!(
+                "podtrace: note: {} uses the host network: its packets use the node's own interfaces, not a pod veth",
+                pod.qualified()
+            );
+        }
+    }
+}
+
 impl Targets {
     pub async fn resolve(args: &Args) -> Result<Self> {
         let access = Access::of(&args.kube);
@@ -100,14 +113,7 @@ impl Targets {
         if src.ip == dst.ip {
             bail!("source and destination are the same address ({})", src.ip);
         }
-        for pod in [&src, &dst].into_iter().filter_map(|e| e.pod.as_ref()) {
-            if pod.host_network {
-                eprintln!(
-                    "podtrace: note: {} uses the host network: its packets use the node's own interfaces, not a pod veth",
-                    pod.qualified()
-                );
-            }
-        }
+        note_host_network(&src, &dst);
         let service = catalog
             .as_ref()
             .and_then(|c| c.by_cluster_ip(dst.ip))
@@ -121,13 +127,18 @@ impl Targets {
             service,
             nat: NatBook::default(),
         };
-        targets.nat = targets.translations(dst_target.port());
-        if targets.service.is_none() {
-            if let Some(catalog) = &catalog {
-                targets.nat = targets.node_ports(catalog, dst_target.port());
-            }
-        }
+        targets.nat = targets.destination_nat(catalog.as_ref(), dst_target.port());
         Ok(targets)
+    }
+
+    /// What kube-proxy translates the destination to: a Service's
+    /// backends, or else a node's NodePorts (on `port` only, when the
+    /// argument named one).
+    fn destination_nat(&self, catalog: Option<&Catalog>, port: Option<u16>) -> NatBook {
+        match (&self.service, catalog) {
+            (None, Some(catalog)) => self.node_ports(catalog, port),
+            _ => self.translations(port),
+        }
     }
 
     /// DST a node: the NodePorts it translates (on `port` only, when the

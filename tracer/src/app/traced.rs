@@ -112,6 +112,31 @@ impl NodeLinks for TracedNode {
     }
 }
 
+/// The traced endpoints, and those of them that run on node `name` (by
+/// the API's word, or in one of its local pod subnets).
+fn endpoints_here(
+    shared: &Shared<'_>,
+    name: &str,
+    local_pod_subnets: &[ipnet::Ipv4Net],
+) -> (Vec<Ipv4Addr>, Vec<Ipv4Addr>) {
+    let mut endpoints: Vec<Ipv4Addr> = shared.pairs.iter().map(|(src, _)| *src).collect();
+    // A Service's client is in one pair per backend: said once.
+    endpoints.sort();
+    endpoints.dedup();
+    let local: Vec<Ipv4Addr> = endpoints
+        .iter()
+        .copied()
+        .filter(|ip| {
+            let runs_here = shared
+                .endpoint_nodes
+                .iter()
+                .any(|(e, node)| e == ip && node == name);
+            runs_here || local_pod_subnets.iter().any(|n| n.contains(ip))
+        })
+        .collect();
+    (endpoints, local)
+}
+
 impl TracedNode {
     /// Sets up one node: reads it, picks its interfaces, attaches.
     pub async fn trace(id: u32, ns: &Namespace, shared: &Shared<'_>) -> Result<(Self, NodeFacts)> {
@@ -132,21 +157,7 @@ impl TracedNode {
             .index;
         let every = select(&view, underlay, cni);
         let local_pod_subnets = local_pod_subnets(&view, &every);
-        let mut endpoints: Vec<Ipv4Addr> = shared.pairs.iter().map(|(src, _)| *src).collect();
-        // A Service's client is in one pair per backend: said once.
-        endpoints.sort();
-        endpoints.dedup();
-        let local: Vec<Ipv4Addr> = endpoints
-            .iter()
-            .copied()
-            .filter(|ip| {
-                let runs_here = shared
-                    .endpoint_nodes
-                    .iter()
-                    .any(|(e, node)| e == ip && *node == name);
-                runs_here || local_pod_subnets.iter().any(|n| n.contains(ip))
-            })
-            .collect();
+        let (endpoints, local) = endpoints_here(shared, &name, &local_pod_subnets);
         let (pod_interfaces, lost_pods) = find_pod_interfaces(&view, cni, &endpoints, &local).await;
         let watched = needed(every, &pod_interfaces, &lost_pods, &name);
         let tunnels = TunnelTrust::of(&view, underlay, &other_nodes);

@@ -183,7 +183,6 @@ pub fn place(
     kernel: &Kernel,
     keep_snapshot: bool,
 ) -> Result<Hop, Unplaced> {
-    let is_drop = s.kind == sighting_kind::DROP;
     let node = if s.node_id == NODE_OTHER_NETNS {
         None
     } else {
@@ -202,38 +201,8 @@ pub fn place(
         decode(snapshot, s.has_l2 != 0)
     };
     let packet = decoded.map_err(|_| Unplaced::Undecodable)?;
-    let (direction, drop) = if is_drop {
-        let location = kernel.symbols.name(s.location);
-        let (reason, reason_from_location) = kernel.reasons.name(s.reason, &location);
-        let info = DropInfo {
-            reason,
-            reason_from_location,
-            location,
-            by_socket: s.match_kind == match_kind::SOCKET,
-        };
-        (Direction::Drop, Some(info))
-    } else if s.direction == KernelDirection::Egress as u8 {
-        (Direction::Egress, None)
-    } else {
-        (Direction::Ingress, None)
-    };
-    let route = (s.fib_result != FIB_NOT_LOOKED_UP).then(|| {
-        let route = KernelRoute {
-            result: KernelRoute::result_name(s.fib_result),
-            dev: None,
-            via: None,
-        };
-        if !route.found() {
-            return route;
-        }
-        let dev = node.and_then(|n| n.link_name(s.fib_ifindex).cloned());
-        let via = Ipv4Addr::from(s.fib_nexthop);
-        KernelRoute {
-            dev,
-            via: (via != packet.packet.dst).then_some(via),
-            ..route
-        }
-    });
+    let (direction, drop) = direction_of(s, kernel);
+    let route = route_of(s, node, packet.packet.dst);
     Ok(Hop {
         ktime_ns: s.ktime_ns,
         node: match node {
@@ -259,6 +228,48 @@ pub fn place(
             },
             has_l2: s.has_l2 != 0,
         },
+    })
+}
+
+/// A drop (with its reason and where the kernel dropped it), or the way
+/// the packet was going.
+fn direction_of(s: &Sighting, kernel: &Kernel) -> (Direction, Option<DropInfo>) {
+    if s.kind == sighting_kind::DROP {
+        let location = kernel.symbols.name(s.location);
+        let (reason, reason_from_location) = kernel.reasons.name(s.reason, &location);
+        let info = DropInfo {
+            reason,
+            reason_from_location,
+            location,
+            by_socket: s.match_kind == match_kind::SOCKET,
+        };
+        (Direction::Drop, Some(info))
+    } else if s.direction == KernelDirection::Egress as u8 {
+        (Direction::Egress, None)
+    } else {
+        (Direction::Ingress, None)
+    }
+}
+
+/// The kernel's route lookup for the packet, if it made one: the device
+/// it would leave by on `node`, and the next hop when it is not `dst`.
+fn route_of(s: &Sighting, node: Option<&impl NodeLinks>, dst: Ipv4Addr) -> Option<KernelRoute> {
+    (s.fib_result != FIB_NOT_LOOKED_UP).then(|| {
+        let route = KernelRoute {
+            result: KernelRoute::result_name(s.fib_result),
+            dev: None,
+            via: None,
+        };
+        if !route.found() {
+            return route;
+        }
+        let dev = node.and_then(|n| n.link_name(s.fib_ifindex).cloned());
+        let via = Ipv4Addr::from(s.fib_nexthop);
+        KernelRoute {
+            dev,
+            via: (via != dst).then_some(via),
+            ..route
+        }
     })
 }
 

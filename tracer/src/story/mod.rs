@@ -1,22 +1,30 @@
 //! From a journey to its story: what happened at each hop, and the
 //! verdict. Pure; rendering (text, JSON) is in `output`.
 //!
-//! - `journey`: grouping the sightings of one packet (correlation);
+//! - `journey`: one packet's sightings, and the key that finds them;
+//! - `correlator`: grouping the sightings of one packet (correlation);
+//! - `nat`, `nat_steps`: one packet across translations, and their naming;
 //! - `notes`: the wording of each hop;
 //! - `verdict`: how the packet travelled and where it ended;
+//! - `verdict_names`, `rule_text`: the rule that dropped it, read, and the
+//!   translations on its way;
 //! - `explain`: why, in the operator's terms (route -n, hints);
 //! - `profile`: per-step latency over many stories.
 
 pub mod clock;
 pub(crate) mod context;
+pub mod correlator;
 pub mod explain;
 mod findings;
 pub mod journey;
 pub mod nat;
+pub mod nat_steps;
 mod notes;
 pub mod profile;
+mod rule_text;
 pub mod steps;
 mod verdict;
+mod verdict_names;
 
 use std::{borrow::Cow, net::Ipv4Addr};
 
@@ -34,7 +42,7 @@ use crate::{
     node::interfaces::Role,
 };
 use journey::Journey;
-use nat::NatStep;
+use nat_steps::NatStep;
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct HopLine {
@@ -94,7 +102,7 @@ pub fn tell(journey: &Journey, ctx: &Context) -> Story {
         .map(|(i, hop)| {
             let prev = i.checked_sub(1).map(|p| &journey.hops[p]);
             let nat = prev.map_or_else(Vec::new, |p| {
-                nat::steps(
+                nat_steps::steps(
                     &p.packet.packet,
                     &hop.packet.packet,
                     &journey.nat_rules,

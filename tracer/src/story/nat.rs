@@ -14,12 +14,7 @@
 //! journey, the sighting belongs to it. NAT never changes the IP ID, so a
 //! false join needs the same ID, ports and a translation between the pairs.
 //!
-//! Then, for the story, [`steps`] compares consecutive hops of a journey:
-//! where the addresses changed, it names the translation (DNAT, un-DNAT,
-//! SNAT/MASQUERADE, un-SNAT) with both tuples, the rule that did it (from
-//! nft rule tracing: only a connection's first packet traverses the nat
-//! chains, later ones are translated by conntrack) and the Service and
-//! backend pod.
+//! Naming those translations in a journey's story is `nat_steps`.
 
 use std::{collections::VecDeque, net::Ipv4Addr};
 
@@ -29,10 +24,7 @@ use super::journey::PacketKey;
 use crate::{
     decode::{Ipv4Packet, Transport},
     model::{Frontend, Translation},
-    probe::{
-        conntrack::{self, Tuple},
-        netfilter::NetfilterRule,
-    },
+    probe::conntrack::{self, Tuple},
 };
 
 /// Every translation known to the trace, and the traced pair's
@@ -85,7 +77,7 @@ fn tuple_of(p: &Ipv4Packet) -> Option<Tuple> {
 }
 
 /// The ports of a transport, if it has any.
-fn ports(t: &Transport) -> Option<(u16, u16)> {
+pub(super) fn ports(t: &Transport) -> Option<(u16, u16)> {
     match *t {
         Transport::Tcp { sport, dport, .. } | Transport::Udp { sport, dport } => {
             Some((sport, dport))
@@ -242,7 +234,7 @@ impl NatBook {
 
     /// The connection a packet belongs to, in either direction, before or
     /// after its translation.
-    fn connection_of(&self, packets: [&Ipv4Packet; 2]) -> Option<&Connection> {
+    pub(super) fn connection_of(&self, packets: [&Ipv4Packet; 2]) -> Option<&Connection> {
         let tuples: Vec<Tuple> = packets.into_iter().filter_map(tuple_of).collect();
         self.connections.iter().rev().find(|c| {
             tuples
@@ -321,7 +313,7 @@ impl NatBook {
         (!said.is_empty()).then(|| said.join(", "))
     }
 
-    fn by_front(&self, at: Frontend, back: Option<Frontend>) -> Option<&Translation> {
+    pub(super) fn by_front(&self, at: Frontend, back: Option<Frontend>) -> Option<&Translation> {
         let services = || self.translations.iter().filter(|t| !t.source);
         services()
             .find(|t| t.front == at && back.is_none_or(|b| b == t.back))
@@ -330,203 +322,8 @@ impl NatBook {
 
     /// Whether `ip` is a Service frontend (a ClusterIP or a node's
     /// NodePort address).
-    fn is_front(&self, at: Frontend) -> bool {
+    pub(super) fn is_front(&self, at: Frontend) -> bool {
         self.translations.iter().any(|t| !t.source && t.front == at)
-    }
-}
-
-/// Which rewrite a step is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub enum NatKind {
-    #[serde(rename = "DNAT")]
-    Dnat,
-    /// A reply's source put back to the Service frontend (conntrack).
-    #[serde(rename = "un-DNAT")]
-    UnDnat,
-    #[serde(rename = "SNAT")]
-    Snat,
-    #[serde(rename = "MASQUERADE")]
-    Masquerade,
-    /// A reply's destination put back to the masqueraded source.
-    #[serde(rename = "un-SNAT")]
-    UnSnat,
-}
-
-impl NatKind {
-    fn label(self) -> &'static str {
-        match self {
-            Self::Dnat => "DNAT",
-            Self::UnDnat => "un-DNAT",
-            Self::Snat => "SNAT",
-            Self::Masquerade => "MASQUERADE",
-            Self::UnSnat => "un-SNAT",
-        }
-    }
-}
-
-/// The conntrack side of a translation.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ConntrackState {
-    /// `new`: the connection's first packet, translated by a nat rule;
-    /// `established`: translated by conntrack from an existing entry.
-    pub state: &'static str,
-    /// The entry's zone and mark, when conntrack was read.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub zone: Option<u16>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mark: Option<u32>,
-}
-
-/// One translation seen on a hop (JSON `nat`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct NatStep {
-    pub kind: NatKind,
-    /// `ip:port` (or `ip` for port-less protocols) before and after.
-    pub before: String,
-    pub after: String,
-    /// The rule, as `table chain: rule text`; `conntrack` when an
-    /// existing entry did it.
-    pub rule: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub service: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub backend: Option<String>,
-    pub conntrack: ConntrackState,
-}
-
-impl NatStep {
-    /// `DNAT 10.96.7.7:80 → 10.244.2.3:8080 by nat KUBE-SEP-… (default/db → default/db-1)`.
-    pub fn text(&self) -> String {
-        let by = if self.conntrack.state == "new" {
-            format!("by {}", self.rule)
-        } else {
-            "(conntrack)".to_string()
-        };
-        let which = match (&self.service, &self.backend) {
-            (Some(s), Some(b)) => format!(" ({s} → {b})"),
-            (Some(s), None) => format!(" ({s})"),
-            _ => String::new(),
-        };
-        format!(
-            "{} {} → {} {by}{which}",
-            self.kind.label(),
-            self.before,
-            self.after
-        )
-    }
-}
-
-/// What a nat rule does, from its text (iptables or nft syntax).
-pub fn rule_action(rule: &NetfilterRule) -> Option<NatKind> {
-    let text = rule.rule.as_str();
-    let has = |words: &[&str]| words.iter().any(|w| text.contains(w));
-    if has(&["-j DNAT", "dnat to", "dnat ip to"]) {
-        Some(NatKind::Dnat)
-    } else if has(&["-j MASQUERADE", "masquerade"]) {
-        Some(NatKind::Masquerade)
-    } else if has(&["-j SNAT", "snat to", "snat ip to"]) {
-        Some(NatKind::Snat)
-    } else {
-        None
-    }
-}
-
-fn sock(ip: Ipv4Addr, port: Option<u16>) -> Frontend {
-    Frontend {
-        ip,
-        port: port.unwrap_or(0),
-    }
-}
-
-fn shown(ip: Ipv4Addr, port: Option<u16>) -> String {
-    port.map_or_else(|| ip.to_string(), |p| format!("{ip}:{p}"))
-}
-
-/// The translations between two consecutive sightings of one packet
-/// (none when its addresses and ports did not change).
-pub fn steps(
-    before: &Ipv4Packet,
-    after: &Ipv4Packet,
-    rules: &[NetfilterRule],
-    book: &NatBook,
-) -> Vec<NatStep> {
-    let (b, a) = (ports(&before.transport), ports(&after.transport));
-    let (bs, bd) = (b.map(|p| p.0), b.map(|p| p.1));
-    let (as_, ad) = (a.map(|p| p.0), a.map(|p| p.1));
-    let rule_for = |kinds: &[NatKind]| {
-        rules
-            .iter()
-            .find(|r| rule_action(r).is_some_and(|k| kinds.contains(&k)))
-    };
-    let mut out = Vec::new();
-    if (before.dst, bd) != (after.dst, ad) {
-        let front = sock(before.dst, bd);
-        let (kind, rule) = if book.is_front(front) {
-            (NatKind::Dnat, rule_for(&[NatKind::Dnat]))
-        } else {
-            (NatKind::UnSnat, None)
-        };
-        let t = (kind == NatKind::Dnat)
-            .then(|| book.by_front(front, Some(sock(after.dst, ad))))
-            .flatten();
-        out.push(step(
-            kind,
-            shown(before.dst, bd),
-            shown(after.dst, ad),
-            rule,
-            t,
-        ));
-    }
-    let connection = book.connection_of([before, after]);
-    if (before.src, bs) != (after.src, as_) {
-        let front = sock(after.src, as_);
-        let (kind, rule) = if book.is_front(front) {
-            (NatKind::UnDnat, None)
-        } else {
-            let rule = rule_for(&[NatKind::Masquerade, NatKind::Snat]);
-            let kind = rule.and_then(rule_action).unwrap_or(NatKind::Snat);
-            (kind, rule)
-        };
-        let t = (kind == NatKind::UnDnat)
-            .then(|| book.by_front(front, Some(sock(before.src, bs))))
-            .flatten();
-        out.push(step(
-            kind,
-            shown(before.src, bs),
-            shown(after.src, as_),
-            rule,
-            t,
-        ));
-    }
-    for s in &mut out {
-        s.conntrack.zone = connection.map(|c| c.zone);
-        s.conntrack.mark = connection.map(|c| c.mark);
-    }
-    out
-}
-
-fn step(
-    kind: NatKind,
-    before: String,
-    after: String,
-    rule: Option<&NetfilterRule>,
-    t: Option<&Translation>,
-) -> NatStep {
-    NatStep {
-        kind,
-        before,
-        after,
-        rule: rule.map_or_else(
-            || "conntrack".to_string(),
-            |r| format!("{} {}: {}", r.table, r.chain, r.rule),
-        ),
-        service: t.and_then(|t| t.service.clone()),
-        backend: t.and_then(|t| t.backend.clone()),
-        conntrack: ConntrackState {
-            state: if rule.is_some() { "new" } else { "established" },
-            zone: None,
-            mark: None,
-        },
     }
 }
 
@@ -534,6 +331,10 @@ fn step(
 pub(crate) mod tests {
     use super::*;
     use crate::decode::{decode, tests as frames};
+    use crate::{
+        probe::netfilter::NetfilterRule,
+        story::nat_steps::{steps, NatKind},
+    };
 
     pub(crate) fn book() -> NatBook {
         let t = |ip: [u8; 4], pod: &str| Translation {

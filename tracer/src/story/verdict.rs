@@ -1,20 +1,18 @@
-//! The verdict on a journey: how the packet travelled (bridged, routed,
-//! encapsulated, decapsulated), where it ended, why (with the explanation
-//! from `explain`), and for a netfilter drop, the rule.
+//! Judging a journey: how the packet travelled (bridged, routed,
+//! encapsulated, decapsulated), where it ended and why (with the
+//! explanation from `explain`). The netfilter rule of a drop and the
+//! translations on the way are named by `verdict_names`.
 
 use std::net::Ipv4Addr;
 
 use serde::Serialize;
 
-use super::{explain::explain, micros, notes::tunnel_text, Context, Story};
+use super::{explain::explain, micros, notes::tunnel_text, Context};
 use crate::{
     decode::hop::Direction,
     node::interfaces::Role,
     probe::netfilter::NetfilterRule,
-    story::{
-        explain::RouteCheck,
-        journey::{Journey, NETFILTER_DROP},
-    },
+    story::{explain::RouteCheck, journey::Journey},
 };
 
 /// How the packet travelled.
@@ -96,162 +94,6 @@ pub struct Verdict {
     /// checks on that node (`podtrace doctor`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub doctor: Vec<crate::model::Finding>,
-}
-
-impl Story {
-    /// Whether the packet was dropped by a netfilter rule.
-    pub fn netfilter_drop(&self) -> bool {
-        matches!(&self.verdict.outcome, Outcome::Dropped { reason, .. } if reason == NETFILTER_DROP)
-    }
-
-    /// Names the netfilter rule that dropped the packet, or says why it
-    /// cannot be named.
-    pub(super) fn name_rule(&mut self, rule: Option<&NetfilterRule>, ctx: &Context) {
-        match rule {
-            Some(rule) => {
-                if let Some(why) = rejection(&rule.rule).or_else(|| invalid(&rule.rule)) {
-                    self.verdict.summary = format!("{why}; {}", self.verdict.summary);
-                }
-                self.verdict.summary.push_str(&format!(
-                    "; by table {} chain {} (hook {}): {}",
-                    rule.table, rule.chain, rule.hook, rule.rule
-                ));
-                self.verdict.netfilter = Some(rule.clone());
-            }
-            None => {
-                let hook = self.netfilter_hook(ctx);
-                self.verdict.summary.push_str(&format!(
-                    "; dropped by netfilter at hook {hook}; the rule is not named: {}",
-                    ctx.why_rule_unnamed
-                ));
-                self.verdict.netfilter_hook = Some(hook.to_string());
-            }
-        }
-    }
-
-    /// Says which Service the packet went through, and where its
-    /// addresses were translated: the destination (DNAT, un-DNAT) and
-    /// the source (SNAT, MASQUERADE, un-SNAT).
-    pub(super) fn name_translations(&mut self) {
-        use super::nat::NatKind;
-        let mut said = Vec::new();
-        for kind in [
-            NatKind::Dnat,
-            NatKind::UnDnat,
-            NatKind::Masquerade,
-            NatKind::Snat,
-            NatKind::UnSnat,
-        ] {
-            let found = self
-                .hops
-                .iter()
-                .find_map(|h| h.nat.iter().find(|s| s.kind == kind).map(|s| (h, s)));
-            let Some((hop, step)) = found else {
-                continue;
-            };
-            let service = step.service.as_deref().unwrap_or("a Service");
-            let what = match kind {
-                NatKind::Dnat => format!("through {service}: DNAT"),
-                NatKind::UnDnat => format!("reply of {service}: un-DNAT"),
-                NatKind::Masquerade => "source MASQUERADE".to_string(),
-                NatKind::Snat => "source SNAT".to_string(),
-                NatKind::UnSnat => "destination un-SNAT".to_string(),
-            };
-            said.push(format!(
-                "; {what} {} → {} on {} (seen at {} {})",
-                step.before,
-                step.after,
-                hop.node,
-                hop.iface,
-                hop.direction.label()
-            ));
-        }
-        self.verdict.summary.push_str(&said.concat());
-    }
-
-    /// The netfilter hook of a drop, from the packet alone: routed on the
-    /// dropping node (TTL lower than when it arrived there) means FORWARD;
-    /// first seen there leaving, or not seen arriving with one of the
-    /// node's own addresses as its source, means the node sent it (to
-    /// itself, when the destination is its own too: over lo, where any
-    /// of the four hooks may have dropped it).
-    fn netfilter_hook(&self, ctx: &Context) -> &'static str {
-        let Some(last) = self.hops.last() else {
-            return "unknown";
-        };
-        let arrived = self.hops.iter().find(|h| h.node == last.node);
-        let own = |ip: Ipv4Addr| {
-            ctx.nodes
-                .get(&*last.node)
-                .is_some_and(|node| node.view.holds(ip))
-        };
-        let unseen_from_here = arrived.is_some_and(|first| first.direction == Direction::Drop);
-        match arrived {
-            Some(first) if last.ttl < first.ttl => "FORWARD",
-            Some(first) if first.direction == Direction::Egress => "OUTPUT or POSTROUTING",
-            // Sent to itself, over lo (no tc hook there): any of the four.
-            _ if unseen_from_here && own(self.src) && own(self.dst) => {
-                "OUTPUT, POSTROUTING, PREROUTING or INPUT"
-            }
-            _ if unseen_from_here && own(self.src) => "OUTPUT or POSTROUTING",
-            _ => "PREROUTING or INPUT",
-        }
-    }
-}
-
-/// For a drop of what conntrack found INVALID (iptables `--ctstate
-/// INVALID`, nft `ct state invalid`): what that means for the packet.
-fn invalid(rule: &str) -> Option<String> {
-    let lower = rule.to_ascii_lowercase();
-    let matches = lower.contains("--ctstate invalid") || lower.contains("ct state invalid");
-    matches.then(|| {
-        "dropped as conntrack INVALID: conntrack tied it to no connection it tracks (an entry that expired or was never made, or a segment outside the connection's window)".to_string()
-    })
-}
-
-/// For a REJECT rule: `rejected: default/db has no endpoints` (from
-/// kube-proxy's comment: on the iptables rule, or in nftables mode on the
-/// `no-endpoint-services` element that led to the reject) and what the
-/// client is then sent.
-fn rejection(rule: &str) -> Option<String> {
-    if !rule.contains("-j REJECT") && !rule.starts_with("reject") && !rule.contains(" reject") {
-        return None;
-    }
-    let comment = rule
-        .split_once("--comment ")
-        .or_else(|| rule.split_once("comment "))
-        .map(|(_, rest)| {
-            let rest = rest.trim_start_matches('"');
-            rest.split('"').next().unwrap_or(rest).to_string()
-        });
-    let why = match comment {
-        Some(c) if c.contains("has no endpoints") => {
-            // `default/db:http has no endpoints` → `default/db has no endpoints`.
-            let (svc, tail) = c.split_once(' ').unwrap_or((&c, ""));
-            let svc = svc.split(':').next().unwrap_or(svc);
-            format!("rejected: {svc} {tail}")
-        }
-        // kube-proxy's nftables map of Services without endpoints, its
-        // elements commented `default/db:http`.
-        Some(c) if rule.contains("@no-endpoint-services") => {
-            format!(
-                "rejected: {} has no endpoints",
-                c.split(':').next().unwrap_or(&c)
-            )
-        }
-        _ => "rejected".to_string(),
-    };
-    let answer = if rule.contains("tcp-reset") || rule.contains("reject with tcp reset") {
-        "a TCP RST"
-    } else if let Some((_, with)) = rule.split_once("--reject-with ") {
-        match with.split_whitespace().next() {
-            Some("icmp-port-unreachable") | None => "ICMP port unreachable",
-            Some(other) => return Some(format!("{why} (the client is sent {other})")),
-        }
-    } else {
-        "ICMP port unreachable"
-    };
-    Some(format!("{why} (the client is sent {answer})"))
 }
 
 pub(super) fn judge(journey: &Journey, ctx: &Context) -> Verdict {
@@ -477,35 +319,5 @@ fn summarise(
             let dir = direction.label();
             format!("incomplete: records were lost while this packet was in flight; last seen on {node} {iface} {dir}{how}")
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::rejection;
-
-    #[test]
-    fn a_reject_names_the_service_without_endpoints_and_the_answer() {
-        let rule = r#"-A KUBE-SERVICES -d 10.96.9.9/32 -p tcp -m comment --comment "default/empty:http has no endpoints" -m tcp --dport 80 -j REJECT --reject-with icmp-port-unreachable"#;
-        assert_eq!(
-            rejection(rule).unwrap(),
-            "rejected: default/empty has no endpoints (the client is sent ICMP port unreachable)"
-        );
-        assert!(rejection("-A FORWARD -j DROP").is_none());
-        let nft = r#"reject # handle 54, reached by service-endpoints-check: ip daddr . meta l4proto . th dport vmap @no-endpoint-services # handle 44 on element 10.96.9.9 . tcp . 80 comment "default/empty:http""#;
-        assert_eq!(
-            rejection(nft).unwrap(),
-            "rejected: default/empty has no endpoints (the client is sent ICMP port unreachable)"
-        );
-        assert_eq!(
-            rejection(r#"ip daddr 10.1.2.3 reject with tcp reset comment "block db-1" # handle 2"#)
-                .unwrap(),
-            "rejected (the client is sent a TCP RST)"
-        );
-        let rule = r#"-A KUBE-FORWARD -m conntrack --ctstate INVALID -m comment --comment "kubernetes forwarding conntrack rule" -j DROP"#;
-        assert!(super::invalid(rule)
-            .unwrap()
-            .starts_with("dropped as conntrack INVALID"));
-        assert!(super::invalid("-A FORWARD -j DROP").is_none());
     }
 }

@@ -66,7 +66,7 @@ pub(crate) fn row(e: &Value) -> Vec<Value> {
         e["involvedObject"]["name"].as_str().unwrap_or("")
     );
     vec![
-        super::discovery::since(&e["lastTimestamp"]),
+        super::tables::since(&e["lastTimestamp"]),
         e["type"].clone(),
         e["reason"].clone(),
         object.into(),

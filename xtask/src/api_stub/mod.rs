@@ -18,7 +18,9 @@ mod discovery;
 mod events;
 mod kubelet;
 mod routes;
+mod selectors;
 mod services;
+mod tables;
 
 use std::{
     collections::{BTreeMap, HashSet},

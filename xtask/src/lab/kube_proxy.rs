@@ -24,12 +24,12 @@
 //! - `default/iperf`: TCP 5201 → 5201, backend db-0 (the NAT bench runs
 //!   iperf3 through it).
 
-use std::{fs, net::Ipv4Addr, process::Stdio};
+use std::{fs, net::Ipv4Addr};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde_json::{json, Value};
 
-use super::{cmd, in_netns, Lab, LabPod, NODES};
+use super::{cmd, Lab, LabPod, NODES};
 
 /// The backends' listening ports.
 pub const TCP_PORT: u16 = 8080;
@@ -222,117 +222,6 @@ impl Lab {
         )
     }
 
-    /// A TCP listener and a UDP echo in every backend pod (python3),
-    /// recorded so that `down` stops them.
-    fn start_listeners(&self) -> Result<()> {
-        use std::os::unix::process::CommandExt;
-        const SERVER: &str = r#"
-import os, socket, sys, threading
-tcp_port, udp_port = int(sys.argv[1]), int(sys.argv[2])
-def udp():
-    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    u.bind(("0.0.0.0", udp_port))
-    while True:
-        data, peer = u.recvfrom(2048)
-        u.sendto(data, peer)
-threading.Thread(target=udp, daemon=True).start()
-t = socket.socket()
-t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-t.bind(("0.0.0.0", tcp_port))
-t.listen(64)
-while True:
-    c, _ = t.accept()
-    try:
-        c.recv(4096)
-        c.sendall(b"ok\n")
-    except OSError:
-        pass
-    c.close()
-"#;
-        let mut pids = String::new();
-        let mut backends: Vec<LabPod> = self
-            .services()
-            .into_iter()
-            .flat_map(|s| s.backends)
-            .collect();
-        backends.sort_by(|a, b| a.name.cmp(&b.name));
-        backends.dedup_by(|a, b| a.name == b.name);
-        // The outside's listener too.
-        let netns = backends
-            .into_iter()
-            .map(|pod| pod.netns)
-            .chain([self.underlay_netns()]);
-        for netns in netns {
-            let child = in_netns(&netns, "python3")
-                .args(["-c", SERVER, &TCP_PORT.to_string(), &UDP_PORT.to_string()])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .process_group(0)
-                .spawn()
-                .context("cannot start a backend listener (python3)")?;
-            pids.push_str(&format!("{}\n", child.id()));
-        }
-        fs::create_dir_all(self.state_dir())?;
-        fs::write(self.state_dir().join("listeners.pids"), pids)?;
-        // Until they listen.
-        for _ in 0..50 {
-            let db = self.pod("db-1");
-            let up = in_netns(&db.netns, "ss")
-                .args(["-Hltn", &format!("sport = :{TCP_PORT}")])
-                .output()
-                .is_ok_and(|o| !o.stdout.is_empty());
-            if up {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-        Ok(())
-    }
-
-    /// Stops the listeners `install_services` started.
-    pub(super) fn stop_listeners(&self) {
-        let Ok(pids) = fs::read_to_string(self.state_dir().join("listeners.pids")) else {
-            return;
-        };
-        for pid in pids.lines().filter_map(|p| p.trim().parse::<i32>().ok()) {
-            // SAFETY: a pid this lab started and recorded.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-    }
-
-    /// One TCP request from inside a pod to `ip:port`: the answer, if any
-    /// (`Err` says what the client saw: refused, timed out).
-    pub fn tcp_request(&self, from_pod: &str, ip: Ipv4Addr, port: u16) -> Result<String, String> {
-        client(&self.pod(from_pod).netns, "tcp", ip, port, 2)
-    }
-
-    /// One TCP request that waits 5 s for its answer (a slow server).
-    pub fn tcp_request_patient(
-        &self,
-        from_pod: &str,
-        ip: Ipv4Addr,
-        port: u16,
-    ) -> Result<String, String> {
-        client(&self.pod(from_pod).netns, "tcp", ip, port, 5)
-    }
-
-    /// One TCP request from any of the lab's namespaces (a client outside
-    /// the pods: the underlay, a node).
-    pub fn tcp_request_from_netns(
-        &self,
-        netns: &str,
-        ip: Ipv4Addr,
-        port: u16,
-    ) -> Result<String, String> {
-        client(netns, "tcp", ip, port, 2)
-    }
-
-    /// One UDP datagram from inside a pod, and its echo.
-    pub fn udp_request(&self, from_pod: &str, ip: Ipv4Addr, port: u16) -> Result<String, String> {
-        client(&self.pod(from_pod).netns, "udp", ip, port, 2)
-    }
-
     /// The Services and EndpointSlices as `kubectl get
     /// svc,endpointslices -A -o json` prints them.
     pub fn service_list(&self) -> Value {
@@ -344,48 +233,6 @@ while True:
             }
         }
         json!({"apiVersion": "v1", "kind": "List", "items": items})
-    }
-}
-
-/// One request (`tcp` or `udp`) from inside `netns` to `ip:port`, that
-/// waits `timeout_s` for its answer.
-fn client(
-    netns: &str,
-    proto: &str,
-    ip: Ipv4Addr,
-    port: u16,
-    timeout_s: u32,
-) -> Result<String, String> {
-    const CLIENT: &str = r#"
-import socket, sys
-proto, ip, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
-kind = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
-s = socket.socket(socket.AF_INET, kind)
-s.settimeout(float(sys.argv[4]))
-try:
-    s.connect((ip, port))
-    s.send(b"hello\n")
-    print(s.recv(64).decode().strip())
-except OSError as e:
-    print(type(e).__name__, e)
-    sys.exit(1)
-"#;
-    let out = in_netns(netns, "python3")
-        .args([
-            "-c",
-            CLIENT,
-            proto,
-            &ip.to_string(),
-            &port.to_string(),
-            &timeout_s.to_string(),
-        ])
-        .output()
-        .map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    if out.status.success() {
-        Ok(text)
-    } else {
-        Err(text)
     }
 }
 

@@ -221,24 +221,33 @@ fn service_cidr(lab: &Lab) -> Ipv4Net {
 
 /// The chains every kube-proxy table has, whatever its Services.
 fn fixed_chains(service_cidr: Ipv4Net) -> String {
-    let base = |name: &str, kind: &str, hook: &str, priority: &str, rules: &[&str]| {
-        let mut chain = format!(
-            " chain {name} {{\n  type {kind} hook {hook} priority {priority}; policy accept;\n"
-        );
-        for rule in rules {
-            let _ = writeln!(chain, "  {rule}");
-        }
-        chain.push_str(" }\n");
-        chain
-    };
-    let plain = |name: &str, rules: &[&str]| {
-        let mut chain = format!(" chain {name} {{\n");
-        for rule in rules {
-            let _ = writeln!(chain, "  {rule}");
-        }
-        chain.push_str(" }\n");
-        chain
-    };
+    base_chains() + &helper_chains(service_cidr)
+}
+
+/// A chain on a netfilter hook.
+fn base(name: &str, kind: &str, hook: &str, priority: &str, rules: &[&str]) -> String {
+    let head = format!(
+        " chain {name} {{\n  type {kind} hook {hook} priority {priority}; policy accept;\n"
+    );
+    with_rules(head, rules)
+}
+
+/// A chain only jumped to.
+fn plain(name: &str, rules: &[&str]) -> String {
+    with_rules(format!(" chain {name} {{\n"), rules)
+}
+
+/// A chain's `head`, then its rules, one a line, and its end.
+fn with_rules(mut head: String, rules: &[&str]) -> String {
+    for rule in rules {
+        let _ = writeln!(head, "  {rule}");
+    }
+    head.push_str(" }\n");
+    head
+}
+
+/// The chains on the hooks, that send packets to the others.
+fn base_chains() -> String {
     let new = "ct state new jump";
     [
         base(
@@ -288,9 +297,29 @@ fn fixed_chains(service_cidr: Ipv4Net) -> String {
             "-90",
             &[&format!("{new} cluster-ips-check")],
         ),
-        base("nat-prerouting", "nat", "prerouting", "dstnat", &["jump services"]),
+        base(
+            "nat-prerouting",
+            "nat",
+            "prerouting",
+            "dstnat",
+            &["jump services"],
+        ),
         base("nat-output", "nat", "output", "-100", &["jump services"]),
-        base("nat-postrouting", "nat", "postrouting", "srcnat", &["jump masquerading"]),
+        base(
+            "nat-postrouting",
+            "nat",
+            "postrouting",
+            "srcnat",
+            &["jump masquerading"],
+        ),
+    ]
+    .concat()
+}
+
+/// The chains the hooked ones jump to: the checks, the dispatch to the
+/// Services, masquerading and rejecting.
+fn helper_chains(service_cidr: Ipv4Net) -> String {
+    [
         plain(
             "nodeport-endpoints-check",
             &["ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @no-endpoint-nodeports"],

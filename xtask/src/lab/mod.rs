@@ -19,6 +19,7 @@ mod flannel_vxlan;
 pub mod host_root;
 pub mod kube_proxy;
 mod kube_proxy_nft;
+mod service_traffic;
 
 use std::{
     fs,

@@ -12,38 +12,42 @@
 //! ([`Arrivals`]): one agent's stream falling behind holds them back
 //! rather than cutting a packet that crossed to its node in two.
 
+mod agent_nodes;
+mod arrivals;
+mod followed;
+
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque},
+    collections::{BTreeMap, HashSet},
     time::{Duration, Instant},
 };
 
 use anyhow::{anyhow, bail, Result};
 use tokio::sync::mpsc;
 
+use agent_nodes::{agent_args, pick_nodes};
+use arrivals::{Arrivals, Held, HOLD, STALLED_AGENT};
+use followed::Followed;
+
 use super::{
     context_of, correlator_for, new_teller,
     stop::Stop,
     targets::{vantage, Targets},
     teller::Teller,
-    wire::{Read, Reader, Record, Start},
+    wire::{Read, Record},
 };
 use crate::{
-    cli::{AgentArgs, Args},
+    cli::Args,
     cluster::agents::{self, Agents, Heard},
-    decode::hop::Hop,
-    model::{NodeCounts, Summary},
+    model::Summary,
     probe::conntrack,
     story::{
-        clock::{Clocks, Placement},
-        journey::{Correlator, Journey, Waits},
+        clock::Clocks,
+        correlator::{Correlator, Waits},
+        journey::Journey,
         Context,
     },
 };
 
-/// How long a hop waits before it is placed on the timeline.
-const HOLD: Duration = Duration::from_millis(300);
-/// How long an agent may say nothing before stories stop waiting for it.
-const STALLED_AGENT: Duration = Duration::from_secs(10);
 /// How long agents may take to start (image pull, attach).
 const START_PATIENCE: Duration = Duration::from_secs(120);
 /// How long stopped agents may take to say their summary.
@@ -80,182 +84,6 @@ pub async fn run(args: Args) -> Result<()> {
     outcome?;
     ended?;
     session.finish(&agents)
-}
-
-/// The nodes to trace (the pods' own, a Service's backends', then
-/// `--nodes`), and the cluster's other nodes.
-fn pick_nodes(args: &Args, targets: &Targets) -> Result<(Vec<String>, Vec<String>)> {
-    let all: Vec<String> = targets.subnets.iter().map(|s| s.node.clone()).collect();
-    let mut nodes: Vec<String> = Vec::new();
-    // A Service's backends run where its EndpointSlices say.
-    let backends = targets
-        .service
-        .iter()
-        .flat_map(|s| &s.backends)
-        .filter_map(|b| b.node.as_deref());
-    for node in [&targets.src, &targets.dst]
-        .into_iter()
-        .filter_map(Targets::node_of)
-        .chain(backends)
-    {
-        if !nodes.iter().any(|n| n == node) {
-            nodes.push(node.to_string());
-        }
-    }
-    let extra: Vec<String> = match args.nodes.as_deref() {
-        Some("all") => all.clone(),
-        Some(list) => list
-            .split(',')
-            .map(|n| n.trim().to_string())
-            .filter(|n| !n.is_empty())
-            .collect(),
-        None => Vec::new(),
-    };
-    for node in extra {
-        if !all.is_empty() && !all.contains(&node) {
-            bail!(
-                "node {node} is not in the cluster (it has {})",
-                all.join(", ")
-            );
-        }
-        if !nodes.contains(&node) {
-            nodes.push(node);
-        }
-    }
-    if nodes.is_empty() {
-        bail!("cluster mode traces the nodes of pods: neither endpoint is a pod with a node; name one with --nodes");
-    }
-    let untraced = all.into_iter().filter(|n| !nodes.contains(n)).collect();
-    Ok((nodes, untraced))
-}
-
-/// One agent as the front-end follows it.
-#[derive(Default)]
-struct Followed {
-    pod: String,
-    start: Option<Start>,
-    reader: Reader,
-    summary: Option<Summary>,
-    ended: bool,
-    lost_kernel: u64,
-    lost_agent: u64,
-}
-
-/// What an agent said that waits for [`HOLD`] after it came.
-enum Held {
-    Hop(Box<Hop>),
-    /// The agent had read through this kernel time: every hop it stamped
-    /// before then came before this.
-    ReadThrough(u64),
-    /// Its log ended: nothing more comes from it.
-    Ended,
-}
-
-/// How far an agent's hops are in the correlator.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Delivered {
-    /// It has not said yet: no journey may finish.
-    Nothing,
-    /// Every hop it stamped before this kernel time.
-    Through(u64),
-    /// All it will send: it ended, or it is older than `ReadThrough`
-    /// (then, as before, only [`HOLD`] waits for it).
-    Everything,
-}
-
-/// What agents said, held for [`HOLD`] in the order it came, and how far
-/// each agent's hops are through it. An agent's stream can fall behind
-/// the others' (its ring reader or its log, at line rate): a journey must
-/// not finish while hops of it may still be on their way from there.
-#[derive(Default)]
-struct Arrivals {
-    held: VecDeque<(Instant, String, Held)>,
-    delivered: BTreeMap<String, Delivered>,
-    /// When each agent was last heard from.
-    last_heard: BTreeMap<String, Instant>,
-    /// Agents silent for [`STALLED_AGENT`]: they hold nothing back until
-    /// they are heard again.
-    stalled: BTreeSet<String>,
-}
-
-/// Agents that fell silent, or were heard again, since the last check.
-#[derive(Debug, Default, PartialEq)]
-struct StallChanges {
-    stalled: Vec<String>,
-    resumed: Vec<String>,
-}
-
-impl Arrivals {
-    /// `agent` started tracing at `at`; `reports_read_through`: it will
-    /// say how far it has read.
-    fn started(&mut self, at: Instant, agent: &str, reports_read_through: bool) {
-        let delivered = if reports_read_through {
-            Delivered::Nothing
-        } else {
-            Delivered::Everything
-        };
-        self.delivered.insert(agent.to_string(), delivered);
-        self.last_heard.insert(agent.to_string(), at);
-    }
-
-    fn hold(&mut self, at: Instant, agent: String, held: Held) {
-        self.last_heard.insert(agent.clone(), at);
-        self.held.push_back((at, agent, held));
-    }
-
-    /// Which agents have been silent for [`STALLED_AGENT`] by `now` (a
-    /// live agent says how far it has read ten times a second): a stalled
-    /// log must not keep every story untold. One heard again holds
-    /// stories back by its own progress again, so its late hops join one
-    /// another rather than being told piecemeal.
-    fn check_stalls(&mut self, now: Instant) -> StallChanges {
-        let mut changes = StallChanges::default();
-        for (agent, at) in &self.last_heard {
-            let silent = now.saturating_duration_since(*at) >= STALLED_AGENT;
-            let ended = self.delivered.get(agent) == Some(&Delivered::Everything);
-            if silent && !ended && self.stalled.insert(agent.clone()) {
-                changes.stalled.push(agent.clone());
-            } else if !silent && self.stalled.remove(agent) {
-                changes.resumed.push(agent.clone());
-            }
-        }
-        changes
-    }
-
-    /// The next hop held long enough by `now` (`all`: any), with when it
-    /// came and from which agent. What agents said of their progress
-    /// before it counts on the way: the hops it covers are out already.
-    fn next_hop(&mut self, now: Instant, all: bool) -> Option<(Instant, String, Hop)> {
-        while let Some((at, _, _)) = self.held.front() {
-            if !all && now.saturating_duration_since(*at) < HOLD {
-                return None;
-            }
-            let (at, agent, held) = self.held.pop_front()?;
-            let delivered = match held {
-                Held::Hop(hop) => return Some((at, agent, *hop)),
-                Held::ReadThrough(ktime_ns) => Delivered::Through(ktime_ns),
-                Held::Ended => Delivered::Everything,
-            };
-            self.delivered.insert(agent, delivered);
-        }
-        None
-    }
-
-    /// The slowest agent's progress on the common timeline: every hop
-    /// stamped before it is in the correlator. An agent whose clock is not
-    /// measured yet is read on its wall clock, where its hops are placed.
-    fn delivered_ns(&self, clocks: &Clocks, placed: &HashMap<String, Placement>) -> u64 {
-        self.delivered
-            .iter()
-            .filter(|(agent, _)| !self.stalled.contains(*agent))
-            .map(|(agent, delivered)| match *delivered {
-                Delivered::Nothing => 0,
-                Delivered::Through(ktime_ns) => clocks.common_ns(placed, agent, ktime_ns),
-                Delivered::Everything => u64::MAX,
-            })
-            .min()
-            .unwrap_or(u64::MAX)
-    }
 }
 
 /// Everything one cluster-mode trace holds while it runs.
@@ -484,6 +312,15 @@ impl Session {
             }
             Read::Record(record) => record,
         };
+        self.take(node, record)
+    }
+
+    /// One record an agent sent: wire records back into the events the
+    /// agent's stream loop handed over (`agent::Output`, its mirror).
+    fn take(&mut self, node: String, record: Record) -> Result<()> {
+        let Some(agent) = self.agents.get_mut(&node) else {
+            return Ok(());
+        };
         match record {
             Record::Start(start) => {
                 self.arrivals
@@ -632,69 +469,10 @@ impl Session {
         let mut summary = self.summary;
         let placed = self.clocks.placements();
         for (node, agent) in &self.agents {
-            let own = agent.summary.clone().unwrap_or_default();
-            let lost_kernel = agent
-                .lost_kernel
-                .max(own.lost_ringbuf_full + own.lost_snapshot);
-            let lost_agent = agent.lost_agent.max(own.lost_agent);
-            let lost_transport = agent.reader.lost.saturating_sub(lost_agent)
-                + u64::from(agent.summary.is_none() && agent.start.is_some());
-            summary.sightings += own.sightings;
-            summary.lost_ringbuf_full += own.lost_ringbuf_full;
-            summary.lost_snapshot += own.lost_snapshot;
-            summary.undecodable += own.undecodable;
-            summary.unknown_interface += own.unknown_interface;
-            summary.interfaces_vanished += own.interfaces_vanished;
-            summary.interfaces_added += own.interfaces_added;
-            summary.lost_agent += lost_agent;
-            summary.lost_transport += lost_transport;
-            summary.nodes.push(NodeCounts {
-                node: node.clone(),
-                agent: format!("{}/{}", agents.namespace, agent.pod),
-                sightings: own.sightings,
-                lost_kernel,
-                lost_agent,
-                lost_transport,
-                clock: placed.get(node).map(|p| match p.uncertainty_ns {
-                    Some(0) => "the reference".into(),
-                    Some(u) => format!(
-                        "{:+.1} µs ±{:.1} µs against the reference",
-                        -(p.correction_ns as f64) / 1e3,
-                        u as f64 / 1e3
-                    ),
-                    None => "unmeasured (no traced packet crossed to it)".into(),
-                }),
-            });
+            agent.add_counts(node, &agents.namespace, placed.get(node), &mut summary);
         }
         teller.finish(summary)?;
         Ok(())
-    }
-}
-
-/// The agent's arguments: the pods by name (the agent resolves them
-/// through the API too) and the trace flags that matter on a node.
-fn agent_args(args: &Args, targets: &Targets, node: &str) -> AgentArgs {
-    let endpoint = |arg: &str, e: &crate::cluster::inventory::Endpoint| {
-        e.pod.as_ref().map_or(arg.to_string(), |p| p.qualified())
-    };
-    let mut trace = args.for_agent(
-        endpoint(&args.src, &targets.src),
-        endpoint(&args.dst, &targets.dst),
-    );
-    if let Some(skew) = &args.clock_skew_for_testing {
-        let (target, value) = match skew.split_once('=') {
-            Some((n, v)) => (Some(n), v),
-            None => (Targets::node_of(&targets.dst), skew.as_str()),
-        };
-        if target == Some(node) {
-            trace.clock_skew_for_testing = Some(value.into());
-        }
-    }
-    AgentArgs {
-        trace,
-        node: None,
-        lease: None,
-        pod: None,
     }
 }
 
@@ -703,7 +481,7 @@ mod tests {
     use super::*;
     use crate::{
         app::{
-            wire::{Numbering, WireFacts},
+            wire::{Numbering, Start, WireFacts},
             ARP_PATIENCE, JOURNEY_IDLE, JOURNEY_PATIENCE,
         },
         decode::{
@@ -860,19 +638,6 @@ mod tests {
         let told = session.settle(after, false);
         assert_eq!(told.len(), 1, "{told:?}");
         assert_eq!(nodes_of(&told[0]), ["n2", "n2"]);
-    }
-
-    #[test]
-    fn stalls_are_noticed_once_and_so_is_the_return() {
-        let mut arrivals = Arrivals::default();
-        let t0 = Instant::now();
-        arrivals.started(t0, "n2", true);
-        assert_eq!(arrivals.check_stalls(t0 + HOLD), StallChanges::default());
-        let silent = t0 + STALLED_AGENT;
-        assert_eq!(arrivals.check_stalls(silent).stalled, ["n2"]);
-        assert_eq!(arrivals.check_stalls(silent), StallChanges::default());
-        arrivals.hold(silent, "n2".into(), Held::ReadThrough(0));
-        assert_eq!(arrivals.check_stalls(silent).resumed, ["n2"]);
     }
 
     #[test]

@@ -1,0 +1,988 @@
+//! Correlation: grouping the sightings of one packet into one journey,
+//! with the evidence other signals give about it (the netfilter rule that
+//! dropped it), so that a journey is complete when it is told.
+//!
+//! One packet keeps one journey across address translation: a sighting
+//! after a DNAT, SNAT or their reverse joins the journey of its sighting
+//! before it, through the known translations (`story::nat`, where the
+//! design is explained).
+//!
+//! Pure: it sees only recorded hops, rules and timestamps, so it is tested
+//! on recorded event sequences without a kernel. Nothing in it grows
+//! without bound: evidence that finds no journey expires.
+
+use std::{
+    collections::{BTreeSet, HashMap, HashSet, VecDeque},
+    net::Ipv4Addr,
+};
+
+use ipnet::Ipv4Net;
+
+use crate::{
+    decode::hop::Hop,
+    model::Translation,
+    probe::netfilter::{NetfilterRule, PacketId},
+    story::{
+        journey::{Journey, PacketKey},
+        nat::NatBook,
+    },
+};
+
+/// Rules waiting for their journey, at most this many.
+const MAX_WAITING_RULES: usize = 4096;
+
+/// How long journeys wait for more hops.
+#[derive(Clone, Debug, Default)]
+pub struct Waits {
+    /// After the last hop of a journey that reached an end.
+    pub idle_ns: u64,
+    /// After the last hop of a journey still under way.
+    pub patience_ns: u64,
+    /// After a hop whose route lookup said the next hop's MAC is unknown:
+    /// the kernel gives up on ARP after its probes (3 × 1 s by default)
+    /// and frees the packet with NEIGH_FAILED.
+    pub arp_ns: u64,
+    /// Netfilter rules are traced: a netfilter drop waits for its rule.
+    pub rules_traced: bool,
+    /// Pod subnets a traced node delivers locally: a packet heading
+    /// elsewhere that leaves by the underlay is done.
+    pub traced_destinations: Vec<Ipv4Net>,
+}
+
+/// Groups hops into journeys, and hands them over in the order their
+/// packets were sent, once each is done (see [`Waits`]). Nothing in it
+/// grows without bound: rules that find no journey, and loss windows,
+/// expire.
+pub struct Correlator {
+    open: HashMap<PacketKey, Journey>,
+    /// The open journeys by when they were first seen: finishing walks
+    /// from the oldest and stops at the first still under way, instead of
+    /// judging every open journey each time (thousands at line rate).
+    by_first_seen: BTreeSet<(u64, PacketKey)>,
+    waits: Waits,
+    /// Rules that arrived before their journey's first hop: (when, packet,
+    /// rule), oldest first.
+    waiting_rules: VecDeque<(u64, PacketId, NetfilterRule)>,
+    /// Kernel time spans in which records were lost, oldest first.
+    losses: VecDeque<(u64, u64)>,
+    /// Open journeys keyed as fragments.
+    open_in_pieces: usize,
+    /// Known address translations, to join a packet's sightings across
+    /// them.
+    nat: NatBook,
+    /// Address pairs traced only to follow the traced pair across a source
+    /// translation (a MASQUERADE's address and the peer): other traffic
+    /// between them (a node's own, other clients' masqueraded alike) is
+    /// not the traced pair's, and its journeys are not told.
+    joining_only: HashSet<(Ipv4Addr, Ipv4Addr)>,
+}
+
+impl Correlator {
+    pub fn new(waits: Waits) -> Self {
+        Self {
+            open: HashMap::new(),
+            by_first_seen: BTreeSet::new(),
+            waits,
+            waiting_rules: VecDeque::new(),
+            losses: VecDeque::new(),
+            open_in_pieces: 0,
+            nat: NatBook::default(),
+            joining_only: HashSet::new(),
+        }
+    }
+
+    /// The translations known so far; more may be learnt later
+    /// ([`Self::learn_translation`]).
+    pub fn with_nat(mut self, nat: NatBook) -> Self {
+        self.nat = nat;
+        self
+    }
+
+    /// A translation learnt while tracing (from conntrack). Sightings of
+    /// a packet after it that arrived before it opened journeys of their
+    /// own: they join the packet's journey now.
+    pub fn learn_translation(&mut self, t: Translation) {
+        if !self.nat.learn(t) {
+            return;
+        }
+        let mut keys: Vec<(u64, PacketKey)> = self
+            .open
+            .iter()
+            .map(|(key, j)| (j.first_seen(), *key))
+            .collect();
+        // The later-seen half joins the earlier one.
+        keys.sort_by_key(|(first, _)| *first);
+        for (_, key) in keys.into_iter().rev() {
+            let Some(into) = self.other_side(&key) else {
+                continue;
+            };
+            let Some(half) = self.open.remove(&key) else {
+                continue;
+            };
+            self.by_first_seen.remove(&(half.first_seen(), key));
+            if key.in_pieces() {
+                self.open_in_pieces -= 1;
+            }
+            if let Some(journey) = self.open.get_mut(&into) {
+                let first_before = journey.first_seen();
+                for hop in half.hops {
+                    let at = journey.hops.partition_point(|h| h.ktime_ns <= hop.ktime_ns);
+                    journey.hops.insert(at, hop);
+                }
+                for rule in half.nat_rules.into_iter().chain(half.rule) {
+                    journey.add_rule(rule);
+                }
+                journey.records_lost |= half.records_lost;
+                let first_now = journey.first_seen();
+                reindex(&mut self.by_first_seen, into, first_before, first_now);
+            }
+        }
+    }
+
+    /// Traffic between `a` and `b` (both ways) is traced only to join
+    /// the traced pair's packets across a source translation.
+    pub fn trace_for_joining(&mut self, a: Ipv4Addr, b: Ipv4Addr) {
+        self.joining_only.insert((a, b));
+        self.joining_only.insert((b, a));
+    }
+
+    /// The open journey a sighting keyed `key` belongs to, through a known
+    /// translation, if its own key opens none.
+    fn translated(&self, key: &PacketKey) -> Option<PacketKey> {
+        if self.nat.translations.is_empty() || self.open.contains_key(key) {
+            return None;
+        }
+        self.other_side(key)
+    }
+
+    /// The open journey of the same packet on the other side of known
+    /// translations. A packet may be translated twice on one node
+    /// (hairpin: DNAT to the pod itself, and its source MASQUERADEd).
+    fn other_side(&self, key: &PacketKey) -> Option<PacketKey> {
+        let once = self.nat.alternatives(key);
+        let twice = once.iter().flat_map(|alt| self.nat.alternatives(alt));
+        once.iter()
+            .copied()
+            .chain(twice)
+            .find(|alt| alt != key && self.open.contains_key(alt))
+    }
+
+    pub fn observe(&mut self, hop: Hop) {
+        let mut key = PacketKey::of(&hop.packet);
+        // Looked for only where fragments are about: a scan per new packet
+        // would cost dearly at line rate.
+        let may_be_pieces = hop.packet.packet.fragment || self.open_in_pieces > 0;
+        if may_be_pieces && !self.open.contains_key(&key) {
+            if let Some(whole) = self.open.keys().find(|k| k.same_packet_in_pieces(&key)) {
+                key = *whole;
+            }
+        }
+        if let Some(before) = self.translated(&key) {
+            key = before;
+        }
+        if key.in_pieces() && !self.open.contains_key(&key) {
+            self.open_in_pieces += 1;
+        }
+        let waiting = &mut self.waiting_rules;
+        let journey = self.open.entry(key).or_insert_with(|| Journey {
+            key,
+            // Room for a two-node path without growing.
+            hops: Vec::with_capacity(8),
+            rule: None,
+            nat_rules: Vec::new(),
+            records_lost: false,
+        });
+        let first_before = (!journey.hops.is_empty()).then(|| journey.first_seen());
+        // Different CPUs and ring buffers deliver slightly out of order.
+        let at = journey.hops.partition_point(|h| h.ktime_ns <= hop.ktime_ns);
+        journey.hops.insert(at, hop);
+        let first_now = journey.first_seen();
+        match first_before {
+            None => {
+                self.by_first_seen.insert((first_now, key));
+            }
+            Some(before) => reindex(&mut self.by_first_seen, key, before, first_now),
+        }
+        // Rules traced before this sighting reached us (a nat rule may
+        // have seen the packet half translated: `is_packet`).
+        while let Some(at) = waiting.iter().position(|(_, id, _)| journey.is_packet(*id)) {
+            if let Some((_, _, rule)) = waiting.remove(at) {
+                journey.add_rule(rule);
+            }
+        }
+        if !journey.records_lost {
+            let (first, last) = (journey.first_seen(), journey.last_seen());
+            journey.records_lost = self
+                .losses
+                .iter()
+                .any(|(from, to)| *from <= last && first <= *to);
+        }
+    }
+
+    /// The rule that dropped packet `id` (netfilter tracing), seen at
+    /// `now_ns`: it joins the packet's journey, now or when it opens.
+    pub fn observe_rule(&mut self, id: PacketId, rule: NetfilterRule, now_ns: u64) {
+        if let Some(journey) = self.open.values_mut().find(|j| j.is_packet(id)) {
+            journey.add_rule(rule);
+            return;
+        }
+        if self.waiting_rules.len() == MAX_WAITING_RULES {
+            self.waiting_rules.pop_front();
+        }
+        self.waiting_rules.push_back((now_ns, id, rule));
+    }
+
+    /// The kernel lost records between `from_ns` and `to_ns`: every
+    /// packet in flight then may have gaps, and one that opens later but
+    /// was sent in that span too.
+    pub fn observe_loss(&mut self, from_ns: u64, to_ns: u64) {
+        for journey in self.open.values_mut() {
+            if journey.first_seen() <= to_ns {
+                journey.records_lost = true;
+            }
+        }
+        self.losses.push_back((from_ns, to_ns));
+    }
+
+    /// Journeys that are done by `now_ns`, in the order their packets were
+    /// sent: one that is done waits for every earlier one.
+    pub fn take_finished(&mut self, now_ns: u64) -> Vec<Journey> {
+        self.expire(now_ns);
+        let mut keys = Vec::new();
+        // Done ones up to the oldest still under way, and those first seen
+        // at that same instant.
+        let mut oldest_under_way = None;
+        for &(first, key) in &self.by_first_seen {
+            if oldest_under_way.is_some_and(|t| first > t) {
+                break;
+            }
+            let Some(journey) = self.open.get(&key) else {
+                debug_assert!(false, "the index names a journey that is not open");
+                continue;
+            };
+            if self.is_done(journey, now_ns) {
+                keys.push(key);
+            } else {
+                oldest_under_way.get_or_insert(first);
+            }
+        }
+        self.drain(keys)
+    }
+
+    fn is_done(&self, journey: &Journey, now_ns: u64) -> bool {
+        let waits = &self.waits;
+        let wait = if journey.waits_for_arp() {
+            waits.arp_ns
+        } else if (journey.reached_an_end() && !(waits.rules_traced && journey.awaits_rule()))
+            || journey.left_the_traced_nodes(&waits.traced_destinations)
+        {
+            waits.idle_ns
+        } else {
+            waits.patience_ns
+        };
+        journey.last_seen().saturating_add(wait) < now_ns
+    }
+
+    /// Evidence older than any wait can no longer find its journey.
+    fn expire(&mut self, now_ns: u64) {
+        let horizon = now_ns.saturating_sub(self.waits.patience_ns.max(self.waits.arp_ns));
+        while self
+            .waiting_rules
+            .front()
+            .is_some_and(|(at, _, _)| *at < horizon)
+        {
+            self.waiting_rules.pop_front();
+        }
+        let oldest_open = self.by_first_seen.first().map(|(first, _)| *first);
+        while self
+            .losses
+            .front()
+            .is_some_and(|(_, to)| *to < horizon && oldest_open.is_none_or(|t| *to < t))
+        {
+            self.losses.pop_front();
+        }
+    }
+
+    /// Every open journey, oldest first (at exit).
+    pub fn take_all(&mut self) -> Vec<Journey> {
+        let keys: Vec<_> = self.open.keys().copied().collect();
+        self.drain(keys)
+    }
+
+    pub fn pending(&self) -> usize {
+        self.open.len()
+    }
+
+    /// Rules still waiting for their journey.
+    pub fn waiting_rules(&self) -> usize {
+        self.waiting_rules.len()
+    }
+
+    fn drain(&mut self, keys: Vec<PacketKey>) -> Vec<Journey> {
+        let mut out: Vec<_> = keys.iter().filter_map(|k| self.open.remove(k)).collect();
+        for journey in &out {
+            self.by_first_seen
+                .remove(&(journey.first_seen(), journey.key));
+        }
+        self.open_in_pieces -= out.iter().filter(|j| j.key.in_pieces()).count();
+        out.retain(|j| !self.only_for_joining(j));
+        out.sort_by_key(Journey::first_seen);
+        out
+    }
+
+    /// Every hop of the journey is between addresses traced only to join
+    /// (and it joined nothing).
+    fn only_for_joining(&self, journey: &Journey) -> bool {
+        !self.joining_only.is_empty()
+            && journey.hops.iter().all(|h| {
+                let p = &h.packet.packet;
+                self.joining_only.contains(&(p.src, p.dst))
+            })
+    }
+}
+
+/// Moves `key` in the index when a hop seen earlier changed when its
+/// journey was first seen.
+fn reindex(index: &mut BTreeSet<(u64, PacketKey)>, key: PacketKey, before: u64, now: u64) {
+    if before != now {
+        index.remove(&(before, key));
+        index.insert((now, key));
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::{
+        decode::{
+            hop::{
+                tests::{drop_hop, hop},
+                Direction, KernelRoute,
+            },
+            tests as frames,
+        },
+        model::Frontend,
+        node::interfaces::Role,
+        story::{journey::NETFILTER_DROP, nat},
+    };
+
+    fn waits(idle_ns: u64, patience_ns: u64) -> Waits {
+        Waits {
+            idle_ns,
+            patience_ns,
+            arp_ns: patience_ns * 4,
+            rules_traced: false,
+            // The tests' pods are all on traced nodes.
+            traced_destinations: vec!["10.244.0.0/16".parse().unwrap()],
+        }
+    }
+
+    #[test]
+    fn traffic_traced_only_to_join_a_masquerade_is_not_told_on_its_own() {
+        // web-0 hairpinned to itself: after DNAT and MASQUERADE the packet
+        // is bridge address → web-0, a pair traced only to join it.
+        let sent = frames::tcp_syn([10, 244, 1, 2], [10, 96, 7, 8], 40000, 80);
+        let back = frames::tcp_syn([10, 244, 1, 1], [10, 244, 1, 2], 25020, 8080);
+        let probe = frames::tcp_syn([10, 244, 1, 1], [10, 244, 1, 2], 33000, 8080);
+        let mut c = Correlator::new(waits(1_000_000, 1_000_000));
+        c.trace_for_joining([10, 244, 1, 1].into(), [10, 244, 1, 2].into());
+        let mut book = NatBook::default();
+        let hairpin = crate::probe::conntrack::Entry {
+            orig: nat::tests::tuple([10, 244, 1, 2], [10, 96, 7, 8], 40000, 80),
+            reply: nat::tests::tuple([10, 244, 1, 2], [10, 244, 1, 1], 8080, 25020),
+            status: (1 << 4) | (1 << 5),
+            zone: 0,
+            mark: 0,
+        };
+        for t in book.learn_connection(&hairpin, |_| None, 0) {
+            c.learn_translation(t);
+        }
+        c.observe(hop(
+            100,
+            "n1",
+            "vethA",
+            Role::PodVeth,
+            Direction::Ingress,
+            &sent,
+        ));
+        c.observe(hop(
+            200,
+            "n1",
+            "vethA",
+            Role::PodVeth,
+            Direction::Egress,
+            &back,
+        ));
+        // The node's own probe of web-0, from the bridge address.
+        c.observe(hop(
+            300,
+            "n1",
+            "vethA",
+            Role::PodVeth,
+            Direction::Egress,
+            &probe,
+        ));
+        let told = c.take_all();
+        assert_eq!(told.len(), 1, "{told:?}");
+        assert_eq!(told[0].hops.len(), 2);
+    }
+
+    #[test]
+    fn a_translated_syn_waits_for_its_nat_rule_where_rules_are_traced() {
+        let pre = frames::tcp_syn([10, 244, 1, 2], [10, 96, 7, 7], 40000, 80);
+        let post = frames::tcp_syn([10, 244, 1, 2], [10, 244, 2, 3], 40000, 8080);
+        let mut c = Correlator::new(Waits {
+            rules_traced: true,
+            ..waits(1_000, 50_000)
+        });
+        c.learn_translation(crate::story::nat::tests::book().translations[1].clone());
+        c.observe(hop(
+            100,
+            "n1",
+            "vethA",
+            Role::PodVeth,
+            Direction::Ingress,
+            &pre,
+        ));
+        c.observe(hop(
+            200,
+            "n2",
+            "vethB",
+            Role::PodVeth,
+            Direction::Egress,
+            &post,
+        ));
+        assert!(
+            c.take_finished(5_000).is_empty(),
+            "delivered, but its DNAT rule may still be on its way"
+        );
+        let id =
+            PacketKey::of(&hop(0, "n1", "x", Role::Bridge, Direction::Ingress, &pre).packet).id();
+        let dnat = NetfilterRule {
+            table: "nat".into(),
+            chain: "KUBE-SEP-X".into(),
+            hook: "PREROUTING".into(),
+            rule: "-A KUBE-SEP-X -p tcp -j DNAT --to-destination 10.244.2.3:8080".into(),
+        };
+        c.observe_rule(id, dnat.clone(), 5_000);
+        let done = c.take_finished(5_000);
+        assert_eq!(done.len(), 1, "told once its rule joined it");
+        assert_eq!(done[0].nat_rules, [dnat]);
+        // Without its rule, it is told after the longer wait all the same.
+        c.observe(hop(
+            60_000,
+            "n1",
+            "vethA",
+            Role::PodVeth,
+            Direction::Ingress,
+            &pre,
+        ));
+        c.observe(hop(
+            60_100,
+            "n2",
+            "vethB",
+            Role::PodVeth,
+            Direction::Egress,
+            &post,
+        ));
+        assert!(c.take_finished(62_000).is_empty());
+        assert_eq!(c.take_finished(111_000).len(), 1);
+    }
+
+    #[test]
+    fn sightings_after_a_translation_learnt_late_join_their_packet() {
+        let pre = frames::tcp_syn([10, 244, 1, 2], [10, 96, 7, 7], 40000, 80);
+        let post = frames::tcp_syn([10, 244, 1, 2], [10, 244, 2, 3], 40000, 8080);
+        let mut c = Correlator::new(waits(1_000_000, 1_000_000));
+        c.observe(hop(
+            100,
+            "n1",
+            "vethA",
+            Role::PodVeth,
+            Direction::Ingress,
+            &pre,
+        ));
+        // conntrack's word arrives after the translated sighting.
+        c.observe(hop(
+            200,
+            "n1",
+            "cni0",
+            Role::Bridge,
+            Direction::Ingress,
+            &post,
+        ));
+        assert_eq!(c.pending(), 2);
+        let learnt = crate::story::nat::tests::book().translations[1].clone();
+        c.learn_translation(learnt);
+        // The joined half left the index with its journey.
+        assert_eq!(c.by_first_seen.len(), c.open.len());
+        let journeys = c.take_all();
+        assert_eq!(journeys.len(), 1);
+        let ifaces: Vec<&str> = journeys[0].hops.iter().map(|h| &*h.iface).collect();
+        assert_eq!(ifaces, ["vethA", "cni0"]);
+        assert_eq!(journeys[0].key.dst, std::net::Ipv4Addr::new(10, 96, 7, 7));
+    }
+
+    #[test]
+    fn encapsulated_copies_join_the_inner_packet_and_others_stay_apart() {
+        let req1 = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
+        let req1_routed = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 63, 1);
+        let req2 = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 2);
+        let mut c = Correlator::new(waits(1_000_000, 1_000_000));
+        c.observe(hop(
+            100,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &req1,
+        ));
+        c.observe(hop(
+            300,
+            "n1",
+            "eth0",
+            Role::Underlay,
+            Direction::Egress,
+            &frames::vxlan(&req1_routed, 1),
+        ));
+        // Out of order across CPUs: still sorted by kernel time.
+        c.observe(hop(
+            200,
+            "n1",
+            "flannel.1",
+            Role::Tunnel,
+            Direction::Egress,
+            &req1_routed,
+        ));
+        c.observe(hop(
+            5_000,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &req2,
+        ));
+        assert_eq!(c.pending(), 2);
+        assert!(c.take_finished(1_000_100).is_empty());
+        let done = c.take_finished(1_000_301);
+        assert_eq!(done.len(), 1);
+        let times: Vec<_> = done[0].hops.iter().map(|h| h.ktime_ns).collect();
+        assert_eq!(times, [100, 200, 300]);
+        assert!(done[0].hops[2].packet.tunnel.is_some());
+        let rest = c.take_all();
+        assert_eq!(rest.len(), 1);
+        assert_eq!(rest[0].hops.len(), 1);
+        assert_eq!(c.pending(), 0);
+    }
+
+    #[test]
+    fn a_hop_seen_earlier_arriving_late_moves_its_journey_ahead() {
+        let a = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
+        let b = frames::icmp_echo([10, 244, 1, 3], [10, 244, 2, 3], 64, 1);
+        let mut c = Correlator::new(waits(1_000, 1_000_000));
+        // A's delivery on node-2 reaches us first, B (under way) next,
+        // then A's first hop on node-1, from a reader that lagged.
+        let seen = [
+            (600, "n2", "veth2", Direction::Egress, &a),
+            (300, "n1", "veth3", Direction::Ingress, &b),
+            (100, "n1", "veth1", Direction::Ingress, &a),
+        ];
+        for (t, node, iface, direction, frame) in seen {
+            c.observe(hop(t, node, iface, Role::PodVeth, direction, frame));
+        }
+        assert_eq!(c.by_first_seen.len(), c.open.len());
+        // A was sent before B and is done: it does not wait for B.
+        let done = c.take_finished(2_000);
+        assert_eq!(done.len(), 1, "{done:?}");
+        assert_eq!(done[0].key.src, std::net::Ipv4Addr::new(10, 244, 1, 2));
+        assert_eq!(done[0].hops.len(), 2);
+        assert_eq!((c.pending(), c.by_first_seen.len()), (1, 1));
+        assert_eq!(c.take_all().len(), 1);
+        assert!(c.by_first_seen.is_empty());
+    }
+
+    #[test]
+    fn a_journey_under_way_waits_longer_than_one_that_ended() {
+        let out = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
+        let back = frames::icmp_echo([10, 244, 2, 2], [10, 244, 1, 2], 64, 1);
+        let mut c = Correlator::new(waits(1_000, 50_000));
+        // Left node-1, not yet seen on node-2 (say, waiting for ARP there).
+        c.observe(hop(
+            0,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &out,
+        ));
+        c.observe(hop(
+            10,
+            "n1",
+            "eth0",
+            Role::Underlay,
+            Direction::Egress,
+            &out,
+        ));
+        // Delivered: done.
+        c.observe(hop(
+            0,
+            "n2",
+            "veth2",
+            Role::PodVeth,
+            Direction::Ingress,
+            &back,
+        ));
+        c.observe(hop(
+            20,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Egress,
+            &back,
+        ));
+        let done = c.take_finished(2_000);
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].hops[0].node, "n2");
+        assert!(c.take_finished(40_000).is_empty());
+        c.observe(hop(
+            45_000,
+            "n2",
+            "veth2",
+            Role::PodVeth,
+            Direction::Egress,
+            &out,
+        ));
+        let done = c.take_finished(47_000);
+        assert_eq!(
+            done[0].hops.len(),
+            3,
+            "the late hops joined the same journey"
+        );
+    }
+
+    fn rule() -> NetfilterRule {
+        NetfilterRule {
+            table: "filter".into(),
+            chain: "FORWARD".into(),
+            hook: "FORWARD".into(),
+            rule: "-A FORWARD -j DROP".into(),
+        }
+    }
+
+    #[test]
+    fn a_netfilter_rule_joins_its_journey_before_or_after_the_drop_and_expires_alone() {
+        let echo = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
+        let id =
+            PacketKey::of(&hop(0, "n1", "cni0", Role::Bridge, Direction::Ingress, &echo).packet)
+                .id();
+        let mut c = Correlator::new(Waits {
+            rules_traced: true,
+            ..waits(1_000, 50_000)
+        });
+        // The rule first, then the packet's hops.
+        c.observe_rule(id, rule(), 0);
+        c.observe(hop(
+            10,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &echo,
+        ));
+        c.observe(drop_hop(
+            20,
+            "n1",
+            "cni0",
+            Role::Bridge,
+            &echo,
+            NETFILTER_DROP,
+        ));
+        let done = c.take_finished(2_000);
+        assert_eq!(done[0].rule, Some(rule()));
+        assert_eq!(c.waiting_rules(), 0);
+
+        // The drop first: it waits for its rule, which then joins it.
+        c.observe(drop_hop(
+            3_000,
+            "n1",
+            "cni0",
+            Role::Bridge,
+            &echo,
+            NETFILTER_DROP,
+        ));
+        assert!(c.take_finished(5_000).is_empty(), "waits for the rule");
+        c.observe_rule(id, rule(), 5_000);
+        let done = c.take_finished(60_000);
+        assert_eq!(done[0].rule, Some(rule()));
+
+        // A rule whose packet never shows up expires.
+        c.observe_rule(id, rule(), 100_000);
+        assert_eq!(c.waiting_rules(), 1);
+        c.take_finished(400_000);
+        assert_eq!(c.waiting_rules(), 0);
+    }
+
+    #[test]
+    fn stories_come_in_the_order_their_packets_were_sent() {
+        let first = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
+        let second = frames::icmp_echo([10, 244, 2, 2], [10, 244, 1, 2], 64, 1);
+        let mut c = Correlator::new(waits(1_000, 50_000));
+        // The first is under way (left node-1, not yet seen on node-2)…
+        c.observe(hop(
+            0,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &first,
+        ));
+        c.observe(hop(
+            10,
+            "n1",
+            "eth0",
+            Role::Underlay,
+            Direction::Egress,
+            &first,
+        ));
+        // …while the second, sent later, is delivered at once.
+        c.observe(hop(
+            20,
+            "n2",
+            "veth2",
+            Role::PodVeth,
+            Direction::Ingress,
+            &second,
+        ));
+        c.observe(hop(
+            30,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Egress,
+            &second,
+        ));
+        assert!(
+            c.take_finished(5_000).is_empty(),
+            "the second waits for the first"
+        );
+        let done = c.take_finished(60_000);
+        let order: Vec<_> = done.iter().map(|j| j.key.src).collect();
+        assert_eq!(
+            order,
+            [Ipv4Addr::new(10, 244, 1, 2), Ipv4Addr::new(10, 244, 2, 2)]
+        );
+    }
+
+    #[test]
+    fn a_packet_that_left_for_an_untraced_node_is_done_at_once() {
+        let out = frames::icmp_echo([10, 244, 1, 2], [10, 245, 2, 2], 64, 1);
+        let mut c = Correlator::new(waits(1_000, 50_000));
+        c.observe(hop(
+            0,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &out,
+        ));
+        c.observe(hop(
+            10,
+            "n1",
+            "eth0",
+            Role::Underlay,
+            Direction::Egress,
+            &out,
+        ));
+        assert_eq!(c.take_finished(2_000).len(), 1);
+    }
+
+    #[test]
+    fn a_dnatted_packet_leaving_toward_a_traced_node_waits_for_its_hops_there() {
+        // Sent to a ClusterIP (in no traced subnet), DNATed to a backend
+        // on a traced node: the journey is not done when it leaves.
+        let sent = frames::tcp_syn([10, 244, 1, 2], [10, 96, 7, 7], 40000, 80);
+        let dnatted = frames::tcp_syn([10, 244, 1, 2], [10, 244, 2, 2], 40000, 8080);
+        let book = NatBook {
+            translations: vec![Translation {
+                protocol: 6,
+                front: Frontend {
+                    ip: [10, 96, 7, 7].into(),
+                    port: 80,
+                },
+                back: Frontend {
+                    ip: [10, 244, 2, 2].into(),
+                    port: 8080,
+                },
+                service: None,
+                backend: None,
+                source: false,
+            }],
+            ..NatBook::default()
+        };
+        let mut c = Correlator::new(waits(1_000, 50_000)).with_nat(book);
+        c.observe(hop(
+            0,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &sent,
+        ));
+        c.observe(hop(
+            10,
+            "n1",
+            "eth0",
+            Role::Underlay,
+            Direction::Egress,
+            &dnatted,
+        ));
+        assert!(
+            c.take_finished(2_000).is_empty(),
+            "its backend's node is traced"
+        );
+        c.observe(hop(
+            3_000,
+            "n2",
+            "veth2",
+            Role::PodVeth,
+            Direction::Egress,
+            &dnatted,
+        ));
+        let told = c.take_all();
+        assert_eq!(told.len(), 1, "{told:?}");
+        assert_eq!(told[0].hops.len(), 3);
+    }
+
+    #[test]
+    fn a_packet_waiting_for_arp_waits_for_the_kernel_to_give_up() {
+        let out = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
+        let mut c = Correlator::new(waits(1_000, 50_000));
+        let mut at_bridge = hop(0, "n1", "cni0", Role::Bridge, Direction::Ingress, &out);
+        at_bridge.route = Some(KernelRoute {
+            result: KernelRoute::NO_NEIGHBOUR.into(),
+            dev: Some("eth0".into()),
+            via: Some(Ipv4Addr::new(192, 0, 2, 254)),
+        });
+        c.observe(at_bridge);
+        assert!(
+            c.take_finished(100_000).is_empty(),
+            "still within ARP's time"
+        );
+        c.observe(drop_hop(
+            150_000,
+            "n1",
+            "eth0",
+            Role::Underlay,
+            &out,
+            "NEIGH_FAILED",
+        ));
+        let done = c.take_finished(160_000);
+        assert_eq!(done[0].hops.len(), 2);
+    }
+
+    #[test]
+    fn packets_in_flight_while_records_were_lost_say_so() {
+        let a = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
+        let b = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 2);
+        let c_ = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 3);
+        let mut c = Correlator::new(waits(1_000, 50_000));
+        c.observe(hop(0, "n1", "veth1", Role::PodVeth, Direction::Ingress, &a));
+        c.observe_loss(100, 200);
+        // Seen after the loss was noticed, but sent within it.
+        c.observe(hop(
+            150,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &b,
+        ));
+        // Sent after it.
+        c.observe(hop(
+            500,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &c_,
+        ));
+        let lost: Vec<bool> = c.take_all().iter().map(|j| j.records_lost).collect();
+        assert_eq!(lost, [true, true, false]);
+    }
+
+    /// `frame` (Ethernet + IPv4) as a fragment at `offset` bytes, with
+    /// payload bytes that would read as ICMP type 136 code 137.
+    fn fragment(frame: &[u8], offset: u16, more: bool) -> Vec<u8> {
+        let mut f = frame.to_vec();
+        let flags_offset = (u16::from(more) << 13) | (offset / 8);
+        f[20..22].copy_from_slice(&flags_offset.to_be_bytes());
+        if offset > 0 {
+            f[34] = 136;
+            f[35] = 137;
+        }
+        f
+    }
+
+    #[test]
+    fn fragments_are_one_story_with_the_packet_and_invent_no_transport() {
+        let whole = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
+        let first = fragment(&whole, 0, true);
+        let second = fragment(&whole, 1480, false);
+        let later = hop(
+            30,
+            "n1",
+            "flannel.1",
+            Role::Tunnel,
+            Direction::Egress,
+            &second,
+        );
+        assert!(matches!(
+            later.packet.packet.transport,
+            crate::decode::Transport::Fragment {
+                number: 1,
+                offset: 1480
+            }
+        ));
+        let mut c = Correlator::new(waits(1_000, 50_000));
+        // Whole at the pod's veth, fragmented where the MTU is smaller.
+        c.observe(hop(
+            0,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &whole,
+        ));
+        c.observe(hop(
+            20,
+            "n1",
+            "flannel.1",
+            Role::Tunnel,
+            Direction::Egress,
+            &first,
+        ));
+        c.observe(later);
+        let journeys = c.take_all();
+        assert_eq!(journeys.len(), 1, "one packet, one story");
+        assert_eq!(journeys[0].hops.len(), 3);
+        // Fragments from the start (the sender fragmented) are one too.
+        c.observe(hop(
+            100,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &first,
+        ));
+        c.observe(hop(
+            110,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &second,
+        ));
+        assert_eq!(c.take_all().len(), 1);
+        assert_eq!(c.open_in_pieces, 0);
+    }
+}

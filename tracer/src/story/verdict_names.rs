@@ -1,0 +1,115 @@
+//! What a verdict names besides where the packet ended: the netfilter
+//! rule that dropped it (or, unnamed, the hook it dropped it at), and the
+//! Service and translations on its way.
+
+use std::net::Ipv4Addr;
+
+use super::{
+    nat_steps::NatKind,
+    rule_text::{invalid, rejection},
+    verdict::Outcome,
+    Context, Story,
+};
+use crate::{
+    decode::hop::Direction, probe::netfilter::NetfilterRule, story::journey::NETFILTER_DROP,
+};
+
+impl Story {
+    /// Whether the packet was dropped by a netfilter rule.
+    pub fn netfilter_drop(&self) -> bool {
+        matches!(&self.verdict.outcome, Outcome::Dropped { reason, .. } if reason == NETFILTER_DROP)
+    }
+
+    /// Names the netfilter rule that dropped the packet, or says why it
+    /// cannot be named.
+    pub(super) fn name_rule(&mut self, rule: Option<&NetfilterRule>, ctx: &Context) {
+        match rule {
+            Some(rule) => {
+                if let Some(why) = rejection(&rule.rule).or_else(|| invalid(&rule.rule)) {
+                    self.verdict.summary = format!("{why}; {}", self.verdict.summary);
+                }
+                self.verdict.summary.push_str(&format!(
+                    "; by table {} chain {} (hook {}): {}",
+                    rule.table, rule.chain, rule.hook, rule.rule
+                ));
+                self.verdict.netfilter = Some(rule.clone());
+            }
+            None => {
+                let hook = self.netfilter_hook(ctx);
+                self.verdict.summary.push_str(&format!(
+                    "; dropped by netfilter at hook {hook}; the rule is not named: {}",
+                    ctx.why_rule_unnamed
+                ));
+                self.verdict.netfilter_hook = Some(hook.to_string());
+            }
+        }
+    }
+
+    /// Says which Service the packet went through, and where its
+    /// addresses were translated: the destination (DNAT, un-DNAT) and
+    /// the source (SNAT, MASQUERADE, un-SNAT).
+    pub(super) fn name_translations(&mut self) {
+        let mut said = Vec::new();
+        for kind in [
+            NatKind::Dnat,
+            NatKind::UnDnat,
+            NatKind::Masquerade,
+            NatKind::Snat,
+            NatKind::UnSnat,
+        ] {
+            let found = self
+                .hops
+                .iter()
+                .find_map(|h| h.nat.iter().find(|s| s.kind == kind).map(|s| (h, s)));
+            let Some((hop, step)) = found else {
+                continue;
+            };
+            let service = step.service.as_deref().unwrap_or("a Service");
+            let what = match kind {
+                NatKind::Dnat => format!("through {service}: DNAT"),
+                NatKind::UnDnat => format!("reply of {service}: un-DNAT"),
+                NatKind::Masquerade => "source MASQUERADE".to_string(),
+                NatKind::Snat => "source SNAT".to_string(),
+                NatKind::UnSnat => "destination un-SNAT".to_string(),
+            };
+            said.push(format!(
+                "; {what} {} → {} on {} (seen at {} {})",
+                step.before,
+                step.after,
+                hop.node,
+                hop.iface,
+                hop.direction.label()
+            ));
+        }
+        self.verdict.summary.push_str(&said.concat());
+    }
+
+    /// The netfilter hook of a drop, from the packet alone: routed on the
+    /// dropping node (TTL lower than when it arrived there) means FORWARD;
+    /// first seen there leaving, or not seen arriving with one of the
+    /// node's own addresses as its source, means the node sent it (to
+    /// itself, when the destination is its own too: over lo, where any
+    /// of the four hooks may have dropped it).
+    fn netfilter_hook(&self, ctx: &Context) -> &'static str {
+        let Some(last) = self.hops.last() else {
+            return "unknown";
+        };
+        let arrived = self.hops.iter().find(|h| h.node == last.node);
+        let own = |ip: Ipv4Addr| {
+            ctx.nodes
+                .get(&*last.node)
+                .is_some_and(|node| node.view.holds(ip))
+        };
+        let unseen_from_here = arrived.is_some_and(|first| first.direction == Direction::Drop);
+        match arrived {
+            Some(first) if last.ttl < first.ttl => "FORWARD",
+            Some(first) if first.direction == Direction::Egress => "OUTPUT or POSTROUTING",
+            // Sent to itself, over lo (no tc hook there): any of the four.
+            _ if unseen_from_here && own(self.src) && own(self.dst) => {
+                "OUTPUT, POSTROUTING, PREROUTING or INPUT"
+            }
+            _ if unseen_from_here && own(self.src) => "OUTPUT or POSTROUTING",
+            _ => "PREROUTING or INPUT",
+        }
+    }
+}
