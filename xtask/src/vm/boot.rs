@@ -149,8 +149,9 @@ pub struct Ended {
 }
 
 /// Boots `kernel` to run `script` (a path on the host, seen at the same
-/// path in the guest), echoing its console with `tag`; `None` if the
-/// guest did not boot within `boot_deadline` (the caller may try TCG).
+/// path in the guest), echoing its console with the kernel's version;
+/// `None` if the guest did not boot within `boot_deadline` (the caller
+/// may try TCG).
 pub fn run(
     series: &Series,
     kernel: &Unpacked,
@@ -161,6 +162,98 @@ pub fn run(
     deadline: Duration,
 ) -> Result<Option<Ended>> {
     let started = Instant::now();
+    let mut child = qemu(series, kernel, initramfs, script, accel)
+        .spawn()
+        .context("cannot start qemu-system-x86_64")?;
+    let stdout = child.stdout.take().expect("piped");
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut console = Console::default();
+    loop {
+        let limit = if console.booted {
+            deadline
+        } else {
+            boot_deadline
+        };
+        let Some(left) = limit.checked_sub(started.elapsed()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            if !console.booted {
+                return Ok(None);
+            }
+            bail!(
+                "kernel {}: no end within {} s",
+                series.version,
+                deadline.as_secs()
+            );
+        };
+        match lines.recv_timeout(left) {
+            Ok(line) => console.read(series.version, &line),
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    let _ = child.wait();
+    if !console.booted {
+        return Ok(None);
+    }
+    let code = console.code.with_context(|| {
+        format!(
+            "kernel {}: the guest stopped without its exit line (a panic?)",
+            series.version
+        )
+    })?;
+    Ok(Some(Ended {
+        code,
+        took: started.elapsed(),
+        report: console.report,
+    }))
+}
+
+/// What the guest said so far.
+#[derive(Default)]
+struct Console {
+    booted: bool,
+    code: Option<i32>,
+    report: Option<String>,
+}
+
+impl Console {
+    /// Takes one console line, and echoes it once the kernel is up (the
+    /// firmware's screen control codes before it are noise).
+    fn read(&mut self, tag: &str, line: &str) {
+        let line = line.trim_end_matches('\r');
+        if line.contains(BOOTED) {
+            self.booted = true;
+        }
+        if let Some(rest) = line.split(EXIT).nth(1) {
+            self.code = rest.trim().parse().ok();
+        }
+        if let Some(rest) = line.split(KERNEL_REPORT).nth(1) {
+            self.report = Some(rest.trim().to_string());
+        }
+        if self.booted {
+            println!("[{tag}] {line}");
+        }
+    }
+}
+
+/// QEMU for one guest: 2 CPUs, 4 GiB, no network, the host root over 9p,
+/// a virtio RNG (so that getrandom does not block an early guest), and
+/// the console on stdout.
+fn qemu(
+    series: &Series,
+    kernel: &Unpacked,
+    initramfs: &Path,
+    script: &Path,
+    accel: Accel,
+) -> Command {
     let mut qemu = Command::new("qemu-system-x86_64");
     match accel {
         Accel::Kvm => qemu.args(["-accel", "kvm", "-cpu", "host"]),
@@ -197,60 +290,5 @@ pub fn run(
     .stdin(Stdio::null())
     .stdout(Stdio::piped())
     .stderr(Stdio::null());
-    let mut child = qemu.spawn().context("cannot start qemu-system-x86_64")?;
-    let stdout = child.stdout.take().expect("piped");
-    let (tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let tag = series.version;
-    let mut booted = false;
-    let mut code = None;
-    let mut report = None;
-    loop {
-        let limit = if booted { deadline } else { boot_deadline };
-        let Some(left) = limit.checked_sub(started.elapsed()) else {
-            let _ = child.kill();
-            let _ = child.wait();
-            if !booted {
-                return Ok(None);
-            }
-            bail!("kernel {tag}: no end within {} s", deadline.as_secs());
-        };
-        match lines.recv_timeout(left) {
-            Ok(line) => {
-                let line = line.trim_end_matches('\r');
-                if line.contains(BOOTED) {
-                    booted = true;
-                }
-                if let Some(rest) = line.split(EXIT).nth(1) {
-                    code = rest.trim().parse().ok();
-                }
-                if let Some(rest) = line.split(KERNEL_REPORT).nth(1) {
-                    report = Some(rest.trim().to_string());
-                }
-                if booted {
-                    println!("[{tag}] {line}");
-                }
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => continue,
-            Err(mpsc::RecvTimeoutError::Disconnected) => break,
-        }
-    }
-    let _ = child.wait();
-    if !booted {
-        return Ok(None);
-    }
-    let code = code.with_context(|| {
-        format!("kernel {tag}: the guest stopped without its exit line (a panic?)")
-    })?;
-    Ok(Some(Ended {
-        code,
-        took: started.elapsed(),
-        report,
-    }))
+    qemu
 }
