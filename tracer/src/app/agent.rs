@@ -80,6 +80,7 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
         facts: facts.unwrap_or_else(|| WireFacts::from(&Default::default())),
         reports_read_through: true,
         doctor,
+        kernel: Some(trace.kernel_summary.clone()),
     })));
     let gone = lease_watch(&args, agent.lease.as_ref()).await;
     let mut summary = Summary {

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     cni,
     decode::hop::Hop,
-    model::{Finding, Summary},
+    model::{Finding, KernelSummary, Summary},
     node::{NodeFacts, NodeView},
     probe::{conntrack, netfilter::NetfilterRule},
 };
@@ -89,6 +89,10 @@ pub struct Start {
     /// packet to blame, as node mode joins them. Older agents send none.
     #[serde(default)]
     pub doctor: Vec<Finding>,
+    /// The node's kernel, and what podtrace does without there. Older
+    /// agents send none.
+    #[serde(default)]
+    pub kernel: Option<KernelSummary>,
 }
 
 /// [`NodeFacts`] as they travel (the CNI by its name).
@@ -215,6 +219,10 @@ mod tests {
                 evidence: "/run/flannel/subnet.env is missing".into(),
                 fix: Some("check flanneld".into()),
             }],
+            kernel: Some(KernelSummary {
+                release: "5.10.0-32-amd64".into(),
+                degraded: vec!["clsact instead of TCX (needs 6.6)".into()],
+            }),
         };
         let line = Numbering::default().line(Record::Start(Box::new(start.clone())));
         let mut reader = Reader::default();
@@ -225,7 +233,9 @@ mod tests {
         // As an agent before the field wrote it.
         let mut old: serde_json::Value = serde_json::from_str(&line).unwrap();
         old.as_object_mut().unwrap().remove("doctor");
+        old.as_object_mut().unwrap().remove("kernel");
         start.doctor.clear();
+        start.kernel = None;
         assert_eq!(
             Reader::default().read(&old.to_string()),
             Read::Record(Record::Start(Box::new(start)))

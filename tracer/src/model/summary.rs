@@ -72,4 +72,7 @@ pub struct NodeCounts {
     pub lost_transport: u64,
     /// Its clock against the common timeline ("+3000000.0 µs ±11.0 µs").
     pub clock: Option<String>,
+    /// Its kernel, and what podtrace did without there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<KernelSummary>,
 }

@@ -48,6 +48,7 @@ impl Followed {
         summary.nodes.push(NodeCounts {
             node: node.to_string(),
             agent: format!("{agents_namespace}/{}", self.pod),
+            kernel: self.start.as_ref().and_then(|s| s.kernel.clone()),
             sightings: own.sightings,
             lost_kernel,
             lost_agent,

@@ -233,10 +233,18 @@ impl Session {
         if let Some(view) = vantage([(&ends[0].0, ends[0].1), (&ends[1].0, ends[1].1)], nodes) {
             eprintln!("podtrace: {view}");
         }
-        let watched: Vec<String> = self
-            .agents
-            .values()
-            .filter_map(|a| a.start.as_ref())
+        let starts = self.agents.values().filter_map(|a| a.start.as_ref());
+        for start in starts.clone() {
+            if let Some(kernel) = start.kernel.as_ref().filter(|k| !k.degraded.is_empty()) {
+                eprintln!(
+                    "podtrace: {}: kernel {}: {}",
+                    start.node,
+                    kernel.release,
+                    kernel.degraded.join("; ")
+                );
+            }
+        }
+        let watched: Vec<String> = starts
             .map(|s| format!("{} ({})", s.node, s.watched))
             .collect();
         eprintln!(
@@ -547,6 +555,7 @@ mod tests {
                 facts: WireFacts::from(&NodeFacts::default()),
                 reports_read_through,
                 doctor: Vec::new(),
+                kernel: None,
             };
             agent.says(&mut session, Record::Start(Box::new(start)));
             session.clocks.start(agent.node, 0);
