@@ -265,12 +265,12 @@ impl Btf {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A hand-built BTF blob: `struct outer { int a; union { struct { int b;
     /// long c; }; int d; }; }` and `enum reason { R_OK = 0, R_DROP = 12 }`.
-    fn sample() -> Vec<u8> {
+    pub(crate) fn sample() -> Vec<u8> {
         let strings =
             b"\0int\0outer\0a\0b\0c\0d\0reason\0R_OK\0R_DROP\0long\0btf_trace_kfree_skb\0";
         let s = |name: &str| -> u32 {

@@ -158,6 +158,18 @@ mod tests {
     }
 
     #[test]
+    fn a_kernel_without_the_ring_buffer_is_refused_in_one_line() {
+        let btf = Btf::parse(crate::probe::btf::tests::sample()).unwrap();
+        let error = Features::from_btf(&btf, "4.19.0".into())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            error,
+            "podtrace needs the BPF ring buffer (kernel 5.8 or newer); this kernel is 4.19.0"
+        );
+    }
+
+    #[test]
     fn a_new_kernel_degrades_nothing_unless_asked() {
         let new = kernel(true, true);
         assert_eq!(new.attach_mode(AttachMode::Auto).unwrap(), AttachMode::Tcx);
