@@ -17,9 +17,9 @@ use podtrace_common::{
 };
 
 use crate::{
-    kernel::{global, kernel_read, kernel_read_buf, with_per_cpu},
+    kernel::{global, kernel_read, kernel_read_buf, with_per_cpu, NO_ROUTE_ASKED},
     maps::{bump, is_traced, node_id, sample, trusted_tunnel, SIGHTINGS},
-    sighting::{Meta, NO_ROUTE_ASKED},
+    sighting::Meta,
 };
 
 #[unsafe(no_mangle)]

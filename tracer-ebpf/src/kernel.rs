@@ -32,9 +32,18 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::TcContext,
 };
-use podtrace_common::{headers::IPV4_SADDR, packet::Bytes, FlowKey, Histogram, SNAPSHOT_LEN};
+use podtrace_common::{
+    headers::IPV4_SADDR, packet::Bytes, FlowKey, Histogram, FIB_NOT_LOOKED_UP, SNAPSHOT_LEN,
+};
 
-use crate::sighting::{Route, NO_ROUTE_ASKED};
+/// The kernel's route for a packet: (BPF_FIB_LKUP_RET_*, output ifindex,
+/// IPv4 next hop).
+pub type Route = (u8, u32, [u8; 4]);
+
+/// No route asked: every byte set, never an `Option`. LLVM may load the
+/// payload of a `None` before it selects the default, and verifiers
+/// before 5.19 refuse a read of stack that was never written.
+pub const NO_ROUTE_ASKED: Route = (FIB_NOT_LOOKED_UP, 0, [0; 4]);
 
 // `copy_start` bounds a length by masking with SNAPSHOT_LEN - 1.
 const _: () = assert!(SNAPSHOT_LEN.is_power_of_two());

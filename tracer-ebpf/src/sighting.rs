@@ -2,18 +2,9 @@
 //! record by one function for both programs, so that a field added to the
 //! ABI is set in one place and no record leaves with stale bytes.
 
-use podtrace_common::{Sighting, FIB_NOT_LOOKED_UP};
+use podtrace_common::Sighting;
 
-use crate::kernel::ktime_ns;
-
-/// The kernel's route for a packet: (BPF_FIB_LKUP_RET_*, output ifindex,
-/// IPv4 next hop).
-pub type Route = (u8, u32, [u8; 4]);
-
-/// No route asked: every byte set, never an `Option`. LLVM may load the
-/// payload of a `None` before it selects the default, and verifiers
-/// before 5.19 refuse a read of stack that was never written.
-pub const NO_ROUTE_ASKED: Route = (FIB_NOT_LOOKED_UP, 0, [0; 4]);
+use crate::kernel::{ktime_ns, Route};
 
 pub struct Meta {
     /// One of `sighting_kind`.

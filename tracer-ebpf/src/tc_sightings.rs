@@ -10,10 +10,10 @@ use podtrace_common::{
 };
 
 use crate::{
-    kernel::{submit_with, Linear, Skb},
+    kernel::{submit_with, Linear, Route, Skb, NO_ROUTE_ASKED},
     maps::{bump, is_traced, node_id, sample, trusted_tunnel, wake_bytes, SIGHTINGS},
     profile,
-    sighting::{Meta, Route, NO_ROUTE_ASKED},
+    sighting::Meta,
 };
 
 /// bpf_fib_lookup's address family for IPv4.
