@@ -157,6 +157,12 @@ impl NodeTrace {
                     bail!("cannot run nft monitor trace (package nftables): {e}");
                 }
             };
+            if let Err(e) = until_listening(monitor.id()) {
+                let _ = monitor.kill();
+                let _ = monitor.wait();
+                let _ = delete_table(&table);
+                return Err(e);
+            }
             let stdout = monitor.stdout.take().expect("piped");
             // A thread starts in the namespace of the thread that spawns
             // it: the rule lookups below ask this node.
@@ -186,6 +192,67 @@ impl NodeTrace {
         }
         started
     }
+}
+
+/// How long `nft monitor trace` may take to start listening: it reads the
+/// whole ruleset first (kube-proxy's, with thousands of Services, takes
+/// seconds on a busy node).
+const MONITOR_START: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// NFNLGRP_NFTRACE's bit in /proc/net/netlink's group mask.
+const NFTRACE_GROUP: u32 = 1 << (9 - 1);
+
+/// Waits until the monitor `pid` listens for trace events (its netlink
+/// socket joined NFNLGRP_NFTRACE in the current thread's namespace):
+/// events sent before that are lost, so the trace is not announced until
+/// then.
+fn until_listening(pid: u32) -> Result<()> {
+    let started = std::time::Instant::now();
+    loop {
+        let table = std::fs::read_to_string("/proc/thread-self/net/netlink").unwrap_or_default();
+        if listens_for_traces(&table, &socket_inodes(pid)) {
+            return Ok(());
+        }
+        if started.elapsed() > MONITOR_START {
+            bail!(
+                "nft monitor trace did not start listening in {} s",
+                MONITOR_START.as_secs()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// The inodes of the sockets process `pid` holds open: its netlink
+/// socket's port id need not be its pid.
+fn socket_inodes(pid: u32) -> Vec<String> {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_string_lossy();
+            Some(
+                target
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Whether /proc/net/netlink's `table` has a NETLINK_NETFILTER socket of
+/// one of `inodes` in the trace group.
+fn listens_for_traces(table: &str, inodes: &[String]) -> bool {
+    const NETLINK_NETFILTER: &str = "12";
+    table.lines().skip(1).any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.len() > 9
+            && fields[1] == NETLINK_NETFILTER
+            && inodes.iter().any(|inode| inode == fields[9])
+            && u32::from_str_radix(fields[3], 16).is_ok_and(|groups| groups & NFTRACE_GROUP != 0)
+    })
 }
 
 impl NodeTrace {
@@ -323,6 +390,19 @@ fn in_initial_pid_namespace() -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_monitor_listens_once_its_socket_joined_the_trace_group() {
+        let header = "sk               Eth Pid        Groups   Rmem     Wmem     Dump  Locks    Drops    Inode\n";
+        let joined = format!("{header}000000009dc50e0f 12  820        00000100 0        0        0     2        0        187304\n");
+        let not_yet = format!("{header}000000009dc50e0f 12  820        00000000 0        0        0     2        0        187304\n");
+        let other = format!("{header}000000009dc50e0f 0   820        00000100 0        0        0     2        0        187304\n");
+        let ours = ["187304".to_string()];
+        assert!(super::listens_for_traces(&joined, &ours));
+        assert!(!super::listens_for_traces(&joined, &["187305".to_string()]));
+        assert!(!super::listens_for_traces(&not_yet, &ours));
+        assert!(!super::listens_for_traces(&other, &ours));
+    }
+
     use super::*;
 
     #[test]
