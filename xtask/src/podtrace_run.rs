@@ -24,6 +24,20 @@ pub struct Started {
     pub banner: String,
 }
 
+/// The lines `reader` gives, from a thread of their own, so that waiting
+/// for the next one can time out.
+pub fn lines_of(reader: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(reader).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    lines
+}
+
 /// Spawns `command` with stderr piped (stdout as the caller set it) and
 /// waits at most `timeout` for each line until the banner; a podtrace that
 /// exits or stalls before it is killed and the error says what it said.
@@ -32,16 +46,7 @@ pub fn start(mut command: Command, timeout: Duration) -> Result<Started> {
         .stderr(Stdio::piped())
         .spawn()
         .context("cannot start podtrace")?;
-    let stderr = child.stderr.take().expect("piped");
-    let (tx, stderr_lines) = mpsc::channel();
-    // A thread, so that waiting for a line can time out.
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let stderr_lines = lines_of(child.stderr.take().expect("piped"));
     let mut banner = String::new();
     loop {
         let Ok(line) = stderr_lines.recv_timeout(timeout) else {

@@ -6,7 +6,6 @@
 //! console is the only channel back.
 
 use std::{
-    io::{BufRead, BufReader},
     path::{Path, PathBuf},
     process::{Command, Stdio},
     sync::mpsc,
@@ -165,15 +164,7 @@ pub fn run(
     let mut child = qemu(series, kernel, initramfs, script, accel)
         .spawn()
         .context("cannot start qemu-system-x86_64")?;
-    let stdout = child.stdout.take().expect("piped");
-    let (tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let lines = crate::podtrace_run::lines_of(child.stdout.take().expect("piped"));
     let mut console = Console::default();
     loop {
         let limit = if console.booted {
