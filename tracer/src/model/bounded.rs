@@ -106,12 +106,19 @@ fn open(path: &Path) -> Result<(File, FileType), ReadError> {
     Ok((file, file_type))
 }
 
-/// A regular file's bytes, if it holds at most `max` of them.
-pub fn read_regular(path: &Path, max: u64) -> Result<Vec<u8>, ReadError> {
+/// A regular file, opened without blocking, for a reader whose bound is
+/// the file's own size; anything else is named.
+pub fn open_regular(path: &Path) -> Result<File, ReadError> {
     let (file, file_type) = open(path)?;
     if !file_type.is_file() {
         return Err(ReadError::NotRegular(kind_of(file_type)));
     }
+    Ok(file)
+}
+
+/// A regular file's bytes, if it holds at most `max` of them.
+pub fn read_regular(path: &Path, max: u64) -> Result<Vec<u8>, ReadError> {
+    let file = open_regular(path)?;
     let mut bytes = Vec::new();
     file.take(max + 1)
         .read_to_end(&mut bytes)
