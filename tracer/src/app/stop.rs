@@ -155,4 +155,36 @@ mod tests {
             assert!(out.contains(said), "{out}");
         }
     }
+
+    #[test]
+    fn a_command_with_nothing_attached_ends_on_a_signal_saying_so() {
+        for sig in [libc::SIGINT, libc::SIGTERM] {
+            let mut pipe = [0; 2];
+            // SAFETY: a pipe, then a child that only makes syscalls until
+            // the signal ends it.
+            unsafe {
+                assert_eq!(libc::pipe(pipe.as_mut_ptr()), 0);
+                let child = libc::fork();
+                if child == 0 {
+                    libc::dup2(pipe[1], 2);
+                    block_signals();
+                    die_saying("podtrace: stopped by a signal\n");
+                    loop {
+                        libc::pause();
+                    }
+                }
+                libc::close(pipe[1]);
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                libc::kill(child, sig);
+                let mut status = 0;
+                assert_eq!(libc::waitpid(child, &mut status, 0), child);
+                assert!(libc::WIFSIGNALED(status), "{status:#x}");
+                assert_eq!(libc::WTERMSIG(status), sig);
+                let mut said = [0u8; 64];
+                let n = libc::read(pipe[0], said.as_mut_ptr().cast(), said.len());
+                libc::close(pipe[0]);
+                assert_eq!(&said[..n as usize], b"podtrace: stopped by a signal\n");
+            }
+        }
+    }
 }
