@@ -18,7 +18,7 @@ use std::{io::BufReader, path::Path, time::Duration};
 use anyhow::{anyhow, Result};
 use serde::de::DeserializeOwned;
 
-use crate::model::bounded::Stream;
+use crate::model::bounded::{ReadError, Stream};
 
 /// How long an inventory file may take to read, a FIFO given as a file
 /// (`<(kubectl get pods -A -o json)`) included.
@@ -44,8 +44,10 @@ fn parse_bounded<T: DeserializeOwned>(
     patience: Duration,
 ) -> Result<T> {
     let shown = path.display();
-    let mut stream =
-        Stream::open(path, max, patience).map_err(|e| anyhow!("{what} {shown} {e}"))?;
+    let mut stream = Stream::open(path, max, patience).map_err(|e| match e {
+        ReadError::Io(e) => anyhow!("cannot read {what} {shown}: {e}"),
+        e => anyhow!("{what} {shown} {e}"),
+    })?;
     let parsed = serde_json::from_reader(BufReader::with_capacity(64 << 10, &mut stream));
     parsed.map_err(|e| match stream.overrun() {
         Some(why) => anyhow!("{what} {shown} {why}"),
@@ -71,6 +73,18 @@ mod tests {
             Duration::from_secs(secs),
         );
         parsed.unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_missing_inventory_says_it_cannot_be_read() {
+        let err = format!(
+            "{:#}",
+            Inventory::load(Path::new("/nonexistent.json")).unwrap_err()
+        );
+        assert_eq!(
+            err,
+            "cannot read pods file /nonexistent.json: No such file or directory (os error 2)"
+        );
     }
 
     #[test]
