@@ -19,6 +19,9 @@ fn main() -> std::process::ExitCode {
     };
     // Offline: no root, no runtime, nothing attached.
     if let Some(Command::Read(read)) = &cli.command {
+        podtrace::app::die_saying(
+            "podtrace: read stopped by a signal: the stories above are those told so far\n",
+        );
         return exit(podtrace::app::replay(read));
     }
     // One thread: setns(2) is per thread, and every netlink socket and tc
@@ -36,6 +39,10 @@ fn main() -> std::process::ExitCode {
     let outcome = match (cli.command, cli.trace) {
         (Some(Command::Agent(agent)), _) => runtime.block_on(podtrace::app::agent::run(agent)),
         (Some(Command::Doctor(doctor)), _) => {
+            // Nothing is attached: a signal ends it, saying so.
+            podtrace::app::die_saying(
+                "podtrace: doctor stopped by a signal before its checks finished\n",
+            );
             return match runtime.block_on(podtrace::doctor::run(doctor)) {
                 Ok(true) => std::process::ExitCode::SUCCESS,
                 Ok(false) => std::process::ExitCode::from(1),

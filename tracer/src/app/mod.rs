@@ -24,7 +24,7 @@ pub mod traced;
 pub mod wire;
 
 pub use replay::replay;
-pub use stop::block_signals;
+pub use stop::{block_signals, die_saying, STOPPED_BEFORE_TRACING};
 
 use std::{net::Ipv4Addr, time::Duration};
 
@@ -75,6 +75,7 @@ pub async fn run(args: Args) -> Result<()> {
     // Before anything is attached: a path that cannot be written is bad input.
     let write = args.write.as_deref().map(pcapng::open).transpose()?;
     let Some(resolved) = resolve_unless_stopped(&args, &mut stop).await else {
+        stop::stopped_before_tracing(new_teller(&args, Context::default()))?;
         return Ok(());
     };
     let resolved = match resolved {
@@ -91,12 +92,9 @@ pub async fn run(args: Args) -> Result<()> {
 }
 
 /// The resolve phase, or `None` on a stop meanwhile: nothing is attached
-/// yet, so a stop there just ends the run.
+/// yet, so a stop there ends the run, saying so.
 async fn resolve_unless_stopped(args: &Args, stop: &mut Stop) -> Option<Result<Resolved>> {
-    tokio::select! {
-        resolved = resolve(args) => Some(resolved),
-        () = stop.recv() => None,
-    }
+    stop::unless_stopped(resolve(args), stop.recv()).await
 }
 
 /// The resolve and attach phases, as the agent and profile mode run them;

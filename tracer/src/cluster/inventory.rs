@@ -3,7 +3,7 @@
 
 use std::{net::Ipv4Addr, path::Path};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 
 use super::argument::Target;
 use serde::Deserialize;
@@ -17,6 +17,8 @@ pub struct Pod {
     pub host_ip: Option<Ipv4Addr>,
     pub phase: Option<String>,
     pub host_network: bool,
+    /// Its podIP as written, when that is not an IPv4 address.
+    pub unreadable_ip: Option<String>,
 }
 
 impl Pod {
@@ -74,16 +76,24 @@ pub struct Inventory {
 }
 
 impl Inventory {
+    /// A pods file, parsed as it is read (see `cluster::parse_file`).
     pub fn load(path: &Path) -> Result<Self> {
-        let text = super::read_file(path, "pods file")?;
-        Self::parse(&text).with_context(|| format!("{} is not a pod list", path.display()))
+        let list: List = super::parse_file(path, "pods file", "a pod list")?;
+        Self::of_list(list).map_err(|e| anyhow!("pods file {} {e}", path.display()))
     }
 
     pub fn parse(json: &str) -> Result<Self> {
-        let list: List = serde_json::from_str(json)?;
-        Ok(Self {
-            pods: list.items.into_iter().map(Pod::from).collect(),
-        })
+        Self::of_list(serde_json::from_str(json)?)
+    }
+
+    /// The pods of a list, each named once.
+    fn of_list(list: List) -> Result<Self> {
+        let pods: Vec<Pod> = list.items.into_iter().map(Pod::from).collect();
+        let mut seen = std::collections::HashSet::new();
+        if let Some(twice) = pods.iter().find(|p| !seen.insert((&p.namespace, &p.name))) {
+            bail!("lists pod {} twice", twice.qualified());
+        }
+        Ok(Self { pods })
     }
 
     /// An endpoint argument, from the pods in the file.
@@ -157,6 +167,12 @@ impl Endpoint {
     /// A pod, once it has an IP to trace.
     pub fn of_pod(pod: Pod) -> Result<Self> {
         let Some(ip) = pod.ip else {
+            if let Some(text) = &pod.unreadable_ip {
+                bail!(
+                    "pod {} has podIP {text:?}, which is not an IPv4 address",
+                    pod.qualified()
+                );
+            }
             let phase = pod.phase.as_deref().unwrap_or("Pending");
             bail!("pod {} has no IP yet (phase {phase})", pod.qualified());
         };
@@ -203,10 +219,13 @@ impl Endpoint {
 
 impl From<Item> for Pod {
     fn from(item: Item) -> Self {
+        let written = item.status.pod_ip.filter(|ip| !ip.is_empty());
+        let ip = written.as_deref().and_then(|ip| ip.parse().ok());
         Pod {
             namespace: item.metadata.namespace,
             name: item.metadata.name,
-            ip: item.status.pod_ip.and_then(|ip| ip.parse().ok()),
+            unreadable_ip: written.filter(|_| ip.is_none()),
+            ip,
             node: item.spec.node_name,
             host_ip: item.status.host_ip.and_then(|ip| ip.parse().ok()),
             phase: item.status.phase,
@@ -329,11 +348,43 @@ mod tests {
                 host_ip: None,
                 phase: None,
                 host_network: false,
+                unreadable_ip: None,
             })
             .collect();
         let message = not_found("default", "web-x", &pods);
         assert!(message.len() < 200, "{message}");
         assert!(message.contains("more)?"), "{message}");
+    }
+
+    #[test]
+    fn a_pod_ip_that_is_not_an_address_is_named_so() {
+        let inv = Inventory::parse(
+            r#"{"items":[{"metadata":{"name":"odd-0"},"status":{"podIP":"999.1.1.1","phase":"Running"}}]}"#,
+        )
+        .unwrap();
+        let err = resolve(&inv, "odd-0", "default").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "pod default/odd-0 has podIP \"999.1.1.1\", which is not an IPv4 address"
+        );
+        assert!(!err.contains("no IP"), "{err}");
+    }
+
+    #[test]
+    fn a_pod_listed_twice_is_refused_in_one_line() {
+        let twice = r#"{"items":[{"metadata":{"name":"web-0"},"status":{"podIP":"10.1.1.2"}},
+            {"metadata":{"name":"db-0"}},{"metadata":{"name":"web-0","namespace":"default"}}]}"#;
+        let err = Inventory::parse(twice).unwrap_err().to_string();
+        assert_eq!(err, "lists pod default/web-0 twice");
+        let path = std::env::temp_dir().join(format!("podtrace-twice-{}.json", std::process::id()));
+        std::fs::write(&path, twice).unwrap();
+        let err = format!("{:#}", Inventory::load(&path).unwrap_err());
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(
+            err,
+            format!("pods file {} lists pod default/web-0 twice", path.display())
+        );
+        assert_eq!(err.lines().count(), 1);
     }
 
     #[test]

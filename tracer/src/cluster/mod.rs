@@ -13,38 +13,167 @@ pub mod kube_proxy_rules;
 pub mod nodes;
 pub mod services;
 
-use std::{path::Path, sync::mpsc, time::Duration};
+use std::{io::BufReader, path::Path, time::Duration};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, Result};
+use serde::de::DeserializeOwned;
 
-/// How long a FIFO given as a file (`<(kubectl get pods -A -o json)`) may
-/// take to deliver.
-const FIFO_PATIENCE: Duration = Duration::from_secs(10);
+use crate::model::bounded::{ReadError, Stream};
 
-/// Reads an inventory file (`what`: "pods file"). A FIFO that nobody
-/// writes to would block forever: it gets a deadline and a one-line error.
-pub fn read_file(path: &Path, what: &str) -> Result<String> {
-    let shown = path.display().to_string();
-    let meta = std::fs::metadata(path).with_context(|| format!("cannot read {what} {shown}"))?;
-    if meta.is_dir() {
-        bail!("{what} {shown} is a directory, not a file");
+/// How long an inventory file may take to read, a FIFO given as a file
+/// (`<(kubectl get pods -A -o json)`) included.
+const PATIENCE: Duration = Duration::from_secs(10);
+/// The most an inventory file may hold: a large cluster's
+/// `kubectl get pods -A -o json` is some hundreds of MB.
+const INVENTORY_MAX: u64 = 1 << 30;
+
+/// Parses an inventory file (`what`: "pods file"; `not_a`: "a pod list")
+/// as it is read, keeping only what `T` keeps: memory follows what is
+/// kept, not the file's size. A regular file or a FIFO, read non-blocking
+/// up to a size and a deadline; anything else, or a bound reached, is a
+/// one-line error that says which.
+pub fn parse_file<T: DeserializeOwned>(path: &Path, what: &str, not_a: &str) -> Result<T> {
+    parse_bounded(path, what, not_a, INVENTORY_MAX, PATIENCE)
+}
+
+fn parse_bounded<T: DeserializeOwned>(
+    path: &Path,
+    what: &str,
+    not_a: &str,
+    max: u64,
+    patience: Duration,
+) -> Result<T> {
+    let shown = path.display();
+    let mut stream = Stream::open(path, max, patience).map_err(|e| match e {
+        ReadError::Io(e) => anyhow!("cannot read {what} {shown}: {e}"),
+        e => anyhow!("{what} {shown} {e}"),
+    })?;
+    let parsed = serde_json::from_reader(BufReader::with_capacity(64 << 10, &mut stream));
+    parsed.map_err(|e| match stream.overrun() {
+        Some(why) => anyhow!("{what} {shown} {why}"),
+        None if e.is_io() => anyhow!("{what} {shown} cannot be read: {e}"),
+        None => anyhow!("{shown} is not {not_a}: {e}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{io::Write, time::Instant};
+
+    use super::*;
+    use crate::{cluster::inventory::Inventory, model::bounded::testing::fifo};
+
+    /// Why a pods file of at most `max` bytes, read for `secs`, is refused.
+    fn refused(path: &Path, max: u64, secs: u64) -> String {
+        let parsed = parse_bounded::<serde_json::Value>(
+            path,
+            "pods file",
+            "a pod list",
+            max,
+            Duration::from_secs(secs),
+        );
+        parsed.unwrap_err().to_string()
     }
-    if meta.is_file() {
-        return std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {what} {shown}"));
+
+    #[test]
+    fn a_missing_inventory_says_it_cannot_be_read() {
+        let err = format!(
+            "{:#}",
+            Inventory::load(Path::new("/nonexistent.json")).unwrap_err()
+        );
+        assert_eq!(
+            err,
+            "cannot read pods file /nonexistent.json: No such file or directory (os error 2)"
+        );
     }
-    let (tx, rx) = mpsc::channel();
-    let owned = path.to_path_buf();
-    // A reader blocked in open(2) cannot be cancelled: it is left behind
-    // and goes with the process.
-    std::thread::spawn(move || {
-        let _ = tx.send(std::fs::read_to_string(owned));
-    });
-    match rx.recv_timeout(FIFO_PATIENCE) {
-        Ok(read) => read.with_context(|| format!("cannot read {what} {shown}")),
-        Err(_) => bail!(
-            "{what} {shown} is not a regular file and nothing was written to it within {} s",
-            FIFO_PATIENCE.as_secs()
-        ),
+
+    #[test]
+    fn dev_zero_as_an_inventory_is_named_at_once() {
+        let started = Instant::now();
+        let err = format!("{:#}", Inventory::load(Path::new("/dev/zero")).unwrap_err());
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert_eq!(
+            err,
+            "pods file /dev/zero is a character device, not a regular file"
+        );
+    }
+
+    #[test]
+    fn an_endless_stream_stops_at_the_size_bound_and_says_so() {
+        let path = fifo("endless");
+        let writer_path = path.clone();
+        let writer = std::thread::spawn(move || {
+            let mut w = std::fs::OpenOptions::new()
+                .write(true)
+                .open(writer_path)
+                .unwrap();
+            let _ = w.write_all(b"{\"items\":[");
+            // A pod list that never ends, until the reader goes.
+            let pod =
+                br#"{"metadata":{"name":"web-0","namespace":"x"},"status":{"podIP":"10.1.1.1"}},"#;
+            while w.write_all(pod).is_ok() {}
+        });
+        let started = Instant::now();
+        let err = refused(&path, 1 << 20, 10);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(
+            err,
+            format!("pods file {} is larger than 1 MiB", path.display())
+        );
+        writer.join().unwrap();
+    }
+
+    #[test]
+    fn a_silent_fifo_ends_at_the_deadline_with_the_true_message() {
+        let path = fifo("silent");
+        let started = Instant::now();
+        let err = refused(&path, 1 << 20, 1);
+        assert!(started.elapsed() < Duration::from_secs(3));
+        assert_eq!(
+            err,
+            format!(
+                "pods file {} is not a regular file and nothing was written to it within 1 s",
+                path.display()
+            )
+        );
+    }
+
+    #[test]
+    fn a_slow_stream_that_started_is_not_said_to_be_unwritten() {
+        let path = fifo("slow");
+        let writer_path = path.clone();
+        let writer = std::thread::spawn(move || {
+            let mut w = std::fs::OpenOptions::new()
+                .write(true)
+                .open(writer_path)
+                .unwrap();
+            w.write_all(b"{\"items\":[").unwrap();
+            std::thread::sleep(Duration::from_millis(1500));
+        });
+        let err = refused(&path, 1 << 20, 1);
+        assert_eq!(
+            err,
+            format!(
+                "pods file {} was still being read after 1 s (10 bytes read)",
+                path.display()
+            )
+        );
+        writer.join().unwrap();
+    }
+
+    #[test]
+    fn a_pods_file_streamed_through_a_fifo_is_read() {
+        let path = fifo("pods");
+        let writer_path = path.clone();
+        let writer = std::thread::spawn(move || {
+            std::fs::write(
+                writer_path,
+                r#"{"items":[{"metadata":{"name":"web-0"},"status":{"podIP":"10.1.1.2"}}]}"#,
+            )
+            .unwrap();
+        });
+        let inventory = Inventory::load(&path).unwrap();
+        assert_eq!(inventory.pods[0].qualified(), "default/web-0");
+        writer.join().unwrap();
     }
 }

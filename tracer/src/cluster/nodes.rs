@@ -5,14 +5,70 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::{cni, model::NodeSubnet};
 
 /// Nodes of a `kubectl get nodes -o json` file: their pod subnets, IPs and
 /// CNI backend (Flannel's backend-type annotation; Calico's IPv4Address).
+/// Parsed as it is read (see `cluster::parse_file`): of each node, only
+/// what is kept here is held, not its images or managed fields.
 pub fn load_nodes(path: &Path) -> Result<Vec<NodeSubnet>> {
-    let text = super::read_file(path, "nodes file")?;
-    parse_nodes(&text).with_context(|| format!("{} is not a node list", path.display()))
+    let list: NodeList = super::parse_file(path, "nodes file", "a node list")?;
+    list.items
+        .into_iter()
+        .map(|n| n.subnets())
+        .collect::<Result<Vec<_>>>()
+        .map(|nodes| nodes.into_iter().flatten().collect())
+        .with_context(|| format!("{} is not a node list", path.display()))
+}
+
+/// A node list as `load_nodes` reads it.
+#[derive(Deserialize)]
+struct NodeList {
+    items: Vec<NodeObject>,
+}
+
+/// The parts of a Node object that `nodes_from_items` reads; the rest is
+/// skipped as it is read.
+#[derive(Deserialize, Serialize)]
+struct NodeObject {
+    #[serde(default)]
+    metadata: NodeMetadata,
+    #[serde(default)]
+    spec: NodeSpec,
+    #[serde(default)]
+    status: NodeStatus,
+}
+
+#[derive(Default, Deserialize, Serialize)]
+struct NodeMetadata {
+    #[serde(default)]
+    name: Value,
+    #[serde(default)]
+    annotations: Value,
+}
+
+#[derive(Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct NodeSpec {
+    #[serde(default, rename = "podCIDR")]
+    pod_cidr: Value,
+    #[serde(default, rename = "podCIDRs", skip_serializing_if = "Value::is_null")]
+    pod_cidrs: Value,
+}
+
+#[derive(Default, Deserialize, Serialize)]
+struct NodeStatus {
+    #[serde(default)]
+    addresses: Value,
+}
+
+impl NodeObject {
+    fn subnets(self) -> Result<Vec<NodeSubnet>> {
+        nodes_from_items(&[serde_json::to_value(self)?])
+    }
 }
 
 pub fn parse_nodes(json: &str) -> Result<Vec<NodeSubnet>> {

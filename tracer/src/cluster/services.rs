@@ -9,7 +9,7 @@
 
 use std::{net::Ipv4Addr, path::Path};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -106,41 +106,45 @@ pub struct Catalog {
 }
 
 impl Catalog {
+    /// Parsed as it is read (see `cluster::parse_file`): each object is
+    /// made what is kept of it before the next is read.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = super::read_file(path, "services file")?;
-        Self::parse(&text).with_context(|| {
-            format!(
-                "{} is not a list of Services and EndpointSlices",
-                path.display()
-            )
-        })
+        let list: List = super::parse_file(
+            path,
+            "services file",
+            "a list of Services and EndpointSlices",
+        )?;
+        Ok(Self::joined(list.items))
     }
 
     /// A `List` of Services and EndpointSlices (either kind may be
     /// missing: a Service without slices has no endpoints).
     pub fn parse(json: &str) -> Result<Self> {
-        #[derive(Deserialize)]
-        struct List {
-            items: Vec<Value>,
-        }
         let list: List = serde_json::from_str(json)?;
-        Ok(Self::from_objects(&list.items))
+        Ok(Self::joined(list.items))
     }
 
     pub fn from_objects(items: &[Value]) -> Self {
-        let mut services: Vec<Service> = items
-            .iter()
-            .filter(|o| o["kind"] == "Service")
-            .filter_map(service_of)
-            .collect();
-        for slice in items.iter().filter(|o| o["kind"] == "EndpointSlice") {
-            let ns = slice["metadata"]["namespace"].as_str().unwrap_or("default");
-            let owner = slice["metadata"]["labels"]["kubernetes.io/service-name"].as_str();
+        Self::joined(items.iter().map(Kept::of).collect())
+    }
+
+    /// The Services, each with the backends of its slices.
+    fn joined(items: Vec<Kept>) -> Self {
+        let mut services = Vec::new();
+        let mut slices = Vec::new();
+        for item in items {
+            match item {
+                Kept::Service(service) => services.push(service),
+                Kept::Slice(slice) => slices.push(slice),
+                Kept::Other => {}
+            }
+        }
+        for (ns, owner, backends) in slices {
             if let Some(svc) = services
                 .iter_mut()
-                .find(|s| s.namespace == ns && Some(s.name.as_str()) == owner)
+                .find(|s: &&mut Service| s.namespace == ns && Some(&s.name) == owner.as_ref())
             {
-                svc.backends.extend(backends_of(slice, ns));
+                svc.backends.extend(backends);
             }
         }
         Self { services }
@@ -161,6 +165,40 @@ impl Catalog {
 
     pub fn by_cluster_ip(&self, ip: Ipv4Addr) -> Option<&Service> {
         self.services.iter().find(|s| s.cluster_ip == Some(ip))
+    }
+}
+
+/// A list of objects, each made what is kept of it as it is read.
+#[derive(Deserialize)]
+struct List {
+    items: Vec<Kept>,
+}
+
+/// What is kept of one listed object.
+enum Kept {
+    Service(Service),
+    /// An EndpointSlice: its namespace, its Service's name, its backends.
+    Slice((String, Option<String>, Vec<Backend>)),
+    Other,
+}
+
+impl Kept {
+    fn of(o: &Value) -> Self {
+        if o["kind"] == "Service" {
+            return service_of(o).map_or(Self::Other, Self::Service);
+        }
+        if o["kind"] == "EndpointSlice" {
+            let ns = o["metadata"]["namespace"].as_str().unwrap_or("default");
+            let owner = o["metadata"]["labels"]["kubernetes.io/service-name"].as_str();
+            return Self::Slice((ns.into(), owner.map(String::from), backends_of(o, ns)));
+        }
+        Self::Other
+    }
+}
+
+impl<'de> Deserialize<'de> for Kept {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(Self::of(&Value::deserialize(d)?))
     }
 }
 

@@ -3,11 +3,11 @@
 //! route `<subnet> via <subnet>.0 dev flannel.1 onlink`, a neighbour entry
 //! with the remote VTEP MAC and an FDB entry to the remote node IP.
 
-use std::net::Ipv4Addr;
+use std::{net::Ipv4Addr, path::Path};
 
 use super::{annotation, vxlan_device, Backend, TunnelSpec};
 use crate::{
-    model::NodeSubnet,
+    model::{bounded, NodeSubnet},
     node::{Link, NodeView},
 };
 
@@ -72,7 +72,9 @@ impl Backend for FlannelVxlan {
 /// FLANNEL_NETWORK from /run/flannel/subnet.env, where Flannel runs: the
 /// cluster's pod CIDR, written by flanneld on every node.
 pub fn subnet_env_network() -> Option<ipnet::Ipv4Net> {
-    let env = std::fs::read_to_string("/run/flannel/subnet.env").ok()?;
+    // Non-blocking, regular files only, and capped: a FIFO or /dev/zero
+    // there must not wedge the trace.
+    let env = bounded::read_regular_text(Path::new("/run/flannel/subnet.env"), 64 << 10).ok()?;
     env.lines()
         .find_map(|l| l.strip_prefix("FLANNEL_NETWORK=")?.trim().parse().ok())
 }

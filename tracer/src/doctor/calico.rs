@@ -7,7 +7,7 @@
 use std::net::Ipv4Addr;
 
 use super::{cni_config, node::NodeFacts, Check};
-use crate::node::RouteKind;
+use crate::{model::bounded, node::RouteKind};
 
 const FAMILY: &str = "calico";
 const BGP_PORT: u16 = 179;
@@ -95,6 +95,8 @@ fn check_peer_ip(facts: &NodeFacts) -> Check {
 
 /// Calico's CNI kubeconfig, as the plugin uses it.
 pub const CNI_KUBECONFIG: &str = "etc/cni/net.d/calico-kubeconfig";
+/// A kubeconfig is kilobytes: a larger file is not one.
+const KUBECONFIG_MAX: u64 = 1 << 20;
 
 /// Asks the API for its version with the CNI's own kubeconfig (when there
 /// is one): the plugin's `Unauthorized` is a token the API rejects.
@@ -105,8 +107,11 @@ pub async fn probe_credentials(root: &std::path::Path) -> Option<(String, Result
     }
     let shown = NodeFacts::shown(CNI_KUBECONFIG);
     let answer = async {
+        // Non-blocking, regular files only, and capped: a FIFO or
+        // /dev/zero there must not wedge the doctor or an agent.
+        let text = bounded::read_regular_text(&path, KUBECONFIG_MAX).map_err(|e| e.to_string())?;
         let file =
-            kube::config::Kubeconfig::read_from(&path).map_err(|e| format!("unreadable: {e}"))?;
+            kube::config::Kubeconfig::from_yaml(&text).map_err(|e| format!("unreadable: {e}"))?;
         let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
             .await
             .map_err(|e| format!("not a usable kubeconfig: {e}"))?;

@@ -148,10 +148,8 @@ impl ClusterState {
     fn from_files(args: &DoctorArgs) -> Result<Self> {
         let mut state = Self::default();
         if let Some(path) = &args.kube.nodes_file {
-            let text = crate::cluster::read_file(path, "nodes file")?;
-            let list: Value = serde_json::from_str(&text)
-                .with_context(|| format!("{} is not a node list", path.display()))?;
-            state.nodes = items(&list).iter().map(ClusterNode::from_json).collect();
+            let list: NodeItems = crate::cluster::parse_file(path, "nodes file", "a node list")?;
+            state.nodes = list.items.into_iter().map(|n| n.0).collect();
             state.known = true;
         }
         if let Some(path) = &args.kube.pods_file {
@@ -239,8 +237,20 @@ impl ClusterState {
     }
 }
 
-fn items(list: &Value) -> Vec<Value> {
-    list["items"].as_array().cloned().unwrap_or_default()
+/// A nodes file, each node made a `ClusterNode` as it is read.
+#[derive(serde::Deserialize)]
+struct NodeItems {
+    #[serde(default)]
+    items: Vec<NodeItem>,
+}
+
+struct NodeItem(ClusterNode);
+
+impl<'de> serde::Deserialize<'de> for NodeItem {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let node = <Value as serde::Deserialize>::deserialize(d)?;
+        Ok(Self(ClusterNode::from_json(&node)))
+    }
 }
 
 /// A pod that should have an IP and has none, or is not Running.

@@ -8,6 +8,7 @@ use std::fs;
 use serde_json::Value;
 
 use super::{node::NodeFacts, Check};
+use crate::model::bounded;
 
 const FAMILY: &str = "cni-config";
 pub const NET_D: &str = "etc/cni/net.d";
@@ -43,10 +44,17 @@ impl ConfigFile {
     }
 }
 
-/// The config files, sorted as libcni sorts them.
-pub fn files(facts: &NodeFacts) -> Vec<ConfigFile> {
-    let Ok(entries) = fs::read_dir(facts.path(NET_D)) else {
-        return Vec::new();
+/// CNI configs are kilobytes: a larger file is not one.
+const CONFIG_MAX: u64 = 1 << 20;
+
+/// The config files, sorted as libcni sorts them; none where the folder
+/// is missing, and why not where it cannot be read.
+pub fn files(facts: &NodeFacts) -> Result<Vec<ConfigFile>, String> {
+    let dir = facts.path(NET_D);
+    let entries = match fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(format!("{} cannot be read: {e}", NodeFacts::shown(NET_D))),
     };
     let mut names: Vec<String> = entries
         .flatten()
@@ -54,16 +62,18 @@ pub fn files(facts: &NodeFacts) -> Vec<ConfigFile> {
         .filter(|n| n.ends_with(".conflist") || n.ends_with(".conf") || n.ends_with(".json"))
         .collect();
     names.sort();
-    names
+    Ok(names
         .into_iter()
         .map(|file| {
-            let text = fs::read_to_string(facts.path(NET_D).join(&file));
+            // Non-blocking, regular files only, and capped: a FIFO or a
+            // link to /dev/zero there must not wedge the doctor or an agent.
+            let text = bounded::read_regular_text(&dir.join(&file), CONFIG_MAX);
             let parsed = text
                 .map_err(|e| e.to_string())
                 .and_then(|t| parse(&file, &t));
             ConfigFile { file, parsed }
         })
-        .collect()
+        .collect())
 }
 
 /// A conflist's `plugins`, or a single-plugin `.conf` as a chain of one.
@@ -85,7 +95,7 @@ fn parse(file: &str, text: &str) -> Result<Vec<Value>, String> {
 
 /// The file the runtime uses.
 pub fn chosen(facts: &NodeFacts) -> Option<ConfigFile> {
-    files(facts).into_iter().find(|f| f.parsed.is_ok())
+    files(facts).ok()?.into_iter().find(|f| f.parsed.is_ok())
 }
 
 /// Which CNI actually runs on the node, by its links and annotations.
@@ -113,7 +123,21 @@ pub fn checks(facts: &NodeFacts) -> Vec<Check> {
         return Vec::new();
     }
     let node = facts.name.as_str();
-    let all = files(facts);
+    let all = match files(facts) {
+        Ok(all) => all,
+        Err(why) => {
+            return vec![Check::fail(
+                FAMILY,
+                node,
+                "config the runtime uses",
+                format!("{why}: which config the runtime uses cannot be told"),
+                format!(
+                    "make {} a readable directory holding the CNI's config",
+                    NodeFacts::shown(NET_D)
+                ),
+            )]
+        }
+    };
     let mut checks: Vec<Check> = all
         .iter()
         .filter_map(|f| f.parsed.as_ref().err().map(|e| (f, e)))
@@ -168,4 +192,101 @@ fn judge_chosen(facts: &NodeFacts, chosen: &ConfigFile, all: &[ConfigFile]) -> C
     };
     Check::fail(FAMILY, node, "config the runtime uses", evidence,
         format!("remove the leftover {dir}/{} (a CNI that was replaced), then recreate the failing pods", chosen.file))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        path::{Path, PathBuf},
+        time::{Duration, Instant},
+    };
+
+    use super::*;
+    use crate::model::bounded::testing::mkfifo;
+
+    /// A node root of its own, with an empty etc/cni/net.d.
+    fn root(name: &str) -> PathBuf {
+        let root = std::env::temp_dir().join(format!("podtrace-cni-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(root.join(NET_D)).unwrap();
+        root
+    }
+
+    fn evidence(root: &Path) -> Vec<String> {
+        checks(&NodeFacts::of_root(root))
+            .into_iter()
+            .map(|c| c.evidence)
+            .collect()
+    }
+
+    const FLANNEL: &str = r#"{"name":"cbr0","plugins":[{"type":"flannel"}]}"#;
+
+    #[test]
+    fn a_fifo_config_is_named_at_once_and_the_next_file_is_chosen() {
+        let root = root("fifo");
+        mkfifo(&root.join(NET_D).join("05-stuck.conflist"));
+        fs::write(root.join(NET_D).join("10-flannel.conflist"), FLANNEL).unwrap();
+        let started = Instant::now();
+        let seen = evidence(&root);
+        assert!(started.elapsed() < Duration::from_secs(2), "it waited");
+        assert_eq!(
+            seen[0],
+            "/etc/cni/net.d/05-stuck.conflist: is a FIFO, not a regular file"
+        );
+        assert!(seen[1].contains("10-flannel.conflist"), "{seen:?}");
+    }
+
+    #[test]
+    fn a_config_linked_to_dev_zero_is_not_read() {
+        let root = root("zero");
+        std::os::unix::fs::symlink("/dev/zero", root.join(NET_D).join("00-zero.conflist")).unwrap();
+        let started = Instant::now();
+        let seen = evidence(&root);
+        assert!(started.elapsed() < Duration::from_secs(2), "it read on");
+        assert_eq!(
+            seen[0],
+            "/etc/cni/net.d/00-zero.conflist: is a character device, not a regular file"
+        );
+    }
+
+    #[test]
+    fn a_huge_config_is_capped() {
+        let root = root("huge");
+        let file = fs::File::create(root.join(NET_D).join("00-huge.conflist")).unwrap();
+        file.set_len(200 << 20).unwrap();
+        let seen = evidence(&root);
+        assert_eq!(
+            seen[0],
+            "/etc/cni/net.d/00-huge.conflist: is larger than 1 MiB"
+        );
+    }
+
+    #[test]
+    fn a_looping_net_d_says_it_cannot_be_read_not_that_it_is_empty() {
+        let root = root("loop");
+        let net_d = root.join(NET_D);
+        fs::remove_dir(&net_d).unwrap();
+        std::os::unix::fs::symlink(&net_d, &net_d).unwrap();
+        let seen = evidence(&root);
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert!(
+            seen[0].starts_with("/etc/cni/net.d cannot be read: "),
+            "{seen:?}"
+        );
+        assert!(seen[0].contains("symbolic links"), "{seen:?}");
+        assert!(!seen[0].contains("no valid"), "{seen:?}");
+    }
+
+    #[test]
+    fn an_unreadable_net_d_says_why() {
+        let root = root("file");
+        let net_d = root.join(NET_D);
+        fs::remove_dir(&net_d).unwrap();
+        fs::write(&net_d, "not a directory").unwrap();
+        let seen = evidence(&root);
+        assert!(
+            seen[0].starts_with("/etc/cni/net.d cannot be read: Not a directory"),
+            "{seen:?}"
+        );
+    }
 }

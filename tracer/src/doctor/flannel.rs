@@ -3,24 +3,34 @@
 //! flannel.1 with the VNI and port, and for every other node the route,
 //! neighbour and FDB entry flanneld writes from its annotations.
 
-use std::{collections::BTreeMap, fs, net::Ipv4Addr};
+use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use ipnet::Ipv4Net;
 
 use super::{cluster::ClusterNode, node::NodeFacts, Check};
+use crate::model::bounded::{self, ReadError};
 
 const FAMILY: &str = "flannel";
 pub const SUBNET_ENV: &str = "run/flannel/subnet.env";
 
+/// subnet.env is a few lines: a larger file is not flanneld's.
+const SUBNET_ENV_MAX: u64 = 64 << 10;
+
 /// `/run/flannel/subnet.env`, as KEY=value pairs.
 pub fn subnet_env(facts: &NodeFacts) -> Option<BTreeMap<String, String>> {
-    let text = fs::read_to_string(facts.path(SUBNET_ENV)).ok()?;
-    Some(
-        text.lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-            .collect(),
-    )
+    read_subnet_env(facts).ok()
+}
+
+/// `/run/flannel/subnet.env`, or why it cannot be read: non-blocking,
+/// regular files only, and capped (a FIFO or /dev/zero there must not
+/// wedge the doctor or an agent).
+fn read_subnet_env(facts: &NodeFacts) -> Result<BTreeMap<String, String>, ReadError> {
+    let text = bounded::read_regular_text(&facts.path(SUBNET_ENV), SUBNET_ENV_MAX)?;
+    Ok(text
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect())
 }
 
 /// Whether Flannel is this node's CNI, and its backend type.
@@ -61,10 +71,22 @@ pub fn checks(facts: &NodeFacts) -> Vec<Check> {
 fn check_subnet_env(facts: &NodeFacts) -> Check {
     let node = facts.name.as_str();
     let shown = NodeFacts::shown(SUBNET_ENV);
-    let Some(env) = subnet_env(facts) else {
-        return Check::fail(FAMILY, node, "subnet.env",
-            format!("{shown} is missing: the flannel plugin fails every sandbox with \"loadFlannelSubnetEnv failed: open {shown}: no such file or directory\""),
-            "flanneld has not written it: check the kube-flannel pod on this node (kubectl -n kube-flannel logs ds/kube-flannel-ds), usually the node has no podCIDR or flanneld cannot reach the API".into());
+    let env = match read_subnet_env(facts) {
+        Ok(env) => env,
+        Err(ReadError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+            return missing_subnet_env(node, &shown)
+        }
+        Err(e) => {
+            return Check::fail(
+                FAMILY,
+                node,
+                "subnet.env",
+                format!("{shown} {e}"),
+                format!(
+                    "remove {shown} and restart flanneld on this node: it writes the file anew"
+                ),
+            )
+        }
     };
     let subnet: Option<Ipv4Net> = env.get("FLANNEL_SUBNET").and_then(|s| s.parse().ok());
     let cidr = facts.pod_cidr();
@@ -88,6 +110,13 @@ fn check_subnet_env(facts: &NodeFacts) -> Check {
                 .into()
         },
     )
+}
+
+/// subnet.env is missing: what the flannel plugin then says.
+fn missing_subnet_env(node: &str, shown: &str) -> Check {
+    Check::fail(FAMILY, node, "subnet.env",
+            format!("{shown} is missing: the flannel plugin fails every sandbox with \"loadFlannelSubnetEnv failed: open {shown}: no such file or directory\""),
+            "flanneld has not written it: check the kube-flannel pod on this node (kubectl -n kube-flannel logs ds/kube-flannel-ds), usually the node has no podCIDR or flanneld cannot reach the API".into())
 }
 
 /// The gateway address cni0 must hold, with its subnet's length:
@@ -329,5 +358,62 @@ mod tests {
         let (ok, _, fix) = judge_cni0(None, &[], 1500, Some(1450));
         assert!(!ok);
         assert_eq!(fix, "ip link set cni0 mtu 1450");
+    }
+
+    /// A node root whose run/flannel/subnet.env is made by `make`.
+    fn subnet_env_check(name: &str, make: impl Fn(&std::path::Path)) -> Check {
+        let root =
+            std::env::temp_dir().join(format!("podtrace-flannel-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("run/flannel")).unwrap();
+        make(&root.join(SUBNET_ENV));
+        let started = std::time::Instant::now();
+        let checks = checks(&NodeFacts::of_root(&root));
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(2),
+            "it waited"
+        );
+        checks.into_iter().find(|c| c.name == "subnet.env").unwrap()
+    }
+
+    #[test]
+    fn a_fifo_or_dev_zero_subnet_env_is_named_not_waited_on() {
+        let fifo = subnet_env_check("fifo", |path| {
+            let made = std::process::Command::new("mkfifo")
+                .arg(path)
+                .status()
+                .unwrap();
+            assert!(made.success());
+        });
+        assert!(!fifo.ok);
+        assert_eq!(
+            fifo.evidence,
+            "/run/flannel/subnet.env is a FIFO, not a regular file"
+        );
+        let zero = subnet_env_check("zero", |path| {
+            std::os::unix::fs::symlink("/dev/zero", path).unwrap();
+        });
+        assert_eq!(
+            zero.evidence,
+            "/run/flannel/subnet.env is a character device, not a regular file"
+        );
+        let huge = subnet_env_check("huge", |path| {
+            std::fs::File::create(path)
+                .unwrap()
+                .set_len(1 << 30)
+                .unwrap();
+        });
+        assert_eq!(
+            huge.evidence,
+            "/run/flannel/subnet.env is larger than 64 KiB"
+        );
+        let good = subnet_env_check("good", |path| {
+            std::fs::write(
+                path,
+                "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.1.1/24\n",
+            )
+            .unwrap();
+        });
+        assert!(good.ok, "{good:?}");
     }
 }

@@ -55,6 +55,28 @@ pub struct NodeFacts {
 }
 
 impl NodeFacts {
+    /// A node of nothing but its files under `root` (for tests).
+    #[cfg(test)]
+    pub fn of_root(root: &Path) -> Self {
+        Self {
+            name: "node-1".into(),
+            root: root.to_path_buf(),
+            files: true,
+            view: NodeView::default(),
+            sysctls: BTreeMap::new(),
+            iptables: Err("not read".into()),
+            links_up: BTreeMap::new(),
+            fdb: Vec::new(),
+            tcp_listening: None,
+            me: None,
+            others: Vec::new(),
+            pods: Vec::new(),
+            conntrack_max_override: None,
+            cni_credentials: None,
+            pair: Vec::new(),
+        }
+    }
+
     pub fn sysctl(&self, key: &str) -> Option<&str> {
         self.sysctls.get(key).map(|v| v.trim())
     }

@@ -1,8 +1,10 @@
 //! The nouns every layer shares, at the bottom of the tree: names, the
 //! interned strings, node subnets, address translations, the output
-//! format and summary, the doctor's findings, text helpers. Nothing here
+//! format and summary, the doctor's findings, text helpers, bounded reads
+//! of files. Nothing here
 //! imports another folder of podtrace.
 
+pub mod bounded;
 pub mod finding;
 pub mod format;
 pub mod interned;

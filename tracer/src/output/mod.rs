@@ -42,3 +42,28 @@ pub fn sink<'a, W: Write + 'a>(format: Format, out: W, colour: bool) -> Box<dyn 
         Format::Json => Box::new(Json::new(out)),
     }
 }
+
+/// Output kept for a test to read.
+#[cfg(test)]
+pub mod testing {
+    use std::{cell::RefCell, io::Write, rc::Rc};
+
+    #[derive(Clone, Default)]
+    pub struct Kept(pub Rc<RefCell<Vec<u8>>>);
+
+    impl Kept {
+        pub fn text(&self) -> String {
+            String::from_utf8_lossy(&self.0.borrow()).into_owned()
+        }
+    }
+
+    impl Write for Kept {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.borrow_mut().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+}

@@ -65,9 +65,17 @@ pub struct HopRecord {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nat_rules: Vec<NetfilterRule>,
     pub records_lost: bool,
+    /// How many hops its story has, so that a reader of a file cut short
+    /// can tell a whole story from a cut one (0: an older file).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hops: usize,
     /// The names of addresses from this story on (a pod moved).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub names: Option<HashMap<Ipv4Addr, String>>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// Where the traced packets are written.
@@ -155,6 +163,7 @@ impl PcapWriter {
                 rule: journey.rule.clone(),
                 nat_rules: journey.nat_rules.clone(),
                 records_lost: journey.records_lost,
+                hops: journey.hops.len(),
                 names: self.renamed.take(),
             };
             self.packet(hop, &record, &comments)?;

@@ -5,9 +5,12 @@
 //! Packets without podtrace's option (a file from elsewhere, or edited)
 //! are counted, not guessed at.
 
-use std::{fs::File, io::BufReader, path::Path};
+use std::{
+    io::{BufRead, BufReader},
+    path::Path,
+};
 
-use anyhow::{Context as _, Result};
+use anyhow::{anyhow, bail, Context as _, Result};
 use pcap_file::{
     pcapng::{
         blocks::{
@@ -20,7 +23,7 @@ use pcap_file::{
 };
 
 use super::pcapng::{HopRecord, PEN};
-use crate::model::Summary;
+use crate::model::{bounded, Summary};
 use crate::{
     decode::hop::Snapshot,
     story::{journey::Journey, Context},
@@ -37,22 +40,54 @@ pub enum Replayed {
     Summary(Summary),
     /// Packets podtrace did not write (no podtrace option).
     Foreign(u64),
+    /// The file is damaged (cut short): nothing after this is read.
+    Damaged {
+        /// Packets read whole before the damage.
+        packets: u64,
+        /// What was wrong there.
+        why: String,
+        /// Whether a story was cut there (not told).
+        cut_story: bool,
+    },
 }
 
-/// Reads a whole file written by `--write`.
+/// The magic numbers a classic pcap file starts with (µs and ns, either
+/// byte order).
+const PCAP_MAGICS: [[u8; 4]; 4] = [
+    [0xd4, 0xc3, 0xb2, 0xa1],
+    [0xa1, 0xb2, 0xc3, 0xd4],
+    [0x4d, 0x3c, 0xb2, 0xa1],
+    [0xa1, 0xb2, 0x3c, 0x4d],
+];
+
+/// Reads a whole file written by `--write`: a regular file (its size is
+/// the bound), opened without blocking. A file cut short or damaged
+/// gives every story before the damage, then [`Replayed::Damaged`].
 pub fn read(path: &Path) -> Result<Vec<Replayed>> {
-    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let mut reader = PcapNgReader::new(BufReader::new(file))
-        .with_context(|| format!("{} is not a pcapng file", path.display()))?;
+    let shown = path.display();
+    let file = bounded::open_regular(path).map_err(|e| anyhow!("{shown} {e}"))?;
+    let mut input = BufReader::new(file);
+    let start = input
+        .fill_buf()
+        .with_context(|| format!("cannot read {shown}"))?;
+    if start.len() >= 4 && PCAP_MAGICS.iter().any(|m| start[..4] == m[..]) {
+        bail!("{shown} is a classic pcap file, not pcapng: podtrace reads the pcapng files that --write writes");
+    }
+    let mut reader =
+        PcapNgReader::new(input).with_context(|| format!("{shown} is not a pcapng file"))?;
     let mut replay = Replay::default();
     replay.section(reader.section().options.iter().filter_map(|o| match o {
         SectionHeaderOption::CustomUtf8(c) if c.pen == PEN => Some(c.value.as_ref()),
         _ => None,
     }))?;
     while let Some(block) = reader.next_block() {
-        let block = block
-            .with_context(|| format!("{} is damaged", path.display()))?
-            .into_owned();
+        let block = match block {
+            Ok(block) => block.into_owned(),
+            Err(e) => {
+                replay.damaged(e.to_string());
+                break;
+            }
+        };
         match block {
             Block::EnhancedPacket(epb) => {
                 let has_l2 = reader
@@ -95,9 +130,12 @@ fn podtrace_text<'a>(pieces: impl Iterator<Item = &'a str>) -> Option<String> {
 struct Replay {
     events: Vec<Replayed>,
     ctx: Context,
-    /// The story being read: its number and hops.
-    story: Option<(u64, Journey)>,
+    /// The story being read: its number and hops, and how many hops it
+    /// has (0: not written).
+    story: Option<(u64, Journey, usize)>,
     foreign: u64,
+    /// Packets read.
+    packets: u64,
 }
 
 impl Replay {
@@ -112,6 +150,7 @@ impl Replay {
 
     /// A packet: the next hop of its story, or the first of a new one.
     fn packet(&mut self, json: Option<String>, bytes: Vec<u8>, has_l2: bool) -> Result<()> {
+        self.packets += 1;
         let Some(json) = json else {
             self.foreign += 1;
             return Ok(());
@@ -119,7 +158,7 @@ impl Replay {
         let mut record: HopRecord =
             serde_json::from_str(&json).context("a packet's podtrace option is not a hop")?;
         record.hop.snapshot = Snapshot { bytes, has_l2 };
-        if let Some((n, journey)) = &mut self.story {
+        if let Some((n, journey, _)) = &mut self.story {
             if *n == record.story {
                 journey.hops.push(record.hop);
                 return Ok(());
@@ -135,17 +174,44 @@ impl Replay {
         journey.rule = record.rule;
         journey.nat_rules = record.nat_rules;
         journey.records_lost = record.records_lost;
-        self.story = Some((record.story, journey));
+        self.story = Some((record.story, journey, record.hops));
         Ok(())
     }
 
     fn end_story(&mut self) {
-        if let Some((_, journey)) = self.story.take() {
+        if let Some((_, journey, _)) = self.story.take() {
             self.events.push(Replayed::Story(journey));
         }
     }
 
+    /// The file is damaged here: the story being read is told if it is
+    /// whole, and said to be cut if not.
+    fn damaged(&mut self, why: String) {
+        let whole = self
+            .story
+            .as_ref()
+            .is_some_and(|(_, journey, hops)| *hops > 0 && journey.hops.len() == *hops);
+        let cut_story = self.story.is_some() && !whole;
+        if whole {
+            self.end_story();
+        }
+        self.story = None;
+        self.events.push(Replayed::Damaged {
+            packets: self.packets,
+            why,
+            cut_story,
+        });
+    }
+
     fn finish(mut self) -> Vec<Replayed> {
+        // Cut at a block's end: the story being read may lack hops.
+        let cut = self
+            .story
+            .as_ref()
+            .is_some_and(|(_, journey, hops)| *hops > 0 && journey.hops.len() != *hops);
+        if cut {
+            self.damaged("the file ends inside a story".into());
+        }
         self.end_story();
         if self.foreign > 0 {
             self.events.push(Replayed::Foreign(self.foreign));

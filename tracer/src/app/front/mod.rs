@@ -59,10 +59,11 @@ pub async fn run(args: Args) -> Result<()> {
         bail!("--write works in node mode only (--netns, or on the node): cluster mode writes no pcapng");
     }
     let mut stop = Stop::catch()?;
-    let targets = tokio::select! {
-        targets = Targets::resolve(&args) => targets?,
-        () = stop.recv() => return Ok(()),
+    let Some(targets) = super::stop::unless_stopped(Targets::resolve(&args), stop.recv()).await
+    else {
+        return Ok(());
     };
+    let targets = targets?;
     let Some(cluster) = &targets.cluster else {
         bail!("cluster mode needs the Kubernetes API (a kubeconfig), not --pods-file");
     };
