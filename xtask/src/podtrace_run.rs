@@ -29,10 +29,18 @@ pub struct Started {
 pub fn lines_of(reader: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
     let (tx, lines) = mpsc::channel();
     std::thread::spawn(move || {
-        for line in BufReader::new(reader).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
+        // Bytes that are not UTF-8 (a guest's console) do not end it.
+        let mut reader = BufReader::new(reader);
+        let mut line = Vec::new();
+        while reader.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+            let text = String::from_utf8_lossy(&line);
+            if tx
+                .send(text.trim_end_matches(['\n', '\r']).to_string())
+                .is_err()
+            {
                 break;
             }
+            line.clear();
         }
     });
     lines

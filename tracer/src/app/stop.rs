@@ -160,21 +160,28 @@ mod tests {
     fn a_command_with_nothing_attached_ends_on_a_signal_saying_so() {
         for sig in [libc::SIGINT, libc::SIGTERM] {
             let mut pipe = [0; 2];
-            // SAFETY: a pipe, then a child that only makes syscalls until
-            // the signal ends it.
+            let mut ready = [0; 2];
+            // SAFETY: two pipes, then a child that only makes syscalls
+            // until the signal ends it; it says when its handler is set,
+            // so the signal never finds the default action.
             unsafe {
                 assert_eq!(libc::pipe(pipe.as_mut_ptr()), 0);
+                assert_eq!(libc::pipe(ready.as_mut_ptr()), 0);
                 let child = libc::fork();
                 if child == 0 {
                     libc::dup2(pipe[1], 2);
                     block_signals();
                     die_saying("podtrace: stopped by a signal\n");
+                    libc::write(ready[1], b"r".as_ptr().cast(), 1);
                     loop {
                         libc::pause();
                     }
                 }
                 libc::close(pipe[1]);
-                std::thread::sleep(std::time::Duration::from_millis(200));
+                libc::close(ready[1]);
+                let mut byte = [0u8; 1];
+                assert_eq!(libc::read(ready[0], byte.as_mut_ptr().cast(), 1), 1);
+                libc::close(ready[0]);
                 libc::kill(child, sig);
                 let mut status = 0;
                 assert_eq!(libc::waitpid(child, &mut status, 0), child);

@@ -125,7 +125,7 @@ mod tests {
 
     #[test]
     fn a_silent_fifo_ends_at_the_deadline_with_the_true_message() {
-        let path = fifo("silent");
+        let path = fifo("silent-inventory");
         let started = Instant::now();
         let err = refused(&path, 1 << 20, 1);
         assert!(started.elapsed() < Duration::from_secs(3));

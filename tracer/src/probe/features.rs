@@ -42,7 +42,11 @@ pub struct Degraded {
 
 impl fmt::Display for Degraded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (needs {})", self.instead, self.needs)
+        if self.needs.is_empty() {
+            write!(f, "{}", self.instead)
+        } else {
+            write!(f, "{} (needs {})", self.instead, self.needs)
+        }
     }
 }
 
@@ -54,9 +58,11 @@ const NO_TCX: Degraded = Degraded {
     instead: "clsact instead of TCX",
     needs: "6.6",
 };
+/// tp_btf is older (5.5) than the ring buffer podtrace needs (5.8): a
+/// kernel that refuses it has a reason of its own, not an age.
 const NO_TP_BTF: Degraded = Degraded {
-    instead: "a raw tracepoint instead of tp_btf for drops",
-    needs: "5.5",
+    instead: "a raw tracepoint for drops (this kernel refused tp_btf)",
+    needs: "",
 };
 
 impl Features {

@@ -254,18 +254,26 @@ impl NodeProbe {
 
 /// Loads every program into the running kernel and attaches the drop
 /// program, as a trace would, then lets go of them all: whether this
-/// kernel's verifier takes them, and how drops attach.
+/// kernel's verifier takes them, and how drops attach. Globals the
+/// verifier sees as constants prune whole branches, so the programs are
+/// loaded as a plain trace, a `--sample` trace and profile mode load them.
 pub fn try_load(kernel: &Kernel, btf: &aya::Btf) -> Result<DropHook> {
-    let mut ebpf = EbpfLoader::new()
-        .override_global(names::LAYOUT, &kernel.layout, true)
-        .load(EBPF_OBJECT)
-        .context("cannot load the eBPF programs")?;
-    for name in tc::PROGRAMS {
-        tc::program(&mut ebpf, name)?
-            .load()
-            .with_context(|| format!("the kernel refused {name}"))?;
+    let mut hook = DropHook::Typed;
+    for (profile, sample) in [(0u32, 1u32), (0, 2), (1, 1)] {
+        let mut ebpf = EbpfLoader::new()
+            .override_global(names::LAYOUT, &kernel.layout, true)
+            .override_global(names::PROFILE, &profile, true)
+            .override_global(names::SAMPLE, &sample, true)
+            .load(EBPF_OBJECT)
+            .context("cannot load the eBPF programs")?;
+        for name in tc::PROGRAMS {
+            tc::program(&mut ebpf, name)?
+                .load()
+                .with_context(|| format!("the kernel refused {name}"))?;
+        }
+        hook = drops::attach(&mut ebpf, btf, kernel.features.drop_reasons)?;
     }
-    drops::attach(&mut ebpf, btf, kernel.features.drop_reasons)
+    Ok(hook)
 }
 
 /// Drains `ring` whenever it wakes us (a quarter full) or `RING_POLL`

@@ -157,11 +157,10 @@ impl NodeTrace {
                     bail!("cannot run nft monitor trace (package nftables): {e}");
                 }
             };
-            if let Err(e) = until_listening(monitor.id()) {
-                let _ = monitor.kill();
-                let _ = monitor.wait();
-                let _ = delete_table(&table);
-                return Err(e);
+            // Naming rules is worth waiting for, not worth refusing to
+            // trace: a monitor that never listens leaves drops unnamed.
+            if let Err(e) = until_listening(&mut monitor) {
+                eprintln!("podtrace: netfilter rules may go unnamed on this node: {e:#}");
             }
             let stdout = monitor.stdout.take().expect("piped");
             // A thread starts in the namespace of the thread that spawns
@@ -202,16 +201,19 @@ const MONITOR_START: std::time::Duration = std::time::Duration::from_secs(20);
 /// NFNLGRP_NFTRACE's bit in /proc/net/netlink's group mask.
 const NFTRACE_GROUP: u32 = 1 << (9 - 1);
 
-/// Waits until the monitor `pid` listens for trace events (its netlink
-/// socket joined NFNLGRP_NFTRACE in the current thread's namespace):
-/// events sent before that are lost, so the trace is not announced until
-/// then.
-fn until_listening(pid: u32) -> Result<()> {
+/// Waits until `monitor` listens for trace events (its netlink socket
+/// joined NFNLGRP_NFTRACE in the current thread's namespace): events sent
+/// before that are lost, so the trace is not announced until then. An
+/// error if it exited or took longer than [`MONITOR_START`].
+fn until_listening(monitor: &mut Child) -> Result<()> {
     let started = std::time::Instant::now();
     loop {
         let table = std::fs::read_to_string("/proc/thread-self/net/netlink").unwrap_or_default();
-        if listens_for_traces(&table, &socket_inodes(pid)) {
+        if listens_for_traces(&table, &socket_inodes(monitor.id())) {
             return Ok(());
+        }
+        if let Ok(Some(status)) = monitor.try_wait() {
+            bail!("nft monitor trace exited ({status}) before it listened");
         }
         if started.elapsed() > MONITOR_START {
             bail!(

@@ -273,8 +273,9 @@ impl Correlator {
         let waits = &self.waits;
         let wait = if journey.waits_for_arp() {
             waits.arp_ns
-        } else if (journey.reached_an_end() && !(waits.rules_traced && journey.awaits_rule()))
-            || journey.left_the_traced_nodes(&waits.traced_destinations)
+        } else if (journey.reached_an_end()
+            || journey.left_the_traced_nodes(&waits.traced_destinations))
+            && !(waits.rules_traced && journey.awaits_rule())
         {
             waits.idle_ns
         } else {

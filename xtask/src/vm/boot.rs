@@ -50,7 +50,6 @@ $B mkdir -p /newroot/dev/pts /newroot/dev/shm
 $B mount -t devpts devpts /newroot/dev/pts
 $B mount -t tmpfs shm /newroot/dev/shm
 $B mount -t tmpfs run /newroot/run
-$B mount -t tmpfs tmp /newroot/tmp
 $B mount -t bpf bpf /newroot/sys/fs/bpf
 $B mount -t tracefs tracefs /newroot/sys/kernel/tracing 2>/dev/null
 $B mount -t cgroup2 cgroup2 /newroot/sys/fs/cgroup 2>/dev/null
@@ -165,6 +164,9 @@ pub fn run(
         .spawn()
         .context("cannot start qemu-system-x86_64")?;
     let lines = crate::podtrace_run::lines_of(child.stdout.take().expect("piped"));
+    // QEMU's own complaints (a CPU model, 9p, KVM) say why a guest never
+    // booted: kept for the error.
+    let complaints = crate::podtrace_run::lines_of(child.stderr.take().expect("piped"));
     let mut console = Console::default();
     loop {
         let limit = if console.booted {
@@ -176,6 +178,7 @@ pub fn run(
             let _ = child.kill();
             let _ = child.wait();
             if !console.booted {
+                say_why(&complaints);
                 return Ok(None);
             }
             bail!(
@@ -192,6 +195,7 @@ pub fn run(
     }
     let _ = child.wait();
     if !console.booted {
+        say_why(&complaints);
         return Ok(None);
     }
     let code = console.code.with_context(|| {
@@ -205,6 +209,16 @@ pub fn run(
         took: started.elapsed(),
         report: console.report,
     }))
+}
+
+/// QEMU's stderr, for a guest that did not boot (its TCG warnings
+/// about CPU features are noise).
+fn say_why(complaints: &mpsc::Receiver<String>) {
+    for line in complaints.try_iter() {
+        if !line.contains("doesn't support requested feature") {
+            eprintln!("vm: qemu: {line}");
+        }
+    }
 }
 
 /// What the guest said so far.

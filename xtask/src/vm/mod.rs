@@ -64,7 +64,7 @@ pub const SUITE: &[(&str, &[&str])] = &[
 pub const TCX_SUITE: (&str, &[&str]) = ("lab", &["nothing_stays_attached_after_sigint_or_sigkill"]);
 
 /// Time for one kernel's suite under TCG, at most.
-const SUITE_DEADLINE: Duration = Duration::from_secs(40 * 60);
+const SUITE_DEADLINE: Duration = Duration::from_secs(20 * 60);
 
 /// `--kernel` values: a series of the matrix, or `host`.
 pub fn known() -> Vec<&'static str> {
@@ -91,16 +91,24 @@ pub fn matrix(workspace: &Path, only: Option<&str>) -> Result<()> {
         )],
     };
     let binaries = build_suite(workspace)?;
+    let podtrace = podtrace_beside(&binaries)?;
     let mut accel = None;
     let mut results = Vec::new();
     for series in chosen {
         let started = Instant::now();
         let (name, (passed, report)) = match series {
+            // A kernel that cannot be fetched or booted fails alone.
             Some(series) => (
                 series.version.to_string(),
-                in_vm(workspace, series, &binaries, &mut accel)?,
+                in_vm(workspace, series, &binaries, &podtrace, &mut accel).unwrap_or_else(|e| {
+                    eprintln!("vm: kernel {}: {e:#}", series.version);
+                    (false, None)
+                }),
             ),
-            None => ("host".to_string(), on_host(workspace, &binaries)?),
+            None => (
+                "host".to_string(),
+                on_host(workspace, &binaries, &podtrace)?,
+            ),
         };
         results.push(Outcome {
             name,
@@ -111,7 +119,7 @@ pub fn matrix(workspace: &Path, only: Option<&str>) -> Result<()> {
     }
     if only.is_none() {
         // The host's kernel ran every test before the matrix.
-        let report = kernel_report(&mut Command::new(workspace.join("target/debug/podtrace")));
+        let report = kernel_report(&mut Command::new(&podtrace));
         results.insert(
             0,
             Outcome {
@@ -240,6 +248,17 @@ fn build_suite(workspace: &Path) -> Result<Vec<(String, PathBuf)>> {
     Ok(binaries)
 }
 
+/// The podtrace the suite's binaries run: beside them in cargo's target
+/// directory (wherever CARGO_TARGET_DIR puts it).
+fn podtrace_beside(binaries: &[(String, PathBuf)]) -> Result<PathBuf> {
+    let (_, exe) = binaries.first().context("no test binary")?;
+    let profile = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("a test binary outside cargo's target directory")?;
+    Ok(profile.join("podtrace"))
+}
+
 /// The commands that run the suite, one test binary at a time.
 fn suite_commands(binaries: &[(String, PathBuf)], tcx: bool) -> Vec<Vec<String>> {
     binaries
@@ -265,7 +284,11 @@ fn suite_commands(binaries: &[(String, PathBuf)], tcx: bool) -> Vec<Vec<String>>
         .collect()
 }
 
-fn on_host(workspace: &Path, binaries: &[(String, PathBuf)]) -> Result<(bool, Option<String>)> {
+fn on_host(
+    workspace: &Path,
+    binaries: &[(String, PathBuf)],
+    podtrace: &Path,
+) -> Result<(bool, Option<String>)> {
     let mut passed = true;
     let tcx = std::fs::read("/sys/kernel/btf/vmlinux")
         .is_ok_and(|btf| btf.windows(15).any(|w| w == b"BPF_TCX_INGRESS"));
@@ -277,7 +300,7 @@ fn on_host(workspace: &Path, binaries: &[(String, PathBuf)]) -> Result<(bool, Op
             .with_context(|| format!("cannot run {}", argv[0]))?;
         passed &= status.success();
     }
-    let report = kernel_report(&mut Command::new(workspace.join("target/debug/podtrace")));
+    let report = kernel_report(&mut Command::new(podtrace));
     Ok((passed, report))
 }
 
@@ -285,6 +308,7 @@ fn in_vm(
     workspace: &Path,
     series: &Series,
     binaries: &[(String, PathBuf)],
+    podtrace: &Path,
     accel: &mut Option<Accel>,
 ) -> Result<(bool, Option<String>)> {
     let kernel = kernels::ensure(series)?;
@@ -292,7 +316,7 @@ fn in_vm(
     std::fs::create_dir_all(&dir)?;
     let initramfs = boot::initramfs(&kernel, &dir)?;
     let script = dir.join("run.sh");
-    std::fs::write(&script, guest_script(workspace, series, binaries))?;
+    std::fs::write(&script, guest_script(workspace, series, binaries, podtrace))?;
     println!(
         "vm: kernel {} ({}): the suite",
         series.version, kernel.release
@@ -339,12 +363,17 @@ fn in_vm(
 
 /// The guest's script: the suite's binaries with their tests, in the
 /// package's directory as cargo runs them, then the exit code.
-fn guest_script(workspace: &Path, series: &Series, binaries: &[(String, PathBuf)]) -> String {
+fn guest_script(
+    workspace: &Path,
+    series: &Series,
+    binaries: &[(String, PathBuf)],
+    podtrace: &Path,
+) -> String {
     let mut script = format!(
         "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root RUST_BACKTRACE=1\ncd '{}'\nstatus=0\necho \"{}$('{}' kernel -o json)\"\n",
         workspace.join("tracer").display(),
         boot::KERNEL_REPORT,
-        workspace.join("target/debug/podtrace").display(),
+        podtrace.display(),
     );
     for argv in suite_commands(binaries, series.tcx) {
         let quoted: Vec<String> = argv.iter().map(|a| format!("'{a}'")).collect();
