@@ -74,6 +74,14 @@ fn kubectl_podtrace(stub: &Stub, args: &[&str]) -> podtrace_run::Started {
     podtrace_run::start(command, Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
+/// `kubectl podtrace web-0 db-0` in JSON, for `count` stories at most
+/// `duration`.
+fn kubectl_podtrace_json(stub: &Stub, count: &str, duration: &str) -> podtrace_run::Started {
+    let pair = ["default/web-0", "default/db-0"];
+    let till = ["--count", count, "--duration", duration, "-o", "json"];
+    kubectl_podtrace(stub, &[&pair[..], &till[..]].concat())
+}
+
 /// A number no other call in this process got.
 fn rand() -> usize {
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -153,19 +161,7 @@ fn agent_pods(stub: &Stub) -> Vec<Value> {
 fn kubectl_podtrace_tells_the_cross_node_stories_node_mode_tells() {
     let lab = lab(Topology::FlannelVxlan);
     let stub = api_for(&lab);
-    let started = kubectl_podtrace(
-        &stub,
-        &[
-            "default/web-0",
-            "default/db-0",
-            "--count",
-            "4",
-            "--duration",
-            "30s",
-            "-o",
-            "json",
-        ],
-    );
+    let started = kubectl_podtrace_json(&stub, "4", "30s");
     let running: Vec<String> = agent_pods(&stub)
         .iter()
         .map(|p| p["spec"]["nodeName"].as_str().unwrap().to_string())
@@ -373,15 +369,95 @@ fn a_sigkilled_front_end_leaves_no_agent_and_nothing_attached_within_60_s() {
 /// Any of these agent pods' `podtrace agent` processes left (this test
 /// process's kubelets run them; other tests' agents run alongside).
 fn agents_running(pods: &[String]) -> bool {
-    std::fs::read_dir("/proc").unwrap().flatten().any(|entry| {
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-        args.len() > 2
-            && args[0] == PODTRACE.as_bytes()
-            && args[1] == b"agent"
-            && pods.iter().any(|pod| args.contains(&pod.as_bytes()))
-            && is_child(&entry.path())
-    })
+    !agent_pids(pods).is_empty()
+}
+
+/// The `podtrace agent` processes of these agent pods.
+fn agent_pids(pods: &[String]) -> Vec<i32> {
+    let processes = std::fs::read_dir("/proc").unwrap().flatten();
+    processes
+        .filter(|entry| {
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            args.len() > 2
+                && args[0] == PODTRACE.as_bytes()
+                && args[1] == b"agent"
+                && pods.iter().any(|pod| args.contains(&pod.as_bytes()))
+                && is_child(&entry.path())
+        })
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// node-2's agent is SIGKILLed mid-trace. Its loss is said at once, the
+/// packets that went on to node-2 after it are incomplete (never
+/// vanished), what it sent before is counted, and the exit code says the
+/// trace was not whole.
+#[test]
+fn a_killed_agent_is_said_and_the_packets_sent_to_its_node_are_incomplete() {
+    let lab = lab(Topology::FlannelVxlan);
+    let stub = api_for(&lab);
+    let started = kubectl_podtrace_json(&stub, "4", "40s");
+    assert!(ping(&lab.0, "web-0", "db-0"));
+    let on_node_2: Vec<String> = agent_pods(&stub)
+        .iter()
+        .filter(|p| p["spec"]["nodeName"] == "node-2")
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
+        .collect();
+    let pids = agent_pids(&on_node_2);
+    assert_eq!(pids.len(), 1, "node-2's agent process: {pids:?}");
+    // Past the hold, so that the first ping's stories are whole.
+    std::thread::sleep(Duration::from_secs(2));
+    // SAFETY: a process this test's kubelet started.
+    unsafe { libc::kill(pids[0], libc::SIGKILL) };
+    let killed = Instant::now();
+    let said = loop {
+        match started.stderr_lines.recv_timeout(Duration::from_secs(1)) {
+            Ok(line) if line.contains("node-2's agent was lost") => break true,
+            _ if killed.elapsed() > Duration::from_secs(15) => break false,
+            _ => {}
+        }
+    };
+    assert!(said, "the loss was not said within 15 s");
+    assert!(
+        ping(&lab.0, "web-0", "db-0"),
+        "the datapath does not need the agent"
+    );
+    let done = finish(started);
+    assert!(
+        !done.status.success(),
+        "a lost agent must fail the run: {}",
+        done.stderr
+    );
+    let stories = done.stories();
+    assert_eq!(stories.len(), 4, "{}", done.stdout);
+    // Before the kill, both ways delivered; after it, the reply too (node-1
+    // sees it to web-0), but the request's way on node-2 went unseen.
+    let (incomplete, delivered): (Vec<&Value>, Vec<&Value>) = stories
+        .iter()
+        .partition(|s| s["verdict"]["outcome"] == "incomplete");
+    assert_eq!(
+        (incomplete.len(), delivered.len()),
+        (1, 3),
+        "{}",
+        done.stdout
+    );
+    assert!(delivered
+        .iter()
+        .all(|s| s["verdict"]["outcome"] == "delivered"));
+    let request = incomplete[0];
+    assert_eq!(request["transport"]["icmp_type"], 8, "{request}");
+    let cause = request["verdict"]["cause"].as_str().unwrap();
+    assert!(cause.contains("node-2's agent was lost"), "{cause}");
+    let summary = done
+        .json()
+        .into_iter()
+        .find(|v| v["type"] == "summary")
+        .unwrap();
+    let node_2 = &summary["nodes"][1];
+    assert_eq!(node_2["node"], "node-2");
+    assert!(node_2["sightings"].as_u64().unwrap() >= 4, "{node_2}");
+    assert!(node_2["lost"].is_string(), "{node_2}");
 }
 
 /// A process of this test: its parent is this process.

@@ -301,7 +301,8 @@ fn kubectl_runs_podtrace_as_a_plugin() {
         bin.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let mut child = std::process::Command::new(kubectl)
+    let mut kubectl = std::process::Command::new(kubectl);
+    kubectl
         .args([
             "podtrace",
             "default/web-0",
@@ -316,54 +317,15 @@ fn kubectl_runs_podtrace_as_a_plugin() {
             "20s",
         ])
         .args(netns_args(&lab, &[1, 2]))
-        .env("PATH", path)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(std::time::Duration::from_secs(3));
+        .env("PATH", path);
+    // Its pings only once it traces: one sent before would be half seen.
+    let trace = Trace::start_command(kubectl);
     assert!(ping(&lab.0, "web-0", "db-0"));
-    let out = wait_output(&mut child);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    let story: Value = serde_json::from_str(text.lines().next().expect("a story")).unwrap();
+    let done = trace.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    let story: Value = serde_json::from_str(done.stdout.lines().next().expect("a story")).unwrap();
     assert_eq!(story["verdict"]["outcome"], "delivered");
     assert!(story["src_name"] == "default/web-0" || story["src_name"] == "default/db-0");
-}
-
-fn wait_output(child: &mut std::process::Child) -> std::process::Output {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while child.try_wait().unwrap().is_none() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "kubectl podtrace did not finish"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    let mut stdout = Vec::new();
-    let mut stderr = Vec::new();
-    use std::io::Read;
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_end(&mut stdout)
-        .unwrap();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_end(&mut stderr)
-        .unwrap();
-    std::process::Output {
-        status: child.wait().unwrap(),
-        stdout,
-        stderr,
-    }
 }
 
 fn which(program: &str) -> Option<PathBuf> {

@@ -131,7 +131,14 @@ impl Trace {
     /// Starts podtrace and waits until it says it is tracing.
     pub fn start(args: &[String]) -> Self {
         let mut command = Command::new(PODTRACE);
-        command.args(args).stdout(Stdio::piped());
+        command.args(args);
+        Self::start_command(command)
+    }
+
+    /// Starts `command` (podtrace, or kubectl running it as a plugin) and
+    /// waits until it says it is tracing.
+    pub fn start_command(mut command: Command) -> Self {
+        command.stdout(Stdio::piped());
         let started = podtrace_run::start(command, Duration::from_secs(20))
             .unwrap_or_else(|e| panic!("{e:#}"));
         Self {

@@ -48,6 +48,7 @@ use crate::{
     node::{netns::Namespace, pod_netns::OtherNamespaces},
     output::pcapng,
     probe::{
+        clock::monotonic_ns,
         conntrack, features,
         link_watch::LinkChange,
         netfilter::{Backend, TracedRule},
@@ -204,6 +205,10 @@ struct Trace {
     joining_only: Vec<(Ipv4Addr, Ipv4Addr)>,
     /// Namespaces no traced node owns (pods), named on first sight.
     others: OtherNamespaces,
+    /// When the last traced node was attached (kernel time): a packet
+    /// seen before then may have crossed hooks not attached yet, and
+    /// would be told as vanished where it went on unseen.
+    armed_ns: u64,
 }
 
 impl Trace {
@@ -272,6 +277,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         single_node: namespaces.len() == 1,
     };
     let (nodes, read_through) = trace_nodes(&namespaces, &shared, &tx, &mut ctx, &doctor).await?;
+    let armed_ns = monotonic_ns();
     drop(shared);
     drop(typed_btf);
     // Hand the parsed BTF's memory back: podtrace may run for hours.
@@ -297,6 +303,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         keep_snapshots: args.write.is_some(),
         sightings,
         read_through,
+        armed_ns,
         links,
         rules,
         conntrack,
@@ -446,6 +453,10 @@ fn flow_ips((a, b): (Ipv4Addr, Ipv4Addr)) -> Vec<FlowKey> {
 /// A sighting as a hop on its node and interface (a pod's namespace is
 /// named on first sight), or counted in the summary as why not.
 async fn to_hop(s: &Sighting, trace: &mut Trace, summary: &mut Summary) -> Option<Hop> {
+    // Before every hook was attached: not part of the trace.
+    if s.ktime_ns < trace.armed_ns {
+        return None;
+    }
     summary.sightings += 1;
     if s.node_id == NODE_OTHER_NETNS {
         trace.others.learn(s.netns_inum).await;

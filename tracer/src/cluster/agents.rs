@@ -34,6 +34,11 @@ use crate::cli::AgentArgs;
 pub const RENEW_EVERY: Duration = Duration::from_secs(10);
 /// An agent whose lease was not renewed for this long stops.
 pub const STALE_AFTER: Duration = Duration::from_secs(30);
+/// How often an agent reads the lease.
+const LEASE_POLL: Duration = Duration::from_secs(2);
+/// How long the front-end keeps trying to delete its agent pods while the
+/// API fails.
+pub const DELETE_PATIENCE: Duration = Duration::from_secs(20);
 /// Where an agent's pod mounts its node's root filesystem, read-only (as
 /// `kubectl debug node/…` does): the doctor reads the node's CNI config,
 /// plugins and flannel's subnet.env there.
@@ -138,15 +143,57 @@ impl Agents {
         })
     }
 
-    /// Deletes every agent pod (their agents stop and say their summary).
-    pub async fn stop(&self) {
-        for (node, pod) in &self.started {
-            if let Err(e) = self.pods.delete(pod, &DeleteParams::default()).await {
-                if !is_not_found(&e) {
-                    eprintln!("podtrace: {node}: cannot delete agent pod {pod}: {e}");
+    /// Deletes every agent pod (their agents stop and say their summary),
+    /// trying again for [`DELETE_PATIENCE`] while the API fails. What
+    /// could not be deleted is said, with when it goes by itself; `Err`
+    /// names the pods left.
+    pub async fn stop(&self) -> Result<()> {
+        let until = tokio::time::Instant::now() + DELETE_PATIENCE;
+        let mut left: Vec<(&String, String)> = self
+            .started
+            .iter()
+            .map(|(_, pod)| (pod, String::new()))
+            .collect();
+        let mut wait = Duration::from_millis(250);
+        loop {
+            let mut failed = Vec::new();
+            for (pod, _) in left {
+                match self.pods.delete(pod, &DeleteParams::default()).await {
+                    Ok(_) => {}
+                    Err(e) if is_not_found(&e) => {}
+                    Err(e) => failed.push((pod, e.to_string())),
                 }
             }
+            left = failed;
+            if left.is_empty() || tokio::time::Instant::now() + wait > until {
+                break;
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(4));
         }
+        if left.is_empty() {
+            return Ok(());
+        }
+        let stops_by = std::time::SystemTime::now() + STALE_AFTER + LEASE_POLL;
+        for (pod, error) in &left {
+            eprintln!(
+                "podtrace: cannot delete agent pod {}/{pod} after {} s of trying: {error}",
+                self.namespace,
+                DELETE_PATIENCE.as_secs()
+            );
+        }
+        eprintln!(
+            "podtrace: an agent left stops by itself, detaching everything, once it has not seen lease {ns}/{lease} renewed for {} s (by {} at the latest); if the API cannot take its deletions then either, remove what is left with: kubectl delete -n {ns} lease/{lease} {}",
+            STALE_AFTER.as_secs(),
+            humantime::format_rfc3339_seconds(stops_by),
+            left.iter().map(|(pod, _)| format!("pod/{pod}")).collect::<Vec<_>>().join(" "),
+            ns = self.namespace,
+            lease = self.lease,
+        );
+        Err(anyhow!(
+            "{} agent pod(s) could not be deleted: the API failed",
+            left.len()
+        ))
     }
 
     /// Deletes the lease, last.
@@ -271,7 +318,7 @@ pub async fn lease_lost(client: Client, namespace: &str, lease: &str, stale: Dur
     let mut seen = None;
     let mut changed = tokio::time::Instant::now();
     loop {
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(LEASE_POLL).await;
         match leases.get_opt(lease).await {
             Ok(None) => return format!("lease {lease} is gone"),
             Ok(Some(l)) => {

@@ -75,4 +75,7 @@ pub struct NodeCounts {
     /// Its kernel, and what podtrace did without there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel: Option<KernelSummary>,
+    /// Its agent was lost mid-trace: what became of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost: Option<String>,
 }

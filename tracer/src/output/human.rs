@@ -141,6 +141,9 @@ pub fn human_summary(s: &Summary) -> String {
             n.node, n.agent, n.sightings, n.lost_kernel, n.lost_agent, n.lost_transport,
             n.clock.as_deref().map(|c| format!("; clock {c}")).unwrap_or_default()
         ));
+        if let Some(lost) = &n.lost {
+            text.push_str(&format!("podtrace: {}: incomplete: {lost}\n", n.node));
+        }
     }
     if !s.untraced_nodes.is_empty() {
         text.push_str(&format!(

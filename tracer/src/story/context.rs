@@ -41,6 +41,9 @@ pub struct Context {
     /// a verdict without a packet to blame adds.
     #[serde(default)]
     pub doctor: HashMap<String, Vec<crate::model::Finding>>,
+    /// Cluster mode: traced nodes whose agent was lost mid-trace.
+    #[serde(default)]
+    pub lost_agents: Vec<super::lost_agents::LostAgent>,
 }
 
 /// An address and its name, as [`Context::label`] shows it.

@@ -9,6 +9,7 @@
 //! - `verdict_names`, `rule_text`: the rule that dropped it, read, and the
 //!   translations on its way;
 //! - `explain`: why, in the operator's terms (route -n, hints);
+//! - `lost_agents`: cluster mode's nodes that stopped being heard;
 //! - `profile`: per-step latency over many stories.
 
 pub mod clock;
@@ -17,6 +18,7 @@ pub mod correlator;
 pub mod explain;
 mod findings;
 pub mod journey;
+pub mod lost_agents;
 pub mod nat;
 pub mod nat_steps;
 mod notes;

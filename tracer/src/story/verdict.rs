@@ -65,12 +65,15 @@ pub enum Outcome {
         direction: Direction,
         translation: String,
     },
-    /// Not seen again, but the kernel lost records while it was in flight:
-    /// whether it went on cannot be told.
+    /// Not seen again, but records were lost while it was in flight (the
+    /// kernel's, or a whole node's when its agent was lost): whether it
+    /// went on cannot be told.
     Incomplete {
         node: String,
         iface: String,
         direction: Direction,
+        /// Which records were lost, and why.
+        cause: String,
     },
 }
 
@@ -195,11 +198,19 @@ fn outcome_of(journey: &Journey, delivered: bool, ctx: &Context) -> Outcome {
             iface: last.iface.to_string(),
             toward,
         }
+    } else if let Some(lost) = super::lost_agents::behind(journey, ctx) {
+        Outcome::Incomplete {
+            node: last.node.to_string(),
+            iface: last.iface.to_string(),
+            direction: last.direction,
+            cause: lost.what.clone(),
+        }
     } else if journey.records_lost {
         Outcome::Incomplete {
             node: last.node.to_string(),
             iface: last.iface.to_string(),
             direction: last.direction,
+            cause: "records were lost while this packet was in flight".into(),
         }
     } else if let Some(translation) = ctx
         .nat
@@ -315,9 +326,10 @@ fn summarise(
             node,
             iface,
             direction,
+            cause,
         } => {
             let dir = direction.label();
-            format!("incomplete: records were lost while this packet was in flight; last seen on {node} {iface} {dir}{how}")
+            format!("incomplete: {cause}; last seen on {node} {iface} {dir}{how}")
         }
     }
 }

@@ -1,5 +1,7 @@
-//! One agent as the front-end follows it, and what it counted, for the
-//! summary.
+//! One agent as the front-end follows it, what it counted, for the
+//! summary, and how it ended.
+
+use std::time::SystemTime;
 
 use crate::{
     app::wire::{Reader, Start},
@@ -17,6 +19,16 @@ pub(super) struct Followed {
     pub ended: bool,
     pub lost_kernel: u64,
     pub lost_agent: u64,
+    /// Hops it sent: what arrived, when its own count never does.
+    pub hops_heard: u64,
+    /// Its last progress mark (kernel time it had read through), and when
+    /// it came.
+    pub last_progress: Option<(u64, SystemTime)>,
+    /// Its last record or message, and when it came.
+    pub last_heard: Option<(&'static str, SystemTime)>,
+    /// What became of it when it was lost mid-trace (its log ended before
+    /// its summary).
+    pub lost: Option<String>,
 }
 
 impl Followed {
@@ -36,7 +48,8 @@ impl Followed {
         let lost_agent = self.lost_agent.max(own.lost_agent);
         let lost_transport = self.reader.lost.saturating_sub(lost_agent)
             + u64::from(self.summary.is_none() && self.start.is_some());
-        summary.sightings += own.sightings;
+        let sightings = own.sightings.max(self.hops_heard);
+        summary.sightings += sightings;
         summary.lost_ringbuf_full += own.lost_ringbuf_full;
         summary.lost_snapshot += own.lost_snapshot;
         summary.undecodable += own.undecodable;
@@ -49,7 +62,7 @@ impl Followed {
             node: node.to_string(),
             agent: format!("{agents_namespace}/{}", self.pod),
             kernel: self.start.as_ref().and_then(|s| s.kernel.clone()),
-            sightings: own.sightings,
+            sightings,
             lost_kernel,
             lost_agent,
             lost_transport,
@@ -62,6 +75,36 @@ impl Followed {
                 ),
                 None => "unmeasured (no traced packet crossed to it)".into(),
             }),
+            lost: self.lost.clone(),
         });
     }
+
+    /// Its log ended (`why`: how, when it broke off) before its summary:
+    /// what became of it, in one line, and from when its node's hops are
+    /// missing (its last progress mark, in its kernel time).
+    pub(super) fn lose(&mut self, node: &str, why: Option<&str>, now: SystemTime) -> (String, u64) {
+        let how = match why {
+            Some(why) => format!("its log broke off ({why})"),
+            None => "its log ended without its summary".to_string(),
+        };
+        let mut what = format!("{node}'s agent was lost at {}: {how}", wall(now));
+        match self.last_heard {
+            Some((record, at)) => what.push_str(&format!("; last heard at {}: {record}", wall(at))),
+            None => what.push_str("; nothing was heard from it"),
+        }
+        let since = match self.last_progress {
+            Some((ktime_ns, at)) => {
+                what.push_str(&format!("; {node}'s hops after {} never came", wall(at)));
+                ktime_ns
+            }
+            None => 0,
+        };
+        self.lost = Some(what.clone());
+        (what, since)
+    }
+}
+
+/// A wall-clock time as podtrace's messages give it (UTC, to the ms).
+fn wall(at: SystemTime) -> humantime::Rfc3339Timestamp {
+    humantime::format_rfc3339_millis(at)
 }

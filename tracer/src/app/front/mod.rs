@@ -18,7 +18,7 @@ mod followed;
 
 use std::{
     collections::{BTreeMap, HashSet},
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::{anyhow, bail, Result};
@@ -44,6 +44,7 @@ use crate::{
         clock::Clocks,
         correlator::{Correlator, Waits},
         journey::Journey,
+        lost_agents::LostAgent,
         Context,
     },
 };
@@ -77,14 +78,15 @@ pub async fn run(args: Args) -> Result<()> {
         .run(&args, &targets, &mut agents, &nodes, &image, &mut stop)
         .await;
     // Whatever happened: the agents go, then the lease.
-    agents.stop().await;
+    let stopped = agents.stop().await;
     let ended = session.drain(&agents).await;
     agents.wait_gone(Duration::from_secs(5)).await;
     renewing.abort();
     agents.release().await;
     outcome?;
     ended?;
-    session.finish(&agents)
+    session.finish(&agents)?;
+    stopped
 }
 
 /// Everything one cluster-mode trace holds while it runs.
@@ -193,6 +195,9 @@ impl Session {
             tokio::select! {
                 heard = self.heard.recv() => {
                     if let Some(heard) = heard { self.hear(heard)?; }
+                    if let Some(node) = self.agents.iter().find(|(_, a)| a.ended && a.start.is_none()).map(|(n, _)| n) {
+                        bail!("the agent on {node} ended before it began tracing (what it said, if anything, is above)");
+                    }
                 }
                 () = stop.recv() => return Ok(false),
                 _ = tokio::time::sleep_until(until) => {
@@ -298,13 +303,7 @@ impl Session {
         let (node, text) = match heard {
             Heard::Line(node, text) => (node, text),
             Heard::Ended(node, why) => {
-                if let Some(why) = why {
-                    eprintln!("podtrace: {node}: {why}");
-                }
-                if let Some(agent) = self.agents.get_mut(&node) {
-                    agent.ended = true;
-                }
-                self.arrivals.hold(Instant::now(), node, Held::Ended);
+                self.ended(node, why);
                 return Ok(());
             }
         };
@@ -313,6 +312,7 @@ impl Session {
         };
         let record = match agent.reader.read(&text) {
             Read::Message(text) => {
+                agent.last_heard = Some(("a message", SystemTime::now()));
                 // The agent's own lines often name its node already.
                 let text = text.trim_start_matches("podtrace: ");
                 let text = text.strip_prefix(&format!("{node}: ")).unwrap_or(text);
@@ -321,7 +321,39 @@ impl Session {
             }
             Read::Record(record) => record,
         };
+        agent.last_heard = Some((record_kind(&record), SystemTime::now()));
         self.take(node, record)
+    }
+
+    /// `node`'s log ended (`why`: how, when it broke off). Without the
+    /// agent's summary first, the agent was lost: said at once, and the
+    /// packets that went on to its node after its last progress mark are
+    /// told incomplete, not vanished.
+    fn ended(&mut self, node: String, why: Option<String>) {
+        let Some(agent) = self.agents.get_mut(&node) else {
+            return;
+        };
+        agent.ended = true;
+        if agent.summary.is_some() || agent.start.is_none() {
+            if let Some(why) = why {
+                eprintln!("podtrace: {node}: {why}");
+            }
+        } else {
+            let (what, since) = agent.lose(&node, why.as_deref(), SystemTime::now());
+            eprintln!("podtrace: {what}: packets that went on to {node} are told incomplete");
+            let placed = self.clocks.placements();
+            let lost = LostAgent {
+                since_ns: self.clocks.common_ns(&placed, &node, since),
+                node: node.clone(),
+                what,
+            };
+            match (&mut self.teller, &mut self.ctx) {
+                (Some(teller), _) => teller.ctx.lost_agents.push(lost),
+                (None, Some(ctx)) => ctx.lost_agents.push(lost),
+                (None, None) => {}
+            }
+        }
+        self.arrivals.hold(Instant::now(), node, Held::Ended);
     }
 
     /// One record an agent sent: wire records back into the events the
@@ -334,6 +366,7 @@ impl Session {
             Record::Start(start) => {
                 self.arrivals
                     .started(Instant::now(), &node, start.reports_read_through);
+                agent.last_progress = Some((0, SystemTime::now()));
                 agent.start = Some(*start);
             }
             Record::Hop(hop) => {
@@ -347,10 +380,12 @@ impl Session {
                 {
                     return Ok(());
                 }
+                agent.hops_heard += 1;
                 self.clocks.observe(&hop);
                 self.arrivals.hold(Instant::now(), node, Held::Hop(hop));
             }
             Record::ReadThrough { at_ns } => {
+                agent.last_progress = Some((at_ns, SystemTime::now()));
                 self.arrivals
                     .hold(Instant::now(), node, Held::ReadThrough(at_ns));
             }
@@ -481,7 +516,31 @@ impl Session {
             agent.add_counts(node, &agents.namespace, placed.get(node), &mut summary);
         }
         teller.finish(summary)?;
+        let lost: Vec<&String> = self
+            .agents
+            .iter()
+            .filter(|(_, a)| a.lost.is_some())
+            .map(|(node, _)| node)
+            .collect();
+        if !lost.is_empty() {
+            bail!("the agents on {lost:?} were lost mid-trace: the stories of packets that went on to their nodes are incomplete");
+        }
         Ok(())
+    }
+}
+
+/// What a record is, for "last heard" when its agent is lost.
+fn record_kind(record: &Record) -> &'static str {
+    match record {
+        Record::Start(_) => "its start",
+        Record::Hop(_) => "a hop",
+        Record::Rule { .. } => "a netfilter rule",
+        Record::Conntrack { .. } => "a conntrack entry",
+        Record::Loss { .. } => "a loss report",
+        Record::Hooks { .. } => "its hooks",
+        Record::ReadThrough { .. } => "a progress mark",
+        Record::Summary(_) => "its summary",
+        Record::Unknown => "a record this front-end does not know",
     }
 }
 
