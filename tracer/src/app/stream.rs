@@ -7,6 +7,7 @@
 use std::{io::Write, time::Duration};
 
 use anyhow::Result;
+use ipnet::Ipv4Net;
 use tokio::sync::mpsc;
 
 use super::traced::TracedNode;
@@ -71,10 +72,15 @@ pub(super) fn correlator_for(ctx: &Context, rules_traced: bool) -> Correlator {
         patience_ns: JOURNEY_PATIENCE.as_nanos() as u64,
         arp_ns: ARP_PATIENCE.as_nanos() as u64,
         rules_traced,
+        // The traced nodes' pods, and the nodes themselves: a packet sent
+        // to a traced node's own address is seen again when it arrives.
         traced_destinations: ctx
             .nodes
             .values()
-            .flat_map(|facts| facts.local_pod_subnets.iter().copied())
+            .flat_map(|facts| {
+                let own = facts.view.own_addresses().map(Ipv4Net::from);
+                facts.local_pod_subnets.iter().copied().chain(own)
+            })
             .collect(),
     })
     .with_nat(ctx.nat.clone())
@@ -207,4 +213,39 @@ impl Consumer for Local {
     }
 
     fn hooks(&mut self, _hooks: usize) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        decode::{
+            hop::{tests::hop, Direction},
+            tests as frames,
+        },
+        node::{interfaces::Role, NodeFacts},
+    };
+
+    #[test]
+    fn a_packet_sent_to_a_traced_nodes_own_address_waits_for_its_arrival() {
+        let mut ctx = Context::default();
+        let mut node_2 = NodeFacts::default();
+        node_2.view.addresses = vec![(2, "192.0.2.12".parse().unwrap())];
+        ctx.nodes.insert("node-2".into(), node_2);
+        let mut correlator = correlator_for(&ctx, false);
+        let frame = frames::icmp_echo([10, 244, 1, 2], [192, 0, 2, 12], 63, 1);
+        let leaving = hop(
+            0,
+            "node-1",
+            "eth0",
+            Role::Underlay,
+            Direction::Egress,
+            &frame,
+        );
+        correlator.observe(leaving);
+        let idle = JOURNEY_IDLE.as_nanos() as u64;
+        assert!(correlator.take_finished(idle + 1).is_empty());
+        let patience = JOURNEY_PATIENCE.as_nanos() as u64;
+        assert_eq!(correlator.take_finished(patience + 1).len(), 1);
+    }
 }

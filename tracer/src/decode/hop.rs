@@ -55,6 +55,9 @@ pub struct KernelRoute {
 impl KernelRoute {
     /// The next hop's MAC is not known yet (the packet waits for ARP).
     pub const NO_NEIGHBOUR: &'static str = "no_neighbour";
+    /// No route (the lookup failed), or one that does not forward: the
+    /// node's own address, a broadcast.
+    pub const NOT_FORWARDED: &'static str = "not_forwarded";
     /// The packet is larger than the route's MTU.
     pub const FRAG_NEEDED: &'static str = "frag_needed";
 

@@ -172,18 +172,25 @@ impl NodeView {
         if route.onlink {
             ip_route.push_str(" onlink");
         }
-        let mut flags = String::from("U");
+        // net-tools prints unreachable and prohibit routes as rejecting
+        // ("!", no gateway, no device); a blackhole is up, on no device.
+        let rejects = matches!(route.kind, RouteKind::Unreachable | RouteKind::Prohibit);
+        let mut flags = String::from(if rejects { "!" } else { "U" });
         if route.gateway.is_some() {
             flags.push('G');
         }
         if net.prefix_len() == 32 {
             flags.push('H');
         }
-        if route.kind != RouteKind::Unicast {
-            flags = "!".into();
-        }
-        let gateway = route.gateway.unwrap_or(Ipv4Addr::UNSPECIFIED);
-        let iface = if route.oif.is_some() { dev } else { "-" };
+        let gateway = match route.gateway {
+            _ if rejects => "-".to_string(),
+            gateway => gateway.unwrap_or(Ipv4Addr::UNSPECIFIED).to_string(),
+        };
+        let iface = match route.oif {
+            _ if rejects => "-",
+            Some(_) => dev,
+            None => "*",
+        };
         format!(
             "{ip_route} (route -n: {} {gateway} {} {flags} {iface})",
             net.network(),
@@ -337,7 +344,27 @@ mod tests {
         };
         assert_eq!(
             view.describe(&blackhole),
-            "blackhole 10.245.1.0/24 (route -n: 10.245.1.0 0.0.0.0 255.255.255.0 ! -)"
+            "blackhole 10.245.1.0/24 (route -n: 10.245.1.0 0.0.0.0 255.255.255.0 U *)"
+        );
+        // As net-tools 2.10 prints them (checked in a scratch netns).
+        let bird = Route {
+            protocol: RouteOrigin::Bird,
+            ..blackhole.clone()
+        };
+        assert_eq!(
+            view.describe(&bird),
+            "blackhole 10.245.1.0/24 proto bird (route -n: 10.245.1.0 0.0.0.0 255.255.255.0 U *)"
+        );
+        let unreachable = Route {
+            kind: RouteKind::Unreachable,
+            ..route("10.246.0.5/32", 0)
+        };
+        assert_eq!(
+            view.describe(&Route {
+                oif: None,
+                ..unreachable
+            }),
+            "unreachable 10.246.0.5/32 (route -n: 10.246.0.5 - 255.255.255.255 !H -)"
         );
     }
 

@@ -101,6 +101,14 @@ impl Context {
         }
     }
 
+    /// The traced node that holds `ip` as one of its own addresses.
+    pub fn node_holding(&self, ip: Ipv4Addr) -> Option<&str> {
+        self.nodes
+            .iter()
+            .find(|(_, facts)| facts.view.holds(ip))
+            .map(|(node, _)| node.as_str())
+    }
+
     /// A packet for `dst` must show up again: a traced node delivers
     /// `dst`'s subnet locally (via a bridge or pod veth).
     pub fn expects_arrival(&self, dst: Ipv4Addr) -> bool {

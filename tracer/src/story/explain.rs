@@ -16,6 +16,7 @@ use crate::{
     },
     model::NodeSubnet,
     node::{interfaces::Role, NodeFacts},
+    story::journey,
 };
 
 /// The route the packet needed, and the one the kernel used.
@@ -144,11 +145,12 @@ fn hint(hops: &[Hop], nodes: &HashMap<String, NodeFacts>) -> Option<String> {
             };
             Some(format!("IP forwarding is off on {} ({evidence}): it does not route pod traffic", last.node))
         }
-        (Some(_), Some(facts)) if last.role == Role::PodVeth => {
+        // A netfilter drop is the rule's, whatever the veth hangs off.
+        (Some(r), Some(facts)) if last.role == Role::PodVeth && r != journey::NETFILTER_DROP => {
             let veth = facts.view.link_named(&last.iface);
+            let bridge = pod_bridge(facts)?;
             veth.filter(|l| l.controller.is_none()).map(|_| {
-                let bridge = cni::by_name(facts.cni).and_then(|b| b.bridge()).unwrap_or("bridge");
-                let bridge = facts.view.link_named(bridge).map_or(format!(" (there is no {bridge} on this node)"), |_| String::new());
+                let bridge = facts.view.link_named(&bridge).map_or(format!(" (there is no {bridge} on this node)"), |_| String::new());
                 format!("{} is not attached to any bridge{bridge}: the pod's frames reach the host addressed to a bridge that is gone", last.iface)
             })
         }
@@ -172,6 +174,22 @@ fn hint(hops: &[Hop], nodes: &HashMap<String, NodeFacts>) -> Option<String> {
         }),
         _ => None,
     }
+}
+
+/// The bridge this node's pod veths hang off, where its CNI bridges them:
+/// the backend's (flannel's cni0), else the one its other veths are on
+/// (the bridge plugin, by any name). None where pods are routed (Calico).
+fn pod_bridge(facts: &NodeFacts) -> Option<String> {
+    if let Some(bridge) = cni::by_name(facts.cni).and_then(|b| b.bridge()) {
+        return Some(bridge.to_string());
+    }
+    let view = &facts.view;
+    view.links
+        .iter()
+        .filter(|l| l.kind == "veth")
+        .filter_map(|l| view.link(l.controller?))
+        .find(|controller| controller.kind == "bridge")
+        .map(|bridge| bridge.name.clone())
 }
 
 /// An encapsulated packet freed with NO_SOCKET where it arrived: no VXLAN
@@ -400,5 +418,51 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_routed_veth_or_a_named_rule_gets_no_bridge_hint() {
+        let frame = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
+        let hint = |cni: &'static str, view: NodeView, reason: &str| {
+            let facts = NodeFacts {
+                cni,
+                view,
+                forwarding: true,
+                ..Default::default()
+            };
+            let nodes = HashMap::from([("node-1".to_string(), facts)]);
+            let dropped = dropped("cali1a2b", Role::PodVeth, reason, &frame);
+            explain(&[dropped], &nodes, &[], &[]).hint
+        };
+        // Calico routes its cali* veths: none is ever on a bridge.
+        let mut calico = flannel_node();
+        calico.links.retain(|l| l.kind != "bridge");
+        calico.links.iter_mut().for_each(|l| l.controller = None);
+        calico
+            .links
+            .push(crate::node::fixtures::link(7, "cali1a2b", "veth"));
+        assert_eq!(hint("calico-bird", calico.clone(), "NETFILTER_DROP"), None);
+        assert_eq!(hint("calico-bird", calico, "OTHERHOST"), None);
+        // On a bridging CNI, a netfilter drop is the rule's, not the bridge's.
+        let mut flannel = flannel_node();
+        flannel
+            .links
+            .push(crate::node::fixtures::link(7, "cali1a2b", "veth"));
+        assert_eq!(
+            hint("flannel-vxlan", flannel.clone(), "NETFILTER_DROP"),
+            None
+        );
+        assert!(hint("flannel-vxlan", flannel.clone(), "OTHERHOST")
+            .unwrap()
+            .starts_with("cali1a2b is not attached to any bridge:"));
+        // The bridge plugin under an unknown name: its other veths tell.
+        flannel
+            .links
+            .iter_mut()
+            .filter(|l| l.name == "cni0")
+            .for_each(|l| l.name = "br-pods".into());
+        assert!(hint("unknown", flannel, "OTHERHOST")
+            .unwrap()
+            .starts_with("cali1a2b is not attached to any bridge:"));
     }
 }

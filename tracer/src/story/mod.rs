@@ -388,6 +388,53 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_packet_sent_to_a_traced_node_did_not_leave_the_traced_nodes() {
+        let mut ctx = ctx();
+        let node_2 = ctx.nodes.get_mut("node-2").unwrap();
+        node_2.view.addresses = vec![(2, "192.0.2.12".parse().unwrap())];
+        let at_src = frames::icmp_echo([10, 244, 1, 2], [192, 0, 2, 12], 64, 1);
+        let routed = frames::icmp_echo([10, 244, 1, 2], [192, 0, 2, 12], 63, 1);
+        let mut hops = vec![
+            hop(1_000, "node-1", "vethA", Role::PodVeth, Ingress, &at_src),
+            hop(4_000, "node-1", "eth0", Role::Underlay, Egress, &routed),
+        ];
+        let story = tell(&Journey::new(hops.clone()), &ctx);
+        assert!(
+            matches!(story.verdict.outcome, Outcome::Vanished { .. }),
+            "{:?}",
+            story.verdict
+        );
+        assert!(
+            story.verdict.summary.ends_with(
+                "; it was sent toward node-2 (192.0.2.12), which is traced and never saw it arrive"
+            ),
+            "{}",
+            story.verdict.summary
+        );
+        // Seen arriving: node-2's own stack took it.
+        hops.push(hop(
+            9_000,
+            "node-2",
+            "eth0",
+            Role::Underlay,
+            Ingress,
+            &routed,
+        ));
+        let story = tell(&Journey::new(hops), &ctx);
+        assert_eq!(
+            story.verdict.outcome,
+            Outcome::Delivered {
+                node: "node-2".into(),
+                iface: "eth0".into()
+            }
+        );
+        assert_eq!(
+            story.verdict.summary,
+            "delivered to node-2's own address 192.0.2.12 via eth0, to its own stack; routed, 8 µs end to end"
+        );
+    }
+
+    #[test]
     fn same_node_pods_are_bridged() {
         let frame = frames::icmp_echo([10, 244, 1, 2], [10, 244, 1, 3], 64, 1);
         let hops = vec![

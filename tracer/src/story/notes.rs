@@ -7,7 +7,7 @@ use crate::decode::{
     hop::{Direction, Hop, KernelRoute},
     Decoded, Transport, Tunnel, TunnelKind,
 };
-use crate::node::interfaces::Role;
+use crate::node::{interfaces::Role, Route, RouteKind, RouteOrigin};
 
 use super::{context::Dotted, Context};
 
@@ -192,22 +192,147 @@ fn write_what(out: &mut String, hop: &Hop, ctx: &Context) -> fmt::Result {
     Ok(())
 }
 
-/// The kernel's route for the packet, when this hook asked for it.
+/// The kernel's route for the packet, when this hook asked for it, in
+/// the node's routing table's terms where that table shows it.
 fn write_route(out: &mut String, hop: &Hop, ctx: &Context) -> fmt::Result {
-    match &hop.route {
-        Some(route) if route.found() => {
-            out.push_str("; kernel route");
-            if let Some(via) = route.via {
-                write!(out, " via {via}")?;
-            }
-            let dev = route.dev.as_deref().unwrap_or("?");
-            write!(out, " dev {dev}")?;
-            if route.result == KernelRoute::FRAG_NEEDED {
-                larger_than_mtu(out, hop, dev, ctx)?;
-            }
-            Ok(())
+    let Some(route) = &hop.route else {
+        return Ok(());
+    };
+    let dst = hop.packet.packet.dst;
+    let view = ctx.nodes.get(&*hop.node).map(|facts| &facts.view);
+    let table_route = view.and_then(|v| v.route_to(dst));
+    if route.found() {
+        out.push_str("; kernel route");
+        if let Some(via) = route.via {
+            write!(out, " via {via}")?;
         }
-        Some(route) => write!(out, "; kernel route lookup: {}", route.result),
-        None => Ok(()),
+        let dev = route.dev.as_deref().unwrap_or("?");
+        write!(out, " dev {dev}")?;
+        // Who installed it, when the table's route is the one the
+        // kernel took (policy routing may have taken another).
+        let took = |r: &&Route| {
+            r.oif
+                .and_then(|i| view?.link(i))
+                .is_some_and(|l| l.name == dev)
+        };
+        if table_route
+            .filter(took)
+            .is_some_and(|r| r.protocol == RouteOrigin::Bird)
+        {
+            out.push_str(" proto bird");
+        }
+        if route.result == KernelRoute::FRAG_NEEDED {
+            larger_than_mtu(out, hop, dev, ctx)?;
+        }
+        return Ok(());
+    }
+    // The kernel's answer without a route: as `ip route` and `route -n`
+    // print the route that gave it.
+    let kind = match route.result.as_str() {
+        "blackhole" => Some(RouteKind::Blackhole),
+        "unreachable" => Some(RouteKind::Unreachable),
+        "prohibit" => Some(RouteKind::Prohibit),
+        _ => None,
+    };
+    let said_by = table_route.filter(|r| kind == Some(r.kind));
+    match (said_by, view) {
+        (Some(r), Some(view)) => write!(out, "; kernel route lookup: {}", view.describe(r)),
+        // Its own address is not forwarded either: delivered to itself.
+        _ if route.result == KernelRoute::NOT_FORWARDED && view.is_some_and(|v| v.holds(dst)) => {
+            write!(out, "; addressed to {} itself", hop.node)
+        }
+        _ if route.result == KernelRoute::NOT_FORWARDED => {
+            write!(out, "; kernel route lookup: no route")
+        }
+        _ => write!(out, "; kernel route lookup: {}", route.result),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        decode::{hop::tests::hop, tests as frames},
+        node::{
+            fixtures::{flannel_node, route},
+            NodeFacts,
+        },
+    };
+
+    /// The note of a packet for `dst` arriving on node-1's eth0, where
+    /// the kernel's lookup answered `result` (by `dev`, when found).
+    fn arriving_note(dst: [u8; 4], result: &str, dev: Option<&str>, routes: Vec<Route>) -> String {
+        let frame = frames::icmp_echo([10, 244, 9, 2], dst, 64, 1);
+        let mut arriving = hop(
+            1,
+            "node-1",
+            "eth0",
+            Role::Underlay,
+            Direction::Ingress,
+            &frame,
+        );
+        arriving.route = Some(KernelRoute {
+            result: result.into(),
+            dev: dev.map(Into::into),
+            via: None,
+        });
+        let mut view = flannel_node();
+        view.routes.extend(routes);
+        let mut ctx = Context::default();
+        let facts = NodeFacts {
+            view,
+            ..Default::default()
+        };
+        ctx.nodes.insert("node-1".into(), facts);
+        note(&arriving, None, &ctx)
+    }
+
+    #[test]
+    fn a_failed_lookup_reads_no_route_and_the_nodes_own_address_reads_so() {
+        let note = arriving_note([10, 99, 0, 1], "not_forwarded", None, vec![]);
+        assert_eq!(
+            note,
+            "arrives unencapsulated; kernel route lookup: no route"
+        );
+        let note = arriving_note([192, 0, 2, 11], "not_forwarded", None, vec![]);
+        assert_eq!(note, "arrives unencapsulated; addressed to node-1 itself");
+    }
+
+    #[test]
+    fn a_route_bird_learnt_says_proto_bird() {
+        let learnt = Route {
+            protocol: RouteOrigin::Bird,
+            gateway: Some("192.0.2.42".parse().unwrap()),
+            ..route("10.247.2.0/24", 2)
+        };
+        let note = arriving_note(
+            [10, 247, 2, 3],
+            "success",
+            Some("eth0"),
+            vec![learnt.clone()],
+        );
+        assert_eq!(
+            note,
+            "arrives unencapsulated; kernel route dev eth0 proto bird"
+        );
+        // The kernel took another device (policy routing): not this route.
+        let note = arriving_note([10, 247, 2, 3], "success", Some("flannel.1"), vec![learnt]);
+        assert_eq!(note, "arrives unencapsulated; kernel route dev flannel.1");
+    }
+
+    #[test]
+    fn a_blackhole_is_named_as_ip_route_and_route_n_print_it() {
+        let blackhole = Route {
+            kind: RouteKind::Blackhole,
+            protocol: RouteOrigin::Bird,
+            oif: None,
+            ..route("10.247.1.0/26", 0)
+        };
+        let note = arriving_note([10, 247, 1, 7], "blackhole", None, vec![blackhole]);
+        assert_eq!(
+            note,
+            "arrives unencapsulated; kernel route lookup: blackhole 10.247.1.0/26 proto bird \
+             (route -n: 10.247.1.0 0.0.0.0 255.255.255.192 U *)"
+        );
     }
 }

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::{explain::explain, micros, notes::tunnel_text, Context};
 use crate::{
-    decode::hop::Direction,
+    decode::hop::{Direction, Hop},
     node::interfaces::Role,
     probe::netfilter::NetfilterRule,
     story::{explain::RouteCheck, journey::Journey},
@@ -124,6 +124,13 @@ pub(super) fn judge(journey: &Journey, ctx: &Context) -> Verdict {
         last.packet.packet.dst,
         ctx,
     );
+    if let (Outcome::Vanished { .. }, Some((node, ip))) =
+        (&outcome, toward_a_traced_node(last, ctx))
+    {
+        summary.push_str(&format!(
+            "; it was sent toward {node} ({ip}), which is traced and never saw it arrive"
+        ));
+    }
     if let Some(hint) = &explanation.hint {
         summary.push_str(&format!("; {hint}"));
     }
@@ -191,6 +198,7 @@ fn outcome_of(journey: &Journey, delivered: bool, ctx: &Context) -> Outcome {
     } else if last.role == Role::Underlay
         && last.direction == Direction::Egress
         && !ctx.expects_arrival(dst)
+        && toward_a_traced_node(last, ctx).is_none()
     {
         let toward = last.packet.tunnel.map_or(dst, |t| t.outer.dst);
         Outcome::LeftNode {
@@ -222,6 +230,11 @@ fn outcome_of(journey: &Journey, delivered: bool, ctx: &Context) -> Outcome {
             direction: last.direction,
             translation,
         }
+    } else if to_its_own_stack(last, ctx) {
+        Outcome::Delivered {
+            node: last.node.to_string(),
+            iface: last.iface.to_string(),
+        }
     } else {
         Outcome::Vanished {
             node: last.node.to_string(),
@@ -229,6 +242,28 @@ fn outcome_of(journey: &Journey, delivered: bool, ctx: &Context) -> Outcome {
             direction: last.direction,
         }
     }
+}
+
+/// Where the packet leaving by `hop` was sent, when that is a traced
+/// node's own address (its tunnel endpoint, or the node itself): the
+/// node, and the address. Its arrival there would have been seen.
+fn toward_a_traced_node<'a>(hop: &Hop, ctx: &'a Context) -> Option<(&'a str, Ipv4Addr)> {
+    if hop.role != Role::Underlay || hop.direction != Direction::Egress {
+        return None;
+    }
+    let toward = hop
+        .packet
+        .tunnel
+        .map_or(hop.packet.packet.dst, |t| t.outer.dst);
+    Some((ctx.node_holding(toward)?, toward))
+}
+
+/// The packet arrived at a traced node addressed to that node itself: no
+/// pod's veth follows, the node's own stack took it.
+fn to_its_own_stack(hop: &Hop, ctx: &Context) -> bool {
+    hop.direction == Direction::Ingress
+        && hop.packet.tunnel.is_none()
+        && ctx.node_holding(hop.packet.packet.dst) == Some(&*hop.node)
 }
 
 /// "; routed, encapsulated (VXLAN …), decapsulated", or nothing.
@@ -277,10 +312,12 @@ fn summarise(
             }
         ),
         Outcome::Delivered { node, iface } => {
-            format!(
-                "delivered to {} on {node} via {iface}{how}, {latency_us} µs end to end",
-                ctx.label(dst)
-            )
+            let to = if ctx.node_holding(dst) == Some(node.as_str()) {
+                format!("{node}'s own address {dst} via {iface}, to its own stack")
+            } else {
+                format!("{} on {node} via {iface}", ctx.label(dst))
+            };
+            format!("delivered to {to}{how}, {latency_us} µs end to end")
         }
         Outcome::LeftNode {
             node,

@@ -15,9 +15,10 @@
 mod agent_nodes;
 mod arrivals;
 mod followed;
+mod foreign;
 
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::BTreeMap,
     time::{Duration, Instant, SystemTime},
 };
 
@@ -27,6 +28,7 @@ use tokio::sync::mpsc;
 use agent_nodes::{agent_args, pick_nodes};
 use arrivals::{Arrivals, Held, HOLD, STALLED_AGENT};
 use followed::Followed;
+use foreign::ForeignSightings;
 
 use super::{
     context_of, correlator_for, new_teller,
@@ -98,7 +100,7 @@ struct Session {
     arrivals: Arrivals,
     /// Sightings in other namespaces (a pod's own stack) that every agent
     /// of a shared kernel reports (the lab): told once.
-    foreign: HashSet<(String, u64, String)>,
+    foreign: ForeignSightings,
     correlator: Correlator,
     teller: Option<Teller<'static>>,
     ctx: Option<Context>,
@@ -129,7 +131,7 @@ impl Session {
             heard_tx,
             clocks: Clocks::default(),
             arrivals: Arrivals::default(),
-            foreign: HashSet::new(),
+            foreign: ForeignSightings::default(),
             correlator: Correlator::new(Waits::default()),
             teller: None,
             ctx: Some(ctx),
@@ -371,13 +373,7 @@ impl Session {
             }
             Record::Hop(hop) => {
                 let own = agent.start.as_ref().is_some_and(|s| s.node == hop.node);
-                if !own
-                    && !self.foreign.insert((
-                        hop.node.to_string(),
-                        hop.ktime_ns,
-                        format!("{:?}", hop.drop),
-                    ))
-                {
+                if !own && !self.foreign.first_sight(&hop) {
                     return Ok(());
                 }
                 agent.hops_heard += 1;
@@ -659,6 +655,32 @@ mod tests {
         let told = session.settle(later, false);
         assert_eq!(told.len(), 1);
         assert_eq!(nodes_of(&told[0]), ["n1", "n1", "n2", "n2"]);
+    }
+
+    #[test]
+    fn a_free_in_a_pod_both_agents_of_one_kernel_saw_is_told_once() {
+        let (mut session, mut n1, mut n2) = two_agents(true);
+        let delivered = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 62, 1);
+        // Each agent's drop program read the clock itself: 600 ns apart.
+        for (agent, t) in [(&mut n1, 10 * MS + 50_000), (&mut n2, 10 * MS + 50_600)] {
+            let freed = crate::decode::hop::tests::drop_hop(
+                t,
+                "pod default/db-0",
+                "eth0",
+                Role::Other,
+                &delivered,
+                "NO_SOCKET",
+            );
+            agent.says(&mut session, Record::Hop(Box::new(freed)));
+        }
+        n1.tells_the_ping(&mut session);
+        n2.tells_the_ping(&mut session);
+        let told = session.settle(past_every_wait(), false);
+        assert_eq!(told.len(), 1, "{told:?}");
+        assert_eq!(
+            nodes_of(&told[0]),
+            ["n1", "n1", "n2", "n2", "pod default/db-0"]
+        );
     }
 
     #[test]
