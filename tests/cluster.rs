@@ -521,3 +521,56 @@ fn bench_agent_to_front_end() {
         );
     }
 }
+
+/// The API is lost mid-trace (the agents run on). The front-end says it
+/// lost them, names the agent pods it could not delete and when they stop
+/// by themselves, and fails; the agents stop within their lease's
+/// staleness, detaching everything.
+#[test]
+fn an_api_lost_mid_trace_is_said_and_the_agents_stop_by_themselves() {
+    let lab = lab(Topology::FlannelVxlan);
+    let stub = api_for(&lab);
+    let started = kubectl_podtrace_json(&stub, "100", "90s");
+    let agents: Vec<String> = agent_pods(&stub)
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(agents.len(), 2);
+    assert!(ping(&lab.0, "web-0", "db-0"));
+    std::thread::sleep(Duration::from_secs(1));
+    stub.go_dark();
+    let dark = Instant::now();
+    let done = finish(started);
+    eprintln!(
+        "{}the front-end ended {:.1} s after the API was lost",
+        done.stderr,
+        dark.elapsed().as_secs_f64()
+    );
+    assert!(!done.status.success(), "{}", done.stderr);
+    for said in [
+        "node-1's agent was lost",
+        "node-2's agent was lost",
+        "cannot delete agent pod podtrace/",
+        "kubectl delete -n podtrace lease/podtrace-",
+    ] {
+        assert!(
+            done.stderr.contains(said),
+            "not said: {said}\n{}",
+            done.stderr
+        );
+    }
+    assert_eq!(done.stories().len(), 2, "the ping before: {}", done.stdout);
+    while agents_running(&agents) {
+        assert!(
+            dark.elapsed() < Duration::from_secs(60),
+            "agents still running 60 s after the API was lost"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    for node in [1, 2] {
+        assert!(
+            tcx_programs(&lab.0.node_netns(node)).is_empty(),
+            "node-{node} still has programs attached"
+        );
+    }
+}

@@ -65,6 +65,8 @@ pub struct Agents {
     leases: Api<Lease>,
     /// (node, pod name).
     pub started: Vec<(String, String)>,
+    /// When the API last took the lease's renewal.
+    renewed: std::sync::Arc<std::sync::Mutex<std::time::SystemTime>>,
 }
 
 impl Agents {
@@ -89,6 +91,7 @@ impl Agents {
             pods: Api::namespaced(client, namespace),
             leases,
             started: Vec::new(),
+            renewed: std::sync::Arc::new(std::sync::Mutex::new(std::time::SystemTime::now())),
         })
     }
 
@@ -128,16 +131,18 @@ impl Agents {
     /// Renews the lease every [`RENEW_EVERY`], for as long as it runs.
     pub fn renew(&self) -> tokio::task::JoinHandle<()> {
         let (leases, name) = (self.leases.clone(), self.lease.clone());
+        let renewed = self.renewed.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(RENEW_EVERY);
             loop {
                 tick.tick().await;
                 let patch = json!({"spec": {"renewTime": now_micro_time()}});
-                if let Err(e) = leases
+                match leases
                     .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
                 {
-                    eprintln!("podtrace: cannot renew lease {name}: {e}");
+                    Ok(_) => *renewed.lock().unwrap() = std::time::SystemTime::now(),
+                    Err(e) => eprintln!("podtrace: cannot renew lease {name}: {e}"),
                 }
             }
         })
@@ -174,7 +179,7 @@ impl Agents {
         if left.is_empty() {
             return Ok(());
         }
-        let stops_by = std::time::SystemTime::now() + STALE_AFTER + LEASE_POLL;
+        let stops_by = *self.renewed.lock().unwrap() + STALE_AFTER + LEASE_POLL;
         for (pod, error) in &left {
             eprintln!(
                 "podtrace: cannot delete agent pod {}/{pod} after {} s of trying: {error}",

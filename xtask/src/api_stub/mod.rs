@@ -60,6 +60,9 @@ pub(crate) struct Shared {
     pub state: Arc<Mutex<State>>,
     pub changes: broadcast::Sender<Change>,
     pub kubelet: Option<Arc<Kubelet>>,
+    /// The API is lost ([`Stub::go_dark`]): every connection is cut, and
+    /// new ones are closed at once. Its kubelet's agents run on.
+    pub dark: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Shared {
@@ -179,6 +182,7 @@ impl Stub {
             state: Arc::new(Mutex::new(state)),
             changes,
             kubelet: kubelet.map(Arc::new),
+            dark: Arc::new(tokio::sync::watch::Sender::new(false)),
         };
         let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
         listener.set_nonblocking(true).unwrap();
@@ -208,6 +212,13 @@ impl Stub {
             kubelet.set_kubeconfig(agents);
         }
         stub
+    }
+
+    /// The API is lost from now on: open connections (log streams,
+    /// watches) are cut and new ones closed at once, while the kubelet's
+    /// agents run on, as when a cluster's apiserver goes away.
+    pub fn go_dark(&self) {
+        self.shared.dark.send_replace(true);
     }
 
     /// A kubeconfig for this stub: its CA, a bearer token, a context.
@@ -309,6 +320,10 @@ async fn accept(
         let Ok((tcp, _)) = accepted else { return };
         let (acceptor, shared) = (acceptor.clone(), shared.clone());
         tokio::spawn(async move {
+            let mut dark = shared.dark.subscribe();
+            if *dark.borrow() {
+                return;
+            }
             let Ok(tls) = acceptor.accept(tcp).await else {
                 return;
             };
@@ -316,9 +331,14 @@ async fn accept(
                 let shared = shared.clone();
                 async move { Ok::<_, std::convert::Infallible>(routes::handle(req, &shared).await) }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(tls), service)
-                .await;
+            let serving = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tls), service);
+            // Going dark drops the connection mid-response, as a lost
+            // apiserver does.
+            tokio::select! {
+                _ = serving => {}
+                _ = dark.wait_for(|dark| *dark) => {}
+            }
         });
     }
 }

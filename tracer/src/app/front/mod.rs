@@ -512,14 +512,14 @@ impl Session {
             agent.add_counts(node, &agents.namespace, placed.get(node), &mut summary);
         }
         teller.finish(summary)?;
-        let lost: Vec<&String> = self
+        let lost: Vec<&str> = self
             .agents
             .iter()
             .filter(|(_, a)| a.lost.is_some())
-            .map(|(node, _)| node)
+            .map(|(node, _)| node.as_str())
             .collect();
         if !lost.is_empty() {
-            bail!("the agents on {lost:?} were lost mid-trace: the stories of packets that went on to their nodes are incomplete");
+            bail!("the agents on {} were lost mid-trace: the stories of packets that went on to their nodes are incomplete", lost.join(", "));
         }
         Ok(())
     }
