@@ -288,6 +288,23 @@ fn how(journey: &Journey, path: &[PathStep]) -> String {
     }
 }
 
+/// A no-route verdict in one line: the route missing, the one used, and
+/// what became of the packet.
+fn no_route_summary(check: &RouteCheck, then: &Outcome, dst: Ipv4Addr, ctx: &Context) -> String {
+    let then = match then {
+        Outcome::Dropped { node, reason, .. } => format!(" (then dropped on {node}: {reason})"),
+        Outcome::LeftNode { node, iface, .. } => format!(" (the packet left {node} by {iface})"),
+        _ => String::new(),
+    };
+    format!(
+        "no route on {} to {}: expected {}; the kernel used {}{then}",
+        check.node,
+        ctx.label(dst),
+        check.expected,
+        check.used,
+    )
+}
+
 /// The verdict in one line.
 fn summarise(
     outcome: &Outcome,
@@ -297,20 +314,7 @@ fn summarise(
     ctx: &Context,
 ) -> String {
     match outcome {
-        Outcome::NoRoute { check, then } => format!(
-            "no route on {} to {}: expected {}; the kernel used {}{}",
-            check.node,
-            ctx.label(dst),
-            check.expected,
-            check.used,
-            match then.as_ref() {
-                Outcome::Dropped { node, reason, .. } =>
-                    format!(" (then dropped on {node}: {reason})"),
-                Outcome::LeftNode { node, iface, .. } =>
-                    format!(" (the packet left {node} by {iface})"),
-                _ => String::new(),
-            }
-        ),
+        Outcome::NoRoute { check, then } => no_route_summary(check, then, dst, ctx),
         Outcome::Delivered { node, iface } => {
             let to = if ctx.node_holding(dst) == Some(node.as_str()) {
                 format!("{node}'s own address {dst} via {iface}, to its own stack")

@@ -16,6 +16,7 @@ mod agent_nodes;
 mod arrivals;
 mod followed;
 mod foreign;
+mod lost;
 
 use std::{
     collections::BTreeMap,
@@ -29,6 +30,7 @@ use agent_nodes::{agent_args, pick_nodes};
 use arrivals::{Arrivals, Held, HOLD, STALLED_AGENT};
 use followed::Followed;
 use foreign::ForeignSightings;
+use lost::record_kind;
 
 use super::{
     context_of, correlator_for, new_teller,
@@ -46,7 +48,6 @@ use crate::{
         clock::Clocks,
         correlator::{Correlator, Waits},
         journey::Journey,
-        lost_agents::LostAgent,
         Context,
     },
 };
@@ -327,37 +328,6 @@ impl Session {
         self.take(node, record)
     }
 
-    /// `node`'s log ended (`why`: how, when it broke off). Without the
-    /// agent's summary first, the agent was lost: said at once, and the
-    /// packets that went on to its node after its last progress mark are
-    /// told incomplete, not vanished.
-    fn ended(&mut self, node: String, why: Option<String>) {
-        let Some(agent) = self.agents.get_mut(&node) else {
-            return;
-        };
-        agent.ended = true;
-        if agent.summary.is_some() || agent.start.is_none() {
-            if let Some(why) = why {
-                eprintln!("podtrace: {node}: {why}");
-            }
-        } else {
-            let (what, since) = agent.lose(&node, why.as_deref(), SystemTime::now());
-            eprintln!("podtrace: {what}: packets that went on to {node} are told incomplete");
-            let placed = self.clocks.placements();
-            let lost = LostAgent {
-                since_ns: self.clocks.common_ns(&placed, &node, since),
-                node: node.clone(),
-                what,
-            };
-            match (&mut self.teller, &mut self.ctx) {
-                (Some(teller), _) => teller.ctx.lost_agents.push(lost),
-                (None, Some(ctx)) => ctx.lost_agents.push(lost),
-                (None, None) => {}
-            }
-        }
-        self.arrivals.hold(Instant::now(), node, Held::Ended);
-    }
-
     /// One record an agent sent: wire records back into the events the
     /// agent's stream loop handed over (`agent::Output`, its mirror).
     fn take(&mut self, node: String, record: Record) -> Result<()> {
@@ -512,31 +482,7 @@ impl Session {
             agent.add_counts(node, &agents.namespace, placed.get(node), &mut summary);
         }
         teller.finish(summary)?;
-        let lost: Vec<&str> = self
-            .agents
-            .iter()
-            .filter(|(_, a)| a.lost.is_some())
-            .map(|(node, _)| node.as_str())
-            .collect();
-        if !lost.is_empty() {
-            bail!("the agents on {} were lost mid-trace: the stories of packets that went on to their nodes are incomplete", lost.join(", "));
-        }
-        Ok(())
-    }
-}
-
-/// What a record is, for "last heard" when its agent is lost.
-fn record_kind(record: &Record) -> &'static str {
-    match record {
-        Record::Start(_) => "its start",
-        Record::Hop(_) => "a hop",
-        Record::Rule { .. } => "a netfilter rule",
-        Record::Conntrack { .. } => "a conntrack entry",
-        Record::Loss { .. } => "a loss report",
-        Record::Hooks { .. } => "its hooks",
-        Record::ReadThrough { .. } => "a progress mark",
-        Record::Summary(_) => "its summary",
-        Record::Unknown => "a record this front-end does not know",
+        lost::unless_agents_lost(&self.agents)
     }
 }
 

@@ -1,0 +1,76 @@
+//! Agents lost mid-trace: a log that ended before the agent's summary
+//! (the agent killed, its node gone) or broke off (the API lost). Said at
+//! once; the packets that went on to its node after its last progress
+//! mark are told incomplete, not vanished; and the run fails.
+
+use std::{
+    collections::BTreeMap,
+    time::{Instant, SystemTime},
+};
+
+use anyhow::{bail, Result};
+
+use super::{arrivals::Held, followed::Followed, Session};
+use crate::{app::wire::Record, story::lost_agents::LostAgent};
+
+impl Session {
+    /// `node`'s log ended (`why`: how, when it broke off). Without the
+    /// agent's summary first, the agent was lost: said at once, and the
+    /// packets that went on to its node after its last progress mark are
+    /// told incomplete, not vanished.
+    pub(super) fn ended(&mut self, node: String, why: Option<String>) {
+        let Some(agent) = self.agents.get_mut(&node) else {
+            return;
+        };
+        agent.ended = true;
+        if agent.summary.is_some() || agent.start.is_none() {
+            if let Some(why) = why {
+                eprintln!("podtrace: {node}: {why}");
+            }
+        } else {
+            let (what, since) = agent.lose(&node, why.as_deref(), SystemTime::now());
+            eprintln!("podtrace: {what}: packets that went on to {node} are told incomplete");
+            let placed = self.clocks.placements();
+            let lost = LostAgent {
+                since_ns: self.clocks.common_ns(&placed, &node, since),
+                node: node.clone(),
+                what,
+            };
+            match (&mut self.teller, &mut self.ctx) {
+                (Some(teller), _) => teller.ctx.lost_agents.push(lost),
+                (None, Some(ctx)) => ctx.lost_agents.push(lost),
+                (None, None) => {}
+            }
+        }
+        self.arrivals.hold(Instant::now(), node, Held::Ended);
+    }
+}
+
+/// An error naming the agents lost mid-trace, if any: their nodes'
+/// stories may be incomplete.
+pub(super) fn unless_agents_lost(agents: &BTreeMap<String, Followed>) -> Result<()> {
+    let lost: Vec<&str> = agents
+        .iter()
+        .filter(|(_, a)| a.lost.is_some())
+        .map(|(node, _)| node.as_str())
+        .collect();
+    if !lost.is_empty() {
+        bail!("the agents on {} were lost mid-trace: the stories of packets that went on to their nodes are incomplete", lost.join(", "));
+    }
+    Ok(())
+}
+
+/// What a record is, for "last heard" when its agent is lost.
+pub(super) fn record_kind(record: &Record) -> &'static str {
+    match record {
+        Record::Start(_) => "its start",
+        Record::Hop(_) => "a hop",
+        Record::Rule { .. } => "a netfilter rule",
+        Record::Conntrack { .. } => "a conntrack entry",
+        Record::Loss { .. } => "a loss report",
+        Record::Hooks { .. } => "its hooks",
+        Record::ReadThrough { .. } => "a progress mark",
+        Record::Summary(_) => "its summary",
+        Record::Unknown => "a record this front-end does not know",
+    }
+}
