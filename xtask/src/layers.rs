@@ -53,13 +53,13 @@ impl std::fmt::Display for Upward {
 }
 
 /// The folder the layering is about.
-pub fn tracer_src() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tracer/src")
+pub fn tracer_src() -> Result<PathBuf> {
+    Ok(crate::workspace_root()?.join("tracer/src"))
 }
 
 /// Fails, listing each one, when an import in tracer/src points up.
 pub fn check() -> Result<()> {
-    let upward = upward_imports(&tracer_src())?;
+    let upward = upward_imports(&tracer_src()?)?;
     if upward.is_empty() {
         return Ok(());
     }
@@ -282,7 +282,7 @@ mod tests {
 
     #[test]
     fn tracer_imports_point_down() {
-        let upward = upward_imports(&tracer_src()).unwrap();
+        let upward = upward_imports(&tracer_src().unwrap()).unwrap();
         for u in &upward {
             eprintln!("{u}");
         }

@@ -149,8 +149,12 @@ fn lab(action: LabAction) -> Result<()> {
                 println!("  services: {}", lab.services_file().display());
             }
             if api {
-                let podtrace = podtrace.unwrap_or_else(built_podtrace);
+                let podtrace = match podtrace {
+                    Some(podtrace) => podtrace,
+                    None => built_podtrace()?,
+                };
                 let kubeconfig = lab.start_api(&std::env::current_exe()?, &podtrace)?;
+                println!("  agents run {}", podtrace.display());
                 println!(
                     "  API: KUBECONFIG={} kubectl get pods -A -o wide",
                     kubeconfig.display()
@@ -206,21 +210,27 @@ fn cargo(args: &[&str]) -> Result<()> {
     run(env!("CARGO"), args)
 }
 
-/// The podtrace already built: release if there is one, else debug.
-fn built_podtrace() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let release = root.join("target/release/podtrace");
+/// The podtrace already built in this checkout: release if there is one,
+/// else debug.
+fn built_podtrace() -> Result<PathBuf> {
+    let target = xtask::target_dir(&xtask::workspace_root()?);
+    let release = target.join("release/podtrace");
     if release.exists() {
-        release
-    } else {
-        root.join("target/debug/podtrace")
+        return Ok(release);
     }
+    let debug = target.join("debug/podtrace");
+    if debug.exists() {
+        return Ok(debug);
+    }
+    bail!(
+        "no podtrace built in {}: run cargo build --release first, or give --podtrace",
+        target.display()
+    )
 }
 
 fn podtrace_binary() -> Result<PathBuf> {
     cargo(&["build", "--release", "--package", "podtrace"])?;
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    Ok(root.join("target/release/podtrace"))
+    Ok(xtask::target_dir(&xtask::workspace_root()?).join("release/podtrace"))
 }
 
 fn demo() -> Result<()> {
@@ -370,8 +380,7 @@ fn test() -> Result<()> {
 fn kernel_suite(kernel: Option<&str>) -> Result<()> {
     require_root()?;
     setup()?;
-    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    xtask::vm::matrix(&workspace, kernel)
+    xtask::vm::matrix(&xtask::workspace_root()?, kernel)
 }
 
 fn bench() -> Result<()> {

@@ -48,10 +48,6 @@ impl std::fmt::Display for Oversized {
     }
 }
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 /// Fails, listing each one, when a file or function is past its limit.
 pub fn check() -> Result<()> {
     let oversized = oversized_in_workspace()?;
@@ -68,7 +64,7 @@ pub fn check() -> Result<()> {
 
 /// Every file and function past its limit under [`CHECKED`].
 pub fn oversized_in_workspace() -> Result<Vec<Oversized>> {
-    let root = workspace_root();
+    let root = crate::workspace_root()?;
     let mut files = Vec::new();
     for folder in CHECKED {
         rust_files(&root.join(folder), &mut files)?;
