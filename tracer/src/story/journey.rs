@@ -8,7 +8,7 @@ use ipnet::Ipv4Net;
 
 use crate::{
     decode::{
-        hop::{Direction, Hop, KernelRoute},
+        hop::{Direction, DropInfo, Hop, KernelRoute},
         Decoded, Transport,
     },
     node::interfaces::Role,
@@ -18,6 +18,27 @@ use crate::{
 
 /// The reason name of a drop by an iptables / nftables verdict.
 pub const NETFILTER_DROP: &str = "NETFILTER_DROP";
+
+/// Drop reasons only a receiving host's sockets give: the packet had been
+/// delivered to that host's stack (only local delivery leads there), and
+/// its socket, or the lack of one, discarded it.
+const RECEIVER_REASONS: &[&str] = &[
+    "NO_SOCKET",
+    "QUEUE_PURGE",
+    "SOCKET_CLOSE",
+    "SOCKET_FILTER",
+    "SOCKET_RCVBUFF",
+    "PROTO_MEM",
+];
+/// The local-delivery transport functions, for a kernel that names no
+/// reason (NOT_SPECIFIED in tcp_v4_rcv).
+const RECEIVER_FUNCTIONS: &[&str] = &[
+    "tcp_",
+    "udp_",
+    "__udp",
+    "inet_csk_destroy_sock",
+    "skb_queue_purge",
+];
 
 /// What stays the same for one packet on every hop, encapsulated or not:
 /// addresses, IP ID and the transport identity. TTL and the tunnel are
@@ -167,6 +188,23 @@ impl Journey {
     /// Where the packet was first handed to a pod other than its sender.
     pub fn delivered_at(&self) -> Option<usize> {
         self.hops.iter().position(|h| self.hands_to_a_pod(h))
+    }
+
+    /// Its last hop is a free by the receiving host's own transport
+    /// layer (a FIN for a connection already closed, a queue purged at
+    /// close), after it was seen on the way: it reached its destination's
+    /// stack, and the socket's own teardown freed it; not a drop on the
+    /// path. The sender's own frees have no IP header yet (`by_socket`).
+    pub fn freed_by_receiver(&self) -> Option<&DropInfo> {
+        let (last, before) = self.hops.split_last()?;
+        let drop = last.drop.as_ref()?;
+        let function = drop.location.split('+').next().unwrap_or_default();
+        let receivers = RECEIVER_REASONS.contains(&drop.reason.as_str())
+            || drop.reason.starts_with("TCP_")
+            || RECEIVER_FUNCTIONS.iter().any(|f| function.starts_with(f));
+        let seen_on_the_way = before.iter().any(|h| h.direction != Direction::Drop);
+        (receivers && !drop.by_socket && seen_on_the_way && drop.reason != NETFILTER_DROP)
+            .then_some(drop)
     }
 
     /// The last hop hands the packet to a pod other than its sender.

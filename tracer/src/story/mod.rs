@@ -387,6 +387,62 @@ pub(crate) mod tests {
         assert_eq!(story.freed_after_delivery[0].reason, "NO_SOCKET");
     }
 
+    /// A FIN to a node-2 socket already closed, freed by node-2's TCP.
+    fn fin_freed_on_node_2(reason: &str, location: &str, by_socket: bool) -> Story {
+        let fin = frames::tcp_syn([10, 244, 1, 2], [192, 0, 2, 12], 40000, 8080);
+        let mut freed = drop_hop(9_500, "node-2", "eth0", &fin, reason);
+        let drop = freed.drop.as_mut().unwrap();
+        drop.location = location.into();
+        drop.by_socket = by_socket;
+        let hops = vec![
+            hop(1_000, "node-1", "vethA", Role::PodVeth, Ingress, &fin),
+            hop(4_000, "node-1", "eth0", Role::Underlay, Egress, &fin),
+            hop(9_000, "node-2", "eth0", Role::Underlay, Ingress, &fin),
+            freed,
+        ];
+        tell(&Journey::new(hops), &ctx())
+    }
+
+    #[test]
+    fn a_socket_teardown_at_the_receiver_is_no_drop_on_the_path() {
+        for (reason, location) in [
+            ("NOT_SPECIFIED", "tcp_v4_rcv+0x5d"),
+            ("QUEUE_PURGE", "skb_queue_purge_reason+0x40"),
+            ("TCP_CLOSE", "tcp_rcv_state_process+0x1c0"),
+            ("NO_SOCKET", "tcp_v4_rcv+0x1f2"),
+        ] {
+            let story = fin_freed_on_node_2(reason, location, false);
+            assert!(
+                matches!(story.verdict.outcome, Outcome::Delivered { ref node, .. } if node == "node-2"),
+                "{reason}: {:?}",
+                story.verdict
+            );
+            assert!(
+                story.verdict.summary.contains(&format!(
+                    "then freed there by the receiving socket layer: {reason} in {location}"
+                )),
+                "{}",
+                story.verdict.summary
+            );
+        }
+    }
+
+    #[test]
+    fn a_drop_on_the_way_or_by_the_sender_stays_a_drop() {
+        for (reason, location, by_socket) in [
+            ("IP_INHDR", "ip_rcv_core+0x1b0", false),
+            ("NETFILTER_DROP", "nf_hook_slow+0x9c", false),
+            ("NOT_SPECIFIED", "tcp_v4_rcv+0x5d", true),
+        ] {
+            let story = fin_freed_on_node_2(reason, location, by_socket);
+            assert!(
+                matches!(story.verdict.outcome, Outcome::Dropped { .. }),
+                "{reason}: {:?}",
+                story.verdict
+            );
+        }
+    }
+
     #[test]
     fn a_packet_sent_to_a_traced_node_did_not_leave_the_traced_nodes() {
         let mut ctx = ctx();

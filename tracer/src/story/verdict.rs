@@ -131,6 +131,12 @@ pub(super) fn judge(journey: &Journey, ctx: &Context) -> Verdict {
             "; it was sent toward {node} ({ip}), which is traced and never saw it arrive"
         ));
     }
+    if let Some(freed) = journey.freed_by_receiver() {
+        summary.push_str(&format!(
+            "; then freed there by the receiving socket layer: {} in {} (the socket's own doing, such as a connection already closed: not a drop on the path)",
+            freed.reason, freed.location
+        ));
+    }
     if let Some(hint) = &explanation.hint {
         summary.push_str(&format!("; {hint}"));
     }
@@ -183,7 +189,12 @@ fn path_of(journey: &Journey, delivered: bool) -> Vec<PathStep> {
 fn outcome_of(journey: &Journey, delivered: bool, ctx: &Context) -> Outcome {
     let last = &journey.hops[journey.hops.len() - 1];
     let dst = journey.hops[0].packet.packet.dst;
-    if let (Direction::Drop, Some(drop)) = (last.direction, &last.drop) {
+    if journey.freed_by_receiver().is_some() {
+        Outcome::Delivered {
+            node: last.node.to_string(),
+            iface: last.iface.to_string(),
+        }
+    } else if let (Direction::Drop, Some(drop)) = (last.direction, &last.drop) {
         Outcome::Dropped {
             node: last.node.to_string(),
             iface: last.iface.to_string(),
