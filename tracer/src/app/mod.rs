@@ -14,6 +14,7 @@ pub mod front;
 pub mod kernel;
 mod losses;
 mod masquerade;
+mod probing;
 pub mod profile;
 mod replay;
 mod stop;
@@ -86,8 +87,11 @@ pub async fn run(args: Args) -> Result<()> {
         },
         other => other?,
     };
+    let probing = probing::prepare(&args, &resolved.targets, &resolved.ctx).await?;
     let mut trace = attach(&args, resolved).await?;
     masquerade::trace_masquerade_sources(&mut trace)?;
+    // Only now that every hook is attached: each probe is seen whole.
+    trace.probes = probing.map(probing::start);
     let summary = stream::here(&args, &mut trace, &mut stop, write).await?;
     finish(trace, summary)
 }
@@ -205,6 +209,8 @@ struct Trace {
     joining_only: Vec<(Ipv4Addr, Ipv4Addr)>,
     /// Namespaces no traced node owns (pods), named on first sight.
     others: OtherNamespaces,
+    /// `--probe`: what the sending thread says, until it is done.
+    probes: Option<mpsc::UnboundedReceiver<probing::ProbeEvent>>,
     /// When the last traced node was attached (kernel time): a packet
     /// seen before then may have crossed hooks not attached yet, and
     /// would be told as vanished where it went on unseen.
@@ -304,6 +310,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         sightings,
         read_through,
         armed_ns,
+        probes: None,
         links,
         rules,
         conntrack,

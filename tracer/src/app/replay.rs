@@ -48,6 +48,7 @@ fn replay_into(args: &ReadArgs, out: impl Write + 'static, colour: bool) -> Resu
         limit: None,
         told: 0,
         pcap: None,
+        probe: None,
     };
     let mut summary = None;
     let mut foreign = 0;

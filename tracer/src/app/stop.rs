@@ -149,6 +149,7 @@ mod tests {
                 limit: None,
                 told: 0,
                 pcap: None,
+                probe: None,
             };
             stopped_before_tracing(teller).unwrap();
             let out = kept.text();

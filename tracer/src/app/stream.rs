@@ -14,6 +14,7 @@ use super::traced::TracedNode;
 use super::{
     follow_move, learn_connection, link_changed,
     losses::LossWatch,
+    probing::ProbeEvent,
     stop::Stop,
     teller::{new_teller, pcap_writer, Teller},
     to_hop, until, watch_moves, Trace, ARP_PATIENCE, JOURNEY_IDLE, JOURNEY_PATIENCE,
@@ -22,7 +23,7 @@ use crate::{
     cli::Args,
     cluster::api::PodMoved,
     decode::hop::Hop,
-    model::Summary,
+    model::{ProbeResult, Summary},
     probe::{clock::monotonic_ns, conntrack, netfilter::TracedRule, RING_HANDOVER},
     story::{
         correlator::{Correlator, Waits},
@@ -52,15 +53,21 @@ pub(super) async fn here(
     for (a, b) in &trace.joining_only {
         correlator.trace_for_joining(*a, *b);
     }
-    let mut local = Local { teller, correlator };
+    let mut local = Local {
+        teller,
+        correlator,
+        probes: Vec::new(),
+    };
     // Node mode has no lease to lose.
     let (_, no_lease) = mpsc::unbounded_channel();
     stream(args, trace, stop, &mut local, &mut summary, no_lease).await?;
     let Local {
         mut teller,
         mut correlator,
+        probes,
     } = local;
     teller.tell_all(&correlator.take_all())?;
+    teller.tell_probes(probes, &mut summary)?;
     Ok((summary, teller))
 }
 
@@ -86,6 +93,10 @@ pub(super) fn correlator_for(ctx: &Context, rules_traced: bool) -> Correlator {
     .with_nat(ctx.nat.clone())
 }
 
+/// How long after the last probe its stories may take to be told (the
+/// journey's patience, and its drop's rule).
+const PROBE_STORIES: Duration = JOURNEY_PATIENCE;
+
 /// Where the stream loop's events go.
 pub(super) trait Consumer {
     /// How often [`Consumer::tick`] runs.
@@ -104,6 +115,8 @@ pub(super) trait Consumer {
     async fn conntrack(&mut self, entry: conntrack::Entry, trace: &mut Trace) -> Result<()>;
     /// The number of attached hooks changed.
     fn hooks(&mut self, hooks: usize);
+    /// `--probe`: a probe goes out, or its result (node mode only).
+    fn probe(&mut self, _event: ProbeEvent) {}
 }
 
 /// Streams until Ctrl-C, SIGTERM, `--duration`, the consumer says stop,
@@ -123,6 +136,9 @@ pub(super) async fn stream(
     let until_deadline = until(args.duration);
     tokio::pin!(until_deadline);
     let mut why_gone = None;
+    // When the last probe ended: its stories are told soon after.
+    let mut probes_done: Option<tokio::time::Instant> = None;
+    let ends_with_probes = args.count.is_none() && args.duration.is_none();
     loop {
         tokio::select! {
             batch = trace.sightings.recv() => {
@@ -143,7 +159,17 @@ pub(super) async fn stream(
                 if !consumer.tick(read_through, now, loss)? {
                     break;
                 }
+                if ends_with_probes && probes_done.is_some_and(|at| at.elapsed() >= PROBE_STORIES) {
+                    break;
+                }
             }
+            event = next_probe_event(&mut trace.probes) => match event {
+                Some(event) => consumer.probe(event),
+                None => {
+                    trace.probes = None;
+                    probes_done = Some(tokio::time::Instant::now());
+                }
+            },
             Some(moved) = moved_rx.recv() => {
                 follow_move(trace, &mut traced_ips, &moved)?;
                 consumer.moved(&moved);
@@ -165,6 +191,17 @@ pub(super) async fn stream(
     Ok(why_gone)
 }
 
+/// What `--probe`'s thread says next; `None` once it is done, and never
+/// without probes.
+async fn next_probe_event(
+    probes: &mut Option<mpsc::UnboundedReceiver<ProbeEvent>>,
+) -> Option<ProbeEvent> {
+    match probes {
+        Some(probes) => probes.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Every batch queued now, placed and handed over.
 async fn hand_over_queued(trace: &mut Trace, summary: &mut Summary, consumer: &mut impl Consumer) {
     for batch in trace.take_queued() {
@@ -180,6 +217,8 @@ async fn hand_over_queued(trace: &mut Trace, summary: &mut Summary, consumer: &m
 pub(super) struct Local {
     pub teller: Teller<'static>,
     pub correlator: Correlator,
+    /// `--probe`'s results, told after the stories.
+    pub probes: Vec<ProbeResult>,
 }
 
 impl Consumer for Local {
@@ -213,6 +252,17 @@ impl Consumer for Local {
     }
 
     fn hooks(&mut self, _hooks: usize) {}
+
+    fn probe(&mut self, event: ProbeEvent) {
+        match event {
+            ProbeEvent::Sending(flow) => {
+                if let Some(watch) = &mut self.teller.probe {
+                    watch.sending(flow);
+                }
+            }
+            ProbeEvent::Done(result) => self.probes.push(result),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -7,10 +7,10 @@ use std::{
     net::Ipv4Addr,
 };
 
-use super::Trace;
+use super::{probing::ProbeWatch, Trace};
 use crate::{
     cli::Args,
-    model::Summary,
+    model::{ProbeResult, Summary},
     output::{
         self,
         pcapng::{Announced, PcapWriter},
@@ -26,6 +26,8 @@ pub(super) struct Teller<'a> {
     pub limit: Option<u64>,
     pub told: u64,
     pub pcap: Option<PcapWriter>,
+    /// `--probe`: only the probes' stories are told.
+    pub probe: Option<ProbeWatch>,
 }
 
 impl Teller<'_> {
@@ -54,7 +56,20 @@ impl Teller<'_> {
         if self.limit_reached() {
             return Ok(false);
         }
+        let probe_flow = match &mut self.probe {
+            Some(watch) => match watch.flow_of(journey) {
+                Some(flow) => Some(flow),
+                None => {
+                    watch.skipped += 1;
+                    return Ok(true);
+                }
+            },
+            None => None,
+        };
         let story = story::tell(journey, &self.ctx);
+        if let (Some(watch), Some(flow)) = (&mut self.probe, probe_flow) {
+            watch.told(flow, &story);
+        }
         self.told += 1;
         self.sink.story(self.told, &story)?;
         if let Some(pcap) = &mut self.pcap {
@@ -64,6 +79,24 @@ impl Teller<'_> {
             profile.add(&story);
         }
         Ok(!self.limit_reached())
+    }
+
+    /// `--probe`'s results, each beside the verdict of its packet that
+    /// failed, after the stories; the pair's other traffic skipped is
+    /// counted in `summary`.
+    pub fn tell_probes(
+        &mut self,
+        results: Vec<ProbeResult>,
+        summary: &mut Summary,
+    ) -> std::io::Result<()> {
+        let Some(watch) = &self.probe else {
+            return Ok(());
+        };
+        summary.skipped_by_filter = watch.skipped;
+        for result in results {
+            self.sink.probe(&watch.explained(result))?;
+        }
+        self.sink.flush()
     }
 
     /// A traced pod has a new address: stories name it from now on.
@@ -111,6 +144,7 @@ pub(super) fn new_teller(args: &Args, ctx: Context) -> Teller<'static> {
         limit: args.count,
         told: 0,
         pcap: None,
+        probe: args.probe.probe.map(ProbeWatch::new),
     }
 }
 

@@ -4,8 +4,10 @@ use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod probe;
 mod values;
 
+pub use probe::ProbeArgs;
 use values::parse_snaplen;
 pub use values::{parse_duration, parse_ring_size};
 
@@ -180,6 +182,8 @@ pub struct Args {
     /// kernel copies).
     #[arg(long, value_name = "BYTES", default_value_t = MAX_SNAPLEN, value_parser = parse_snaplen)]
     pub snaplen: u32,
+    #[command(flatten)]
+    pub probe: ProbeArgs,
 
     /// Cluster mode: start an agent pod on each node involved and merge
     /// their records (the default as `kubectl podtrace`). Needs no root.
@@ -316,6 +320,8 @@ impl Args {
             color: "auto".into(),
             write: None,
             snaplen: MAX_SNAPLEN,
+            // The front-end's: an agent sends none.
+            probe: ProbeArgs::default(),
             cluster: false,
             agent_namespace: self.agent_namespace.clone(),
             image: None,

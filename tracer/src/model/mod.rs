@@ -1,7 +1,7 @@
 //! The nouns every layer shares, at the bottom of the tree: names, the
 //! interned strings, node subnets, address translations, the output
-//! format and summary, the doctor's findings, text helpers, bounded reads
-//! of files. Nothing here
+//! format and summary, the doctor's findings, `--probe`'s traffic, text
+//! helpers, bounded reads of files. Nothing here
 //! imports another folder of podtrace.
 
 pub mod bounded;
@@ -9,6 +9,7 @@ pub mod finding;
 pub mod format;
 pub mod interned;
 pub mod name;
+pub mod probe;
 pub mod subnet;
 pub mod summary;
 pub mod text;
@@ -17,6 +18,7 @@ pub mod translation;
 pub use finding::Finding;
 pub use format::{Format, MAX_SNAPLEN};
 pub use name::Name;
+pub use probe::{ProbeKind, ProbeResult};
 pub use subnet::NodeSubnet;
 pub use summary::{KernelSummary, NodeCounts, Summary, KEEP_UP};
 pub use translation::{Frontend, Translation};

@@ -25,6 +25,10 @@ pub struct Summary {
     /// Interfaces that appeared during the trace and were attached.
     pub interfaces_added: u64,
     pub hooks_attached: usize,
+    /// Stories of the traced pair that a filter left untold (`--probe`:
+    /// the pair's traffic other than the probes').
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skipped_by_filter: u64,
     /// `--sample N`: one traced packet in N was told (absent: all).
     #[serde(skip_serializing_if = "all_told")]
     pub sample: u32,
@@ -53,6 +57,10 @@ pub struct KernelSummary {
     /// Each: what podtrace does instead, and the version that brings the
     /// feature (`clsact instead of TCX (needs 6.6)`).
     pub degraded: Vec<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 fn all_told(sample: &u32) -> bool {

@@ -77,6 +77,23 @@ fn inode(path: &Path) -> Option<u64> {
     std::fs::metadata(path).ok().map(|m| m.ino())
 }
 
+/// The network namespace, other than this thread's, whose interfaces
+/// hold `ip`: a pod's (`--probe` sends from there).
+pub async fn holding(ip: Ipv4Addr) -> Option<PathBuf> {
+    let own = std::fs::metadata("/proc/thread-self/ns/net").map_or(0, |m| m.ino());
+    for path in namespaces(own) {
+        let Ok(entered) = netns::enter(&path) else {
+            continue;
+        };
+        let view = NodeView::read().await.ok();
+        drop(entered);
+        if view.is_some_and(|view| view.own_addresses().any(|own| own == ip)) {
+            return Some(path);
+        }
+    }
+    None
+}
+
 /// Names of namespaces no traced node owns, learnt on first sight.
 #[derive(Default)]
 pub struct OtherNamespaces {

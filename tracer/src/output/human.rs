@@ -4,7 +4,7 @@
 use std::io::Write;
 
 use super::Sink;
-use crate::model::Summary;
+use crate::model::{ProbeResult, Summary};
 use crate::story::{profile::StepLatency, Outcome, Story};
 
 /// Writes stories as people read them.
@@ -27,6 +27,15 @@ impl<W: Write> Sink for Human<W> {
     fn summary(&mut self, summary: &Summary) -> std::io::Result<()> {
         self.out.write_all(human_summary(summary).as_bytes())?;
         self.out.flush()
+    }
+
+    fn probe(&mut self, probe: &ProbeResult) -> std::io::Result<()> {
+        let mark = if probe.answered { "✓" } else { "✗" };
+        writeln!(
+            self.out,
+            "probe {} {} → {}: {mark} {}",
+            probe.seq, probe.kind, probe.target, probe.result
+        )
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
@@ -133,6 +142,12 @@ pub fn human_summary(s: &Summary) -> String {
         text.push_str(&format!(
             "podtrace: sampled: 1 packet in {} told (chosen in the kernel by packet identity, every hop of it kept)\n",
             s.sample
+        ));
+    }
+    if s.skipped_by_filter > 0 {
+        text.push_str(&format!(
+            "podtrace: {} stories of the pair's other traffic skipped (not the probes')\n",
+            s.skipped_by_filter
         ));
     }
     for n in &s.nodes {

@@ -1,12 +1,12 @@
 //! The JSON lines format: one object per line, tagged with `type`
-//! (`story`, `profile`, `summary`) first; fields are only ever added.
+//! (`story`, `profile`, `probe`, `summary`) first; fields are only ever added.
 
 use std::io::Write;
 
 use serde::Serialize;
 
 use super::Sink;
-use crate::model::Summary;
+use crate::model::{ProbeResult, Summary};
 use crate::story::{profile::StepLatency, Story};
 
 /// Writes stories for programs.
@@ -56,6 +56,10 @@ impl<W: Write> Sink for Json<W> {
     fn summary(&mut self, summary: &Summary) -> std::io::Result<()> {
         self.line("summary", summary)?;
         self.out.flush()
+    }
+
+    fn probe(&mut self, probe: &ProbeResult) -> std::io::Result<()> {
+        self.line("probe", probe)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {

@@ -5,6 +5,8 @@
 //! JSON lines schema (stable; fields are only ever added):
 //! - `{"type":"story", ...Story}`: one per packet; see `story::Story`.
 //! - `{"type":"profile", "steps": [...]}`: with `--profile`, at exit.
+//! - `{"type":"probe", ...ProbeResult}`: with `--probe`, one per probe,
+//!   after the stories.
 //! - `{"type":"summary", ...Summary}`: one at exit.
 
 mod human;
@@ -19,7 +21,7 @@ pub use human::{human_profile, human_story, human_summary, Human};
 pub use json::Json;
 
 use crate::{
-    model::{Format, Summary},
+    model::{Format, ProbeResult, Summary},
     story::{profile::StepLatency, Story},
 };
 
@@ -30,6 +32,8 @@ pub trait Sink {
     /// The `--profile` table: per hop-to-hop step, its latency percentiles.
     fn profile(&mut self, steps: &[StepLatency]) -> std::io::Result<()>;
     fn summary(&mut self, summary: &Summary) -> std::io::Result<()>;
+    /// One `--probe`'s result.
+    fn probe(&mut self, probe: &ProbeResult) -> std::io::Result<()>;
     /// Hands what was written to the output: stories are buffered until
     /// their batch is told; the profile and the summary are flushed.
     fn flush(&mut self) -> std::io::Result<()>;

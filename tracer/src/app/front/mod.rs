@@ -62,6 +62,9 @@ pub async fn run(args: Args) -> Result<()> {
     if args.write.is_some() {
         bail!("--write works in node mode only (--netns, or on the node): cluster mode writes no pcapng");
     }
+    if let Some(probe) = args.probe.probe {
+        bail!("--probe {probe} works in node mode for now (podtrace on the source pod's node, as root): cluster mode sends no probes yet");
+    }
     let mut stop = Stop::catch()?;
     let Some(targets) = super::stop::unless_stopped(Targets::resolve(&args), stop.recv()).await
     else {

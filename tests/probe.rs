@@ -1,0 +1,200 @@
+//! `--probe`: podtrace sends the test traffic itself, from the source
+//! pod's network namespace, traces exactly those packets (the pair's other
+//! traffic is skipped and counted), and ends with each probe's result
+//! beside the verdict of the packet that failed. On the lab with its
+//! Services (listeners on db-0 and db-1: TCP 8080, UDP echo 5353).
+
+#[allow(dead_code)]
+mod support;
+
+use serde_json::Value;
+use support::*;
+use xtask::{
+    faults::Fault,
+    lab::{kube_proxy::ProxyMode, LabGuard, Topology},
+};
+
+fn probe_lab() -> LabGuard {
+    let lab = lab(Topology::FlannelVxlan);
+    lab.0
+        .install_services(ProxyMode::Iptables)
+        .expect("install services");
+    lab
+}
+
+/// `podtrace web-0 DST --probe PROBE EXTRA…` on both nodes, in JSON: it
+/// ends by itself once the probes' stories are told.
+fn probe(lab: &LabGuard, dst: &str, probe: &str, extra: &[&str]) -> Finished {
+    let mut first = vec!["default/web-0", dst, "--probe", probe, "-o", "json"];
+    first.extend_from_slice(extra);
+    let mut rest = lab_args(&lab.0, &[1, 2]);
+    rest.push("--services-file".into());
+    rest.push(lab.0.services_file().display().to_string());
+    let done = Trace::start(&argv(&first, rest)).finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    done
+}
+
+fn results(done: &Finished) -> Vec<Value> {
+    done.json()
+        .into_iter()
+        .filter(|v| v["type"] == "probe")
+        .collect()
+}
+
+/// The one probe's result line.
+fn result(done: &Finished) -> String {
+    let results = results(done);
+    assert_eq!(results.len(), 1, "{}", done.stdout);
+    results[0]["result"].as_str().unwrap().to_string()
+}
+
+fn outcomes(done: &Finished) -> Vec<String> {
+    done.stories()
+        .iter()
+        .map(|s| s["verdict"]["outcome"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn a_tcp_probe_connects_and_its_syn_and_syn_ack_are_told() {
+    let lab = probe_lab();
+    let done = probe(&lab, "default/db-0", "tcp:8080", &[]);
+    assert!(result(&done).starts_with("connected in"), "{}", done.stdout);
+    let stories = done.stories();
+    let flags: Vec<&Value> = stories.iter().map(|s| &s["transport"]["flags"]).collect();
+    assert!(stories.len() >= 2, "{}", done.stdout);
+    // The SYN, then the SYN-ACK: both delivered.
+    assert_eq!(
+        (flags[0], flags[1]),
+        (&Value::from(0x02), &Value::from(0x12)),
+        "{flags:?}"
+    );
+    assert_eq!(outcomes(&done)[..2], ["delivered", "delivered"]);
+}
+
+#[test]
+fn a_tcp_probe_to_a_port_nobody_listens_on_is_refused() {
+    let lab = probe_lab();
+    let done = probe(&lab, "default/db-0", "tcp:8081", &[]);
+    assert_eq!(result(&done), "refused (RST)");
+    assert_eq!(results(&done)[0]["answered"], false);
+}
+
+#[test]
+fn a_dropped_probe_says_no_answer_and_names_the_rule() {
+    let lab = probe_lab();
+    Fault::IptablesForwardDrop.apply(&lab.0).unwrap();
+    let done = probe(&lab, "default/db-0", "tcp:8080", &[]);
+    let said = result(&done);
+    assert!(said.starts_with("no answer in 1s: dropped on"), "{said}");
+    assert!(said.contains("-j DROP"), "the rule is named: {said}");
+}
+
+#[test]
+fn a_probe_to_a_service_follows_the_dnat() {
+    let lab = probe_lab();
+    let done = probe(&lab, "svc/db", "tcp:80", &[]);
+    assert!(result(&done).starts_with("connected in"), "{}", done.stdout);
+    let syn = &done.stories()[0];
+    let translated = syn["hops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|h| h["nat"].as_array().is_some_and(|n| !n.is_empty()));
+    assert!(translated, "the SYN's DNAT is told: {syn}");
+    assert_eq!(syn["verdict"]["outcome"], "delivered");
+}
+
+#[test]
+fn icmp_and_udp_probes_are_answered_or_refused() {
+    let lab = probe_lab();
+    let done = probe(&lab, "default/db-0", "icmp", &[]);
+    assert!(
+        result(&done).starts_with("echo reply in"),
+        "{}",
+        done.stdout
+    );
+    let done = probe(&lab, "default/db-0", "udp:5353", &[]);
+    assert!(result(&done).starts_with("answered in"), "{}", done.stdout);
+    let done = probe(&lab, "default/db-0", "udp:5354", &[]);
+    assert!(
+        result(&done).starts_with("ICMP port unreachable"),
+        "{}",
+        done.stdout
+    );
+}
+
+#[test]
+fn only_the_probes_are_told_and_the_pairs_other_traffic_is_counted() {
+    let lab = probe_lab();
+    let mut first = vec!["default/web-0", "default/db-0", "-o", "json"];
+    first.extend_from_slice(&[
+        "--probe",
+        "tcp:8080",
+        "--probe-count",
+        "3",
+        "--probe-interval",
+        "700ms",
+    ]);
+    let trace = Trace::start(&argv(&first, lab_args(&lab.0, &[1, 2])));
+    assert!(ping(&lab.0, "web-0", "db-0"));
+    let done = trace.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    assert_eq!(results(&done).len(), 3, "{}", done.stdout);
+    assert!(
+        done.stories()
+            .iter()
+            .all(|s| s["transport"]["flags"].is_number()),
+        "only TCP"
+    );
+    let summary = done
+        .json()
+        .into_iter()
+        .find(|v| v["type"] == "summary")
+        .unwrap();
+    assert!(
+        summary["skipped_by_filter"].as_u64() >= Some(2),
+        "{summary}"
+    );
+}
+
+#[test]
+fn a_probe_that_cannot_be_sent_is_bad_input_and_nothing_is_sent() {
+    let lab = probe_lab();
+    for (probe, says) in [
+        ("tcp:0", "tcp:0"),
+        ("tcp:70000", "tcp:70000"),
+        ("sctp:1", "sctp:1"),
+    ] {
+        let out = std::process::Command::new(PODTRACE)
+            .args(argv(
+                &["default/web-0", "default/db-0", "--probe", probe],
+                lab_args(&lab.0, &[1, 2]),
+            ))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.lines().count() == 1 && stderr.contains(says),
+            "{probe}: {stderr}"
+        );
+    }
+    // A source that no namespace on this host holds: nothing attached.
+    let out = std::process::Command::new(PODTRACE)
+        .args(argv(
+            &["192.0.2.99", "default/db-0", "--probe", "icmp"],
+            lab_args(&lab.0, &[1, 2]),
+        ))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && stderr.contains("no network namespace on this host holds 192.0.2.99"),
+        "{stderr}"
+    );
+    for node in [1, 2] {
+        assert!(tcx_programs(&lab.0.node_netns(node)).is_empty());
+    }
+}

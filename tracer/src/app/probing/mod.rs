@@ -1,0 +1,144 @@
+//! `--probe`: podtrace sends the test traffic itself, from the source
+//! pod's own network namespace (no exec into its container, no tool in its
+//! image), traces exactly those packets, and ends with each probe's result
+//! beside the verdict of the packet that failed. It sends nothing but the
+//! probes, to the destination named, at most every 100 ms, and closes
+//! every socket it opens.
+
+mod icmp;
+mod send;
+mod watch;
+
+use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
+
+use anyhow::{anyhow, bail, Result};
+use tokio::sync::mpsc;
+
+pub(super) use watch::ProbeWatch;
+
+use super::targets::Targets;
+use crate::{
+    cli::Args,
+    model::{ProbeKind, ProbeResult},
+    node::{netns, pod_netns},
+    story::Context,
+};
+
+/// The probes to send, checked before anything is attached.
+pub(super) struct Probing {
+    kind: ProbeKind,
+    /// The source pod's network namespace.
+    netns: PathBuf,
+    dst: Ipv4Addr,
+    count: u32,
+    interval: Duration,
+    timeout: Duration,
+}
+
+/// What the sending thread says.
+pub(super) enum ProbeEvent {
+    /// A probe goes out on this flow (source port, or echo identifier).
+    Sending(u16),
+    Done(ProbeResult),
+}
+
+/// The probes `args` ask for, once it is known they can be sent: the
+/// source is a pod whose namespace is on this node. A probe that cannot
+/// be sent is bad input: nothing is attached, nothing sent.
+pub(super) async fn prepare(
+    args: &Args,
+    targets: &Targets,
+    ctx: &Context,
+) -> Result<Option<Probing>> {
+    let Some(kind) = args.probe.probe else {
+        return Ok(None);
+    };
+    let src = targets.src.ip;
+    let Some(netns) = pod_netns::holding(src).await else {
+        bail!(
+            "--probe {kind}: no network namespace on this host holds {} : podtrace sends probes from the source pod's own namespace, so run it on the source's node (or through kubectl podtrace)",
+            ctx.label(src)
+        );
+    };
+    Ok(Some(Probing {
+        kind,
+        netns,
+        dst: targets.dst.ip,
+        count: args.probe.probe_count,
+        interval: args.probe.probe_interval,
+        timeout: args.probe.probe_timeout,
+    }))
+}
+
+/// Sends the probes on a thread of its own (a namespace is entered per
+/// thread), one every interval; the channel closes after the last.
+pub(super) fn start(probing: Probing) -> mpsc::UnboundedReceiver<ProbeEvent> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        if let Err(e) = send_all(&probing, &tx) {
+            let failed = result_of(
+                &probing,
+                1,
+                0,
+                send::Answer {
+                    answered: false,
+                    rtt: None,
+                    result: format!("not sent: {e:#}"),
+                },
+            );
+            let _ = tx.send(ProbeEvent::Done(failed));
+        }
+    });
+    rx
+}
+
+fn send_all(probing: &Probing, tx: &mpsc::UnboundedSender<ProbeEvent>) -> Result<()> {
+    let _inside = netns::enter(&probing.netns)?;
+    // One identifier per run, for ICMP: its sequence numbers count the
+    // probes.
+    let echo_id = (std::process::id() as u16) ^ 0x7074;
+    for seq in 1..=probing.count {
+        if seq > 1 {
+            std::thread::sleep(probing.interval);
+        }
+        let socket = send::socket(probing.kind)
+            .map_err(|e| anyhow!("cannot open a socket in the pod: {e}"))?;
+        let flow = match probing.kind {
+            ProbeKind::Icmp => echo_id,
+            _ => send::local_port(&socket),
+        };
+        if tx.send(ProbeEvent::Sending(flow)).is_err() {
+            return Ok(());
+        }
+        let answer = send::send(
+            socket,
+            probing.kind,
+            probing.dst,
+            (echo_id, seq as u16),
+            probing.timeout,
+        );
+        if tx
+            .send(ProbeEvent::Done(result_of(probing, seq, flow, answer)))
+            .is_err()
+        {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+fn result_of(probing: &Probing, seq: u32, flow_id: u16, answer: send::Answer) -> ProbeResult {
+    let target = match probing.kind.port() {
+        Some(port) => format!("{}:{port}", probing.dst),
+        None => probing.dst.to_string(),
+    };
+    ProbeResult {
+        kind: probing.kind.to_string(),
+        target,
+        seq,
+        answered: answer.answered,
+        rtt_ms: answer.rtt.map(|rtt| rtt.as_secs_f64() * 1e3),
+        result: answer.result,
+        flow_id,
+    }
+}

@@ -1,0 +1,166 @@
+//! One probe, sent from the network namespace this thread is in, and its
+//! answer read: a TCP connection (SYN → SYN-ACK or RST), a UDP datagram
+//! (a reply, or ICMP port unreachable), an ICMP echo (a reply, or an ICMP
+//! error about it). Every socket is closed before it returns.
+
+use std::{
+    io::ErrorKind,
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4},
+    time::{Duration, Instant},
+};
+
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+use crate::model::ProbeKind;
+
+/// What one probe learnt.
+#[derive(Debug)]
+pub(super) struct Answer {
+    pub answered: bool,
+    pub rtt: Option<Duration>,
+    pub result: String,
+}
+
+/// A socket for `kind`, bound so that its flow is known before it sends:
+/// the source port (TCP, UDP); ICMP's echo identifier is chosen instead.
+pub(super) fn socket(kind: ProbeKind) -> std::io::Result<Socket> {
+    let (kind, protocol) = match kind {
+        ProbeKind::Tcp(_) => (Type::STREAM, Protocol::TCP),
+        ProbeKind::Udp(_) => (Type::DGRAM, Protocol::UDP),
+        ProbeKind::Icmp => (Type::RAW, Protocol::ICMPV4),
+    };
+    let socket = Socket::new(Domain::IPV4, kind, Some(protocol))?;
+    if kind != Type::RAW {
+        socket.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)).into())?;
+    }
+    Ok(socket)
+}
+
+/// The source port a bound socket got.
+pub(super) fn local_port(socket: &Socket) -> u16 {
+    socket
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .map_or(0, |a| a.port())
+}
+
+/// Sends one probe of `kind` to `dst` on `socket` and waits at most
+/// `timeout` for its answer (`echo_id`, `seq`: ICMP's).
+pub(super) fn send(
+    socket: Socket,
+    kind: ProbeKind,
+    dst: Ipv4Addr,
+    (echo_id, seq): (u16, u16),
+    timeout: Duration,
+) -> Answer {
+    let waited = humantime::format_duration(timeout);
+    let outcome = match kind {
+        ProbeKind::Tcp(port) => connect(&socket, SocketAddrV4::new(dst, port), timeout),
+        ProbeKind::Udp(port) => datagram(&socket, SocketAddrV4::new(dst, port), timeout),
+        ProbeKind::Icmp => echo(&socket, dst, (echo_id, seq), timeout),
+    };
+    match outcome {
+        Ok(answer) => answer,
+        Err(e) if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock) => Answer {
+            answered: false,
+            rtt: None,
+            result: format!("no answer in {waited}"),
+        },
+        Err(e) => Answer {
+            answered: false,
+            rtt: None,
+            result: refusal(&e, kind),
+        },
+    }
+}
+
+/// An error that is the network's answer, in its terms.
+fn refusal(e: &std::io::Error, kind: ProbeKind) -> String {
+    match (e.kind(), e.raw_os_error()) {
+        (ErrorKind::ConnectionRefused, _) if matches!(kind, ProbeKind::Tcp(_)) => {
+            "refused (RST)".into()
+        }
+        (ErrorKind::ConnectionRefused, _) => "ICMP port unreachable: nothing listens there".into(),
+        (_, Some(libc::EHOSTUNREACH)) => {
+            "host unreachable (ICMP, or no neighbour answered ARP)".into()
+        }
+        (_, Some(libc::ENETUNREACH)) => "network unreachable: the pod has no route there".into(),
+        (_, Some(libc::EPERM | libc::EACCES)) => {
+            format!("refused by the pod's own firewall ({e})")
+        }
+        _ => format!("failed: {e}"),
+    }
+}
+
+fn connect(socket: &Socket, to: SocketAddrV4, timeout: Duration) -> std::io::Result<Answer> {
+    let sent = Instant::now();
+    socket.connect_timeout(&SockAddr::from(to), timeout)?;
+    let rtt = sent.elapsed();
+    Ok(Answer {
+        answered: true,
+        rtt: Some(rtt),
+        result: format!("connected in {} (SYN → SYN-ACK)", millis(rtt)),
+    })
+}
+
+fn datagram(socket: &Socket, to: SocketAddrV4, timeout: Duration) -> std::io::Result<Answer> {
+    socket.connect(&SockAddr::from(to))?;
+    socket.set_read_timeout(Some(timeout))?;
+    let sent = Instant::now();
+    socket.send(b"podtrace probe\n")?;
+    let mut reply = [std::mem::MaybeUninit::new(0u8); 512];
+    socket.recv(&mut reply)?;
+    let rtt = sent.elapsed();
+    Ok(Answer {
+        answered: true,
+        rtt: Some(rtt),
+        result: format!("answered in {}", millis(rtt)),
+    })
+}
+
+fn echo(
+    socket: &Socket,
+    to: Ipv4Addr,
+    (id, seq): (u16, u16),
+    timeout: Duration,
+) -> std::io::Result<Answer> {
+    let request = super::icmp::echo_request(id, seq);
+    let sent = Instant::now();
+    socket.send_to(&request, &SockAddr::from(SocketAddrV4::new(to, 0)))?;
+    let deadline = sent + timeout;
+    let mut buf = [std::mem::MaybeUninit::new(0u8); 1500];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ErrorKind::TimedOut.into());
+        }
+        socket.set_read_timeout(Some(left))?;
+        let n = socket.recv(&mut buf)?;
+        // SAFETY: recv initialised the first n bytes.
+        let packet: Vec<u8> = buf[..n]
+            .iter()
+            .map(|b| unsafe { b.assume_init() })
+            .collect();
+        let Some(reply) = super::icmp::about_our_echo(&packet, (id, seq)) else {
+            continue;
+        };
+        let rtt = sent.elapsed();
+        return Ok(match reply {
+            super::icmp::Reply::Echo => Answer {
+                answered: true,
+                rtt: Some(rtt),
+                result: format!("echo reply in {}", millis(rtt)),
+            },
+            super::icmp::Reply::Error(what) => Answer {
+                answered: false,
+                rtt: Some(rtt),
+                result: what,
+            },
+        });
+    }
+}
+
+fn millis(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}

@@ -1,0 +1,85 @@
+//! Which stories are the probes': the teller tells only those, counts the
+//! pair's other traffic as skipped, and keeps the verdict of each probe
+//! packet that failed, for the probe's result.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::{
+    decode::Transport,
+    model::{ProbeKind, ProbeResult},
+    story::{journey::Journey, Outcome, Story},
+};
+
+/// The probes' flows, as they are sent.
+pub(in crate::app) struct ProbeWatch {
+    kind: ProbeKind,
+    /// Source ports (TCP, UDP) or echo identifiers (ICMP).
+    flows: HashSet<u16>,
+    /// The verdict of each flow's last packet that was not delivered.
+    failed: HashMap<u16, String>,
+    /// Stories of the pair that were not the probes'.
+    pub skipped: u64,
+}
+
+impl ProbeWatch {
+    pub fn new(kind: ProbeKind) -> Self {
+        Self {
+            kind,
+            flows: HashSet::new(),
+            failed: HashMap::new(),
+            skipped: 0,
+        }
+    }
+
+    /// A probe is about to be sent on `flow`.
+    pub fn sending(&mut self, flow: u16) {
+        self.flows.insert(flow);
+    }
+
+    /// The probe flow `journey`'s packet belongs to: either way, and an
+    /// ICMP error about a probe too.
+    pub fn flow_of(&self, journey: &Journey) -> Option<u16> {
+        let transport = journey.hops.first()?.packet.packet.transport;
+        let flow = match (self.kind, transport) {
+            (ProbeKind::Tcp(_), Transport::Tcp { sport, dport, .. })
+            | (ProbeKind::Udp(_), Transport::Udp { sport, dport }) => {
+                [sport, dport].into_iter().find(|p| self.flows.contains(p))
+            }
+            (
+                ProbeKind::Icmp,
+                Transport::Icmp {
+                    id,
+                    icmp_type: 0 | 8,
+                    ..
+                },
+            ) => self.flows.contains(&id).then_some(id),
+            // An error about a probe quotes it; whose, the probe's own
+            // socket reads: take it as the probes'.
+            (
+                _,
+                Transport::Icmp {
+                    icmp_type: 3 | 11, ..
+                },
+            ) => self.flows.iter().next().copied(),
+            _ => None,
+        };
+        flow
+    }
+
+    /// `story` of probe flow `flow` was told.
+    pub fn told(&mut self, flow: u16, story: &Story) {
+        if !matches!(story.verdict.outcome, Outcome::Delivered { .. }) {
+            self.failed.insert(flow, story.verdict.summary.clone());
+        }
+    }
+
+    /// `result`, with the verdict of its packet that failed beside it.
+    pub fn explained(&self, mut result: ProbeResult) -> ProbeResult {
+        if !result.answered {
+            if let Some(verdict) = self.failed.get(&result.flow_id) {
+                result.result = format!("{}: {verdict}", result.result);
+            }
+        }
+        result
+    }
+}

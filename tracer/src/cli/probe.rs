@@ -1,0 +1,64 @@
+//! `--probe` and its settings: podtrace sends the test traffic itself.
+
+use std::time::Duration;
+
+use super::values::parse_duration;
+use crate::model::ProbeKind;
+
+/// How often probes may go out at most: a probe is a question, not load.
+pub const FASTEST_PROBES: Duration = Duration::from_millis(100);
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct ProbeArgs {
+    /// Send test traffic from the source pod's network namespace to the
+    /// destination and trace exactly it: `icmp`, `tcp:PORT` (a connection)
+    /// or `udp:PORT`. Ends with each probe's result beside the verdict of
+    /// the packet that failed; without --count or --duration, once the
+    /// probes' stories are told.
+    #[arg(long, value_name = "icmp|tcp:PORT|udp:PORT", value_parser = parse_probe)]
+    pub probe: Option<ProbeKind>,
+    /// How many probes to send (1 to 100).
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "probe",
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub probe_count: u32,
+    /// Time between probes (at least 100ms).
+    #[arg(long, value_name = "DURATION", default_value = "1s", requires = "probe", value_parser = parse_interval)]
+    pub probe_interval: Duration,
+    /// How long each probe waits for its answer.
+    #[arg(long, value_name = "DURATION", default_value = "1s", requires = "probe", value_parser = parse_timeout)]
+    pub probe_timeout: Duration,
+}
+
+impl Default for ProbeArgs {
+    fn default() -> Self {
+        Self {
+            probe: None,
+            probe_count: 1,
+            probe_interval: Duration::from_secs(1),
+            probe_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+fn parse_probe(text: &str) -> Result<ProbeKind, String> {
+    text.parse()
+}
+
+fn parse_interval(text: &str) -> Result<Duration, String> {
+    let interval = parse_duration(text)?;
+    if interval < FASTEST_PROBES {
+        return Err(format!(
+            "{text}: probes go at most every {} ms",
+            FASTEST_PROBES.as_millis()
+        ));
+    }
+    Ok(interval)
+}
+
+fn parse_timeout(text: &str) -> Result<Duration, String> {
+    let timeout = parse_duration(text)?;
+    if timeout.is_zero() || timeout > Duration::from_secs(60) {
+        return Err(format!("{text}: a probe waits from 1 ms to 60 s"));
+    }
+    Ok(timeout)
+}
