@@ -347,3 +347,26 @@ fn a_calico_bgp_node_without_a_default_route_is_traced_without_a_node_list() {
         done.stderr
     );
 }
+
+#[test]
+fn a_missing_calico_block_route_names_the_other_traced_nodes_block() {
+    let lab = lab(Topology::Calico);
+    let node_1 = lab.0.node_netns(1);
+    let subnet = lab.0.node_subnet(2);
+    xtask::lab::ip(&node_1, &format!("route del {subnet}")).expect("route gone");
+    xtask::lab::ip(&node_1, "route del default").expect("no default route");
+    let done = one_ping_by_address(&lab.0);
+    assert!(done.status.success(), "{}", done.stderr);
+    let stories = done.stories();
+    let verdict = &stories.first().expect("a story")["verdict"];
+    assert_eq!(verdict["outcome"], "no_route", "{verdict}");
+    let node_2 = lab.0.node_netns(2);
+    let node_2 = node_2.rsplit('/').next().unwrap_or_default();
+    let node_ip = xtask::lab::Lab::node_ip(2);
+    assert_eq!(
+        verdict["check"]["expected"],
+        format!("{subnet} via {node_ip} dev eth0 proto bird (pod block of {node_2})").as_str(),
+        "{verdict}"
+    );
+    assert_eq!(verdict["check"]["used"], "no route at all", "{verdict}");
+}
