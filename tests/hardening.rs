@@ -314,3 +314,59 @@ fn records_lost_in_flight_make_stories_incomplete_never_vanished() {
         done.stderr
     );
 }
+
+/// web-0 → db-0 given by address, with no inventory at all (neither
+/// --pods-file nor --nodes-file), one ping traced on nodes 1 and 2.
+fn one_ping_by_address(lab: &xtask::lab::Lab) -> Finished {
+    let (web, db) = (lab.pod("web-0").ip, lab.pod("db-0").ip);
+    let mut args = vec![web.to_string(), db.to_string()];
+    for arg in ["-o", "json", "--count", "1", "--duration", "15s"] {
+        args.push(arg.into());
+    }
+    for node in [1, 2] {
+        args.extend(["--netns".to_string(), lab.node_netns(node)]);
+    }
+    let trace = Trace::start(&args);
+    ping_db(lab, 1, &[]);
+    trace.finish()
+}
+
+#[test]
+fn a_calico_bgp_node_without_a_default_route_is_traced_without_a_node_list() {
+    let lab = lab(Topology::Calico);
+    for node in [1, 2] {
+        xtask::lab::ip(&lab.0.node_netns(node), "route del default").expect("no default route");
+    }
+    let done = one_ping_by_address(&lab.0);
+    assert!(done.status.success(), "{}", done.stderr);
+    let stories = done.stories();
+    let verdict = &stories.first().expect("a story")["verdict"];
+    assert_eq!(
+        verdict["outcome"], "delivered",
+        "{verdict}\n{}",
+        done.stderr
+    );
+}
+
+#[test]
+fn a_missing_calico_block_route_names_the_other_traced_nodes_block() {
+    let lab = lab(Topology::Calico);
+    let node_1 = lab.0.node_netns(1);
+    let subnet = lab.0.node_subnet(2);
+    xtask::lab::ip(&node_1, &format!("route del {subnet}")).expect("route gone");
+    xtask::lab::ip(&node_1, "route del default").expect("no default route");
+    let done = one_ping_by_address(&lab.0);
+    assert!(done.status.success(), "{}", done.stderr);
+    let stories = done.stories();
+    let verdict = &stories.first().expect("a story")["verdict"];
+    assert_eq!(verdict["outcome"], "no_route", "{verdict}");
+    let node_2 = lab.0.node_netns(2);
+    let node_2 = node_2.rsplit('/').next().unwrap_or_default();
+    let node_ip = xtask::lab::Lab::node_ip(2);
+    assert_eq!(
+        verdict["check"]["expected"],
+        format!("{subnet} via {node_ip} dev eth0 proto bird (pod block of {node_2})").as_str(),
+        "{verdict}"
+    );
+    assert_eq!(verdict["check"]["used"], "no route at all", "{verdict}");
+}

@@ -280,6 +280,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
             .filter_map(|e| Some((e.ip, Targets::node_of(e)?.to_string())))
             .collect(),
         node_ips: &args.node_ip,
+        traced_addresses: traced::addresses_of(&namespaces).await?,
         single_node: namespaces.len() == 1,
     };
     let (nodes, read_through) = trace_nodes(&namespaces, &shared, &tx, &mut ctx, &doctor).await?;

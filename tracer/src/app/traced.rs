@@ -62,6 +62,9 @@ pub struct Shared<'a> {
     pub endpoint_nodes: Vec<(Ipv4Addr, String)>,
     /// `--node-ip`s: each node takes the one it holds.
     pub node_ips: &'a [Ipv4Addr],
+    /// Each traced namespace's own addresses, by node id: where no node
+    /// list says which the other nodes are, they tell.
+    pub traced_addresses: Vec<Vec<Ipv4Addr>>,
     /// Only one node is traced: a `--node-ip` it does not hold is an error
     /// to report, not someone else's address.
     pub single_node: bool,
@@ -152,9 +155,8 @@ impl TracedNode {
             .map(|(_, ip)| *ip)
             .filter(|ip| Some(*ip) != identity.node_ip)
             .collect();
-        let underlay = interfaces::underlay(&view, identity.node_ip, &other_nodes)
-            .with_context(|| format!("node {name}"))?
-            .index;
+        let underlay = find_underlay(&view, id, identity.node_ip, &other_nodes, shared)
+            .with_context(|| format!("node {name}"))?;
         let every = select(&view, underlay, cni);
         let local_pod_subnets = local_pod_subnets(&view, &every);
         let (endpoints, local) = endpoints_here(shared, &name, &local_pod_subnets);
@@ -327,6 +329,41 @@ pub enum LinkOutcome {
     Added,
     Vanished,
     Ignored,
+}
+
+/// The underlay of traced node `id`, from its tables and what the other
+/// traced namespaces and the traced pairs tell.
+fn find_underlay(
+    view: &NodeView,
+    id: u32,
+    node_ip: Option<Ipv4Addr>,
+    other_nodes: &[Ipv4Addr],
+    shared: &Shared<'_>,
+) -> Result<u32> {
+    let other_traced: Vec<Ipv4Addr> = (shared.traced_addresses.iter().enumerate())
+        .filter(|(other, _)| *other != id as usize)
+        .flat_map(|(_, addresses)| addresses.iter().copied())
+        .collect();
+    let traced: Vec<Ipv4Addr> = (shared.pairs.iter())
+        .flat_map(|(src, dst)| [*src, *dst])
+        .collect();
+    let clues = interfaces::UnderlayClues {
+        node_ip,
+        other_nodes,
+        other_traced: &other_traced,
+        traced: &traced,
+    };
+    Ok(interfaces::underlay(view, &clues)?.index)
+}
+
+/// Each namespace's own addresses, in node id order.
+pub async fn addresses_of(namespaces: &[Namespace]) -> Result<Vec<Vec<Ipv4Addr>>> {
+    let mut all = Vec::new();
+    for ns in namespaces {
+        let _entered = ns.path.as_deref().map(netns::enter).transpose()?;
+        all.push(NodeView::read().await?.own_addresses().collect());
+    }
+    Ok(all)
 }
 
 /// Who a namespace is in the cluster: its node's name, IP and the CNI its

@@ -137,10 +137,9 @@ pub fn by_tunnel_port(port: u16) -> Option<&'static dyn Backend> {
 /// other end is in another namespace (a pod's). A veth with both ends on
 /// the host (cilium_host/cilium_net, the lab's underlay) is no pod's.
 pub fn role_by_kind(link: &Link) -> Option<Role> {
-    const TUNNEL_KINDS: &[&str] = &["vxlan", "geneve", "ipip", "wireguard"];
     match link.kind.as_str() {
         "bridge" => Some(Role::Bridge),
-        kind if TUNNEL_KINDS.contains(&kind) => Some(Role::Tunnel),
+        _ if link.is_tunnel() => Some(Role::Tunnel),
         "veth" if link.peer_in_other_netns => Some(Role::PodVeth),
         _ => None,
     }

@@ -38,12 +38,19 @@ mod tests {
     use super::*;
     use crate::{
         cni,
-        node::{fixtures::flannel_node, interfaces::underlay},
+        node::{
+            fixtures::flannel_node,
+            interfaces::{underlay, UnderlayClues},
+        },
     };
 
     fn roles(view: &NodeView, node_ip: Option<Ipv4Addr>) -> Vec<(String, Role)> {
         let cni = cni::detect(view, None);
-        let underlay = underlay(view, node_ip, &[]).unwrap().index;
+        let clues = UnderlayClues {
+            node_ip,
+            ..Default::default()
+        };
+        let underlay = underlay(view, &clues).unwrap().index;
         select(view, underlay, cni)
             .into_iter()
             .map(|w| (w.name.to_string(), w.role))

@@ -42,7 +42,7 @@ fn check_rp_filter(facts: &NodeFacts) -> Check {
         .view
         .links
         .iter()
-        .filter(|l| is_tunnel(l) || is_underlay(facts, l))
+        .filter(|l| l.is_tunnel() || is_underlay(facts, l))
         .collect();
     let strict: Vec<String> = watched
         .iter()
@@ -72,13 +72,6 @@ fn check_rp_filter(facts: &NodeFacts) -> Check {
         || {
             format!("sysctl -w net.ipv4.conf.all.rp_filter=2 and net.ipv4.conf.<dev>.rp_filter=2 for {}", strict.join(", "))
         },
-    )
-}
-
-fn is_tunnel(link: &Link) -> bool {
-    matches!(
-        link.kind.as_str(),
-        "vxlan" | "ipip" | "geneve" | "wireguard"
     )
 }
 

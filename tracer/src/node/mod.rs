@@ -114,6 +114,17 @@ pub struct NodeFacts {
 
 pub(crate) const RT_TABLE_MAIN: u32 = 254;
 
+impl Link {
+    /// An overlay device: what it sends is encapsulated, so it is never
+    /// the underlay.
+    pub fn is_tunnel(&self) -> bool {
+        matches!(
+            self.kind.as_str(),
+            "vxlan" | "ipip" | "geneve" | "wireguard"
+        )
+    }
+}
+
 impl NodeView {
     pub fn link(&self, index: u32) -> Option<&Link> {
         self.links.iter().find(|l| l.index == index)
@@ -198,6 +209,33 @@ impl NodeView {
         )
     }
 
+    /// The link on whose subnet `ip` is, reached without a gateway: the
+    /// connected route's device (`192.0.2.0/24 dev eth0 proto kernel`),
+    /// unless it is a tunnel.
+    pub fn link_on_subnet_of(&self, ip: Ipv4Addr) -> Option<&Link> {
+        self.route_to(ip)
+            .filter(|r| r.kind == RouteKind::Unicast && r.gateway.is_none())
+            .filter(|r| r.destination.prefix_len() > 0)
+            .and_then(|r| self.link(r.oif?))
+            .filter(|l| !l.is_tunnel())
+    }
+
+    /// The link a packet for `dst` leaves by toward its route's gateway
+    /// (`10.247.2.0/24 via 192.0.2.42 dev eth0 proto bird`); where that
+    /// device is a tunnel (`via 192.0.2.12 dev tunl0 onlink`), the link
+    /// on whose subnet the gateway is. None for a destination reached
+    /// without a gateway (a local pod's veth or bridge).
+    pub fn link_toward_gateway(&self, dst: Ipv4Addr) -> Option<&Link> {
+        let route = self
+            .route_to(dst)
+            .filter(|r| r.kind == RouteKind::Unicast)?;
+        let gateway = route.gateway?;
+        match self.link(route.oif?)? {
+            link if !link.is_tunnel() => Some(link),
+            _ => self.link_on_subnet_of(gateway),
+        }
+    }
+
     /// The veth a /32 route sends `ip` to (Calico's way of reaching a
     /// local pod).
     pub fn host_route_interface(&self, ip: Ipv4Addr) -> Option<&Link> {
@@ -262,6 +300,49 @@ pub(crate) mod fixtures {
             onlink: false,
             kind: RouteKind::Unicast,
             protocol: RouteOrigin::Boot,
+        }
+    }
+
+    /// A Calico BGP node-`n` of two as netlink reads it, with no default
+    /// route: its IPAM block 10.247.n.0/24 blackholed, its pod
+    /// 10.247.n.5's /32 to a cali veth, the other node's block learnt by
+    /// BIRD via its address 192.0.2.4x on ens3, and the unused tunl0.
+    pub(crate) fn calico_bgp_node(n: u8) -> NodeView {
+        let other = 3 - n;
+        let bird = |dst: String, gateway: Option<String>, oif: Option<u32>| Route {
+            protocol: RouteOrigin::Bird,
+            gateway: gateway.map(|g| g.parse().unwrap()),
+            oif,
+            ..route(&dst, 0)
+        };
+        NodeView {
+            links: vec![
+                link(1, "lo", ""),
+                link(2, "ens3", ""),
+                link(3, "tunl0", "ipip"),
+                link(7, "cali1f2e3d4c5b6", "veth"),
+            ],
+            addresses: vec![
+                (1, "127.0.0.1".parse().unwrap()),
+                (2, format!("192.0.2.4{n}").parse().unwrap()),
+            ],
+            routes: vec![
+                Route {
+                    protocol: RouteOrigin::Kernel,
+                    ..route("192.0.2.0/24", 2)
+                },
+                Route {
+                    kind: RouteKind::Blackhole,
+                    ..bird(format!("10.247.{n}.0/24"), None, None)
+                },
+                route(&format!("10.247.{n}.5/32"), 7),
+                bird(
+                    format!("10.247.{other}.0/24"),
+                    Some(format!("192.0.2.4{other}")),
+                    Some(2),
+                ),
+            ],
+            ..Default::default()
         }
     }
 

@@ -15,7 +15,7 @@ use crate::{
         Transport,
     },
     model::NodeSubnet,
-    node::{interfaces::Role, NodeFacts},
+    node::{interfaces::Role, NodeFacts, RouteKind, RouteOrigin},
     story::journey,
 };
 
@@ -114,7 +114,7 @@ fn missing_route(
         .map_or("no route at all".to_string(), |r| facts.view.describe(r));
     Some(RouteCheck {
         node: routing_hop.node.to_string(),
-        expected: expected_route(dst, subnets, pod_cidrs, facts),
+        expected: expected_route(dst, subnets, pod_cidrs, nodes, &routing_hop.node),
         used,
     })
 }
@@ -214,30 +214,39 @@ fn tunnel_nobody_took(hops: &[Hop]) -> Option<String> {
     })
 }
 
-/// The route the node should have had for `dst`, in the terms of the
-/// CNI backend: the remote node's (its annotations), else this node's.
+/// The route node `here` should have had for `dst`, in the terms of the
+/// CNI backend: the remote node's (the node list's, else a traced node's
+/// own), else this node's.
 fn expected_route(
     dst: Ipv4Addr,
     subnets: &[NodeSubnet],
     pod_cidrs: &[Ipv4Net],
-    facts: &NodeFacts,
+    nodes: &HashMap<String, NodeFacts>,
+    here: &str,
 ) -> String {
+    let Some(facts) = nodes.get(here) else {
+        return format!("a route for {dst}");
+    };
     let view = &facts.view;
-    let underlay = view.addresses.iter().find_map(|(index, ip)| {
-        subnets
+    let listed = subnets.iter().find(|s| s.subnet.contains(&dst)).cloned();
+    if let Some(remote) = listed.or_else(|| traced_subnet(dst, nodes, here)) {
+        // The link holding this node's listed IP, else the one on whose
+        // subnet the remote node's address is.
+        let underlay = view
+            .addresses
             .iter()
-            .any(|s| s.node_ip == *ip)
-            .then(|| view.link(*index))
-            .flatten()
-    });
-    let underlay = underlay.map_or("<underlay>", |l| l.name.as_str());
-    if let Some(remote) = subnets.iter().find(|s| s.subnet.contains(&dst)) {
+            .find_map(|(index, ip)| {
+                let listed = subnets.iter().any(|s| s.node_ip == *ip);
+                listed.then(|| view.link(*index)).flatten()
+            })
+            .or_else(|| view.link_on_subnet_of(remote.node_ip));
+        let underlay = underlay.map_or("<underlay>", |l| l.name.as_str());
         let backend = remote
             .cni
             .and_then(cni::by_name)
             .or_else(|| cni::by_name(facts.cni))
             .unwrap_or_else(cni::unknown);
-        return backend.expected_route(remote, underlay);
+        return backend.expected_route(&remote, underlay);
     }
     if let Some(cidr) = pod_cidrs.iter().find(|c| c.contains(&dst)) {
         return format!("a route for {dst} inside the pod CIDR {cidr}, not the default route");
@@ -250,6 +259,50 @@ fn expected_route(
     }
 }
 
+/// The pod subnet holding `dst` as another traced node shows it, where no
+/// node list says: its IPAM block (Calico blackholes it, `proto bird`),
+/// else the widest subnet it delivers locally (cni0's); its node IP is its
+/// address on a subnet node `here` reaches directly.
+fn traced_subnet(
+    dst: Ipv4Addr,
+    nodes: &HashMap<String, NodeFacts>,
+    here: &str,
+) -> Option<NodeSubnet> {
+    let here_view = &nodes.get(here)?.view;
+    let others = nodes.iter().filter(|(name, _)| name.as_str() != here);
+    others.into_iter().find_map(|(name, facts)| {
+        let view = &facts.view;
+        let blocks = view
+            .routes
+            .iter()
+            .filter(|r| r.kind == RouteKind::Blackhole && r.protocol == RouteOrigin::Bird);
+        let subnet = blocks
+            .map(|r| r.destination)
+            .chain(facts.local_pod_subnets.iter().copied())
+            .filter(|net| net.contains(&dst))
+            .min_by_key(|net| net.prefix_len())?;
+        let node_ip = view
+            .own_addresses()
+            .find(|ip| here_view.link_on_subnet_of(*ip).is_some())?;
+        let backend = cni::by_name(facts.cni);
+        // Its VTEP: the address on its backend's tunnel device.
+        let tunnel = backend
+            .and_then(|b| b.tunnel())
+            .and_then(|t| view.link_named(t.device));
+        let tunnel_ip = tunnel.and_then(|l| {
+            let on_tunnel = view.addresses.iter().find(|(index, _)| *index == l.index);
+            on_tunnel.map(|(_, ip)| *ip)
+        });
+        Some(NodeSubnet {
+            node: name.clone(),
+            subnet,
+            node_ip,
+            cni: Some(facts.cni),
+            tunnel_ip,
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,7 +311,7 @@ mod tests {
             hop::tests::{drop_hop, hop},
             tests as frames,
         },
-        node::{fixtures::flannel_node, NodeView},
+        node::{fixtures::flannel_node, NodeView, Route},
     };
 
     fn node_1(view: NodeView, forwarding: bool) -> HashMap<String, NodeFacts> {
@@ -361,6 +414,85 @@ mod tests {
             .no_route
             .unwrap();
         assert_eq!(check.used, "no route at all");
+    }
+
+    /// Traced nodes with their facts, and no node list: node-1 lost its
+    /// route toward node-2's pods.
+    fn traced_pair(
+        cni: &'static str,
+        mut views: [NodeView; 2],
+        pod_subnets: [&str; 2],
+        lost: &str,
+    ) -> HashMap<String, NodeFacts> {
+        views[0]
+            .routes
+            .retain(|r| r.destination.to_string() != lost);
+        let facts = views
+            .into_iter()
+            .zip(pod_subnets)
+            .map(|(view, subnet)| NodeFacts {
+                cni,
+                view,
+                forwarding: true,
+                local_pod_subnets: vec![subnet.parse().unwrap()],
+                ..Default::default()
+            });
+        ["node-1", "node-2"]
+            .map(String::from)
+            .into_iter()
+            .zip(facts)
+            .collect()
+    }
+
+    #[test]
+    fn without_a_node_list_the_expected_route_is_what_the_other_traced_node_shows() {
+        use crate::node::fixtures::calico_bgp_node;
+        // Calico: node-2 blackholes its block; its pod has a /32.
+        let frame = frames::icmp_echo([10, 247, 1, 5], [10, 247, 2, 3], 64, 1);
+        let views = [calico_bgp_node(1), calico_bgp_node(2)];
+        let nodes = traced_pair(
+            "calico-bird",
+            views,
+            ["10.247.1.5/32", "10.247.2.5/32"],
+            "10.247.2.0/24",
+        );
+        let hops = [dropped(
+            "cali1f2e3d4c5b6",
+            Role::PodVeth,
+            "IP_INNOROUTES",
+            &frame,
+        )];
+        let check = explain(&hops, &nodes, &[], &[]).no_route.unwrap();
+        assert_eq!(
+            check.expected,
+            "10.247.2.0/24 via 192.0.2.42 dev ens3 proto bird (pod block of node-2)"
+        );
+        assert_eq!(check.used, "no route at all");
+        // Flannel: node-2's cni0 subnet, reached through flannel.1.
+        let frame = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
+        let connected = Route {
+            protocol: RouteOrigin::Kernel,
+            ..crate::node::fixtures::route("192.0.2.0/24", 2)
+        };
+        let [mut node_1, mut node_2] = [flannel_node(), flannel_node()];
+        node_1.routes.push(connected.clone());
+        node_2.routes.push(connected);
+        node_2.addresses = vec![
+            (2, "192.0.2.12".parse().unwrap()),
+            (3, "10.244.2.1".parse().unwrap()),
+        ];
+        let nodes = traced_pair(
+            "flannel-vxlan",
+            [node_1, node_2],
+            ["10.244.1.0/24", "10.244.2.0/24"],
+            "10.244.2.0/24",
+        );
+        let hops = [dropped("cni0", Role::Bridge, "IP_INNOROUTES", &frame)];
+        let check = explain(&hops, &nodes, &[], &[]).no_route.unwrap();
+        assert_eq!(
+            check.expected,
+            "10.244.2.0/24 via 10.244.2.0 dev flannel.1 onlink (pod subnet of node-2)"
+        );
     }
 
     #[test]
