@@ -18,7 +18,7 @@ use support::*;
 use xtask::{
     api_stub::{Kubelet, Stub, TOKEN},
     faults::Fault,
-    lab::{LabGuard, Topology},
+    lab::{kube_proxy::ProxyMode, LabGuard, Topology},
     podtrace_run,
 };
 
@@ -573,4 +573,43 @@ fn an_api_lost_mid_trace_is_said_and_the_agents_stop_by_themselves() {
             "node-{node} still has programs attached"
         );
     }
+}
+
+/// `kubectl podtrace … --probe tcp:8080`: the source's agent sends it from
+/// web-0's namespace once every agent traces; the SYN's and the SYN-ACK's
+/// stories are told, then the probe's result, and the run ends by itself.
+#[test]
+fn kubectl_podtrace_probe_is_sent_by_the_sources_agent_and_answered() {
+    let lab = lab(Topology::FlannelVxlan);
+    lab.0
+        .install_services(ProxyMode::Iptables)
+        .expect("listeners");
+    let stub = api_for(&lab);
+    let started = kubectl_podtrace(
+        &stub,
+        &[
+            "default/web-0",
+            "default/db-0",
+            "--probe",
+            "tcp:8080",
+            "-o",
+            "json",
+        ],
+    );
+    let done = finish(started);
+    assert!(done.status.success(), "{}", done.stderr);
+    let probes: Vec<Value> = done
+        .json()
+        .into_iter()
+        .filter(|v| v["type"] == "probe")
+        .collect();
+    assert_eq!(probes.len(), 1, "{}", done.stdout);
+    let result = probes[0]["result"].as_str().unwrap();
+    assert!(result.starts_with("connected in"), "{result}");
+    let stories = done.stories();
+    assert!(stories.len() >= 2, "{}", done.stdout);
+    for story in &stories[..2] {
+        assert_eq!(story["verdict"]["outcome"], "delivered", "{story}");
+    }
+    assert_eq!(stories[0]["transport"]["flags"], 0x02, "the SYN first");
 }

@@ -22,7 +22,9 @@ use anyhow::Result;
 use tokio::sync::mpsc;
 
 use super::{
-    add_kernel_losses, follow_connection, of_the_traced_pair, resolve_and_attach,
+    add_kernel_losses, follow_connection, of_the_traced_pair,
+    probing::{self, ProbeEvent},
+    resolve_and_attach,
     stop::Stop,
     stream::{stream, Consumer},
     wire::{Numbering, Record, Start, WireFacts},
@@ -82,6 +84,7 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
         doctor,
         kernel: Some(trace.kernel_summary.clone()),
     })));
+    trace.probes = probes_once_all_trace(&args, agent.lease.as_ref(), &trace).await;
     let gone = lease_watch(&args, agent.lease.as_ref()).await;
     let mut summary = Summary {
         hooks_attached: trace.nodes.iter().map(|n| n.hooks()).sum(),
@@ -149,14 +152,57 @@ async fn lease_watch(args: &Args, lease: Option<&String>) -> mpsc::UnboundedRece
     match Cluster::connect(&Access::of(&args.kube)).await {
         Ok(cluster) => {
             tokio::spawn(async move {
-                let why =
-                    agents::lease_lost(cluster.client(), &namespace, &lease, STALE_AFTER).await;
+                let why = crate::cluster::lease::lease_lost(
+                    cluster.client(),
+                    &namespace,
+                    &lease,
+                    STALE_AFTER,
+                )
+                .await;
                 let _ = tx.send(why);
             });
         }
         Err(e) => eprintln!("podtrace: cannot watch lease {lease}: {e:#}"),
     }
     rx
+}
+
+/// `--probe` (the front-end asks it of the source's node only): sent once
+/// the front-end says every agent traces. One that cannot be sent is one
+/// result saying why, so that the front-end is not left waiting.
+async fn probes_once_all_trace(
+    args: &Args,
+    lease: Option<&String>,
+    trace: &Trace,
+) -> Option<mpsc::UnboundedReceiver<ProbeEvent>> {
+    let kind = args.probe.probe?;
+    let probing = match probing::prepare(args, &trace.targets, &trace.ctx).await {
+        Ok(probing) => probing?,
+        Err(e) => {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let result = probing::could_not_send(kind, trace.targets.dst.ip, format!("{e:#}"));
+            let _ = tx.send(ProbeEvent::Done(result));
+            return Some(rx);
+        }
+    };
+    let gate = match (lease, Cluster::connect(&Access::of(&args.kube)).await) {
+        (Some(lease), Ok(cluster)) => {
+            let (namespace, lease) = (args.agent_namespace.clone(), lease.clone());
+            let client = cluster.client();
+            futures::future::Either::Left(async move {
+                crate::cluster::lease::all_tracing(
+                    client,
+                    &namespace,
+                    &lease,
+                    agents::START_PATIENCE,
+                )
+                .await
+            })
+        }
+        // Run by hand, without a front-end: nothing to wait for.
+        _ => futures::future::Either::Right(std::future::ready(true)),
+    };
+    Some(probing::start_after(gate, probing))
 }
 
 /// The kernel's counters, detach, then the summary as the last record.
@@ -235,6 +281,16 @@ impl Consumer for Output {
 
     fn hooks(&mut self, hooks: usize) {
         self.send(Record::Hooks { hooks });
+    }
+
+    fn probe(&mut self, event: ProbeEvent) {
+        self.send(match event {
+            ProbeEvent::Sending(flow) => Record::ProbeSending { flow },
+            ProbeEvent::Done(result) => Record::Probe {
+                flow: result.flow_id,
+                result: Box::new(result),
+            },
+        });
     }
 }
 

@@ -33,10 +33,7 @@ use anyhow::{bail, Result};
 use podtrace_common::{FlowKey, Sighting, MAX_NODES, NODE_OTHER_NETNS};
 use tokio::sync::mpsc;
 
-use follow::{
-    follow_connection, follow_move, learn_connection, learn_translations, of_the_traced_pair,
-    watch_moves,
-};
+use follow::{follow_connection, follow_move, learn_connection, of_the_traced_pair, watch_moves};
 use targets::{vantage, Targets};
 use traced::{LinkOutcome, Shared, TracedNode};
 

@@ -95,7 +95,7 @@ pub(super) fn correlator_for(ctx: &Context, rules_traced: bool) -> Correlator {
 
 /// How long after the last probe its stories may take to be told (the
 /// journey's patience, and its drop's rule).
-const PROBE_STORIES: Duration = JOURNEY_PATIENCE;
+pub(super) const PROBE_STORIES: Duration = JOURNEY_PATIENCE;
 
 /// Where the stream loop's events go.
 pub(super) trait Consumer {

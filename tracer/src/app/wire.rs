@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     cni,
     decode::hop::Hop,
-    model::{Finding, KernelSummary, Summary},
+    model::{Finding, KernelSummary, ProbeResult, Summary},
     node::{NodeFacts, NodeView},
     probe::{conntrack, netfilter::NetfilterRule},
 };
@@ -62,6 +62,11 @@ pub enum Record {
     /// sighting stamped before `at_ns` was sent before this record. The
     /// front-end finishes no journey past the slowest agent's.
     ReadThrough { at_ns: u64 },
+    /// `--probe`, from the source's node: a probe goes out on this flow
+    /// (source port, or echo identifier).
+    ProbeSending { flow: u16 },
+    /// `--probe`: one probe's result, and its flow.
+    Probe { flow: u16, result: Box<ProbeResult> },
     /// Last: the agent's own counts.
     Summary(Box<Summary>),
     /// A record a newer agent sends that this front-end does not know:

@@ -383,6 +383,7 @@ impl AgentArgs {
                 argv.extend([flag.to_string(), value.clone()]);
             }
         }
+        argv.extend(trace.probe.argv());
         argv.extend(["--agent-namespace".into(), trace.agent_namespace.clone()]);
         for root in &trace.kube.host_root {
             argv.extend(["--host-root".into(), root.display().to_string()]);

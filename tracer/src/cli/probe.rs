@@ -40,6 +40,27 @@ impl Default for ProbeArgs {
     }
 }
 
+impl ProbeArgs {
+    /// These flags, as a command line that parses back into them (an
+    /// agent's).
+    pub fn argv(&self) -> Vec<String> {
+        let Some(probe) = self.probe else {
+            return Vec::new();
+        };
+        let duration = |d: Duration| humantime::format_duration(d).to_string();
+        vec![
+            "--probe".into(),
+            probe.to_string(),
+            "--probe-count".into(),
+            self.probe_count.to_string(),
+            "--probe-interval".into(),
+            duration(self.probe_interval),
+            "--probe-timeout".into(),
+            duration(self.probe_timeout),
+        ]
+    }
+}
+
 fn parse_probe(text: &str) -> Result<ProbeKind, String> {
     text.parse()
 }

@@ -34,8 +34,8 @@ use crate::cli::AgentArgs;
 pub const RENEW_EVERY: Duration = Duration::from_secs(10);
 /// An agent whose lease was not renewed for this long stops.
 pub const STALE_AFTER: Duration = Duration::from_secs(30);
-/// How often an agent reads the lease.
-const LEASE_POLL: Duration = Duration::from_secs(2);
+/// How long agents may take to start (image pull, attach).
+pub const START_PATIENCE: Duration = Duration::from_secs(120);
 /// How long the front-end keeps trying to delete its agent pods while the
 /// API fails.
 pub const DELETE_PATIENCE: Duration = Duration::from_secs(20);
@@ -179,7 +179,7 @@ impl Agents {
         if left.is_empty() {
             return Ok(());
         }
-        let stops_by = *self.renewed.lock().unwrap() + STALE_AFTER + LEASE_POLL;
+        let stops_by = *self.renewed.lock().unwrap() + STALE_AFTER + super::lease::LEASE_POLL;
         for (pod, error) in &left {
             eprintln!(
                 "podtrace: cannot delete agent pod {}/{pod} after {} s of trying: {error}",
@@ -199,6 +199,21 @@ impl Agents {
             "{} agent pod(s) could not be deleted: the API failed",
             left.len()
         ))
+    }
+
+    /// Says on the lease that every agent traces ([`super::lease::ALL_TRACING`]).
+    pub async fn say_all_tracing(&self) -> Result<()> {
+        let patch = json!({"metadata": {"annotations": {super::lease::ALL_TRACING: "true"}}});
+        self.leases
+            .patch(&self.lease, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| {
+                anyhow!(
+                    "cannot tell the agents that all trace (lease {}): {e}",
+                    self.lease
+                )
+            })?;
+        Ok(())
     }
 
     /// Deletes the lease, last.
@@ -314,37 +329,6 @@ pub async fn image(client: Client, given: Option<&String>, agent_namespace: &str
         }
     }
     DEFAULT_IMAGE.to_string()
-}
-
-/// The agent's side of the lease: resolves once the front-end is gone
-/// (lease deleted, or not renewed for `stale`); returns why.
-pub async fn lease_lost(client: Client, namespace: &str, lease: &str, stale: Duration) -> String {
-    let leases: Api<Lease> = Api::namespaced(client, namespace);
-    let mut seen = None;
-    let mut changed = tokio::time::Instant::now();
-    loop {
-        tokio::time::sleep(LEASE_POLL).await;
-        match leases.get_opt(lease).await {
-            Ok(None) => return format!("lease {lease} is gone"),
-            Ok(Some(l)) => {
-                let renewed = l
-                    .spec
-                    .and_then(|s| s.renew_time)
-                    .map(|t| format!("{:?}", t.0));
-                if renewed != seen {
-                    seen = renewed;
-                    changed = tokio::time::Instant::now();
-                }
-            }
-            Err(_) => {}
-        }
-        if changed.elapsed() > stale {
-            return format!(
-                "lease {lease} was not renewed for {} s: the front-end is gone",
-                stale.as_secs()
-            );
-        }
-    }
 }
 
 /// Removes an agent's own pod, and the run's lease when the front-end is

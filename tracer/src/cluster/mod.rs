@@ -2,7 +2,8 @@
 //! inventory files that stand in for it (`inventory`, `nodes`), Services
 //! (`services`, or a node's kube-proxy rules in their place:
 //! `kube_proxy_rules`), the endpoint arguments checked (`argument`), and
-//! cluster mode's agent pods (`agents`). Resolving the arguments into
+//! cluster mode's agent pods (`agents`) and their side of its lease
+//! (`lease`). Resolving the arguments into
 //! traced endpoints is a phase of the run: `app::targets`.
 
 pub mod agents;
@@ -10,6 +11,7 @@ pub mod api;
 pub mod argument;
 pub mod inventory;
 pub mod kube_proxy_rules;
+pub mod lease;
 pub mod nodes;
 pub mod services;
 

@@ -137,7 +137,7 @@ pub fn read_regular_text(path: &Path, max: u64) -> Result<String, ReadError> {
 }
 
 /// A regular file or a FIFO, read as it comes: at most `max` bytes, and
-/// nothing after `patience` has passed since the open. When a read fails
+/// from a FIFO nothing after `patience` has passed since the open. When a read fails
 /// for the bound, [`Stream::overrun`] says which.
 pub struct Stream {
     file: File,
@@ -185,8 +185,13 @@ impl Stream {
         })
     }
 
-    /// Waits until the file can be read, at most until the deadline.
+    /// Waits until the file can be read, at most until the deadline. A
+    /// regular file always can: its size bound is its time bound (a large
+    /// inventory on a slow machine is read whole, not cut at the deadline).
     fn ready(&mut self) -> io::Result<()> {
+        if !self.fifo {
+            return Ok(());
+        }
         loop {
             let left = self.deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {

@@ -2,7 +2,7 @@
 
 use std::{fmt, str::FromStr};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// What to send: an ICMP echo, a TCP connection, or a UDP datagram.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,7 +66,7 @@ impl FromStr for ProbeKind {
 }
 
 /// What one probe sent and what came back: a `{"type":"probe", …}` record.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ProbeResult {
     /// `tcp:8080`.
     pub kind: String,

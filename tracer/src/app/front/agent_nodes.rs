@@ -74,6 +74,10 @@ pub(super) fn agent_args(args: &Args, targets: &Targets, node: &str) -> AgentArg
             trace.clock_skew_for_testing = Some(value.into());
         }
     }
+    // The source's agent sends the probes, from the pod's namespace.
+    if Targets::node_of(&targets.src) == Some(node) {
+        trace.probe = args.probe.clone();
+    }
     AgentArgs {
         trace,
         node: None,

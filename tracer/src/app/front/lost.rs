@@ -70,6 +70,7 @@ pub(super) fn record_kind(record: &Record) -> &'static str {
         Record::Loss { .. } => "a loss report",
         Record::Hooks { .. } => "its hooks",
         Record::ReadThrough { .. } => "a progress mark",
+        Record::ProbeSending { .. } | Record::Probe { .. } => "a probe",
         Record::Summary(_) => "its summary",
         Record::Unknown => "a record this front-end does not know",
     }

@@ -17,6 +17,7 @@ mod arrivals;
 mod followed;
 mod foreign;
 mod lost;
+mod records;
 
 use std::{
     collections::BTreeMap,
@@ -27,7 +28,7 @@ use anyhow::{anyhow, bail, Result};
 use tokio::sync::mpsc;
 
 use agent_nodes::{agent_args, pick_nodes};
-use arrivals::{Arrivals, Held, HOLD, STALLED_AGENT};
+use arrivals::{Arrivals, HOLD, STALLED_AGENT};
 use followed::Followed;
 use foreign::ForeignSightings;
 use lost::record_kind;
@@ -35,15 +36,15 @@ use lost::record_kind;
 use super::{
     context_of, correlator_for, new_teller,
     stop::Stop,
+    stream::PROBE_STORIES,
     targets::{vantage, Targets},
     teller::Teller,
-    wire::{Read, Record},
+    wire::Read,
 };
 use crate::{
     cli::Args,
-    cluster::agents::{self, Agents, Heard},
-    model::Summary,
-    probe::conntrack,
+    cluster::agents::{self, Agents, Heard, START_PATIENCE},
+    model::{ProbeResult, Summary},
     story::{
         clock::Clocks,
         correlator::{Correlator, Waits},
@@ -52,8 +53,6 @@ use crate::{
     },
 };
 
-/// How long agents may take to start (image pull, attach).
-const START_PATIENCE: Duration = Duration::from_secs(120);
 /// How long stopped agents may take to say their summary.
 const END_PATIENCE: Duration = Duration::from_secs(15);
 
@@ -61,9 +60,6 @@ pub async fn run(args: Args) -> Result<()> {
     // Agents keep no header bytes, and no pcapng is written from them.
     if args.write.is_some() {
         bail!("--write works in node mode only (--netns, or on the node): cluster mode writes no pcapng");
-    }
-    if let Some(probe) = args.probe.probe {
-        bail!("--probe {probe} works in node mode for now (podtrace on the source pod's node, as root): cluster mode sends no probes yet");
     }
     let mut stop = Stop::catch()?;
     let Some(targets) = super::stop::unless_stopped(Targets::resolve(&args), stop.recv()).await
@@ -76,6 +72,13 @@ pub async fn run(args: Args) -> Result<()> {
     };
     let client = cluster.client();
     let (nodes, untraced) = pick_nodes(&args, &targets)?;
+    if let Some(probe) = args.probe.probe {
+        // The source's agent sends it, from the pod's namespace.
+        let src_node = Targets::node_of(&targets.src);
+        if !src_node.is_some_and(|node| nodes.iter().any(|n| n == node)) {
+            bail!("--probe {probe}: the source is not a pod on a traced node, whose agent would send it");
+        }
+    }
     let image = agents::image(client.clone(), args.image.as_ref(), &args.agent_namespace).await;
     let mut agents = Agents::new(client.clone(), &args.agent_namespace).await?;
     let renewing = agents.renew();
@@ -113,6 +116,11 @@ struct Session {
     started_at: Instant,
     summary: Summary,
     wanted_more: bool,
+    /// `--probe`: the results the source's agent sent, and when the last
+    /// came.
+    probe_results: Vec<ProbeResult>,
+    probes_done: Option<Instant>,
+    probes_wanted: u32,
 }
 
 /// The context stories are told in, before any agent said its node's.
@@ -146,6 +154,9 @@ impl Session {
                 ..Default::default()
             },
             wanted_more: true,
+            probe_results: Vec::new(),
+            probes_done: None,
+            probes_wanted: 0,
         }
     }
 
@@ -159,6 +170,7 @@ impl Session {
         stop: &mut Stop,
     ) -> Result<()> {
         self.summary.sample = args.sample;
+        self.probes_wanted = args.probe.probe_count;
         let client = targets
             .cluster
             .as_ref()
@@ -191,6 +203,9 @@ impl Session {
             return Ok(());
         }
         self.begin(args, targets, nodes);
+        if args.probe.probe.is_some() {
+            agents.say_all_tracing().await?;
+        }
         self.stream(args, stop).await
     }
 
@@ -278,7 +293,13 @@ impl Session {
                 heard = self.heard.recv() => {
                     if let Some(heard) = heard { self.hear(heard)?; }
                 }
-                _ = tick.tick() => self.release(false)?,
+                _ = tick.tick() => {
+                    self.release(false)?;
+                    let ends_with_probes = args.count.is_none() && args.duration.is_none();
+                    if ends_with_probes && self.probes_done.is_some_and(|at| at.elapsed() >= PROBE_STORIES) {
+                        break;
+                    }
+                }
                 () = stop.recv() => break,
                 _ = &mut until_deadline => break,
             }
@@ -329,87 +350,6 @@ impl Session {
         };
         agent.last_heard = Some((record_kind(&record), SystemTime::now()));
         self.take(node, record)
-    }
-
-    /// One record an agent sent: wire records back into the events the
-    /// agent's stream loop handed over (`agent::Output`, its mirror).
-    fn take(&mut self, node: String, record: Record) -> Result<()> {
-        let Some(agent) = self.agents.get_mut(&node) else {
-            return Ok(());
-        };
-        match record {
-            Record::Start(start) => {
-                self.arrivals
-                    .started(Instant::now(), &node, start.reports_read_through);
-                agent.last_progress = Some((0, SystemTime::now()));
-                agent.start = Some(*start);
-            }
-            Record::Hop(hop) => {
-                let own = agent.start.as_ref().is_some_and(|s| s.node == hop.node);
-                if !own && !self.foreign.first_sight(&hop) {
-                    return Ok(());
-                }
-                agent.hops_heard += 1;
-                self.clocks.observe(&hop);
-                self.arrivals.hold(Instant::now(), node, Held::Hop(hop));
-            }
-            Record::ReadThrough { at_ns } => {
-                agent.last_progress = Some((at_ns, SystemTime::now()));
-                self.arrivals
-                    .hold(Instant::now(), node, Held::ReadThrough(at_ns));
-            }
-            Record::Rule {
-                src,
-                dst,
-                ip_id,
-                rule,
-                ..
-            } => {
-                let now = self.now_common(Instant::now());
-                self.correlator.observe_rule((src, dst, ip_id), rule, now);
-            }
-            Record::Loss {
-                from_ns,
-                to_ns,
-                kernel,
-                agent: by_agent,
-            } => {
-                agent.lost_kernel += kernel;
-                agent.lost_agent += by_agent;
-                let placed = self.clocks.placements();
-                let at = |t: u64| self.clocks.common_ns(&placed, &node, t);
-                self.correlator.observe_loss(at(from_ns), at(to_ns));
-            }
-            Record::Conntrack {
-                entry,
-                untraced_until_ns,
-            } => self.learn_conntrack(&node, &entry, untraced_until_ns),
-            Record::Hooks { .. } | Record::Unknown => {}
-            Record::Summary(summary) => agent.summary = Some(*summary),
-        }
-        Ok(())
-    }
-
-    /// A translated connection an agent read from its node's conntrack,
-    /// and until when (its kernel time) its addresses were untraced.
-    fn learn_conntrack(&mut self, node: &str, entry: &conntrack::Entry, untraced_until_ns: u64) {
-        // On the common timeline, as the hops.
-        let untraced_until_ns = match untraced_until_ns {
-            0 => 0,
-            t => {
-                let placed = self.clocks.placements();
-                self.clocks.common_ns(&placed, node, t)
-            }
-        };
-        // Before every agent has started, into the context the
-        // correlator will be made from.
-        let ctx = match (&mut self.teller, &mut self.ctx) {
-            (Some(teller), _) => Some(&mut teller.ctx),
-            (None, ctx) => ctx.as_mut(),
-        };
-        if let Some(ctx) = ctx {
-            super::learn_translations(entry, untraced_until_ns, ctx, &mut self.correlator);
-        }
     }
 
     /// Tells the journeys that are done (`all`: everything, at the end).
@@ -476,7 +416,7 @@ impl Session {
 
     /// The summary: the agents' counts, per node and in all.
     fn finish(self, agents: &Agents) -> Result<()> {
-        let Some(teller) = self.teller else {
+        let Some(mut teller) = self.teller else {
             return Ok(());
         };
         let mut summary = self.summary;
@@ -484,6 +424,7 @@ impl Session {
         for (node, agent) in &self.agents {
             agent.add_counts(node, &agents.namespace, placed.get(node), &mut summary);
         }
+        teller.tell_probes(self.probe_results, &mut summary)?;
         teller.finish(summary)?;
         lost::unless_agents_lost(&self.agents)
     }
@@ -494,7 +435,7 @@ mod tests {
     use super::*;
     use crate::{
         app::{
-            wire::{Numbering, Start, WireFacts},
+            wire::{Numbering, Record, Start, WireFacts},
             ARP_PATIENCE, JOURNEY_IDLE, JOURNEY_PATIENCE,
         },
         decode::{

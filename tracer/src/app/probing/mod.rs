@@ -56,7 +56,7 @@ pub(super) async fn prepare(
     let src = targets.src.ip;
     let Some(netns) = pod_netns::holding(src).await else {
         bail!(
-            "--probe {kind}: no network namespace on this host holds {} : podtrace sends probes from the source pod's own namespace, so run it on the source's node (or through kubectl podtrace)",
+            "--probe {kind}: no network namespace on this host holds {}: podtrace sends probes from the source pod's own namespace, so run it on the source's node (or through kubectl podtrace)",
             ctx.label(src)
         );
     };
@@ -74,22 +74,64 @@ pub(super) async fn prepare(
 /// thread), one every interval; the channel closes after the last.
 pub(super) fn start(probing: Probing) -> mpsc::UnboundedReceiver<ProbeEvent> {
     let (tx, rx) = mpsc::unbounded_channel();
-    std::thread::spawn(move || {
-        if let Err(e) = send_all(&probing, &tx) {
-            let failed = result_of(
+    send_on_a_thread(probing, tx);
+    rx
+}
+
+/// An agent's probes: sent once `every_agent_traces` says no hook on
+/// their way is still being attached; if it never says so, one result
+/// says why none was sent.
+pub(super) fn start_after(
+    every_agent_traces: impl std::future::Future<Output = bool> + Send + 'static,
+    probing: Probing,
+) -> mpsc::UnboundedReceiver<ProbeEvent> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        if every_agent_traces.await {
+            send_on_a_thread(probing, tx);
+        } else {
+            let never = not_sent(
                 &probing,
-                1,
-                0,
-                send::Answer {
-                    answered: false,
-                    rtt: None,
-                    result: format!("not sent: {e:#}"),
-                },
+                "the other agents did not all start tracing".into(),
             );
-            let _ = tx.send(ProbeEvent::Done(failed));
+            let _ = tx.send(ProbeEvent::Done(never));
         }
     });
     rx
+}
+
+/// A probe that could not be sent, as its result.
+pub(super) fn not_sent(probing: &Probing, why: String) -> ProbeResult {
+    could_not_send(probing.kind, probing.dst, why)
+}
+
+/// A probe of `kind` to `dst` that could not be sent, as its result.
+pub(super) fn could_not_send(kind: ProbeKind, dst: Ipv4Addr, why: String) -> ProbeResult {
+    ProbeResult {
+        kind: kind.to_string(),
+        target: target_of(kind, dst),
+        seq: 1,
+        answered: false,
+        rtt_ms: None,
+        result: format!("not sent: {why}"),
+        flow_id: 0,
+    }
+}
+
+/// `10.244.2.2:8080`, or the bare address for ICMP.
+fn target_of(kind: ProbeKind, dst: Ipv4Addr) -> String {
+    match kind.port() {
+        Some(port) => format!("{dst}:{port}"),
+        None => dst.to_string(),
+    }
+}
+
+fn send_on_a_thread(probing: Probing, tx: mpsc::UnboundedSender<ProbeEvent>) {
+    std::thread::spawn(move || {
+        if let Err(e) = send_all(&probing, &tx) {
+            let _ = tx.send(ProbeEvent::Done(not_sent(&probing, format!("{e:#}"))));
+        }
+    });
 }
 
 fn send_all(probing: &Probing, tx: &mpsc::UnboundedSender<ProbeEvent>) -> Result<()> {
@@ -128,13 +170,9 @@ fn send_all(probing: &Probing, tx: &mpsc::UnboundedSender<ProbeEvent>) -> Result
 }
 
 fn result_of(probing: &Probing, seq: u32, flow_id: u16, answer: send::Answer) -> ProbeResult {
-    let target = match probing.kind.port() {
-        Some(port) => format!("{}:{port}", probing.dst),
-        None => probing.dst.to_string(),
-    };
     ProbeResult {
         kind: probing.kind.to_string(),
-        target,
+        target: target_of(probing.kind, probing.dst),
         seq,
         answered: answer.answered,
         rtt_ms: answer.rtt.map(|rtt| rtt.as_secs_f64() * 1e3),

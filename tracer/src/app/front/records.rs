@@ -1,0 +1,114 @@
+//! What an agent's records become in the front-end: wire records back
+//! into the events the agent's stream loop handed over (`agent::Output`,
+//! its mirror): hops held for the timeline, progress marks, rules, loss
+//! windows, conntrack entries, probes, its summary.
+
+use std::time::{Instant, SystemTime};
+
+use anyhow::Result;
+
+use super::{arrivals::Held, Session};
+use crate::{app::wire::Record, model::ProbeResult, probe::conntrack};
+
+impl Session {
+    /// One record an agent sent: wire records back into the events the
+    /// agent's stream loop handed over (`agent::Output`, its mirror).
+    pub(super) fn take(&mut self, node: String, record: Record) -> Result<()> {
+        let Some(agent) = self.agents.get_mut(&node) else {
+            return Ok(());
+        };
+        match record {
+            Record::Start(start) => {
+                self.arrivals
+                    .started(Instant::now(), &node, start.reports_read_through);
+                agent.last_progress = Some((0, SystemTime::now()));
+                agent.start = Some(*start);
+            }
+            Record::Hop(hop) => {
+                let own = agent.start.as_ref().is_some_and(|s| s.node == hop.node);
+                if !own && !self.foreign.first_sight(&hop) {
+                    return Ok(());
+                }
+                agent.hops_heard += 1;
+                self.clocks.observe(&hop);
+                self.arrivals.hold(Instant::now(), node, Held::Hop(hop));
+            }
+            Record::ReadThrough { at_ns } => {
+                agent.last_progress = Some((at_ns, SystemTime::now()));
+                self.arrivals
+                    .hold(Instant::now(), node, Held::ReadThrough(at_ns));
+            }
+            Record::Rule {
+                src,
+                dst,
+                ip_id,
+                rule,
+                ..
+            } => {
+                let now = self.now_common(Instant::now());
+                self.correlator.observe_rule((src, dst, ip_id), rule, now);
+            }
+            Record::Loss {
+                from_ns,
+                to_ns,
+                kernel,
+                agent: by_agent,
+            } => {
+                agent.lost_kernel += kernel;
+                agent.lost_agent += by_agent;
+                let placed = self.clocks.placements();
+                let at = |t: u64| self.clocks.common_ns(&placed, &node, t);
+                self.correlator.observe_loss(at(from_ns), at(to_ns));
+            }
+            Record::Conntrack {
+                entry,
+                untraced_until_ns,
+            } => self.learn_conntrack(&node, &entry, untraced_until_ns),
+            Record::ProbeSending { flow } => {
+                if let Some(watch) = self.teller.as_mut().and_then(|t| t.probe.as_mut()) {
+                    watch.sending(flow);
+                }
+            }
+            Record::Probe { flow, result } => {
+                // The last, or one that says none could be sent (no flow).
+                if flow == 0 || result.seq >= self.probes_wanted {
+                    self.probes_done = Some(Instant::now());
+                }
+                self.probe_results.push(ProbeResult {
+                    flow_id: flow,
+                    ..*result
+                });
+            }
+            Record::Hooks { .. } | Record::Unknown => {}
+            Record::Summary(summary) => agent.summary = Some(*summary),
+        }
+        Ok(())
+    }
+
+    /// A translated connection an agent read from its node's conntrack,
+    /// and until when (its kernel time) its addresses were untraced.
+    fn learn_conntrack(&mut self, node: &str, entry: &conntrack::Entry, untraced_until_ns: u64) {
+        // On the common timeline, as the hops.
+        let untraced_until_ns = match untraced_until_ns {
+            0 => 0,
+            t => {
+                let placed = self.clocks.placements();
+                self.clocks.common_ns(&placed, node, t)
+            }
+        };
+        // Before every agent has started, into the context the
+        // correlator will be made from.
+        let ctx = match (&mut self.teller, &mut self.ctx) {
+            (Some(teller), _) => Some(&mut teller.ctx),
+            (None, ctx) => ctx.as_mut(),
+        };
+        if let Some(ctx) = ctx {
+            crate::app::follow::learn_translations(
+                entry,
+                untraced_until_ns,
+                ctx,
+                &mut self.correlator,
+            );
+        }
+    }
+}
