@@ -186,7 +186,7 @@ pub fn explain_pod(state: &PodState, examined: &[NodeFacts]) -> Option<String> {
     let Some(message) = sandbox_failure(state) else {
         let on_node = examined.iter().find(|f| f.name == node).and_then(|facts| {
             super::node_checks(facts).into_iter().find(|c| {
-                !c.ok && ["cni-config", "plugins", "flannel", "calico"].contains(&c.family)
+                c.failed() && ["cni-config", "plugins", "flannel", "calico"].contains(&c.family)
             })
         });
         return on_node.map(|c| {
@@ -214,7 +214,7 @@ pub fn confirmation(cause: &SandboxCause, node: &str, examined: &[NodeFacts]) ->
     let facts = examined.iter().find(|f| f.name == node)?;
     super::node_checks(facts)
         .into_iter()
-        .find(|c| !c.ok && c.family == family && c.name.starts_with(&name))
+        .find(|c| c.failed() && c.family == family && c.name.starts_with(&name))
         .map(|c| c.evidence)
 }
 

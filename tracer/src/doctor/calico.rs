@@ -6,8 +6,13 @@
 
 use std::net::Ipv4Addr;
 
-use super::{cni_config, node::NodeFacts, Check};
-use crate::{model::bounded, node::RouteKind};
+use super::{
+    cni_config,
+    credentials::{self, Credentials, State},
+    node::NodeFacts,
+    Check,
+};
+use crate::node::RouteKind;
 
 const FAMILY: &str = "calico";
 const BGP_PORT: u16 = 179;
@@ -17,13 +22,8 @@ pub fn checks(facts: &NodeFacts) -> Vec<Check> {
         return Vec::new();
     }
     let mut checks = vec![check_peer_ip(facts)];
-    if let Some((file, answer)) = &facts.cni_credentials {
-        checks.push(Check::judge(FAMILY, &facts.name, "CNI credentials", answer.is_ok(),
-            match answer {
-                Ok(server) => format!("{file}'s token is accepted by the API at {server}"),
-                Err(why) => format!("{file}'s token is rejected: {why}; the calico plugin fails every sandbox with \"connection is unauthorized: Unauthorized\""),
-            },
-            || format!("restart calico-node on {}: it rewrites {file} with a fresh service account token", facts.name)));
+    if let Some(credentials) = &facts.cni_credentials {
+        checks.push(check_credentials(&facts.name, credentials));
     }
     for remote in facts.others.iter().filter(|r| !r.pod_cidrs.is_empty()) {
         let block = remote.pod_cidrs[0];
@@ -93,45 +93,38 @@ fn check_peer_ip(facts: &NodeFacts) -> Check {
     )
 }
 
-/// Calico's CNI kubeconfig, as the plugin uses it.
-pub const CNI_KUBECONFIG: &str = "etc/cni/net.d/calico-kubeconfig";
-/// A kubeconfig is kilobytes: a larger file is not one.
-const KUBECONFIG_MAX: u64 = 1 << 20;
-
-/// Asks the API for its version with the CNI's own kubeconfig (when there
-/// is one): the plugin's `Unauthorized` is a token the API rejects.
-pub async fn probe_credentials(root: &std::path::Path) -> Option<(String, Result<String, String>)> {
-    let path = root.join(CNI_KUBECONFIG);
-    if !path.exists() {
-        return None;
-    }
-    let shown = NodeFacts::shown(CNI_KUBECONFIG);
-    let answer = async {
-        // Non-blocking, regular files only, and capped: a FIFO or
-        // /dev/zero there must not wedge the doctor or an agent.
-        let text = bounded::read_regular_text(&path, KUBECONFIG_MAX).map_err(|e| e.to_string())?;
-        let file =
-            kube::config::Kubeconfig::from_yaml(&text).map_err(|e| format!("unreadable: {e}"))?;
-        let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
-            .await
-            .map_err(|e| format!("not a usable kubeconfig: {e}"))?;
-        let server = config.cluster_url.to_string();
-        let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
-        let asked = tokio::time::timeout(
-            std::time::Duration::from_secs(5),
-            client.apiserver_version(),
+/// The CNI's credential: expired, a CA that does not parse, an API that
+/// does not answer and a rejected token are four stories, each its fix.
+pub fn check_credentials(node: &str, credentials: &Credentials) -> Check {
+    const NAME: &str = "CNI credentials";
+    const UNAUTHORIZED: &str =
+        "the calico plugin fails every sandbox with \"connection is unauthorized: Unauthorized\"";
+    let file = &credentials.file;
+    let restart = || {
+        format!(
+            "restart calico-node on {node}: its install-cni writes {file} again, with a new token"
         )
-        .await;
-        match asked {
-            Ok(Ok(_)) => Ok(server),
-            Ok(Err(kube::Error::Api(status))) => Err(format!(
-                "the API at {server} answers {} {}",
-                status.code, status.message
-            )),
-            Ok(Err(e)) => Err(format!("the API at {server} cannot be reached: {e}")),
-            Err(_) => Err(format!("the API at {server} did not answer within 5 s")),
-        }
+    };
+    match &credentials.state {
+        State::Accepted { server } => Check::pass(FAMILY, node, NAME, format!("{file}'s token is accepted by the API at {server}")),
+        State::Expired { exp, now } => Check::fail(FAMILY, node, NAME,
+            format!("{file}'s token expired since {} ({} ago, by its exp claim; the API was not asked): {UNAUTHORIZED}", credentials::when(*exp), credentials::ago(now.saturating_sub(*exp))),
+            format!("{}; if it expires again, calico-node is not renewing it (its logs)", restart())),
+        State::Rejected { server, message } => Check::fail(FAMILY, node, NAME,
+            format!("{file}'s token is rejected: the API at {server} answers {message}; {UNAUTHORIZED}"),
+            format!("{}; if the new one is rejected too, the token's service account was deleted or its signing key rotated (kubectl -n kube-system get sa calico-cni-plugin calico-node)", restart())),
+        State::BadCa(why) => Check::fail(FAMILY, node, NAME,
+            format!("{file}'s CA does not parse ({why}): the calico plugin cannot open TLS to the API; the token was not sent"),
+            format!("{}; it copies the CA from the service account's ca.crt", restart())),
+        State::Unusable(why) => Check::fail(FAMILY, node, NAME,
+            format!("{file} is not a kubeconfig the calico plugin can use: {why}"),
+            restart()),
+        State::Unreachable { server, why, expires } => Check {
+            fix: Some(format!("if sandboxes fail with a dial or timeout error, {node} cannot reach the API at {server}: check the address in {file} (KUBERNETES_SERVICE_HOST of calico-node), kube-proxy and the route to it")),
+            ..Check::not_checked(FAMILY, node, NAME, &format!("the API at {server} cannot be asked ({why}), so the token was never judged; {}", match expires {
+                Some(exp) => format!("by its exp claim it is valid until {}", credentials::when(*exp)),
+                None => "it carries no exp claim to check offline".into(),
+            }))
+        },
     }
-    .await;
-    Some((shown, answer))
 }

@@ -385,7 +385,7 @@ mod tests {
                 .unwrap();
             assert!(made.success());
         });
-        assert!(!fifo.ok);
+        assert!(fifo.failed());
         assert_eq!(
             fifo.evidence,
             "/run/flannel/subnet.env is a FIFO, not a regular file"
@@ -414,6 +414,6 @@ mod tests {
             )
             .unwrap();
         });
-        assert!(good.ok, "{good:?}");
+        assert!(good.ok(), "{good:?}");
     }
 }

@@ -47,9 +47,9 @@ pub struct NodeFacts {
     /// Pods of the cluster (for pod names and the firewall's pod pairs).
     pub pods: Vec<Pod>,
     pub conntrack_max_override: Option<u64>,
-    /// The CNI's own kubeconfig in /etc/cni/net.d (Calico's), and what the
-    /// API said to its credentials: Ok(server) or why not.
-    pub cni_credentials: Option<(String, Result<String, String>)>,
+    /// The CNI's own kubeconfig in /etc/cni/net.d (Calico's), judged
+    /// offline first, then by the API.
+    pub cni_credentials: Option<super::credentials::Credentials>,
     /// The addresses of the pods asked about (all pods', when none are).
     pub pair: Vec<Ipv4Addr>,
 }
@@ -133,7 +133,7 @@ pub async fn gather_all(args: &DoctorArgs, cluster: &ClusterState) -> Result<Vec
         // From here, outside the node's netns: the API is reached as the
         // CNI plugin reaches it, from the host.
         if files {
-            facts.cni_credentials = super::calico::probe_credentials(&facts.root).await;
+            facts.cni_credentials = super::credentials::probe(&facts.root).await;
         }
         all.push(facts);
     }
