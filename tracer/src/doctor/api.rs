@@ -100,16 +100,20 @@ pub fn checks(cluster: &ClusterState, examined: &[NodeFacts]) -> Vec<Check> {
                 "the CNI has not set the node up: check its DaemonSet pod on the node".into(),
             ));
         }
-        let backend = cni::from_annotations(&node.annotations);
-        checks.push(Check::pass(
-            FAMILY,
-            &node.name,
-            "CNI by annotations",
-            match backend {
-                Some(b) => format!("{} (node annotations)", b),
-                None => "no CNI annotations".into(),
-            },
-        ));
+        checks.push(match cni::from_annotations(&node.annotations) {
+            Some(b) => Check::pass(
+                FAMILY,
+                &node.name,
+                "CNI by annotations",
+                format!("{b} (node annotations)"),
+            ),
+            None => Check::not_checked(
+                FAMILY,
+                &node.name,
+                "CNI by annotations",
+                "the node has no CNI annotations (flannel.alpha.coreos.com/…, projectcalico.org/…)",
+            ),
+        });
     }
     checks.extend(check_pod_cidrs(cluster));
     checks

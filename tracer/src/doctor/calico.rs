@@ -61,11 +61,14 @@ fn check_peer_ip(facts: &NodeFacts) -> Check {
         .and_then(|m| m.calico_ipv4())
         .map(String::from);
     let Some(annotated) = annotated else {
-        return Check::pass(
+        return Check::not_checked(
             FAMILY,
             node,
             "peer address",
-            "no projectcalico.org/IPv4Address to check".into(),
+            match &facts.me {
+                Some(_) => "the node has no projectcalico.org/IPv4Address annotation",
+                None => "no Node object for this node (no node list) to read its projectcalico.org/IPv4Address from",
+            },
         );
     };
     let ip: Option<Ipv4Addr> = annotated.split('/').next().and_then(|a| a.parse().ok());
