@@ -5,7 +5,8 @@
 //! and node podCIDRs that are missing or overlap.
 
 use super::{
-    cluster::{needs_events, ClusterState, PodState},
+    calico,
+    cluster::{needs_events, ClusterNode, ClusterState, PodState},
     node::NodeFacts,
     Check,
 };
@@ -100,18 +101,22 @@ pub fn checks(cluster: &ClusterState, examined: &[NodeFacts]) -> Vec<Check> {
                 "the CNI has not set the node up: check its DaemonSet pod on the node".into(),
             ));
         }
-        let backend = cni::from_annotations(&node.annotations);
-        checks.push(Check::pass(
-            FAMILY,
-            &node.name,
-            "CNI by annotations",
-            match backend {
-                Some(b) => format!("{} (node annotations)", b),
-                None => "no CNI annotations".into(),
-            },
-        ));
+        checks.push(match cni::from_annotations(&node.annotations) {
+            Some(b) => Check::pass(
+                FAMILY,
+                &node.name,
+                "CNI by annotations",
+                format!("{b} (node annotations)"),
+            ),
+            None => Check::not_checked(
+                FAMILY,
+                &node.name,
+                "CNI by annotations",
+                "the node has no CNI annotations (flannel.alpha.coreos.com/…, projectcalico.org/…)",
+            ),
+        });
     }
-    checks.extend(check_pod_cidrs(cluster));
+    checks.extend(check_pod_cidrs(cluster, examined));
     checks
 }
 
@@ -186,7 +191,7 @@ pub fn explain_pod(state: &PodState, examined: &[NodeFacts]) -> Option<String> {
     let Some(message) = sandbox_failure(state) else {
         let on_node = examined.iter().find(|f| f.name == node).and_then(|facts| {
             super::node_checks(facts).into_iter().find(|c| {
-                !c.ok && ["cni-config", "plugins", "flannel", "calico"].contains(&c.family)
+                c.failed() && ["cni-config", "plugins", "flannel", "calico"].contains(&c.family)
             })
         });
         return on_node.map(|c| {
@@ -214,17 +219,35 @@ pub fn confirmation(cause: &SandboxCause, node: &str, examined: &[NodeFacts]) ->
     let facts = examined.iter().find(|f| f.name == node)?;
     super::node_checks(facts)
         .into_iter()
-        .find(|c| !c.ok && c.family == family && c.name.starts_with(&name))
+        .find(|c| c.failed() && c.family == family && c.name.starts_with(&name))
         .map(|c| c.evidence)
 }
 
-fn check_pod_cidrs(cluster: &ClusterState) -> Vec<Check> {
+/// A node without a podCIDR: a failure where its pods' addresses come
+/// from it (flannel, host-local), nothing with calico-ipam, and not
+/// checked on a Calico node whose CNI config was not read.
+fn check_missing_pod_cidr(node: &ClusterNode, examined: &[NodeFacts]) -> Option<Check> {
+    if !node.pod_cidrs.is_empty() {
+        return None;
+    }
+    let facts = examined.iter().find(|f| f.name == node.name);
+    match facts {
+        Some(facts) if calico::calico_ipam(facts) => return None,
+        None if cni::from_annotations(&node.annotations)
+            .is_some_and(|b| b.starts_with("calico")) =>
+        {
+            return Some(Check::not_checked(FAMILY, &node.name, "podCIDR", "the node has no podCIDR, which a Calico node needs only with host-local IPAM, and its CNI config was not read (calico-ipam takes blocks instead)"));
+        }
+        _ => {}
+    }
+    Some(Check::fail(FAMILY, &node.name, "podCIDR", "the node has no podCIDR: flanneld and host-local cannot give its pods addresses".into(),
+        "check kube-controller-manager's --allocate-node-cidrs and --cluster-cidr (is the cluster CIDR exhausted?)".into()))
+}
+
+fn check_pod_cidrs(cluster: &ClusterState, examined: &[NodeFacts]) -> Vec<Check> {
     let mut checks = Vec::new();
     for (i, a) in cluster.nodes.iter().enumerate() {
-        if a.pod_cidrs.is_empty() {
-            checks.push(Check::fail(FAMILY, &a.name, "podCIDR", "the node has no podCIDR: flanneld and host-local cannot give its pods addresses".into(),
-                "check kube-controller-manager's --allocate-node-cidrs and --cluster-cidr (is the cluster CIDR exhausted?)".into()));
-        }
+        checks.extend(check_missing_pod_cidr(a, examined));
         for b in &cluster.nodes[i + 1..] {
             let overlap = a
                 .pod_cidrs

@@ -34,6 +34,15 @@ impl ConfigFile {
             .unwrap_or_default()
     }
 
+    /// The plugins' IPAM `type`s (`calico-ipam`, `host-local`).
+    pub fn ipam_types(&self) -> Vec<String> {
+        let plugins = self.parsed.as_deref().unwrap_or_default();
+        plugins
+            .iter()
+            .filter_map(|p| p["ipam"]["type"].as_str().map(String::from))
+            .collect()
+    }
+
     /// The CNI that owns it, by its main plugin.
     pub fn cni(&self) -> Option<&'static str> {
         let types = self.types();

@@ -96,11 +96,11 @@ pub fn checks(facts: &NodeFacts) -> Vec<Check> {
     let text = match &facts.iptables {
         Ok(text) => text,
         Err(e) => {
-            return vec![Check::pass(
+            return vec![Check::not_checked(
                 FAMILY,
                 node,
                 "iptables",
-                format!("not read: {e}"),
+                &format!("the rules could not be read: {e}"),
             )]
         }
     };

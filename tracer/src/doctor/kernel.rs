@@ -11,15 +11,22 @@ const FAMILY: &str = "kernel";
 pub fn checks(facts: &NodeFacts) -> Vec<Check> {
     let node = facts.name.as_str();
     let mut checks = Vec::new();
-    let forward = facts.sysctl("net/ipv4/ip_forward");
-    checks.push(Check::judge(
-        FAMILY,
-        node,
-        "ip_forward",
-        forward == Some("1"),
-        format!("net.ipv4.ip_forward = {}", forward.unwrap_or("?")),
-        || "sysctl -w net.ipv4.ip_forward=1 (and in /etc/sysctl.d so that it stays)".into(),
-    ));
+    checks.push(match facts.sysctl("net/ipv4/ip_forward") {
+        Some(forward) => Check::judge(
+            FAMILY,
+            node,
+            "ip_forward",
+            forward == "1",
+            format!("net.ipv4.ip_forward = {forward}"),
+            || "sysctl -w net.ipv4.ip_forward=1 (and in /etc/sysctl.d so that it stays)".into(),
+        ),
+        None => Check::not_checked(
+            FAMILY,
+            node,
+            "ip_forward",
+            "/proc/sys/net/ipv4/ip_forward could not be read",
+        ),
+    });
     checks.push(check_rp_filter(facts));
     if let Some(value) = facts.sysctl("net/bridge/bridge-nf-call-iptables") {
         checks.push(Check::judge(FAMILY, node, "bridge-nf-call-iptables", value == "1",
@@ -34,16 +41,27 @@ pub fn checks(facts: &NodeFacts) -> Vec<Check> {
 /// Strict reverse-path filtering (1) on the underlay or a tunnel drops
 /// packets that come back another way; 0 or loose (2) is what CNIs want.
 fn check_rp_filter(facts: &NodeFacts) -> Check {
-    let all: u8 = facts
+    const NAME: &str = "rp_filter";
+    let Some(all) = facts
         .sysctl("net/ipv4/conf/all/rp_filter")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+        .and_then(|v| v.parse::<u8>().ok())
+    else {
+        return Check::not_checked(
+            FAMILY,
+            &facts.name,
+            NAME,
+            "/proc/sys/net/ipv4/conf/all/rp_filter could not be read",
+        );
+    };
     let watched: Vec<&Link> = facts
         .view
         .links
         .iter()
         .filter(|l| l.is_tunnel() || is_underlay(facts, l))
         .collect();
+    if watched.is_empty() {
+        return Check::not_checked(FAMILY, &facts.name, NAME, "no tunnel and no underlay link found (the underlay is the link with the node's InternalIP, which needs the node list, or the one a VXLAN device sends through)");
+    }
     let strict: Vec<String> = watched
         .iter()
         .filter(|l| {
@@ -59,7 +77,7 @@ fn check_rp_filter(facts: &NodeFacts) -> Check {
     Check::judge(
         FAMILY,
         &facts.name,
-        "rp_filter",
+        NAME,
         strict.is_empty(),
         if strict.is_empty() {
             format!("rp_filter is off or loose on {}", names.join(", "))
@@ -150,6 +168,16 @@ fn check_mtu(facts: &NodeFacts) -> Check {
             ));
         }
     }
+    if wrong.is_empty() && (expected.is_none() || underlay.is_none()) {
+        return Check::not_checked(FAMILY, &facts.name, "MTU", &format!(
+            "{} (the underlay is the link with the node's InternalIP, or the one a VXLAN device sends through)",
+            match (expected, underlay) {
+                (None, None) => "no pod MTU and no underlay link found",
+                (None, Some(_)) => "no pod MTU found (no FLANNEL_MTU, no tunnel)",
+                _ => "no underlay link found",
+            }
+        ));
+    }
     let evidence = if wrong.is_empty() {
         format!(
             "pod MTU {}, tunnel {}, underlay {}",
@@ -183,5 +211,79 @@ fn describe(facts: &NodeFacts, link: &Link) -> String {
     match pod {
         Some(pod) => format!("{} ({pod})", link.name),
         None => link.name.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::doctor::Status;
+
+    /// A node with the sysctls read and, when given, a VXLAN device
+    /// sending through eth0 (the underlay by that).
+    fn node(tunnel: bool) -> NodeFacts {
+        let mut facts = NodeFacts::of_root(Path::new("/nonexistent"));
+        for (key, value) in [
+            ("net/ipv4/ip_forward", "1"),
+            ("net/ipv4/conf/all/rp_filter", "0"),
+        ] {
+            facts.sysctls.insert(key.into(), value.into());
+        }
+        if tunnel {
+            let link = |index, name: &str, kind: &str, mtu| Link {
+                index,
+                name: name.into(),
+                kind: kind.into(),
+                controller: None,
+                has_ethernet_header: true,
+                mtu,
+                peer_in_other_netns: false,
+                peer_index: None,
+                vxlan: (kind == "vxlan").then(|| crate::node::VxlanDevice {
+                    dev: Some(2),
+                    ..Default::default()
+                }),
+            };
+            facts.view.links = vec![
+                link(2, "eth0", "", 1500),
+                link(3, "flannel.1", "vxlan", 1450),
+            ];
+        }
+        facts
+    }
+
+    fn named<'a>(checks: &'a [Check], name: &str) -> &'a Check {
+        checks.iter().find(|c| c.name == name).expect(name)
+    }
+
+    #[test]
+    fn rp_filter_and_mtu_with_no_link_to_judge_are_not_checked() {
+        let checks = checks(&node(false));
+        for name in ["rp_filter", "MTU"] {
+            let check = named(&checks, name);
+            assert_eq!(check.status, Status::NotChecked, "{check:?}");
+            assert!(check.evidence.starts_with("not checked: no "), "{check:?}");
+        }
+        assert!(named(&checks, "ip_forward").ok());
+    }
+
+    #[test]
+    fn rp_filter_and_mtu_with_their_links_are_judged() {
+        let checks = checks(&node(true));
+        let rp = named(&checks, "rp_filter");
+        assert!(rp.ok(), "{rp:?}");
+        assert_eq!(rp.evidence, "rp_filter is off or loose on eth0, flannel.1");
+        let mtu = named(&checks, "MTU");
+        assert_eq!(mtu.evidence, "pod MTU 1450, tunnel 1450, underlay 1500");
+    }
+
+    #[test]
+    fn unread_sysctls_are_not_checked() {
+        let checks = checks(&NodeFacts::of_root(Path::new("/nonexistent")));
+        for name in ["ip_forward", "rp_filter"] {
+            assert_eq!(named(&checks, name).status, Status::NotChecked);
+        }
     }
 }

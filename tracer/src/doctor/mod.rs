@@ -14,6 +14,7 @@ pub mod api;
 pub mod calico;
 pub mod cluster;
 pub mod cni_config;
+pub mod credentials;
 pub mod firewall;
 pub mod flannel;
 pub mod kernel;
@@ -23,11 +24,31 @@ pub mod render;
 pub mod trace;
 
 use anyhow::{bail, Result};
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 
 use crate::{cli::DoctorArgs, cluster::argument::Target};
 
-/// One check: ✓ or ✗, what was seen, and what to do.
+/// A check's outcome: passed, failed, or not checked for want of data
+/// (which is never a pass).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Status {
+    Fail,
+    NotChecked,
+    Pass,
+}
+
+/// In JSON, `ok`: true, false, or null when not checked.
+impl Serialize for Status {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Pass => s.serialize_bool(true),
+            Self::Fail => s.serialize_bool(false),
+            Self::NotChecked => s.serialize_none(),
+        }
+    }
+}
+
+/// One check: ✓, ✗ or not checked, what was seen, and what to do.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct Check {
     /// The family: cni-config, plugins, flannel, calico, kernel, firewall, api.
@@ -35,7 +56,8 @@ pub struct Check {
     /// The node it ran on, or the pod / cluster it is about.
     pub node: String,
     pub name: String,
-    pub ok: bool,
+    #[serde(rename = "ok")]
+    pub status: Status,
     pub evidence: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fix: Option<String>,
@@ -47,10 +69,30 @@ impl Check {
             family,
             node: node.into(),
             name: name.into(),
-            ok: true,
+            status: Status::Pass,
             evidence,
             fix: None,
         }
+    }
+
+    /// No data to judge by: `not checked: <why>`, never a pass.
+    pub fn not_checked(family: &'static str, node: &str, name: &str, why: &str) -> Self {
+        Self {
+            family,
+            node: node.into(),
+            name: name.into(),
+            status: Status::NotChecked,
+            evidence: format!("not checked: {why}"),
+            fix: None,
+        }
+    }
+
+    pub fn ok(&self) -> bool {
+        self.status == Status::Pass
+    }
+
+    pub fn failed(&self) -> bool {
+        self.status == Status::Fail
     }
 
     pub fn fail(
@@ -64,7 +106,7 @@ impl Check {
             family,
             node: node.into(),
             name: name.into(),
-            ok: false,
+            status: Status::Fail,
             evidence,
             fix: Some(fix),
         }
@@ -140,7 +182,7 @@ pub async fn run(args: DoctorArgs) -> Result<bool> {
         }
     }
     checks.extend(api::checks(&cluster, &examined));
-    let failed = checks.iter().any(|c| !c.ok);
+    let failed = checks.iter().any(Check::failed);
     render::print(&checks, args.output);
     Ok(!failed)
 }

@@ -18,7 +18,7 @@ use super::{
 };
 use crate::{
     cluster::inventory::Pod,
-    node::{netns, NodeView},
+    node::{netns, NodeView, RouteKind, RouteOrigin},
 };
 
 /// Everything the checks of one node read.
@@ -47,11 +47,14 @@ pub struct NodeFacts {
     /// Pods of the cluster (for pod names and the firewall's pod pairs).
     pub pods: Vec<Pod>,
     pub conntrack_max_override: Option<u64>,
-    /// The CNI's own kubeconfig in /etc/cni/net.d (Calico's), and what the
-    /// API said to its credentials: Ok(server) or why not.
-    pub cni_credentials: Option<(String, Result<String, String>)>,
+    /// The CNI's own kubeconfig in /etc/cni/net.d (Calico's), judged
+    /// offline first, then by the API.
+    pub cni_credentials: Option<super::credentials::Credentials>,
     /// The addresses of the pods asked about (all pods', when none are).
     pub pair: Vec<Ipv4Addr>,
+    /// Calico's IPAM blocks of the other nodes examined with it (their
+    /// `blackhole <block> proto bird` routes), by node.
+    pub peer_blocks: Vec<(String, ipnet::Ipv4Net)>,
 }
 
 impl NodeFacts {
@@ -74,6 +77,7 @@ impl NodeFacts {
             conntrack_max_override: None,
             cni_credentials: None,
             pair: Vec::new(),
+            peer_blocks: Vec::new(),
         }
     }
 
@@ -97,6 +101,18 @@ impl NodeFacts {
 
     pub fn pod_cidr(&self) -> Option<ipnet::Ipv4Net> {
         self.me.as_ref()?.pod_cidrs.first().copied()
+    }
+
+    /// The Calico IPAM blocks this node holds: bird blackholes each
+    /// block affine to the node (`blackhole 10.244.8.0/26 proto bird`)
+    /// and exports it to its peers.
+    pub fn own_blocks(&self) -> Vec<ipnet::Ipv4Net> {
+        self.view
+            .routes
+            .iter()
+            .filter(|r| r.kind == RouteKind::Blackhole && r.protocol == RouteOrigin::Bird)
+            .map(|r| r.destination)
+            .collect()
     }
 
     pub fn addresses(&self) -> Vec<Ipv4Addr> {
@@ -133,9 +149,20 @@ pub async fn gather_all(args: &DoctorArgs, cluster: &ClusterState) -> Result<Vec
         // From here, outside the node's netns: the API is reached as the
         // CNI plugin reaches it, from the host.
         if files {
-            facts.cni_credentials = super::calico::probe_credentials(&facts.root).await;
+            facts.cni_credentials = super::credentials::probe(&facts.root).await;
         }
         all.push(facts);
+    }
+    let blocks: Vec<(String, ipnet::Ipv4Net)> = all
+        .iter()
+        .flat_map(|f| f.own_blocks().into_iter().map(|b| (f.name.clone(), b)))
+        .collect();
+    for facts in &mut all {
+        facts.peer_blocks = blocks
+            .iter()
+            .filter(|(node, _)| *node != facts.name)
+            .cloned()
+            .collect();
     }
     Ok(all)
 }
@@ -220,6 +247,7 @@ async fn read(netns_path: Option<&Path>, root: PathBuf) -> Result<NodeFacts> {
         conntrack_max_override: None,
         cni_credentials: None,
         pair: Vec::new(),
+        peer_blocks: Vec::new(),
     })
 }
 

@@ -58,7 +58,7 @@ pub async fn node_findings(args: &Args) -> Vec<Vec<Finding>> {
         .map(|facts| {
             super::node_checks(facts)
                 .into_iter()
-                .filter(|c| !c.ok)
+                .filter(|c| c.failed())
                 .map(Finding::from)
                 .collect()
         })
