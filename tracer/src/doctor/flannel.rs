@@ -147,12 +147,14 @@ fn check_cni0(facts: &NodeFacts) -> Check {
     let flannel_mtu = subnet_env(facts).and_then(|e| e.get("FLANNEL_MTU")?.parse::<u32>().ok());
     let gateway = gateway(facts);
     if gateway.is_none() && flannel_mtu.is_none() {
-        return Check::not_checked(
-            FAMILY,
-            node,
-            "cni0",
-            "no subnet.env and no podCIDR to tell cni0's gateway and MTU",
+        // What it holds still helps whoever reads on.
+        let holds: Vec<String> = held.iter().map(ToString::to_string).collect();
+        let why = format!(
+            "cni0 holds {}, MTU {}, but no subnet.env and no podCIDR tell which gateway and MTU it needs",
+            if holds.is_empty() { "no IPv4 address".to_string() } else { holds.join(", ") },
+            cni0.mtu
         );
+        return Check::not_checked(FAMILY, node, "cni0", &why);
     }
     let (ok, evidence, fix) = judge_cni0(gateway, &held, cni0.mtu, flannel_mtu);
     Check::judge(FAMILY, node, "cni0", ok, evidence, || fix)
