@@ -127,8 +127,19 @@ struct Resolved {
 }
 
 async fn resolve(args: &Args) -> Result<Resolved> {
-    let targets = Targets::resolve(args).await?;
-    let namespaces = Namespace::all(&args.kube.netns)?;
+    // A NodePort given as `nodeIP:port` needs no node list to name the
+    // node when it is one traced here. (A bad --netns is said after a bad
+    // argument, as before.)
+    let namespaces = Namespace::all(&args.kube.netns);
+    let traced_addresses: Vec<Ipv4Addr> = match &namespaces {
+        Ok(namespaces) => traced::addresses_of(namespaces).await.unwrap_or_default(),
+        Err(_) => Vec::new(),
+    }
+    .into_iter()
+    .flatten()
+    .collect();
+    let targets = Targets::resolve(args, &traced_addresses).await?;
+    let namespaces = namespaces?;
     let mut ctx = context_of(args, &targets);
     let why_rule_unnamed = match (args.no_ruleset_changes, Backend::detect()) {
         (true, _) => Some("rule tracing is off (--no-ruleset-changes)"),

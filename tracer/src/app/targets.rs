@@ -51,7 +51,10 @@ fn note_host_network(src: &Endpoint, dst: &Endpoint) {
 }
 
 impl Targets {
-    pub async fn resolve(args: &Args) -> Result<Self> {
+    /// The endpoints `args` name, resolved; `traced_addresses`: the
+    /// traced nodes' own addresses (node mode), nodes too for a NodePort
+    /// given as `nodeIP:port` when no node list names them.
+    pub async fn resolve(args: &Args, traced_addresses: &[Ipv4Addr]) -> Result<Self> {
         let access = Access::of(&args.kube);
         // Garbage in an argument is said before anything else is tried.
         let src_target = Target::parse(&args.src, &args.kube.namespace)?;
@@ -127,27 +130,40 @@ impl Targets {
             service,
             nat: NatBook::default(),
         };
-        targets.nat = targets.destination_nat(catalog.as_ref(), dst_target.port());
+        targets.nat =
+            targets.destination_nat(catalog.as_ref(), dst_target.port(), traced_addresses);
         Ok(targets)
     }
 
     /// What kube-proxy translates the destination to: a Service's
     /// backends, or else a node's NodePorts (on `port` only, when the
     /// argument named one).
-    fn destination_nat(&self, catalog: Option<&Catalog>, port: Option<u16>) -> NatBook {
+    fn destination_nat(
+        &self,
+        catalog: Option<&Catalog>,
+        port: Option<u16>,
+        traced_addresses: &[Ipv4Addr],
+    ) -> NatBook {
         match (&self.service, catalog) {
-            (None, Some(catalog)) => self.node_ports(catalog, port),
+            (None, Some(catalog)) => self.node_ports(catalog, port, traced_addresses),
             _ => self.translations(port),
         }
     }
 
-    /// DST a node: the NodePorts it translates (on `port` only, when the
-    /// argument named one), unless there are too many to trace.
-    fn node_ports(&self, catalog: &Catalog, port: Option<u16>) -> NatBook {
+    /// DST a node (a known node's IP, or a traced node's own address):
+    /// the NodePorts it translates (on `port` only, when the argument
+    /// named one), unless there are too many to trace.
+    fn node_ports(
+        &self,
+        catalog: &Catalog,
+        port: Option<u16>,
+        traced_addresses: &[Ipv4Addr],
+    ) -> NatBook {
         /// Backends to trace at most: two kernel filter pairs each.
         const MAX_BACKENDS: usize = 64;
         let node = self.dst.ip;
-        if !self.known_nodes().iter().any(|(_, ip)| *ip == node) {
+        let known = self.known_nodes().iter().any(|(_, ip)| *ip == node);
+        if !known && !traced_addresses.contains(&node) {
             return NatBook::default();
         }
         let translations: Vec<_> = catalog
@@ -314,6 +330,37 @@ mod tests {
         assert!(at("192.0.2.11:30080").unwrap().is_none());
         let neither = at("192.0.2.11:30081").unwrap_err().to_string();
         assert!(neither.contains("no Service's NodePort"), "{neither}");
+    }
+
+    #[test]
+    fn a_traced_nodes_own_address_and_a_node_port_is_that_nodeport() {
+        let catalog = Catalog::parse(crate::cluster::services::tests::LIST).unwrap();
+        let node: Ipv4Addr = "192.0.2.12".parse().unwrap();
+        let targets = Targets {
+            src: Endpoint::of_ip("192.0.2.99".parse().unwrap(), vec![]).unwrap(),
+            dst: Endpoint::of_ip(node, vec![]).unwrap(),
+            inventory: Inventory::default(),
+            subnets: Vec::new(),
+            cluster: None,
+            service: None,
+            nat: NatBook::default(),
+        };
+        // No node list names it: only as a traced node's own address.
+        assert!(targets
+            .node_ports(&catalog, Some(30080), &[])
+            .translations
+            .is_empty());
+        let book = targets.node_ports(&catalog, Some(30080), &[node]);
+        let backends: Vec<String> = book
+            .translations
+            .iter()
+            .map(|t| t.back.ip.to_string())
+            .collect();
+        assert_eq!(backends, ["10.244.2.2", "10.244.2.3"]);
+        assert!(book
+            .translations
+            .iter()
+            .all(|t| t.front.ip == node && t.front.port == 30080));
     }
 
     #[test]

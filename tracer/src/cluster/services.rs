@@ -278,7 +278,7 @@ fn backends_of(slice: &Value, ns: &str) -> Vec<Backend> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// As `kubectl get svc,endpointslices -A -o json` prints them.

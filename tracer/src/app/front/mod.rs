@@ -62,7 +62,8 @@ pub async fn run(args: Args) -> Result<()> {
         bail!("--write works in node mode only (--netns, or on the node): cluster mode writes no pcapng");
     }
     let mut stop = Stop::catch()?;
-    let Some(targets) = super::stop::unless_stopped(Targets::resolve(&args), stop.recv()).await
+    let Some(targets) =
+        super::stop::unless_stopped(Targets::resolve(&args, &[]), stop.recv()).await
     else {
         return Ok(());
     };
