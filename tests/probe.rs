@@ -11,7 +11,7 @@ use serde_json::Value;
 use support::*;
 use xtask::{
     faults::Fault,
-    lab::{kube_proxy::ProxyMode, LabGuard, Topology},
+    lab::{kube_proxy::ProxyMode, sysctl, LabGuard, Topology},
 };
 
 fn probe_lab() -> LabGuard {
@@ -123,6 +123,45 @@ fn icmp_and_udp_probes_are_answered_or_refused() {
         "{}",
         done.stdout
     );
+}
+
+/// Where the pod allows unprivileged ping sockets (as containerd sets
+/// `ping_group_range` in pods), the ICMP probe uses one: an agent needs no
+/// CAP_NET_RAW, and the echo identifier is the kernel's.
+#[test]
+fn an_icmp_probe_takes_the_pods_ping_socket_where_it_may() {
+    let lab = probe_lab();
+    let web_0 = lab.0.pod("web-0").netns;
+    sysctl(&web_0, "net.ipv4.ping_group_range", "0 2147483647").unwrap();
+    let done = probe(
+        &lab,
+        "default/db-0",
+        "icmp",
+        &["--probe-count", "2", "--probe-interval", "200ms"],
+    );
+    let results = results(&done);
+    assert_eq!(results.len(), 2, "{}", done.stdout);
+    for result in &results {
+        assert!(
+            result["result"]
+                .as_str()
+                .unwrap()
+                .starts_with("echo reply in"),
+            "{result}"
+        );
+    }
+    // Each probe's request and reply, and nothing else.
+    assert_eq!(outcomes(&done), ["delivered"; 4], "{}", done.stdout);
+    // Each ping socket had its own identifier (a raw socket's is one per
+    // run).
+    let mut ids: Vec<u64> = done
+        .stories()
+        .iter()
+        .filter_map(|s| s["transport"]["id"].as_u64())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 2, "{ids:?}");
 }
 
 #[test]

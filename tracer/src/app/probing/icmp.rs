@@ -32,8 +32,13 @@ pub(super) fn echo_request(id: u16, seq: u16) -> Vec<u8> {
 
 /// `packet` (an IPv4 packet, as a raw socket reads it) as an answer to
 /// echo (`id`, `seq`), or `None` when it is about something else.
-pub(super) fn about_our_echo(packet: &[u8], (id, seq): (u16, u16)) -> Option<Reply> {
+pub(super) fn about_our_echo(packet: &[u8], echo: (u16, u16)) -> Option<Reply> {
     let (from, icmp) = ipv4_payload(packet)?;
+    about_icmp(from, icmp, echo)
+}
+
+/// An ICMP message from `from` as an answer to echo (`id`, `seq`).
+pub(super) fn about_icmp(from: Ipv4Addr, icmp: &[u8], (id, seq): (u16, u16)) -> Option<Reply> {
     let ours =
         |echo: &[u8]| echo.get(4..8) == Some(&[id.to_be_bytes(), seq.to_be_bytes()].concat()[..]);
     match *icmp.first()? {

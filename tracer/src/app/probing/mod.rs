@@ -145,8 +145,9 @@ fn send_all(probing: &Probing, tx: &mpsc::UnboundedSender<ProbeEvent>) -> Result
         }
         let socket = send::socket(probing.kind)
             .map_err(|e| anyhow!("cannot open a socket in the pod: {e}"))?;
+        // A ping socket's identifier is its port, the kernel's choice.
         let flow = match probing.kind {
-            ProbeKind::Icmp => echo_id,
+            ProbeKind::Icmp if send::is_raw(&socket) => echo_id,
             _ => send::local_port(&socket),
         };
         if tx.send(ProbeEvent::Sending(flow)).is_err() {
@@ -156,7 +157,7 @@ fn send_all(probing: &Probing, tx: &mpsc::UnboundedSender<ProbeEvent>) -> Result
             socket,
             probing.kind,
             probing.dst,
-            (echo_id, seq as u16),
+            (flow, seq as u16),
             probing.timeout,
         );
         if tx

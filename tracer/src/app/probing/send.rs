@@ -22,18 +22,28 @@ pub(super) struct Answer {
 }
 
 /// A socket for `kind`, bound so that its flow is known before it sends:
-/// the source port (TCP, UDP); ICMP's echo identifier is chosen instead.
+/// the source port (TCP, UDP; an ICMP datagram socket's port is its echo
+/// identifier). ICMP takes the unprivileged ping socket where the pod's
+/// `ping_group_range` allows it (so an agent needs no CAP_NET_RAW), else
+/// a raw socket, whose echo identifier is chosen by the caller.
 pub(super) fn socket(kind: ProbeKind) -> std::io::Result<Socket> {
-    let (kind, protocol) = match kind {
-        ProbeKind::Tcp(_) => (Type::STREAM, Protocol::TCP),
-        ProbeKind::Udp(_) => (Type::DGRAM, Protocol::UDP),
-        ProbeKind::Icmp => (Type::RAW, Protocol::ICMPV4),
-    };
-    let socket = Socket::new(Domain::IPV4, kind, Some(protocol))?;
-    if kind != Type::RAW {
+    let bound = |kind, protocol| -> std::io::Result<Socket> {
+        let socket = Socket::new(Domain::IPV4, kind, Some(protocol))?;
         socket.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)).into())?;
+        Ok(socket)
+    };
+    match kind {
+        ProbeKind::Tcp(_) => bound(Type::STREAM, Protocol::TCP),
+        ProbeKind::Udp(_) => bound(Type::DGRAM, Protocol::UDP),
+        ProbeKind::Icmp => bound(Type::DGRAM, Protocol::ICMPV4)
+            .or_else(|_| Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4))),
     }
-    Ok(socket)
+}
+
+/// Whether `socket` is a raw one: it reads whole IPv4 packets, and its
+/// echo identifier is the caller's.
+pub(super) fn is_raw(socket: &Socket) -> bool {
+    socket.r#type().is_ok_and(|t| t == Type::RAW)
 }
 
 /// The source port a bound socket got.
@@ -142,7 +152,14 @@ fn echo(
             .iter()
             .map(|b| unsafe { b.assume_init() })
             .collect();
-        let Some(reply) = super::icmp::about_our_echo(&packet, (id, seq)) else {
+        let reply = if is_raw(socket) {
+            super::icmp::about_our_echo(&packet, (id, seq))
+        } else {
+            // A ping socket reads the ICMP message alone, with the
+            // identifier the kernel gave it.
+            super::icmp::about_icmp(to, &packet, (id, seq))
+        };
+        let Some(reply) = reply else {
             continue;
         };
         let rtt = sent.elapsed();
