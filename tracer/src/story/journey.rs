@@ -194,10 +194,15 @@ impl Journey {
     /// layer (a FIN for a connection already closed, a queue purged at
     /// close), after it was seen on the way: it reached its destination's
     /// stack, and the socket's own teardown freed it; not a drop on the
-    /// path. The sender's own frees have no IP header yet (`by_socket`).
+    /// path. The sender's own frees have no IP header yet (`by_socket`);
+    /// a tunnel's outer packet freed there (no VXLAN socket on the node)
+    /// never brought the packet to its destination: a drop on the path.
     pub fn freed_by_receiver(&self) -> Option<&DropInfo> {
         let (last, before) = self.hops.split_last()?;
         let drop = last.drop.as_ref()?;
+        if last.packet.tunnel.is_some() {
+            return None;
+        }
         let function = drop.location.split('+').next().unwrap_or_default();
         let receivers = RECEIVER_REASONS.contains(&drop.reason.as_str())
             || drop.reason.starts_with("TCP_")

@@ -428,6 +428,24 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn an_encapsulated_packet_no_vxlan_socket_took_is_a_drop_on_the_path() {
+        // node-2's VXLAN device is down: nothing listens on its UDP port.
+        let inner = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 63, 1);
+        let outer = frames::vxlan(&inner, 1);
+        let mut journey = cross_node_flannel();
+        journey.hops.truncate(5);
+        let mut freed = drop_hop(9_500, "node-2", "eth0", &outer, "NO_SOCKET");
+        freed.drop.as_mut().unwrap().location = "__udp4_lib_rcv+0x9a".into();
+        journey.hops.push(freed);
+        let story = tell(&journey, &ctx());
+        assert!(
+            matches!(story.verdict.outcome, Outcome::Dropped { .. }),
+            "{:?}",
+            story.verdict
+        );
+    }
+
+    #[test]
     fn a_drop_on_the_way_or_by_the_sender_stays_a_drop() {
         for (reason, location, by_socket) in [
             ("IP_INHDR", "ip_rcv_core+0x1b0", false),
