@@ -40,10 +40,10 @@ fn is_podtrace_workspace(dir: &Path) -> bool {
 }
 
 /// Where cargo builds the checkout at `root`: `CARGO_TARGET_DIR` when set
-/// (relative to `root`), else `root/target`.
+/// (relative to where cargo runs, as cargo reads it), else `root/target`.
 pub fn target_dir(root: &Path) -> PathBuf {
     match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) => root.join(dir),
+        Some(dir) => std::env::current_dir().unwrap_or_default().join(dir),
         None => root.join("target"),
     }
 }

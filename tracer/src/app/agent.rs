@@ -283,6 +283,11 @@ impl Consumer for Output {
         self.send(Record::Hooks { hooks });
     }
 
+    fn ends_with_probes(&self) -> bool {
+        // The front-end says when the trace ends, not the last probe.
+        false
+    }
+
     fn probe(&mut self, event: ProbeEvent) {
         self.send(match event {
             ProbeEvent::Sending(flow) => Record::ProbeSending { flow },
@@ -324,9 +329,22 @@ impl Output {
     }
 
     fn send(&mut self, record: Record) {
+        // The records the front-end cannot do without wait for room: a
+        // summary lost to a full queue would read as the agent's death, a
+        // probe's result as a run that never ends.
+        let must_arrive = matches!(
+            record,
+            Record::Summary(_) | Record::Probe { .. } | Record::ProbeSending { .. }
+        );
         let line = self.numbering.line(record);
         let Some(queue) = &self.queue else { return };
-        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = queue.try_send(line) {
+        if must_arrive {
+            if queue.send(line).is_err() {
+                self.lost += 1;
+            }
+        } else if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) =
+            queue.try_send(line)
+        {
             self.lost += 1;
         }
     }

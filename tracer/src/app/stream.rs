@@ -115,8 +115,13 @@ pub(super) trait Consumer {
     async fn conntrack(&mut self, entry: conntrack::Entry, trace: &mut Trace) -> Result<()>;
     /// The number of attached hooks changed.
     fn hooks(&mut self, hooks: usize);
-    /// `--probe`: a probe goes out, or its result (node mode only).
+    /// `--probe`: a probe goes out, or its result.
     fn probe(&mut self, _event: ProbeEvent) {}
+    /// Whether the trace ends once the probes' stories are told (without
+    /// `--count` or `--duration`).
+    fn ends_with_probes(&self) -> bool {
+        true
+    }
 }
 
 /// Streams until Ctrl-C, SIGTERM, `--duration`, the consumer says stop,
@@ -138,7 +143,8 @@ pub(super) async fn stream(
     let mut why_gone = None;
     // When the last probe ended: its stories are told soon after.
     let mut probes_done: Option<tokio::time::Instant> = None;
-    let ends_with_probes = args.count.is_none() && args.duration.is_none();
+    let ends_with_probes =
+        consumer.ends_with_probes() && args.count.is_none() && args.duration.is_none();
     loop {
         tokio::select! {
             batch = trace.sightings.recv() => {

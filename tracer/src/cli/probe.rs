@@ -78,7 +78,7 @@ fn parse_interval(text: &str) -> Result<Duration, String> {
 
 fn parse_timeout(text: &str) -> Result<Duration, String> {
     let timeout = parse_duration(text)?;
-    if timeout.is_zero() || timeout > Duration::from_secs(60) {
+    if timeout < Duration::from_millis(1) || timeout > Duration::from_secs(60) {
         return Err(format!("{text}: a probe waits from 1 ms to 60 s"));
     }
     Ok(timeout)

@@ -163,10 +163,16 @@ impl Agents {
         loop {
             let mut failed = Vec::new();
             for (pod, _) in left {
-                match self.pods.delete(pod, &DeleteParams::default()).await {
-                    Ok(_) => {}
-                    Err(e) if is_not_found(&e) => {}
-                    Err(e) => failed.push((pod, e.to_string())),
+                // An API that drops packets rather than refusing them would
+                // hold one call for minutes: each is bounded too.
+                let left_time = until.saturating_duration_since(tokio::time::Instant::now());
+                let params = DeleteParams::default();
+                let deleting = self.pods.delete(pod, &params);
+                match tokio::time::timeout(left_time.max(wait), deleting).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) if is_not_found(&e) => {}
+                    Ok(Err(e)) => failed.push((pod, e.to_string())),
+                    Err(_) => failed.push((pod, "the API did not answer".into())),
                 }
             }
             left = failed;

@@ -12,33 +12,38 @@ use crate::{
         Decoded, Transport,
     },
     node::interfaces::Role,
-    probe::netfilter::{NetfilterRule, PacketId},
+    probe::{
+        drops::REASON_NOT_NAMED,
+        netfilter::{NetfilterRule, PacketId},
+    },
     story::nat_steps,
 };
 
 /// The reason name of a drop by an iptables / nftables verdict.
 pub const NETFILTER_DROP: &str = "NETFILTER_DROP";
+/// The SYN bit of TCP's flags.
+const TCP_SYN: u8 = 0x02;
 
-/// Drop reasons only a receiving host's sockets give: the packet had been
-/// delivered to that host's stack (only local delivery leads there), and
-/// its socket, or the lack of one, discarded it.
-const RECEIVER_REASONS: &[&str] = &[
+/// Drop reasons a receiving host's TCP gives a segment of a connection it
+/// no longer has or wants (a FIN after close, a queue purged at close, an
+/// old retransmission): the segment had been delivered to that host's
+/// stack (only local delivery leads there). Checksum, memory, buffer and
+/// PAWS drops are real drops, and stay so.
+const TEARDOWN_REASONS: &[&str] = &[
     "NO_SOCKET",
     "QUEUE_PURGE",
     "SOCKET_CLOSE",
-    "SOCKET_FILTER",
-    "SOCKET_RCVBUFF",
-    "PROTO_MEM",
+    "TCP_CLOSE",
+    "TCP_RESET",
+    "TCP_ABORT_ON_DATA",
+    "TCP_OLD_DATA",
+    "TCP_OLD_ACK",
+    "TCP_TOO_OLD_ACK",
+    "TCP_OLD_SEQUENCE",
 ];
-/// The local-delivery transport functions, for a kernel that names no
-/// reason (NOT_SPECIFIED in tcp_v4_rcv).
-const RECEIVER_FUNCTIONS: &[&str] = &[
-    "tcp_",
-    "udp_",
-    "__udp",
-    "inet_csk_destroy_sock",
-    "skb_queue_purge",
-];
+/// TCP's local-delivery functions, for a kernel that names no reason
+/// (NOT_SPECIFIED in tcp_v4_rcv, or before 5.17).
+const TCP_RECEIVE_FUNCTIONS: &[&str] = &["tcp_", "inet_csk_destroy_sock", "skb_queue_purge"];
 
 /// What stays the same for one packet on every hop, encapsulated or not:
 /// addresses, IP ID and the transport identity. TTL and the tunnel are
@@ -200,16 +205,24 @@ impl Journey {
     pub fn freed_by_receiver(&self) -> Option<&DropInfo> {
         let (last, before) = self.hops.split_last()?;
         let drop = last.drop.as_ref()?;
-        if last.packet.tunnel.is_some() {
+        // A SYN nobody takes is a refusal, not a teardown; UDP has no
+        // connection to tear down.
+        let of_a_connection = matches!(
+            last.packet.packet.transport,
+            Transport::Tcp { flags, .. } if flags & TCP_SYN == 0
+        );
+        if last.packet.tunnel.is_some() || !of_a_connection || drop.by_socket {
             return None;
         }
         let function = drop.location.split('+').next().unwrap_or_default();
-        let receivers = RECEIVER_REASONS.contains(&drop.reason.as_str())
-            || drop.reason.starts_with("TCP_")
-            || RECEIVER_FUNCTIONS.iter().any(|f| function.starts_with(f));
+        let unnamed = drop.reason == "NOT_SPECIFIED" || drop.reason == REASON_NOT_NAMED;
+        let teardown = TEARDOWN_REASONS.contains(&drop.reason.as_str())
+            || (unnamed
+                && TCP_RECEIVE_FUNCTIONS
+                    .iter()
+                    .any(|f| function.starts_with(f)));
         let seen_on_the_way = before.iter().any(|h| h.direction != Direction::Drop);
-        (receivers && !drop.by_socket && seen_on_the_way && drop.reason != NETFILTER_DROP)
-            .then_some(drop)
+        (teardown && seen_on_the_way).then_some(drop)
     }
 
     /// The last hop hands the packet to a pod other than its sender.

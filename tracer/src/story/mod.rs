@@ -387,9 +387,13 @@ pub(crate) mod tests {
         assert_eq!(story.freed_after_delivery[0].reason, "NO_SOCKET");
     }
 
-    /// A FIN to a node-2 socket already closed, freed by node-2's TCP.
-    fn fin_freed_on_node_2(reason: &str, location: &str, by_socket: bool) -> Story {
-        let fin = frames::tcp_syn([10, 244, 1, 2], [192, 0, 2, 12], 40000, 8080);
+    const FIN_ACK: u8 = 0x11;
+
+    /// A TCP segment (`flags`) to a node-2 socket, freed by node-2's TCP.
+    fn segment_freed_on_node_2(flags: u8, reason: &str, location: &str, by_socket: bool) -> Story {
+        let mut fin = frames::tcp_syn([10, 244, 1, 2], [192, 0, 2, 12], 40000, 8080);
+        // Ethernet, IPv4, then TCP's flags byte.
+        fin[14 + 20 + 13] = flags;
         let mut freed = drop_hop(9_500, "node-2", "eth0", &fin, reason);
         let drop = freed.drop.as_mut().unwrap();
         drop.location = location.into();
@@ -411,7 +415,7 @@ pub(crate) mod tests {
             ("TCP_CLOSE", "tcp_rcv_state_process+0x1c0"),
             ("NO_SOCKET", "tcp_v4_rcv+0x1f2"),
         ] {
-            let story = fin_freed_on_node_2(reason, location, false);
+            let story = segment_freed_on_node_2(FIN_ACK, reason, location, false);
             assert!(
                 matches!(story.verdict.outcome, Outcome::Delivered { ref node, .. } if node == "node-2"),
                 "{reason}: {:?}",
@@ -447,12 +451,16 @@ pub(crate) mod tests {
 
     #[test]
     fn a_drop_on_the_way_or_by_the_sender_stays_a_drop() {
-        for (reason, location, by_socket) in [
-            ("IP_INHDR", "ip_rcv_core+0x1b0", false),
-            ("NETFILTER_DROP", "nf_hook_slow+0x9c", false),
-            ("NOT_SPECIFIED", "tcp_v4_rcv+0x5d", true),
+        for (flags, reason, location, by_socket) in [
+            (FIN_ACK, "IP_INHDR", "ip_rcv_core+0x1b0", false),
+            (FIN_ACK, "NETFILTER_DROP", "nf_hook_slow+0x9c", false),
+            (FIN_ACK, "NOT_SPECIFIED", "tcp_v4_rcv+0x5d", true),
+            (FIN_ACK, "TCP_CSUM", "tcp_v4_rcv+0x5d", false),
+            (FIN_ACK, "SOCKET_RCVBUFF", "tcp_data_queue+0x4c", false),
+            // Nothing listens: a refusal, not a teardown.
+            (0x02, "NO_SOCKET", "tcp_v4_rcv+0x1f2", false),
         ] {
-            let story = fin_freed_on_node_2(reason, location, by_socket);
+            let story = segment_freed_on_node_2(flags, reason, location, by_socket);
             assert!(
                 matches!(story.verdict.outcome, Outcome::Dropped { .. }),
                 "{reason}: {:?}",

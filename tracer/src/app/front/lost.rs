@@ -29,6 +29,8 @@ impl Session {
             }
         } else {
             let (what, since) = agent.lose(&node, why.as_deref(), SystemTime::now());
+            // Its probes' results may never come: the run does not wait.
+            self.probes_done.get_or_insert_with(Instant::now);
             eprintln!("podtrace: {what}: packets that went on to {node} are told incomplete");
             let placed = self.clocks.placements();
             let lost = LostAgent {

@@ -138,7 +138,7 @@ fn send_all(probing: &Probing, tx: &mpsc::UnboundedSender<ProbeEvent>) -> Result
     let _inside = netns::enter(&probing.netns)?;
     // One identifier per run, for ICMP: its sequence numbers count the
     // probes.
-    let echo_id = (std::process::id() as u16) ^ 0x7074;
+    let echo_id = ((std::process::id() as u16) ^ 0x7074).max(1);
     for seq in 1..=probing.count {
         if seq > 1 {
             std::thread::sleep(probing.interval);

@@ -145,7 +145,8 @@ fn echo(
         if left.is_zero() {
             return Err(ErrorKind::TimedOut.into());
         }
-        socket.set_read_timeout(Some(left))?;
+        // At least 1 ms: a zero timeval would wait forever.
+        socket.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
         let n = socket.recv(&mut buf)?;
         // SAFETY: recv initialised the first n bytes.
         let packet: Vec<u8> = buf[..n]

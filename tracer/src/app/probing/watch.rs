@@ -15,8 +15,10 @@ pub(in crate::app) struct ProbeWatch {
     kind: ProbeKind,
     /// Source ports (TCP, UDP) or echo identifiers (ICMP).
     flows: HashSet<u16>,
-    /// The verdict of each flow's last packet that was not delivered.
-    failed: HashMap<u16, String>,
+    /// The verdict of each probe's last packet that was not delivered, by
+    /// its flow and ICMP sequence number (0 for TCP, UDP): a raw socket's
+    /// echoes share one identifier.
+    failed: HashMap<(u16, u16), String>,
     /// Stories of the pair that were not the probes'.
     pub skipped: u64,
 }
@@ -36,23 +38,25 @@ impl ProbeWatch {
         self.flows.insert(flow);
     }
 
-    /// The probe flow `journey`'s packet belongs to: either way, and an
-    /// ICMP error about a probe too.
-    pub fn flow_of(&self, journey: &Journey) -> Option<u16> {
+    /// The probe `journey`'s packet belongs to (its flow, and ICMP's
+    /// sequence number): either way, and an ICMP error about a probe too.
+    pub fn flow_of(&self, journey: &Journey) -> Option<(u16, u16)> {
         let transport = journey.hops.first()?.packet.packet.transport;
         let flow = match (self.kind, transport) {
             (ProbeKind::Tcp(_), Transport::Tcp { sport, dport, .. })
-            | (ProbeKind::Udp(_), Transport::Udp { sport, dport }) => {
-                [sport, dport].into_iter().find(|p| self.flows.contains(p))
-            }
+            | (ProbeKind::Udp(_), Transport::Udp { sport, dport }) => [sport, dport]
+                .into_iter()
+                .find(|p| self.flows.contains(p))
+                .map(|flow| (flow, 0)),
             (
                 ProbeKind::Icmp,
                 Transport::Icmp {
                     id,
+                    seq,
                     icmp_type: 0 | 8,
                     ..
                 },
-            ) => self.flows.contains(&id).then_some(id),
+            ) => self.flows.contains(&id).then_some((id, seq)),
             // An error about a probe quotes it; whose, the probe's own
             // socket reads: take it as the probes'.
             (
@@ -60,14 +64,14 @@ impl ProbeWatch {
                 Transport::Icmp {
                     icmp_type: 3 | 11, ..
                 },
-            ) => self.flows.iter().next().copied(),
+            ) => self.flows.iter().next().map(|flow| (*flow, 0)),
             _ => None,
         };
         flow
     }
 
-    /// `story` of probe flow `flow` was told.
-    pub fn told(&mut self, flow: u16, story: &Story) {
+    /// `story` of probe `flow` (and ICMP sequence number) was told.
+    pub fn told(&mut self, flow: (u16, u16), story: &Story) {
         if !matches!(story.verdict.outcome, Outcome::Delivered { .. }) {
             self.failed.insert(flow, story.verdict.summary.clone());
         }
@@ -76,7 +80,15 @@ impl ProbeWatch {
     /// `result`, with the verdict of its packet that failed beside it.
     pub fn explained(&self, mut result: ProbeResult) -> ProbeResult {
         if !result.answered {
-            if let Some(verdict) = self.failed.get(&result.flow_id) {
+            let seq = match self.kind {
+                ProbeKind::Icmp => result.seq as u16,
+                _ => 0,
+            };
+            let verdict = self
+                .failed
+                .get(&(result.flow_id, seq))
+                .or_else(|| self.failed.get(&(result.flow_id, 0)));
+            if let Some(verdict) = verdict {
                 result.result = format!("{}: {verdict}", result.result);
             }
         }
