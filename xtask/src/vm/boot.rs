@@ -294,6 +294,6 @@ fn qemu(
     ])
     .stdin(Stdio::null())
     .stdout(Stdio::piped())
-    .stderr(Stdio::null());
+    .stderr(Stdio::piped());
     qemu
 }
