@@ -139,7 +139,9 @@ impl Trace {
     /// waits until it says it is tracing.
     pub fn start_command(mut command: Command) -> Self {
         command.stdout(Stdio::piped());
-        let started = podtrace_run::start(command, Duration::from_secs(20))
+        // Generous: a start is BTF parsed and every hook attached, which
+        // under TCG on a busy 2-core host took past 20 s (5.10's suite).
+        let started = podtrace_run::start(command, Duration::from_secs(60))
             .unwrap_or_else(|e| panic!("{e:#}"));
         Self {
             child: started.child,
