@@ -14,7 +14,6 @@ use crate::{
         self,
         pcapng_read::{read, Replayed},
     },
-    story::Context,
 };
 
 pub fn replay(args: &ReadArgs) -> Result<()> {
@@ -41,15 +40,7 @@ fn quiet_when_unread(told: Result<()>) -> Result<()> {
 
 fn replay_into(args: &ReadArgs, out: impl Write + 'static, colour: bool) -> Result<()> {
     let events = read(&args.file)?;
-    let mut teller = Teller {
-        sink: output::sink(args.output, out, colour),
-        ctx: Context::default(),
-        profile: None,
-        limit: None,
-        told: 0,
-        pcap: None,
-        probe: None,
-    };
+    let mut teller = Teller::plain(output::sink(args.output, out, colour));
     let mut summary = None;
     let mut foreign = 0;
     let mut damage = None;
@@ -124,7 +115,7 @@ mod tests {
             role: Role::Underlay,
             has_l2: true,
         };
-        let ctx = Context::default();
+        let ctx = crate::story::Context::default();
         let mut w = PcapWriter::create(Box::new(file), 128, "t".into(), &[eth0], &ctx).unwrap();
         let header = len();
         let journey = sample_journey();

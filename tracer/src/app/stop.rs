@@ -128,7 +128,6 @@ mod tests {
     use crate::{
         model::Format,
         output::{self, testing::Kept},
-        story::Context,
     };
 
     #[tokio::test]
@@ -142,15 +141,7 @@ mod tests {
             (Format::Json, "\"stories\":0"),
         ] {
             let kept = Kept::default();
-            let teller = Teller {
-                sink: output::sink(format, Box::new(kept.clone()), false),
-                ctx: Context::default(),
-                profile: None,
-                limit: None,
-                told: 0,
-                pcap: None,
-                probe: None,
-            };
+            let teller = Teller::plain(output::sink(format, Box::new(kept.clone()), false));
             stopped_before_tracing(teller).unwrap();
             let out = kept.text();
             assert!(out.contains(said), "{out}");

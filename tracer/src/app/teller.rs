@@ -30,7 +30,22 @@ pub(super) struct Teller<'a> {
     pub probe: Option<ProbeWatch>,
 }
 
-impl Teller<'_> {
+impl<'a> Teller<'a> {
+    /// A teller that writes every story to `sink`, and nothing else (no
+    /// limit, profile, pcapng or probes): `podtrace read`, and a stop
+    /// before tracing began.
+    pub fn plain(sink: Box<dyn Sink + 'a>) -> Self {
+        Self {
+            sink,
+            ctx: Context::default(),
+            profile: None,
+            limit: None,
+            told: 0,
+            pcap: None,
+            probe: None,
+        }
+    }
+
     fn limit_reached(&self) -> bool {
         self.limit.is_some_and(|n| self.told >= n)
     }
