@@ -124,6 +124,10 @@ struct Resolved {
     why_rule_unnamed: Option<&'static str>,
     /// The doctor's failing checks per --netns, in order.
     doctor: Vec<Vec<crate::model::Finding>>,
+    /// Each traced namespace's own addresses, in order, read once: they
+    /// resolve a NodePort's node, and find the nodes' underlays at attach
+    /// (where a failure to read them is said).
+    addresses: Result<Vec<Vec<Ipv4Addr>>>,
 }
 
 async fn resolve(args: &Args) -> Result<Resolved> {
@@ -131,13 +135,14 @@ async fn resolve(args: &Args) -> Result<Resolved> {
     // node when it is one traced here. (A bad --netns is said after a bad
     // argument, as before.)
     let namespaces = Namespace::all(&args.kube.netns);
-    let traced_addresses: Vec<Ipv4Addr> = match &namespaces {
-        Ok(namespaces) => traced::addresses_of(namespaces).await.unwrap_or_default(),
+    let addresses = match &namespaces {
+        Ok(namespaces) => traced::addresses_of(namespaces).await,
+        Err(_) => Ok(Vec::new()),
+    };
+    let traced_addresses: Vec<Ipv4Addr> = match &addresses {
+        Ok(addresses) => addresses.iter().flatten().copied().collect(),
         Err(_) => Vec::new(),
-    }
-    .into_iter()
-    .flatten()
-    .collect();
+    };
     let targets = Targets::resolve(args, &traced_addresses).await?;
     let namespaces = namespaces?;
     let mut ctx = context_of(args, &targets);
@@ -161,6 +166,7 @@ async fn resolve(args: &Args) -> Result<Resolved> {
         } else {
             doctor::trace::node_findings(args).await
         },
+        addresses,
     })
 }
 
@@ -254,6 +260,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         mut ctx,
         why_rule_unnamed,
         doctor,
+        addresses,
     } = resolved;
     let (src, dst) = (&targets.src, &targets.dst);
     let pairs = traced_pairs(&targets);
@@ -288,7 +295,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
             .filter_map(|e| Some((e.ip, Targets::node_of(e)?.to_string())))
             .collect(),
         node_ips: &args.node_ip,
-        traced_addresses: traced::addresses_of(&namespaces).await?,
+        traced_addresses: addresses?,
         single_node: namespaces.len() == 1,
     };
     let (nodes, read_through) = trace_nodes(&namespaces, &shared, &tx, &mut ctx, &doctor).await?;
