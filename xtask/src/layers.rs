@@ -16,18 +16,17 @@ use crate::rust_tokens::{is_ident, tokens};
 
 /// The folders (and single-file modules) of `tracer/src`, bottom first.
 pub const LAYERS: &[&str] = &[
-    // The nouns every layer shares.
-    "model",   // What a node looks like: netlink, links, routes, namespaces.
-    "node",    // Kernel programs: load, attach, read.
-    "probe",   // Arguments only, for every command.
-    "cli",     // One file per CNI backend, and the interfaces to watch.
-    "cni",     // The API, inventories, Services and their translations, agents.
-    "cluster", // Checks only.
-    "doctor",  // A kernel record into a hop.
-    "decode",  // Journeys, NAT, verdicts, notes.
-    "story",   // One sink per format.
-    "output",  // The run: resolve, attach, one stream loop, the wire.
-    "app",
+    "model",   // The nouns every layer shares.
+    "node",    // What a node looks like: netlink, links, routes, namespaces.
+    "probe",   // Kernel programs: load, attach, read.
+    "cli",     // Arguments only, for every command.
+    "cni",     // One file per CNI backend, and the interfaces to watch.
+    "cluster", // The API, inventories, Services and their translations, agents.
+    "doctor",  // Checks only.
+    "decode",  // A kernel record into a hop.
+    "story",   // Journeys, NAT, verdicts, notes.
+    "output",  // One sink per format.
+    "app",     // The run: resolve, attach, one stream loop, the wire.
 ];
 
 /// One import that points up.

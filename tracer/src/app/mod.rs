@@ -47,7 +47,7 @@ use crate::{
     output::pcapng,
     probe::{
         clock::monotonic_ns,
-        conntrack, features,
+        conntrack,
         link_watch::LinkChange,
         netfilter::{Backend, TracedRule},
         Batch, Kernel, ReadThrough, BATCHES_QUEUED,
@@ -305,17 +305,10 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
     // Hand the parsed BTF's memory back: podtrace may run for hours.
     // SAFETY: no preconditions.
     unsafe { libc::malloc_trim(0) };
-    let drop_hook = nodes.first().map(|n| n.probe.drop_hook);
-    let degraded = kernel.features.degraded(mode, drop_hook);
-    if let Some(line) = features::banner(&kernel.features.release, &degraded) {
-        eprintln!("podtrace: {line}");
-    }
+    let kernel_summary = kernel.say_degraded(mode, nodes.first().map(|n| n.probe.drop_hook));
     announce(&targets, &nodes, &ctx);
     Ok(Trace {
-        kernel_summary: KernelSummary {
-            release: kernel.features.release.clone(),
-            degraded: degraded.iter().map(ToString::to_string).collect(),
-        },
+        kernel_summary,
         others: OtherNamespaces::new(ctx.names.clone()),
         targets,
         nodes,

@@ -36,6 +36,8 @@ pub mod tc;
 use anyhow::{Context as _, Result};
 use podtrace_common::KernelLayout;
 
+use crate::model::KernelSummary;
+
 pub use load::{try_load, Batch, NodeProbe, ProbeSpec, ReadThrough, BATCHES_QUEUED, RING_HANDOVER};
 pub use tc::AttachMode;
 
@@ -63,6 +65,23 @@ impl Kernel {
             features,
             symbols: Symbols::from_kallsyms()?,
         })
+    }
+
+    /// Says on stderr what this kernel cannot do for the trace, and keeps
+    /// it for the summary.
+    pub fn say_degraded(
+        &self,
+        mode: AttachMode,
+        drops: Option<features::DropHook>,
+    ) -> KernelSummary {
+        let degraded = self.features.degraded(mode, drops);
+        if let Some(line) = features::banner(&self.features.release, &degraded) {
+            eprintln!("podtrace: {line}");
+        }
+        KernelSummary {
+            release: self.features.release.clone(),
+            degraded: degraded.iter().map(ToString::to_string).collect(),
+        }
     }
 
     /// The kernel's BTF as aya loads BTF-typed programs with it; only
