@@ -11,16 +11,8 @@ use serde_json::Value;
 use support::*;
 use xtask::{
     faults::Fault,
-    lab::{kube_proxy::ProxyMode, sysctl, LabGuard, Topology},
+    lab::{sysctl, LabGuard},
 };
-
-fn probe_lab() -> LabGuard {
-    let lab = lab(Topology::FlannelVxlan);
-    lab.0
-        .install_services(ProxyMode::Iptables)
-        .expect("install services");
-    lab
-}
 
 /// `podtrace web-0 DST --probe PROBE EXTRA…` on both nodes, in JSON: it
 /// ends by itself once the probes' stories are told.
@@ -58,7 +50,7 @@ fn outcomes(done: &Finished) -> Vec<String> {
 
 #[test]
 fn a_tcp_probe_connects_and_its_syn_and_syn_ack_are_told() {
-    let lab = probe_lab();
+    let lab = services_lab();
     let done = probe(&lab, "default/db-0", "tcp:8080", &[]);
     assert!(result(&done).starts_with("connected in"), "{}", done.stdout);
     let stories = done.stories();
@@ -75,7 +67,7 @@ fn a_tcp_probe_connects_and_its_syn_and_syn_ack_are_told() {
 
 #[test]
 fn a_tcp_probe_to_a_port_nobody_listens_on_is_refused() {
-    let lab = probe_lab();
+    let lab = services_lab();
     let done = probe(&lab, "default/db-0", "tcp:8081", &[]);
     assert_eq!(result(&done), "refused (RST)");
     assert_eq!(results(&done)[0]["answered"], false);
@@ -83,7 +75,7 @@ fn a_tcp_probe_to_a_port_nobody_listens_on_is_refused() {
 
 #[test]
 fn a_dropped_probe_says_no_answer_and_names_the_rule() {
-    let lab = probe_lab();
+    let lab = services_lab();
     Fault::IptablesForwardDrop.apply(&lab.0).unwrap();
     let done = probe(&lab, "default/db-0", "tcp:8080", &[]);
     let said = result(&done);
@@ -93,7 +85,7 @@ fn a_dropped_probe_says_no_answer_and_names_the_rule() {
 
 #[test]
 fn a_probe_to_a_service_follows_the_dnat() {
-    let lab = probe_lab();
+    let lab = services_lab();
     let done = probe(&lab, "svc/db", "tcp:80", &[]);
     assert!(result(&done).starts_with("connected in"), "{}", done.stdout);
     let syn = &done.stories()[0];
@@ -108,7 +100,7 @@ fn a_probe_to_a_service_follows_the_dnat() {
 
 #[test]
 fn icmp_and_udp_probes_are_answered_or_refused() {
-    let lab = probe_lab();
+    let lab = services_lab();
     let done = probe(&lab, "default/db-0", "icmp", &[]);
     assert!(
         result(&done).starts_with("echo reply in"),
@@ -130,7 +122,7 @@ fn icmp_and_udp_probes_are_answered_or_refused() {
 /// CAP_NET_RAW, and the echo identifier is the kernel's.
 #[test]
 fn an_icmp_probe_takes_the_pods_ping_socket_where_it_may() {
-    let lab = probe_lab();
+    let lab = services_lab();
     let web_0 = lab.0.pod("web-0").netns;
     sysctl(&web_0, "net.ipv4.ping_group_range", "0 2147483647").unwrap();
     let done = probe(
@@ -166,7 +158,7 @@ fn an_icmp_probe_takes_the_pods_ping_socket_where_it_may() {
 
 #[test]
 fn only_the_probes_are_told_and_the_pairs_other_traffic_is_counted() {
-    let lab = probe_lab();
+    let lab = services_lab();
     let mut first = vec!["default/web-0", "default/db-0", "-o", "json"];
     first.extend_from_slice(&[
         "--probe",
@@ -200,7 +192,7 @@ fn only_the_probes_are_told_and_the_pairs_other_traffic_is_counted() {
 
 #[test]
 fn a_probe_that_cannot_be_sent_is_bad_input_and_nothing_is_sent() {
-    let lab = probe_lab();
+    let lab = services_lab();
     for (probe, says) in [
         ("tcp:0", "tcp:0"),
         ("tcp:70000", "tcp:70000"),

@@ -67,6 +67,15 @@ pub fn lab(topology: Topology) -> LabGuard {
     LabGuard::up(&prefix, topology, Some(pod_cidr)).expect("lab up")
 }
 
+/// The flannel VXLAN lab with its Services, kube-proxy in iptables mode.
+pub fn services_lab() -> LabGuard {
+    let lab = lab(Topology::FlannelVxlan);
+    lab.0
+        .install_services(xtask::lab::kube_proxy::ProxyMode::Iptables)
+        .expect("install services");
+    lab
+}
+
 pub struct Trace {
     child: Child,
     stderr_lines: mpsc::Receiver<String>,

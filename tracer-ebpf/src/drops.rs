@@ -10,15 +10,15 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, RawTracePointContext},
 };
 use podtrace_common::{
-    counter, match_kind,
-    packet::{classify, packet_id, socket_header},
+    counter, filter, match_kind,
+    packet::{classify, packet_id, socket_header, traced_header},
     sampled, sighting_kind, FlowKey, KernelLayout, Sighting, MAX_NODES, NODE_OTHER_NETNS,
     SNAPSHOT_LEN,
 };
 
 use crate::{
     kernel::{global, kernel_read, kernel_read_buf, with_per_cpu, NO_ROUTE_ASKED},
-    maps::{bump, is_traced, node_id, sample, trusted_tunnel, SIGHTINGS},
+    maps::{bump, filter_keeps, is_traced, node_id, sample, trusted_tunnel, SIGHTINGS},
     sighting::Meta,
 };
 
@@ -147,6 +147,11 @@ fn report(s: &mut Sighting, skb: u64, location: u64, reason: u32) {
     } else {
         return;
     };
+    // Judged only by the instance that reports the drop: counted once.
+    let snapshot = &s.snapshot[..];
+    if !filter_keeps(|f| filter::judge(snapshot, traced_header(snapshot, 0, kind)?, f)) {
+        return;
+    }
     let meta = Meta {
         kind: sighting_kind::DROP,
         match_kind: kind,

@@ -4,7 +4,9 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
-use podtrace_common::{counter, maybe_traced, node_addr, AddrBits, FlowKey, TunnelKey, ANY_VNI};
+use podtrace_common::{
+    counter, filter::L4Filter, maybe_traced, node_addr, AddrBits, FlowKey, TunnelKey, ANY_VNI,
+};
 
 use crate::kernel::{contains, global, lookup, with_array, with_per_cpu};
 
@@ -28,6 +30,11 @@ pub static FLOWS: HashMap<FlowKey, u8> = HashMap::with_max_entries(MAX_FLOWS, 0)
 /// before FLOWS. An array lookup the verifier inlines.
 #[map(name = "ADDR_BITS")]
 static ADDR_BITS: Array<AddrBits> = Array::with_max_entries(1, 0);
+
+/// `--proto`/`--port`, one entry; read only when `FILTERING` is set.
+/// A map, not a constant: a Service's port learnt under way widens it.
+#[map(name = "L4_FILTER")]
+static L4_FILTER: Array<L4Filter> = Array::with_max_entries(1, 0);
 
 /// The node's tunnels (VXLAN/Geneve port and VNI, IPIP); filled by
 /// userspace from the node's devices.
@@ -61,6 +68,27 @@ pub static SAMPLE: u32 = 0;
 /// below, userspace polls on a timer (no wakeup per record at line rate).
 #[unsafe(no_mangle)]
 pub static WAKE_BYTES: u64 = 0;
+
+/// 1 when a `--proto`/`--port` filter is set: a constant to the
+/// verifier, so a trace without one does not even look it up.
+#[unsafe(no_mangle)]
+pub static FILTERING: u32 = 0;
+
+/// Whether `--proto`/`--port` keeps the packet: `judge` applies the
+/// filter to the packet's bytes (`None`: they could not be read). Counts
+/// what it leaves out.
+#[inline(always)]
+pub fn filter_keeps(judge: impl Fn(&L4Filter) -> Option<bool>) -> bool {
+    if global(&FILTERING) == 0 {
+        return true;
+    }
+    // Unreadable bytes keep the packet: userspace then tells it whole.
+    let keep = with_array(&L4_FILTER, 0, |f| judge(f).unwrap_or(true)).unwrap_or(true);
+    if !keep {
+        bump(counter::FILTERED);
+    }
+    keep
+}
 
 #[inline(always)]
 pub fn sample() -> u32 {

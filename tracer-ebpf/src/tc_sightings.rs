@@ -3,15 +3,16 @@
 use aya_ebpf::{bindings::TC_ACT_UNSPEC, macros::classifier, programs::TcContext};
 use podtrace_common::{
     counter,
+    filter::{self, L4Filter},
     headers::{IPV4_PROTOCOL, IPV4_TOS},
     hook_id, match_kind,
-    packet::{classify, ethernet_payload, Bytes},
+    packet::{classify, ethernet_payload, traced_header, Bytes},
     sampled, sighting_kind, Direction, Sighting, SNAPSHOT_LEN,
 };
 
 use crate::{
     kernel::{submit_with, Linear, Route, Skb, NO_ROUTE_ASKED},
-    maps::{bump, is_traced, node_id, sample, trusted_tunnel, wake_bytes, SIGHTINGS},
+    maps::{bump, filter_keeps, is_traced, node_id, sample, trusted_tunnel, wake_bytes, SIGHTINGS},
     profile,
     sighting::Meta,
 };
@@ -68,6 +69,9 @@ fn observe_at(ctx: &TcContext, direction: Direction, has_l2: bool, to_pod: bool)
         found = matched(&skb, has_l2, ifindex);
     }
     if let Some((kind, l3)) = found {
+        if !filter_keeps(|f| judged(&linear, &skb, l3, kind, f)) {
+            return TC_ACT_UNSPEC;
+        }
         if profile::enabled() {
             let id =
                 profile::identify(&linear, l3, kind).or_else(|| profile::identify(&skb, l3, kind));
@@ -80,6 +84,18 @@ fn observe_at(ctx: &TcContext, direction: Direction, has_l2: bool, to_pod: bool)
         }
     }
     TC_ACT_UNSPEC
+}
+
+/// `--proto`/`--port` on the traced pair's header: read from the linear
+/// head, and through the skb where the head ends first.
+#[inline(always)]
+fn judged(linear: &Linear, skb: &Skb, l3: usize, kind: u8, f: &L4Filter) -> Option<bool> {
+    judged_on(linear, l3, kind, f).or_else(|| judged_on(skb, l3, kind, f))
+}
+
+#[inline(always)]
+fn judged_on<B: Bytes>(b: &B, l3: usize, kind: u8, f: &L4Filter) -> Option<bool> {
+    filter::judge(b, traced_header(b, l3, kind)?, f)
 }
 
 /// Whether `--sample` keeps this packet (always, without it).

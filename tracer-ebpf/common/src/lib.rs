@@ -4,6 +4,7 @@
 //! sides; the kernel writes them, userspace reads them byte for byte.
 #![no_std]
 
+pub mod filter;
 pub mod headers;
 pub mod packet;
 
@@ -397,7 +398,10 @@ pub mod counter {
     /// Profile mode: a packet in flight lost its stamp to another packet
     /// (its bucket was full), so its next step was not measured.
     pub const STAMP_EVICTED: u32 = 2;
-    pub const COUNT: u32 = 3;
+    /// A sighting of the traced pair that `--proto`/`--port` left out
+    /// (one per hook the packet crossed, not one per packet).
+    pub const FILTERED: u32 = 3;
+    pub const COUNT: u32 = 4;
 }
 
 /// Map, global and program names, shared so that neither side spells them
@@ -405,6 +409,9 @@ pub mod counter {
 pub mod names {
     pub const FLOWS: &str = "FLOWS";
     pub const ADDR_BITS: &str = "ADDR_BITS";
+    pub const L4_FILTER: &str = "L4_FILTER";
+    /// Global: 1 when a `--proto`/`--port` filter is set (0 prunes it).
+    pub const FILTERING: &str = "FILTERING";
     pub const PROFILE: &str = "PROFILE";
     pub const SAMPLE: &str = "SAMPLE";
     pub const WAKE_BYTES: &str = "WAKE_BYTES";
@@ -442,6 +449,7 @@ const _: () = assert!(core::mem::size_of::<PacketId>() == 16);
 const _: () = assert!(core::mem::size_of::<Stamp>() == 16);
 const _: () = assert!(core::mem::size_of::<Histogram>() == 8 * (4 + HIST_LINEAR_US + HIST_LOG2));
 const _: () = assert!(core::mem::size_of::<TunnelKey>() == 8);
+const _: () = assert!(core::mem::size_of::<filter::L4Filter>() == 8 + 2 * filter::MAX_FILTER_PORTS);
 const _: () = assert!(core::mem::size_of::<[u32; MAX_NODES]>() == 32);
 const _: () = assert!(packet::SOCKET_HEADER_LEN <= SNAPSHOT_LEN);
 
@@ -451,6 +459,7 @@ mod user {
     unsafe impl aya::Pod for super::Sighting {}
     unsafe impl aya::Pod for super::FlowKey {}
     unsafe impl aya::Pod for super::TunnelKey {}
+    unsafe impl aya::Pod for super::filter::L4Filter {}
     unsafe impl aya::Pod for super::KernelLayout {}
     unsafe impl aya::Pod for super::StepKey {}
     unsafe impl aya::Pod for super::Histogram {}

@@ -155,17 +155,24 @@ pub fn classify<B: Bytes + ?Sized>(
     trusted(&outer, &tunnel).then_some(match_kind::INNER)
 }
 
+/// Where the traced pair's IPv4 header is in a packet [`classify`] matched
+/// as `kind` at `l3`: the inner header through a tunnel.
+#[inline(always)]
+pub fn traced_header<B: Bytes + ?Sized>(b: &B, l3: usize, kind: u8) -> Option<usize> {
+    if kind == match_kind::INNER {
+        Some(tunnel_inner_ip(b, l3)?.0)
+    } else {
+        Some(l3)
+    }
+}
+
 /// What tells one packet from another on every hook of its way (profile
 /// mode): its traced pair (the inner one through a tunnel), IP ID and
 /// protocol, and a word of L4 (TCP sequence, ICMP id and sequence, UDP
 /// ports; the fragment offset for a later fragment).
 #[inline(always)]
 pub fn packet_id<B: Bytes + ?Sized>(b: &B, l3: usize, kind: u8) -> Option<PacketId> {
-    let ip = if kind == match_kind::INNER {
-        tunnel_inner_ip(b, l3)?.0
-    } else {
-        l3
-    };
+    let ip = traced_header(b, l3, kind)?;
     let l4 = ip + ipv4_header_len(b, ip)?;
     let protocol = b.u8_at(ip + IPV4_PROTOCOL)?;
     let offset = b.u16_at(ip + IPV4_FRAG_OFF)? & IPV4_OFFSET_MASK;

@@ -8,6 +8,7 @@ use tokio::sync::mpsc;
 
 use super::{flow_ips, traced_pairs, Targets, Trace};
 use crate::{
+    cli::widen,
     cluster::api::PodMoved,
     probe::{clock::monotonic_ns, conntrack},
     story::{correlator::Correlator, Context},
@@ -62,6 +63,9 @@ pub(super) fn learn_translations(
 /// where it is local (node mode, and each agent of cluster mode).
 /// Returns whether they were not traced before.
 pub(super) async fn follow_connection(entry: &conntrack::Entry, trace: &mut Trace) -> Result<bool> {
+    if entry.dnat() {
+        widen_filter(entry, trace)?;
+    }
     // The connection as the peer sees it, both ways: what the kernel
     // filter must now let through.
     let (a, b) = (entry.reply.src, entry.reply.dst);
@@ -81,6 +85,27 @@ pub(super) async fn follow_connection(entry: &conntrack::Entry, trace: &mut Trac
     }
     trace.learnt_flows.extend(new);
     Ok(true)
+}
+
+/// `--port` keeps a Service port: its backend's port is now kept too, on
+/// every node (the packets after the DNAT carry only that one).
+fn widen_filter(entry: &conntrack::Entry, trace: &mut Trace) -> Result<()> {
+    let Some(filter) = &mut trace.l4_filter else {
+        return Ok(());
+    };
+    let (front, back) = (entry.orig.dport, entry.reply.sport);
+    match widen(filter, entry.orig.protocol, front, back) {
+        Ok(true) => {
+            for node in &mut trace.nodes {
+                node.probe.replace_l4_filter(filter)?;
+            }
+        }
+        Ok(false) => {}
+        Err(e) => eprintln!(
+            "podtrace: {e:#}: the packets of {front}'s backends on port {back} are left out"
+        ),
+    }
+    Ok(())
 }
 
 /// Watches the traced pods through the API, when names came from it: a

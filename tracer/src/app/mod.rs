@@ -30,7 +30,7 @@ pub use stop::{block_signals, die_saying, STOPPED_BEFORE_TRACING};
 use std::{net::Ipv4Addr, time::Duration};
 
 use anyhow::{bail, Result};
-use podtrace_common::{FlowKey, Sighting, MAX_NODES, NODE_OTHER_NETNS};
+use podtrace_common::{filter::L4Filter, FlowKey, Sighting, MAX_NODES, NODE_OTHER_NETNS};
 use tokio::sync::mpsc;
 
 use follow::{follow_connection, follow_move, learn_connection, of_the_traced_pair, watch_moves};
@@ -223,6 +223,9 @@ struct Trace {
     joining_only: Vec<(Ipv4Addr, Ipv4Addr)>,
     /// Namespaces no traced node owns (pods), named on first sight.
     others: OtherNamespaces,
+    /// `--proto`/`--port` as every node's kernel has it (widened as
+    /// Services' ports are learnt).
+    l4_filter: Option<L4Filter>,
     /// `--probe`: what the sending thread says, until it is done.
     probes: Option<mpsc::UnboundedReceiver<probing::ProbeEvent>>,
     /// When the last traced node was attached (kernel time): a packet
@@ -274,6 +277,9 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
     let typed_btf = Kernel::typed_btf()?;
     let known_nodes = targets.known_nodes();
     let mode = kernel.features.attach_mode(args.attach)?;
+    let filter = &args.filter;
+    let l4_filter = (filter.is_set()).then(|| filter.kernel_filter(&targets.nat.translations));
+    let l4_filter = l4_filter.transpose()?;
     let shared = Shared {
         kernel: &kernel,
         btf: &typed_btf,
@@ -286,6 +292,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         profile: args.in_kernel_profile,
         shared_stamps: args.shared_stamps.as_deref(),
         sample: args.sample,
+        l4_filter,
         link_tx,
         conntrack_tx,
         netfilter_tx: why_rule_unnamed.is_none().then_some(netfilter_tx),
@@ -319,6 +326,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         sightings,
         read_through,
         armed_ns,
+        l4_filter,
         probes: None,
         links,
         rules,
@@ -433,6 +441,7 @@ fn add_kernel_losses(nodes: &[TracedNode], summary: &mut Summary) -> Result<()> 
         let (ringbuf_full, snapshot) = node.probe.losses()?;
         summary.lost_ringbuf_full += ringbuf_full;
         summary.lost_snapshot += snapshot;
+        summary.filtered_in_kernel += node.probe.filtered()?;
     }
     Ok(())
 }

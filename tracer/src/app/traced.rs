@@ -6,7 +6,7 @@
 use std::{collections::HashMap, net::Ipv4Addr};
 
 use anyhow::{Context as _, Result};
-use podtrace_common::{FlowKey, MAX_NODES};
+use podtrace_common::{filter::L4Filter, FlowKey, MAX_NODES};
 use tokio::sync::mpsc;
 
 use crate::{
@@ -51,6 +51,8 @@ pub struct Shared<'a> {
     pub shared_stamps: Option<&'a std::path::Path>,
     /// `--sample N`.
     pub sample: u32,
+    /// `--proto`/`--port`, as the kernel reads it.
+    pub l4_filter: Option<L4Filter>,
     pub link_tx: mpsc::UnboundedSender<(u32, LinkChange)>,
     /// Where the node's translated conntrack entries go.
     pub conntrack_tx: mpsc::UnboundedSender<(u32, conntrack::Entry)>,
@@ -177,6 +179,7 @@ impl TracedNode {
             profile: shared.profile,
             shared_stamps: shared.shared_stamps,
             sample: shared.sample,
+            filter: shared.l4_filter.as_ref(),
         };
         let probe = NodeProbe::attach(&spec, &watched).with_context(|| format!("node {name}"))?;
         // The subscription socket stays bound to the namespace it was opened in.

@@ -4,9 +4,11 @@ use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod filter;
 mod probe;
 mod values;
 
+pub use filter::{widen, FilterArgs, Proto};
 pub use probe::ProbeArgs;
 use values::parse_snaplen;
 pub use values::{parse_duration, parse_ring_size};
@@ -184,6 +186,8 @@ pub struct Args {
     pub snaplen: u32,
     #[command(flatten)]
     pub probe: ProbeArgs,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 
     /// Cluster mode: start an agent pod on each node involved and merge
     /// their records (the default as `kubectl podtrace`). Needs no root.
@@ -322,6 +326,8 @@ impl Args {
             snaplen: MAX_SNAPLEN,
             // The front-end's: an agent sends none.
             probe: ProbeArgs::default(),
+            // Chosen in each node's kernel.
+            filter: self.filter.clone(),
             cluster: false,
             agent_namespace: self.agent_namespace.clone(),
             image: None,
@@ -384,6 +390,7 @@ impl AgentArgs {
             }
         }
         argv.extend(trace.probe.argv());
+        argv.extend(trace.filter.argv());
         argv.extend(["--agent-namespace".into(), trace.agent_namespace.clone()]);
         for root in &trace.kube.host_root {
             argv.extend(["--host-root".into(), root.display().to_string()]);
@@ -468,6 +475,10 @@ mod tests {
             "3",
             "--netns",
             "n1",
+            "--proto",
+            "udp",
+            "--port",
+            "53",
         ])
         .unwrap()
         .trace

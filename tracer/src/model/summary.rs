@@ -29,6 +29,10 @@ pub struct Summary {
     /// the pair's traffic other than the probes').
     #[serde(default, skip_serializing_if = "is_zero")]
     pub skipped_by_filter: u64,
+    /// `--proto`/`--port`: sightings of the traced pairs the kernel left
+    /// out (one per hook a packet crossed).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub filtered_in_kernel: u64,
     /// `--sample N`: one traced packet in N was told (absent: all).
     #[serde(skip_serializing_if = "all_told")]
     pub sample: u32,

@@ -144,6 +144,12 @@ pub fn human_summary(s: &Summary) -> String {
             s.sample
         ));
     }
+    if s.filtered_in_kernel > 0 {
+        text.push_str(&format!(
+            "podtrace: {} sightings of the pair left out in the kernel by --proto/--port (one per hook a packet crossed)\n",
+            s.filtered_in_kernel
+        ));
+    }
     if s.skipped_by_filter > 0 {
         text.push_str(&format!(
             "podtrace: {} stories of the pair's other traffic skipped (not the probes')\n",

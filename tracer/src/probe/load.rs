@@ -19,8 +19,8 @@ use aya::{
     Btf, Ebpf, EbpfLoader,
 };
 use podtrace_common::{
-    addr_bit, counter, names, node_addr, AddrBits, FlowKey, Histogram, KernelLayout, Sighting,
-    StepKey, TunnelKey, MAX_NODES,
+    addr_bit, counter, filter::L4Filter, names, node_addr, AddrBits, FlowKey, Histogram,
+    KernelLayout, Sighting, StepKey, TunnelKey, MAX_NODES,
 };
 use tokio::sync::mpsc;
 
@@ -60,6 +60,8 @@ pub struct ProbeSpec<'a> {
     pub shared_stamps: Option<&'a std::path::Path>,
     /// `--sample N`: one packet in N reported, every hop of it (1: all).
     pub sample: u32,
+    /// `--proto`/`--port` (None: every packet of the traced pairs).
+    pub filter: Option<&'a L4Filter>,
 }
 
 /// How often the ring is drained when no wakeup came: records wake
@@ -155,11 +157,15 @@ impl NodeProbe {
             .override_global(names::TRACED_NETNS, spec.traced_netns, true)
             .override_global(names::PROFILE, &u32::from(spec.profile), true)
             .override_global(names::SAMPLE, &spec.sample, true)
+            .override_global(names::FILTERING, &u32::from(spec.filter.is_some()), true)
             .override_global(names::WAKE_BYTES, &(u64::from(spec.ring_bytes) / 4), true)
             .map_max_entries(names::SIGHTINGS, spec.ring_bytes)
             .load(EBPF_OBJECT)
             .context("cannot load the eBPF programs")?;
         flow_filter(&mut ebpf)?.replace(&[], spec.flows)?;
+        if let Some(filter) = spec.filter {
+            set_l4_filter(&mut ebpf, filter)?;
+        }
         load_tunnel_trust(&mut ebpf, spec.tunnels)?;
         for name in tc::PROGRAMS {
             tc::program(&mut ebpf, name)?
@@ -197,6 +203,12 @@ impl NodeProbe {
         flow_filter(&mut self.ebpf)?.replace(old, new)
     }
 
+    /// Replaces `--proto`/`--port` (widened to a Service's target port
+    /// learnt under way).
+    pub fn replace_l4_filter(&mut self, filter: &L4Filter) -> Result<()> {
+        set_l4_filter(&mut self.ebpf, filter)
+    }
+
     /// Moves the ring buffer into a thread of its own that forwards every
     /// sighting. Not a task of the runtime: telling stories (a large
     /// write of JSON that the page cache may throttle) must never keep
@@ -231,6 +243,11 @@ impl NodeProbe {
         ))
     }
 
+    /// Sightings of the traced pairs that `--proto`/`--port` left out.
+    pub fn filtered(&self) -> Result<u64> {
+        Ok(self.counters()?[counter::FILTERED as usize])
+    }
+
     /// Profile mode: steps not measured because the packet's stamp was
     /// taken by another packet in flight.
     pub fn stamps_evicted(&self) -> Result<u64> {
@@ -259,11 +276,13 @@ impl NodeProbe {
 /// loaded as a plain trace, a `--sample` trace and profile mode load them.
 pub fn try_load(kernel: &Kernel, btf: &aya::Btf) -> Result<DropHook> {
     let mut hook = DropHook::Typed;
-    for (profile, sample) in [(0u32, 1u32), (0, 2), (1, 1)] {
+    // (profile, sample, filtering): every branch a trace may take.
+    for (profile, sample, filtering) in [(0u32, 1u32, 0u32), (0, 2, 1), (1, 1, 1)] {
         let mut ebpf = EbpfLoader::new()
             .override_global(names::LAYOUT, &kernel.layout, true)
             .override_global(names::PROFILE, &profile, true)
             .override_global(names::SAMPLE, &sample, true)
+            .override_global(names::FILTERING, &filtering, true)
             .load(EBPF_OBJECT)
             .context("cannot load the eBPF programs")?;
         for name in tc::PROGRAMS {
@@ -332,6 +351,12 @@ fn load_tunnel_trust(ebpf: &mut Ebpf, trust: &TunnelTrust) -> Result<()> {
     if trust.peers.is_empty() {
         addrs.insert(node_addr::ANY, node_addr::PEER, 0)?;
     }
+    Ok(())
+}
+
+fn set_l4_filter(ebpf: &mut Ebpf, filter: &L4Filter) -> Result<()> {
+    let mut array: BpfArray<_, L4Filter> = BpfArray::try_from(map(ebpf, names::L4_FILTER)?)?;
+    array.set(0, filter, 0)?;
     Ok(())
 }
 

@@ -52,6 +52,7 @@ impl Followed {
         summary.sightings += sightings;
         summary.lost_ringbuf_full += own.lost_ringbuf_full;
         summary.lost_snapshot += own.lost_snapshot;
+        summary.filtered_in_kernel += own.filtered_in_kernel;
         summary.undecodable += own.undecodable;
         summary.unknown_interface += own.unknown_interface;
         summary.interfaces_vanished += own.interfaces_vanished;

@@ -1,0 +1,110 @@
+//! `--proto` and `--port`: which packets of a traced pair are reported.
+//!
+//! Judged in the kernel, on the header of the traced pair (the inner one
+//! through a tunnel), so that a filtered-out packet costs about what an
+//! untraced one does: no record, no copy, no story. Written over
+//! [`Bytes`] like the rest of the parsing, so the host tests run this very
+//! code.
+
+use crate::headers::*;
+use crate::packet::{ipv4_header_len, Bytes};
+
+/// Ports a filter holds at most (`--port` repeated).
+pub const MAX_FILTER_PORTS: usize = 8;
+
+/// Bits of [`L4Filter::protocols`].
+pub mod protocol_bit {
+    pub const TCP: u32 = 1;
+    pub const UDP: u32 = 2;
+    pub const ICMP: u32 = 4;
+}
+
+/// Where an ICMP error quotes the offending packet's IPv4 header.
+const ICMP_QUOTE: usize = 8;
+
+/// The filter, as userspace writes it into the `L4_FILTER` map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct L4Filter {
+    /// [`protocol_bit`]s of the protocols kept; 0: every protocol.
+    pub protocols: u32,
+    /// How many of `ports` are set; 0: every port.
+    pub ports_len: u32,
+    /// Ports kept, on either side of the packet (host order).
+    pub ports: [u16; MAX_FILTER_PORTS],
+}
+
+impl L4Filter {
+    /// Whether this filter keeps everything (none was asked for).
+    #[inline(always)]
+    pub fn is_open(&self) -> bool {
+        self.protocols == 0 && self.ports_len == 0
+    }
+
+    /// Whether a packet of `protocol` with `ports` (none for ICMP or a
+    /// later fragment) is kept: its protocol is one asked for (or none
+    /// was), and it carries a port asked for on either side (or none was).
+    /// A packet with no ports passes a port filter only if its protocol
+    /// was asked for by name (`--proto icmp --port 8080`: pings and
+    /// port 8080).
+    #[inline(always)]
+    pub fn keeps(&self, protocol: u8, ports: Option<(u16, u16)>) -> bool {
+        let bit = match protocol {
+            IPPROTO_TCP => protocol_bit::TCP,
+            IPPROTO_UDP => protocol_bit::UDP,
+            IPPROTO_ICMP => protocol_bit::ICMP,
+            _ => 0,
+        };
+        if self.protocols != 0 && self.protocols & bit == 0 {
+            return false;
+        }
+        if self.ports_len == 0 {
+            return true;
+        }
+        let Some((src, dst)) = ports else {
+            return self.protocols & bit != 0;
+        };
+        let mut i = 0;
+        while i < MAX_FILTER_PORTS {
+            if i as u32 >= self.ports_len {
+                break;
+            }
+            let port = self.ports[i];
+            if port == src || port == dst {
+                return true;
+            }
+            i += 1;
+        }
+        false
+    }
+}
+
+/// Whether `filter` keeps the IPv4 packet whose header is at `ip`; `None`
+/// when a byte it needs cannot be read (the caller may read again through
+/// a slower path, else keeps the packet: nothing is left out unseen).
+/// An ICMP error is judged by the header it quotes: it is news about that
+/// packet, e.g. a port unreachable for `--port 53`.
+#[inline(always)]
+pub fn judge<B: Bytes + ?Sized>(b: &B, ip: usize, filter: &L4Filter) -> Option<bool> {
+    let (mut protocol, mut l4, mut first) = l4_of(b, ip)?;
+    // Destination unreachable, time exceeded, parameter problem: the
+    // messages that quote the packet they are about.
+    if protocol == IPPROTO_ICMP && first && matches!(b.u8_at(l4)?, 3 | 11 | 12) {
+        (protocol, l4, first) = l4_of(b, l4 + ICMP_QUOTE)?;
+    }
+    let ports = if first && (protocol == IPPROTO_TCP || protocol == IPPROTO_UDP) {
+        Some((b.u16_at(l4 + L4_SPORT)?, b.u16_at(l4 + L4_DPORT)?))
+    } else {
+        None
+    };
+    Some(filter.keeps(protocol, ports))
+}
+
+/// The protocol of the IPv4 header at `ip`, where its L4 header starts,
+/// and whether it is there (not a later fragment, which has none).
+#[inline(always)]
+fn l4_of<B: Bytes + ?Sized>(b: &B, ip: usize) -> Option<(u8, usize, bool)> {
+    let len = ipv4_header_len(b, ip)?;
+    let offset = b.u16_at(ip + IPV4_FRAG_OFF)? & IPV4_OFFSET_MASK;
+    Some((b.u8_at(ip + IPV4_PROTOCOL)?, ip + len, offset == 0))
+}
