@@ -277,9 +277,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
     let typed_btf = Kernel::typed_btf()?;
     let known_nodes = targets.known_nodes();
     let mode = kernel.features.attach_mode(args.attach)?;
-    let filter = &args.filter;
-    let l4_filter = (filter.is_set()).then(|| filter.kernel_filter(&targets.nat.translations));
-    let l4_filter = l4_filter.transpose()?;
+    let l4_filter = args.filter.kernel_filter(&targets.nat.translations)?;
     let shared = Shared {
         kernel: &kernel,
         btf: &typed_btf,

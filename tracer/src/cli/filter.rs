@@ -39,14 +39,17 @@ impl Proto {
 
 impl FilterArgs {
     /// Whether any filter was asked for.
-    pub fn is_set(&self) -> bool {
+    fn is_set(&self) -> bool {
         !self.protos.is_empty() || !self.ports.is_empty()
     }
 
-    /// The filter as the kernel reads it, with each Service port of
-    /// `translations` that it keeps widened to the backends' port (the
-    /// packet after the DNAT carries only that one).
-    pub fn kernel_filter(&self, translations: &[Translation]) -> Result<L4Filter> {
+    /// The filter as the kernel reads it (none asked for: `None`), with
+    /// each Service port of `translations` that it keeps widened to the
+    /// backends' port (the packet after the DNAT carries only that one).
+    pub fn kernel_filter(&self, translations: &[Translation]) -> Result<Option<L4Filter>> {
+        if !self.is_set() {
+            return Ok(None);
+        }
         let mut filter = L4Filter {
             protocols: self.protos.iter().fold(0, |bits, p| bits | p.bit()),
             ..L4Filter::default()
@@ -57,7 +60,7 @@ impl FilterArgs {
         for t in translations.iter().filter(|t| !t.source) {
             widen(&mut filter, t.protocol, t.front.port, t.back.port)?;
         }
-        Ok(filter)
+        Ok(Some(filter))
     }
 
     /// These flags, as a command line that parses back into them (an
@@ -130,6 +133,7 @@ mod tests {
         };
         let filter = args
             .kernel_filter(&[service(80, 8080), service(443, 8443)])
+            .unwrap()
             .unwrap();
         assert_eq!(&filter.ports[..filter.ports_len as usize], &[80, 8080]);
     }
@@ -140,7 +144,7 @@ mod tests {
             protos: vec![Proto::Udp],
             ports: vec![80],
         };
-        let filter = args.kernel_filter(&[service(80, 8080)]).unwrap();
+        let filter = args.kernel_filter(&[service(80, 8080)]).unwrap().unwrap();
         assert_eq!(filter.ports_len, 1);
         assert_eq!(filter.protocols, protocol_bit::UDP);
     }
