@@ -107,8 +107,10 @@ fn a_missing_pod_subnet_route_is_no_route_without_the_nodes_file() {
     assert_eq!(
         expected,
         format!(
-            "{subnet} via {} dev flannel.1 onlink (pod subnet of node-2)",
-            subnet.network()
+            "{subnet} via {gateway} dev flannel.1 onlink (route -n: {} {gateway} {} UG flannel.1) (pod subnet of node-2)",
+            subnet.network(),
+            subnet.netmask(),
+            gateway = subnet.network(),
         ),
         "{verdict}"
     );
@@ -375,7 +377,12 @@ fn a_missing_calico_block_route_names_the_other_traced_nodes_block() {
     let node_ip = xtask::lab::Lab::node_ip(2);
     assert_eq!(
         verdict["check"]["expected"],
-        format!("{subnet} via {node_ip} dev eth0 proto bird (pod block of {node_2})").as_str(),
+        format!(
+            "{subnet} via {node_ip} dev eth0 proto bird (route -n: {} {node_ip} {} UG eth0) (pod block of {node_2})",
+            subnet.network(),
+            subnet.netmask()
+        )
+        .as_str(),
         "{verdict}"
     );
     assert_eq!(verdict["check"]["used"], "no route at all", "{verdict}");
