@@ -200,8 +200,10 @@ fn assert_no_route(story: &Value, human: &str, lab: &LabGuard, then_reason: &str
     assert_eq!(verdict["outcome"], "no_route", "{verdict}");
     let subnet = lab.0.node_subnet(2);
     let expected = format!(
-        "{subnet} via {} dev flannel.1 onlink (pod subnet of node-2)",
-        subnet.network()
+        "{subnet} via {gateway} dev flannel.1 onlink (route -n: {} {gateway} {} UG flannel.1) (pod subnet of node-2)",
+        subnet.network(),
+        subnet.netmask(),
+        gateway = subnet.network(),
     );
     assert_eq!(verdict["check"]["node"], "node-1");
     assert_eq!(verdict["check"]["expected"], expected.as_str());

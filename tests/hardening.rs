@@ -107,8 +107,10 @@ fn a_missing_pod_subnet_route_is_no_route_without_the_nodes_file() {
     assert_eq!(
         expected,
         format!(
-            "{subnet} via {} dev flannel.1 onlink (pod subnet of node-2)",
-            subnet.network()
+            "{subnet} via {gateway} dev flannel.1 onlink (route -n: {} {gateway} {} UG flannel.1) (pod subnet of node-2)",
+            subnet.network(),
+            subnet.netmask(),
+            gateway = subnet.network(),
         ),
         "{verdict}"
     );
@@ -290,11 +292,7 @@ fn records_lost_in_flight_make_stories_incomplete_never_vanished() {
         || ping_db(&lab.0, 3000, &["-f", "-q"]),
     );
     assert!(done.status.success(), "{}", done.stderr);
-    let summary = done
-        .json()
-        .into_iter()
-        .find(|v| v["type"] == "summary")
-        .expect("a summary");
+    let summary = done.summary();
     let lost = summary["lost_ringbuf_full"].as_u64().unwrap_or(0);
     assert!(lost > 0, "the test needs losses to happen: {summary}");
     let stories = done.stories();
@@ -375,8 +373,57 @@ fn a_missing_calico_block_route_names_the_other_traced_nodes_block() {
     let node_ip = xtask::lab::Lab::node_ip(2);
     assert_eq!(
         verdict["check"]["expected"],
-        format!("{subnet} via {node_ip} dev eth0 proto bird (pod block of {node_2})").as_str(),
+        format!(
+            "{subnet} via {node_ip} dev eth0 proto bird (route -n: {} {node_ip} {} UG eth0) (pod block of {node_2})",
+            subnet.network(),
+            subnet.netmask()
+        )
+        .as_str(),
         "{verdict}"
     );
     assert_eq!(verdict["check"]["used"], "no route at all", "{verdict}");
+}
+
+/// #21 item 13: traced between two nodes' own addresses, the VXLAN
+/// packets carrying pods' traffic between them match the pair by their
+/// outer header; they are that pod traffic's encapsulation, not stories of
+/// their own (each was one, `vanished` or delivered to the node's stack),
+/// and the nodes' own packets keep their hops on both nodes.
+#[test]
+fn tunnel_packets_between_traced_node_addresses_are_not_stories_of_their_own() {
+    let lab = lab(Topology::FlannelVxlan);
+    let [node_1, node_2] = [1, 2].map(xtask::lab::Lab::node_ip);
+    let (n1, n2) = (node_1.to_string(), node_2.to_string());
+    let args = [n1.as_str(), n2.as_str(), "-o", "json", "--duration", "8s"];
+    let trace = Trace::start(&argv(&args, lab_args(&lab.0, &[1, 2])));
+    ping_db(&lab.0, 3, &["-i", "0.3"]);
+    let pinged = in_netns(&lab.0.node_netns(1), "ping")
+        .args(["-c", "1", "-W", "2", &n2])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let done = trace.finish();
+    assert!(pinged && done.status.success(), "{}", done.stderr);
+    let stories = done.stories();
+    let tunnelled: Vec<&Value> = stories
+        .iter()
+        .filter(|s| s["transport"]["dport"] == 8472 || s["transport"]["sport"] == 8472)
+        .collect();
+    assert!(tunnelled.is_empty(), "VXLAN packets told: {tunnelled:?}");
+    let summary = done.summary();
+    let encapsulated = summary["other_pairs_encapsulated"].as_u64().unwrap_or(0);
+    // Six pod packets, each seen leaving one node and arriving at the other.
+    assert!(encapsulated >= 6, "{summary}");
+    let request = stories
+        .iter()
+        .find(|s| icmp_type(s) == 8)
+        .unwrap_or_else(|| panic!("node-1's echo request: {}", done.stdout));
+    assert_eq!(request["verdict"]["outcome"], "delivered", "{request}");
+    let hops: Vec<(&str, &str)> = request["hops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| (h["node"].as_str().unwrap(), h["iface"].as_str().unwrap()))
+        .collect();
+    assert_eq!(hops, [("node-1", "eth0"), ("node-2", "eth0")], "{request}");
 }

@@ -31,7 +31,7 @@ use support::*;
 use xtask::{
     api_stub::{Kubelet, Stub, TOKEN},
     lab::{
-        kube_proxy::{ProxyMode, NODE_PORT, OUTSIDE, TCP_PORT},
+        kube_proxy::{LabService, ProxyMode, NODE_PORT, OUTSIDE, TCP_PORT},
         sysctl, Lab, LabGuard, Topology,
     },
 };
@@ -843,6 +843,29 @@ fn case_node_port_from_outside(mode: ProxyMode) {
         assert_eq!(nodes_of(syn), ["node-1", "node-2"]);
     }
     assert_some_rule(&syns, &masquerade_words(mode));
+    assert_replies_left_toward(&done, &db, client);
+}
+
+/// Every reply of the backends leaves node-1 by eth0 toward the outside
+/// `client` once un-SNATed there (#21 item 11: they were `vanished`, as
+/// the MASQUERADE address they were sent to is in node-1's pod subnet).
+fn assert_replies_left_toward(done: &Finished, db: &LabService, client: &str) {
+    let from_backend = |s: &&Value| db.backends.iter().any(|b| s["src"] == b.ip.to_string());
+    let stories = done.stories();
+    let replies: Vec<&Value> = stories.iter().filter(from_backend).collect();
+    assert!(
+        replies.len() >= 9,
+        "three connections' replies: {replies:?}"
+    );
+    for reply in replies {
+        let verdict = &reply["verdict"];
+        assert_eq!(verdict["outcome"], "left_node", "{reply}");
+        assert_eq!(
+            (&verdict["node"], &verdict["iface"], &verdict["toward"]),
+            (&"node-1".into(), &"eth0".into(), &client.into()),
+            "{reply}"
+        );
+    }
 }
 
 fn case_outside_masquerade(mode: ProxyMode) {

@@ -110,6 +110,14 @@ impl Finished {
         stories
     }
 
+    /// The summary record of `--output json`.
+    pub fn summary(&self) -> Value {
+        self.json()
+            .into_iter()
+            .find(|v| v["type"] == "summary")
+            .unwrap_or_else(|| panic!("no summary: {}", self.stdout))
+    }
+
     pub fn stories(&self) -> Vec<Value> {
         self.json()
             .into_iter()

@@ -495,5 +495,9 @@ async fn to_hop(s: &Sighting, trace: &mut Trace, summary: &mut Summary) -> Optio
             summary.undecodable += 1;
             None
         }
+        Err(Unplaced::OtherPairEncapsulated) => {
+            summary.other_pairs_encapsulated += 1;
+            None
+        }
     }
 }

@@ -80,6 +80,8 @@ pub struct TracedNode {
     pub interfaces: HashMap<u32, Watched>,
     /// Every link's name, for drops on interfaces that are not watched.
     pub link_names: HashMap<u32, String>,
+    /// Its tunnels, as its probe trusts them.
+    tunnels: TunnelTrust,
     /// Its nft tracing table and monitor; removed when dropped.
     netfilter: Option<NodeTrace>,
     netns: Namespace,
@@ -114,6 +116,9 @@ impl NodeLinks for TracedNode {
     }
     fn link_name(&self, ifindex: u32) -> Option<&String> {
         self.link_names.get(&ifindex)
+    }
+    fn tunnels(&self) -> Option<&TunnelTrust> {
+        Some(&self.tunnels)
     }
 }
 
@@ -218,6 +223,7 @@ impl TracedNode {
             probe,
             interfaces: watched.into_iter().map(|w| (w.index, w)).collect(),
             link_names: view.links.into_iter().map(|l| (l.index, l.name)).collect(),
+            tunnels,
             netfilter,
             netns: ns.clone(),
         };

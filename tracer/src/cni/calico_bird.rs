@@ -29,10 +29,8 @@ impl Backend for CalicoBird {
     }
 
     fn expected_route(&self, remote: &NodeSubnet, underlay: &str) -> String {
-        format!(
-            "{} via {} dev {underlay} proto bird (pod block of {})",
-            remote.subnet, remote.node_ip, remote.node
-        )
+        let route = super::to_pods_of(remote, remote.node_ip, false, RouteOrigin::Bird);
+        super::named(&route, underlay, "pod block", remote)
     }
 
     fn pod_interface<'a>(&self, view: &'a NodeView, ip: Ipv4Addr) -> Option<&'a Link> {

@@ -46,10 +46,8 @@ impl Backend for CalicoIpip {
     }
 
     fn expected_route(&self, remote: &NodeSubnet, _underlay: &str) -> String {
-        format!(
-            "{} via {} dev {} onlink proto bird (pod block of {})",
-            remote.subnet, remote.node_ip, TUNNEL.device, remote.node
-        )
+        let route = super::to_pods_of(remote, remote.node_ip, true, RouteOrigin::Bird);
+        super::named(&route, TUNNEL.device, "pod block", remote)
     }
 
     fn pod_interface<'a>(&self, view: &'a NodeView, ip: Ipv4Addr) -> Option<&'a Link> {

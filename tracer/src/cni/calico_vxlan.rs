@@ -7,7 +7,7 @@ use std::net::Ipv4Addr;
 use super::{annotation, Backend, TunnelSpec};
 use crate::{
     model::NodeSubnet,
-    node::{Link, NodeView},
+    node::{Link, NodeView, RouteOrigin},
 };
 
 pub struct CalicoVxlan;
@@ -39,13 +39,17 @@ impl Backend for CalicoVxlan {
     }
 
     fn expected_route(&self, remote: &NodeSubnet, _underlay: &str) -> String {
-        let via = remote
-            .tunnel_ip
-            .map_or("<its VTEP address>".to_string(), |ip| ip.to_string());
-        format!(
-            "{} via {via} dev {} onlink (pod block of {})",
-            remote.subnet, TUNNEL.device, remote.node
-        )
+        match remote.tunnel_ip {
+            Some(vtep) => {
+                let route = super::to_pods_of(remote, vtep, true, RouteOrigin::Other);
+                super::named(&route, TUNNEL.device, "pod block", remote)
+            }
+            // No route to print in columns without its gateway.
+            None => format!(
+                "{} via <its VTEP address> dev {} onlink (pod block of {})",
+                remote.subnet, TUNNEL.device, remote.node
+            ),
+        }
     }
 
     fn pod_interface<'a>(&self, view: &'a NodeView, ip: Ipv4Addr) -> Option<&'a Link> {

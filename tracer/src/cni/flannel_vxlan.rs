@@ -8,7 +8,7 @@ use std::{net::Ipv4Addr, path::Path};
 use super::{annotation, vxlan_device, Backend, TunnelSpec};
 use crate::{
     model::{bounded, NodeSubnet},
-    node::{Link, NodeView},
+    node::{Link, NodeView, RouteOrigin},
 };
 
 pub struct FlannelVxlan;
@@ -43,13 +43,9 @@ impl Backend for FlannelVxlan {
     }
 
     fn expected_route(&self, remote: &NodeSubnet, _underlay: &str) -> String {
-        format!(
-            "{} via {} dev {} onlink (pod subnet of {})",
-            remote.subnet,
-            remote.subnet.network(),
-            TUNNEL.device,
-            remote.node
-        )
+        // Flannel's gateway is the remote VTEP's address, the subnet's .0.
+        let route = super::to_pods_of(remote, remote.subnet.network(), true, RouteOrigin::Other);
+        super::named(&route, TUNNEL.device, "pod subnet", remote)
     }
 
     fn inferred_pod_cidr(&self, view: &NodeView) -> Option<(ipnet::Ipv4Net, String)> {

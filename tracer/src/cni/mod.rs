@@ -27,7 +27,7 @@ use ipnet::Ipv4Net;
 
 use crate::{
     model::NodeSubnet,
-    node::{interfaces::Role, Link, NodeView},
+    node::{interfaces::Role, Link, NodeView, Route, RouteKind, RouteOrigin, RT_TABLE_MAIN},
 };
 
 pub use calico_vxlan::VXLAN_TUNNEL_ADDR;
@@ -156,9 +156,37 @@ fn vxlan_device<'a>(view: &'a NodeView, spec: &TunnelSpec) -> Option<&'a Link> {
 /// `<subnet> via <node IP> dev <underlay>`: the route of every backend
 /// that routes pod traffic to the node itself, without a tunnel.
 fn via_node_ip(remote: &NodeSubnet, underlay: &str) -> String {
+    let route = to_pods_of(remote, remote.node_ip, false, RouteOrigin::Other);
+    named(&route, underlay, "pod subnet", remote)
+}
+
+/// The route toward `remote`'s pods through `gateway`, as its backend
+/// installs it (`onlink` for a tunnel's, `protocol` bird for Calico's).
+fn to_pods_of(
+    remote: &NodeSubnet,
+    gateway: Ipv4Addr,
+    onlink: bool,
+    protocol: RouteOrigin,
+) -> Route {
+    Route {
+        protocol,
+        onlink,
+        kind: RouteKind::Unicast,
+        destination: remote.subnet,
+        gateway: Some(gateway),
+        oif: None,
+        table: RT_TABLE_MAIN,
+    }
+}
+
+/// `route` out of `dev` in `ip route` and `route -n` terms, then whose
+/// subnet it leads to (`what`: Flannel's "pod subnet", Calico's "pod
+/// block").
+fn named(route: &Route, dev: &str, what: &str, remote: &NodeSubnet) -> String {
     format!(
-        "{} via {} dev {underlay} (pod subnet of {})",
-        remote.subnet, remote.node_ip, remote.node
+        "{} ({what} of {})",
+        route.describe_on(Some(dev)),
+        remote.node
     )
 }
 
@@ -233,18 +261,18 @@ mod tests {
         let route = |b: &str| by_name(b).unwrap().expected_route(&subnet(b), "eth0");
         assert_eq!(
             route("flannel-vxlan"),
-            "10.244.2.0/24 via 10.244.2.0 dev flannel.1 onlink (pod subnet of node-2)"
+            "10.244.2.0/24 via 10.244.2.0 dev flannel.1 onlink (route -n: 10.244.2.0 10.244.2.0 255.255.255.0 UG flannel.1) (pod subnet of node-2)"
         );
         assert_eq!(
             route("flannel-host-gw"),
-            "10.244.2.0/24 via 192.0.2.12 dev eth0 (pod subnet of node-2)"
+            "10.244.2.0/24 via 192.0.2.12 dev eth0 (route -n: 10.244.2.0 192.0.2.12 255.255.255.0 UG eth0) (pod subnet of node-2)"
         );
         assert_eq!(
             route("calico-bird"),
-            "10.244.2.0/24 via 192.0.2.12 dev eth0 proto bird (pod block of node-2)"
+            "10.244.2.0/24 via 192.0.2.12 dev eth0 proto bird (route -n: 10.244.2.0 192.0.2.12 255.255.255.0 UG eth0) (pod block of node-2)"
         );
         assert!(route("calico-vxlan").contains("dev vxlan.calico onlink"));
-        assert!(route("calico-ipip").contains("dev tunl0 onlink proto bird"));
+        assert!(route("calico-ipip").contains("dev tunl0 proto bird onlink (route -n: "));
     }
 
     #[test]

@@ -20,6 +20,10 @@ pub struct Summary {
     pub undecodable: u64,
     /// Sightings on an interface podtrace does not know.
     pub unknown_interface: u64,
+    /// Tunnel packets between two traced nodes' own addresses carrying
+    /// other pairs' packets: matched by their outer header, not told.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub other_pairs_encapsulated: u64,
     /// Traced interfaces that vanished during the trace.
     pub interfaces_vanished: u64,
     /// Interfaces that appeared during the trace and were attached.

@@ -125,6 +125,63 @@ impl Link {
     }
 }
 
+impl Route {
+    /// The route out of device `dev` (None: on no device), as `ip route`
+    /// prints it, then as `route -n` does (Destination Gateway Genmask
+    /// Flags Iface): the one rendering of a route, for a node's own routes
+    /// and for the route a node should have had alike.
+    pub fn describe_on(&self, dev: Option<&str>) -> String {
+        let net = self.destination;
+        let mut ip_route = match self.kind {
+            RouteKind::Unicast | RouteKind::Local => String::new(),
+            RouteKind::Blackhole => "blackhole ".into(),
+            RouteKind::Unreachable => "unreachable ".into(),
+            RouteKind::Prohibit => "prohibit ".into(),
+        };
+        ip_route.push_str(&if net.prefix_len() == 0 {
+            "default".to_string()
+        } else {
+            net.to_string()
+        });
+        if let Some(gw) = self.gateway {
+            ip_route.push_str(&format!(" via {gw}"));
+        }
+        if let Some(dev) = dev {
+            ip_route.push_str(&format!(" dev {dev}"));
+        }
+        if self.protocol == RouteOrigin::Bird {
+            ip_route.push_str(" proto bird");
+        }
+        if self.onlink {
+            ip_route.push_str(" onlink");
+        }
+        // net-tools prints unreachable and prohibit routes as rejecting
+        // ("!", no gateway, no device); a blackhole is up, on no device.
+        let rejects = matches!(self.kind, RouteKind::Unreachable | RouteKind::Prohibit);
+        let mut flags = String::from(if rejects { "!" } else { "U" });
+        if self.gateway.is_some() {
+            flags.push('G');
+        }
+        if net.prefix_len() == 32 {
+            flags.push('H');
+        }
+        let gateway = match self.gateway {
+            _ if rejects => "-".to_string(),
+            gateway => gateway.unwrap_or(Ipv4Addr::UNSPECIFIED).to_string(),
+        };
+        let iface = match dev {
+            _ if rejects => "-",
+            Some(dev) => dev,
+            None => "*",
+        };
+        format!(
+            "{ip_route} (route -n: {} {gateway} {} {flags} {iface})",
+            net.network(),
+            net.netmask()
+        )
+    }
+}
+
 impl NodeView {
     pub fn link(&self, index: u32) -> Option<&Link> {
         self.links.iter().find(|l| l.index == index)
@@ -157,56 +214,8 @@ impl NodeView {
     pub fn describe(&self, route: &Route) -> String {
         let dev = route
             .oif
-            .and_then(|i| self.link(i))
-            .map_or("?", |l| l.name.as_str());
-        let net = route.destination;
-        let mut ip_route = match route.kind {
-            RouteKind::Unicast | RouteKind::Local => String::new(),
-            RouteKind::Blackhole => "blackhole ".into(),
-            RouteKind::Unreachable => "unreachable ".into(),
-            RouteKind::Prohibit => "prohibit ".into(),
-        };
-        ip_route.push_str(&if net.prefix_len() == 0 {
-            "default".to_string()
-        } else {
-            net.to_string()
-        });
-        if let Some(gw) = route.gateway {
-            ip_route.push_str(&format!(" via {gw}"));
-        }
-        if route.oif.is_some() {
-            ip_route.push_str(&format!(" dev {dev}"));
-        }
-        if route.protocol == RouteOrigin::Bird {
-            ip_route.push_str(" proto bird");
-        }
-        if route.onlink {
-            ip_route.push_str(" onlink");
-        }
-        // net-tools prints unreachable and prohibit routes as rejecting
-        // ("!", no gateway, no device); a blackhole is up, on no device.
-        let rejects = matches!(route.kind, RouteKind::Unreachable | RouteKind::Prohibit);
-        let mut flags = String::from(if rejects { "!" } else { "U" });
-        if route.gateway.is_some() {
-            flags.push('G');
-        }
-        if net.prefix_len() == 32 {
-            flags.push('H');
-        }
-        let gateway = match route.gateway {
-            _ if rejects => "-".to_string(),
-            gateway => gateway.unwrap_or(Ipv4Addr::UNSPECIFIED).to_string(),
-        };
-        let iface = match route.oif {
-            _ if rejects => "-",
-            Some(_) => dev,
-            None => "*",
-        };
-        format!(
-            "{ip_route} (route -n: {} {gateway} {} {flags} {iface})",
-            net.network(),
-            net.netmask()
-        )
+            .map(|i| self.link(i).map_or("?", |l| l.name.as_str()));
+        route.describe_on(dev)
     }
 
     /// The link on whose subnet `ip` is, reached without a gateway: the

@@ -366,7 +366,7 @@ mod tests {
         let check = explain(&hops, node, &subnets(), &[]).no_route.unwrap();
         assert_eq!(
             check.expected,
-            "10.244.2.0/24 via 10.244.2.0 dev flannel.1 onlink (pod subnet of node-2)"
+            "10.244.2.0/24 via 10.244.2.0 dev flannel.1 onlink (route -n: 10.244.2.0 10.244.2.0 255.255.255.0 UG flannel.1) (pod subnet of node-2)"
         );
         assert_eq!(
             check.used,
@@ -465,7 +465,7 @@ mod tests {
         let check = explain(&hops, &nodes, &[], &[]).no_route.unwrap();
         assert_eq!(
             check.expected,
-            "10.247.2.0/24 via 192.0.2.42 dev ens3 proto bird (pod block of node-2)"
+            "10.247.2.0/24 via 192.0.2.42 dev ens3 proto bird (route -n: 10.247.2.0 192.0.2.42 255.255.255.0 UG ens3) (pod block of node-2)"
         );
         assert_eq!(check.used, "no route at all");
         // Flannel: node-2's cni0 subnet, reached through flannel.1.
@@ -491,7 +491,7 @@ mod tests {
         let check = explain(&hops, &nodes, &[], &[]).no_route.unwrap();
         assert_eq!(
             check.expected,
-            "10.244.2.0/24 via 10.244.2.0 dev flannel.1 onlink (pod subnet of node-2)"
+            "10.244.2.0/24 via 10.244.2.0 dev flannel.1 onlink (route -n: 10.244.2.0 10.244.2.0 255.255.255.0 UG flannel.1) (pod subnet of node-2)"
         );
     }
 

@@ -517,6 +517,50 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_reply_un_snatted_toward_an_outside_client_left_the_node() {
+        // A NodePort's reply: db-0 answers the MASQUERADE address (node-1's
+        // bridge, in its pod subnet), un-SNATed and un-DNATed on node-1 to
+        // the outside client it leaves toward.
+        let mut ctx = ctx();
+        ctx.nodes.insert(
+            "node-1".into(),
+            crate::node::NodeFacts {
+                local_pod_subnets: vec!["10.244.1.0/24".parse().unwrap()],
+                ..Default::default()
+            },
+        );
+        let mut answered = frames::tcp_syn([10, 244, 1, 2], [10, 244, 1, 1], 8080, 12038);
+        let mut restored = frames::tcp_syn([192, 0, 2, 11], [192, 0, 2, 1], 30080, 51442);
+        for frame in [&mut answered, &mut restored] {
+            frame[14 + 20 + 13] = 0x12;
+        }
+        let hops = vec![
+            hop(1_000, "node-1", "vethA", Role::PodVeth, Ingress, &answered),
+            hop(2_000, "node-1", "cni0", Role::Bridge, Ingress, &answered),
+            hop(3_000, "node-1", "eth0", Role::Underlay, Egress, &restored),
+        ];
+        let story = tell(&Journey::new(hops), &ctx);
+        assert_eq!(
+            story.verdict.outcome,
+            Outcome::LeftNode {
+                node: "node-1".into(),
+                iface: "eth0".into(),
+                toward: "192.0.2.1".parse().unwrap()
+            },
+            "{}",
+            story.verdict.summary
+        );
+        assert!(
+            story
+                .verdict
+                .summary
+                .starts_with("left node-1 via eth0 toward 192.0.2.1 (beyond the traced nodes)"),
+            "{}",
+            story.verdict.summary
+        );
+    }
+
+    #[test]
     fn same_node_pods_are_bridged() {
         let frame = frames::icmp_echo([10, 244, 1, 2], [10, 244, 1, 3], 64, 1);
         let hops = vec![

@@ -188,7 +188,10 @@ fn path_of(journey: &Journey, delivered: bool) -> Vec<PathStep> {
 /// Where the journey ended, from its last hop.
 fn outcome_of(journey: &Journey, delivered: bool, ctx: &Context) -> Outcome {
     let last = &journey.hops[journey.hops.len() - 1];
-    let dst = journey.hops[0].packet.packet.dst;
+    // Where the packet was going when last seen: after an un-SNAT (a
+    // NodePort's reply to its outside client) the address it was sent to
+    // is a traced node's own, the one it left with is the client's.
+    let dst = last.packet.packet.dst;
     if journey.freed_by_receiver().is_some() {
         Outcome::Delivered {
             node: last.node.to_string(),

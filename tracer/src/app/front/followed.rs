@@ -54,6 +54,7 @@ impl Followed {
         summary.lost_snapshot += own.lost_snapshot;
         summary.filtered_in_kernel += own.filtered_in_kernel;
         summary.undecodable += own.undecodable;
+        summary.other_pairs_encapsulated += own.other_pairs_encapsulated;
         summary.unknown_interface += own.unknown_interface;
         summary.interfaces_vanished += own.interfaces_vanished;
         summary.interfaces_added += own.interfaces_added;
