@@ -201,6 +201,7 @@ fn every_fault_of_the_catalogue_has_a_doctor_test() {
         "cni-bin-masked",
         "subnet-env-missing",
         "calico-wrong-peer-ip",
+        "calico-bird-stopped",
         "forward-policy-drop",
         "conntrack-full",
         "mtu-mismatch",
@@ -243,6 +244,8 @@ names_the_fault! {
     subnet_env_missing: SubnetEnvMissing on "node-2", "flannel" "subnet.env" says "/run/flannel/subnet.env is missing";
     calico_wrong_peer_ip: CalicoWrongPeerIp on "node-1", "calico" "peer address"
         says "says 192.0.2.99/24, an address this node does not have";
+    calico_bird_stopped: CalicoBirdStopped on "node-1", "bgp" "BGP sessions"
+        says "fell back to /proc/net/tcp";
     forward_policy_drop: ForwardPolicyDrop on "node-1", "firewall" "FORWARD policy"
         says "FORWARD policy DROP and no rule accepts the pod CIDR";
     // nf_conntrack_max is read-only outside the initial netns: the table's
@@ -443,11 +446,10 @@ fn a_trace_to_a_pod_without_an_ip_ends_with_the_doctors_finding() {
     assert!(tcx_programs(&lab.0.node_netns(1)).is_empty());
 }
 
-#[test]
-fn a_dropped_verdict_carries_the_doctors_finding() {
-    let lab = lab(Topology::FlannelVxlan);
-    Fault::IpForwardOff.apply(&lab.0).expect("apply the fault");
-    let files = [lab.0.nodes_file(), lab.0.pods_file()].map(|f| f.display().to_string());
+/// A trace of one packet from web-0 to db-0 on both nodes (with their
+/// host roots), with the node list or without.
+fn web_to_db(lab: &LabGuard, node_list: bool) -> Vec<String> {
+    let files = [lab.0.pods_file(), lab.0.nodes_file()].map(|f| f.display().to_string());
     let mut argv = argv(
         &[
             "web-0",
@@ -458,16 +460,22 @@ fn a_dropped_verdict_carries_the_doctors_finding() {
             "20s",
             "-o",
             "json",
+            "--pods-file",
         ],
-        vec![
-            "--nodes-file".into(),
-            files[0].clone(),
-            "--pods-file".into(),
-            files[1].clone(),
-        ],
+        vec![files[0].clone()],
     );
-    argv.extend(node_args(&lab));
-    let trace = Trace::start(&argv);
+    if node_list {
+        argv.extend(["--nodes-file".to_string(), files[1].clone()]);
+    }
+    argv.extend(node_args(lab));
+    argv
+}
+
+#[test]
+fn a_dropped_verdict_carries_the_doctors_finding() {
+    let lab = lab(Topology::FlannelVxlan);
+    Fault::IpForwardOff.apply(&lab.0).expect("apply the fault");
+    let trace = Trace::start(&web_to_db(&lab, true));
     let _answered = lab.0.ping("web-0", lab.0.pod("db-0").ip, &[]);
     let done = trace.finish();
     let story = done.stories().into_iter().next().expect("a story");
@@ -563,5 +571,146 @@ fn the_doctor_refuses_an_unknown_pod_a_malformed_one_and_a_missing_host_root() {
         assert!(out.stdout.is_empty(), "{argv:?}: no report");
         assert_eq!(stderr.lines().count(), 1, "{argv:?}: one line: {stderr}");
         assert!(stderr.contains(expected), "{argv:?}: {stderr}");
+    }
+}
+
+/// The check named `name` on `node`.
+fn check_on(report: &Value, node: &str, name: &str) -> Value {
+    report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["node"] == node && c["name"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no check {name:?} on {node}: {report:#}"))
+}
+
+/// `podtrace doctor` on both nodes with their host roots, and without a
+/// node list.
+fn doctor_without_node_list(lab: &LabGuard) -> (Value, i32) {
+    let mut argv: Vec<String> = ["doctor", "-o", "json", "--pods-file"]
+        .map(String::from)
+        .into();
+    argv.push(lab.0.pods_file().display().to_string());
+    argv.extend(node_args(lab));
+    run(&argv)
+}
+
+/// The Calico lab, with real BIRD, and `fault`.
+fn calico_with(fault: Fault) -> LabGuard {
+    let lab = lab(Topology::Calico);
+    fault.apply(&lab.0).expect("apply the fault");
+    lab
+}
+
+/// Healthy: every session Established, by BIRD's word (the node named
+/// by the pods' hostIP when there is no node list).
+#[test]
+fn bgp_sessions_are_read_from_bird_on_the_healthy_calico_lab() {
+    let lab = lab(Topology::Calico);
+    for (report, _) in [doctor(&lab, &[]), doctor_without_node_list(&lab)] {
+        let on_1 = check_on(&report, "node-1", "BGP session Mesh_192_0_2_12");
+        assert_eq!(on_1["ok"], true, "{on_1}");
+        assert_eq!(
+            on_1["evidence"],
+            "BGP session Mesh_192_0_2_12 with 192.0.2.12 (node-2) is Established (BIRD, /var/run/calico/bird.ctl)"
+        );
+        let on_2 = check_on(&report, "node-2", "BGP session Mesh_192_0_2_11");
+        assert_eq!(on_2["ok"], true, "{on_2}");
+        assert!(
+            !report.to_string().contains("listens on TCP 179"),
+            "{report:#}"
+        );
+    }
+}
+
+/// The seed: node-1 announces 192.0.2.99. BIRD says it: node-2 peers with
+/// 192.0.2.99 and waits; node-1's session cannot bind its source.
+#[test]
+fn a_wrong_peer_ip_is_named_from_birds_own_sessions() {
+    let lab = calico_with(Fault::CalicoWrongPeerIp);
+    let (listed, code) = doctor(&lab, &[]);
+    assert_eq!(code, 1, "{listed:#}");
+    let peer = failing_check(&listed, "BGP session Mesh_192_0_2_99");
+    assert_eq!(peer["node"], "node-2", "{peer}");
+    let evidence = peer["evidence"].as_str().unwrap();
+    assert!(
+        evidence.starts_with("BGP session Mesh_192_0_2_99 with 192.0.2.99 is Passive (BIRD, /var/run/calico/bird.ctl); 192.0.2.99 is what node-1 announces (projectcalico.org/IPv4Address), an address it does not have (its InternalIP is 192.0.2.11)"),
+        "{evidence}"
+    );
+    let own = failing_check(&listed, "BGP session Mesh_192_0_2_12");
+    assert_eq!(own["node"], "node-1", "{own}");
+    assert!(
+        own["evidence"].as_str().unwrap().starts_with(
+            "BGP session Mesh_192_0_2_12 with 192.0.2.12 (node-2) is Active: Socket: "
+        ),
+        "{own}"
+    );
+    let router_id = failing_check(&listed, "BGP router id");
+    assert!(
+        router_id["evidence"].as_str().unwrap().starts_with(
+            "BIRD's router id 192.0.2.99 is none of this node's addresses (192.0.2.11"
+        ),
+        "{router_id}"
+    );
+    // Without the API's view: the examined nodes' own addresses.
+    let (bare, code) = doctor_without_node_list(&lab);
+    assert_eq!(code, 1, "{bare:#}");
+    let peer = failing_check(&bare, "BGP session Mesh_192_0_2_99");
+    assert!(
+        peer["evidence"].as_str().unwrap().contains(
+            "is Passive (BIRD, /var/run/calico/bird.ctl); 192.0.2.99 is no node's address (the nodes' here: node-1 192.0.2.11"
+        ),
+        "{peer}"
+    );
+}
+
+/// node-1's BIRD stopped: its socket is gone, so the doctor falls back to
+/// /proc/net/tcp and says so; node-2's BIRD says the peer refuses.
+#[test]
+fn a_stopped_bird_is_named_and_the_fallback_said() {
+    let lab = calico_with(Fault::CalicoBirdStopped);
+    for (report, code) in [doctor(&lab, &[]), doctor_without_node_list(&lab)] {
+        assert_eq!(code, 1, "{report:#}");
+        let down = failing_check(&report, "BGP sessions");
+        assert_eq!(down["node"], "node-1", "{down}");
+        let evidence = down["evidence"].as_str().unwrap();
+        assert!(
+            // A BIRD that exits removes its socket.
+            evidence.starts_with("no BIRD control socket under the host root (/var/run/calico/bird.ctl, /var/run/bird/bird.ctl, /run/bird/bird.ctl); ")
+                && evidence.contains("; fell back to /proc/net/tcp: no ESTABLISHED connection on TCP 179 to 192.0.2.12 (node-2); nothing listens on TCP 179: BIRD is not running"),
+            "{evidence}"
+        );
+        let peer = failing_check(&report, "BGP session Mesh_192_0_2_11");
+        assert!(
+            peer["evidence"]
+                .as_str()
+                .unwrap()
+                .starts_with("BGP session Mesh_192_0_2_11 with 192.0.2.11 (node-1) is Active"),
+            "{peer}"
+        );
+    }
+}
+
+/// The trace of web-0 → db-0 on the wrong-peer lab: no route on node-1 to
+/// db-0's block, and the verdict names BGP, with and without a node list.
+#[test]
+fn a_no_route_verdict_names_the_bgp_session() {
+    let lab = calico_with(Fault::CalicoWrongPeerIp);
+    for listed in [true, false] {
+        let trace = Trace::start(&web_to_db(&lab, listed));
+        let _unanswered = lab.0.ping("web-0", lab.0.pod("db-0").ip, &[]);
+        let done = trace.finish();
+        let story = done.stories().into_iter().next().expect("a story");
+        let verdict = &story["verdict"];
+        assert_eq!(verdict["outcome"], "no_route", "{verdict}");
+        let summary = verdict["summary"].as_str().unwrap();
+        assert!(
+            summary.starts_with("no route on node-1 to ")
+                && summary.contains(
+                    "; BGP session Mesh_192_0_2_12 with 192.0.2.12 (node-2) is Active: Socket: "
+                ),
+            "listed {listed}: {summary}"
+        );
     }
 }

@@ -361,6 +361,9 @@ fn a_missing_calico_block_route_names_the_other_traced_nodes_block() {
     let lab = lab(Topology::Calico);
     let node_1 = lab.0.node_netns(1);
     let subnet = lab.0.node_subnet(2);
+    // node-1's BIRD would put the route back at its next scan of the
+    // kernel's table: it is stopped first (its routes stay, `persist`).
+    xtask::lab::bird::stop(&lab.0, 1).expect("bird stopped");
     xtask::lab::ip(&node_1, &format!("route del {subnet}")).expect("route gone");
     xtask::lab::ip(&node_1, "route del default").expect("no default route");
     let done = one_ping_by_address(&lab.0);

@@ -45,9 +45,13 @@ pub enum Fault {
     /// node-2's /run/flannel/subnet.env is gone (flanneld never started).
     SubnetEnvMissing,
     /// node-1's projectcalico.org/IPv4Address names 192.0.2.99, an address
-    /// it does not have; node-2 never peers with it, so has no route to
-    /// node-1's block.
+    /// it does not have, and both BIRDs are configured from it: node-2
+    /// peers with 192.0.2.99, node-1's sessions cannot bind it; neither
+    /// node routes to the other's block.
     CalicoWrongPeerIp,
+    /// node-1's BIRD is stopped: node-2 withdraws node-1's block (node-1
+    /// keeps its routes, BIRD's `persist`).
+    CalicoBirdStopped,
     /// `iptables -P FORWARD DROP` on node-1 (as Docker sets it), nothing
     /// accepting the pod CIDR.
     ForwardPolicyDrop,
@@ -78,6 +82,7 @@ impl Fault {
             Self::CniBinMasked => "cni-bin-masked",
             Self::SubnetEnvMissing => "subnet-env-missing",
             Self::CalicoWrongPeerIp => "calico-wrong-peer-ip",
+            Self::CalicoBirdStopped => "calico-bird-stopped",
             Self::ForwardPolicyDrop => "forward-policy-drop",
             Self::ConntrackFull => "conntrack-full",
             Self::MtuMismatch => "mtu-mismatch",
@@ -87,7 +92,9 @@ impl Fault {
     /// The topology the fault belongs to.
     pub fn topology(self) -> Topology {
         match self {
-            Self::CalicoProfileDrop | Self::CalicoWrongPeerIp => Topology::Calico,
+            Self::CalicoProfileDrop | Self::CalicoWrongPeerIp | Self::CalicoBirdStopped => {
+                Topology::Calico
+            }
             _ => Topology::FlannelVxlan,
         }
     }

@@ -7,7 +7,8 @@ use anyhow::{bail, Context, Result};
 
 /// Debian packages: LLVM 22 for bpf-linker, and the tools the lab and the
 /// tests drive (ip, bridge, ping, nft, iptables, bpftool, tshark to read
-/// what `--write` writes; iperf3 and tcpdump for `cargo xtask bench`).
+/// what `--write` writes; iperf3 and tcpdump for `cargo xtask bench`;
+/// bird2 for the Calico lab).
 const APT_PACKAGES: &[&str] = &[
     "llvm-22-dev",
     "libpolly-22-dev",
@@ -24,6 +25,8 @@ const APT_PACKAGES: &[&str] = &[
     "python3",
     "iperf3",
     "tcpdump",
+    // The Calico lab's BGP daemon, one per node (xtask/src/lab/bird.rs).
+    "bird2",
     // The kernel matrix (xtask/src/vm): QEMU, and what builds a guest's
     // initramfs from a Debian kernel package (busybox, cpio, modprobe and
     // depmod, xz for trixie's modules).

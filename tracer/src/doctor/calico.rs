@@ -17,7 +17,6 @@ use super::{
 use crate::node::RouteKind;
 
 const FAMILY: &str = "calico";
-const BGP_PORT: u16 = 179;
 
 pub fn checks(facts: &NodeFacts) -> Vec<Check> {
     if !cni_config::running(facts, "calico") {
@@ -27,17 +26,8 @@ pub fn checks(facts: &NodeFacts) -> Vec<Check> {
     if let Some(credentials) = &facts.cni_credentials {
         checks.push(check_credentials(&facts.name, credentials));
     }
+    // BGP's sessions themselves: bgp.rs, from BIRD.
     checks.extend(check_routes(facts));
-    if let Some(listening) = &facts.tcp_listening {
-        if listening.contains(&BGP_PORT) {
-            checks.push(Check::pass(
-                FAMILY,
-                &facts.name,
-                "BGP port",
-                format!("bird listens on TCP {BGP_PORT}"),
-            ));
-        }
-    }
     checks
 }
 

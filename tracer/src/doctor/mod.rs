@@ -11,6 +11,8 @@
 //! checks first; JSON).
 
 pub mod api;
+pub mod bgp;
+pub mod bird;
 pub mod calico;
 pub mod cluster;
 pub mod cni_config;
@@ -51,7 +53,7 @@ impl Serialize for Status {
 /// One check: ✓, ✗ or not checked, what was seen, and what to do.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct Check {
-    /// The family: cni-config, plugins, flannel, calico, kernel, firewall, api.
+    /// The family: cni-config, plugins, flannel, calico, bgp, kernel, firewall, api.
     pub family: &'static str,
     /// The node it ran on, or the pod / cluster it is about.
     pub node: String,
@@ -135,6 +137,7 @@ pub fn node_checks(facts: &node::NodeFacts) -> Vec<Check> {
     checks.extend(plugins::checks(facts));
     checks.extend(flannel::checks(facts));
     checks.extend(calico::checks(facts));
+    checks.extend(bgp::checks(facts));
     checks.extend(kernel::checks(facts));
     checks.extend(firewall::checks(facts));
     checks

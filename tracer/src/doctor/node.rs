@@ -39,8 +39,11 @@ pub struct NodeFacts {
     pub links_up: BTreeMap<String, bool>,
     /// `bridge fdb show` lines.
     pub fdb: Vec<String>,
-    /// TCP ports listening, from /proc/net/tcp inside the netns.
-    pub tcp_listening: Option<Vec<u16>>,
+    /// The IPv4 TCP sockets of /proc/net/tcp inside the netns.
+    pub tcp: Option<Vec<super::bgp::TcpSocket>>,
+    /// BIRD's answer on its control socket under the root (None: the
+    /// node's files are not read here).
+    pub bird: Option<super::bird::Asked>,
     /// The Node object it is, and the others.
     pub me: Option<ClusterNode>,
     pub others: Vec<ClusterNode>,
@@ -55,6 +58,8 @@ pub struct NodeFacts {
     /// Calico's IPAM blocks of the other nodes examined with it (their
     /// `blackhole <block> proto bird` routes), by node.
     pub peer_blocks: Vec<(String, ipnet::Ipv4Net)>,
+    /// The addresses the other nodes examined with it hold, by node.
+    pub peer_addresses: Vec<(String, Vec<Ipv4Addr>)>,
 }
 
 impl NodeFacts {
@@ -70,7 +75,8 @@ impl NodeFacts {
             iptables: Err("not read".into()),
             links_up: BTreeMap::new(),
             fdb: Vec::new(),
-            tcp_listening: None,
+            tcp: None,
+            bird: None,
             me: None,
             others: Vec::new(),
             pods: Vec::new(),
@@ -78,6 +84,7 @@ impl NodeFacts {
             cni_credentials: None,
             pair: Vec::new(),
             peer_blocks: Vec::new(),
+            peer_addresses: Vec::new(),
         }
     }
 
@@ -150,6 +157,7 @@ pub async fn gather_all(args: &DoctorArgs, cluster: &ClusterState) -> Result<Vec
         // CNI plugin reaches it, from the host.
         if files {
             facts.cni_credentials = super::credentials::probe(&facts.root).await;
+            facts.bird = Some(super::bird::ask(&facts.root).await);
         }
         all.push(facts);
     }
@@ -157,8 +165,20 @@ pub async fn gather_all(args: &DoctorArgs, cluster: &ClusterState) -> Result<Vec
         .iter()
         .flat_map(|f| f.own_blocks().into_iter().map(|b| (f.name.clone(), b)))
         .collect();
+    let addresses: Vec<(String, Vec<Ipv4Addr>)> = all
+        .iter()
+        .map(|f| {
+            let held = f.addresses().into_iter().filter(|a| !a.is_loopback());
+            (f.name.clone(), held.collect())
+        })
+        .collect();
     for facts in &mut all {
         facts.peer_blocks = blocks
+            .iter()
+            .filter(|(node, _)| *node != facts.name)
+            .cloned()
+            .collect();
+        facts.peer_addresses = addresses
             .iter()
             .filter(|(node, _)| *node != facts.name)
             .cloned()
@@ -239,7 +259,10 @@ async fn read(netns_path: Option<&Path>, root: PathBuf) -> Result<NodeFacts> {
         fdb: output("bridge", &["fdb", "show"])
             .map(|t| t.lines().map(String::from).collect())
             .unwrap_or_default(),
-        tcp_listening: listening(),
+        tcp: std::fs::read_to_string("/proc/thread-self/net/tcp")
+            .ok()
+            .map(|text| super::bgp::parse_proc_net_tcp(&text)),
+        bird: None,
         name: String::new(),
         me: None,
         others: Vec::new(),
@@ -248,6 +271,7 @@ async fn read(netns_path: Option<&Path>, root: PathBuf) -> Result<NodeFacts> {
         cni_credentials: None,
         pair: Vec::new(),
         peer_blocks: Vec::new(),
+        peer_addresses: Vec::new(),
     })
 }
 
@@ -278,19 +302,4 @@ fn links_up() -> BTreeMap<String, bool> {
             Some((name, flags.contains(",UP") || flags.contains("<UP")))
         })
         .collect()
-}
-
-/// Listening TCP ports (state 0A) in /proc/net/tcp of this thread's netns.
-fn listening() -> Option<Vec<u16>> {
-    let text = std::fs::read_to_string("/proc/thread-self/net/tcp").ok()?;
-    Some(
-        text.lines()
-            .skip(1)
-            .filter_map(|line| {
-                let fields: Vec<&str> = line.split_whitespace().collect();
-                let port = fields.get(1)?.rsplit(':').next()?;
-                (fields.get(3) == Some(&"0A")).then(|| u16::from_str_radix(port, 16).ok())?
-            })
-            .collect(),
-    )
 }

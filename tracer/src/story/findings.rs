@@ -8,7 +8,7 @@ use crate::model::Finding;
 pub fn for_outcome(outcome: &Outcome, ctx: &Context) -> Vec<Finding> {
     let (node, families): (&str, &[&str]) = match outcome {
         Outcome::Dropped { node, .. } => (node, &["firewall", "kernel"]),
-        Outcome::NoRoute { check, .. } => (&check.node, &["flannel", "calico", "kernel"]),
+        Outcome::NoRoute { check, .. } => (&check.node, &["flannel", "calico", "bgp", "kernel"]),
         Outcome::Vanished { node, .. } => (node, &[]),
         _ => return Vec::new(),
     };
@@ -18,5 +18,21 @@ pub fn for_outcome(outcome: &Outcome, ctx: &Context) -> Vec<Finding> {
         .flatten()
         .filter(|f| families.is_empty() || families.contains(&f.family.as_str()))
         .cloned()
+        .collect()
+}
+
+/// For a missing route, what BIRD says of the node's BGP sessions (the
+/// routes to other nodes' blocks come from them): `; BGP session
+/// Mesh_192_0_2_12 with 192.0.2.12 is Active: …`, or nothing.
+pub fn bgp_said(outcome: &Outcome, findings: &[Finding]) -> String {
+    if !matches!(outcome, Outcome::NoRoute { .. }) {
+        return String::new();
+    }
+    findings
+        .iter()
+        // The sessions' states; the router id and the rest stay in the
+        // doctor's lines.
+        .filter(|f| f.family == "bgp" && f.check.starts_with("BGP session"))
+        .map(|f| format!("; {}", f.evidence))
         .collect()
 }

@@ -145,6 +145,7 @@ pub(super) fn judge(journey: &Journey, ctx: &Context) -> Verdict {
             .push_str("; records were lost while this packet was in flight: hops may be missing");
     }
     let doctor = super::findings::for_outcome(&outcome, ctx);
+    summary.push_str(&super::findings::bgp_said(&outcome, &doctor));
     Verdict {
         outcome,
         path,

@@ -1,12 +1,13 @@
-//! Calico with BGP, as bird leaves a node: an IPAM-block blackhole, routes
-//! to the other nodes' blocks, and per pod a /32 route to a `cali…` veth
-//! that answers ARP for the pods' fake gateway 169.254.1.1 (proxy ARP).
+//! Calico with BGP: per node a real BIRD (`bird.rs`) blackholes the
+//! node's IPAM block and learns the other nodes' blocks from its peers;
+//! per pod a /32 route to a `cali…` veth that answers ARP for the pods'
+//! fake gateway 169.254.1.1 (proxy ARP).
 
 use anyhow::Result;
 use ipnet::Ipv4Net;
 use serde_json::{json, Value};
 
-use super::{cmd, ip, sysctl, Cni, Lab, LabPod};
+use super::{bird, cmd, ip, sysctl, Cni, Lab, LabPod};
 
 const GATEWAY: &str = "169.254.1.1";
 const MAC: &str = "ee:ee:ee:ee:ee:ee";
@@ -28,22 +29,13 @@ impl Cni for Calico {
 
     fn build_node(&self, lab: &Lab, node: u8) -> Result<()> {
         let ns = lab.node_netns(node);
-        // Calico's IPAM block: pods get /32s from it, the rest blackholes.
-        ip(
-            &ns,
-            &format!("route add blackhole {} proto bird", lab.node_subnet(node)),
-        )?;
-        for remote in Lab::remotes(node) {
-            ip(
-                &ns,
-                &format!(
-                    "route add {} via {} dev eth0 proto bird",
-                    lab.node_subnet(remote),
-                    Lab::node_ip(remote)
-                ),
-            )?;
-        }
-        pods(lab, &ns, node)
+        pods(lab, &ns, node)?;
+        bird::start(lab, node, &bird::announced())
+    }
+
+    /// Every node's BIRD has learnt the other nodes' blocks.
+    fn settle(&self, lab: &Lab) -> Result<()> {
+        bird::wait_routes(lab, |_, _| true)
     }
 
     fn node_annotations(&self, _lab: &Lab, node: u8) -> Value {

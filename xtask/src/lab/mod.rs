@@ -10,6 +10,7 @@
 //! backend implements `flannel::Backend`). A new topology is that file
 //! plus one [`Topology`] variant.
 
+pub mod bird;
 mod calico;
 mod calico_vxlan;
 mod cmd;
@@ -52,6 +53,11 @@ pub trait Cni: Sync {
     fn build_node(&self, lab: &Lab, node: u8) -> Result<()>;
     /// The annotations the CNI puts on its Node objects.
     fn node_annotations(&self, lab: &Lab, node: u8) -> Value;
+    /// Waits, once every node is wired, for what the nodes learn from
+    /// each other (Calico's BGP routes).
+    fn settle(&self, _lab: &Lab) -> Result<()> {
+        Ok(())
+    }
 }
 
 impl Topology {
@@ -329,6 +335,8 @@ impl Lab {
     pub fn down(&self) -> Result<()> {
         self.stop_api();
         self.stop_listeners();
+        // Before the namespaces go: a daemon in one would keep it alive.
+        bird::stop_all(self);
         let owned = format!("{}-", self.prefix);
         if let Ok(entries) = fs::read_dir("/run/netns") {
             for entry in entries.flatten() {
@@ -368,7 +376,7 @@ impl Lab {
             sysctl(&ns, "net.ipv4.ip_forward", "1")?;
             self.topology.cni().build_node(self, node)?;
         }
-        Ok(())
+        self.topology.cni().settle(self)
     }
 
     /// The pods as `kubectl get pods -A -o json` prints them.

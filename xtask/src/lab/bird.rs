@@ -1,0 +1,330 @@
+//! One real BIRD (Debian's bird2) per node of the Calico BGP lab, with
+//! the config calico-node's confd writes, translated to BIRD 2: the
+//! node's block blackholed, `protocol kernel` exporting (so its routes
+//! are `proto bird`), and a full iBGP mesh in AS 64512. Its control
+//! socket is where `calicoctl node status` looks on a calico-node host,
+//! `<host root>/var/run/calico/bird.ctl`, so the doctor finds it there.
+
+use std::{
+    fs,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+
+use super::{cmd, in_netns, run, Lab, NODES};
+
+/// The AS of Calico's default node-to-node mesh.
+const AS: u32 = 64512;
+/// How long a healthy mesh may take to install its routes (BIRD waits
+/// 2 s before it connects, and scans the kernel table every 2 s).
+const CONVERGE: Duration = Duration::from_secs(30);
+
+/// The daemon's files under the node's host root.
+fn control_socket(lab: &Lab, node: u8) -> PathBuf {
+    lab.host_root(node).join("var/run/calico/bird.ctl")
+}
+
+fn pid_file(lab: &Lab, node: u8) -> PathBuf {
+    lab.host_root(node).join("var/run/calico/bird.pid")
+}
+
+fn config_file(lab: &Lab, node: u8) -> PathBuf {
+    lab.host_root(node).join("etc/calico/confd/config/bird.cfg")
+}
+
+/// The address each node announces (`projectcalico.org/IPv4Address`),
+/// first node first: what confd builds every node's config from.
+pub fn announced() -> Vec<Ipv4Addr> {
+    (1..=NODES).map(Lab::node_ip).collect()
+}
+
+/// The peer's protocol name as confd writes it: `Mesh_192_0_2_12`.
+pub fn mesh_protocol(peer: Ipv4Addr) -> String {
+    format!("Mesh_{}", peer.to_string().replace('.', "_"))
+}
+
+/// `node`'s bird.cfg when the nodes announce `announced`. Its own
+/// announced address is its router id and the source of its sessions;
+/// a peer with a higher address is passive (it dials us), as in confd.
+pub fn config(lab: &Lab, node: u8, announced: &[Ipv4Addr]) -> String {
+    let me = announced[usize::from(node - 1)];
+    let mut text = common(lab, node, me);
+    for (i, peer) in announced.iter().enumerate() {
+        if i == usize::from(node - 1) {
+            continue;
+        }
+        // confd compares the addresses as strings.
+        let passive = if peer.to_string() > me.to_string() {
+            "\n  passive on; # Mesh is unidirectional, peer will connect to us."
+        } else {
+            ""
+        };
+        text.push_str(&format!(
+            "\n# For peer /host/{}/ip_addr_v4\nprotocol bgp {} from bgp_template {{\n  neighbor {peer} as {AS};{passive}\n}}\n",
+            Lab::node_name(i as u8 + 1),
+            mesh_protocol(*peer),
+        ));
+    }
+    text
+}
+
+/// Everything of the config but the mesh's peers.
+fn common(lab: &Lab, node: u8, me: Ipv4Addr) -> String {
+    let block = lab.node_subnet(node);
+    let pods = lab.pod_cidr;
+    format!(
+        r#"# Calico's confd bird.cfg, in BIRD 2's syntax.
+router id {me};
+
+# BIRD 1 (Calico's) never exports device routes to the kernel; bird2
+# would add a second route to the underlay.
+filter calico_kernel_programming {{
+  if ( source = RTS_DEVICE ) then reject;
+  accept;
+}}
+
+# The node's block goes to its peers, never its pods' /32s within it.
+filter calico_export_to_bgp_peers {{
+  if ( net = {block} ) then accept;
+  if ( net ~ {block} ) then reject;
+  if ( net ~ {pods} ) then accept;
+  reject;
+}}
+
+protocol device {{
+  scan time 2;
+}}
+
+protocol direct {{
+  interface -"cali*", -"kube-ipvs*", "*";
+  ipv4;
+}}
+
+protocol kernel {{
+  learn;
+  persist;
+  scan time 2;
+  graceful restart;
+  merge paths on;
+  ipv4 {{
+    import all;
+    export filter calico_kernel_programming;
+  }};
+}}
+
+# The node's IPAM block: its pods get /32s from it, the rest is dropped.
+protocol static {{
+  ipv4;
+  route {block} blackhole;
+}}
+
+template bgp bgp_template {{
+  description "Connection to BGP peer";
+  local as {AS};
+  multihop;
+  ipv4 {{
+    gateway recursive;
+    import all;
+    export filter calico_export_to_bgp_peers;
+  }};
+  source address {me};
+  graceful restart;
+  connect delay time 2;
+  connect retry time 5;
+  error wait time 5,30;
+}}
+"#
+    )
+}
+
+/// Writes `node`'s config and starts its BIRD in the node's namespace.
+pub fn start(lab: &Lab, node: u8, announced: &[Ipv4Addr]) -> Result<()> {
+    let config = config_file(lab, node);
+    fs::create_dir_all(config.parent().context("a config dir")?)?;
+    fs::create_dir_all(control_socket(lab, node).parent().context("a run dir")?)?;
+    fs::write(&config, self::config(lab, node, announced))?;
+    // bird forks into the background once its config is read.
+    run(in_netns(&lab.node_netns(node), "bird")
+        .arg("-c")
+        .arg(&config)
+        .arg("-s")
+        .arg(control_socket(lab, node))
+        .arg("-P")
+        .arg(pid_file(lab, node)))
+    .with_context(|| format!("cannot start bird on {}", Lab::node_name(node)))
+}
+
+/// Rewrites every node's config for `announced` and has each running
+/// BIRD read it again (`birdc configure`), as confd does on a change.
+pub fn reconfigure(lab: &Lab, announced: &[Ipv4Addr]) -> Result<()> {
+    for node in 1..=NODES {
+        fs::write(config_file(lab, node), config(lab, node, announced))?;
+        let socket = control_socket(lab, node);
+        let out = std::process::Command::new("birdc")
+            .arg("-s")
+            .arg(&socket)
+            .arg("configure")
+            .output()
+            .context("cannot run birdc")?;
+        let said = String::from_utf8_lossy(&out.stdout);
+        if !said.contains("Reconfigured") && !said.contains("Reconfiguration in progress") {
+            bail!(
+                "bird on {} did not take its new config: {}",
+                Lab::node_name(node),
+                said.trim()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Waits until `node`'s BIRD says `text` of its protocols (`birdc show
+/// protocols all`): a session's error comes after its first attempt.
+pub fn wait_said(lab: &Lab, node: u8, text: &str) -> Result<()> {
+    let deadline = Instant::now() + CONVERGE;
+    loop {
+        let out = std::process::Command::new("birdc")
+            .arg("-s")
+            .arg(control_socket(lab, node))
+            .args(["show", "protocols", "all"])
+            .output()
+            .context("cannot run birdc")?;
+        let said = String::from_utf8_lossy(&out.stdout);
+        if said.contains(text) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "bird on {} never said {text:?} in {} s: {}",
+                Lab::node_name(node),
+                CONVERGE.as_secs(),
+                said.trim()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The pid in `node`'s pidfile, when that process is still a bird.
+fn running_pid(lab: &Lab, node: u8) -> Option<i32> {
+    let pid: i32 = fs::read_to_string(pid_file(lab, node))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    // A pid reused by another program since is not ours to end.
+    let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    (comm.trim() == "bird").then_some(pid)
+}
+
+/// Stops `node`'s BIRD (SIGTERM: it closes its sessions with a
+/// notification, so its peers withdraw its routes at once) and waits for
+/// it to exit. Its kernel routes stay (`persist`), as on a real node.
+pub fn stop(lab: &Lab, node: u8) -> Result<()> {
+    let Some(pid) = running_pid(lab, node) else {
+        return Ok(());
+    };
+    cmd::sh(&["kill", "-TERM", &pid.to_string()])?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        if Instant::now() > deadline {
+            let _ = cmd::sh(&["kill", "-KILL", &pid.to_string()]);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = fs::remove_file(pid_file(lab, node));
+    Ok(())
+}
+
+/// Stops every node's BIRD, whatever the lab's topology (`lab down`
+/// knows only the prefix).
+pub fn stop_all(lab: &Lab) {
+    for node in 1..=NODES {
+        if let Err(e) = stop(lab, node) {
+            eprintln!("lab {}: cannot stop bird on node-{node}: {e:#}", lab.prefix);
+        }
+    }
+}
+
+/// Whether `ns` has a `proto bird` route to `block`.
+fn has_bird_route(ns: &str, block: ipnet::Ipv4Net) -> bool {
+    std::process::Command::new("ip")
+        .args(["-n", ns, "route", "show", "exact"])
+        .arg(block.to_string())
+        .args(["proto", "bird"])
+        .output()
+        .is_ok_and(|o| !String::from_utf8_lossy(&o.stdout).trim().is_empty())
+}
+
+/// Waits until each node's routes to the other nodes' blocks are as
+/// `expected(node, remote)` says (present or gone): BIRD learns and
+/// withdraws them over BGP, in its own time.
+pub fn wait_routes(lab: &Lab, expected: impl Fn(u8, u8) -> bool) -> Result<()> {
+    let deadline = Instant::now() + CONVERGE;
+    loop {
+        let wrong: Vec<String> = (1..=NODES)
+            .flat_map(|node| Lab::remotes(node).map(move |remote| (node, remote)))
+            .filter(|(node, remote)| {
+                has_bird_route(&lab.node_netns(*node), lab.node_subnet(*remote))
+                    != expected(*node, *remote)
+            })
+            .map(|(node, remote)| {
+                let state = if expected(node, remote) {
+                    "no"
+                } else {
+                    "still a"
+                };
+                format!(
+                    "{} has {state} route to {} ({}'s block)",
+                    Lab::node_name(node),
+                    lab.node_subnet(remote),
+                    Lab::node_name(remote)
+                )
+            })
+            .collect();
+        if wrong.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "BIRD did not converge in {} s: {} (birdc -s {} show protocols all)",
+                CONVERGE.as_secs(),
+                wrong.join("; "),
+                control_socket(lab, 1).display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lab::Topology;
+
+    #[test]
+    fn the_config_has_calicos_shape() {
+        let lab = Lab::new("t", Topology::Calico, None).unwrap();
+        let node1 = config(&lab, 1, &announced());
+        for line in [
+            "router id 192.0.2.11;",
+            "route 10.245.1.0/24 blackhole;",
+            "local as 64512;",
+            "source address 192.0.2.11;",
+            "protocol bgp Mesh_192_0_2_12 from bgp_template {\n  neighbor 192.0.2.12 as 64512;\n  passive on;",
+        ] {
+            assert!(node1.contains(line), "{line}\n{node1}");
+        }
+        let node2 = config(&lab, 2, &announced());
+        assert!(node2.contains("protocol bgp Mesh_192_0_2_11 from bgp_template {\n  neighbor 192.0.2.11 as 64512;\n}"), "{node2}");
+        let wrong = config(&lab, 2, &["192.0.2.99".parse().unwrap(), Lab::node_ip(2)]);
+        assert!(
+            wrong.contains("neighbor 192.0.2.99 as 64512;\n  passive on;"),
+            "{wrong}"
+        );
+    }
+}
