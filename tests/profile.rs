@@ -90,6 +90,9 @@ fn profile_forgets_each_stamp_when_its_packet_is_delivered() {
     const PINGS: u32 = 50;
     let lab = lab(Topology::FlannelVxlan);
     assert!(ping(&lab.0, "web-0", "db-0"));
+    for pod in ["web-0", "db-0"] {
+        pin_neighbours(&lab.0.pod(pod).netns);
+    }
     let argv = argv(
         &["profile", "web-0", "db-0", "-o", "json"],
         lab_args(&lab.0, &[1, 2]),
@@ -148,8 +151,8 @@ fn stamped_slots(id: u64) -> usize {
 
 /// The histograms account for every packet the flow sent: each step of
 /// each direction counts as many packets as the sending pod's interface
-/// sent (IPv6 off in both pods and ARP warmed first, so that the flow's
-/// IPv4 packets are all its interface carries).
+/// sent (IPv6 off in both pods, and ARP learnt first and pinned, so that
+/// the flow's IPv4 packets are all its interface carries).
 #[test]
 fn profile_histograms_count_every_packet_the_interfaces_carried() {
     let (requests, replies) = profile_counts_every_packet(|lab| ping_burst(lab, 300, "0.005"));
@@ -285,6 +288,38 @@ fn tcp_segments_sent(lab: &xtask::lab::Lab, pod: &str) -> u64 {
 }
 
 /// Packets the pod's own interface has sent.
+/// Makes every neighbour `netns` has learnt permanent: an entry left to
+/// age is probed again by ARP (its reachable time is 15 to 45 s, and a
+/// start on a busy host can take that long), and the probe is one more
+/// packet on the interface than the flow sent.
+fn pin_neighbours(netns: &str) {
+    let out = in_netns(netns, "ip")
+        .args(["neigh", "show"])
+        .output()
+        .unwrap();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        // `10.244.1.1 dev eth0 lladdr 02:…:01 REACHABLE`
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if let [ip, "dev", dev, "lladdr", mac, ..] = words[..] {
+            let pinned = in_netns(netns, "ip")
+                .args([
+                    "neigh",
+                    "replace",
+                    ip,
+                    "lladdr",
+                    mac,
+                    "dev",
+                    dev,
+                    "nud",
+                    "permanent",
+                ])
+                .status()
+                .unwrap();
+            assert!(pinned.success(), "pin {line} in {netns}");
+        }
+    }
+}
+
 fn tx_packets(lab: &xtask::lab::Lab, pod: &str) -> u64 {
     let out = in_netns(&lab.pod(pod).netns, "cat")
         .arg("/sys/class/net/eth0/statistics/tx_packets")

@@ -6,7 +6,10 @@ use std::net::Ipv4Addr;
 use anyhow::Result;
 use tokio::sync::mpsc;
 
-use super::{flow_ips, traced_pairs, Targets, Trace};
+use super::{
+    pairs::{flow_ips, traced_pairs},
+    Targets, Trace,
+};
 use crate::{
     cli::widen,
     cluster::api::PodMoved,

@@ -14,6 +14,7 @@ pub mod front;
 pub mod kernel;
 mod losses;
 mod masquerade;
+mod pairs;
 mod probing;
 pub mod profile;
 mod replay;
@@ -24,6 +25,7 @@ mod teller;
 pub mod traced;
 pub mod wire;
 
+use pairs::{flow_keys, traced_pairs};
 pub use replay::replay;
 pub use stop::{block_signals, die_saying, STOPPED_BEFORE_TRACING};
 
@@ -334,17 +336,6 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
     })
 }
 
-/// Every pair as the kernel filter wants it.
-fn flow_keys(pairs: &[(Ipv4Addr, Ipv4Addr)]) -> Vec<FlowKey> {
-    pairs
-        .iter()
-        .map(|(a, b)| FlowKey {
-            src: a.octets(),
-            dst: b.octets(),
-        })
-        .collect()
-}
-
 /// The traced namespaces' inode numbers, in node id order.
 fn netns_inums(namespaces: &[Namespace]) -> [u32; MAX_NODES] {
     let mut traced_netns = [0; MAX_NODES];
@@ -450,27 +441,6 @@ fn finish(trace: Trace, (mut summary, teller): (Summary, Teller<'static>)) -> Re
     drop(trace);
     teller.finish(summary)?;
     Ok(())
-}
-
-/// Every traced pair, both directions: SRC ⇄ DST, and SRC ⇄ each backend
-/// DST's Service translates to (so the packet is seen after the DNAT).
-fn traced_pairs(targets: &Targets) -> Vec<(Ipv4Addr, Ipv4Addr)> {
-    let (src, dst) = (targets.src.ip, targets.dst.ip);
-    let mut pairs = vec![(src, dst), (dst, src)];
-    for t in &targets.nat.translations {
-        for pair in [(src, t.back.ip), (t.back.ip, src)] {
-            if !pairs.contains(&pair) && t.back.ip != src {
-                pairs.push(pair);
-            }
-        }
-    }
-    pairs
-}
-
-/// Both directions of the traced pair, as the kernel filter wants them.
-fn flow_ips((a, b): (Ipv4Addr, Ipv4Addr)) -> Vec<FlowKey> {
-    let (a, b) = (a.octets(), b.octets());
-    vec![FlowKey { src: a, dst: b }, FlowKey { src: b, dst: a }]
 }
 
 /// A sighting as a hop on its node and interface (a pod's namespace is
