@@ -429,4 +429,11 @@ fn tunnel_packets_between_traced_node_addresses_are_not_stories_of_their_own() {
         .map(|h| (h["node"].as_str().unwrap(), h["iface"].as_str().unwrap()))
         .collect();
     assert_eq!(hops, [("node-1", "eth0"), ("node-2", "eth0")], "{request}");
+    // ping(8) took the reply on its raw socket; ping_rcv freed the
+    // original: delivered, not dropped.
+    let reply = stories
+        .iter()
+        .find(|s| icmp_type(s) == 0)
+        .unwrap_or_else(|| panic!("node-2's echo reply: {}", done.stdout));
+    assert_eq!(reply["verdict"]["outcome"], "delivered", "{reply}");
 }

@@ -11,14 +11,16 @@ use aya_ebpf::{
 };
 use podtrace_common::{
     counter, filter, match_kind,
-    packet::{classify, packet_id, socket_header, traced_header},
+    packet::{classify, packet_id, socket_header, traced_header, tunnel_inner_ip, Bytes},
     sampled, sighting_kind, FlowKey, KernelLayout, Sighting, MAX_NODES, NODE_OTHER_NETNS,
     SNAPSHOT_LEN,
 };
 
 use crate::{
     kernel::{global, kernel_read, kernel_read_buf, with_per_cpu, NO_ROUTE_ASKED},
-    maps::{bump, filter_keeps, is_traced, node_id, sample, trusted_tunnel, SIGHTINGS},
+    maps::{
+        bump, cluster_tunnel, filter_keeps, is_traced, node_id, sample, trusted_tunnel, SIGHTINGS,
+    },
     sighting::Meta,
 };
 
@@ -131,6 +133,12 @@ fn report(s: &mut Sighting, skb: u64, location: u64, reason: u32) {
     } else {
         None
     };
+    // Traced between two nodes' own addresses, a tunnel packet carrying
+    // another pair is no packet of theirs, here as at tc; elsewhere (the
+    // underlay) too, where a bridge's flooded copy of one is dropped as
+    // not for that host, while the packet itself went on.
+    let carrier = plain_or_inner == Some(match_kind::CARRIER)
+        || (plain_or_inner == Some(match_kind::PLAIN) && carries_another_pair(&s.snapshot[..]));
     let (kind, snapshot_len) = match plain_or_inner {
         // `--sample`: the same packets the tc programs keep.
         Some(kind) if !kept(&s.snapshot[..], kind) => return,
@@ -148,6 +156,10 @@ fn report(s: &mut Sighting, skb: u64, location: u64, reason: u32) {
         return;
     };
     // Judged only by the instance that reports the drop: counted once.
+    if carrier {
+        bump(counter::CARRIED_OTHER_PAIR);
+        return;
+    }
     let snapshot = &s.snapshot[..];
     if !filter_keeps(|f| filter::judge(snapshot, traced_header(snapshot, 0, kind)?, f)) {
         return;
@@ -170,6 +182,18 @@ fn report(s: &mut Sighting, skb: u64, location: u64, reason: u32) {
     if SIGHTINGS.output::<Sighting>(s, 0).is_err() {
         bump(counter::RINGBUF_FULL);
     }
+}
+
+/// Whether the IPv4 packet starting `snapshot`, of a traced pair, is one
+/// of the cluster's tunnel packets with another pair inside.
+#[inline(always)]
+fn carries_another_pair(snapshot: &[u8]) -> bool {
+    let (Some(outer), Some((inner, tunnel))) = (snapshot.pair_at(0), tunnel_inner_ip(snapshot, 0))
+    else {
+        return false;
+    };
+    let inner_traced = snapshot.pair_at(inner).is_some_and(|p| is_traced(&p));
+    !inner_traced && cluster_tunnel(&outer, &tunnel)
 }
 
 /// Whether `--sample` keeps the packet whose IPv4 header starts

@@ -122,7 +122,15 @@ pub fn bump(index: u32) {
 /// Anything else is a payload, which a pod may have crafted.
 #[inline(always)]
 pub fn trusted_tunnel(ifindex: u32, outer: &FlowKey, tunnel: &TunnelKey) -> bool {
-    contains(&TUNNEL_HOOKS, &ifindex) && between_nodes(outer) && node_has(tunnel)
+    contains(&TUNNEL_HOOKS, &ifindex) && cluster_tunnel(outer, tunnel)
+}
+
+/// Whether a packet with outer pair `outer` and tunnel `tunnel` is one of
+/// the cluster's tunnel packets wherever it is seen: between this node and
+/// a peer, on a port and VNI this node's tunnels use.
+#[inline(always)]
+pub fn cluster_tunnel(outer: &FlowKey, tunnel: &TunnelKey) -> bool {
+    between_nodes(outer) && node_has(tunnel)
 }
 
 #[inline(always)]

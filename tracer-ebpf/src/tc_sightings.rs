@@ -69,6 +69,10 @@ fn observe_at(ctx: &TcContext, direction: Direction, has_l2: bool, to_pod: bool)
         found = matched(&skb, has_l2, ifindex);
     }
     if let Some((kind, l3)) = found {
+        if kind == match_kind::CARRIER {
+            bump(counter::CARRIED_OTHER_PAIR);
+            return TC_ACT_UNSPEC;
+        }
         if !filter_keeps(|f| judged(&linear, &skb, l3, kind, f)) {
             return TC_ACT_UNSPEC;
         }

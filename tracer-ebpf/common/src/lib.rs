@@ -33,6 +33,10 @@ pub mod match_kind {
     /// A drop with no IP header yet, matched by its socket's addresses; the
     /// snapshot holds a header built from the socket.
     pub const SOCKET: u8 = 3;
+    /// A tunnel packet between two traced addresses (two nodes' own)
+    /// that carries another pair's packet: the encapsulation of a story
+    /// not traced. The tc programs count it and report nothing.
+    pub const CARRIER: u8 = 4;
 }
 
 /// What saw the packet.
@@ -401,7 +405,9 @@ pub mod counter {
     /// A sighting of the traced pair that `--proto`/`--port` left out
     /// (one per hook the packet crossed, not one per packet).
     pub const FILTERED: u32 = 3;
-    pub const COUNT: u32 = 4;
+    /// A tc sighting of a [`super::match_kind::CARRIER`] packet.
+    pub const CARRIED_OTHER_PAIR: u32 = 4;
+    pub const COUNT: u32 = 5;
 }
 
 /// Map, global and program names, shared so that neither side spells them

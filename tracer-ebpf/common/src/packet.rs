@@ -144,7 +144,18 @@ pub fn classify<B: Bytes + ?Sized>(
     ipv4_header_len(b, l3)?;
     let outer = b.pair_at(l3)?;
     if traced(&outer) {
-        return Some(match_kind::PLAIN);
+        // Traced between two nodes' own addresses, one of the node's
+        // tunnel packets is the carrier of the pair inside it.
+        return match tunnel_inner_ip(b, l3) {
+            Some((inner, tunnel)) if trusted(&outer, &tunnel) => {
+                Some(if traced(&b.pair_at(inner)?) {
+                    match_kind::INNER
+                } else {
+                    match_kind::CARRIER
+                })
+            }
+            _ => Some(match_kind::PLAIN),
+        };
     }
     let (inner, tunnel) = tunnel_inner_ip(b, l3)?;
     // The inner pair first: an untraced packet then costs one lookup per

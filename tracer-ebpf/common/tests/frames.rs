@@ -170,6 +170,28 @@ fn vlan_tag_is_skipped() {
     assert_eq!(ethernet_payload(&arp[..], 0), None);
 }
 
+/// Traced between the two nodes' own addresses, a VXLAN packet of theirs
+/// is the carrier of the pod pair inside, not a packet of the node pair;
+/// one the node would not decapsulate is the node pair's own UDP.
+#[test]
+fn a_tunnel_packet_between_traced_node_addresses_is_a_carrier() {
+    let nodes = |key: &FlowKey| [key.src, key.dst] == [NODE_1, NODE_2];
+    let f = vxlan_frame(VXLAN_PORT_FLANNEL);
+    assert_eq!(
+        classify(&f[..], ETH_HLEN, nodes, trust_all),
+        Some(match_kind::CARRIER)
+    );
+    assert_eq!(
+        classify(&f[..], ETH_HLEN, |k| nodes(k) || traced(k), trust_all),
+        Some(match_kind::INNER),
+        "both pairs traced: the inner one's story"
+    );
+    assert_eq!(
+        classify(&f[..], ETH_HLEN, nodes, |_, _| false),
+        Some(match_kind::PLAIN)
+    );
+}
+
 #[test]
 fn vxlan_on_both_ports() {
     for port in [VXLAN_PORT_FLANNEL, VXLAN_PORT_IANA] {

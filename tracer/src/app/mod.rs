@@ -430,7 +430,9 @@ fn add_kernel_losses(nodes: &[TracedNode], summary: &mut Summary) -> Result<()> 
         let (ringbuf_full, snapshot) = node.probe.losses()?;
         summary.lost_ringbuf_full += ringbuf_full;
         summary.lost_snapshot += snapshot;
-        summary.filtered_in_kernel += node.probe.filtered()?;
+        let (filtered, carriers) = node.probe.left_out()?;
+        summary.filtered_in_kernel += filtered;
+        summary.other_pairs_encapsulated += carriers;
     }
     Ok(())
 }
@@ -463,10 +465,6 @@ async fn to_hop(s: &Sighting, trace: &mut Trace, summary: &mut Summary) -> Optio
         }
         Err(Unplaced::Undecodable) => {
             summary.undecodable += 1;
-            None
-        }
-        Err(Unplaced::OtherPairEncapsulated) => {
-            summary.other_pairs_encapsulated += 1;
             None
         }
     }

@@ -80,8 +80,6 @@ pub struct TracedNode {
     pub interfaces: HashMap<u32, Watched>,
     /// Every link's name, for drops on interfaces that are not watched.
     pub link_names: HashMap<u32, String>,
-    /// Its tunnels, as its probe trusts them.
-    tunnels: TunnelTrust,
     /// Its nft tracing table and monitor; removed when dropped.
     netfilter: Option<NodeTrace>,
     netns: Namespace,
@@ -116,9 +114,6 @@ impl NodeLinks for TracedNode {
     }
     fn link_name(&self, ifindex: u32) -> Option<&String> {
         self.link_names.get(&ifindex)
-    }
-    fn tunnels(&self) -> Option<&TunnelTrust> {
-        Some(&self.tunnels)
     }
 }
 
@@ -223,7 +218,6 @@ impl TracedNode {
             probe,
             interfaces: watched.into_iter().map(|w| (w.index, w)).collect(),
             link_names: view.links.into_iter().map(|l| (l.index, l.name)).collect(),
-            tunnels,
             netfilter,
             netns: ns.clone(),
         };

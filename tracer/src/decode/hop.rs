@@ -17,7 +17,6 @@ use crate::{
         interfaces::{Role, Watched},
         netns::describe_inode,
         pod_netns::OtherNamespaces,
-        tunnels::TunnelTrust,
     },
     probe::Kernel,
 };
@@ -137,9 +136,6 @@ pub enum Unplaced {
     UnknownInterface,
     /// The headers did not parse.
     Undecodable,
-    /// A tunnel packet between two traced nodes' own addresses, carrying
-    /// another pair's packet: the encapsulation of a story not traced.
-    OtherPairEncapsulated,
 }
 
 /// What placing a record needs of a traced node, and no more: its name
@@ -151,34 +147,6 @@ pub trait NodeLinks {
     fn watched(&self, ifindex: u32) -> Option<&Watched>;
     /// Any link's name, by index (drops happen on unwatched links too).
     fn link_name(&self, ifindex: u32) -> Option<&String>;
-    /// What the node's kernel takes as its tunnels' packets.
-    fn tunnels(&self) -> Option<&TunnelTrust> {
-        None
-    }
-}
-
-/// A sighting the kernel matched by its outer header, the traced pair
-/// being two nodes' own addresses, that is one of the node's tunnel
-/// packets with another pair inside: the kernel asks the outer pair
-/// first, but the packet is that other pair's, encapsulated (#21 item 13:
-/// each was told as a story of its own).
-fn encapsulates_another_pair(s: &Sighting, node: Option<&impl NodeLinks>, snapshot: &[u8]) -> bool {
-    if s.match_kind != match_kind::PLAIN || s.kind != sighting_kind::TC {
-        return false;
-    }
-    let Some(trust) = node.and_then(|n| n.tunnels()) else {
-        return false;
-    };
-    let Ok(Decoded {
-        packet: inner,
-        tunnel: Some(tunnel),
-    }) = decode_tunnel(snapshot, s.has_l2 != 0)
-    else {
-        return false;
-    };
-    let (src, dst) = (tunnel.outer.src, tunnel.outer.dst);
-    let same_pair = [src, dst].contains(&inner.src) && [src, dst].contains(&inner.dst);
-    !same_pair && trust.carries(s.ifindex, src, dst, tunnel.key())
 }
 
 /// The interface a sighting was on: a watched one, or, for a drop, any
@@ -229,9 +197,6 @@ pub fn place(
     };
     let (iface, role) = interface_of(s, node, others)?;
     let snapshot = &s.snapshot[..usize::from(s.snapshot_len).min(s.snapshot.len())];
-    if encapsulates_another_pair(s, node, snapshot) {
-        return Err(Unplaced::OtherPairEncapsulated);
-    }
     // Only a packet the kernel matched as encapsulated is read as a tunnel.
     let decoded = if s.match_kind == match_kind::INNER {
         decode_tunnel(snapshot, s.has_l2 != 0)

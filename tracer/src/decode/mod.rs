@@ -7,7 +7,7 @@ pub mod hop;
 use std::net::Ipv4Addr;
 
 use etherparse::{EtherType, Ethernet2Header, IpNumber, Ipv4Header, TcpHeader, UdpHeader};
-use podtrace_common::{TunnelKey, ANY_VNI, GENEVE_PORT, VXLAN_PORT_FLANNEL, VXLAN_PORT_IANA};
+use podtrace_common::{GENEVE_PORT, VXLAN_PORT_FLANNEL, VXLAN_PORT_IANA};
 use serde::{Deserialize, Serialize};
 
 /// The layer-4 facts that tell one packet of a flow from the next.
@@ -84,24 +84,6 @@ pub struct Tunnel {
     /// VXLAN / Geneve network identifier.
     pub vni: Option<u32>,
     pub outer: Ipv4Packet,
-}
-
-impl Tunnel {
-    /// This header as a node's tunnel list keys it (`TunnelTrust`).
-    pub fn key(&self) -> TunnelKey {
-        const UDP: u8 = 17;
-        const IPIP: u8 = 4;
-        let (port, protocol) = match self.outer.transport {
-            Transport::Udp { dport, .. } => (dport, UDP),
-            _ => (0, IPIP),
-        };
-        TunnelKey {
-            port,
-            protocol,
-            _pad: 0,
-            vni: self.vni.unwrap_or(ANY_VNI),
-        }
-    }
 }
 
 /// A decoded sighting: the traced packet, and the tunnel around it if any.

@@ -20,8 +20,8 @@ pub struct Summary {
     pub undecodable: u64,
     /// Sightings on an interface podtrace does not know.
     pub unknown_interface: u64,
-    /// Tunnel packets between two traced nodes' own addresses carrying
-    /// other pairs' packets: matched by their outer header, not told.
+    /// Tunnel packets between two traced addresses (nodes' own) carrying
+    /// other pairs' packets: left out in the kernel, one per hook crossed.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub other_pairs_encapsulated: u64,
     /// Traced interfaces that vanished during the trace.

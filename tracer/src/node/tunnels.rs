@@ -88,25 +88,6 @@ impl TunnelTrust {
     }
 }
 
-impl TunnelTrust {
-    /// Whether the node's kernel takes a packet on `ifindex` from `src` to
-    /// `dst` with `tunnel`'s header as one of its tunnels' (what the probe
-    /// asks before it reads an inner header): on a tunnel hook, between
-    /// the node and a peer, with a port and VNI one of its devices has.
-    pub fn carries(&self, ifindex: u32, src: Ipv4Addr, dst: Ipv4Addr, tunnel: TunnelKey) -> bool {
-        let any_vni = TunnelKey {
-            vni: ANY_VNI,
-            ..tunnel
-        };
-        let peer = |ip: Ipv4Addr| self.peers.is_empty() || self.peers.contains(&ip);
-        let between_nodes =
-            (self.local.contains(&src) && peer(dst)) || (self.local.contains(&dst) && peer(src));
-        self.hooks.contains(&ifindex)
-            && between_nodes
-            && (self.tunnels.contains(&tunnel) || self.tunnels.contains(&any_vni))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,13 +107,5 @@ mod tests {
         assert!(trust.local.contains(&"192.0.2.11".parse().unwrap()));
         // node-2, from flannel.1's FDB entry.
         assert_eq!(trust.peers, ["192.0.2.12".parse::<Ipv4Addr>().unwrap()]);
-        let [node_1, node_2, other] =
-            ["192.0.2.11", "192.0.2.12", "192.0.2.99"].map(|ip| ip.parse().unwrap());
-        assert!(trust.carries(2, node_1, node_2, vxlan));
-        assert!(trust.carries(2, node_2, node_1, vxlan));
-        assert!(!trust.carries(3, node_1, node_2, vxlan), "not its underlay");
-        assert!(!trust.carries(2, other, node_1, vxlan), "not a peer");
-        let other_vni = TunnelKey { vni: 7, ..vxlan };
-        assert!(!trust.carries(2, node_1, node_2, other_vni));
     }
 }

@@ -243,9 +243,14 @@ impl NodeProbe {
         ))
     }
 
-    /// Sightings of the traced pairs that `--proto`/`--port` left out.
-    pub fn filtered(&self) -> Result<u64> {
-        Ok(self.counters()?[counter::FILTERED as usize])
+    /// Sightings of the traced pairs that `--proto`/`--port` left out,
+    /// and tunnel packets between traced addresses carrying other pairs.
+    pub fn left_out(&self) -> Result<(u64, u64)> {
+        let counters = self.counters()?;
+        Ok((
+            counters[counter::FILTERED as usize],
+            counters[counter::CARRIED_OTHER_PAIR as usize],
+        ))
     }
 
     /// Profile mode: steps not measured because the packet's stamp was

@@ -41,6 +41,13 @@ const TEARDOWN_REASONS: &[&str] = &[
     "TCP_TOO_OLD_ACK",
     "TCP_OLD_SEQUENCE",
 ];
+/// Why a TCP segment freed by its receiver is no drop on the path.
+const AFTER_TEARDOWN: &str =
+    "the socket's own doing, such as a connection already closed: not a drop on the path";
+/// Why an echo reply freed by `ping_rcv` is no drop on the path.
+const NO_PING_SOCKET: &str = "no unprivileged ping socket waited for it; a raw socket, as ping(8) opens, gets its own copy first: not a drop on the path";
+const ICMP_ECHO_REPLY: u8 = 0;
+
 /// TCP's local-delivery functions, for a kernel that names no reason
 /// (NOT_SPECIFIED in tcp_v4_rcv, or before 5.17).
 const TCP_RECEIVE_FUNCTIONS: &[&str] = &["tcp_", "inet_csk_destroy_sock", "skb_queue_purge"];
@@ -202,27 +209,39 @@ impl Journey {
     /// path. The sender's own frees have no IP header yet (`by_socket`);
     /// a tunnel's outer packet freed there (no VXLAN socket on the node)
     /// never brought the packet to its destination: a drop on the path.
-    pub fn freed_by_receiver(&self) -> Option<&DropInfo> {
+    pub fn freed_by_receiver(&self) -> Option<(&DropInfo, &'static str)> {
         let (last, before) = self.hops.split_last()?;
         let drop = last.drop.as_ref()?;
-        // A SYN nobody takes is a refusal, not a teardown; UDP has no
-        // connection to tear down.
-        let of_a_connection = matches!(
-            last.packet.packet.transport,
-            Transport::Tcp { flags, .. } if flags & TCP_SYN == 0
-        );
-        if last.packet.tunnel.is_some() || !of_a_connection || drop.by_socket {
+        if last.packet.tunnel.is_some() || drop.by_socket {
             return None;
         }
         let function = drop.location.split('+').next().unwrap_or_default();
         let unnamed = drop.reason == "NOT_SPECIFIED" || drop.reason == REASON_NOT_NAMED;
-        let teardown = TEARDOWN_REASONS.contains(&drop.reason.as_str())
-            || (unnamed
-                && TCP_RECEIVE_FUNCTIONS
-                    .iter()
-                    .any(|f| function.starts_with(f)));
+        let why = match last.packet.packet.transport {
+            // A SYN nobody takes is a refusal, not a teardown; UDP has no
+            // connection to tear down.
+            Transport::Tcp { flags, .. } if flags & TCP_SYN == 0 => {
+                let teardown = TEARDOWN_REASONS.contains(&drop.reason.as_str())
+                    || (unnamed
+                        && TCP_RECEIVE_FUNCTIONS
+                            .iter()
+                            .any(|f| function.starts_with(f)));
+                teardown.then_some(AFTER_TEARDOWN)
+            }
+            // An echo reply reaches the host's raw sockets (ping(8)'s) as
+            // a copy first; ping_rcv then frees the original when no
+            // unprivileged ping socket waits for it.
+            Transport::Icmp {
+                icmp_type: ICMP_ECHO_REPLY,
+                ..
+            } => {
+                let no_ping_socket = drop.reason == "NO_SOCKET" || unnamed;
+                (no_ping_socket && function.starts_with("ping_")).then_some(NO_PING_SOCKET)
+            }
+            _ => None,
+        }?;
         let seen_on_the_way = before.iter().any(|h| h.direction != Direction::Drop);
-        (teardown && seen_on_the_way).then_some(drop)
+        seen_on_the_way.then_some((drop, why))
     }
 
     /// The last hop hands the packet to a pod other than its sender.

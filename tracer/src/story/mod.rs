@@ -431,6 +431,36 @@ pub(crate) mod tests {
         }
     }
 
+    /// ping(8) reads replies on a raw socket: the reply's original is
+    /// freed by ping_rcv (no ping socket), after the raw socket's copy.
+    #[test]
+    fn an_echo_reply_freed_by_ping_rcv_at_its_host_was_delivered() {
+        let mut reply = frames::icmp_echo([192, 0, 2, 12], [192, 0, 2, 11], 64, 1);
+        // Ethernet, IPv4, then ICMP's type: an echo reply.
+        reply[14 + 20] = 0;
+        let mut freed = drop_hop(9_500, "node-1", "eth0", &reply, "NO_SOCKET");
+        freed.drop.as_mut().unwrap().location = "ping_rcv+0xb3".into();
+        let hops = vec![
+            hop(1_000, "node-2", "eth0", Role::Underlay, Egress, &reply),
+            hop(9_000, "node-1", "eth0", Role::Underlay, Ingress, &reply),
+            freed,
+        ];
+        let story = tell(&Journey::new(hops), &ctx());
+        assert!(
+            matches!(story.verdict.outcome, Outcome::Delivered { ref node, .. } if node == "node-1"),
+            "{:?}",
+            story.verdict
+        );
+        assert!(
+            story
+                .verdict
+                .summary
+                .contains("a raw socket, as ping(8) opens"),
+            "{}",
+            story.verdict.summary
+        );
+    }
+
     #[test]
     fn an_encapsulated_packet_no_vxlan_socket_took_is_a_drop_on_the_path() {
         // node-2's VXLAN device is down: nothing listens on its UDP port.

@@ -131,9 +131,9 @@ pub(super) fn judge(journey: &Journey, ctx: &Context) -> Verdict {
             "; it was sent toward {node} ({ip}), which is traced and never saw it arrive"
         ));
     }
-    if let Some(freed) = journey.freed_by_receiver() {
+    if let Some((freed, why)) = journey.freed_by_receiver() {
         summary.push_str(&format!(
-            "; then freed there by the receiving socket layer: {} in {} (the socket's own doing, such as a connection already closed: not a drop on the path)",
+            "; then freed there by the receiving socket layer: {} in {} ({why})",
             freed.reason, freed.location
         ));
     }
