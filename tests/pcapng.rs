@@ -218,3 +218,29 @@ fn an_iptables_forward_drop_is_a_packet_with_its_verdict() {
     assert_read_back(&done, &file);
     std::fs::remove_file(&file).ok();
 }
+
+/// `--probe` with `--write`: the probe's result is the comment of its last
+/// packet, once, so Wireshark shows the answer where the story ends.
+#[test]
+fn a_probes_result_is_on_its_last_packets_comment() {
+    let lab = lab(Topology::FlannelVxlan);
+    let file = temp_file("probe");
+    let mut args = argv(
+        &["web-0", "db-0", "--probe", "tcp:8081", "-w"],
+        lab_args(&lab.0, &[1, 2]),
+    );
+    args.insert(5, file.display().to_string());
+    let done = Trace::start(&args).finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    let comments: Vec<String> = tshark(&file, "", &["frame.comment"])
+        .into_iter()
+        .map(|row| row.join(" "))
+        .collect();
+    let said = |c: &&String| c.contains("probe 1 tcp:8081 → ");
+    assert_eq!(comments.iter().filter(said).count(), 1, "{comments:?}");
+    let last = comments.last().expect("packets written");
+    assert!(
+        said(&last) && last.contains("refused (RST)"),
+        "{comments:?}"
+    );
+}

@@ -121,7 +121,8 @@ mod tests {
         let journey = sample_journey();
         let mut ends = Vec::new();
         for n in 1..=3 {
-            w.story(n, &journey, &story::tell(&journey, &ctx)).unwrap();
+            w.story(n, &journey, &story::tell(&journey, &ctx), None)
+                .unwrap();
             ends.push(len());
         }
         w.finish(&Summary::default()).unwrap();

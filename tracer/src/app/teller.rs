@@ -16,7 +16,7 @@ use crate::{
         pcapng::{Announced, PcapWriter},
         Sink,
     },
-    story::{self, journey::Journey, profile::Profile, Context},
+    story::{self, journey::Journey, profile::Profile, Context, Story},
 };
 
 pub(super) struct Teller<'a> {
@@ -28,6 +28,19 @@ pub(super) struct Teller<'a> {
     pub pcap: Option<PcapWriter>,
     /// `--probe`: only the probes' stories are told.
     pub probe: Option<ProbeWatch>,
+    /// `--probe --write`: the probes' stories, held for the pcapng until
+    /// the results are known, so that each result goes on the comment of
+    /// its probe's last packet (a few stories, for a second or so).
+    held: Vec<HeldStory>,
+}
+
+/// A story told, not yet written to the pcapng.
+struct HeldStory {
+    n: u64,
+    /// The probe's flow and echo sequence (`ProbeWatch::flow_of`).
+    flow: (u16, u16),
+    journey: Journey,
+    story: Story,
 }
 
 impl<'a> Teller<'a> {
@@ -43,6 +56,7 @@ impl<'a> Teller<'a> {
             told: 0,
             pcap: None,
             probe: None,
+            held: Vec::new(),
         }
     }
 
@@ -88,7 +102,15 @@ impl<'a> Teller<'a> {
         self.told += 1;
         self.sink.story(self.told, &story)?;
         if let Some(pcap) = &mut self.pcap {
-            pcap.story(self.told, journey, &story)?;
+            match probe_flow {
+                Some(flow) => self.held.push(HeldStory {
+                    n: self.told,
+                    flow,
+                    journey: journey.clone(),
+                    story: story.clone(),
+                }),
+                None => pcap.story(self.told, journey, &story, None)?,
+            }
         }
         if let Some(profile) = &mut self.profile {
             profile.add(&story);
@@ -108,10 +130,35 @@ impl<'a> Teller<'a> {
             return Ok(());
         };
         summary.skipped_by_filter = watch.skipped;
-        for result in results {
-            self.sink.probe(&watch.explained(result))?;
+        let results: Vec<ProbeResult> = results.into_iter().map(|r| watch.explained(r)).collect();
+        for result in &results {
+            self.sink.probe(result)?;
         }
+        self.write_held(&results)?;
         self.sink.flush()
+    }
+
+    /// Writes the held stories to the pcapng, each probe's result on its
+    /// last packet.
+    fn write_held(&mut self, results: &[ProbeResult]) -> std::io::Result<()> {
+        let (Some(pcap), Some(watch)) = (&mut self.pcap, &self.probe) else {
+            return Ok(());
+        };
+        let held = std::mem::take(&mut self.held);
+        let flows: Vec<(u16, u16)> = held.iter().map(|h| h.flow).collect();
+        let mut said: Vec<Option<String>> = vec![None; held.len()];
+        for result in results {
+            if let Some(last) = watch.last_story_of(&flows, result) {
+                said[last] = Some(format!(
+                    "probe {} {} → {}: {}",
+                    result.seq, result.kind, result.target, result.result
+                ));
+            }
+        }
+        for (h, said) in held.iter().zip(said) {
+            pcap.story(h.n, &h.journey, &h.story, said.as_deref())?;
+        }
+        Ok(())
     }
 
     /// A traced pod has a new address: stories name it from now on.
@@ -127,6 +174,8 @@ impl<'a> Teller<'a> {
             self.sink.profile(&profile.latencies())?;
         }
         summary.stories = self.told;
+        // A run stopped before the probes' results: their stories as told.
+        self.write_held(&[])?;
         if let Some(pcap) = &mut self.pcap {
             pcap.finish(&summary)?;
             eprintln!(
@@ -160,6 +209,7 @@ pub(super) fn new_teller(args: &Args, ctx: Context) -> Teller<'static> {
         told: 0,
         pcap: None,
         probe: args.probe.probe.map(ProbeWatch::new),
+        held: Vec::new(),
     }
 }
 

@@ -17,7 +17,8 @@
 //!   `epb_flags` inbound/outbound (none for a drop), `opt_comment`
 //!   "#3 hop 2/8: note" ("… DROP: note" for drops, "freed inside the pod"
 //!   after delivery), and on the journey's last packet a second comment
-//!   "verdict: …"; plus a custom UTF-8 option (2988, [`PEN`]) with the
+//!   "verdict: …" (and, with `--probe`, on its probe's last packet a
+//!   third: "probe 1 tcp:8080 → …: result"); plus a custom UTF-8 option (2988, [`PEN`]) with the
 //!   [`HopRecord`] JSON: everything `podtrace read` needs to tell the story
 //!   again (and the new names of addresses, when a pod moved);
 //! - at a clean exit, an Interface Statistics Block with a custom option:
@@ -149,13 +150,21 @@ impl PcapWriter {
         self.renamed = Some(names.clone());
     }
 
-    /// The journey's packets, one EPB per hop, then a flush.
-    pub fn story(&mut self, n: u64, journey: &Journey, story: &Story) -> std::io::Result<()> {
+    /// The journey's packets, one EPB per hop, then a flush. `probe`: the
+    /// result of the `--probe` this story ends, said on its last packet.
+    pub fn story(
+        &mut self,
+        n: u64,
+        journey: &Journey,
+        story: &Story,
+        probe: Option<&str>,
+    ) -> std::io::Result<()> {
         let comments = hop_comments(n, journey, story);
         for (i, (hop, comment)) in journey.hops.iter().zip(comments).enumerate() {
             let mut comments = vec![comment];
             if i + 1 == journey.hops.len() {
                 comments.push(format!("verdict: {}", story.verdict.summary));
+                comments.extend(probe.map(str::to_string));
             }
             let record = HopRecord {
                 story: n,
@@ -409,7 +418,7 @@ mod tests {
             has_l2: true,
         };
         let mut w = PcapWriter::create(Box::new(file), 128, "test".into(), &[eth0], &ctx).unwrap();
-        w.story(1, &journey, &told).unwrap();
+        w.story(1, &journey, &told, None).unwrap();
         w.finish(&Summary::default()).unwrap();
         assert_eq!(w.packets, 8);
         drop(w);

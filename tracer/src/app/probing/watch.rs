@@ -77,6 +77,19 @@ impl ProbeWatch {
         }
     }
 
+    /// Which of the stories told of `flows` (in the order told) is the
+    /// last of `result`'s probe: by its flow, and for ICMP by its echo
+    /// sequence too where the probes shared one identifier (a raw socket).
+    pub fn last_story_of(&self, flows: &[(u16, u16)], result: &ProbeResult) -> Option<usize> {
+        let of_the_probe = |exact: bool| {
+            flows.iter().rposition(|&(flow, seq)| {
+                flow == result.flow_id
+                    && (!exact || self.kind != ProbeKind::Icmp || u32::from(seq) == result.seq)
+            })
+        };
+        of_the_probe(true).or_else(|| of_the_probe(false))
+    }
+
     /// `result`, with the verdict of its packet that failed beside it.
     pub fn explained(&self, mut result: ProbeResult) -> ProbeResult {
         if !result.answered {
