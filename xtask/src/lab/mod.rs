@@ -6,7 +6,7 @@
 //!
 //! This module holds what every topology shares (the underlay, the nodes,
 //! the pods' names and addresses; `inventory.rs` the lists `kubectl`
-//! would print);
+//! would print, `cni_plugins.rs` the real CNI plugins that make pods);
 //! each CNI's wiring is one file that implements [`Cni`] (a Flannel
 //! backend implements `flannel::Backend`). A new topology is that file
 //! plus one [`Topology`] variant.
@@ -15,6 +15,7 @@ pub mod bird;
 mod calico;
 mod calico_vxlan;
 mod cmd;
+pub mod cni_plugins;
 pub mod flannel;
 mod flannel_host_gw;
 mod flannel_vxlan;
@@ -60,6 +61,9 @@ pub trait Cni: Sync {
     fn settle(&self, _lab: &Lab) -> Result<()> {
         Ok(())
     }
+    /// Removes the pods' sandboxes as a runtime does (CNI DEL), before
+    /// their namespaces go.
+    fn tear_down(&self, _lab: &Lab) {}
 }
 
 impl Topology {
@@ -255,9 +259,6 @@ impl Lab {
             serde_json::to_string_pretty(&self.node_list())?,
         )?;
         fs::write(self.state_dir().join("pod-cidr"), self.pod_cidr.to_string())?;
-        for node in 1..=NODES {
-            host_root::lay_out(self, node)?;
-        }
         fs::write(marker, self.topology.name())?;
         Ok(())
     }
@@ -339,6 +340,7 @@ impl Lab {
         self.stop_listeners();
         // Before the namespaces go: a daemon in one would keep it alive.
         bird::stop_all(self);
+        self.topology.cni().tear_down(self);
         let owned = format!("{}-", self.prefix);
         if let Ok(entries) = fs::read_dir("/run/netns") {
             for entry in entries.flatten() {
@@ -376,6 +378,7 @@ impl Lab {
                 &format!("route add default via {UNDERLAY_GATEWAY} dev eth0"),
             )?;
             sysctl(&ns, "net.ipv4.ip_forward", "1")?;
+            host_root::lay_out(self, node)?;
             self.topology.cni().build_node(self, node)?;
         }
         self.topology.cni().settle(self)
