@@ -310,8 +310,7 @@ impl Broken {
                 stub.kubeconfig_at(&path, "an-expired-token");
             }
             Self::PluginRemoved(plugin) => {
-                let new_sandbox =
-                    || cni_plugins::new_sandbox_error(&lab.0, 2, 1450).expect("a sandbox");
+                let new_sandbox = || cni_plugins::new_sandbox_error(&lab.0, 2).expect("a sandbox");
                 assert_eq!(new_sandbox(), None, "a healthy node makes sandboxes");
                 std::fs::remove_file(cni_plugins::bin_dir(&lab.0, 2).join(plugin)).unwrap();
                 return Some(new_sandbox().expect("the sandbox fails"));

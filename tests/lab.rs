@@ -507,7 +507,7 @@ fn a_pod_veth_replaced_during_the_trace_is_followed() {
     // veth, its ADD makes a new one (named by the bridge plugin) with the
     // pod's address.
     xtask::lab::flannel::unwire_pod(&lab.0, &web).unwrap();
-    let restarted = xtask::lab::flannel::wire_pod(&lab.0, &web, 1450, Some(web.ip)).unwrap();
+    let restarted = xtask::lab::flannel::wire_pod(&lab.0, &web, Some(web.ip)).unwrap();
     // Attachment follows the link event; give it a moment before traffic.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while !tcx_programs(&node1)

@@ -66,29 +66,60 @@ pub fn ipam_dir(lab: &Lab, node: u8) -> PathBuf {
     lab.host_root(node).join("var/lib/cni/networks")
 }
 
-/// What the flannel plugin hands to `bridge` on a node: its conflist's
-/// delegate (hairpin, default gateway), completed from subnet.env (the
-/// node's subnet for host-local, the cluster CIDR as a route, the MTU,
-/// and no masquerade by the bridge since flanneld masquerades).
-pub fn flannel_delegate(lab: &Lab, node: u8, mtu: u16) -> Value {
-    json!({
+/// flanneld's file on a node, which the flannel plugin reads at each ADD.
+pub fn subnet_env(lab: &Lab, node: u8) -> PathBuf {
+    lab.host_root(node).join("run/flannel/subnet.env")
+}
+
+/// What the flannel plugin hands to `bridge` on a node, read from the
+/// node's subnet.env as the plugin reads it (failing in its words).
+pub fn flannel_delegate(lab: &Lab, node: u8) -> Result<Value> {
+    let path = subnet_env(lab, node);
+    let env = fs::read_to_string(&path).map_err(|e| {
+        let why = match e.kind() {
+            std::io::ErrorKind::NotFound => "no such file or directory".to_string(),
+            _ => e.to_string(),
+        };
+        anyhow!(
+            "loadFlannelSubnetEnv failed: open {}: {why}",
+            path.display()
+        )
+    })?;
+    delegate_from_subnet_env(&env, &ipam_dir(lab, node))
+}
+
+/// Flannel's conflist delegate (hairpin, default gateway) completed from
+/// subnet.env: the node's subnet for host-local (its network, as the
+/// plugin parses FLANNEL_SUBNET), the cluster CIDR as a route, the MTU,
+/// and masquerade by the bridge only when flanneld does not masquerade.
+fn delegate_from_subnet_env(env: &str, ipam_dir: &Path) -> Result<Value> {
+    let field = |key: &str| {
+        env.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .with_context(|| format!("subnet.env has no {key}"))
+    };
+    let network: Ipv4Net = field("FLANNEL_NETWORK")?.parse()?;
+    let subnet: Ipv4Net = field("FLANNEL_SUBNET")?.parse()?;
+    let mtu: u16 = field("FLANNEL_MTU")?.parse()?;
+    let flanneld_masquerades = field("FLANNEL_IPMASQ")? == "true";
+    Ok(json!({
         "cniVersion": CNI_VERSION,
         "name": NETWORK,
         "type": "bridge",
         "hairpinMode": true,
         "isDefaultGateway": true,
         "isGateway": true,
-        "ipMasq": false,
+        "ipMasq": !flanneld_masquerades,
         "mtu": mtu,
         "ipam": {
             "type": "host-local",
-            "ranges": [[{"subnet": lab.node_subnet(node).to_string()}]],
-            "routes": [{"dst": lab.pod_cidr.to_string()}],
+            "ranges": [[{"subnet": subnet.trunc().to_string()}]],
+            "routes": [{"dst": network.to_string()}],
             // A runtime's host-local writes /var/lib/cni/networks; the
             // lab's node keeps its own, under its host root.
-            "dataDir": ipam_dir(lab, node),
+            "dataDir": ipam_dir,
         },
-    })
+    }))
 }
 
 /// What the bridge plugin made for a pod: its address, and the host end
@@ -288,12 +319,7 @@ fn saved_delegate(lab: &Lab, pod: &LabPod) -> PathBuf {
 /// delegate and runs it; then portmap with the result before it).
 /// `address`: the one to ask host-local for, else the next free one.
 /// Returns what the bridge made.
-pub fn add_flannel_pod(
-    lab: &Lab,
-    pod: &LabPod,
-    mtu: u16,
-    address: Option<Ipv4Addr>,
-) -> Result<Attached> {
+pub fn add_flannel_pod(lab: &Lab, pod: &LabPod, address: Option<Ipv4Addr>) -> Result<Attached> {
     loopback(lab, pod)?;
     let call = Call {
         lab,
@@ -304,7 +330,7 @@ pub fn add_flannel_pod(
     };
     // The runtime finds flannel first; the lab does flannel's part.
     call.find("flannel")?;
-    let delegate = flannel_delegate(lab, pod.node, mtu);
+    let delegate = flannel_delegate(lab, pod.node).map_err(|e| call.failed("flannel", e))?;
     let saved = saved_delegate(lab, pod);
     fs::create_dir_all(saved.parent().context("a directory")?)?;
     fs::write(&saved, delegate.to_string())?;
@@ -354,7 +380,7 @@ pub fn loopback(lab: &Lab, pod: &LabPod) -> Result<()> {
 /// What a runtime says when it makes a new Flannel sandbox on `node` now
 /// (a throwaway pod, removed again): `None` when it could, else its
 /// error, as kubelet's FailedCreatePodSandBox event carries it.
-pub fn new_sandbox_error(lab: &Lab, node: u8, mtu: u16) -> Result<Option<String>> {
+pub fn new_sandbox_error(lab: &Lab, node: u8) -> Result<Option<String>> {
     let pod = LabPod {
         name: "sandbox-check".into(),
         netns: format!("{}-sandbox-check{node}", lab.prefix),
@@ -363,7 +389,7 @@ pub fn new_sandbox_error(lab: &Lab, node: u8, mtu: u16) -> Result<Option<String>
         host_iface: String::new(),
     };
     cmd::netns_add(&pod.netns)?;
-    let added = add_flannel_pod(lab, &pod, mtu, None);
+    let added = add_flannel_pod(lab, &pod, None);
     // A runtime tears a failed sandbox down too.
     let _ = del_flannel_pod(lab, &pod);
     cmd::sh(&["ip", "netns", "del", &pod.netns])?;
@@ -402,16 +428,16 @@ mod tests {
     }
 
     #[test]
-    fn the_delegate_is_flannels_for_the_nodes_subnet() {
-        let lab = Lab::new("t", super::super::Topology::FlannelVxlan, None).unwrap();
-        let delegate = flannel_delegate(&lab, 2, 1450);
+    fn the_delegate_is_flannels_from_subnet_env() {
+        let env = "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.2.1/24\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n";
+        let delegate =
+            delegate_from_subnet_env(env, Path::new("/root/var/lib/cni/networks")).unwrap();
         assert_eq!(delegate["type"], "bridge");
+        assert_eq!(delegate["mtu"], 1450);
         assert_eq!(delegate["ipMasq"], false);
         assert_eq!(delegate["ipam"]["ranges"][0][0]["subnet"], "10.244.2.0/24");
         assert_eq!(delegate["ipam"]["routes"][0]["dst"], "10.244.0.0/16");
-        assert_eq!(
-            delegate["ipam"]["dataDir"],
-            "/run/podtrace-lab/t/node-2/root/var/lib/cni/networks"
-        );
+        assert_eq!(delegate["ipam"]["dataDir"], "/root/var/lib/cni/networks");
+        assert!(delegate_from_subnet_env("FLANNEL_MTU=1450\n", Path::new("/x")).is_err());
     }
 }

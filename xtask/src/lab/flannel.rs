@@ -15,14 +15,13 @@ use super::{cmd, cni_plugins, ip, Cni, Lab, LabPod};
 /// VNI of Flannel's vxlan backend (also in host-gw's backend-data).
 pub const VNI: u32 = 1;
 
-/// How one Flannel backend differs: its name, its pods' MTU, and how a
-/// node reaches the other nodes' pod subnets.
+/// How one Flannel backend differs: its name, and how a node reaches the
+/// other nodes' pod subnets (its pods' MTU is in subnet.env).
 pub trait Backend: Sync {
     /// The topology's name (`cargo xtask lab up <name>`).
     fn name(&self) -> &'static str;
     /// As in the `flannel.alpha.coreos.com/backend-type` annotation.
     fn backend_type(&self) -> &'static str;
-    fn pod_mtu(&self) -> u16;
     /// Wires node `node` (namespace `ns`, cni0 up) to the other nodes' pods.
     fn routes(&self, lab: &Lab, ns: &str, node: u8) -> Result<()>;
 }
@@ -51,7 +50,7 @@ impl<B: Backend> Cni for Flannel<B> {
     fn build_node(&self, lab: &Lab, node: u8) -> Result<()> {
         for pod in lab.pods_on(node) {
             cmd::netns_add(&pod.netns)?;
-            let made = wire_pod(lab, &pod, self.0.pod_mtu(), None)?;
+            let made = wire_pod(lab, &pod, None)?;
             name_host_end(lab, &pod, &made)?;
         }
         self.0.routes(lab, &lab.node_netns(node), node)
@@ -83,13 +82,13 @@ pub fn vtep_mac(node: u8) -> String {
 
 /// A pod's sandbox made by the real plugins (`cni_plugins.rs`): the
 /// bridge plugin makes cni0 with the node's gateway address when it is
-/// not there yet, the pod's veth on it (MTU `mtu`), and asks host-local
+/// not there yet, the pod's veth on it (subnet.env's MTU), and asks host-local
 /// for the pod's address; `address` is the one to ask for (a sandbox
 /// recreated keeps its pod's), else host-local hands out the next free
 /// one, which must be the pod's as the lab lists it. Returns the host
 /// end's name, as the plugin chose it.
-pub fn wire_pod(lab: &Lab, pod: &LabPod, mtu: u16, address: Option<Ipv4Addr>) -> Result<String> {
-    let made = cni_plugins::add_flannel_pod(lab, pod, mtu, address)?;
+pub fn wire_pod(lab: &Lab, pod: &LabPod, address: Option<Ipv4Addr>) -> Result<String> {
+    let made = cni_plugins::add_flannel_pod(lab, pod, address)?;
     if made.address.addr() != pod.ip {
         bail!(
             "host-local gave {} {} where the lab lists {}",

@@ -77,10 +77,13 @@ pub fn plugin_stub(bin: &Path, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// flanneld's /run/flannel/subnet.env for the node.
+/// flanneld's /run/flannel/subnet.env for the node, from which the
+/// flannel plugin gives each pod its subnet and MTU.
 fn write_subnet_env(lab: &Lab, node: u8) -> Result<()> {
     let dir = lab.host_root(node).join("run/flannel");
     fs::create_dir_all(&dir)?;
+    // The vxlan backend lowers the pods' MTU by the 50 B of VXLAN;
+    // host-gw does not encapsulate, so pods keep the underlay's.
     let mtu = match lab.topology {
         Topology::FlannelVxlan => 1450,
         _ => 1500,
