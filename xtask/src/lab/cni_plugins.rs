@@ -210,17 +210,18 @@ impl Call<'_> {
             .map_err(|e| self.failed(plugin, e))
     }
 
-    /// As the flannel plugin runs its delegate: every failure, the
-    /// lookup's too, as `failed to delegate add: …`, which the runtime
-    /// reports as flannel's failure.
+    /// As the flannel plugin runs its delegate: an ADD's failure, the
+    /// lookup's too, as `failed to delegate add: …` (a DEL's as is),
+    /// which the runtime reports as flannel's failure.
     fn as_flannel(&self, delegate: &Value) -> Result<Value> {
         let plugin = delegate["type"].as_str().context("a delegate type")?;
         self.find(plugin)
             .and_then(|program| self.exec(&program, delegate))
-            .map_err(|e| {
-                let verb = if self.command == "ADD" { "add" } else { "del" };
-                self.failed("flannel", anyhow!("failed to delegate {verb}: {e:#}"))
+            .map_err(|e| match self.command {
+                "ADD" => anyhow!("failed to delegate add: {e:#}"),
+                _ => e,
             })
+            .map_err(|e| self.failed("flannel", e))
     }
 
     /// libcni's wrapping of a plugin's error.
