@@ -13,7 +13,7 @@ use support::*;
 use xtask::{
     api_stub::{Stub, TOKEN},
     faults::Fault,
-    lab::{LabGuard, Topology},
+    lab::{cni_plugins, LabGuard, Topology},
 };
 
 /// `podtrace doctor` on both lab nodes (files as the inventory): the JSON
@@ -265,8 +265,14 @@ fn scratch() -> PathBuf {
 fn failing_sandbox(broken: Broken, message: &str) -> (LabGuard, Stub, String) {
     let lab = lab(broken.topology());
     let stub = Stub::start(&lab.0.pod_list(), &lab.0.node_list());
-    broken.apply(&lab, &stub);
-    stub.fail_sandbox("default", "db-0", message);
+    let message = match broken.apply(&lab, &stub) {
+        Some(said) => {
+            assert!(said.contains(message), "{said}");
+            said
+        }
+        None => message.to_string(),
+    };
+    stub.fail_sandbox("default", "db-0", &message);
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let kubeconfig = stub
@@ -276,11 +282,13 @@ fn failing_sandbox(broken: Broken, message: &str) -> (LabGuard, Stub, String) {
     (lab, stub, kubeconfig)
 }
 
-/// What breaks a sandbox: a fault of the catalogue, or Calico's CNI
-/// kubeconfig on node-2 holding a token the API rejects (expired).
+/// What breaks a sandbox: a fault of the catalogue, Calico's CNI
+/// kubeconfig on node-2 holding a token the API rejects (expired), or a
+/// real plugin removed from node-2's plugin directory.
 enum Broken {
     Fault(Fault),
     ExpiredCalicoToken,
+    PluginRemoved(&'static str),
 }
 
 impl Broken {
@@ -288,17 +296,27 @@ impl Broken {
         match self {
             Self::Fault(fault) => fault.topology(),
             Self::ExpiredCalicoToken => Topology::Calico,
+            Self::PluginRemoved(_) => Topology::FlannelVxlan,
         }
     }
 
-    fn apply(&self, lab: &LabGuard, stub: &Stub) {
+    /// Breaks the lab; where its plugins run for real, what the runtime
+    /// now says when it makes a sandbox on node-2.
+    fn apply(&self, lab: &LabGuard, stub: &Stub) -> Option<String> {
         match self {
             Self::Fault(fault) => fault.apply(&lab.0).expect("apply the fault"),
             Self::ExpiredCalicoToken => {
                 let path = lab.0.host_root(2).join("etc/cni/net.d/calico-kubeconfig");
                 stub.kubeconfig_at(&path, "an-expired-token");
             }
+            Self::PluginRemoved(plugin) => {
+                let new_sandbox = || cni_plugins::new_sandbox_error(&lab.0, 2).expect("a sandbox");
+                assert_eq!(new_sandbox(), None, "a healthy node makes sandboxes");
+                std::fs::remove_file(cni_plugins::bin_dir(&lab.0, 2).join(plugin)).unwrap();
+                return Some(new_sandbox().expect("the sandbox fails"));
+            }
         }
+        None
     }
 }
 
@@ -400,6 +418,27 @@ fn a_plugin_not_found_sandbox_failure_is_confirmed_on_the_node() {
     );
     assert!(
         evidence.contains("on node-2, /opt/cni/bin has no flannel binary"),
+        "{evidence}"
+    );
+}
+
+/// The lab's pods are made by the real CNI plugins: with host-local
+/// removed from node-2, a new sandbox there fails with the bridge
+/// plugin's own error, carried as the runtime carries it; the doctor
+/// classifies kubelet's event and confirms it on the node.
+#[test]
+fn a_real_plugins_error_for_a_removed_plugin_is_confirmed_on_the_node() {
+    let (check, _) = sandbox_failure(
+        Broken::PluginRemoved("host-local"),
+        "plugin type=\"flannel\" failed (add): failed to delegate add: failed to find plugin \"host-local\" in path [/run/podtrace-lab/",
+    );
+    let evidence = check["evidence"].as_str().unwrap();
+    assert!(
+        evidence.contains("CNI plugin host-local not found"),
+        "{evidence}"
+    );
+    assert!(
+        evidence.contains("on node-2, /opt/cni/bin has no host-local binary"),
         "{evidence}"
     );
 }

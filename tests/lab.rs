@@ -503,18 +503,16 @@ fn a_pod_veth_replaced_during_the_trace_is_followed() {
         ],
         lab_args(&lab.0, &[1]),
     ));
-    // The pod's sandbox is recreated: its veth goes, a new one comes.
-    xtask::lab::ip(&node1, &format!("link del {}", web.host_iface)).unwrap();
-    let restarted = xtask::lab::LabPod {
-        host_iface: "vethrestart".into(),
-        ..web.clone()
-    };
-    xtask::lab::flannel::wire_pod(&lab.0, &restarted, 1450).unwrap();
+    // The pod's sandbox is recreated: the runtime's CNI DEL takes its
+    // veth, its ADD makes a new one (named by the bridge plugin) with the
+    // pod's address.
+    xtask::lab::flannel::unwire_pod(&lab.0, &web).unwrap();
+    let restarted = xtask::lab::flannel::wire_pod(&lab.0, &web, Some(web.ip)).unwrap();
     // Attachment follows the link event; give it a moment before traffic.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while !tcx_programs(&node1)
         .iter()
-        .any(|p| p.starts_with("vethrestart:"))
+        .any(|p| p.starts_with(&format!("{restarted}:")))
     {
         assert!(
             std::time::Instant::now() < deadline,
@@ -535,12 +533,12 @@ fn a_pod_veth_replaced_during_the_trace_is_followed() {
     );
     assert!(
         done.stderr
-            .contains("new interface vethrestart, now traced"),
+            .contains(&format!("new interface {restarted}, now traced")),
         "{}",
         done.stderr
     );
     let stories = done.ping_stories();
-    assert_eq!(stories[0]["hops"][0]["iface"], "vethrestart");
+    assert_eq!(stories[0]["hops"][0]["iface"], restarted.as_str());
     let summary = done
         .json()
         .into_iter()

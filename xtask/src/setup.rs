@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 /// Debian packages: LLVM 22 for bpf-linker, and the tools the lab and the
 /// tests drive (ip, bridge, ping, nft, iptables, bpftool, tshark to read
 /// what `--write` writes; iperf3 and tcpdump for `cargo xtask bench`;
-/// bird2 for the Calico lab).
+/// bird2 for the Calico lab; the CNI plugins that make the lab's pods).
 const APT_PACKAGES: &[&str] = &[
     "llvm-22-dev",
     "libpolly-22-dev",
@@ -27,6 +27,9 @@ const APT_PACKAGES: &[&str] = &[
     "tcpdump",
     // The Calico lab's BGP daemon, one per node (xtask/src/lab/bird.rs).
     "bird2",
+    // The reference CNI plugins (bridge, host-local, loopback, portmap in
+    // /usr/lib/cni) that make the lab's pods (xtask/src/lab/cni_plugins.rs).
+    "containernetworking-plugins",
     // The kernel matrix (xtask/src/vm): QEMU, and what builds a guest's
     // initramfs from a Debian kernel package (busybox, cpio, modprobe and
     // depmod, xz for trixie's modules).

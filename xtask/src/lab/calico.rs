@@ -7,7 +7,7 @@ use anyhow::Result;
 use ipnet::Ipv4Net;
 use serde_json::{json, Value};
 
-use super::{bird, cmd, ip, sysctl, Cni, Lab, LabPod};
+use super::{bird, cmd, cni_plugins, ip, sysctl, Cni, Lab, LabPod};
 
 const GATEWAY: &str = "169.254.1.1";
 const MAC: &str = "ee:ee:ee:ee:ee:ee";
@@ -49,6 +49,9 @@ impl Cni for Calico {
 pub(super) fn pods(lab: &Lab, ns: &str, node: u8) -> Result<()> {
     for pod in lab.pods_on(node) {
         cmd::netns_add(&pod.netns)?;
+        // Calico's own plugin is not packaged: its veth and routes are
+        // made here as it makes them; lo by the real loopback plugin.
+        cni_plugins::loopback(lab, &pod)?;
         host_side(ns, &pod)?;
         pod_side(&pod)?;
     }
@@ -72,7 +75,6 @@ fn host_side(ns: &str, pod: &LabPod) -> Result<()> {
 
 /// The pod's eth0: a /32, and a default route via the link-local gateway.
 fn pod_side(pod: &LabPod) -> Result<()> {
-    ip(&pod.netns, "link set lo up")?;
     ip(&pod.netns, &format!("addr add {}/32 dev eth0", pod.ip))?;
     ip(&pod.netns, "link set eth0 up")?;
     ip(

@@ -1,28 +1,27 @@
-//! What Flannel's backends share on a node: the cni0 bridge the CNI bridge
-//! plugin makes, the pods' veths on it, the veth names and the Node
+//! What Flannel's backends share on a node: the pods, made on cni0 by the
+//! bridge plugin Flannel delegates to, their veth names and the Node
 //! annotations. The vxlan and host-gw files add only how a node reaches
 //! the other nodes' pods. Public because tests rewire pods mid-trace (a
 //! sandbox recreated, a pod readdressed) exactly as the lab wires them.
 
 use std::net::Ipv4Addr;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use ipnet::Ipv4Net;
 use serde_json::{json, Value};
 
-use super::{cmd, ip, Cni, Lab, LabPod};
+use super::{cmd, cni_plugins, ip, Cni, Lab, LabPod};
 
 /// VNI of Flannel's vxlan backend (also in host-gw's backend-data).
 pub const VNI: u32 = 1;
 
-/// How one Flannel backend differs: its name, its pods' MTU, and how a
-/// node reaches the other nodes' pod subnets.
+/// How one Flannel backend differs: its name, and how a node reaches the
+/// other nodes' pod subnets (its pods' MTU is in subnet.env).
 pub trait Backend: Sync {
     /// The topology's name (`cargo xtask lab up <name>`).
     fn name(&self) -> &'static str;
     /// As in the `flannel.alpha.coreos.com/backend-type` annotation.
     fn backend_type(&self) -> &'static str;
-    fn pod_mtu(&self) -> u16;
     /// Wires node `node` (namespace `ns`, cni0 up) to the other nodes' pods.
     fn routes(&self, lab: &Lab, ns: &str, node: u8) -> Result<()>;
 }
@@ -44,16 +43,26 @@ impl<B: Backend> Cni for Flannel<B> {
         format!("veth{:08x}", super::fnv1a(pod_netns) as u32)
     }
 
-    /// cni0, then the backend's routes to the other nodes, then the pods.
+    /// The pods, in their order (host-local hands out addresses in it),
+    /// by the plugins; then the backend's routes to the other nodes. Pods
+    /// first: the first pod's ADD makes cni0, which so comes before the
+    /// backend's devices in the node's interface order, as the docs show.
     fn build_node(&self, lab: &Lab, node: u8) -> Result<()> {
-        let ns = lab.node_netns(node);
-        bridge(lab, node)?;
-        self.0.routes(lab, &ns, node)?;
         for pod in lab.pods_on(node) {
             cmd::netns_add(&pod.netns)?;
-            wire_pod(lab, &pod, self.0.pod_mtu())?;
+            let made = wire_pod(lab, &pod, None)?;
+            name_host_end(lab, &pod, &made)?;
         }
-        Ok(())
+        self.0.routes(lab, &lab.node_netns(node), node)
+    }
+
+    /// Each pod's sandbox removed by the plugins (best effort: the lab's
+    /// namespaces and host roots go next, which frees whatever a failed
+    /// DEL left, as with a fault's missing plugin).
+    fn tear_down(&self, lab: &Lab) {
+        for pod in lab.pods() {
+            let _ = unwire_pod(lab, &pod);
+        }
     }
 
     fn node_annotations(&self, _lab: &Lab, node: u8) -> Value {
@@ -71,30 +80,44 @@ pub fn vtep_mac(node: u8) -> String {
     format!("0a:58:c0:00:02:{:02x}", 10 + node)
 }
 
-/// cni0 with the node's gateway address.
-fn bridge(lab: &Lab, node: u8) -> Result<()> {
-    let ns = lab.node_netns(node);
-    let gateway = lab.subnet_host(node, 1);
-    // A fixed MAC, as the CNI bridge plugin sets one (0a:58 + the
-    // gateway IP); otherwise the bridge borrows its lowest port's MAC.
-    let [a, b, c, d] = gateway.octets();
-    ip(
-        &ns,
-        &format!("link add cni0 address 0a:58:{a:02x}:{b:02x}:{c:02x}:{d:02x} type bridge"),
-    )?;
-    ip(&ns, &format!("addr add {gateway}/24 dev cni0"))?;
-    ip(&ns, "link set cni0 up")
+/// A pod's sandbox made by the real plugins (`cni_plugins.rs`): the
+/// bridge plugin makes cni0 with the node's gateway address when it is
+/// not there yet, the pod's veth on it (subnet.env's MTU), and asks host-local
+/// for the pod's address; `address` is the one to ask for (a sandbox
+/// recreated keeps its pod's), else host-local hands out the next free
+/// one, which must be the pod's as the lab lists it. Returns the host
+/// end's name, as the plugin chose it.
+pub fn wire_pod(lab: &Lab, pod: &LabPod, address: Option<Ipv4Addr>) -> Result<String> {
+    let made = cni_plugins::add_flannel_pod(lab, pod, address)?;
+    if made.address.addr() != pod.ip {
+        bail!(
+            "host-local gave {} {} where the lab lists {}",
+            pod.name,
+            made.address,
+            pod.ip
+        );
+    }
+    Ok(made.host_iface)
 }
 
-/// A pod's veth on cni0 (`pod.host_iface`, peer eth0 in `pod.netns`,
-/// which must exist), addressed and routed via the node's gateway.
-pub fn wire_pod(lab: &Lab, pod: &LabPod, mtu: u16) -> Result<()> {
+/// The bridge plugin names a pod's host end `veth` and 8 random hex
+/// digits; the lab renames it, before anything watches the node, to the
+/// one derived from the pod's namespace (same shape), so that tests,
+/// faults and the inventory name it without asking the node.
+fn name_host_end(lab: &Lab, pod: &LabPod, made: &str) -> Result<()> {
+    if made == pod.host_iface {
+        return Ok(());
+    }
     let ns = lab.node_netns(pod.node);
-    cmd::veth(&ns, &pod.host_iface, &pod.netns, Some(mtu))?;
-    ip(&ns, &format!("link set {} master cni0 up", pod.host_iface))?;
-    ip(&pod.netns, "link set lo up")?;
-    ip(&pod.netns, &format!("link set eth0 mtu {mtu}"))?;
-    address_pod(&pod.netns, pod.ip, lab.subnet_host(pod.node, 1))
+    ip(&ns, &format!("link set {made} down"))?;
+    ip(&ns, &format!("link set {made} name {}", pod.host_iface))?;
+    ip(&ns, &format!("link set {} up", pod.host_iface))
+}
+
+/// A pod's sandbox torn down by the plugins, as a runtime removes it:
+/// its address goes back to host-local, its veth goes.
+pub fn unwire_pod(lab: &Lab, pod: &LabPod) -> Result<()> {
+    cni_plugins::del_flannel_pod(lab, pod)
 }
 
 /// Gives a pod's eth0 `ip` in its node's /24, up, with a default route via

@@ -16,11 +16,6 @@ impl Backend for HostGw {
         "host-gw"
     }
 
-    /// No encapsulation, so the pods keep the underlay's MTU.
-    fn pod_mtu(&self) -> u16 {
-        1500
-    }
-
     fn routes(&self, lab: &Lab, ns: &str, node: u8) -> Result<()> {
         for remote in Lab::remotes(node) {
             ip(

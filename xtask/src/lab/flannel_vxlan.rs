@@ -24,11 +24,6 @@ impl Backend for Vxlan {
         "vxlan"
     }
 
-    /// Flannel's vxlan backend lowers the pod MTU by the 50 B of VXLAN.
-    fn pod_mtu(&self) -> u16 {
-        1450
-    }
-
     fn routes(&self, lab: &Lab, ns: &str, node: u8) -> Result<()> {
         vtep(lab, ns, node)?;
         for remote in Lab::remotes(node) {

@@ -1,14 +1,15 @@
 //! Each lab node's root filesystem, as `podtrace doctor --host-root` reads
 //! a real node's (`/host` in a debug pod): the CNI config the runtime
-//! picks from `etc/cni/net.d`, the plugins in `opt/cni/bin` (stub
-//! executables), and flanneld's `run/flannel/subnet.env`. Faults that break
+//! picks from `etc/cni/net.d`, the plugins in `opt/cni/bin` (Debian's
+//! reference plugins, which make the pods, and a stub for the CNI's own
+//! plugin, which Debian does not package), and flanneld's `run/flannel/subnet.env`. Faults that break
 //! a node's files break these, never the machine's own.
 
 use std::{fs, os::unix::fs::PermissionsExt, path::Path};
 
 use anyhow::Result;
 
-use super::{Lab, Topology};
+use super::{cni_plugins, Lab, Topology};
 
 /// Flannel's conflist, as its DaemonSet installs it.
 pub const FLANNEL_CONFLIST: &str = r#"{
@@ -39,11 +40,15 @@ pub const CALICO_CONFLIST: &str = r#"{
 pub const FLANNEL_PLUGINS: &[&str] = &["flannel", "bridge", "portmap", "loopback", "host-local"];
 pub const CALICO_PLUGINS: &[&str] = &["calico", "calico-ipam", "portmap", "loopback", "host-local"];
 
-/// Lays out `node`'s root directory for the lab's CNI.
+/// Where a node's CNI plugins are, under its root.
+pub const PLUGIN_DIR: &str = "opt/cni/bin";
+
+/// Lays out `node`'s root directory for the lab's CNI, before its pods
+/// are made (their plugins run from it).
 pub fn lay_out(lab: &Lab, node: u8) -> Result<()> {
     let root = lab.host_root(node);
     let net_d = root.join("etc/cni/net.d");
-    let bin = root.join("opt/cni/bin");
+    let bin = root.join(PLUGIN_DIR);
     fs::create_dir_all(&net_d)?;
     fs::create_dir_all(&bin)?;
     let (conflist, name, plugins) = match lab.topology {
@@ -51,9 +56,10 @@ pub fn lay_out(lab: &Lab, node: u8) -> Result<()> {
         _ => (FLANNEL_CONFLIST, "10-flannel.conflist", FLANNEL_PLUGINS),
     };
     fs::write(net_d.join(name), conflist)?;
-    for plugin in plugins {
+    for plugin in plugins.iter().filter(|p| !cni_plugins::REAL.contains(p)) {
         plugin_stub(&bin, plugin)?;
     }
+    cni_plugins::install(&bin)?;
     if lab.topology != Topology::Calico {
         write_subnet_env(lab, node)?;
     }
@@ -71,10 +77,13 @@ pub fn plugin_stub(bin: &Path, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// flanneld's /run/flannel/subnet.env for the node.
+/// flanneld's /run/flannel/subnet.env for the node, from which the
+/// flannel plugin gives each pod its subnet and MTU.
 fn write_subnet_env(lab: &Lab, node: u8) -> Result<()> {
     let dir = lab.host_root(node).join("run/flannel");
     fs::create_dir_all(&dir)?;
+    // The vxlan backend lowers the pods' MTU by the 50 B of VXLAN;
+    // host-gw does not encapsulate, so pods keep the underlay's.
     let mtu = match lab.topology {
         Topology::FlannelVxlan => 1450,
         _ => 1500,

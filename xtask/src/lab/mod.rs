@@ -5,7 +5,8 @@
 //! the root namespace, and `down` deletes every namespace with the prefix.
 //!
 //! This module holds what every topology shares (the underlay, the nodes,
-//! the pods' names and addresses, the inventory `kubectl` would print);
+//! the pods' names and addresses; `inventory.rs` the lists `kubectl`
+//! would print, `cni_plugins.rs` the real CNI plugins that make pods);
 //! each CNI's wiring is one file that implements [`Cni`] (a Flannel
 //! backend implements `flannel::Backend`). A new topology is that file
 //! plus one [`Topology`] variant.
@@ -14,10 +15,12 @@ pub mod bird;
 mod calico;
 mod calico_vxlan;
 mod cmd;
+pub mod cni_plugins;
 pub mod flannel;
 mod flannel_host_gw;
 mod flannel_vxlan;
 pub mod host_root;
+mod inventory;
 pub mod kube_proxy;
 mod kube_proxy_nft;
 mod service_traffic;
@@ -30,7 +33,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use ipnet::Ipv4Net;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 pub use cmd::{fdb, in_netns, ip, netns_exists, run, sh, sysctl, veth};
 
@@ -58,6 +61,9 @@ pub trait Cni: Sync {
     fn settle(&self, _lab: &Lab) -> Result<()> {
         Ok(())
     }
+    /// Removes the pods' sandboxes as a runtime does (CNI DEL), before
+    /// their namespaces go.
+    fn tear_down(&self, _lab: &Lab) {}
 }
 
 impl Topology {
@@ -253,9 +259,6 @@ impl Lab {
             serde_json::to_string_pretty(&self.node_list())?,
         )?;
         fs::write(self.state_dir().join("pod-cidr"), self.pod_cidr.to_string())?;
-        for node in 1..=NODES {
-            host_root::lay_out(self, node)?;
-        }
         fs::write(marker, self.topology.name())?;
         Ok(())
     }
@@ -337,6 +340,7 @@ impl Lab {
         self.stop_listeners();
         // Before the namespaces go: a daemon in one would keep it alive.
         bird::stop_all(self);
+        self.topology.cni().tear_down(self);
         let owned = format!("{}-", self.prefix);
         if let Ok(entries) = fs::read_dir("/run/netns") {
             for entry in entries.flatten() {
@@ -374,67 +378,10 @@ impl Lab {
                 &format!("route add default via {UNDERLAY_GATEWAY} dev eth0"),
             )?;
             sysctl(&ns, "net.ipv4.ip_forward", "1")?;
+            host_root::lay_out(self, node)?;
             self.topology.cni().build_node(self, node)?;
         }
         self.topology.cni().settle(self)
-    }
-
-    /// The pods as `kubectl get pods -A -o json` prints them.
-    pub fn pod_list(&self) -> Value {
-        let items: Vec<Value> = self
-            .pods()
-            .iter()
-            .map(|p| {
-                json!({
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "metadata": {"name": p.name, "namespace": "default", "labels": {"app": p.name.split('-').next()}},
-                    "spec": {"nodeName": Self::node_name(p.node), "containers": [{"name": "main", "image": "busybox"}]},
-                    "status": {
-                        "phase": "Running",
-                        "podIP": p.ip.to_string(),
-                        "podIPs": [{"ip": p.ip.to_string()}],
-                        "hostIP": Self::node_ip(p.node).to_string(),
-                    }
-                })
-            })
-            .collect();
-        json!({"apiVersion": "v1", "kind": "List", "items": items})
-    }
-
-    /// A healthy node's conditions: Ready, and the network its CNI set up
-    /// (NetworkUnavailable False, as Flannel and Calico set it).
-    fn node_conditions(&self) -> Value {
-        let reason = match self.topology {
-            Topology::Calico => "CalicoIsUp",
-            _ => "FlannelIsUp",
-        };
-        json!([
-            {"type": "NetworkUnavailable", "status": "False", "reason": reason, "message": format!("{} is running on this node", self.topology.name())},
-            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status"},
-        ])
-    }
-
-    /// The nodes as `kubectl get nodes -o json` prints them, with the CNI's
-    /// annotations.
-    pub fn node_list(&self) -> Value {
-        let items: Vec<Value> = (1..=NODES)
-            .map(|n| {
-                let ip = Self::node_ip(n).to_string();
-                let annotations = self.topology.cni().node_annotations(self, n);
-                json!({
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "metadata": {"name": Self::node_name(n), "annotations": annotations},
-                    "spec": {"podCIDR": self.node_subnet(n).to_string(), "podCIDRs": [self.node_subnet(n).to_string()]},
-                    "status": {
-                        "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": Self::node_name(n)}],
-                        "conditions": self.node_conditions(),
-                    }
-                })
-            })
-            .collect();
-        json!({"apiVersion": "v1", "kind": "List", "items": items})
     }
 }
 
