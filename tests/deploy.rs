@@ -92,7 +92,15 @@ fn check_pod_spec(spec: &Value, what: &str) {
         .collect();
     for cap in &added {
         assert!(
-            ["BPF", "PERFMON", "NET_ADMIN", "SYS_ADMIN"].contains(cap),
+            [
+                "BPF",
+                "PERFMON",
+                "NET_ADMIN",
+                "SYS_ADMIN",
+                "SYS_PTRACE",
+                "NET_RAW"
+            ]
+            .contains(cap),
             "{what}: {cap} is not needed"
         );
     }
