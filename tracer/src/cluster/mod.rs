@@ -63,7 +63,10 @@ mod tests {
     use std::{io::Write, time::Instant};
 
     use super::*;
-    use crate::{cluster::inventory::Inventory, model::bounded::testing::fifo};
+    use crate::{
+        cluster::inventory::Inventory,
+        model::bounded::testing::{fifo, writer},
+    };
 
     /// Why a pods file of at most `max` bytes, read for `secs`, is refused.
     fn refused(path: &Path, max: u64, secs: u64) -> String {
@@ -103,12 +106,7 @@ mod tests {
     #[test]
     fn an_endless_stream_stops_at_the_size_bound_and_says_so() {
         let path = fifo("endless");
-        let writer_path = path.clone();
-        let writer = std::thread::spawn(move || {
-            let mut w = std::fs::OpenOptions::new()
-                .write(true)
-                .open(writer_path)
-                .unwrap();
+        let writer = writer(&path, |mut w| {
             let _ = w.write_all(b"{\"items\":[");
             // A pod list that never ends, until the reader goes.
             let pod =
@@ -143,12 +141,7 @@ mod tests {
     #[test]
     fn a_slow_stream_that_started_is_not_said_to_be_unwritten() {
         let path = fifo("slow");
-        let writer_path = path.clone();
-        let writer = std::thread::spawn(move || {
-            let mut w = std::fs::OpenOptions::new()
-                .write(true)
-                .open(writer_path)
-                .unwrap();
+        let writer = writer(&path, |mut w| {
             w.write_all(b"{\"items\":[").unwrap();
             std::thread::sleep(Duration::from_millis(1500));
         });
@@ -166,14 +159,8 @@ mod tests {
     #[test]
     fn a_pods_file_streamed_through_a_fifo_is_read() {
         let path = fifo("pods");
-        let writer_path = path.clone();
-        let writer = std::thread::spawn(move || {
-            std::fs::write(
-                writer_path,
-                r#"{"items":[{"metadata":{"name":"web-0"},"status":{"podIP":"10.1.1.2"}}]}"#,
-            )
-            .unwrap();
-        });
+        let pods = r#"{"items":[{"metadata":{"name":"web-0"},"status":{"podIP":"10.1.1.2"}}]}"#;
+        let writer = writer(&path, move |mut w| w.write_all(pods.as_bytes()).unwrap());
         let inventory = Inventory::load(&path).unwrap();
         assert_eq!(inventory.pods[0].qualified(), "default/web-0");
         writer.join().unwrap();

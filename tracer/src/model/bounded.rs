@@ -268,6 +268,18 @@ pub mod testing {
     pub fn mkfifo(path: &std::path::Path) {
         assert!(Command::new("mkfifo").arg(path).status().unwrap().success());
     }
+
+    /// A thread that opens the FIFO at `path` for writing (which waits
+    /// for a reader) and hands it to `write`.
+    pub fn writer(
+        path: &std::path::Path,
+        write: impl FnOnce(std::fs::File) + Send + 'static,
+    ) -> std::thread::JoinHandle<()> {
+        let path = path.to_path_buf();
+        std::thread::spawn(move || {
+            write(std::fs::OpenOptions::new().write(true).open(path).unwrap());
+        })
+    }
 }
 
 #[cfg(test)]
@@ -332,13 +344,8 @@ mod tests {
     fn a_fifo_is_read_as_it_comes_and_capped() {
         let path = fifo("stream");
         let mut stream = Stream::open(&path, 4 << 10, Duration::from_secs(10)).unwrap();
-        let writer_path = path.clone();
-        let writer = std::thread::spawn(move || {
-            let mut w = std::fs::OpenOptions::new()
-                .write(true)
-                .open(writer_path)
-                .unwrap();
-            // More than the bound, then the writer stays until read.
+        // More than the bound, then the writer stays until read.
+        let writer = writer(&path, |mut w| {
             let _ = w.write_all(&[b'x'; 8 << 10]);
         });
         let mut bytes = Vec::new();
@@ -355,10 +362,7 @@ mod tests {
     fn a_fifo_that_ends_is_read_whole() {
         let path = fifo("whole");
         let mut stream = Stream::open(&path, 1 << 20, Duration::from_secs(10)).unwrap();
-        let writer_path = path.clone();
-        let writer = std::thread::spawn(move || {
-            std::fs::write(writer_path, b"{\"items\":[]}").unwrap();
-        });
+        let writer = writer(&path, |mut w| w.write_all(b"{\"items\":[]}").unwrap());
         let mut text = String::new();
         stream.read_to_string(&mut text).unwrap();
         assert_eq!(text, "{\"items\":[]}");
