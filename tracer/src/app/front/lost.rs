@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{bail, Result};
 
-use super::{arrivals::Held, followed::Followed, Session};
+use super::{arrivals::Held, followed::Followed, stories_context, Session};
 use crate::{app::wire::Record, story::lost_agents::LostAgent};
 
 impl Session {
@@ -38,10 +38,8 @@ impl Session {
                 node: node.clone(),
                 what,
             };
-            match (&mut self.teller, &mut self.ctx) {
-                (Some(teller), _) => teller.ctx.lost_agents.push(lost),
-                (None, Some(ctx)) => ctx.lost_agents.push(lost),
-                (None, None) => {}
+            if let Some(ctx) = stories_context(&mut self.teller, &mut self.ctx) {
+                ctx.lost_agents.push(lost);
             }
         }
         self.arrivals.hold(Instant::now(), node, Held::Ended);

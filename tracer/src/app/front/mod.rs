@@ -431,6 +431,19 @@ impl Session {
     }
 }
 
+/// The stories' context: the teller's once it tells, else the one the
+/// correlator will be made from (before every agent has started). Takes
+/// the two fields, not the session, so the correlator stays borrowable.
+fn stories_context<'a>(
+    teller: &'a mut Option<Teller<'static>>,
+    held: &'a mut Option<Context>,
+) -> Option<&'a mut Context> {
+    match teller {
+        Some(teller) => Some(&mut teller.ctx),
+        None => held.as_mut(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@ use std::time::{Instant, SystemTime};
 
 use anyhow::Result;
 
-use super::{arrivals::Held, Session};
+use super::{arrivals::Held, stories_context, Session};
 use crate::{app::wire::Record, model::ProbeResult, probe::conntrack};
 
 impl Session {
@@ -98,11 +98,7 @@ impl Session {
         };
         // Before every agent has started, into the context the
         // correlator will be made from.
-        let ctx = match (&mut self.teller, &mut self.ctx) {
-            (Some(teller), _) => Some(&mut teller.ctx),
-            (None, ctx) => ctx.as_mut(),
-        };
-        if let Some(ctx) = ctx {
+        if let Some(ctx) = stories_context(&mut self.teller, &mut self.ctx) {
             crate::app::follow::learn_translations(
                 entry,
                 untraced_until_ns,
