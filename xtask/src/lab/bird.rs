@@ -31,6 +31,10 @@ fn pid_file(lab: &Lab, node: u8) -> PathBuf {
     lab.host_root(node).join("var/run/calico/bird.pid")
 }
 
+fn log_file(lab: &Lab, node: u8) -> PathBuf {
+    lab.host_root(node).join("var/log/calico/bird/current")
+}
+
 fn config_file(lab: &Lab, node: u8) -> PathBuf {
     lab.host_root(node).join("etc/calico/confd/config/bird.cfg")
 }
@@ -75,9 +79,15 @@ pub fn config(lab: &Lab, node: u8, announced: &[Ipv4Addr]) -> String {
 fn common(lab: &Lab, node: u8, me: Ipv4Addr) -> String {
     let block = lab.node_subnet(node);
     let pods = lab.pod_cidr;
+    let log = log_file(lab, node);
+    let log = log.display();
     format!(
         r#"# Calico's confd bird.cfg, in BIRD 2's syntax.
 router id {me};
+
+# To a file, as calico-node's runit logs it: not to the terminal of
+# whoever started the lab.
+log "{log}" all;
 
 # BIRD 1 (Calico's) never exports device routes to the kernel; bird2
 # would add a second route to the underlay.
@@ -145,6 +155,7 @@ pub fn start(lab: &Lab, node: u8, announced: &[Ipv4Addr]) -> Result<()> {
     let config = config_file(lab, node);
     fs::create_dir_all(config.parent().context("a config dir")?)?;
     fs::create_dir_all(control_socket(lab, node).parent().context("a run dir")?)?;
+    fs::create_dir_all(log_file(lab, node).parent().context("a log dir")?)?;
     fs::write(&config, self::config(lab, node, announced))?;
     // bird forks into the background once its config is read.
     run(in_netns(&lab.node_netns(node), "bird")
