@@ -176,7 +176,9 @@ impl Trace {
         unsafe { libc::kill(self.pid(), signal) };
     }
 
-    /// Waits (at most 30 s) for podtrace to exit.
+    /// Waits (at most 60 s) for podtrace to exit: a run's end is its
+    /// `--duration` or `--count`, then detaching, which under TCG on a
+    /// busy host (each `nft` read from the 9p root) took past 30 s once.
     pub fn finish(mut self) -> Finished {
         let mut stdout = String::new();
         let mut out = self.child.stdout.take().expect("piped");
@@ -184,14 +186,19 @@ impl Trace {
             let _ = out.read_to_string(&mut stdout);
             stdout
         });
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
         let status = loop {
             if let Some(status) = self.child.try_wait().expect("wait") {
                 break status;
             }
             if std::time::Instant::now() > deadline {
                 let _ = self.child.kill();
-                panic!("podtrace did not exit within 30 s");
+                let said: Vec<String> = self.stderr_lines.try_iter().collect();
+                panic!(
+                    "podtrace did not exit within 60 s; it said:\n{}\n{}",
+                    self.banner,
+                    said.join("\n")
+                );
             }
             std::thread::sleep(Duration::from_millis(50));
         };
