@@ -177,8 +177,9 @@ impl Trace {
     }
 
     /// Waits (at most 60 s) for podtrace to exit: a run's end is its
-    /// `--duration` or `--count`, then detaching, which under TCG on a
-    /// busy host (each `nft` read from the 9p root) took past 30 s once.
+    /// `--duration` or `--count`, then detaching; under TCG on a busy
+    /// host one took past 30 s (cause not yet seen: the panic now quotes
+    /// what podtrace printed).
     pub fn finish(mut self) -> Finished {
         let mut stdout = String::new();
         let mut out = self.child.stdout.take().expect("piped");
