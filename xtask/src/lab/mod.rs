@@ -21,6 +21,7 @@ pub mod host_root;
 pub mod kube_proxy;
 mod kube_proxy_nft;
 mod service_traffic;
+pub mod services_at_scale;
 
 use std::{
     fs,
