@@ -41,6 +41,12 @@ struct Churn {
     /// New connections a second.
     rate: u32,
     seconds: u32,
+    /// web-0's ephemeral ports, narrowed so that each comes round again
+    /// within seconds (while the server's side of its last connection is
+    /// still in TIME_WAIT, and conntrack's entries on both nodes too);
+    /// `None`: the kernel's range, which comes round in about 70 s at 200
+    /// connections a second.
+    ports: Option<(u16, u16)>,
 }
 
 /// What the client saw: connections that got their answer, and the local
@@ -59,6 +65,8 @@ struct Told {
     /// Stories of successful connections that were not delivered.
     not_delivered: Vec<Value>,
     summary: Value,
+    /// web-0's ports seen in SYNs.
+    client_ports: std::collections::BTreeSet<u64>,
 }
 
 #[test]
@@ -74,17 +82,20 @@ fn churn_at_scale() {
         services: env("PODTRACE_CHURN_SERVICES", 5000) as usize,
         rate: env("PODTRACE_CHURN_RATE", 200),
         seconds: env("PODTRACE_CHURN_SECONDS", 230),
+        ports: None,
     };
     run_and_check(&churn);
 }
 
-/// The small version: 200 Services, 50 connections a second for 20 s.
+/// The small version: 200 Services, 50 connections a second for 20 s,
+/// over 100 ports, so that each 4-tuple is reused about ten times.
 #[test]
 fn churn_guard() {
     run_and_check(&Churn {
         services: 200,
         rate: 50,
         seconds: 20,
+        ports: Some((40000, 40199)),
     });
 }
 
@@ -94,6 +105,15 @@ fn run_and_check(churn: &Churn) {
     lab.0
         .install_services_at_scale(ProxyMode::Iptables, churn.services.saturating_sub(own))
         .expect("install services");
+    if let Some((low, high)) = churn.ports {
+        let web = lab.0.pod("web-0");
+        xtask::lab::sysctl(
+            &web.netns,
+            "net.ipv4.ip_local_port_range",
+            &format!("{low} {high}"),
+        )
+        .expect("narrow web-0's ports");
+    }
     // Warm the neighbour and route caches.
     let db = lab.0.service("db");
     assert!(lab.0.tcp_request("web-0", db.cluster_ip, 80).is_ok());
@@ -147,6 +167,11 @@ fn run_and_check(churn: &Churn) {
         println!("  not delivered: {story}");
     }
     assert!(client.ok > 0, "no connection succeeded");
+    let distinct_ports = told.client_ports.len() as u64;
+    println!(
+        "  web-0's ports: {distinct_ports} distinct for {} connections",
+        client.ok + client.failed_ports.len() as u64
+    );
     assert!(
         told.not_delivered.is_empty(),
         "{} stories of successful connections were not delivered (first above; all in {})",
@@ -171,7 +196,7 @@ fn start_trace(lab: &Lab, out: &Path) -> xtask::podtrace_run::Started {
 
 /// New connections from web-0 to db's ClusterIP, `rate` a second for
 /// `seconds`, each with a port the kernel picks: connect, send, read the
-/// answer, close.
+/// answer and the server's close, close.
 fn connections(lab: &Lab, churn: &Churn) -> Client {
     const CLIENT: &str = r#"
 import socket, sys, time
@@ -192,6 +217,10 @@ for k in range(total):
             ok += 1
         else:
             failed.append(s.getsockname()[1])
+        # Until the server's close: it closes first and keeps TIME_WAIT,
+        # so the port is free again at once on this side.
+        while s.recv(64):
+            pass
     except OSError:
         try:
             failed.append(s.getsockname()[1])
@@ -257,6 +286,10 @@ fn read_stories(json: &Path, failed_ports: &[u16]) -> Told {
             _ => continue,
         }
         told.stories += 1;
+        if value["transport"]["flags"] == 2 {
+            told.client_ports
+                .extend(value["transport"]["sport"].as_u64());
+        }
         let outcome = value["verdict"]["outcome"]
             .as_str()
             .unwrap_or("?")
