@@ -8,7 +8,8 @@
 //! `churn_at_scale` (a benchmark: `cargo xtask bench`) runs 5,000
 //! Services, 200 connections a second for 230 s, and prints podtrace's
 //! memory and CPU; `PODTRACE_CHURN_SERVICES`, `PODTRACE_CHURN_RATE` and
-//! `PODTRACE_CHURN_SECONDS` change them, `PODTRACE_CHURN_KEEP=1` keeps
+//! `PODTRACE_CHURN_SECONDS` change them (`PODTRACE_CHURN_MODE=nftables`:
+//! kube-proxy's nftables mode instead of iptables), `PODTRACE_CHURN_KEEP=1` keeps
 //! the whole JSON. `churn_guard` is its small, fast
 //! version, run with the other kernel tests.
 //!
@@ -47,6 +48,7 @@ struct Churn {
     /// `None`: the kernel's range, which comes round in about 70 s at 200
     /// connections a second.
     ports: Option<(u16, u16)>,
+    mode: ProxyMode,
 }
 
 /// What the client saw: connections that got their answer, and the local
@@ -83,6 +85,10 @@ fn churn_at_scale() {
         rate: env("PODTRACE_CHURN_RATE", 200),
         seconds: env("PODTRACE_CHURN_SECONDS", 230),
         ports: None,
+        mode: match std::env::var("PODTRACE_CHURN_MODE").as_deref() {
+            Ok("nftables") => ProxyMode::Nftables,
+            _ => ProxyMode::Iptables,
+        },
     };
     run_and_check(&churn);
 }
@@ -96,6 +102,7 @@ fn churn_guard() {
         rate: 50,
         seconds: 20,
         ports: Some((40000, 40199)),
+        mode: ProxyMode::Iptables,
     });
 }
 
@@ -103,7 +110,7 @@ fn run_and_check(churn: &Churn) {
     let lab = lab(Topology::FlannelVxlan);
     let own = lab.0.services().len();
     lab.0
-        .install_services_at_scale(ProxyMode::Iptables, churn.services.saturating_sub(own))
+        .install_services_at_scale(churn.mode, churn.services.saturating_sub(own))
         .expect("install services");
     if let Some((low, high)) = churn.ports {
         let web = lab.0.pod("web-0");
@@ -140,8 +147,8 @@ fn run_and_check(churn: &Churn) {
     let told = read_stories(&json, &client.failed_ports);
     let kept = keep_evidence(&dir, &told);
     println!(
-        "churn: {} Services, {} new connections/s for {} s (achieved {:.0}/s) web-0 → svc/db, traced on both nodes",
-        churn.services, churn.rate, churn.seconds, client.achieved_rate
+        "churn: {} Services ({:?} kube-proxy), {} new connections/s for {} s (achieved {:.0}/s) web-0 → svc/db, traced on both nodes",
+        churn.services, churn.mode, churn.rate, churn.seconds, client.achieved_rate
     );
     println!(
         "  connections: {} answered, {} failed; stories: {} {:?}",
