@@ -399,6 +399,8 @@ fn bench() -> Result<()> {
         "line_rate",
         "--test",
         "cluster",
+        "--test",
+        "churn",
         "--",
         "--ignored",
         "--nocapture",

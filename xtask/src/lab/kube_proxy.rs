@@ -65,7 +65,7 @@ pub struct LabPort {
 
 #[derive(Clone, Debug)]
 pub struct LabService {
-    pub name: &'static str,
+    pub name: String,
     pub cluster_ip: Ipv4Addr,
     pub ports: Vec<LabPort>,
     pub backends: Vec<LabPod>,
@@ -116,27 +116,27 @@ impl Lab {
             target: UDP_PORT,
             node_port: None,
         };
-        vec![
+        let mut services = vec![
             LabService {
-                name: "db",
+                name: "db".into(),
                 cluster_ip: ip(7),
                 ports: vec![http(Some(NODE_PORT)), dns],
                 backends: vec![self.pod("db-0"), self.pod("db-1")],
             },
             LabService {
-                name: "web",
+                name: "web".into(),
                 cluster_ip: ip(8),
                 ports: vec![http(None)],
                 backends: vec![self.pod("web-0")],
             },
             LabService {
-                name: "empty",
+                name: "empty".into(),
                 cluster_ip: ip(9),
                 ports: vec![http(None)],
                 backends: vec![],
             },
             LabService {
-                name: "iperf",
+                name: "iperf".into(),
                 cluster_ip: ip(10),
                 ports: vec![LabPort {
                     name: "iperf",
@@ -147,7 +147,9 @@ impl Lab {
                 }],
                 backends: vec![self.pod("db-0")],
             },
-        ]
+        ];
+        services.extend(self.extra_services());
+        services
     }
 
     pub fn service(&self, name: &str) -> LabService {

@@ -24,6 +24,7 @@ mod inventory;
 pub mod kube_proxy;
 mod kube_proxy_nft;
 mod service_traffic;
+pub mod services_at_scale;
 
 use std::{
     fs,
