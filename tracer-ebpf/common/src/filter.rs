@@ -35,12 +35,6 @@ pub struct L4Filter {
 }
 
 impl L4Filter {
-    /// Whether this filter keeps everything (none was asked for).
-    #[inline(always)]
-    pub fn is_open(&self) -> bool {
-        self.protocols == 0 && self.ports_len == 0
-    }
-
     /// Whether a packet of `protocol` with `ports` (none for ICMP or a
     /// later fragment) is kept: its protocol is one asked for (or none
     /// was), and it carries a port asked for on either side (or none was).
