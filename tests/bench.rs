@@ -394,15 +394,21 @@ fn rule_naming_cost() {
 /// pair not traced at all: tc programs' ns/run (bpf_stats) while iperf3
 /// runs web-1 → db-1 across VXLAN, podtrace tracing web-1 ⇄ db-1 with
 /// `--port 9` (so every iperf3 packet is of the pair and left out), then
-/// web-0 ⇄ db-0 (so none is of the pair).
+/// web-0 ⇄ db-0 (so none is of the pair). `PODTRACE_BEFORE=<binary>`
+/// measures another build in the same rounds, interleaved.
 #[test]
 #[ignore = "benchmark: run with cargo xtask bench"]
 fn filtered_out_cost() {
+    const ROUNDS: usize = 3;
     let lab = lab(Topology::FlannelVxlan);
     let _stats = datapath::BpfStats::enable();
+    let mut binaries = vec![("this build".to_string(), PODTRACE.to_string())];
+    if let Ok(before) = std::env::var("PODTRACE_BEFORE") {
+        binaries.insert(0, ("PODTRACE_BEFORE".to_string(), before));
+    }
     let (bare, _) = datapath::iperf(&lab.0, "web-1", "db-1", 3);
     println!(
-        "--port: iperf3 web-1 → db-1 across VXLAN; no podtrace: {:.2} Gbit/s",
+        "--port: iperf3 web-1 → db-1 across VXLAN, {ROUNDS} interleaved rounds; no podtrace: {:.2} Gbit/s",
         bare / 1e9
     );
     let runs = [
@@ -412,12 +418,16 @@ fn filtered_out_cost() {
         ),
         ("another pair traced", ["web-0", "db-0", "--proto", "icmp"]),
     ];
-    for (label, args) in runs {
-        let (gbits, cpu, stats) = iperf_while_tracing(&lab.0, PODTRACE, &args);
-        println!(
-            "  {label}: {:.2} Gbit/s ({:.2}× untraced), podtrace CPU {cpu:.0}%; {stats}",
-            gbits / 1e9,
-            gbits / bare,
-        );
+    for round in 1..=ROUNDS {
+        for (label, args) in &runs {
+            for (build, binary) in &binaries {
+                let (gbits, cpu, stats) = iperf_while_tracing(&lab.0, binary, args);
+                println!(
+                    "  round {round}, {label}, {build}: {:.2} Gbit/s ({:.2}× untraced), podtrace CPU {cpu:.0}%; {stats}",
+                    gbits / 1e9,
+                    gbits / bare,
+                );
+            }
+        }
     }
 }
