@@ -80,8 +80,15 @@ pub(super) async fn follow_connection(entry: &conntrack::Entry, trace: &mut Trac
     {
         return Ok(false);
     }
+    // Every node's kernel filter first, microseconds apart: the packets
+    // of the connection go on while podtrace reads a node's links to
+    // watch the backend's veth (milliseconds), and one that crossed to a
+    // node not yet told would look lost there.
     for node in &mut trace.nodes {
-        node.follow(&[], &new)?;
+        node.probe.replace_flows(&[], &new)?;
+    }
+    for node in &mut trace.nodes {
+        node.follow_rules(&new)?;
         if entry.dnat() {
             node.watch_pod(a).await?;
         }

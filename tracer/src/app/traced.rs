@@ -227,6 +227,12 @@ impl TracedNode {
     /// Traces a new pair of addresses from now on (a pod moved).
     pub fn follow(&mut self, old: &[FlowKey], new: &[FlowKey]) -> Result<()> {
         self.probe.replace_flows(old, new)?;
+        self.follow_rules(new)
+    }
+
+    /// Rule tracing for the pairs `new` (the kernel filter is
+    /// `probe.replace_flows`'s).
+    pub fn follow_rules(&mut self, new: &[FlowKey]) -> Result<()> {
         if let Some(netfilter) = &self.netfilter {
             let pairs: Vec<_> = new
                 .iter()
