@@ -546,6 +546,60 @@ pub(crate) mod tests {
         );
     }
 
+    /// web-0's packet to a ClusterIP, DNATed on node-1 to db-0 on
+    /// node-2 and last seen leaving node-1, with conntrack's entry for
+    /// the connection learnt as db-0's addresses were traced everywhere
+    /// from `traced_from_ns`.
+    fn translated_toward_node_2(traced_from_ns: u64) -> Story {
+        let mut ctx = ctx();
+        let entry = crate::probe::conntrack::Entry {
+            orig: nat::tests::tuple([10, 244, 1, 2], [10, 96, 7, 8], 40000, 80),
+            reply: nat::tests::tuple([10, 244, 2, 2], [10, 244, 1, 2], 8080, 40000),
+            status: 1 << 5,
+            zone: 0,
+            mark: 0,
+        };
+        ctx.nat.learn_connection(&entry, |_| None, traced_from_ns);
+        let sent = frames::tcp_syn([10, 244, 1, 2], [10, 96, 7, 8], 40000, 80);
+        let dnatted = frames::tcp_syn([10, 244, 1, 2], [10, 244, 2, 2], 40000, 8080);
+        let hops = vec![
+            hop(1_000, "node-1", "vethA", Role::PodVeth, Ingress, &sent),
+            hop(2_000, "node-1", "cni0", Role::Bridge, Ingress, &dnatted),
+            hop(4_000, "node-1", "eth0", Role::Underlay, Egress, &dnatted),
+        ];
+        tell(&Journey::new(hops), &ctx)
+    }
+
+    #[test]
+    fn a_packet_translated_while_its_translation_was_learnt_is_not_lost() {
+        // Node-2 began tracing db-0's addresses after the packet left
+        // node-1: its missing hops there are no loss.
+        let story = translated_toward_node_2(6_000);
+        assert!(
+            matches!(
+                story.verdict.outcome,
+                Outcome::TranslatedOutOfSight {
+                    in_flight: true,
+                    ..
+                }
+            ),
+            "{:?}",
+            story.verdict
+        );
+        assert!(
+            story.verdict.summary.starts_with("translated by conntrack (DNAT 10.96.7.8:80 → 10.244.2.2:8080), last seen on node-1 eth0 egress: podtrace learnt the translation from conntrack while this packet was in flight"),
+            "{}",
+            story.verdict.summary
+        );
+        // Traced everywhere before it was sent: it is lost.
+        let story = translated_toward_node_2(500);
+        assert!(
+            matches!(story.verdict.outcome, Outcome::Vanished { .. }),
+            "{:?}",
+            story.verdict
+        );
+    }
+
     #[test]
     fn a_reply_un_snatted_toward_an_outside_client_left_the_node() {
         // A NodePort's reply: db-0 answers the MASQUERADE address (node-1's

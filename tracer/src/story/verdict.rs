@@ -64,6 +64,12 @@ pub enum Outcome {
         iface: String,
         direction: Direction,
         translation: String,
+        /// Seen under the new addresses, but only on the hooks that
+        /// traced them before it passed: podtrace began tracing them on
+        /// every node (and watching a backend's veth) while it was in
+        /// flight.
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        in_flight: bool,
     },
     /// Not seen again, but records were lost while it was in flight (the
     /// kernel's, or a whole node's when its agent was lost): whether it
@@ -235,15 +241,13 @@ fn outcome_of(journey: &Journey, delivered: bool, ctx: &Context) -> Outcome {
             direction: last.direction,
             cause: "records were lost while this packet was in flight".into(),
         }
-    } else if let Some(translation) = ctx
-        .nat
-        .translated_out_of_sight(&last.packet.packet, last.ktime_ns)
-    {
+    } else if let Some((translation, in_flight)) = translated_unseen(last, ctx) {
         Outcome::TranslatedOutOfSight {
             node: last.node.to_string(),
             iface: last.iface.to_string(),
             direction: last.direction,
             translation,
+            in_flight,
         }
     } else if to_its_own_stack(last, ctx) {
         Outcome::Delivered {
@@ -257,6 +261,22 @@ fn outcome_of(journey: &Journey, delivered: bool, ctx: &Context) -> Outcome {
             direction: last.direction,
         }
     }
+}
+
+/// A packet not seen again because a translation was learnt late: the
+/// translation, and whether the packet had been through it already
+/// (learnt while it was in flight: the hooks further on began tracing its
+/// new addresses after it passed). Not where its own node's stack took it.
+fn translated_unseen(last: &Hop, ctx: &Context) -> Option<(String, bool)> {
+    let (packet, seen_ns) = (&last.packet.packet, last.ktime_ns);
+    if let Some(translation) = ctx.nat.translated_out_of_sight(packet, seen_ns) {
+        return Some((translation, false));
+    }
+    if to_its_own_stack(last, ctx) {
+        return None;
+    }
+    let translation = ctx.nat.translated_before_sight(packet, seen_ns)?;
+    Some((translation, true))
 }
 
 /// Where the packet leaving by `hop` was sent, when that is a traced
@@ -374,9 +394,20 @@ fn summarise(
             iface,
             direction,
             translation,
+            in_flight: false,
         } => {
             let dir = direction.label();
             format!("translated by conntrack on {node} ({translation}) after {iface} {dir}: podtrace learnt the translation from conntrack only after this packet had passed, so its hops under the new addresses were not traced{how}")
+        }
+        Outcome::TranslatedOutOfSight {
+            node,
+            iface,
+            direction,
+            translation,
+            in_flight: true,
+        } => {
+            let dir = direction.label();
+            format!("translated by conntrack ({translation}), last seen on {node} {iface} {dir}: podtrace learnt the translation from conntrack while this packet was in flight, so the hooks that began tracing the new addresses after it passed did not see it{how}")
         }
         Outcome::Incomplete {
             node,
