@@ -637,6 +637,14 @@ fn case_bare_cluster_ip_learnt_from_conntrack(mode: ProxyMode) {
             .any(|s| s["verdict"]["outcome"] == "translated_out_of_sight"),
         "{syns:?}"
     );
+    // Every connection was answered: none of its packets is lost, not
+    // even one in flight while podtrace learnt where it went.
+    let vanished: Vec<Value> = done
+        .stories()
+        .into_iter()
+        .filter(|s| s["verdict"]["outcome"] == "vanished")
+        .collect();
+    assert!(vanished.is_empty(), "{vanished:?}");
     // The replies: un-DNATed on node-1, or said to be first seen after it.
     let synacks: Vec<Value> = done
         .stories()
