@@ -309,6 +309,12 @@ impl Bytes for Linear {
         Some(u16::from_be_bytes(unsafe { [*p, *p.add(1)] }))
     }
 
+    #[inline(always)]
+    fn bytes_at<const N: usize>(&self, at: usize) -> Option<[u8; N]> {
+        let p = self.at::<N>(at)?;
+        Some(unsafe { core::ptr::read_unaligned(p as *const [u8; N]) })
+    }
+
     /// One bounds check for the whole pair.
     #[inline(always)]
     fn pair_at(&self, l3: usize) -> Option<FlowKey> {

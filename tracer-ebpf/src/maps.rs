@@ -5,7 +5,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use podtrace_common::{
-    counter, filter::L4Filter, maybe_traced, node_addr, AddrBits, FlowKey, TunnelKey, ANY_VNI,
+    counter, filter::L4Filter, node_addr, prefilter::TracedPairs, FlowKey, TunnelKey, ANY_VNI,
 };
 
 use crate::kernel::{contains, global, lookup, with_array, with_per_cpu};
@@ -26,10 +26,11 @@ const SIGHTINGS_BYTES: u32 = 1 << 22;
 #[map(name = "FLOWS")]
 pub static FLOWS: HashMap<FlowKey, u8> = HashMap::with_max_entries(MAX_FLOWS, 0);
 
-/// The traced addresses' bits (`AddrBits`), one entry: the pre-filter
-/// before FLOWS. An array lookup the verifier inlines.
-#[map(name = "ADDR_BITS")]
-static ADDR_BITS: Array<AddrBits> = Array::with_max_entries(1, 0);
+/// The pre-filter before FLOWS (`TracedPairs`), one entry: an array
+/// lookup the verifier inlines, which answers alone while few pairs are
+/// traced.
+#[map(name = "TRACED_PAIRS")]
+static TRACED_PAIRS: Array<TracedPairs> = Array::with_max_entries(1, 0);
 
 /// `--proto`/`--port`, one entry; read only when `FILTERING` is set.
 /// A map, not a constant: a Service's port learnt under way widens it.
@@ -107,8 +108,11 @@ pub fn node_id() -> u32 {
 
 #[inline(always)]
 pub fn is_traced(key: &FlowKey) -> bool {
-    with_array(&ADDR_BITS, 0, |bits| maybe_traced(bits, key)).unwrap_or(false)
-        && contains(&FLOWS, key)
+    match with_array(&TRACED_PAIRS, 0, |pairs| pairs.answer(key)) {
+        Some(Some(known)) => known,
+        Some(None) => contains(&FLOWS, key),
+        None => false,
+    }
 }
 
 #[inline(always)]

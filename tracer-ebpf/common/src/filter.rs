@@ -7,7 +7,7 @@
 //! code.
 
 use crate::headers::*;
-use crate::packet::{ipv4_header_len, Bytes};
+use crate::packet::Bytes;
 
 /// Ports a filter holds at most (`--port` repeated).
 pub const MAX_FILTER_PORTS: usize = 8;
@@ -87,7 +87,12 @@ pub fn judge<B: Bytes + ?Sized>(b: &B, ip: usize, filter: &L4Filter) -> Option<b
         (protocol, l4, first) = l4_of(b, l4 + ICMP_QUOTE)?;
     }
     let ports = if first && (protocol == IPPROTO_TCP || protocol == IPPROTO_UDP) {
-        Some((b.u16_at(l4 + L4_SPORT)?, b.u16_at(l4 + L4_DPORT)?))
+        // Source and destination port, read at once.
+        let p = b.bytes_at::<4>(l4 + L4_SPORT)?;
+        Some((
+            u16::from_be_bytes([p[0], p[1]]),
+            u16::from_be_bytes([p[2], p[3]]),
+        ))
     } else {
         None
     };
@@ -98,7 +103,13 @@ pub fn judge<B: Bytes + ?Sized>(b: &B, ip: usize, filter: &L4Filter) -> Option<b
 /// and whether it is there (not a later fragment, which has none).
 #[inline(always)]
 fn l4_of<B: Bytes + ?Sized>(b: &B, ip: usize) -> Option<(u8, usize, bool)> {
-    let len = ipv4_header_len(b, ip)?;
-    let offset = b.u16_at(ip + IPV4_FRAG_OFF)? & IPV4_OFFSET_MASK;
-    Some((b.u8_at(ip + IPV4_PROTOCOL)?, ip + len, offset == 0))
+    // The header's first ten bytes at once: version and length, the
+    // fragment offset and the protocol, for one bounds check.
+    let h = b.bytes_at::<{ IPV4_PROTOCOL + 1 }>(ip)?;
+    let len = ((h[IPV4_VER_IHL] & IPV4_IHL_MASK) as usize) * 4;
+    if h[IPV4_VER_IHL] >> 4 != IPV4_VERSION || len < IPV4_HLEN {
+        return None;
+    }
+    let offset = u16::from_be_bytes([h[IPV4_FRAG_OFF], h[IPV4_FRAG_OFF + 1]]) & IPV4_OFFSET_MASK;
+    Some((h[IPV4_PROTOCOL], ip + len, offset == 0))
 }

@@ -7,6 +7,7 @@
 pub mod filter;
 pub mod headers;
 pub mod packet;
+pub mod prefilter;
 
 pub use headers::{GENEVE_PORT, VXLAN_PORT_FLANNEL, VXLAN_PORT_IANA};
 
@@ -131,7 +132,7 @@ pub struct KernelLayout {
 /// network byte order exactly as they sit in the header. Userspace inserts
 /// both directions of every traced pair.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FlowKey {
     pub src: [u8; 4],
     pub dst: [u8; 4],
@@ -367,32 +368,6 @@ pub struct Histogram {
     pub log2: [u64; HIST_LOG2],
 }
 
-/// The traced addresses as a bitmap (`ADDR_BITS`, one entry): a pair can
-/// be traced only if both its addresses' bits are set, so an untraced
-/// packet is turned away by one inlined array read instead of a hash
-/// lookup. A superset: FLOWS still decides.
-pub type AddrBits = [u64; ADDR_BITS_WORDS];
-pub const ADDR_BITS_WORDS: usize = 16;
-
-/// The bit of `ip` in [`AddrBits`]: a Fibonacci hash of the address.
-#[inline(always)]
-pub fn addr_bit(ip: [u8; 4]) -> usize {
-    let h = u32::from_ne_bytes(ip).wrapping_mul(0x9e37_79b1);
-    (h >> (32 - ADDR_BITS_LOG2)) as usize
-}
-const ADDR_BITS_LOG2: u32 = 10;
-const _: () = assert!(ADDR_BITS_WORDS * 64 == 1 << ADDR_BITS_LOG2);
-
-/// Whether the bits of both addresses of `key` are set in `bits`.
-#[inline(always)]
-pub fn maybe_traced(bits: &AddrBits, key: &FlowKey) -> bool {
-    let set = |ip: [u8; 4]| {
-        let bit = addr_bit(ip);
-        bits[(bit / 64) % ADDR_BITS_WORDS] & (1u64 << (bit % 64)) != 0
-    };
-    set(key.src) && set(key.dst)
-}
-
 /// Indexes into the per-CPU counter array.
 pub mod counter {
     /// A matching packet found the ring buffer full and was not reported.
@@ -414,7 +389,7 @@ pub mod counter {
 /// twice.
 pub mod names {
     pub const FLOWS: &str = "FLOWS";
-    pub const ADDR_BITS: &str = "ADDR_BITS";
+    pub const TRACED_PAIRS: &str = "TRACED_PAIRS";
     pub const L4_FILTER: &str = "L4_FILTER";
     /// Global: 1 when a `--proto`/`--port` filter is set (0 prunes it).
     pub const FILTERING: &str = "FILTERING";
@@ -455,6 +430,10 @@ const _: () = assert!(core::mem::size_of::<PacketId>() == 16);
 const _: () = assert!(core::mem::size_of::<Stamp>() == 16);
 const _: () = assert!(core::mem::size_of::<Histogram>() == 8 * (4 + HIST_LINEAR_US + HIST_LOG2));
 const _: () = assert!(core::mem::size_of::<TunnelKey>() == 8);
+const _: () = assert!(
+    core::mem::size_of::<prefilter::TracedPairs>()
+        == 8 + 8 * prefilter::EXACT_PAIRS + 8 * prefilter::ADDR_BITS_WORDS
+);
 const _: () = assert!(core::mem::size_of::<filter::L4Filter>() == 8 + 2 * filter::MAX_FILTER_PORTS);
 const _: () = assert!(core::mem::size_of::<[u32; MAX_NODES]>() == 32);
 const _: () = assert!(packet::SOCKET_HEADER_LEN <= SNAPSHOT_LEN);
@@ -466,6 +445,7 @@ mod user {
     unsafe impl aya::Pod for super::FlowKey {}
     unsafe impl aya::Pod for super::TunnelKey {}
     unsafe impl aya::Pod for super::filter::L4Filter {}
+    unsafe impl aya::Pod for super::prefilter::TracedPairs {}
     unsafe impl aya::Pod for super::KernelLayout {}
     unsafe impl aya::Pod for super::StepKey {}
     unsafe impl aya::Pod for super::Histogram {}

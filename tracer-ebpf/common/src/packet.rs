@@ -21,6 +21,19 @@ pub trait Bytes {
         Some(u16::from_be_bytes([self.u8_at(at)?, self.u8_at(at + 1)?]))
     }
 
+    /// `N` bytes at `at`; a reader that can check the whole span at once
+    /// does (one bounds check where a byte-wise read makes `N`).
+    #[inline(always)]
+    fn bytes_at<const N: usize>(&self, at: usize) -> Option<[u8; N]> {
+        let mut out = [0u8; N];
+        let mut i = 0;
+        while i < N {
+            out[i] = self.u8_at(at + i)?;
+            i += 1;
+        }
+        Some(out)
+    }
+
     /// The IPv4 (source, destination) pair of the header at `l3`.
     #[inline(always)]
     fn pair_at(&self, l3: usize) -> Option<FlowKey> {

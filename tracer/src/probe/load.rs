@@ -19,7 +19,7 @@ use aya::{
     Btf, Ebpf, EbpfLoader,
 };
 use podtrace_common::{
-    addr_bit, counter, filter::L4Filter, names, node_addr, AddrBits, FlowKey, Histogram,
+    counter, filter::L4Filter, names, node_addr, prefilter::TracedPairs, FlowKey, Histogram,
     KernelLayout, Sighting, StepKey, TunnelKey, MAX_NODES,
 };
 use tokio::sync::mpsc;
@@ -370,41 +370,31 @@ fn map<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::maps::Map> {
 }
 
 /// The kernel's filter of traced pairs (both eBPF programs read it), and
-/// its pre-filter of traced addresses' bits.
+/// its pre-filter.
 struct FlowFilter<'a> {
     flows: BpfHashMap<&'a mut MapData, FlowKey, u8>,
-    bits: BpfArray<&'a mut MapData, AddrBits>,
+    prefilter: BpfArray<&'a mut MapData, TracedPairs>,
 }
 
 fn flow_filter(ebpf: &mut Ebpf) -> Result<FlowFilter<'_>> {
-    let [flows, bits] = ebpf.maps_disjoint_mut([names::FLOWS, names::ADDR_BITS]);
-    let flows = flows.ok_or_else(|| anyhow!("no FLOWS map"))?;
-    let bits = bits.ok_or_else(|| anyhow!("no ADDR_BITS map"))?;
+    let [flows, prefilter] = ebpf.maps_disjoint_mut([names::FLOWS, names::TRACED_PAIRS]);
+    let flows = flows.ok_or_else(|| anyhow!("no {} map", names::FLOWS))?;
+    let prefilter = prefilter.ok_or_else(|| anyhow!("no {} map", names::TRACED_PAIRS))?;
     Ok(FlowFilter {
         flows: BpfHashMap::try_from(flows)?,
-        bits: BpfArray::try_from(bits)?,
+        prefilter: BpfArray::try_from(prefilter)?,
     })
 }
 
-/// The bits of every address of `keys`.
-pub fn addr_bits<'a>(keys: impl IntoIterator<Item = &'a FlowKey>) -> AddrBits {
-    let mut bits = AddrBits::default();
-    for key in keys {
-        for ip in [key.src, key.dst] {
-            let bit = addr_bit(ip);
-            bits[bit / 64] |= 1 << (bit % 64);
-        }
-    }
-    bits
-}
-
 impl FlowFilter<'_> {
+    /// Traces `new` instead of `old`, while the programs run: the
+    /// pre-filter widened to both with FLOWS deciding, FLOWS changed, then
+    /// the pre-filter settled on what FLOWS holds (`TracedPairs`).
     fn replace(&mut self, old: &[FlowKey], new: &[FlowKey]) -> Result<()> {
-        // Old and new bits while FLOWS changes, so no traced pair is
-        // turned away; then the bits of what FLOWS holds.
-        let current: Vec<FlowKey> = self.flows.keys().collect::<Result<_, _>>()?;
-        let all = current.iter().chain(new);
-        self.bits.set(0, addr_bits(all), 0)?;
+        let current = self.pairs()?;
+        let before = self.prefilter.get(&0, 0)?;
+        self.prefilter
+            .set(0, before.widened(current.iter().chain(new)), 0)?;
         for key in old {
             // Absent already is fine: the pair may have changed twice.
             let _ = self.flows.remove(key);
@@ -412,27 +402,13 @@ impl FlowFilter<'_> {
         for key in new {
             self.flows.insert(key, 1, 0)?;
         }
-        let current: Vec<FlowKey> = self.flows.keys().collect::<Result<_, _>>()?;
-        self.bits.set(0, addr_bits(&current), 0)?;
+        for step in TracedPairs::settled(&self.pairs()?) {
+            self.prefilter.set(0, step, 0)?;
+        }
         Ok(())
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use podtrace_common::maybe_traced;
-
-    #[test]
-    fn address_bits_let_traced_pairs_through() {
-        let pair = |a: u8, b: u8| FlowKey {
-            src: [10, 244, 1, a],
-            dst: [10, 244, 2, b],
-        };
-        let bits = addr_bits(&[pair(2, 2)]);
-        assert!(maybe_traced(&bits, &pair(2, 2)));
-        let turned_away = (3..=250).filter(|&i| !maybe_traced(&bits, &pair(i, i)));
-        // Both bits of an untraced pair are rarely both set.
-        assert!(turned_away.count() > 240);
+    fn pairs(&self) -> Result<Vec<FlowKey>> {
+        Ok(self.flows.keys().collect::<Result<_, _>>()?)
     }
 }
