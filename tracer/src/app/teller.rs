@@ -189,7 +189,13 @@ impl<'a> Teller<'a> {
     }
 }
 
-pub(super) fn new_teller(args: &Args, ctx: Context) -> Teller<'static> {
+/// The teller of a trace of `args`; `ends`: the traced pair's source and
+/// destination, where `--probe` sends its probes (none before tracing).
+pub(super) fn new_teller(
+    args: &Args,
+    ctx: Context,
+    ends: Option<(Ipv4Addr, Ipv4Addr)>,
+) -> Teller<'static> {
     // `-w -` puts the packets on stdout: the stories go to stderr.
     let (out, terminal): (Box<dyn Write>, bool) = if args.write.as_deref() == Some("-") {
         (buffered(std::io::stderr()), std::io::stderr().is_terminal())
@@ -208,7 +214,11 @@ pub(super) fn new_teller(args: &Args, ctx: Context) -> Teller<'static> {
         limit: args.count,
         told: 0,
         pcap: None,
-        probe: args.probe.probe.map(ProbeWatch::new),
+        probe: args
+            .probe
+            .probe
+            .zip(ends)
+            .map(|(kind, ends)| ProbeWatch::new(kind, ends)),
         held: Vec::new(),
     }
 }
