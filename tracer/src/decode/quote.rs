@@ -102,6 +102,18 @@ pub(crate) mod tests {
         out
     }
 
+    /// An Ethernet frame of an ICMP message (from its type byte on) from
+    /// `src` to `dst`.
+    pub(crate) fn icmp_frame(src: [u8; 4], dst: [u8; 4], icmp: &[u8]) -> Vec<u8> {
+        let mut frame = vec![2, 2, 2, 2, 2, 2, 4, 4, 4, 4, 4, 4, 0x08, 0x00];
+        etherparse::Ipv4Header::new(icmp.len() as u16, 64, etherparse::IpNumber::ICMP, src, dst)
+            .unwrap()
+            .write(&mut frame)
+            .unwrap();
+        frame.extend_from_slice(icmp);
+        frame
+    }
+
     /// An ICMP error of `kind` and `code` (from its type byte on) quoting
     /// `packet` whole, as Linux quotes a short one.
     pub(crate) fn error(kind: u8, code: u8, packet: &[u8]) -> Vec<u8> {
@@ -127,6 +139,12 @@ pub(crate) mod tests {
         // The IPv4 header and 8 bytes are all an error must quote.
         assert_eq!(quoted(&port_unreachable[..8 + 28]), Some(expected));
         assert_eq!(quoted(&port_unreachable[..8 + 27]), None);
+        // Decoded from the frame a hook sees.
+        let frame = icmp_frame([10, 0, 2, 2], [10, 0, 1, 2], &port_unreachable);
+        assert_eq!(
+            super::super::decode(&frame, true).unwrap().quoted,
+            Some(expected)
+        );
     }
 
     #[test]

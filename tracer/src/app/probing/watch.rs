@@ -139,13 +139,11 @@ impl ProbeWatch {
 
 #[cfg(test)]
 mod tests {
-    use etherparse::{IpNumber, Ipv4Header};
-
     use super::*;
     use crate::{
         decode::{
             hop::{tests::hop, Direction},
-            quote::tests::{error, udp},
+            quote::tests::{error, icmp_frame, udp},
             tests::icmp_echo,
         },
         node::interfaces::Role,
@@ -157,12 +155,7 @@ mod tests {
     /// The journey of one ICMP message from `src` to `dst`, seen on the
     /// source pod's veth.
     fn icmp_journey(src: [u8; 4], dst: [u8; 4], icmp: &[u8]) -> Journey {
-        let mut frame = vec![2, 2, 2, 2, 2, 2, 4, 4, 4, 4, 4, 4, 0x08, 0x00];
-        Ipv4Header::new(icmp.len() as u16, 64, IpNumber::ICMP, src, dst)
-            .unwrap()
-            .write(&mut frame)
-            .unwrap();
-        frame.extend_from_slice(icmp);
+        let frame = icmp_frame(src, dst, icmp);
         Journey::new(vec![hop(
             1_000,
             "node-1",
