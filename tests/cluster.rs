@@ -598,11 +598,7 @@ fn kubectl_podtrace_probe_is_sent_by_the_sources_agent_and_answered() {
     );
     let done = finish(started);
     assert!(done.status.success(), "{}", done.stderr);
-    let probes: Vec<Value> = done
-        .json()
-        .into_iter()
-        .filter(|v| v["type"] == "probe")
-        .collect();
+    let probes = done.probes();
     assert_eq!(probes.len(), 1, "{}", done.stdout);
     let result = probes[0]["result"].as_str().unwrap();
     assert!(result.starts_with("connected in"), "{result}");

@@ -220,16 +220,17 @@ fn an_iptables_forward_drop_is_a_packet_with_its_verdict() {
 }
 
 /// `--probe` with `--write`: the probe's result is the comment of its last
-/// packet, once, so Wireshark shows the answer where the story ends.
+/// packet, once, so Wireshark shows the answer where the story ends; and
+/// `podtrace read` tells it again, as the run did.
 #[test]
-fn a_probes_result_is_on_its_last_packets_comment() {
+fn a_probes_result_is_on_its_last_packets_comment_and_read_back() {
     let lab = lab(Topology::FlannelVxlan);
     let file = temp_file("probe");
     let mut args = argv(
-        &["web-0", "db-0", "--probe", "tcp:8081", "-w"],
+        &["web-0", "db-0", "--probe", "tcp:8081", "-o", "json", "-w"],
         lab_args(&lab.0, &[1, 2]),
     );
-    args.insert(5, file.display().to_string());
+    args.insert(7, file.display().to_string());
     let done = Trace::start(&args).finish();
     assert!(done.status.success(), "{}", done.stderr);
     let comments: Vec<String> = tshark(&file, "", &["frame.comment"])
@@ -240,7 +241,14 @@ fn a_probes_result_is_on_its_last_packets_comment() {
     assert_eq!(comments.iter().filter(said).count(), 1, "{comments:?}");
     let last = comments.last().expect("packets written");
     assert!(
-        said(&last) && last.contains("refused (RST)"),
+        said(&last) && last.contains("✗ refused (RST)"),
         "{comments:?}"
     );
+    let probes = done.probes();
+    assert_eq!(probes.len(), 1, "{}", done.stdout);
+    assert_eq!(probes[0]["result"], "refused (RST)");
+    // The same stories, the probe's record and the summary, offline.
+    readable(&file);
+    assert_read_back(&done, &file);
+    std::fs::remove_file(&file).ok();
 }

@@ -11,7 +11,7 @@ use serde_json::Value;
 use support::*;
 use xtask::{
     faults::Fault,
-    lab::{sysctl, LabGuard},
+    lab::{in_netns, sysctl, LabGuard},
 };
 
 /// `podtrace web-0 DST --probe PROBE EXTRA…` on both nodes, in JSON: it
@@ -27,16 +27,9 @@ fn probe(lab: &LabGuard, dst: &str, probe: &str, extra: &[&str]) -> Finished {
     done
 }
 
-fn results(done: &Finished) -> Vec<Value> {
-    done.json()
-        .into_iter()
-        .filter(|v| v["type"] == "probe")
-        .collect()
-}
-
 /// The one probe's result line.
 fn result(done: &Finished) -> String {
-    let results = results(done);
+    let results = done.probes();
     assert_eq!(results.len(), 1, "{}", done.stdout);
     results[0]["result"].as_str().unwrap().to_string()
 }
@@ -70,7 +63,7 @@ fn a_tcp_probe_to_a_port_nobody_listens_on_is_refused() {
     let lab = services_lab();
     let done = probe(&lab, "default/db-0", "tcp:8081", &[]);
     assert_eq!(result(&done), "refused (RST)");
-    assert_eq!(results(&done)[0]["answered"], false);
+    assert_eq!(done.probes()[0]["answered"], false);
 }
 
 #[test]
@@ -131,7 +124,7 @@ fn an_icmp_probe_takes_the_pods_ping_socket_where_it_may() {
         "icmp",
         &["--probe-count", "2", "--probe-interval", "200ms"],
     );
-    let results = results(&done);
+    let results = done.probes();
     assert_eq!(results.len(), 2, "{}", done.stdout);
     for result in &results {
         assert!(
@@ -172,7 +165,7 @@ fn only_the_probes_are_told_and_the_pairs_other_traffic_is_counted() {
     assert!(ping(&lab.0, "web-0", "db-0"));
     let done = trace.finish();
     assert!(done.status.success(), "{}", done.stderr);
-    assert_eq!(results(&done).len(), 3, "{}", done.stdout);
+    assert_eq!(done.probes().len(), 3, "{}", done.stdout);
     assert!(
         done.stories()
             .iter()
@@ -187,6 +180,85 @@ fn only_the_probes_are_told_and_the_pairs_other_traffic_is_counted() {
     assert!(
         summary["skipped_by_filter"].as_u64() >= Some(2),
         "{summary}"
+    );
+}
+
+/// Another UDP flow of the pair, to a port nobody listens on, while the
+/// probes go: datagrams 250 ms apart, each answered by db-0's port
+/// unreachable. How many were refused (the error reached the sender).
+fn other_udp_flow(lab: &LabGuard, port: u16, datagrams: u32) -> std::process::Child {
+    let db = lab.0.pod("db-0").ip;
+    let script = format!(
+        "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.connect(('{db}',{port}))\ns.settimeout(0.25)\nrefused=0\nfor _ in range({datagrams}):\n  s.send(b'other traffic')\n  try: s.recv(100)\n  except ConnectionRefusedError: refused+=1\n  except socket.timeout: pass\nprint(refused)"
+    );
+    in_netns(&lab.0.pod("web-0").netns, "python3")
+        .args(["-c", &script])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3")
+}
+
+/// An ICMP error is a probe's answer only if it quotes the probe's own
+/// packet: the port unreachable of the pair's other UDP traffic, sent
+/// meanwhile, is not told as the probes' (nor put beside their results).
+#[test]
+fn only_the_icmp_errors_quoting_a_probe_are_the_probes() {
+    let lab = services_lab();
+    // Every datagram gets its error (not one a second per peer).
+    sysctl(&lab.0.pod("db-0").netns, "net.ipv4.icmp_ratelimit", "0").unwrap();
+    let first = [
+        "default/web-0",
+        "default/db-0",
+        "-o",
+        "json",
+        "--probe",
+        "udp:5354",
+        "--probe-count",
+        "3",
+        "--probe-interval",
+        "700ms",
+    ];
+    let trace = Trace::start(&argv(&first, lab_args(&lab.0, &[1, 2])));
+    let other = other_udp_flow(&lab, 5355, 8).wait_with_output().unwrap();
+    let done = trace.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    let refused: u32 = String::from_utf8_lossy(&other.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        refused >= 2,
+        "the other flow got its port unreachables: {refused}"
+    );
+    let results = done.probes();
+    assert_eq!(results.len(), 3, "{}", done.stdout);
+    for result in &results {
+        assert_eq!(
+            result["result"], "ICMP port unreachable: nothing listens there",
+            "{result}"
+        );
+    }
+    // Each probe's datagram and its own error; the other flow's are
+    // skipped, errors and all.
+    let stories = done.stories();
+    let errors = stories
+        .iter()
+        .filter(|s| s["transport"]["proto"] == "icmp")
+        .count();
+    let datagrams: Vec<&Value> = stories
+        .iter()
+        .filter(|s| s["transport"]["proto"] == "udp")
+        .collect();
+    assert_eq!((datagrams.len(), errors), (3, 3), "{}", done.stdout);
+    assert!(
+        datagrams.iter().all(|s| s["transport"]["dport"] == 5354),
+        "{}",
+        done.stdout
+    );
+    assert!(
+        done.summary()["skipped_by_filter"].as_u64() >= Some(2 * u64::from(refused)),
+        "{}",
+        done.summary()
     );
 }
 

@@ -118,6 +118,14 @@ impl Finished {
             .unwrap_or_else(|| panic!("no summary: {}", self.stdout))
     }
 
+    /// The records of `--probe`'s results.
+    pub fn probes(&self) -> Vec<Value> {
+        self.json()
+            .into_iter()
+            .filter(|v| v["type"] == "probe")
+            .collect()
+    }
+
     pub fn stories(&self) -> Vec<Value> {
         self.json()
             .into_iter()

@@ -76,7 +76,7 @@ pub async fn run(args: Args) -> Result<()> {
     // Before anything is attached: a path that cannot be written is bad input.
     let write = args.write.as_deref().map(pcapng::open).transpose()?;
     let Some(resolved) = resolve_unless_stopped(&args, &mut stop).await else {
-        stop::stopped_before_tracing(new_teller(&args, Context::default()))?;
+        stop::stopped_before_tracing(new_teller(&args, Context::default(), None))?;
         return Ok(());
     };
     let resolved = match resolved {

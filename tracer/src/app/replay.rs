@@ -9,7 +9,7 @@ use anyhow::{bail, Result};
 use super::teller::Teller;
 use crate::{
     cli::ReadArgs,
-    model::Summary,
+    model::{ProbeResult, Summary},
     output::{
         self,
         pcapng_read::{read, Replayed},
@@ -42,6 +42,7 @@ fn replay_into(args: &ReadArgs, out: impl Write + 'static, colour: bool) -> Resu
     let events = read(&args.file)?;
     let mut teller = Teller::plain(output::sink(args.output, out, colour));
     let mut summary = None;
+    let mut probes = Vec::new();
     let mut foreign = 0;
     let mut damage = None;
     for event in events {
@@ -50,6 +51,7 @@ fn replay_into(args: &ReadArgs, out: impl Write + 'static, colour: bool) -> Resu
             Replayed::Story(journey) => {
                 teller.tell_all(std::slice::from_ref(&journey))?;
             }
+            Replayed::Probe(result) => probes.push(result),
             Replayed::Summary(s) => summary = Some(s),
             Replayed::Foreign(n) => foreign = n,
             Replayed::Damaged {
@@ -65,7 +67,12 @@ fn replay_into(args: &ReadArgs, out: impl Write + 'static, colour: bool) -> Resu
     if summary.is_none() && damage.is_none() {
         eprintln!("podtrace: the file has no summary: the trace that wrote it did not finish (the stories in it are complete)");
     }
-    teller.finish(summary.unwrap_or_else(Summary::default))?;
+    let mut summary = summary.unwrap_or_else(Summary::default);
+    // After the stories, in the order they were sent, as the run told
+    // them.
+    probes.sort_by_key(|p: &ProbeResult| p.seq);
+    teller.tell_probes(probes, &mut summary)?;
+    teller.finish(summary)?;
     if let Some((packets, why, cut_story)) = damage {
         bail!(
             "{} is damaged after its first {packets} packets ({why}): the stories before that are told{}",
@@ -121,7 +128,7 @@ mod tests {
         let journey = sample_journey();
         let mut ends = Vec::new();
         for n in 1..=3 {
-            w.story(n, &journey, &story::tell(&journey, &ctx), None)
+            w.story(n, &journey, &story::tell(&journey, &ctx), &[])
                 .unwrap();
             ends.push(len());
         }
@@ -178,6 +185,63 @@ mod tests {
                 "{} is a classic pcap file, not pcapng: podtrace reads the pcapng files that --write writes",
                 path.display()
             )
+        );
+    }
+
+    /// A `--probe` file: its probe's result on the last packet of its
+    /// story, as the teller writes it.
+    fn written_with_a_probe(name: &str, result: &ProbeResult) -> PathBuf {
+        let path = testing::scratch(name);
+        let file = std::fs::File::create(&path).unwrap();
+        let ctx = crate::story::Context::default();
+        let mut w = PcapWriter::create(Box::new(file), 128, "t".into(), &[], &ctx).unwrap();
+        let journey = sample_journey();
+        let told = story::tell(&journey, &ctx);
+        w.story(1, &journey, &told, std::slice::from_ref(result))
+            .unwrap();
+        w.finish(&Summary::default()).unwrap();
+        path
+    }
+
+    #[test]
+    fn a_probes_result_is_told_again_as_the_run_told_it() {
+        let result = ProbeResult {
+            kind: "udp:5354".into(),
+            target: "10.244.2.2:5354".into(),
+            seq: 1,
+            answered: false,
+            rtt_ms: Some(0.4321),
+            result: "ICMP port unreachable: nothing listens there".into(),
+            flow_id: 40000,
+        };
+        let path = written_with_a_probe("probe.pcapng", &result);
+        let kept = Kept::default();
+        replay_into(&args(path.clone()), kept.clone(), false).unwrap();
+        let lines: Vec<String> = kept.text().lines().map(str::to_string).collect();
+        let probe_line = crate::output::human_probe(&result);
+        assert_eq!(
+            lines.iter().filter(|l| **l == probe_line).count(),
+            1,
+            "{lines:?}"
+        );
+        // After the story, before the summary, as a live run tells it.
+        let at = lines.iter().position(|l| *l == probe_line).unwrap();
+        assert!(lines[at + 1].starts_with("podtrace: "), "{lines:?}");
+        let kept = Kept::default();
+        let json = ReadArgs {
+            output: Format::Json,
+            ..args(path)
+        };
+        replay_into(&json, kept.clone(), false).unwrap();
+        let mut live = Vec::new();
+        output::sink(Format::Json, &mut live, false)
+            .probe(&result)
+            .unwrap();
+        let live = String::from_utf8(live).unwrap();
+        assert!(
+            kept.text().lines().any(|l| l == live.trim_end()),
+            "{live} in {}",
+            kept.text()
         );
     }
 

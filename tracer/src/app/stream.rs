@@ -39,7 +39,8 @@ pub(super) async fn here(
     stop: &mut Stop,
     write: Option<Box<dyn Write>>,
 ) -> Result<(Summary, Teller<'static>)> {
-    let mut teller = new_teller(args, std::mem::take(&mut trace.ctx));
+    let ends = (trace.targets.src.ip, trace.targets.dst.ip);
+    let mut teller = new_teller(args, std::mem::take(&mut trace.ctx), Some(ends));
     if let Some(out) = write {
         teller.pcap = Some(pcap_writer(out, args, trace, &teller.ctx)?);
     }

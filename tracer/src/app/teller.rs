@@ -109,7 +109,7 @@ impl<'a> Teller<'a> {
                     journey: journey.clone(),
                     story: story.clone(),
                 }),
-                None => pcap.story(self.told, journey, &story, None)?,
+                None => pcap.story(self.told, journey, &story, &[])?,
             }
         }
         if let Some(profile) = &mut self.profile {
@@ -120,17 +120,20 @@ impl<'a> Teller<'a> {
 
     /// `--probe`'s results, each beside the verdict of its packet that
     /// failed, after the stories; the pair's other traffic skipped is
-    /// counted in `summary`.
+    /// counted in `summary`. `podtrace read` (no watch) tells the results
+    /// as the file has them.
     pub fn tell_probes(
         &mut self,
         results: Vec<ProbeResult>,
         summary: &mut Summary,
     ) -> std::io::Result<()> {
-        let Some(watch) = &self.probe else {
-            return Ok(());
+        let results: Vec<ProbeResult> = match &self.probe {
+            Some(watch) => {
+                summary.skipped_by_filter = watch.skipped;
+                results.into_iter().map(|r| watch.explained(r)).collect()
+            }
+            None => results,
         };
-        summary.skipped_by_filter = watch.skipped;
-        let results: Vec<ProbeResult> = results.into_iter().map(|r| watch.explained(r)).collect();
         for result in &results {
             self.sink.probe(result)?;
         }
@@ -146,17 +149,14 @@ impl<'a> Teller<'a> {
         };
         let held = std::mem::take(&mut self.held);
         let flows: Vec<(u16, u16)> = held.iter().map(|h| h.flow).collect();
-        let mut said: Vec<Option<String>> = vec![None; held.len()];
+        let mut ended: Vec<Vec<ProbeResult>> = vec![Vec::new(); held.len()];
         for result in results {
             if let Some(last) = watch.last_story_of(&flows, result) {
-                said[last] = Some(format!(
-                    "probe {} {} → {}: {}",
-                    result.seq, result.kind, result.target, result.result
-                ));
+                ended[last].push(result.clone());
             }
         }
-        for (h, said) in held.iter().zip(said) {
-            pcap.story(h.n, &h.journey, &h.story, said.as_deref())?;
+        for (h, ended) in held.iter().zip(ended) {
+            pcap.story(h.n, &h.journey, &h.story, &ended)?;
         }
         Ok(())
     }
@@ -189,7 +189,13 @@ impl<'a> Teller<'a> {
     }
 }
 
-pub(super) fn new_teller(args: &Args, ctx: Context) -> Teller<'static> {
+/// The teller of a trace of `args`; `ends`: the traced pair's source and
+/// destination, where `--probe` sends its probes (none before tracing).
+pub(super) fn new_teller(
+    args: &Args,
+    ctx: Context,
+    ends: Option<(Ipv4Addr, Ipv4Addr)>,
+) -> Teller<'static> {
     // `-w -` puts the packets on stdout: the stories go to stderr.
     let (out, terminal): (Box<dyn Write>, bool) = if args.write.as_deref() == Some("-") {
         (buffered(std::io::stderr()), std::io::stderr().is_terminal())
@@ -208,7 +214,11 @@ pub(super) fn new_teller(args: &Args, ctx: Context) -> Teller<'static> {
         limit: args.count,
         told: 0,
         pcap: None,
-        probe: args.probe.probe.map(ProbeWatch::new),
+        probe: args
+            .probe
+            .probe
+            .zip(ends)
+            .map(|(kind, ends)| ProbeWatch::new(kind, ends)),
         held: Vec::new(),
     }
 }

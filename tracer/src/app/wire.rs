@@ -248,6 +248,33 @@ mod tests {
     }
 
     #[test]
+    fn an_icmp_errors_quoted_header_reaches_the_front_end() {
+        use crate::{
+            decode::{
+                hop::{tests::hop, Direction},
+                quote::tests::{error, icmp_frame, udp},
+            },
+            node::interfaces::Role,
+        };
+        let datagram = udp([10, 0, 1, 2], [10, 0, 2, 2], 40000, 5354);
+        let frame = icmp_frame([10, 0, 2, 2], [10, 0, 1, 2], &error(3, 3, &datagram));
+        let sent = hop(
+            1,
+            "node-1",
+            "vethA",
+            Role::PodVeth,
+            Direction::Egress,
+            &frame,
+        );
+        assert!(sent.packet.quoted.is_some());
+        let line = Numbering::default().line(Record::Hop(Box::new(sent.clone())));
+        let Read::Record(Record::Hop(read)) = Reader::default().read(&line) else {
+            panic!("not a hop: {line}");
+        };
+        assert_eq!(read.packet, sent.packet);
+    }
+
+    #[test]
     fn a_record_of_a_newer_agent_is_skipped_and_not_lost() {
         let mut reader = Reader::default();
         let newer = r#"{"seq":0,"type":"from_the_future","at_ns":7}"#;

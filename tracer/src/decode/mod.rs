@@ -3,12 +3,15 @@
 //! `hop` places a whole kernel record on its node and interface.
 
 pub mod hop;
+pub mod quote;
 
 use std::net::Ipv4Addr;
 
 use etherparse::{EtherType, Ethernet2Header, IpNumber, Ipv4Header, TcpHeader, UdpHeader};
 use podtrace_common::{GENEVE_PORT, VXLAN_PORT_FLANNEL, VXLAN_PORT_IANA};
 use serde::{Deserialize, Serialize};
+
+use quote::Quoted;
 
 /// The layer-4 facts that tell one packet of a flow from the next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -86,11 +89,15 @@ pub struct Tunnel {
     pub outer: Ipv4Packet,
 }
 
-/// A decoded sighting: the traced packet, and the tunnel around it if any.
+/// A decoded sighting: the traced packet, the tunnel around it if any,
+/// and, for an ICMP error, the header of the packet it is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Decoded {
     pub packet: Ipv4Packet,
     pub tunnel: Option<Tunnel>,
+    /// Not part of the packet's key: NAT rewrites it on the way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quoted: Option<Quoted>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -112,11 +119,8 @@ impl std::fmt::Display for DecodeError {
 /// directly at the IPv4 header (L3 devices such as tunl0), as the packet it
 /// is: whatever its payload looks like, it is not read as a tunnel.
 pub fn decode(snapshot: &[u8], has_l2: bool) -> Result<Decoded, DecodeError> {
-    let (packet, _) = ipv4(l3_of(snapshot, has_l2)?)?;
-    Ok(Decoded {
-        packet,
-        tunnel: None,
-    })
+    let (packet, l4) = ipv4(l3_of(snapshot, has_l2)?)?;
+    Ok(decoded(packet, l4, None))
 }
 
 /// Decodes a snapshot the kernel matched by its inner header: one it
@@ -126,16 +130,23 @@ pub fn decode_tunnel(snapshot: &[u8], has_l2: bool) -> Result<Decoded, DecodeErr
     let (outer, l4) = ipv4(l3_of(snapshot, has_l2)?)?;
     match tunnel_payload(&outer, l4)? {
         Some(TunnelPayload { kind, vni, inner }) => {
-            let (packet, _) = ipv4(inner)?;
-            Ok(Decoded {
-                packet,
-                tunnel: Some(Tunnel { kind, vni, outer }),
-            })
+            let (packet, l4) = ipv4(inner)?;
+            Ok(decoded(packet, l4, Some(Tunnel { kind, vni, outer })))
         }
-        None => Ok(Decoded {
-            packet: outer,
-            tunnel: None,
-        }),
+        None => Ok(decoded(outer, l4, None)),
+    }
+}
+
+/// `packet` (its transport header and payload `l4`) in `tunnel`.
+fn decoded(packet: Ipv4Packet, l4: &[u8], tunnel: Option<Tunnel>) -> Decoded {
+    let quoted = match packet.transport {
+        Transport::Icmp { .. } if !packet.fragment => quote::quoted(l4),
+        _ => None,
+    };
+    Decoded {
+        packet,
+        tunnel,
+        quoted,
     }
 }
 

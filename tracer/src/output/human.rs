@@ -30,17 +30,22 @@ impl<W: Write> Sink for Human<W> {
     }
 
     fn probe(&mut self, probe: &ProbeResult) -> std::io::Result<()> {
-        let mark = if probe.answered { "✓" } else { "✗" };
-        writeln!(
-            self.out,
-            "probe {} {} → {}: {mark} {}",
-            probe.seq, probe.kind, probe.target, probe.result
-        )
+        writeln!(self.out, "{}", human_probe(probe))
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
         self.out.flush()
     }
+}
+
+/// A probe's result in one line, as a live run ends with it (and as the
+/// pcapng's comment on the probe's last packet says it).
+pub fn human_probe(probe: &ProbeResult) -> String {
+    let mark = if probe.answered { "✓" } else { "✗" };
+    format!(
+        "probe {} {} → {}: {mark} {}",
+        probe.seq, probe.kind, probe.target, probe.result
+    )
 }
 
 fn paint(colour: bool, code: &str, text: &str) -> String {

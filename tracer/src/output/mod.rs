@@ -17,7 +17,7 @@ pub mod plot;
 
 use std::io::Write;
 
-pub use human::{human_profile, human_story, human_summary, Human};
+pub use human::{human_probe, human_profile, human_story, human_summary, Human};
 pub use json::Json;
 
 use crate::{

@@ -18,9 +18,11 @@
 //!   "#3 hop 2/8: note" ("… DROP: note" for drops, "freed inside the pod"
 //!   after delivery), and on the journey's last packet a second comment
 //!   "verdict: …" (and, with `--probe`, on its probe's last packet a
-//!   third: "probe 1 tcp:8080 → …: result"); plus a custom UTF-8 option (2988, [`PEN`]) with the
-//!   [`HopRecord`] JSON: everything `podtrace read` needs to tell the story
-//!   again (and the new names of addresses, when a pod moved);
+//!   third: the probe's result line, "probe 1 tcp:8080 → …: ✓ result");
+//!   plus a custom UTF-8 option (2988, [`PEN`]) with the [`HopRecord`]
+//!   JSON: everything `podtrace read` needs to tell the story again (and
+//!   the new names of addresses, when a pod moved; the probe's result, on
+//!   its last packet);
 //! - at a clean exit, an Interface Statistics Block with a custom option:
 //!   the summary's JSON.
 //!
@@ -37,9 +39,10 @@ use anyhow::Context as _;
 
 use serde::{Deserialize, Serialize};
 
+use super::human_probe;
 use crate::{
     decode::hop::{Direction, Hop},
-    model::{Summary, MAX_SNAPLEN},
+    model::{ProbeResult, Summary, MAX_SNAPLEN},
     node::interfaces::Role,
     probe::{
         clock::{monotonic_ns, realtime_offset_ns},
@@ -73,6 +76,9 @@ pub struct HopRecord {
     /// The names of addresses from this story on (a pod moved).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub names: Option<HashMap<Ipv4Addr, String>>,
+    /// On a probe's last packet: the probe's result, as the run told it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub probes: Vec<ProbeResult>,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -150,21 +156,22 @@ impl PcapWriter {
         self.renamed = Some(names.clone());
     }
 
-    /// The journey's packets, one EPB per hop, then a flush. `probe`: the
-    /// result of the `--probe` this story ends, said on its last packet.
+    /// The journey's packets, one EPB per hop, then a flush. `probes`: the
+    /// results of the `--probe`s this story ends, on its last packet.
     pub fn story(
         &mut self,
         n: u64,
         journey: &Journey,
         story: &Story,
-        probe: Option<&str>,
+        probes: &[ProbeResult],
     ) -> std::io::Result<()> {
         let comments = hop_comments(n, journey, story);
         for (i, (hop, comment)) in journey.hops.iter().zip(comments).enumerate() {
             let mut comments = vec![comment];
-            if i + 1 == journey.hops.len() {
+            let last = i + 1 == journey.hops.len();
+            if last {
                 comments.push(format!("verdict: {}", story.verdict.summary));
-                comments.extend(probe.map(str::to_string));
+                comments.extend(probes.iter().map(human_probe));
             }
             let record = HopRecord {
                 story: n,
@@ -174,6 +181,7 @@ impl PcapWriter {
                 records_lost: journey.records_lost,
                 hops: journey.hops.len(),
                 names: self.renamed.take(),
+                probes: if last { probes.to_vec() } else { Vec::new() },
             };
             self.packet(hop, &record, &comments)?;
         }
@@ -418,7 +426,7 @@ mod tests {
             has_l2: true,
         };
         let mut w = PcapWriter::create(Box::new(file), 128, "test".into(), &[eth0], &ctx).unwrap();
-        w.story(1, &journey, &told, None).unwrap();
+        w.story(1, &journey, &told, &[]).unwrap();
         w.finish(&Summary::default()).unwrap();
         assert_eq!(w.packets, 8);
         drop(w);

@@ -23,7 +23,7 @@ use pcap_file::{
 };
 
 use super::pcapng::{HopRecord, PEN};
-use crate::model::{bounded, Summary};
+use crate::model::{bounded, ProbeResult, Summary};
 use crate::{
     decode::hop::Snapshot,
     story::{journey::Journey, Context},
@@ -36,6 +36,8 @@ pub enum Replayed {
     Context(Box<Context>),
     /// One journey, with its hops as traced.
     Story(Journey),
+    /// A `--probe`'s result, after the story of its last packet.
+    Probe(ProbeResult),
     /// The closing counts of a trace that ended cleanly.
     Summary(Summary),
     /// Packets podtrace did not write (no podtrace option).
@@ -133,6 +135,8 @@ struct Replay {
     /// The story being read: its number and hops, and how many hops it
     /// has (0: not written).
     story: Option<(u64, Journey, usize)>,
+    /// The results of the probes the story being read ends.
+    probes: Vec<ProbeResult>,
     foreign: u64,
     /// Packets read.
     packets: u64,
@@ -161,10 +165,12 @@ impl Replay {
         if let Some((n, journey, _)) = &mut self.story {
             if *n == record.story {
                 journey.hops.push(record.hop);
+                self.probes.append(&mut record.probes);
                 return Ok(());
             }
         }
         self.end_story();
+        self.probes.append(&mut record.probes);
         if let Some(names) = record.names {
             self.ctx.names = names;
             self.events
@@ -182,6 +188,8 @@ impl Replay {
         if let Some((_, journey, _)) = self.story.take() {
             self.events.push(Replayed::Story(journey));
         }
+        let probes = std::mem::take(&mut self.probes);
+        self.events.extend(probes.into_iter().map(Replayed::Probe));
     }
 
     /// The file is damaged here: the story being read is told if it is
@@ -196,6 +204,7 @@ impl Replay {
             self.end_story();
         }
         self.story = None;
+        self.probes.clear();
         self.events.push(Replayed::Damaged {
             packets: self.packets,
             why,

@@ -281,7 +281,8 @@ impl Session {
             ctx.label(targets.dst.ip),
             watched.join(", ")
         );
-        self.teller = Some(new_teller(args, ctx));
+        let ends = (targets.src.ip, targets.dst.ip);
+        self.teller = Some(new_teller(args, ctx, Some(ends)));
     }
 
     /// Streams until a stop, `--duration`, `--count`, or every agent ended.

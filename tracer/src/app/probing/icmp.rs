@@ -3,6 +3,9 @@
 
 use std::net::Ipv4Addr;
 
+use super::about::{is_about, Sent};
+use crate::decode::quote::quoted;
+
 const ECHO_REPLY: u8 = 0;
 const DESTINATION_UNREACHABLE: u8 = 3;
 const ECHO_REQUEST: u8 = 8;
@@ -31,23 +34,21 @@ pub(super) fn echo_request(id: u16, seq: u16) -> Vec<u8> {
 }
 
 /// `packet` (an IPv4 packet, as a raw socket reads it) as an answer to
-/// echo (`id`, `seq`), or `None` when it is about something else.
-pub(super) fn about_our_echo(packet: &[u8], echo: (u16, u16)) -> Option<Reply> {
+/// the echo request `sent`, or `None` when it is about something else.
+pub(super) fn about_our_echo(packet: &[u8], sent: &Sent) -> Option<Reply> {
     let (from, icmp) = ipv4_payload(packet)?;
-    about_icmp(from, icmp, echo)
+    about_icmp(from, icmp, sent)
 }
 
-/// An ICMP message from `from` as an answer to echo (`id`, `seq`).
-pub(super) fn about_icmp(from: Ipv4Addr, icmp: &[u8], (id, seq): (u16, u16)) -> Option<Reply> {
-    let ours =
-        |echo: &[u8]| echo.get(4..8) == Some(&[id.to_be_bytes(), seq.to_be_bytes()].concat()[..]);
+/// An ICMP message from `from` as an answer to the echo request `sent`:
+/// its reply, or an error that quotes it.
+pub(super) fn about_icmp(from: Ipv4Addr, icmp: &[u8], sent: &Sent) -> Option<Reply> {
+    let echo = [sent.flow.to_be_bytes(), sent.seq.to_be_bytes()].concat();
     match *icmp.first()? {
-        ECHO_REPLY if ours(icmp) => Some(Reply::Echo),
-        kind @ (DESTINATION_UNREACHABLE | TIME_EXCEEDED) => {
-            let (_, quoted) = ipv4_payload(icmp.get(8..)?)?;
-            if quoted.first() != Some(&ECHO_REQUEST) || !ours(quoted) {
-                return None;
-            }
+        ECHO_REPLY if icmp.get(4..8) == Some(&echo[..]) => Some(Reply::Echo),
+        kind @ (DESTINATION_UNREACHABLE | TIME_EXCEEDED)
+            if quoted(icmp).is_some_and(|q| is_about(&q, sent)) =>
+        {
             Some(Reply::Error(format!(
                 "ICMP {} from {from}",
                 error_words(kind, icmp[1])
@@ -94,12 +95,26 @@ fn checksum(bytes: &[u8]) -> u16 {
 mod tests {
     use super::*;
 
-    fn ipv4(from: [u8; 4], payload: &[u8]) -> Vec<u8> {
+    use crate::model::ProbeKind;
+
+    /// An ICMP packet from `from` to `to`.
+    fn ipv4(from: [u8; 4], to: [u8; 4], payload: &[u8]) -> Vec<u8> {
         let mut packet = vec![0x45, 0, 0, 0, 0, 0, 0, 0, 64, 1, 0, 0];
         packet.extend_from_slice(&from);
-        packet.extend_from_slice(&[10, 0, 0, 1]);
+        packet.extend_from_slice(&to);
         packet.extend_from_slice(payload);
         packet
+    }
+
+    /// Echo request (0x1234, `seq`) from 10.0.0.1 to 10.0.0.2.
+    fn echo(seq: u16) -> Sent {
+        Sent {
+            src: [10, 0, 0, 1].into(),
+            dst: [10, 0, 0, 2].into(),
+            kind: ProbeKind::Icmp,
+            flow: 0x1234,
+            seq,
+        }
     }
 
     #[test]
@@ -111,22 +126,23 @@ mod tests {
     fn its_reply_and_errors_quoting_it_are_recognised_and_others_are_not() {
         let mut reply = echo_request(0x1234, 7);
         reply[0] = ECHO_REPLY;
+        let reply = ipv4([10, 0, 0, 2], [10, 0, 0, 1], &reply);
+        assert_eq!(about_our_echo(&reply, &echo(7)), Some(Reply::Echo));
+        assert_eq!(about_our_echo(&reply, &echo(8)), None);
+        let request = ipv4([10, 0, 0, 1], [10, 0, 0, 2], &echo_request(0x1234, 7));
+        let unreachable = |quoting: &[u8]| {
+            let mut icmp = vec![DESTINATION_UNREACHABLE, 1, 0, 0, 0, 0, 0, 0];
+            icmp.extend_from_slice(quoting);
+            ipv4([10, 0, 0, 254], [10, 0, 0, 1], &icmp)
+        };
         assert_eq!(
-            about_our_echo(&ipv4([10, 0, 0, 2], &reply), (0x1234, 7)),
-            Some(Reply::Echo)
-        );
-        assert_eq!(
-            about_our_echo(&ipv4([10, 0, 0, 2], &reply), (0x1234, 8)),
-            None
-        );
-        let request = ipv4([10, 0, 0, 1], &echo_request(0x1234, 7));
-        let mut unreachable = vec![DESTINATION_UNREACHABLE, 1, 0, 0, 0, 0, 0, 0];
-        unreachable.extend_from_slice(&request);
-        assert_eq!(
-            about_our_echo(&ipv4([10, 0, 0, 254], &unreachable), (0x1234, 7)),
+            about_our_echo(&unreachable(&request), &echo(7)),
             Some(Reply::Error("ICMP host unreachable from 10.0.0.254".into()))
         );
+        // About the same echo to another address: another ping's.
+        let elsewhere = ipv4([10, 0, 0, 1], [10, 0, 0, 3], &echo_request(0x1234, 7));
+        assert_eq!(about_our_echo(&unreachable(&elsewhere), &echo(7)), None);
         // Our own request, read back on the raw socket, is no answer.
-        assert_eq!(about_our_echo(&request, (0x1234, 7)), None);
+        assert_eq!(about_our_echo(&request, &echo(7)), None);
     }
 }

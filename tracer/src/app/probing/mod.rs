@@ -5,6 +5,7 @@
 //! probes, to the destination named, at most every 100 ms, and closes
 //! every socket it opens.
 
+mod about;
 mod icmp;
 mod send;
 mod watch;
@@ -15,6 +16,8 @@ use anyhow::{anyhow, bail, Result};
 use tokio::sync::mpsc;
 
 pub(super) use watch::ProbeWatch;
+
+use about::Sent;
 
 use super::targets::Targets;
 use crate::{
@@ -27,8 +30,9 @@ use crate::{
 /// The probes to send, checked before anything is attached.
 pub(super) struct Probing {
     kind: ProbeKind,
-    /// The source pod's network namespace.
+    /// The source pod's network namespace, and its address.
     netns: PathBuf,
+    src: Ipv4Addr,
     dst: Ipv4Addr,
     count: u32,
     interval: Duration,
@@ -63,6 +67,7 @@ pub(super) async fn prepare(
     Ok(Some(Probing {
         kind,
         netns,
+        src,
         dst: targets.dst.ip,
         count: args.probe.probe_count,
         interval: args.probe.probe_interval,
@@ -153,13 +158,14 @@ fn send_all(probing: &Probing, tx: &mpsc::UnboundedSender<ProbeEvent>) -> Result
         if tx.send(ProbeEvent::Sending(flow)).is_err() {
             return Ok(());
         }
-        let answer = send::send(
-            socket,
-            probing.kind,
-            probing.dst,
-            (flow, seq as u16),
-            probing.timeout,
-        );
+        let sent = Sent {
+            src: probing.src,
+            dst: probing.dst,
+            kind: probing.kind,
+            flow,
+            seq: seq as u16,
+        };
+        let answer = send::send(socket, &sent, probing.timeout);
         if tx
             .send(ProbeEvent::Done(result_of(probing, seq, flow, answer)))
             .is_err()

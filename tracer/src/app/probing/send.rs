@@ -11,6 +11,7 @@ use std::{
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
+use super::about::Sent;
 use crate::model::ProbeKind;
 
 /// What one probe learnt.
@@ -55,20 +56,15 @@ pub(super) fn local_port(socket: &Socket) -> u16 {
         .map_or(0, |a| a.port())
 }
 
-/// Sends one probe of `kind` to `dst` on `socket` and waits at most
-/// `timeout` for its answer (`echo_id`, `seq`: ICMP's).
-pub(super) fn send(
-    socket: Socket,
-    kind: ProbeKind,
-    dst: Ipv4Addr,
-    (echo_id, seq): (u16, u16),
-    timeout: Duration,
-) -> Answer {
+/// Sends the probe packet `sent` on `socket` and waits at most `timeout`
+/// for its answer.
+pub(super) fn send(socket: Socket, sent: &Sent, timeout: Duration) -> Answer {
     let waited = humantime::format_duration(timeout);
+    let kind = sent.kind;
     let outcome = match kind {
-        ProbeKind::Tcp(port) => connect(&socket, SocketAddrV4::new(dst, port), timeout),
-        ProbeKind::Udp(port) => datagram(&socket, SocketAddrV4::new(dst, port), timeout),
-        ProbeKind::Icmp => echo(&socket, dst, (echo_id, seq), timeout),
+        ProbeKind::Tcp(port) => connect(&socket, SocketAddrV4::new(sent.dst, port), timeout),
+        ProbeKind::Udp(port) => datagram(&socket, SocketAddrV4::new(sent.dst, port), timeout),
+        ProbeKind::Icmp => echo(&socket, sent, timeout),
     };
     match outcome {
         Ok(answer) => answer,
@@ -129,13 +125,9 @@ fn datagram(socket: &Socket, to: SocketAddrV4, timeout: Duration) -> std::io::Re
     })
 }
 
-fn echo(
-    socket: &Socket,
-    to: Ipv4Addr,
-    (id, seq): (u16, u16),
-    timeout: Duration,
-) -> std::io::Result<Answer> {
-    let request = super::icmp::echo_request(id, seq);
+fn echo(socket: &Socket, probe: &Sent, timeout: Duration) -> std::io::Result<Answer> {
+    let to = probe.dst;
+    let request = super::icmp::echo_request(probe.flow, probe.seq);
     let sent = Instant::now();
     socket.send_to(&request, &SockAddr::from(SocketAddrV4::new(to, 0)))?;
     let deadline = sent + timeout;
@@ -154,11 +146,11 @@ fn echo(
             .map(|b| unsafe { b.assume_init() })
             .collect();
         let reply = if is_raw(socket) {
-            super::icmp::about_our_echo(&packet, (id, seq))
+            super::icmp::about_our_echo(&packet, probe)
         } else {
             // A ping socket reads the ICMP message alone, with the
             // identifier the kernel gave it.
-            super::icmp::about_icmp(to, &packet, (id, seq))
+            super::icmp::about_icmp(to, &packet, probe)
         };
         let Some(reply) = reply else {
             continue;

@@ -2,8 +2,9 @@
 //! pair's other traffic as skipped, and keeps the verdict of each probe
 //! packet that failed, for the probe's result.
 
-use std::collections::{HashMap, HashSet};
+use std::{collections::HashMap, net::Ipv4Addr};
 
+use super::about::{is_about, Sent};
 use crate::{
     decode::Transport,
     model::{ProbeKind, ProbeResult},
@@ -13,8 +14,10 @@ use crate::{
 /// The probes' flows, as they are sent.
 pub(in crate::app) struct ProbeWatch {
     kind: ProbeKind,
-    /// Source ports (TCP, UDP) or echo identifiers (ICMP).
-    flows: HashSet<u16>,
+    /// The source pod's address and the destination's: the probes' ends.
+    ends: (Ipv4Addr, Ipv4Addr),
+    /// The probes' packets, in the order sent.
+    sent: Vec<Sent>,
     /// The verdict of each probe's last packet that was not delivered, by
     /// its flow and ICMP sequence number (0 for TCP, UDP): a raw socket's
     /// echoes share one identifier.
@@ -24,29 +27,47 @@ pub(in crate::app) struct ProbeWatch {
 }
 
 impl ProbeWatch {
-    pub fn new(kind: ProbeKind) -> Self {
+    /// The probes of `kind` from `ends.0` to `ends.1`.
+    pub fn new(kind: ProbeKind, ends: (Ipv4Addr, Ipv4Addr)) -> Self {
         Self {
             kind,
-            flows: HashSet::new(),
+            ends,
+            sent: Vec::new(),
             failed: HashMap::new(),
             skipped: 0,
         }
     }
 
-    /// A probe is about to be sent on `flow`.
+    /// The next probe is about to be sent on `flow` (its echo sequence
+    /// number is its place in the run).
     pub fn sending(&mut self, flow: u16) {
-        self.flows.insert(flow);
+        self.sent.push(Sent {
+            src: self.ends.0,
+            dst: self.ends.1,
+            kind: self.kind,
+            flow,
+            seq: self.sent.len() as u16 + 1,
+        });
     }
 
     /// The probe `journey`'s packet belongs to (its flow, and ICMP's
-    /// sequence number): either way, and an ICMP error about a probe too.
+    /// sequence number): either way, and an ICMP error that quotes a
+    /// probe's own packet too.
     pub fn flow_of(&self, journey: &Journey) -> Option<(u16, u16)> {
         let transport = journey.hops.first()?.packet.packet.transport;
-        let flow = match (self.kind, transport) {
+        let ours = |flow: u16| self.sent.iter().any(|s| s.flow == flow);
+        match (self.kind, transport) {
+            (
+                _,
+                Transport::Icmp {
+                    icmp_type: 3 | 11 | 12,
+                    ..
+                },
+            ) => self.quoted_probe(journey),
             (ProbeKind::Tcp(_), Transport::Tcp { sport, dport, .. })
             | (ProbeKind::Udp(_), Transport::Udp { sport, dport }) => [sport, dport]
                 .into_iter()
-                .find(|p| self.flows.contains(p))
+                .find(|p| ours(*p))
                 .map(|flow| (flow, 0)),
             (
                 ProbeKind::Icmp,
@@ -56,18 +77,25 @@ impl ProbeWatch {
                     icmp_type: 0 | 8,
                     ..
                 },
-            ) => self.flows.contains(&id).then_some((id, seq)),
-            // An error about a probe quotes it; whose, the probe's own
-            // socket reads: take it as the probes'.
-            (
-                _,
-                Transport::Icmp {
-                    icmp_type: 3 | 11, ..
-                },
-            ) => self.flows.iter().next().map(|flow| (*flow, 0)),
+            ) => ours(id).then_some((id, seq)),
             _ => None,
+        }
+    }
+
+    /// The probe whose packet an ICMP error quotes, on any of its hops (on
+    /// its way back through a Service, conntrack translates the quote to
+    /// what the probe sent).
+    fn quoted_probe(&self, journey: &Journey) -> Option<(u16, u16)> {
+        let sent = journey
+            .hops
+            .iter()
+            .filter_map(|hop| hop.packet.quoted)
+            .find_map(|quoted| self.sent.iter().find(|s| is_about(&quoted, s)))?;
+        let seq = match self.kind {
+            ProbeKind::Icmp => sent.seq,
+            _ => 0,
         };
-        flow
+        Some((sent.flow, seq))
     }
 
     /// `story` of probe `flow` (and ICMP sequence number) was told.
@@ -106,5 +134,81 @@ impl ProbeWatch {
             }
         }
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        decode::{
+            hop::{tests::hop, Direction},
+            quote::tests::{error, icmp_frame, udp},
+            tests::icmp_echo,
+        },
+        node::interfaces::Role,
+    };
+
+    const WEB: [u8; 4] = [10, 0, 1, 2];
+    const DB: [u8; 4] = [10, 0, 2, 2];
+
+    /// The journey of one ICMP message from `src` to `dst`, seen on the
+    /// source pod's veth.
+    fn icmp_journey(src: [u8; 4], dst: [u8; 4], icmp: &[u8]) -> Journey {
+        let frame = icmp_frame(src, dst, icmp);
+        Journey::new(vec![hop(
+            1_000,
+            "node-1",
+            "vethA",
+            Role::PodVeth,
+            Direction::Egress,
+            &frame,
+        )])
+    }
+
+    #[test]
+    fn an_icmp_error_is_a_probes_only_if_it_quotes_the_probes_own_packet() {
+        let mut watch = ProbeWatch::new(ProbeKind::Udp(5354), (WEB.into(), DB.into()));
+        watch.sending(40000);
+        watch.sending(40002);
+        let port_unreachable = |quoting: &[u8]| icmp_journey(DB, WEB, &error(3, 3, quoting));
+        assert_eq!(
+            watch.flow_of(&port_unreachable(&udp(WEB, DB, 40002, 5354))),
+            Some((40002, 0))
+        );
+        // The pair's other UDP traffic gets its own port unreachable: not
+        // the probe's answer.
+        assert_eq!(
+            watch.flow_of(&port_unreachable(&udp(WEB, DB, 40001, 5355))),
+            None
+        );
+        assert_eq!(
+            watch.flow_of(&port_unreachable(&udp(WEB, DB, 40000, 5355))),
+            None
+        );
+        // A frag needed about the probe's datagram is its answer.
+        let frag_needed = icmp_journey(DB, WEB, &error(3, 4, &udp(WEB, DB, 40000, 5354)));
+        assert_eq!(watch.flow_of(&frag_needed), Some((40000, 0)));
+    }
+
+    #[test]
+    fn an_echos_error_is_the_probe_of_its_sequence_number() {
+        // A raw socket's echoes share one identifier (etherparse's: 7).
+        let mut watch = ProbeWatch::new(ProbeKind::Icmp, (WEB.into(), DB.into()));
+        watch.sending(7);
+        watch.sending(7);
+        let unreachable = |seq| {
+            let request = icmp_echo(WEB, DB, 64, seq);
+            icmp_journey([10, 0, 1, 1], WEB, &error(3, 1, &request[14..]))
+        };
+        assert_eq!(watch.flow_of(&unreachable(2)), Some((7, 2)));
+        assert_eq!(watch.flow_of(&unreachable(1)), Some((7, 1)));
+        // An echo the probes did not send (a ping of the pod's own).
+        assert_eq!(watch.flow_of(&unreachable(3)), None);
+        let request = icmp_echo(WEB, DB, 64, 1);
+        assert_eq!(
+            watch.flow_of(&icmp_journey(WEB, DB, &request[34..])),
+            Some((7, 1))
+        );
     }
 }
