@@ -4,6 +4,7 @@
 //! - `journey`: one packet's sightings, and the key that finds them;
 //! - `correlator`: grouping the sightings of one packet (correlation);
 //! - `nat`, `nat_steps`: one packet across translations, and their naming;
+//!   `nat_connections`: the connections conntrack reported, indexed;
 //! - `notes`: the wording of each hop;
 //! - `verdict`: how the packet travelled and where it ended;
 //! - `verdict_names`, `rule_text`: the rule that dropped it, read, and the
@@ -20,6 +21,7 @@ mod findings;
 pub mod journey;
 pub mod lost_agents;
 pub mod nat;
+pub mod nat_connections;
 pub mod nat_steps;
 mod notes;
 pub mod profile;

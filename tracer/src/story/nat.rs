@@ -16,11 +16,14 @@
 //!
 //! Naming those translations in a journey's story is `nat_steps`.
 
-use std::{collections::VecDeque, net::Ipv4Addr};
+use std::net::Ipv4Addr;
 
 use serde::{Deserialize, Serialize};
 
-use super::journey::PacketKey;
+use super::{
+    journey::PacketKey,
+    nat_connections::{Connections, MAX_CONNECTIONS},
+};
 use crate::{
     decode::{Ipv4Packet, Transport},
     model::{Frontend, Translation},
@@ -34,7 +37,7 @@ use crate::{
 pub struct NatBook {
     pub translations: Vec<Translation>,
     #[serde(default)]
-    pub connections: VecDeque<Connection>,
+    pub connections: Connections,
 }
 
 /// A translated connection, as conntrack reported it.
@@ -50,10 +53,6 @@ pub struct Connection {
     #[serde(default)]
     pub untraced_until_ns: u64,
 }
-
-/// Connections remembered, and source translations (one per connection):
-/// the oldest go first.
-const MAX_CONNECTIONS: usize = 4096;
 
 fn reversed(t: &Tuple) -> Tuple {
     Tuple {
@@ -166,16 +165,7 @@ impl NatBook {
             mark: entry.mark,
             untraced_until_ns,
         };
-        let known = self
-            .connections
-            .iter()
-            .any(|k| (k.orig, k.reply) == (c.orig, c.reply));
-        if !known {
-            if self.connections.len() == MAX_CONNECTIONS {
-                self.connections.pop_front();
-            }
-            self.connections.push_back(c);
-        }
+        self.connections.remember(c);
         let at = |ip, port| Frontend { ip, port };
         let mut learnt = Vec::new();
         if entry.dnat() {
@@ -235,12 +225,13 @@ impl NatBook {
     /// The connection a packet belongs to, in either direction, before or
     /// after its translation.
     pub(super) fn connection_of(&self, packets: [&Ipv4Packet; 2]) -> Option<&Connection> {
-        let tuples: Vec<Tuple> = packets.into_iter().filter_map(tuple_of).collect();
-        self.connections.iter().rev().find(|c| {
-            tuples
-                .iter()
-                .any(|t| [c.orig, c.reply, reversed(&c.orig), reversed(&c.reply)].contains(t))
-        })
+        packets
+            .into_iter()
+            .filter_map(tuple_of)
+            .flat_map(|t| [reversed(&t), t])
+            .filter_map(|t| self.connections.newest_with(&t))
+            .max_by_key(|(seq, _)| *seq)
+            .map(|(_, c)| c)
     }
 
     /// A packet last seen before a translation podtrace learnt from
@@ -248,69 +239,16 @@ impl NatBook {
     /// (`DNAT a → b`, `SNAT a → b`), to say why it was not seen again.
     pub fn translated_out_of_sight(&self, last: &Ipv4Packet, seen_ns: u64) -> Option<String> {
         let t = tuple_of(last)?;
-        self.late_translation(seen_ns, |c| {
-            if c.orig == t {
-                Some(true)
-            } else {
-                (c.reply == t).then_some(false)
-            }
-        })
+        let (_, c) = self.connections.newest_with(&t)?;
+        late_translation(c, seen_ns, c.orig == t)
     }
 
     /// A packet first seen after such a translation: the translation it
     /// had been through, to say why its earlier hops are missing.
     pub fn translated_before_sight(&self, first: &Ipv4Packet, seen_ns: u64) -> Option<String> {
-        let t = tuple_of(first)?;
-        self.late_translation(seen_ns, |c| {
-            if reversed(&c.reply) == t {
-                Some(true)
-            } else {
-                (reversed(&c.orig) == t).then_some(false)
-            }
-        })
-    }
-
-    /// The translation of the connection `side` finds, as `DNAT a → b,
-    /// SNAT c → d` (`side`: whether the packet is the request), if the
-    /// packet, seen at `seen_ns`, passed while its translated addresses
-    /// were not traced yet.
-    fn late_translation(
-        &self,
-        seen_ns: u64,
-        side: impl Fn(&Connection) -> Option<bool>,
-    ) -> Option<String> {
-        let (c, request) = self
-            .connections
-            .iter()
-            .rev()
-            .find_map(|c| side(c).map(|r| (c, r)))?;
-        if seen_ns >= c.untraced_until_ns {
-            return None;
-        }
-        let (from, to) = if request {
-            (c.orig, reversed(&c.reply))
-        } else {
-            (c.reply, reversed(&c.orig))
-        };
-        let (dst_kind, src_kind) = if request {
-            ("DNAT", "SNAT")
-        } else {
-            ("un-SNAT", "un-DNAT")
-        };
-        let mut said = Vec::new();
-        if (from.dst, from.dport) != (to.dst, to.dport) {
-            said.push(format!(
-                "{dst_kind} {}:{} → {}:{}",
-                from.dst, from.dport, to.dst, to.dport
-            ));
-        }
-        if (from.src, from.sport) != (to.src, to.sport) {
-            said.push(format!(
-                "{src_kind} {}:{} → {}:{}",
-                from.src, from.sport, to.src, to.sport
-            ));
-        }
-        (!said.is_empty()).then(|| said.join(", "))
+        let t = reversed(&tuple_of(first)?);
+        let (_, c) = self.connections.newest_with(&t)?;
+        late_translation(c, seen_ns, c.reply == t)
     }
 
     pub(super) fn by_front(&self, at: Frontend, back: Option<Frontend>) -> Option<&Translation> {
@@ -325,6 +263,40 @@ impl NatBook {
     pub(super) fn is_front(&self, at: Frontend) -> bool {
         self.translations.iter().any(|t| !t.source && t.front == at)
     }
+}
+
+/// The translation of connection `c`, as `DNAT a → b, SNAT c → d`
+/// (`request`: whether the packet is the request), if the packet,
+/// seen at `seen_ns`, passed while its translated addresses were not
+/// traced yet.
+fn late_translation(c: &Connection, seen_ns: u64, request: bool) -> Option<String> {
+    if seen_ns >= c.untraced_until_ns {
+        return None;
+    }
+    let (from, to) = if request {
+        (c.orig, reversed(&c.reply))
+    } else {
+        (c.reply, reversed(&c.orig))
+    };
+    let (dst_kind, src_kind) = if request {
+        ("DNAT", "SNAT")
+    } else {
+        ("un-SNAT", "un-DNAT")
+    };
+    let mut said = Vec::new();
+    if (from.dst, from.dport) != (to.dst, to.dport) {
+        said.push(format!(
+            "{dst_kind} {}:{} → {}:{}",
+            from.dst, from.dport, to.dst, to.dport
+        ));
+    }
+    if (from.src, from.sport) != (to.src, to.sport) {
+        said.push(format!(
+            "{src_kind} {}:{} → {}:{}",
+            from.src, from.sport, to.src, to.sport
+        ));
+    }
+    (!said.is_empty()).then(|| said.join(", "))
 }
 
 #[cfg(test)]
@@ -356,7 +328,7 @@ pub(crate) mod tests {
                 t([10, 244, 2, 2], "default/db-0"),
                 t([10, 244, 2, 3], "default/db-1"),
             ],
-            connections: VecDeque::new(),
+            connections: Default::default(),
         }
     }
 
