@@ -10,11 +10,31 @@ use std::{
     io::Write,
     os::{fd::AsRawFd, unix::fs::MetadataExt},
     process::{Command, Stdio},
+    sync::{RwLock, RwLockReadGuard, RwLockWriteGuard},
     time::{Duration, Instant},
 };
 
 use support::*;
 use xtask::lab::{in_netns, Lab, Topology};
+
+/// Every podtrace sweeps what dead runs left, in every lab, before it
+/// attaches. A test that looks at a killed run's leftovers before its own
+/// sweep would see another test's podtrace remove them first (CI saw 0
+/// filters "left by the kill"), so it runs alone: it takes this for
+/// writing, every other test for reading.
+static SWEEPERS: RwLock<()> = RwLock::new(());
+
+fn among_sweepers() -> RwLockReadGuard<'static, ()> {
+    SWEEPERS
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn no_other_sweeper() -> RwLockWriteGuard<'static, ()> {
+    SWEEPERS
+        .write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 fn run_in(netns: &str, program: &str, args: &[&str]) -> String {
     let out = in_netns(netns, program)
@@ -48,6 +68,7 @@ fn clsact_args(lab: &Lab, extra: &[&str]) -> Vec<String> {
 
 #[test]
 fn two_clsact_runs_leave_each_other_attached_whichever_exits_first() {
+    let _sweepers = among_sweepers();
     let lab = lab(Topology::FlannelVxlan);
     let node1 = lab.0.node_netns(1);
     for first_to_exit in [0, 1] {
@@ -100,6 +121,7 @@ fn two_clsact_runs_leave_each_other_attached_whichever_exits_first() {
 
 #[test]
 fn a_default_run_removes_what_a_killed_clsact_run_left() {
+    let _sweepers = no_other_sweeper();
     let lab = lab(Topology::FlannelVxlan);
     let node1 = lab.0.node_netns(1);
     let killed = Trace::start(&clsact_args(&lab.0, &[]));
@@ -126,6 +148,7 @@ fn a_default_run_removes_what_a_killed_clsact_run_left() {
 
 #[test]
 fn a_qdisc_podtrace_did_not_add_stays_with_its_filters() {
+    let _sweepers = among_sweepers();
     let lab = lab(Topology::FlannelVxlan);
     let node1 = lab.0.node_netns(1);
     run_in(&node1, "tc", &["qdisc", "add", "dev", "cni0", "clsact"]);
@@ -186,6 +209,7 @@ fn tc_state(netns: &str) -> String {
 
 #[test]
 fn a_signal_during_start_leaves_nothing_behind() {
+    let _sweepers = among_sweepers();
     let lab = lab(Topology::FlannelVxlan);
     let nodes = [lab.0.node_netns(1), lab.0.node_netns(2)];
     let before: Vec<String> = nodes.iter().map(|n| tc_state(n)).collect();
@@ -281,6 +305,7 @@ fn start_and_stop(lab: &Lab) -> String {
 
 #[test]
 fn a_live_runs_table_stays_and_a_dead_runs_goes() {
+    let _sweepers = among_sweepers();
     let lab = lab(Topology::FlannelVxlan);
     let node1 = lab.0.node_netns(1);
     let live = FakeRun::alive(&node1);
@@ -301,6 +326,7 @@ fn a_live_runs_table_stays_and_a_dead_runs_goes() {
 
 #[test]
 fn a_podtrace_in_its_own_pid_namespace_leaves_live_runs_alone() {
+    let _sweepers = among_sweepers();
     let lab = lab(Topology::FlannelVxlan);
     let node1 = lab.0.node_netns(1);
     let host = Trace::start(&argv(&["web-0", "db-0"], lab_args(&lab.0, &[1])));

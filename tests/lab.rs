@@ -459,17 +459,18 @@ fn clsact_fallback_attaches_and_cleans_up_even_after_sigkill() {
         "the clsact qdisc podtrace added is removed too"
     );
 
-    // After SIGKILL the filters stay; the next start removes them.
+    // After SIGKILL the filters stay; the next start removes them. (Any
+    // podtrace's start may: the other tests' runs share /run/podtrace, so
+    // it may already be gone here. cleanup.rs sees the leftover alone.)
     let trace = Trace::start(&argv(
         &["web-0", "db-0", "--attach", "clsact"],
         lab_args(&lab.0, &[1]),
     ));
     trace.signal(libc::SIGKILL);
     trace.finish();
-    assert_eq!(
-        tc_filters(),
-        1,
-        "a killed podtrace cannot clean up its clsact filters"
+    assert!(
+        tc_filters() <= 1,
+        "a killed podtrace leaves at most its own clsact filter"
     );
     let trace = Trace::start(&argv(
         &["web-0", "db-0", "--attach", "clsact"],
