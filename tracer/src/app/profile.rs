@@ -11,7 +11,12 @@ use std::{
 use anyhow::{Context as _, Result};
 use podtrace_common::{hook_parts, StepKey};
 
-use super::{require_root, resolve_and_attach, stop::Stop, until, Trace};
+use super::{
+    require_root, resolve_and_attach,
+    stop::Stop,
+    stream::{drive, Source},
+    Trace,
+};
 use crate::{
     cli::{Args, ProfileArgs},
     decode::hop::Direction,
@@ -66,20 +71,12 @@ pub async fn run(profile: ProfileArgs) -> Result<()> {
     };
     let started = Instant::now();
     let live = std::io::stderr().is_terminal();
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    let until_deadline = until(args.duration);
-    tokio::pin!(until_deadline);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => if live {
-                progress(&read(&trace)?, started);
-            },
-            // Only drops reach the ring in profile mode: not told here.
-            Some(_) = trace.sightings.recv() => {}
-            () = stop.recv() => break,
-            _ = &mut until_deadline => break,
-        }
-    }
+    let mut profiling = Profiling {
+        trace: &mut trace,
+        started,
+        live,
+    };
+    drive(&mut profiling, Some(&mut stop), args.duration, false).await?;
     let steps = steps::chain(read(&trace)?);
     let unmeasured = trace
         .nodes
@@ -102,6 +99,41 @@ pub async fn run(profile: ProfileArgs) -> Result<()> {
             .with_context(|| format!("cannot write {}", file.display()))?;
     }
     Ok(())
+}
+
+/// A profiled trace as a stream loop's source: its steps shown live each
+/// second on a terminal.
+struct Profiling<'a> {
+    trace: &'a mut Trace,
+    started: Instant,
+    live: bool,
+}
+
+impl Source for Profiling<'_> {
+    type Event = ();
+
+    fn tick_every(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    async fn next(&mut self) -> Option<()> {
+        // Only drops reach the ring in profile mode: not told here.
+        match self.trace.sightings.recv().await {
+            Some(_) => Some(()),
+            None => std::future::pending().await,
+        }
+    }
+
+    async fn take(&mut self, _: ()) -> Result<()> {
+        Ok(())
+    }
+
+    async fn tick(&mut self) -> Result<()> {
+        if self.live {
+            progress(&read(self.trace)?, self.started);
+        }
+        Ok(())
+    }
 }
 
 /// Every node's steps, hooks named (a step from another node's hook is

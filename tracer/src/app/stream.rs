@@ -1,10 +1,16 @@
-//! The one stream loop of a trace on this host (pwru's read → decode →
-//! hand over): the nodes' records placed as hops, their netfilter rules,
-//! conntrack entries and link changes, and the traced pods' moves, each
-//! handed to a [`Consumer`]: node mode's local correlator ([`Local`]), or
-//! an agent's wire (`agent::Output`).
+//! The one stream loop ([`drive`], pwru's read → decode → hand over), and
+//! its two sources: a traced node's kernel ([`NodeStream`]: its records
+//! placed as hops, its netfilter rules, conntrack entries and link
+//! changes, and the traced pods' moves, each handed to a [`Consumer`]:
+//! node mode's local correlator ([`Local`]), or an agent's wire
+//! (`agent::Output`)), and the agents' logs (the front-end's `Session`).
+//! Profile mode's live progress runs on it too.
 
-use std::{io::Write, time::Duration};
+use std::{
+    io::Write,
+    net::Ipv4Addr,
+    time::{Duration, Instant},
+};
 
 use anyhow::Result;
 use ipnet::Ipv4Net;
@@ -24,7 +30,10 @@ use crate::{
     cluster::api::PodMoved,
     decode::hop::Hop,
     model::{ProbeResult, Summary},
-    probe::{clock::monotonic_ns, conntrack, netfilter::TracedRule, RING_HANDOVER},
+    probe::{
+        clock::monotonic_ns, conntrack, link_watch::LinkChange, netfilter::TracedRule, Batch,
+        RING_HANDOVER,
+    },
     story::{
         correlator::{Correlator, Waits},
         Context,
@@ -125,77 +134,227 @@ pub(super) trait Consumer {
     }
 }
 
-/// Streams until Ctrl-C, SIGTERM, `--duration`, the consumer says stop,
-/// or `gone` says why (an agent's lease went stale: returned).
+/// What a stream loop hears from, and does with what it hears: a traced
+/// node's kernel ([`NodeStream`]: node mode and the agent), or the agents'
+/// logs (the front-end).
+pub(super) trait Source {
+    type Event;
+    /// How often [`Source::tick`] runs.
+    fn tick_every(&self) -> Duration;
+    /// The next thing heard; `None` once nothing more will come. Must be
+    /// cancel-safe: the loop drops it whenever another arm wins.
+    async fn next(&mut self) -> Option<Self::Event>;
+    /// One thing heard.
+    async fn take(&mut self, event: Self::Event) -> Result<()>;
+    /// The periodic step: what is done is told or handed on.
+    async fn tick(&mut self) -> Result<()>;
+    /// Whether the trace is over (`--count` reached, every agent ended, a
+    /// lease lost).
+    fn over(&self) -> bool {
+        false
+    }
+    /// When `--probe`'s last probe ended, once it has.
+    fn probes_done(&self) -> Option<Instant> {
+        None
+    }
+}
+
+/// Why a stream loop ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Ended {
+    /// The source said the trace is over, or went quiet for good.
+    Over,
+    /// Ctrl-C or SIGTERM.
+    Stopped,
+    /// `--duration`, or the loop's own deadline.
+    Deadline,
+    /// The last probe's stories were told.
+    Probed,
+}
+
+/// The one stream loop (pwru's read → decode → hand over): everything
+/// `source` hears, handed back to it as it comes, and its tick, until it
+/// is over, `stop` (when given), `deadline`, or (`end_with_probes`) the
+/// last probe's stories have had their time.
+pub(super) async fn drive(
+    source: &mut impl Source,
+    mut stop: Option<&mut Stop>,
+    deadline: Option<Duration>,
+    end_with_probes: bool,
+) -> Result<Ended> {
+    let mut tick = tokio::time::interval(source.tick_every());
+    let until_deadline = until(deadline);
+    tokio::pin!(until_deadline);
+    while !source.over() {
+        tokio::select! {
+            event = source.next() => match event {
+                Some(event) => source.take(event).await?,
+                None => return Ok(Ended::Over),
+            },
+            _ = tick.tick() => {
+                source.tick().await?;
+                let probes_told = source
+                    .probes_done()
+                    .is_some_and(|at| at.elapsed() >= PROBE_STORIES);
+                if end_with_probes && probes_told {
+                    return Ok(Ended::Probed);
+                }
+            }
+            () = stopped(&mut stop) => return Ok(Ended::Stopped),
+            _ = &mut until_deadline => return Ok(Ended::Deadline),
+        }
+    }
+    Ok(Ended::Over)
+}
+
+/// Whether a trace without `--count` or `--duration` ends once its probes'
+/// stories are told.
+pub(super) fn ends_with_probes(args: &Args) -> bool {
+    args.count.is_none() && args.duration.is_none()
+}
+
+async fn stopped(stop: &mut Option<&mut Stop>) {
+    match stop {
+        Some(stop) => stop.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Streams a traced node until Ctrl-C, SIGTERM, `--duration`, the consumer
+/// says stop, or `gone` says why (an agent's lease went stale: returned).
 pub(super) async fn stream(
     args: &Args,
     trace: &mut Trace,
     stop: &mut Stop,
     consumer: &mut impl Consumer,
     summary: &mut Summary,
-    mut gone: mpsc::UnboundedReceiver<String>,
+    gone: mpsc::UnboundedReceiver<String>,
 ) -> Result<Option<String>> {
-    let mut moved_rx = watch_moves(trace);
-    let mut traced_ips = (trace.targets.src.ip, trace.targets.dst.ip);
-    let mut losses = LossWatch::new(&trace.nodes, monotonic_ns());
-    let mut tick = tokio::time::interval(consumer.tick_every());
-    let until_deadline = until(args.duration);
-    tokio::pin!(until_deadline);
-    let mut why_gone = None;
-    // When the last probe ended: its stories are told soon after.
-    let mut probes_done: Option<tokio::time::Instant> = None;
-    let ends_with_probes =
-        consumer.ends_with_probes() && args.count.is_none() && args.duration.is_none();
-    loop {
+    let end_with_probes = consumer.ends_with_probes() && ends_with_probes(args);
+    let mut node = NodeStream {
+        moved: watch_moves(trace),
+        traced_ips: (trace.targets.src.ip, trace.targets.dst.ip),
+        losses: LossWatch::new(&trace.nodes, monotonic_ns()),
+        trace,
+        consumer,
+        summary,
+        gone,
+        why_gone: None,
+        probes_done: None,
+        over: false,
+    };
+    drive(&mut node, Some(stop), args.duration, end_with_probes).await?;
+    // Let the ring readers hand over what they have read, then take it.
+    tokio::time::sleep(RING_HANDOVER).await;
+    hand_over_queued(node.trace, node.summary, node.consumer).await;
+    Ok(node.why_gone)
+}
+
+/// A traced node's kernel as a stream loop's [`Source`]: its records
+/// placed as hops, its netfilter rules, conntrack entries and link
+/// changes, the traced pods' moves and `--probe`, each handed to a
+/// [`Consumer`].
+struct NodeStream<'a, C> {
+    trace: &'a mut Trace,
+    consumer: &'a mut C,
+    summary: &'a mut Summary,
+    moved: mpsc::UnboundedReceiver<PodMoved>,
+    traced_ips: (Ipv4Addr, Ipv4Addr),
+    losses: LossWatch,
+    /// Says why the trace must end (an agent's lease went stale).
+    gone: mpsc::UnboundedReceiver<String>,
+    why_gone: Option<String>,
+    probes_done: Option<Instant>,
+    over: bool,
+}
+
+/// What a traced node's kernel and its watchers say.
+enum NodeEvent {
+    Sightings(Batch),
+    Probe(ProbeEvent),
+    ProbesDone,
+    Moved(PodMoved),
+    Rule(TracedRule),
+    Conntrack(conntrack::Entry),
+    Link(u32, LinkChange),
+    Gone(String),
+}
+
+impl<C: Consumer> Source for NodeStream<'_, C> {
+    type Event = NodeEvent;
+
+    fn tick_every(&self) -> Duration {
+        self.consumer.tick_every()
+    }
+
+    async fn next(&mut self) -> Option<NodeEvent> {
+        let trace = &mut *self.trace;
         tokio::select! {
-            batch = trace.sightings.recv() => {
-                let Some(batch) = batch else { break };
+            batch = trace.sightings.recv() => batch.map(NodeEvent::Sightings),
+            event = next_probe_event(&mut trace.probes) => {
+                Some(event.map_or(NodeEvent::ProbesDone, NodeEvent::Probe))
+            }
+            Some(moved) = self.moved.recv() => Some(NodeEvent::Moved(moved)),
+            Some((_node, rule)) = trace.rules.recv() => Some(NodeEvent::Rule(rule)),
+            Some((_node, entry)) = trace.conntrack.recv() => Some(NodeEvent::Conntrack(entry)),
+            Some((node, change)) = trace.links.recv() => Some(NodeEvent::Link(node, change)),
+            Some(why) = self.gone.recv() => Some(NodeEvent::Gone(why)),
+            else => None,
+        }
+    }
+
+    async fn take(&mut self, event: NodeEvent) -> Result<()> {
+        match event {
+            NodeEvent::Sightings(batch) => {
                 for sighting in &batch {
-                    if let Some(hop) = to_hop(sighting, trace, summary).await {
-                        consumer.hop(hop);
+                    if let Some(hop) = to_hop(sighting, self.trace, self.summary).await {
+                        self.consumer.hop(hop);
                     }
                 }
             }
-            _ = tick.tick() => {
-                // Read before the queue is taken: every record stamped
-                // before it is then handed over, whichever node sent it.
-                let read_through = trace.read_through();
-                hand_over_queued(trace, summary, consumer).await;
-                let now = monotonic_ns();
-                let loss = losses.check(&trace.nodes, now)?;
-                if !consumer.tick(read_through, now, loss)? {
-                    break;
-                }
-                if ends_with_probes && probes_done.is_some_and(|at| at.elapsed() >= PROBE_STORIES) {
-                    break;
-                }
+            NodeEvent::Probe(event) => self.consumer.probe(event),
+            NodeEvent::ProbesDone => {
+                self.trace.probes = None;
+                self.probes_done = Some(Instant::now());
             }
-            event = next_probe_event(&mut trace.probes) => match event {
-                Some(event) => consumer.probe(event),
-                None => {
-                    trace.probes = None;
-                    probes_done = Some(tokio::time::Instant::now());
-                }
-            },
-            Some(moved) = moved_rx.recv() => {
-                follow_move(trace, &mut traced_ips, &moved)?;
-                consumer.moved(&moved);
+            NodeEvent::Moved(moved) => {
+                follow_move(self.trace, &mut self.traced_ips, &moved)?;
+                self.consumer.moved(&moved);
             }
-            Some((_node, rule)) = trace.rules.recv() => consumer.rule(rule, monotonic_ns()),
-            Some((_node, entry)) = trace.conntrack.recv() => consumer.conntrack(entry, trace).await?,
-            Some((node, change)) = trace.links.recv() => {
-                link_changed(trace, node, change, summary);
-                consumer.hooks(summary.hooks_attached);
+            NodeEvent::Rule(rule) => self.consumer.rule(rule, monotonic_ns()),
+            NodeEvent::Conntrack(entry) => self.consumer.conntrack(entry, self.trace).await?,
+            NodeEvent::Link(node, change) => {
+                link_changed(self.trace, node, change, self.summary);
+                self.consumer.hooks(self.summary.hooks_attached);
             }
-            Some(why) = gone.recv() => { why_gone = Some(why); break }
-            () = stop.recv() => break,
-            _ = &mut until_deadline => break,
+            NodeEvent::Gone(why) => {
+                self.why_gone = Some(why);
+                self.over = true;
+            }
         }
+        Ok(())
     }
-    // Let the ring readers hand over what they have read, then take it.
-    tokio::time::sleep(RING_HANDOVER).await;
-    hand_over_queued(trace, summary, consumer).await;
-    Ok(why_gone)
+
+    async fn tick(&mut self) -> Result<()> {
+        // Read before the queue is taken: every record stamped before it
+        // is then handed over, whichever node sent it.
+        let read_through = self.trace.read_through();
+        hand_over_queued(self.trace, self.summary, self.consumer).await;
+        let now = monotonic_ns();
+        let loss = self.losses.check(&self.trace.nodes, now)?;
+        if !self.consumer.tick(read_through, now, loss)? {
+            self.over = true;
+        }
+        Ok(())
+    }
+
+    fn over(&self) -> bool {
+        self.over
+    }
+
+    fn probes_done(&self) -> Option<Instant> {
+        self.probes_done
+    }
 }
 
 /// What `--probe`'s thread says next; `None` once it is done, and never

@@ -36,7 +36,7 @@ use lost::record_kind;
 use super::{
     context_of, correlator_for, new_teller,
     stop::Stop,
-    stream::PROBE_STORIES,
+    stream::{drive, ends_with_probes, Ended, Source},
     targets::{vantage, Targets},
     teller::Teller,
     wire::Read,
@@ -117,6 +117,8 @@ struct Session {
     started_at: Instant,
     summary: Summary,
     wanted_more: bool,
+    /// The agents were told to stop: only their last records are heard.
+    draining: bool,
     /// `--probe`: the results the source's agent sent, and when the last
     /// came.
     probe_results: Vec<ProbeResult>,
@@ -155,6 +157,7 @@ impl Session {
                 ..Default::default()
             },
             wanted_more: true,
+            draining: false,
             probe_results: Vec::new(),
             probes_done: None,
             probes_wanted: 0,
@@ -287,42 +290,19 @@ impl Session {
 
     /// Streams until a stop, `--duration`, `--count`, or every agent ended.
     async fn stream(&mut self, args: &Args, stop: &mut Stop) -> Result<()> {
-        let mut tick = tokio::time::interval(Duration::from_millis(50));
-        let until_deadline = super::until(args.duration);
-        tokio::pin!(until_deadline);
-        while self.wanted_more && self.agents.values().any(|a| !a.ended) {
-            tokio::select! {
-                heard = self.heard.recv() => {
-                    if let Some(heard) = heard { self.hear(heard)?; }
-                }
-                _ = tick.tick() => {
-                    self.release(false)?;
-                    let ends_with_probes = args.count.is_none() && args.duration.is_none();
-                    if ends_with_probes && self.probes_done.is_some_and(|at| at.elapsed() >= PROBE_STORIES) {
-                        break;
-                    }
-                }
-                () = stop.recv() => break,
-                _ = &mut until_deadline => break,
-            }
-        }
+        drive(self, Some(stop), args.duration, ends_with_probes(args)).await?;
         Ok(())
     }
 
     /// After the pods were deleted: their last records, until each log ends.
     async fn drain(&mut self, agents: &Agents) -> Result<()> {
-        let until = tokio::time::Instant::now() + END_PATIENCE;
-        while self.agents.values().any(|a| !a.ended) {
-            tokio::select! {
-                heard = self.heard.recv() => match heard {
-                    Some(heard) => self.hear(heard)?,
-                    None => break,
-                },
-                _ = tokio::time::sleep_until(until) => {
-                    eprintln!("podtrace: agents in namespace {} did not end within {} s", agents.namespace, END_PATIENCE.as_secs());
-                    break;
-                }
-            }
+        self.draining = true;
+        if drive(self, None, Some(END_PATIENCE), false).await? == Ended::Deadline {
+            eprintln!(
+                "podtrace: agents in namespace {} did not end within {} s",
+                agents.namespace,
+                END_PATIENCE.as_secs()
+            );
         }
         self.release(true)
     }
@@ -429,6 +409,38 @@ impl Session {
         teller.tell_probes(self.probe_results, &mut summary)?;
         teller.finish(summary)?;
         lost::unless_agents_lost(&self.agents)
+    }
+}
+
+/// The agents' logs as a stream loop's source.
+impl Source for Session {
+    type Event = Heard;
+
+    fn tick_every(&self) -> Duration {
+        Duration::from_millis(50)
+    }
+
+    async fn next(&mut self) -> Option<Heard> {
+        self.heard.recv().await
+    }
+
+    async fn take(&mut self, heard: Heard) -> Result<()> {
+        self.hear(heard)
+    }
+
+    async fn tick(&mut self) -> Result<()> {
+        self.release(false)
+    }
+
+    fn over(&self) -> bool {
+        // Once drained, what is left to hear is every agent's end, even
+        // past `--count`: their summaries count what they saw.
+        let told_enough = !self.wanted_more && !self.draining;
+        told_enough || self.agents.values().all(|a| a.ended)
+    }
+
+    fn probes_done(&self) -> Option<Instant> {
+        self.probes_done
     }
 }
 
