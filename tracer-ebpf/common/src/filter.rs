@@ -7,7 +7,7 @@
 //! code.
 
 use crate::headers::*;
-use crate::packet::Bytes;
+use crate::packet::{ipv4_len, Bytes};
 
 /// Ports a filter holds at most (`--port` repeated).
 pub const MAX_FILTER_PORTS: usize = 8;
@@ -106,10 +106,7 @@ fn l4_of<B: Bytes + ?Sized>(b: &B, ip: usize) -> Option<(u8, usize, bool)> {
     // The header's first ten bytes at once: version and length, the
     // fragment offset and the protocol, for one bounds check.
     let h = b.bytes_at::<{ IPV4_PROTOCOL + 1 }>(ip)?;
-    let len = ((h[IPV4_VER_IHL] & IPV4_IHL_MASK) as usize) * 4;
-    if h[IPV4_VER_IHL] >> 4 != IPV4_VERSION || len < IPV4_HLEN {
-        return None;
-    }
+    let len = ipv4_len(h[IPV4_VER_IHL])?;
     let offset = u16::from_be_bytes([h[IPV4_FRAG_OFF], h[IPV4_FRAG_OFF + 1]]) & IPV4_OFFSET_MASK;
     Some((h[IPV4_PROTOCOL], ip + len, offset == 0))
 }

@@ -84,7 +84,13 @@ pub fn ethernet_payload<B: Bytes + ?Sized>(b: &B, at: usize) -> Option<usize> {
 /// Length of the IPv4 header at `l3`, if it is one.
 #[inline(always)]
 pub fn ipv4_header_len<B: Bytes + ?Sized>(b: &B, l3: usize) -> Option<usize> {
-    let ver_ihl = b.u8_at(l3 + IPV4_VER_IHL)?;
+    ipv4_len(b.u8_at(l3 + IPV4_VER_IHL)?)
+}
+
+/// The header length an IPv4 header's first byte (version and IHL) says,
+/// if it is an IPv4 header's.
+#[inline(always)]
+pub fn ipv4_len(ver_ihl: u8) -> Option<usize> {
     let len = ((ver_ihl & IPV4_IHL_MASK) as usize) * 4;
     (ver_ihl >> 4 == IPV4_VERSION && len >= IPV4_HLEN).then_some(len)
 }
