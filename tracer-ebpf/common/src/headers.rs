@@ -12,6 +12,7 @@ pub const ETH_TYPE: usize = 12;
 pub const VLAN_HLEN: usize = 4;
 
 pub const ETH_P_IP: u16 = 0x0800;
+pub const ETH_P_IPV6: u16 = 0x86dd;
 pub const ETH_P_8021Q: u16 = 0x8100;
 /// Transparent Ethernet bridging: a Geneve payload that is a whole frame.
 pub const ETH_P_TEB: u16 = 0x6558;
@@ -36,10 +37,39 @@ pub const IPV4_IHL_MASK: u8 = 0x0f;
 /// Version 4, five words: a header without options.
 pub const IPV4_VER_IHL_PLAIN: u8 = (IPV4_VERSION << 4) | (IPV4_HLEN / 4) as u8;
 
+/// IPv6's fixed header; extension headers may follow it.
+pub const IPV6_HLEN: usize = 40;
+pub const IPV6_VERSION: u8 = 6;
+pub const IPV6_NEXT_HEADER: usize = 6;
+pub const IPV6_SADDR: usize = 8;
+pub const IPV6_DADDR: usize = 24;
+// The pair is read as one 32-byte run from the source address on.
+const _: () = assert!(IPV6_DADDR == IPV6_SADDR + 16);
+
+/// IPv6 extension headers (next-header values) that a packet's transport
+/// header may sit behind.
+pub const IPV6_HOP_BY_HOP: u8 = 0;
+pub const IPV6_ROUTING: u8 = 43;
+pub const IPV6_FRAGMENT: u8 = 44;
+pub const IPV6_AUTH: u8 = 51;
+pub const IPV6_DEST_OPTS: u8 = 60;
+/// Every extension header starts with the next header and, but for the
+/// fragment header, its length: in 8-byte units past the first 8 (the
+/// authentication header's in 4-byte units past the first 8).
+pub const IPV6_EXT_NEXT: usize = 0;
+pub const IPV6_EXT_LEN: usize = 1;
+pub const IPV6_FRAGMENT_HLEN: usize = 8;
+/// Fragment offset (13 bits, in 8-byte units) above two reserved bits and
+/// the more-fragments flag.
+pub const IPV6_FRAG_OFF: usize = 2;
+pub const IPV6_FRAG_MORE: u16 = 1;
+pub const IPV6_FRAG_ID: usize = 4;
+
 pub const IPPROTO_ICMP: u8 = 1;
 pub const IPPROTO_IPIP: u8 = 4;
 pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
+pub const IPPROTO_ICMPV6: u8 = 58;
 
 /// TCP and UDP both start with the source and destination ports.
 pub const L4_SPORT: usize = 0;

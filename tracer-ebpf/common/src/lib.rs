@@ -7,6 +7,7 @@
 pub mod filter;
 pub mod headers;
 pub mod packet;
+pub mod packet6;
 pub mod prefilter;
 
 pub use headers::{GENEVE_PORT, VXLAN_PORT_FLANNEL, VXLAN_PORT_IANA};

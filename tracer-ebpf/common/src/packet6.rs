@@ -1,0 +1,131 @@
+//! IPv6 headers: the address pair, and where the transport header is past
+//! the extension headers (hop-by-hop, routing, fragment, destination
+//! options, authentication).
+//!
+//! The first step of IPv6 tracing: the walk the tc programs, the drop
+//! program and the host tests will all run, written over [`Bytes`] like
+//! the IPv4 parser. The walk is bounded ([`MAX_EXTENSION_HEADERS`]) so
+//! that the verifier sees a loop with a known end, and a packet with more
+//! headers than that is not judged rather than misread.
+
+use crate::headers::*;
+use crate::packet::Bytes;
+
+/// Extension headers walked at most before the transport header.
+pub const MAX_EXTENSION_HEADERS: usize = 8;
+
+/// An IPv6 source and destination, as they sit in the header.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowKey6 {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+}
+
+/// Where an IPv6 packet's transport header is, and what it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transport6 {
+    /// The next-header value of the last header walked (6 TCP, 17 UDP, 58
+    /// ICMPv6, 59 no next header, 50 ESP...).
+    pub protocol: u8,
+    /// Offset of that header.
+    pub at: usize,
+    /// The fragment header, if the packet is a fragment.
+    pub fragment: Option<Fragment6>,
+}
+
+impl Transport6 {
+    /// Whether the transport header is in this packet: not a later
+    /// fragment, whose bytes past the fragment header are mid-payload.
+    pub fn is_present(&self) -> bool {
+        self.fragment.is_none_or(|f| f.offset == 0)
+    }
+}
+
+/// An IPv6 fragment header's fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fragment6 {
+    pub id: u32,
+    /// In 8-byte units, as in the header.
+    pub offset: u16,
+    pub more: bool,
+}
+
+/// Whether the header at `l3` is an IPv6 header.
+#[inline(always)]
+pub fn is_ipv6<B: Bytes + ?Sized>(b: &B, l3: usize) -> bool {
+    b.u8_at(l3).is_some_and(|v| v >> 4 == IPV6_VERSION)
+}
+
+/// The (source, destination) pair of the IPv6 header at `l3`.
+#[inline(always)]
+pub fn pair6_at<B: Bytes + ?Sized>(b: &B, l3: usize) -> Option<FlowKey6> {
+    let both = b.bytes_at::<32>(l3 + IPV6_SADDR)?;
+    let mut key = FlowKey6::default();
+    let mut i = 0;
+    while i < 16 {
+        key.src[i] = both[i];
+        key.dst[i] = both[16 + i];
+        i += 1;
+    }
+    Some(key)
+}
+
+/// The transport header of the IPv6 packet at `l3`, past at most
+/// [`MAX_EXTENSION_HEADERS`] extension headers; `None` if it is not IPv6,
+/// a header cannot be read, or there are more.
+#[inline(always)]
+pub fn transport6<B: Bytes + ?Sized>(b: &B, l3: usize) -> Option<Transport6> {
+    if !is_ipv6(b, l3) {
+        return None;
+    }
+    let mut next = b.u8_at(l3 + IPV6_NEXT_HEADER)?;
+    let mut at = l3 + IPV6_HLEN;
+    let mut fragment = None;
+    let mut walked = 0;
+    // One more turn than headers: the last finds the transport header.
+    while walked <= MAX_EXTENSION_HEADERS {
+        let len = match next {
+            IPV6_HOP_BY_HOP | IPV6_ROUTING | IPV6_DEST_OPTS => {
+                (b.u8_at(at + IPV6_EXT_LEN)? as usize + 1) * 8
+            }
+            IPV6_AUTH => (b.u8_at(at + IPV6_EXT_LEN)? as usize + 2) * 4,
+            IPV6_FRAGMENT => {
+                let h = b.bytes_at::<IPV6_FRAGMENT_HLEN>(at)?;
+                let off = u16::from_be_bytes([h[IPV6_FRAG_OFF], h[IPV6_FRAG_OFF + 1]]);
+                let this = Fragment6 {
+                    id: u32::from_be_bytes([
+                        h[IPV6_FRAG_ID],
+                        h[IPV6_FRAG_ID + 1],
+                        h[IPV6_FRAG_ID + 2],
+                        h[IPV6_FRAG_ID + 3],
+                    ]),
+                    offset: off >> 3,
+                    more: off & IPV6_FRAG_MORE != 0,
+                };
+                fragment = Some(this);
+                if this.offset != 0 {
+                    // A later fragment: what follows is mid-payload, even
+                    // where the next header names another extension.
+                    return Some(Transport6 {
+                        protocol: h[IPV6_EXT_NEXT],
+                        at: at + IPV6_FRAGMENT_HLEN,
+                        fragment,
+                    });
+                }
+                IPV6_FRAGMENT_HLEN
+            }
+            protocol => {
+                return Some(Transport6 {
+                    protocol,
+                    at,
+                    fragment,
+                })
+            }
+        };
+        next = b.u8_at(at + IPV6_EXT_NEXT)?;
+        at += len;
+        walked += 1;
+    }
+    None
+}
