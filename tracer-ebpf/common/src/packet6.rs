@@ -86,9 +86,9 @@ pub fn transport6<B: Bytes + ?Sized>(b: &B, l3: usize) -> Option<Transport6> {
     // One more turn than headers: the last finds the transport header.
     while walked <= MAX_EXTENSION_HEADERS {
         let len = match next {
-            IPV6_HOP_BY_HOP | IPV6_ROUTING | IPV6_DEST_OPTS => {
-                (b.u8_at(at + IPV6_EXT_LEN)? as usize + 1) * 8
-            }
+            // Hop-by-hop options come first or not at all (RFC 8200).
+            IPV6_HOP_BY_HOP if walked == 0 => (b.u8_at(at + IPV6_EXT_LEN)? as usize + 1) * 8,
+            IPV6_ROUTING | IPV6_DEST_OPTS => (b.u8_at(at + IPV6_EXT_LEN)? as usize + 1) * 8,
             IPV6_AUTH => (b.u8_at(at + IPV6_EXT_LEN)? as usize + 2) * 4,
             IPV6_FRAGMENT => {
                 let h = b.bytes_at::<IPV6_FRAGMENT_HLEN>(at)?;
@@ -115,6 +115,8 @@ pub fn transport6<B: Bytes + ?Sized>(b: &B, l3: usize) -> Option<Transport6> {
                 }
                 IPV6_FRAGMENT_HLEN
             }
+            // The transport header, or a misplaced hop-by-hop header
+            // (told as what it is: not walked).
             protocol => {
                 return Some(Transport6 {
                     protocol,
@@ -123,6 +125,8 @@ pub fn transport6<B: Bytes + ?Sized>(b: &B, l3: usize) -> Option<Transport6> {
                 })
             }
         };
+        // The whole header is in the packet, not only its first bytes.
+        b.u8_at(at + len - 1)?;
         next = b.u8_at(at + IPV6_EXT_NEXT)?;
         at += len;
         walked += 1;

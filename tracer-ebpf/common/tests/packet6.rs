@@ -141,11 +141,33 @@ fn more_extension_headers_than_the_bound_are_not_judged() {
 fn a_header_cut_short_or_not_ipv6_is_not_read() {
     let p = ipv6(IPV6_HOP_BY_HOP, &options(IPPROTO_TCP, 3));
     assert!(transport6(p.as_slice(), 0).is_some(), "whole, it walks");
-    for cut in [1, IPV6_NEXT_HEADER, IPV6_HLEN, IPV6_HLEN + 1] {
+    let whole = p.len();
+    for cut in [
+        1,
+        IPV6_NEXT_HEADER,
+        IPV6_HLEN,
+        IPV6_HLEN + 1,
+        IPV6_HLEN + 8,
+        whole - 1,
+    ] {
         assert_eq!(transport6(&p[..cut], 0), None, "cut at {cut}");
     }
     assert_eq!(pair6_at(&p[..IPV6_DADDR + 15], 0), None);
     let mut v4 = p.clone();
     v4[0] = 0x45;
     assert_eq!(transport6(v4.as_slice(), 0), None);
+}
+
+#[test]
+fn hop_by_hop_options_are_walked_only_first() {
+    let mut rest = options(IPV6_HOP_BY_HOP, 0);
+    rest.extend(options(IPPROTO_TCP, 0));
+    rest.extend(tcp());
+    let p = ipv6(IPV6_DEST_OPTS, &rest);
+    let t = transport6(p.as_slice(), 0).unwrap();
+    assert_eq!(
+        (t.protocol, t.at),
+        (IPV6_HOP_BY_HOP, IPV6_HLEN + 8),
+        "a misplaced hop-by-hop header is where the walk stops"
+    );
 }

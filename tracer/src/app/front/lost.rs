@@ -29,8 +29,12 @@ impl Session {
             }
         } else {
             let (what, since) = agent.lose(&node, why.as_deref(), SystemTime::now());
-            // Its probes' results may never come: the run does not wait.
-            self.probes_done.get_or_insert_with(Instant::now);
+            // Its probes' results may never come: a run that ends with
+            // its probes does not wait for them. (Without --probe the run
+            // goes on with the agents left.)
+            if self.probes_wanted > 0 {
+                self.probes_done.get_or_insert_with(Instant::now);
+            }
             eprintln!("podtrace: {what}: packets that went on to {node} are told incomplete");
             let placed = self.clocks.placements();
             let lost = LostAgent {

@@ -429,6 +429,13 @@ impl Source for Session {
     }
 
     async fn tick(&mut self) -> Result<()> {
+        // While draining, what the agents sent while their pods were
+        // being deleted is still queued: a tick would find them silent
+        // (stalled) and tell stories without their hops. All is told
+        // once drained.
+        if self.draining {
+            return Ok(());
+        }
         self.release(false)
     }
 
