@@ -140,6 +140,19 @@ fn the_healthy_labs_pass_every_check() {
     }
 }
 
+/// flannel with `Backend.Port` set: flannel.1 on UDP 8475 is healthy, and
+/// the check says the port it found.
+#[test]
+fn a_flannel_vxlan_port_of_the_clusters_choosing_passes() {
+    let lab = lab(Topology::FlannelVxlan);
+    xtask::lab::flannel_vxlan::move_to_port(&lab.0, 8475).expect("flannel.1 on 8475");
+    let (report, code) = doctor(&lab, &[]);
+    assert!(failing(&report).is_empty(), "{report:#}");
+    assert_eq!(code, 0);
+    let said = report.to_string();
+    assert!(said.contains("flannel.1 is up, VNI 1, port 8475"), "{said}");
+}
+
 /// cni0's check names the gateway when the node's podCIDR or subnet.env
 /// tells it, and otherwise says what cni0 holds and why it cannot judge
 /// it (`podtrace doctor` with neither --nodes-file nor --host-root).

@@ -145,6 +145,29 @@ fn cross_node_vxlan_traced_on_both_nodes() {
     assert_eq!(hops(&stories[1])[0], hop("node-2", "pod_veth", "ingress"));
 }
 
+/// flannel with `Backend.Port` set (Calico's `vxlanPort` alike): flannel.1
+/// on UDP 8475. The probe reads the node's own VXLAN port as a tunnel's,
+/// so the request is still one story across both nodes.
+#[test]
+fn a_vxlan_device_on_its_own_port_is_traced_through() {
+    let lab = lab(Topology::FlannelVxlan);
+    xtask::lab::flannel_vxlan::move_to_port(&lab.0, 8475).expect("flannel.1 on 8475");
+    let stories = trace_ping(&lab.0, "web-0", "db-0", &[1, 2]);
+    let request = &stories[0];
+    assert_eq!(hops(request).len(), 8, "{request}");
+    let tunnel = &request["hops"][3]["tunnel"];
+    assert_eq!(tunnel["kind"], "vxlan");
+    assert_eq!(tunnel["vni"], 1);
+    assert_eq!(tunnel["outer"]["transport"]["dport"], 8475);
+    let verdict = &request["verdict"];
+    assert_eq!(verdict["outcome"], "delivered", "{request}");
+    assert_eq!(
+        verdict["path"],
+        serde_json::json!(["routed", "encapsulated", "decapsulated"])
+    );
+    assert_eq!(stories[1]["verdict"]["outcome"], "delivered");
+}
+
 #[test]
 fn cross_node_vxlan_traced_from_each_node_alone() {
     let lab = lab(Topology::FlannelVxlan);

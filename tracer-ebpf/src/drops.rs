@@ -19,7 +19,8 @@ use podtrace_common::{
 use crate::{
     kernel::{global, kernel_read, kernel_read_buf, with_per_cpu, NO_ROUTE_ASKED},
     maps::{
-        bump, cluster_tunnel, filter_keeps, is_traced, node_id, sample, trusted_tunnel, SIGHTINGS,
+        bump, cluster_tunnel, filter_keeps, is_traced, node_id, sample, trusted_tunnel,
+        tunnel_ports, SIGHTINGS,
     },
     sighting::Meta,
 };
@@ -129,7 +130,7 @@ fn report(s: &mut Sighting, skb: u64, location: u64, reason: u32) {
         // namespace) an encapsulated-looking packet is a payload.
         let here = inum != 0 && inum == global(&NETNS_INUM);
         let trusted = |outer: &_, tunnel: &_| here && trusted_tunnel(ifindex, outer, tunnel);
-        classify(&s.snapshot[..], 0, is_traced, trusted)
+        classify(&s.snapshot[..], 0, &tunnel_ports(), is_traced, trusted)
     } else {
         None
     };
@@ -161,7 +162,13 @@ fn report(s: &mut Sighting, skb: u64, location: u64, reason: u32) {
         return;
     }
     let snapshot = &s.snapshot[..];
-    if !filter_keeps(|f| filter::judge(snapshot, traced_header(snapshot, 0, kind)?, f)) {
+    if !filter_keeps(|f| {
+        filter::judge(
+            snapshot,
+            traced_header(snapshot, 0, kind, &tunnel_ports())?,
+            f,
+        )
+    }) {
         return;
     }
     let meta = Meta {
@@ -188,8 +195,10 @@ fn report(s: &mut Sighting, skb: u64, location: u64, reason: u32) {
 /// of the cluster's tunnel packets with another pair inside.
 #[inline(always)]
 fn carries_another_pair(snapshot: &[u8]) -> bool {
-    let (Some(outer), Some((inner, tunnel))) = (snapshot.pair_at(0), tunnel_inner_ip(snapshot, 0))
-    else {
+    let (Some(outer), Some((inner, tunnel))) = (
+        snapshot.pair_at(0),
+        tunnel_inner_ip(snapshot, 0, &tunnel_ports()),
+    ) else {
         return false;
     };
     let inner_traced = snapshot.pair_at(inner).is_some_and(|p| is_traced(&p));
@@ -201,7 +210,7 @@ fn carries_another_pair(snapshot: &[u8]) -> bool {
 #[inline(always)]
 fn kept(snapshot: &[u8], kind: u8) -> bool {
     let n = sample();
-    n <= 1 || packet_id(snapshot, 0, kind).is_some_and(|id| sampled(&id, n))
+    n <= 1 || packet_id(snapshot, 0, kind, &tunnel_ports()).is_some_and(|id| sampled(&id, n))
 }
 
 /// The drop's device (0 if none) and the inode of its network namespace

@@ -5,7 +5,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use podtrace_common::{
-    counter, filter::L4Filter, node_addr, prefilter::TracedPairs, FlowKey, TunnelKey, ANY_VNI,
+    counter, filter::L4Filter, node_addr, prefilter::TracedPairs, FlowKey, TunnelKey, TunnelPorts,
+    ANY_VNI,
 };
 
 use crate::kernel::{contains, global, lookup, with_array, with_per_cpu};
@@ -61,6 +62,11 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT
 #[unsafe(no_mangle)]
 pub static NODE_ID: u32 = 0;
 
+/// The UDP ports read as tunnels: the well-known ones and the node's own
+/// VXLAN devices' (set at load time).
+#[unsafe(no_mangle)]
+pub static TUNNEL_PORTS: TunnelPorts = TunnelPorts::WELL_KNOWN;
+
 /// `--sample N`: one traced packet in N is reported (0 or 1: all).
 #[unsafe(no_mangle)]
 pub static SAMPLE: u32 = 0;
@@ -89,6 +95,11 @@ pub fn filter_keeps(judge: impl Fn(&L4Filter) -> Option<bool>) -> bool {
         bump(counter::FILTERED);
     }
     keep
+}
+
+#[inline(always)]
+pub fn tunnel_ports() -> TunnelPorts {
+    global(&TUNNEL_PORTS)
 }
 
 #[inline(always)]

@@ -21,7 +21,7 @@ use podtrace_common::{
 
 use crate::{
     kernel::{global, ktime_ns, step_histogram},
-    maps::bump,
+    maps::{bump, tunnel_ports},
 };
 
 /// Hook pairs of one node.
@@ -58,7 +58,7 @@ pub fn enabled() -> bool {
 /// The identity of the traced packet at `l3` (matched as `kind`).
 #[inline(always)]
 pub fn identify<B: Bytes>(b: &B, l3: usize, kind: u8) -> Option<PacketId> {
-    packet_id(b, l3, kind)
+    packet_id(b, l3, kind, &tunnel_ports())
 }
 
 /// Packet `id` seen at `hook` with `skb_len` bytes: one more sample of the

@@ -12,7 +12,10 @@ use podtrace_common::{
 
 use crate::{
     kernel::{submit_with, Linear, Route, Skb, NO_ROUTE_ASKED},
-    maps::{bump, filter_keeps, is_traced, node_id, sample, trusted_tunnel, wake_bytes, SIGHTINGS},
+    maps::{
+        bump, filter_keeps, is_traced, node_id, sample, trusted_tunnel, tunnel_ports, wake_bytes,
+        SIGHTINGS,
+    },
     profile,
     sighting::Meta,
 };
@@ -99,7 +102,7 @@ fn judged(linear: &Linear, skb: &Skb, l3: usize, kind: u8, f: &L4Filter) -> Opti
 
 #[inline(always)]
 fn judged_on<B: Bytes>(b: &B, l3: usize, kind: u8, f: &L4Filter) -> Option<bool> {
-    filter::judge(b, traced_header(b, l3, kind)?, f)
+    filter::judge(b, traced_header(b, l3, kind, &tunnel_ports())?, f)
 }
 
 /// Whether `--sample` keeps this packet (always, without it).
@@ -118,7 +121,7 @@ fn kept(linear: &Linear, skb: &Skb, l3: usize, kind: u8) -> bool {
 fn matched<B: Bytes>(b: &B, has_l2: bool, ifindex: u32) -> Option<(u8, usize)> {
     let l3 = if has_l2 { ethernet_payload(b, 0)? } else { 0 };
     let trusted = |outer: &_, tunnel: &_| trusted_tunnel(ifindex, outer, tunnel);
-    Some((classify(b, l3, is_traced, trusted)?, l3))
+    Some((classify(b, l3, &tunnel_ports(), is_traced, trusted)?, l3))
 }
 
 #[inline(always)]

@@ -9,8 +9,10 @@ pub mod headers;
 pub mod packet;
 pub mod packet6;
 pub mod prefilter;
+pub mod tunnel;
 
 pub use headers::{GENEVE_PORT, VXLAN_PORT_FLANNEL, VXLAN_PORT_IANA};
+pub use tunnel::{TunnelKey, TunnelPorts, UdpTunnel, ANY_VNI, MAX_NODE_VXLAN_PORTS};
 
 /// Bytes of packet header copied into each sighting. Enough for outer
 /// Ethernet + IPv4 + UDP + VXLAN (50 B) followed by inner Ethernet + IPv4 +
@@ -138,26 +140,6 @@ pub struct FlowKey {
     pub src: [u8; 4],
     pub dst: [u8; 4],
 }
-
-/// A tunnel this node's kernel encapsulates and decapsulates: a VXLAN or
-/// Geneve device's UDP port and VNI, or IPIP. Key of the `TUNNELS` map:
-/// a packet is read as a tunnel packet only if its outer header names one
-/// of these, so a pod's payload cannot pass for another pair's packet.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct TunnelKey {
-    /// UDP destination port (host order); 0 for IPIP.
-    pub port: u16,
-    /// IP protocol of the outer header (UDP or IPIP).
-    pub protocol: u8,
-    pub _pad: u8,
-    /// The VNI, or [`ANY_VNI`] in the map for a device of any VNI.
-    pub vni: u32,
-}
-
-/// `TunnelKey::vni` of a map entry that takes every VNI (and of IPIP,
-/// which has none).
-pub const ANY_VNI: u32 = u32::MAX;
 
 /// Values of the `NODE_ADDRS` map: what an address is to this node.
 pub mod node_addr {
@@ -408,6 +390,8 @@ pub mod names {
     pub const TUNNELS: &str = "TUNNELS";
     pub const NODE_ADDRS: &str = "NODE_ADDRS";
     pub const TUNNEL_HOOKS: &str = "TUNNEL_HOOKS";
+    /// Global: the node's [`super::TunnelPorts`].
+    pub const TUNNEL_PORTS: &str = "TUNNEL_PORTS";
     pub const TC_INGRESS: &str = "podtrace_ingress";
     pub const TC_EGRESS: &str = "podtrace_egress";
     pub const TC_TO_POD: &str = "podtrace_to_pod";
@@ -431,6 +415,7 @@ const _: () = assert!(core::mem::size_of::<PacketId>() == 16);
 const _: () = assert!(core::mem::size_of::<Stamp>() == 16);
 const _: () = assert!(core::mem::size_of::<Histogram>() == 8 * (4 + HIST_LINEAR_US + HIST_LOG2));
 const _: () = assert!(core::mem::size_of::<TunnelKey>() == 8);
+const _: () = assert!(core::mem::size_of::<TunnelPorts>() == 2 * MAX_NODE_VXLAN_PORTS);
 const _: () = assert!(
     core::mem::size_of::<prefilter::TracedPairs>()
         == 8 + 8 * prefilter::EXACT_PAIRS + 8 * prefilter::ADDR_BITS_WORDS
@@ -445,6 +430,7 @@ mod user {
     unsafe impl aya::Pod for super::Sighting {}
     unsafe impl aya::Pod for super::FlowKey {}
     unsafe impl aya::Pod for super::TunnelKey {}
+    unsafe impl aya::Pod for super::TunnelPorts {}
     unsafe impl aya::Pod for super::filter::L4Filter {}
     unsafe impl aya::Pod for super::prefilter::TracedPairs {}
     unsafe impl aya::Pod for super::KernelLayout {}

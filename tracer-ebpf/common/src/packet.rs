@@ -8,7 +8,7 @@
 //! follow.
 
 use crate::headers::*;
-use crate::{match_kind, FlowKey, PacketId, TunnelKey, ANY_VNI};
+use crate::{match_kind, FlowKey, PacketId, TunnelKey, TunnelPorts, UdpTunnel, ANY_VNI};
 
 /// Packet bytes at offsets from where parsing starts; `None` past the end
 /// (or when the read fails).
@@ -109,9 +109,14 @@ fn vni_at<B: Bytes + ?Sized>(b: &B, at: usize) -> Option<u32> {
 
 /// Offset of the inner IPv4 header of a VXLAN, Geneve or IPIP packet whose
 /// outer IPv4 header is at `l3` (options and Geneve options allowed), and
-/// the tunnel its outer header names.
+/// the tunnel its outer header names; `ports` says which UDP ports carry
+/// which framing.
 #[inline(always)]
-pub fn tunnel_inner_ip<B: Bytes + ?Sized>(b: &B, l3: usize) -> Option<(usize, TunnelKey)> {
+pub fn tunnel_inner_ip<B: Bytes + ?Sized>(
+    b: &B,
+    l3: usize,
+    ports: &TunnelPorts,
+) -> Option<(usize, TunnelKey)> {
     let l4 = l3 + ipv4_header_len(b, l3)?;
     let protocol = b.u8_at(l3 + IPV4_PROTOCOL)?;
     let key = |port, vni| TunnelKey {
@@ -125,12 +130,12 @@ pub fn tunnel_inner_ip<B: Bytes + ?Sized>(b: &B, l3: usize) -> Option<(usize, Tu
         IPPROTO_UDP => {
             let payload = l4 + UDP_HLEN;
             let port = b.u16_at(l4 + L4_DPORT)?;
-            match port {
-                VXLAN_PORT_FLANNEL | VXLAN_PORT_IANA => {
+            match ports.udp_tunnel(port)? {
+                UdpTunnel::Vxlan => {
                     let inner = ethernet_payload(b, payload + VXLAN_HLEN)?;
                     Some((inner, key(port, vni_at(b, payload)?)))
                 }
-                GENEVE_PORT => {
+                UdpTunnel::Geneve => {
                     let opt_words = b.u8_at(payload + GENEVE_VER_OPT_LEN)? & GENEVE_OPT_LEN_MASK;
                     let inner = payload + GENEVE_HLEN + (opt_words as usize) * 4;
                     let inner = match b.u16_at(payload + GENEVE_PROTOCOL)? {
@@ -140,7 +145,6 @@ pub fn tunnel_inner_ip<B: Bytes + ?Sized>(b: &B, l3: usize) -> Option<(usize, Tu
                     };
                     Some((inner, key(port, vni_at(b, payload)?)))
                 }
-                _ => None,
             }
         }
         _ => None,
@@ -157,6 +161,7 @@ pub fn tunnel_inner_ip<B: Bytes + ?Sized>(b: &B, l3: usize) -> Option<(usize, Tu
 pub fn classify<B: Bytes + ?Sized>(
     b: &B,
     l3: usize,
+    ports: &TunnelPorts,
     traced: impl Fn(&FlowKey) -> bool,
     trusted: impl Fn(&FlowKey, &TunnelKey) -> bool,
 ) -> Option<u8> {
@@ -165,7 +170,7 @@ pub fn classify<B: Bytes + ?Sized>(
     if traced(&outer) {
         // Traced between two nodes' own addresses, one of the node's
         // tunnel packets is the carrier of the pair inside it.
-        return match tunnel_inner_ip(b, l3) {
+        return match tunnel_inner_ip(b, l3, ports) {
             Some((inner, tunnel)) if trusted(&outer, &tunnel) => {
                 Some(if traced(&b.pair_at(inner)?) {
                     match_kind::INNER
@@ -176,7 +181,7 @@ pub fn classify<B: Bytes + ?Sized>(
             _ => Some(match_kind::PLAIN),
         };
     }
-    let (inner, tunnel) = tunnel_inner_ip(b, l3)?;
+    let (inner, tunnel) = tunnel_inner_ip(b, l3, ports)?;
     // The inner pair first: an untraced packet then costs one lookup per
     // header, and only a traced one pays for the trust checks.
     if !traced(&b.pair_at(inner)?) {
@@ -188,9 +193,14 @@ pub fn classify<B: Bytes + ?Sized>(
 /// Where the traced pair's IPv4 header is in a packet [`classify`] matched
 /// as `kind` at `l3`: the inner header through a tunnel.
 #[inline(always)]
-pub fn traced_header<B: Bytes + ?Sized>(b: &B, l3: usize, kind: u8) -> Option<usize> {
+pub fn traced_header<B: Bytes + ?Sized>(
+    b: &B,
+    l3: usize,
+    kind: u8,
+    ports: &TunnelPorts,
+) -> Option<usize> {
     if kind == match_kind::INNER {
-        Some(tunnel_inner_ip(b, l3)?.0)
+        Some(tunnel_inner_ip(b, l3, ports)?.0)
     } else {
         Some(l3)
     }
@@ -201,8 +211,13 @@ pub fn traced_header<B: Bytes + ?Sized>(b: &B, l3: usize, kind: u8) -> Option<us
 /// protocol, and a word of L4 (TCP sequence, ICMP id and sequence, UDP
 /// ports; the fragment offset for a later fragment).
 #[inline(always)]
-pub fn packet_id<B: Bytes + ?Sized>(b: &B, l3: usize, kind: u8) -> Option<PacketId> {
-    let ip = traced_header(b, l3, kind)?;
+pub fn packet_id<B: Bytes + ?Sized>(
+    b: &B,
+    l3: usize,
+    kind: u8,
+    ports: &TunnelPorts,
+) -> Option<PacketId> {
+    let ip = traced_header(b, l3, kind, ports)?;
     let l4 = ip + ipv4_header_len(b, ip)?;
     let protocol = b.u8_at(ip + IPV4_PROTOCOL)?;
     let offset = b.u16_at(ip + IPV4_FRAG_OFF)? & IPV4_OFFSET_MASK;

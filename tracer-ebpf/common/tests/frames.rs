@@ -7,7 +7,9 @@ use podtrace_common::match_kind;
 use podtrace_common::packet::{
     classify, ethernet_payload, ipv4_header_len, socket_header, tunnel_inner_ip, SOCKET_HEADER_LEN,
 };
-use podtrace_common::{FlowKey, TunnelKey};
+use podtrace_common::{FlowKey, TunnelKey, TunnelPorts, UdpTunnel};
+
+const WELL_KNOWN: TunnelPorts = TunnelPorts::WELL_KNOWN;
 
 const POD_A: [u8; 4] = [10, 244, 1, 5];
 const POD_B: [u8; 4] = [10, 244, 2, 7];
@@ -103,7 +105,7 @@ fn header_numbers_are_the_wire_format() {
 
 /// Where the inner IPv4 header is, whatever the tunnel.
 fn inner_at(b: &[u8], l3: usize) -> Option<usize> {
-    tunnel_inner_ip(b, l3).map(|(at, _)| at)
+    tunnel_inner_ip(b, l3, &WELL_KNOWN).map(|(at, _)| at)
 }
 
 /// A node that treats every tunnel packet as one.
@@ -112,16 +114,51 @@ fn trust_all(_: &FlowKey, _: &TunnelKey) -> bool {
 }
 
 #[test]
+fn a_vxlan_device_on_its_own_port_is_read_only_with_that_port_known() {
+    // flannel's Backend.Port, Calico's vxlanPort: any port a device has.
+    let f = vxlan_frame(8475);
+    assert_eq!(
+        classify(&f[..], ETH_HLEN, &WELL_KNOWN, traced, trust_all),
+        None,
+        "to the well-known ports alone, UDP to 8475 is a payload"
+    );
+    let node = TunnelPorts::with_vxlan([8475]);
+    assert_eq!(
+        classify(&f[..], ETH_HLEN, &node, traced, trust_all),
+        Some(match_kind::INNER)
+    );
+    let (_, key) = tunnel_inner_ip(&f[..], ETH_HLEN, &node).unwrap();
+    assert_eq!(key.port, 8475, "the trust checks see the real port");
+    assert_eq!(
+        classify(&f[..], ETH_HLEN, &node, traced, |_, _| false),
+        None,
+        "read, not trusted: still only a payload"
+    );
+}
+
+#[test]
+fn a_nodes_vxlan_ports_keep_the_well_known_ones_and_at_most_four_more() {
+    let ports = TunnelPorts::with_vxlan([8472, 0, 9000, 9000, 9001, 9002, 9003, 9004]);
+    assert_eq!(ports.vxlan, [9000, 9001, 9002, 9003]);
+    for port in [VXLAN_PORT_FLANNEL, VXLAN_PORT_IANA, 9003] {
+        assert_eq!(ports.udp_tunnel(port), Some(UdpTunnel::Vxlan), "{port}");
+    }
+    assert_eq!(ports.udp_tunnel(GENEVE_PORT), Some(UdpTunnel::Geneve));
+    assert_eq!(ports.udp_tunnel(9004), None);
+    assert_eq!(ports.udp_tunnel(0), None);
+}
+
+#[test]
 fn a_tunnel_is_read_only_where_the_node_would_decapsulate_it() {
     let f = vxlan_frame(VXLAN_PORT_FLANNEL);
-    let (_, key) = tunnel_inner_ip(&f[..], ETH_HLEN).unwrap();
+    let (_, key) = tunnel_inner_ip(&f[..], ETH_HLEN, &WELL_KNOWN).unwrap();
     assert_eq!((key.port, key.protocol), (VXLAN_PORT_FLANNEL, IPPROTO_UDP));
     // Not the node's tunnel, or not between its addresses: only a payload.
-    let untrusted = classify(&f[..], ETH_HLEN, traced, |_, _| false);
+    let untrusted = classify(&f[..], ETH_HLEN, &WELL_KNOWN, traced, |_, _| false);
     assert_eq!(untrusted, None);
     let only_this_vni = |_: &FlowKey, k: &TunnelKey| k.vni == key.vni;
     assert_eq!(
-        classify(&f[..], ETH_HLEN, traced, only_this_vni),
+        classify(&f[..], ETH_HLEN, &WELL_KNOWN, traced, only_this_vni),
         Some(match_kind::INNER)
     );
 }
@@ -155,11 +192,14 @@ fn plain_ethernet_ipv4_icmp() {
     let l3 = ethernet_payload(&f[..], 0).unwrap();
     assert_eq!(l3, ETH_HLEN);
     assert_eq!(
-        classify(&f[..], l3, traced, trust_all),
+        classify(&f[..], l3, &WELL_KNOWN, traced, trust_all),
         Some(match_kind::PLAIN)
     );
     assert_eq!(inner_at(&f[..], l3), None, "ICMP is no tunnel");
-    assert_eq!(classify(&f[..], l3, |_| false, trust_all), None);
+    assert_eq!(
+        classify(&f[..], l3, &WELL_KNOWN, |_| false, trust_all),
+        None
+    );
 }
 
 #[test]
@@ -178,16 +218,22 @@ fn a_tunnel_packet_between_traced_node_addresses_is_a_carrier() {
     let nodes = |key: &FlowKey| [key.src, key.dst] == [NODE_1, NODE_2];
     let f = vxlan_frame(VXLAN_PORT_FLANNEL);
     assert_eq!(
-        classify(&f[..], ETH_HLEN, nodes, trust_all),
+        classify(&f[..], ETH_HLEN, &WELL_KNOWN, nodes, trust_all),
         Some(match_kind::CARRIER)
     );
     assert_eq!(
-        classify(&f[..], ETH_HLEN, |k| nodes(k) || traced(k), trust_all),
+        classify(
+            &f[..],
+            ETH_HLEN,
+            &WELL_KNOWN,
+            |k| nodes(k) || traced(k),
+            trust_all
+        ),
         Some(match_kind::INNER),
         "both pairs traced: the inner one's story"
     );
     assert_eq!(
-        classify(&f[..], ETH_HLEN, nodes, |_, _| false),
+        classify(&f[..], ETH_HLEN, &WELL_KNOWN, nodes, |_, _| false),
         Some(match_kind::PLAIN)
     );
 }
@@ -201,7 +247,7 @@ fn vxlan_on_both_ports() {
         assert_eq!(inner_at(&f[..], l3), Some(inner));
         assert_eq!(f[inner + IPV4_SADDR..inner + IPV4_SADDR + 4], POD_A);
         assert_eq!(
-            classify(&f[..], l3, traced, trust_all),
+            classify(&f[..], l3, &WELL_KNOWN, traced, trust_all),
             Some(match_kind::INNER)
         );
     }
@@ -215,7 +261,7 @@ fn ipip() {
     let f = [ipv4(4, NODE_1, NODE_2, &[], inner.len()), inner].concat();
     assert_eq!(inner_at(&f[..], 0), Some(IPV4_HLEN));
     assert_eq!(
-        classify(&f[..], 0, traced, trust_all),
+        classify(&f[..], 0, &WELL_KNOWN, traced, trust_all),
         Some(match_kind::INNER)
     );
 }
@@ -234,7 +280,7 @@ fn geneve_with_options() {
     let inner = ETH_HLEN + IPV4_HLEN + UDP_HLEN + GENEVE_HLEN + option.len() + ETH_HLEN;
     assert_eq!(inner_at(&f[..], ETH_HLEN), Some(inner));
     assert_eq!(
-        classify(&f[..], ETH_HLEN, traced, trust_all),
+        classify(&f[..], ETH_HLEN, &WELL_KNOWN, traced, trust_all),
         Some(match_kind::INNER)
     );
 
@@ -263,7 +309,7 @@ fn ipv4_options_move_the_l4_header() {
         Some(IPV4_HLEN + options.len() + UDP_HLEN + VXLAN_HLEN + ETH_HLEN)
     );
     assert_eq!(
-        classify(&f[..], 0, traced, trust_all),
+        classify(&f[..], 0, &WELL_KNOWN, traced, trust_all),
         Some(match_kind::INNER)
     );
 }
@@ -273,7 +319,7 @@ fn not_ipv4_and_truncated() {
     let mut v6 = inner_ip();
     v6[0] = 0x60;
     assert_eq!(
-        classify(&v6[..], 0, |_| true, trust_all),
+        classify(&v6[..], 0, &WELL_KNOWN, |_| true, trust_all),
         None,
         "IPv6 is not parsed"
     );
@@ -285,13 +331,13 @@ fn not_ipv4_and_truncated() {
     let pair_end = ETH_HLEN + IPV4_HLEN + UDP_HLEN + VXLAN_HLEN + ETH_HLEN + IPV4_DADDR + 4;
     for len in 0..pair_end {
         assert_eq!(
-            classify(&f[..len], ETH_HLEN, traced, trust_all),
+            classify(&f[..len], ETH_HLEN, &WELL_KNOWN, traced, trust_all),
             None,
             "cut at {len}"
         );
     }
     assert_eq!(
-        classify(&f[..pair_end], ETH_HLEN, traced, trust_all),
+        classify(&f[..pair_end], ETH_HLEN, &WELL_KNOWN, traced, trust_all),
         Some(match_kind::INNER)
     );
 }
@@ -319,7 +365,7 @@ fn socket_header_decodes_as_ipv4_and_tcp() {
         "nothing past the header"
     );
     assert_eq!(
-        classify(&b[..len], 0, traced, trust_all),
+        classify(&b[..len], 0, &WELL_KNOWN, traced, trust_all),
         Some(match_kind::PLAIN)
     );
     assert_eq!(socket_header(&mut [0; 39], 6, &pair, 1, [0, 2]), None);

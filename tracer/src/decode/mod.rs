@@ -8,7 +8,7 @@ pub mod quote;
 use std::net::Ipv4Addr;
 
 use etherparse::{EtherType, Ethernet2Header, IpNumber, Ipv4Header, TcpHeader, UdpHeader};
-use podtrace_common::{GENEVE_PORT, VXLAN_PORT_FLANNEL, VXLAN_PORT_IANA};
+use podtrace_common::GENEVE_PORT;
 use serde::{Deserialize, Serialize};
 
 use quote::Quoted;
@@ -273,17 +273,10 @@ fn tunnel_payload<'a>(
         return Ok(None);
     };
     let payload = l4.get(8..).ok_or(DecodeError::Truncated("UDP"))?;
+    // The kernel matched it as one of this node's tunnels: Geneve on
+    // Geneve's port, else VXLAN (on a well-known port, or the node's own
+    // VXLAN devices' port: flannel's `Backend.Port`, Calico's `vxlanPort`).
     match dport {
-        VXLAN_PORT_FLANNEL | VXLAN_PORT_IANA => {
-            let h = payload.get(..8).ok_or(DecodeError::Truncated("VXLAN"))?;
-            let vni = u32::from_be_bytes([0, h[4], h[5], h[6]]);
-            let inner = ethernet_payload(&payload[8..])?;
-            Ok(Some(TunnelPayload {
-                kind: TunnelKind::Vxlan,
-                vni: Some(vni),
-                inner,
-            }))
-        }
         GENEVE_PORT => {
             let h = payload.get(..8).ok_or(DecodeError::Truncated("Geneve"))?;
             let options = usize::from(h[0] & 0x3f) * 4;
@@ -303,7 +296,16 @@ fn tunnel_payload<'a>(
                 inner,
             }))
         }
-        _ => Ok(None),
+        _ => {
+            let h = payload.get(..8).ok_or(DecodeError::Truncated("VXLAN"))?;
+            let vni = u32::from_be_bytes([0, h[4], h[5], h[6]]);
+            let inner = ethernet_payload(&payload[8..])?;
+            Ok(Some(TunnelPayload {
+                kind: TunnelKind::Vxlan,
+                vni: Some(vni),
+                inner,
+            }))
+        }
     }
 }
 
@@ -311,6 +313,7 @@ fn tunnel_payload<'a>(
 pub(crate) mod tests {
     use super::*;
     use etherparse::PacketBuilder;
+    use podtrace_common::VXLAN_PORT_FLANNEL;
 
     pub(crate) fn icmp_echo(src: [u8; 4], dst: [u8; 4], ttl: u8, seq: u16) -> Vec<u8> {
         let builder = PacketBuilder::ethernet2([2; 6], [4; 6])

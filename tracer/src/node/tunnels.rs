@@ -6,7 +6,7 @@
 
 use std::net::Ipv4Addr;
 
-use podtrace_common::{TunnelKey, ANY_VNI, GENEVE_PORT, VXLAN_PORT_FLANNEL};
+use podtrace_common::{TunnelKey, TunnelPorts, ANY_VNI, GENEVE_PORT, VXLAN_PORT_FLANNEL};
 
 use super::NodeView;
 
@@ -27,6 +27,18 @@ pub struct TunnelTrust {
 }
 
 impl TunnelTrust {
+    /// The UDP ports the probe reads as tunnels: its VXLAN devices' own
+    /// (flannel's `Backend.Port`, Calico's `vxlanPort`) beside the
+    /// well-known ones.
+    pub fn udp_ports(&self) -> TunnelPorts {
+        TunnelPorts::with_vxlan(
+            self.tunnels
+                .iter()
+                .filter(|t| t.protocol == UDP && t.port != GENEVE_PORT)
+                .map(|t| t.port),
+        )
+    }
+
     /// From the node's devices, its underlay, and the cluster's node IPs.
     pub fn of(view: &NodeView, underlay: u32, known_nodes: &[Ipv4Addr]) -> Self {
         let mut tunnels = Vec::new();

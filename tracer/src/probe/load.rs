@@ -159,6 +159,7 @@ impl NodeProbe {
             .override_global(names::SAMPLE, &spec.sample, true)
             .override_global(names::FILTERING, &u32::from(spec.filter.is_some()), true)
             .override_global(names::WAKE_BYTES, &(u64::from(spec.ring_bytes) / 4), true)
+            .override_global(names::TUNNEL_PORTS, &spec.tunnels.udp_ports(), true)
             .map_max_entries(names::SIGHTINGS, spec.ring_bytes)
             .load(EBPF_OBJECT)
             .context("cannot load the eBPF programs")?;

@@ -33,12 +33,31 @@ impl Backend for Vxlan {
     }
 }
 
+/// Re-creates every node's flannel.1 on UDP `port`, as flanneld makes it
+/// when the cluster's net-conf.json sets `Backend.Port`: the VTEP, then
+/// the routes, neighbours and FDB entries it writes for the other nodes.
+pub fn move_to_port(lab: &Lab, port: u16) -> Result<()> {
+    for node in 1..=super::NODES {
+        let ns = lab.node_netns(node);
+        ip(&ns, "link del flannel.1")?;
+        vtep_on(lab, &ns, node, port)?;
+        for remote in Lab::remotes(node) {
+            route_to(lab, &ns, remote)?;
+        }
+    }
+    Ok(())
+}
+
 /// flannel.1 on the node's uplink, with the node subnet's network address.
 fn vtep(lab: &Lab, ns: &str, node: u8) -> Result<()> {
+    vtep_on(lab, ns, node, PORT)
+}
+
+fn vtep_on(lab: &Lab, ns: &str, node: u8, port: u16) -> Result<()> {
     ip(
         ns,
         &format!(
-            "link add flannel.1 type vxlan id {} dstport {PORT} local {} dev eth0 nolearning",
+            "link add flannel.1 type vxlan id {} dstport {port} local {} dev eth0 nolearning",
             flannel::VNI,
             Lab::node_ip(node)
         ),

@@ -18,7 +18,7 @@ mod cmd;
 pub mod cni_plugins;
 pub mod flannel;
 mod flannel_host_gw;
-mod flannel_vxlan;
+pub mod flannel_vxlan;
 pub mod host_root;
 mod inventory;
 pub mod kube_proxy;
