@@ -305,7 +305,7 @@ pub(crate) mod tests {
     use crate::decode::{decode, tests as frames};
     use crate::{
         probe::netfilter::NetfilterRule,
-        story::nat_steps::{steps, NatKind},
+        story::nat_steps::{steps, NatKind, RULE_NOT_SEEN},
     };
 
     pub(crate) fn book() -> NatBook {
@@ -358,8 +358,26 @@ pub(crate) mod tests {
             "DNAT 10.96.7.7:80 → 10.244.2.3:8080 by nat KUBE-SEP-ABC: -A KUBE-SEP-ABC -p tcp -m comment --comment default/db -m tcp -j DNAT --to-destination 10.244.2.3:8080 (default/db → default/db-1)"
         );
         assert_eq!(s[0].conntrack.state, "new");
-        // A later packet of the connection: conntrack did it.
+        // The SYN with its rule not (yet) seen: still a rule's, unnamed.
         let s = steps(&pre, &post, &[], &book());
+        assert_eq!(s[0].conntrack.state, "new");
+        assert_eq!(s[0].rule, RULE_NOT_SEEN);
+        // A later packet of the connection: conntrack did it.
+        let ack = |p: &Ipv4Packet| Ipv4Packet {
+            transport: match p.transport {
+                Transport::Tcp {
+                    sport, dport, seq, ..
+                } => Transport::Tcp {
+                    sport,
+                    dport,
+                    seq,
+                    flags: 0x10,
+                },
+                other => other,
+            },
+            ..*p
+        };
+        let s = steps(&ack(&pre), &ack(&post), &[], &book());
         assert_eq!(s[0].conntrack.state, "established");
         assert!(s[0].text().contains("(conntrack)"));
     }

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::nat::{ports, NatBook};
 use crate::{
-    decode::Ipv4Packet,
+    decode::{Ipv4Packet, Transport},
     model::{Frontend, Translation},
     probe::netfilter::NetfilterRule,
 };
@@ -139,6 +139,9 @@ pub fn steps(
             .iter()
             .find(|r| rule_action(r).is_some_and(|k| kinds.contains(&k)))
     };
+    // A connection's first packet is translated by a nat rule, never by
+    // an existing entry: without its rule, it is still not "conntrack".
+    let opens = opens_a_connection(before);
     let mut out = Vec::new();
     if (before.dst, bd) != (after.dst, ad) {
         let front = sock(before.dst, bd);
@@ -155,6 +158,7 @@ pub fn steps(
             shown(before.dst, bd),
             shown(after.dst, ad),
             rule,
+            opens,
             t,
         ));
     }
@@ -176,6 +180,7 @@ pub fn steps(
             shown(before.src, bs),
             shown(after.src, as_),
             rule,
+            opens,
             t,
         ));
     }
@@ -186,27 +191,46 @@ pub fn steps(
     out
 }
 
+/// What `rule` says of a translation whose rule was not seen on a
+/// connection's first packet.
+pub const RULE_NOT_SEEN: &str =
+    "a nat rule not seen (rule tracing is off, rate-limited, or lagged past the wait)";
+
 fn step(
     kind: NatKind,
     before: String,
     after: String,
     rule: Option<&NetfilterRule>,
+    opens: bool,
     t: Option<&Translation>,
 ) -> NatStep {
+    let (rule, state) = match rule {
+        Some(r) => (format!("{} {}: {}", r.table, r.chain, r.rule), "new"),
+        // Only DNAT and SNAT/MASQUERADE are a rule's; a reply's undoing is
+        // always conntrack's.
+        None if opens && matches!(kind, NatKind::Dnat | NatKind::Snat | NatKind::Masquerade) => {
+            (RULE_NOT_SEEN.to_string(), "new")
+        }
+        None => ("conntrack".to_string(), "established"),
+    };
     NatStep {
         kind,
         before,
         after,
-        rule: rule.map_or_else(
-            || "conntrack".to_string(),
-            |r| format!("{} {}: {}", r.table, r.chain, r.rule),
-        ),
+        rule,
         service: t.and_then(|t| t.service.clone()),
         backend: t.and_then(|t| t.backend.clone()),
         conntrack: ConntrackState {
-            state: if rule.is_some() { "new" } else { "established" },
+            state,
             zone: None,
             mark: None,
         },
     }
+}
+
+/// A TCP SYN without ACK: the first packet of a connection.
+fn opens_a_connection(packet: &Ipv4Packet) -> bool {
+    const SYN: u8 = 0x02;
+    const ACK: u8 = 0x10;
+    matches!(packet.transport, Transport::Tcp { flags, .. } if flags & (SYN | ACK) == SYN)
 }
