@@ -63,8 +63,10 @@ pub const SUITE: &[(&str, &[&str])] = &[
 /// What kernels with TCX links (6.6) also run.
 pub const TCX_SUITE: (&str, &[&str]) = ("lab", &["nothing_stays_attached_after_sigint_or_sigkill"]);
 
-/// Time for one kernel's suite under TCG, at most.
-const SUITE_DEADLINE: Duration = Duration::from_secs(30 * 60);
+/// Time for one kernel's suite under TCG, at most. 5.10's took 1076 to
+/// 1488 s run alone on this 2-core machine: 40 minutes leaves a slower
+/// machine room, while CI's 90 minutes still bound the whole run.
+const SUITE_DEADLINE: Duration = Duration::from_secs(40 * 60);
 
 /// `--kernel` values: a series of the matrix, or `host`.
 pub fn known() -> Vec<&'static str> {
