@@ -45,7 +45,16 @@ pub enum Transport {
     },
 }
 
+/// TCP's SYN and ACK flag bits.
+pub const TCP_SYN: u8 = 0x02;
+pub const TCP_ACK: u8 = 0x10;
+
 impl Transport {
+    /// Whether this is a connection's first packet: a TCP SYN without ACK.
+    pub fn opens_a_connection(&self) -> bool {
+        matches!(self, Self::Tcp { flags, .. } if flags & (TCP_SYN | TCP_ACK) == TCP_SYN)
+    }
+
     /// The IP protocol number.
     pub fn protocol(&self) -> u8 {
         match self {

@@ -29,12 +29,13 @@ pub struct TunnelTrust {
 impl TunnelTrust {
     /// The UDP ports the probe reads as tunnels: its VXLAN devices' own
     /// (flannel's `Backend.Port`, Calico's `vxlanPort`) beside the
-    /// well-known ones.
+    /// well-known ones (`with_vxlan` leaves those, Geneve's among them, to
+    /// the parser's own list).
     pub fn udp_ports(&self) -> TunnelPorts {
         TunnelPorts::with_vxlan(
             self.tunnels
                 .iter()
-                .filter(|t| t.protocol == UDP && t.port != GENEVE_PORT)
+                .filter(|t| t.protocol == UDP)
                 .map(|t| t.port),
         )
     }

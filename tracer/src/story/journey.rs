@@ -9,7 +9,7 @@ use ipnet::Ipv4Net;
 use crate::{
     decode::{
         hop::{Direction, DropInfo, Hop, KernelRoute},
-        Decoded, Transport,
+        Decoded, Transport, TCP_SYN,
     },
     node::interfaces::Role,
     probe::{
@@ -21,8 +21,6 @@ use crate::{
 
 /// The reason name of a drop by an iptables / nftables verdict.
 pub const NETFILTER_DROP: &str = "NETFILTER_DROP";
-/// The SYN bit of TCP's flags.
-const TCP_SYN: u8 = 0x02;
 
 /// Drop reasons a receiving host's TCP gives a segment of a connection it
 /// no longer has or wants (a FIN after close, a queue purged at close, an
@@ -282,18 +280,12 @@ impl Journey {
     /// connection are translated by conntrack and name no rule, so only
     /// the SYN waits.
     fn awaits_nat_rule(&self) -> bool {
-        const SYN: u8 = 0x02;
-        const ACK: u8 = 0x10;
         let first = &self.hops[0].packet.packet;
-        let opens_a_connection = matches!(
-            first.transport,
-            Transport::Tcp { flags, .. } if flags & (SYN | ACK) == SYN
-        );
         let translated = self.hops.iter().any(|h| {
             let p = &h.packet.packet;
             p.src != first.src || p.dst != first.dst
         });
-        opens_a_connection && translated && self.nat_rules.is_empty()
+        first.transport.opens_a_connection() && translated && self.nat_rules.is_empty()
     }
 
     /// Waiting for the next hop's MAC: the kernel said so when asked for

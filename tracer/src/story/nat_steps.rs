@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::nat::{ports, NatBook};
 use crate::{
-    decode::{Ipv4Packet, Transport},
+    decode::Ipv4Packet,
     model::{Frontend, Translation},
     probe::netfilter::NetfilterRule,
 };
@@ -141,7 +141,7 @@ pub fn steps(
     };
     // A connection's first packet is translated by a nat rule, never by
     // an existing entry: without its rule, it is still not "conntrack".
-    let opens = opens_a_connection(before);
+    let opens = before.transport.opens_a_connection();
     let mut out = Vec::new();
     if (before.dst, bd) != (after.dst, ad) {
         let front = sock(before.dst, bd);
@@ -226,11 +226,4 @@ fn step(
             mark: None,
         },
     }
-}
-
-/// A TCP SYN without ACK: the first packet of a connection.
-fn opens_a_connection(packet: &Ipv4Packet) -> bool {
-    const SYN: u8 = 0x02;
-    const ACK: u8 = 0x10;
-    matches!(packet.transport, Transport::Tcp { flags, .. } if flags & (SYN | ACK) == SYN)
 }
