@@ -211,6 +211,10 @@ fn build_suite(workspace: &Path) -> Result<Vec<(String, PathBuf)>> {
     cargo.current_dir(workspace).args([
         "test",
         "--no-run",
+        // Release: a podtrace start under TCG took 23 s built for debug
+        // and 10 s for release, and the suite starts podtrace dozens of
+        // times; `cargo xtask demo` has built release's podtrace already.
+        "--release",
         "--message-format=json",
         "--package",
         "podtrace",
