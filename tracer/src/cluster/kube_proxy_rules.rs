@@ -31,7 +31,7 @@ use std::{
 };
 
 use super::services::{Backend, Catalog, Service, ServicePort};
-use crate::{model::text::shell_words, node::netns::Namespace, probe::nft_trace::output};
+use crate::{model::text::shell_words, node::netns::Namespace, probe::rule_text::output};
 
 /// Where kube-proxy sends one frontend: a Service port's ClusterIP or
 /// NodePort, and the chain that picks its backend.

@@ -29,6 +29,7 @@ mod load;
 pub mod netfilter;
 pub mod nft_trace;
 pub mod profile;
+pub mod rule_text;
 pub mod run_registry;
 pub mod shared_maps;
 pub mod tc;

@@ -26,7 +26,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use super::{
-    nft_trace::{KernelRules, TraceParser},
+    nft_trace::TraceParser,
+    rule_text::KernelRules,
     run_registry::{self, Held, Liveness, Record},
 };
 use crate::node::netns::Namespace;
@@ -164,18 +165,8 @@ impl NodeTrace {
             }
             let stdout = monitor.stdout.take().expect("piped");
             // A thread starts in the namespace of the thread that spawns
-            // it: the rule lookups below ask this node.
-            std::thread::spawn(move || {
-                let mut parser = TraceParser::default();
-                let mut kernel = KernelRules::default();
-                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                    if let Some(drop) = parser.feed(&line, &mut kernel) {
-                        if tx.send((node_id, drop)).is_err() {
-                            return;
-                        }
-                    }
-                }
-            });
+            // it: the rule lookups ask this node.
+            std::thread::spawn(move || read_traces(stdout, node_id, &tx));
             Ok(Self {
                 netns: netns.clone(),
                 monitor,
@@ -190,6 +181,25 @@ impl NodeTrace {
             run_registry::release(&record);
         }
         started
+    }
+}
+
+/// Names the rules of the monitor's trace lines, for as long as it runs.
+fn read_traces(
+    monitor: std::process::ChildStdout,
+    node_id: u32,
+    tx: &mpsc::UnboundedSender<(u32, TracedRule)>,
+) {
+    let mut parser = TraceParser::default();
+    let mut kernel = KernelRules::default();
+    // Before the first line: its packet's rule is then listed already.
+    kernel.warm();
+    for line in BufReader::new(monitor).lines().map_while(Result::ok) {
+        if let Some(drop) = parser.feed(&line, &mut kernel) {
+            if tx.send((node_id, drop)).is_err() {
+                return;
+            }
+        }
     }
 }
 

@@ -8,7 +8,7 @@
 //! iptables-nft's own tables (filter, nat, mangle, raw, security) are
 //! named in iptables syntax, as their author wrote them: the rule at the
 //! same position in `iptables-save` as the traced handle in `nft -a list
-//! chain` ([`KernelRules`]).
+//! chain` ([`super::rule_text::KernelRules`]).
 //!
 //! The name of a native rule: table `<family> <name>` (`ip kube-proxy`),
 //! its chain, and `<rule text> # handle <n>`. A drop reached through a
@@ -16,7 +16,7 @@
 //! whose comment says which Service it was for (kube-proxy's
 //! `no-endpoint-services`).
 
-use std::{collections::HashMap, net::Ipv4Addr, process::Command};
+use std::{collections::HashMap, net::Ipv4Addr};
 
 use super::netfilter::{NetfilterRule, PacketId, TracedRule};
 
@@ -161,7 +161,7 @@ fn table_name(family: &str, table: &str) -> String {
     }
 }
 
-fn is_iptables_table(family: &str, table: &str) -> bool {
+pub(super) fn is_iptables_table(family: &str, table: &str) -> bool {
     matches!(family, "ip" | "ip6") && IPTABLES_TABLES.contains(&table)
 }
 
@@ -282,120 +282,6 @@ fn dport(packet: &str) -> Option<(String, u16)> {
         .windows(3)
         .find(|w| matches!(w[0], "tcp" | "udp" | "sctp") && w[1] == "dport")
         .and_then(|w| Some((w[0].to_string(), w[2].parse().ok()?)))
-}
-
-/// Asks the node's kernel (through `nft` and `iptables-save`, run in the
-/// calling thread's network namespace), caching each chain's listing
-/// until a handle is missing from it.
-#[derive(Default)]
-pub struct KernelRules {
-    /// (family, table, chain) → handle → iptables-save line
-    chains: HashMap<(String, String, String), HashMap<u64, String>>,
-    /// (family, table, chain) → handle → nft text
-    native: HashMap<(String, String, String), HashMap<u64, String>>,
-}
-
-impl RuleLookup for KernelRules {
-    fn iptables_rule(
-        &mut self,
-        family: &str,
-        table: &str,
-        chain: &str,
-        handle: u64,
-    ) -> Option<String> {
-        let key = (family.to_string(), table.to_string(), chain.to_string());
-        if let Some(line) = self.chains.get(&key).and_then(|c| c.get(&handle)) {
-            return Some(line.clone());
-        }
-        let lines = iptables_lines(family, table, chain)?;
-        let handles = nft_handles(family, table, chain)?;
-        // Both list the chain in its order: the n-th handle is the n-th line.
-        if lines.len() != handles.len() {
-            return None;
-        }
-        let listed: HashMap<u64, String> = handles.into_iter().zip(lines).collect();
-        let line = listed.get(&handle).cloned();
-        self.chains.insert(key, listed);
-        line
-    }
-
-    fn nft_rule(&mut self, family: &str, table: &str, chain: &str, handle: u64) -> Option<String> {
-        let key = (family.to_string(), table.to_string(), chain.to_string());
-        if let Some(text) = self.native.get(&key).and_then(|c| c.get(&handle)) {
-            return Some(text.clone());
-        }
-        let listing =
-            output(Command::new("nft").args(["-a", "list", "chain", family, table, chain]))?;
-        let listed: HashMap<u64, String> = rule_lines(&listing).into_iter().collect();
-        let text = listed.get(&handle).cloned();
-        self.native.insert(key, listed);
-        text
-    }
-
-    fn element_comment(
-        &mut self,
-        family: &str,
-        table: &str,
-        map: &str,
-        key: &str,
-    ) -> Option<String> {
-        let listing = output(Command::new("nft").args(["list", "map", family, table, map]))?;
-        element_comment_in(&listing, key)
-    }
-}
-
-/// The comment of element `key` in an `nft list map` listing.
-fn element_comment_in(listing: &str, key: &str) -> Option<String> {
-    let (_, after) = listing.split_once(&format!("{key} comment \""))?;
-    after.split('"').next().map(str::to_string)
-}
-
-/// A command's stdout, when it succeeds.
-pub(crate) fn output(command: &mut Command) -> Option<String> {
-    let out = command.output().ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// The `-A <chain> …` lines of iptables-save, in order.
-fn iptables_lines(family: &str, table: &str, chain: &str) -> Option<Vec<String>> {
-    let save = if family == "ip6" {
-        "ip6tables-save"
-    } else {
-        "iptables-save"
-    };
-    let text = output(Command::new(save).args(["-t", table]))?;
-    let prefix = format!("-A {chain} ");
-    Some(
-        text.lines()
-            .filter(|l| l.starts_with(&prefix))
-            .map(str::to_string)
-            .collect(),
-    )
-}
-
-/// The rule handles of a chain, in order (`nft -a list chain`).
-fn nft_handles(family: &str, table: &str, chain: &str) -> Option<Vec<u64>> {
-    let text = output(Command::new("nft").args(["-a", "list", "chain", family, table, chain]))?;
-    Some(rule_handles(&text))
-}
-
-fn rule_handles(listing: &str) -> Vec<u64> {
-    rule_lines(listing).into_iter().map(|(h, _)| h).collect()
-}
-
-/// (handle, text) of each rule in an `nft -a list chain` listing, in order.
-fn rule_lines(listing: &str) -> Vec<(u64, String)> {
-    listing
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.starts_with("chain ") && !l.starts_with("table "))
-        .filter_map(|l| {
-            let (text, handle) = l.rsplit_once(" # handle ")?;
-            Some((handle.trim().parse().ok()?, text.trim().to_string()))
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -544,20 +430,5 @@ trace id 1 ip filter FORWARD policy drop"#;
         assert_eq!(rules[1].rule.table, "filter");
         assert_eq!(rules[1].rule.rule, "the policy of chain FORWARD (DROP)");
         assert_eq!(rules[1].ip_id, 9);
-    }
-
-    #[test]
-    fn listings_give_handles_in_order_and_element_comments() {
-        let chain = "table ip nat {\n\tchain PREROUTING { # handle 3\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t\tmeta l4proto tcp counter dnat to 10.1.2.3:80 # handle 4\n\t\tcounter jump KUBE-SERVICES # handle 9\n\t}\n}\n";
-        assert_eq!(rule_handles(chain), [4, 9]);
-        assert_eq!(
-            rule_lines(chain)[1],
-            (9, "counter jump KUBE-SERVICES".into())
-        );
-        let map = "\t\telements = { 10.96.171.9 . tcp . 80 comment \"default/empty:http\" : goto reject-chain }";
-        assert_eq!(
-            element_comment_in(map, "10.96.171.9 . tcp . 80").as_deref(),
-            Some("default/empty:http")
-        );
     }
 }

@@ -1,0 +1,218 @@
+//! The text of a traced rule, read from the node's kernel: iptables
+//! syntax for iptables-nft's tables (`iptables-save`, paired with
+//! `nft -a list table` by position), and `nft -a list` text for rules the
+//! monitor does not know.
+//!
+//! A whole iptables table is read at once and kept: kube-proxy's packet
+//! crosses several chains of one table, and listing a table is what took
+//! the time (each listing is two processes, which on a busy node or a slow
+//! VM took seconds and made a SYN's DNAT rule come after its story was
+//! told). The tables that exist are read once when the monitor starts, so
+//! the first traced packet finds its rule already listed. A handle is never
+//! reused within a table, so a listed handle stays right; a handle not
+//! listed (a rule added since) lists the table again.
+
+use std::{collections::HashMap, process::Command};
+
+use super::nft_trace::{is_iptables_table, RuleLookup};
+
+/// Asks the node's kernel (through `nft` and `iptables-save`, run in the
+/// calling thread's network namespace).
+#[derive(Default)]
+pub struct KernelRules {
+    /// (family, table) → handle → iptables-save line
+    iptables: HashMap<(String, String), HashMap<u64, String>>,
+    /// (family, table, chain) → handle → nft text
+    native: HashMap<(String, String, String), HashMap<u64, String>>,
+}
+
+impl KernelRules {
+    /// Reads every iptables-nft table the node has now.
+    pub fn warm(&mut self) {
+        let Some(tables) = output(Command::new("nft").args(["list", "tables"])) else {
+            return;
+        };
+        for line in tables.lines() {
+            let mut words = line.split_whitespace();
+            if let (Some("table"), Some(family), Some(table)) =
+                (words.next(), words.next(), words.next())
+            {
+                if is_iptables_table(family, table) {
+                    self.list_iptables_table(family, table);
+                }
+            }
+        }
+    }
+
+    fn list_iptables_table(&mut self, family: &str, table: &str) {
+        let listed = iptables_table(family, table).unwrap_or_default();
+        self.iptables
+            .insert((family.to_string(), table.to_string()), listed);
+    }
+}
+
+impl RuleLookup for KernelRules {
+    fn iptables_rule(
+        &mut self,
+        family: &str,
+        table: &str,
+        _chain: &str,
+        handle: u64,
+    ) -> Option<String> {
+        let key = (family.to_string(), table.to_string());
+        if let Some(line) = self.iptables.get(&key).and_then(|t| t.get(&handle)) {
+            return Some(line.clone());
+        }
+        self.list_iptables_table(family, table);
+        self.iptables.get(&key)?.get(&handle).cloned()
+    }
+
+    fn nft_rule(&mut self, family: &str, table: &str, chain: &str, handle: u64) -> Option<String> {
+        let key = (family.to_string(), table.to_string(), chain.to_string());
+        if let Some(text) = self.native.get(&key).and_then(|c| c.get(&handle)) {
+            return Some(text.clone());
+        }
+        let listing =
+            output(Command::new("nft").args(["-a", "list", "chain", family, table, chain]))?;
+        let listed: HashMap<u64, String> = rule_lines(&listing).into_iter().collect();
+        let text = listed.get(&handle).cloned();
+        self.native.insert(key, listed);
+        text
+    }
+
+    fn element_comment(
+        &mut self,
+        family: &str,
+        table: &str,
+        map: &str,
+        key: &str,
+    ) -> Option<String> {
+        let listing = output(Command::new("nft").args(["list", "map", family, table, map]))?;
+        element_comment_in(&listing, key)
+    }
+}
+
+/// handle → iptables-save line, for every rule of an iptables-nft table.
+fn iptables_table(family: &str, table: &str) -> Option<HashMap<u64, String>> {
+    let save = if family == "ip6" {
+        "ip6tables-save"
+    } else {
+        "iptables-save"
+    };
+    let saved = output(Command::new(save).args(["-t", table]))?;
+    let listing = output(Command::new("nft").args(["-a", "list", "table", family, table]))?;
+    Some(pair_by_position(&saved, &listing))
+}
+
+/// Pairs each chain's `-A <chain> …` lines with its handles in
+/// `nft -a list table`: both list a chain's rules in order, so the n-th
+/// handle is the n-th line. A chain whose counts differ (changed between
+/// the two listings) is left out rather than misnamed.
+fn pair_by_position(saved: &str, listing: &str) -> HashMap<u64, String> {
+    let mut lines: HashMap<&str, Vec<&str>> = HashMap::new();
+    for line in saved.lines() {
+        if let Some(chain) = line.strip_prefix("-A ").and_then(|r| r.split(' ').next()) {
+            lines.entry(chain).or_default().push(line);
+        }
+    }
+    let mut paired = HashMap::new();
+    for (chain, handles) in handles_by_chain(listing) {
+        match lines.get(chain.as_str()) {
+            Some(chain_lines) if chain_lines.len() == handles.len() => paired.extend(
+                handles
+                    .into_iter()
+                    .zip(chain_lines.iter().map(|l| l.to_string())),
+            ),
+            _ => {}
+        }
+    }
+    paired
+}
+
+/// chain → its rule handles in order, from `nft -a list table`.
+fn handles_by_chain(listing: &str) -> HashMap<String, Vec<u64>> {
+    let mut chains: HashMap<String, Vec<u64>> = HashMap::new();
+    let mut current: Option<String> = None;
+    for line in listing.lines().map(str::trim) {
+        if let Some(rest) = line.strip_prefix("chain ") {
+            let name = rest.split_whitespace().next().unwrap_or_default();
+            current = Some(name.trim_matches('"').to_string());
+            continue;
+        }
+        let (Some(chain), Some((h, _))) = (current.as_ref(), rule_line(line)) else {
+            continue;
+        };
+        chains.entry(chain.clone()).or_default().push(h);
+    }
+    chains
+}
+
+/// (handle, text) of each rule in an `nft -a list chain` listing, in order.
+pub(super) fn rule_lines(listing: &str) -> Vec<(u64, String)> {
+    listing
+        .lines()
+        .map(str::trim)
+        .filter_map(rule_line)
+        .collect()
+}
+
+fn rule_line(line: &str) -> Option<(u64, String)> {
+    if line.starts_with("chain ") || line.starts_with("table ") {
+        return None;
+    }
+    let (text, handle) = line.rsplit_once(" # handle ")?;
+    Some((handle.trim().parse().ok()?, text.trim().to_string()))
+}
+
+/// The comment of element `key` in an `nft list map` listing.
+fn element_comment_in(listing: &str, key: &str) -> Option<String> {
+    let (_, after) = listing.split_once(&format!("{key} comment \""))?;
+    after.split('"').next().map(str::to_string)
+}
+
+/// A command's stdout, when it succeeds.
+pub(crate) fn output(command: &mut Command) -> Option<String> {
+    let out = command.output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listings_give_handles_in_order_and_element_comments() {
+        let chain = "table ip nat {\n\tchain PREROUTING { # handle 3\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t\tmeta l4proto tcp counter dnat to 10.1.2.3:80 # handle 4\n\t\tcounter jump KUBE-SERVICES # handle 9\n\t}\n}\n";
+        assert_eq!(
+            rule_lines(chain),
+            [
+                (4, "meta l4proto tcp counter dnat to 10.1.2.3:80".into()),
+                (9, "counter jump KUBE-SERVICES".into())
+            ]
+        );
+        let map = "\t\telements = { 10.96.171.9 . tcp . 80 comment \"default/empty:http\" : goto reject-chain }";
+        assert_eq!(
+            element_comment_in(map, "10.96.171.9 . tcp . 80").as_deref(),
+            Some("default/empty:http")
+        );
+    }
+
+    #[test]
+    fn a_whole_table_pairs_each_chains_rules_by_position() {
+        let saved = "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SEP-A - [0:0]\n-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n-A KUBE-SEP-A -s 10.244.1.2/32 -j KUBE-MARK-MASQ\n-A KUBE-SEP-A -p tcp -m tcp -j DNAT --to-destination 10.244.1.2:80\n-A KUBE-STALE -j RETURN\nCOMMIT\n";
+        let listing = "table ip nat { # handle 5\n\tchain PREROUTING { # handle 1\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t\tcounter packets 0 bytes 0 jump KUBE-SERVICES # handle 7\n\t}\n\tchain KUBE-SEP-A { # handle 2\n\t\tip saddr 10.244.1.2 counter jump KUBE-MARK-MASQ # handle 11\n\t\tmeta l4proto tcp counter dnat to 10.244.1.2:80 # handle 12\n\t}\n\tchain KUBE-STALE { # handle 3\n\t\tcounter return # handle 20\n\t\tcounter return # handle 21\n\t}\n}\n";
+        let paired = pair_by_position(saved, listing);
+        assert_eq!(
+            paired[&12],
+            "-A KUBE-SEP-A -p tcp -m tcp -j DNAT --to-destination 10.244.1.2:80"
+        );
+        assert_eq!(
+            paired[&7],
+            "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"
+        );
+        // Changed between the two listings: not named rather than misnamed.
+        assert!(!paired.contains_key(&20) && !paired.contains_key(&21));
+    }
+}
