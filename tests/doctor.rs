@@ -13,7 +13,7 @@ use support::*;
 use xtask::{
     api_stub::{Stub, TOKEN},
     faults::Fault,
-    lab::{cni_plugins, LabGuard, Topology},
+    lab::{cni_plugins, ip, sysctl, LabGuard, Topology},
 };
 
 /// `podtrace doctor` on both lab nodes (files as the inventory): the JSON
@@ -151,6 +151,77 @@ fn a_flannel_vxlan_port_of_the_clusters_choosing_passes() {
     assert_eq!(code, 0);
     let said = report.to_string();
     assert!(said.contains("flannel.1 is up, VNI 1, port 8475"), "{said}");
+}
+
+/// A dual-stack flannel node gets IPv6's own checks: they pass on the node
+/// as flanneld leaves it, and each fault IPv4 does not have is named with
+/// its fix: IPv6 forwarding off, IPv6 disabled on cni0, flannel-v6.1
+/// missing, and a router-advertised default route the kernel stops
+/// renewing once forwarding is on. A single-stack node has none of them.
+#[test]
+fn a_dual_stack_flannel_node_gets_ipv6s_own_checks() {
+    let lab = lab(Topology::FlannelVxlan);
+    let (report, _) = doctor(&lab, &[]);
+    assert!(
+        !report.to_string().contains("ipv6"),
+        "a single-stack node got IPv6 checks: {report:#}"
+    );
+    xtask::lab::flannel_vxlan::dual_stack(&lab.0).expect("dual-stack flannel");
+    let (report, code) = doctor(&lab, &[]);
+    assert!(failing(&report).is_empty(), "{report:#}");
+    assert_eq!(code, 0);
+    assert_eq!(
+        check_on(&report, "node-1", "ipv6 forwarding")["evidence"],
+        "net.ipv6.conf.all.forwarding = 1 (flanneld gave this node the IPv6 subnet fd00:10:244:1::1/64)"
+    );
+    assert_eq!(
+        check_on(&report, "node-2", "flannel-v6.1")["evidence"],
+        "flannel-v6.1 is up, VNI 1, port 8472"
+    );
+    let (node1, node2) = (lab.0.node_netns(1), lab.0.node_netns(2));
+    sysctl(&node1, "net.ipv6.conf.all.forwarding", "0").unwrap();
+    sysctl(&node1, "net.ipv6.conf.cni0.disable_ipv6", "1").unwrap();
+    ip(&node2, "link del flannel-v6.1").unwrap();
+    ip(
+        &node2,
+        "-6 route add default via fd5a:0:2::1 dev eth0 proto ra",
+    )
+    .unwrap();
+    let (report, code) = doctor(&lab, &[]);
+    assert_eq!(code, 1, "{report:#}");
+    let failed: Vec<(String, String)> = failing(&report)
+        .iter()
+        .map(|c| {
+            (
+                c["node"].as_str().unwrap().into(),
+                c["name"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    for (node, name) in [
+        ("node-1", "ipv6 forwarding"),
+        ("node-1", "cni0 disable_ipv6"),
+        ("node-2", "flannel-v6.1"),
+        ("node-2", "eth0 accept_ra"),
+    ] {
+        assert!(
+            failed.contains(&(node.into(), name.into())),
+            "{node} {name} not failed: {report:#}"
+        );
+    }
+    assert_eq!(failed.len(), 4, "{report:#}");
+    let ra = check_on(&report, "node-2", "eth0 accept_ra");
+    assert_eq!(
+        ra["fix"],
+        "sysctl -w net.ipv6.conf.eth0.accept_ra=2 (and in /etc/sysctl.d)"
+    );
+    assert!(
+        ra["evidence"]
+            .as_str()
+            .unwrap()
+            .contains("came from a router advertisement; with forwarding on, net.ipv6.conf.eth0.accept_ra = 1 ignores the next ones"),
+        "{ra}"
+    );
 }
 
 /// cni0's check names the gateway when the node's podCIDR or subnet.env

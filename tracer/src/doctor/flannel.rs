@@ -9,6 +9,7 @@ use ipnet::Ipv4Net;
 
 use super::{cluster::ClusterNode, node::NodeFacts, Check};
 use crate::model::bounded::{self, ReadError};
+use crate::node::Link;
 
 const FAMILY: &str = "flannel";
 pub const SUBNET_ENV: &str = "run/flannel/subnet.env";
@@ -221,29 +222,30 @@ fn check_vtep(facts: &NodeFacts) -> Check {
         .as_ref()
         .map(|m| m.flannel_backend_data())
         .unwrap_or_default();
-    let vni = link.vxlan.and_then(|v| v.vni);
-    let port = link.vxlan.and_then(|v| v.port);
     let want_vni = data["VNI"].as_u64().map(|v| v as u32).or(Some(1));
-    let up = facts.links_up.get("flannel.1").copied().unwrap_or(false);
+    let (up, evidence) = vtep_state(facts, link);
     // The port is flannel's `Backend.Port` (8472 unless set), the same on
     // every node: any one is right here, and it is said.
-    let ok = up && vni == want_vni;
-    Check::judge(
-        FAMILY,
-        node,
-        "flannel.1",
-        ok,
-        format!(
-            "flannel.1 is {}, VNI {}, port {}",
-            if up { "up" } else { "DOWN" },
-            vni.map_or("?".into(), |v| v.to_string()),
-            port.map_or("?".into(), |p| p.to_string())
-        ),
-        || {
-            "ip link set flannel.1 up; if the VNI is wrong, delete flannel.1 and restart flanneld"
-                .into()
-        },
-    )
+    let ok = up && link.vxlan.and_then(|v| v.vni) == want_vni;
+    Check::judge(FAMILY, node, "flannel.1", ok, evidence, || {
+        "ip link set flannel.1 up; if the VNI is wrong, delete flannel.1 and restart flanneld"
+            .into()
+    })
+}
+
+/// Whether a VXLAN device is up, and `<dev> is up, VNI <n>, port <p>`.
+pub fn vtep_state(facts: &NodeFacts, link: &Link) -> (bool, String) {
+    let up = facts.links_up.get(&link.name).copied().unwrap_or(false);
+    let vni = link.vxlan.and_then(|v| v.vni);
+    let port = link.vxlan.and_then(|v| v.port);
+    let said = format!(
+        "{} is {}, VNI {}, port {}",
+        link.name,
+        if up { "up" } else { "DOWN" },
+        vni.map_or("?".into(), |v| v.to_string()),
+        port.map_or("?".into(), |p| p.to_string())
+    );
+    (up, said)
 }
 
 fn check_route(facts: &NodeFacts, remote: &ClusterNode, kind: &str) -> Check {

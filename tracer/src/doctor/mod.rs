@@ -19,6 +19,7 @@ pub mod cni_config;
 pub mod credentials;
 pub mod firewall;
 pub mod flannel;
+pub mod ipv6;
 pub mod kernel;
 pub mod node;
 pub mod plugins;
@@ -139,6 +140,7 @@ pub fn node_checks(facts: &node::NodeFacts) -> Vec<Check> {
     checks.extend(calico::checks(facts));
     checks.extend(bgp::checks(facts));
     checks.extend(kernel::checks(facts));
+    checks.extend(ipv6::checks(facts));
     checks.extend(firewall::checks(facts));
     checks
 }

@@ -60,6 +60,8 @@ pub struct NodeFacts {
     pub peer_blocks: Vec<(String, ipnet::Ipv4Net)>,
     /// The addresses the other nodes examined with it hold, by node.
     pub peer_addresses: Vec<(String, Vec<Ipv4Addr>)>,
+    /// `ip -6 route show default`.
+    pub ipv6_defaults: Vec<super::ipv6::DefaultRoute6>,
 }
 
 impl NodeFacts {
@@ -85,6 +87,7 @@ impl NodeFacts {
             pair: Vec::new(),
             peer_blocks: Vec::new(),
             peer_addresses: Vec::new(),
+            ipv6_defaults: Vec::new(),
         }
     }
 
@@ -244,6 +247,9 @@ async fn read(netns_path: Option<&Path>, root: PathBuf) -> Result<NodeFacts> {
             .iter()
             .map(|l| format!("net/ipv4/conf/{}/rp_filter", l.name)),
     );
+    keys.extend(super::ipv6::sysctl_keys(
+        view.links.iter().map(|l| l.name.as_str()),
+    ));
     for key in keys {
         if let Ok(value) = std::fs::read_to_string(Path::new("/proc/sys").join(&key)) {
             sysctls.insert(key, value);
@@ -272,6 +278,9 @@ async fn read(netns_path: Option<&Path>, root: PathBuf) -> Result<NodeFacts> {
         pair: Vec::new(),
         peer_blocks: Vec::new(),
         peer_addresses: Vec::new(),
+        ipv6_defaults: super::ipv6::DefaultRoute6::parse(
+            &output("ip", &["-6", "route", "show", "default"]).unwrap_or_default(),
+        ),
     })
 }
 

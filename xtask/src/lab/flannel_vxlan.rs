@@ -97,3 +97,66 @@ fn route_to(lab: &Lab, ns: &str, remote: u8) -> Result<()> {
         &Lab::node_ip(remote).to_string(),
     )
 }
+
+/// Makes the lab's flannel dual-stack on every node, as flanneld does with
+/// `EnableIPv6`: an IPv6 subnet in subnet.env, IPv6 forwarding, the node's
+/// underlay IPv6 address, a flannel-v6.1 VTEP over it beside flannel.1,
+/// cni0's IPv6 gateway, and the route to each other node's IPv6 subnet.
+pub fn dual_stack(lab: &Lab) -> Result<()> {
+    for node in 1..=super::NODES {
+        let ns = lab.node_netns(node);
+        let env = super::cni_plugins::subnet_env(lab, node);
+        let mut text = std::fs::read_to_string(&env)?;
+        text.push_str(&format!(
+            "FLANNEL_IPV6_NETWORK={IPV6_NETWORK}::/56\nFLANNEL_IPV6_SUBNET={}1/64\n",
+            ipv6_subnet(node)
+        ));
+        std::fs::write(&env, text)?;
+        super::sysctl(&ns, "net.ipv6.conf.all.forwarding", "1")?;
+        ip(
+            &ns,
+            &format!("-6 addr add {}/64 dev eth0 nodad", node_ipv6(node)),
+        )?;
+        ip(
+            &ns,
+            &format!(
+                "link add flannel-v6.1 type vxlan id {} dstport {PORT} local {} dev eth0 nolearning",
+                flannel::VNI,
+                node_ipv6(node)
+            ),
+        )?;
+        ip(
+            &ns,
+            &format!(
+                "-6 addr add {}/128 dev flannel-v6.1 nodad",
+                ipv6_subnet(node)
+            ),
+        )?;
+        ip(&ns, "link set flannel-v6.1 up")?;
+        ip(
+            &ns,
+            &format!("-6 addr add {}1/64 dev cni0 nodad", ipv6_subnet(node)),
+        )?;
+        for remote in Lab::remotes(node) {
+            let subnet = ipv6_subnet(remote);
+            ip(
+                &ns,
+                &format!("-6 route add {subnet}/64 via {subnet} dev flannel-v6.1 onlink"),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// The cluster's IPv6 pod network (a /56 of ULA space), and each node's
+/// /64 of it.
+const IPV6_NETWORK: &str = "fd00:10:244:";
+
+fn ipv6_subnet(node: u8) -> String {
+    format!("{IPV6_NETWORK}{node}::")
+}
+
+/// A node's underlay IPv6 address (ULA).
+fn node_ipv6(node: u8) -> String {
+    format!("fd5a:0:2::{}", 10 + node)
+}
