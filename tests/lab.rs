@@ -629,3 +629,52 @@ fn a_burst_of_packets_is_told_in_full() {
         .iter()
         .all(|s| s["count"] == 100 && s["p50_us"].as_f64().unwrap() >= 0.0));
 }
+
+/// A dual-stack cluster whose primary family is IPv6 lists each pod's
+/// IPv6 address as its podIP and both in podIPs (as the API serves it):
+/// the pair is traced by its IPv4 addresses all the same, and podtrace
+/// says at start that their IPv6 traffic is not seen.
+#[test]
+fn an_ipv6_primary_dual_stack_pair_is_traced_by_ipv4_and_says_ipv6_is_not() {
+    let lab = lab(Topology::FlannelVxlan);
+    let mut pods: Value =
+        serde_json::from_str(&std::fs::read_to_string(lab.0.pods_file()).unwrap()).unwrap();
+    for (i, pod) in pods["items"].as_array_mut().unwrap().iter_mut().enumerate() {
+        let status = &mut pod["status"];
+        let v4 = status["podIP"].clone();
+        let v6 = format!("fd00:10:244::{:x}", i + 2);
+        status["podIPs"] = serde_json::json!([{ "ip": v6 }, { "ip": v4 }]);
+        status["podIP"] = v6.into();
+    }
+    let dir = scratch_dir("dual-stack");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("pods.json");
+    std::fs::write(&file, pods.to_string()).unwrap();
+    let mut args = lab_args(&lab.0, &[1, 2]);
+    args[1] = file.display().to_string();
+    let trace = Trace::start(&argv(
+        &[
+            "default/web-0",
+            "default/db-0",
+            "--count",
+            "1",
+            "-o",
+            "json",
+        ],
+        args,
+    ));
+    assert!(ping(&lab.0, "web-0", "db-0"), "the lab itself is broken");
+    let done = trace.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    let story = done.ping_stories().into_iter().next().expect("a story");
+    assert_eq!(story["verdict"]["outcome"], "delivered", "{story}");
+    assert_eq!(story["src"], lab.0.pod("web-0").ip.to_string(), "{story}");
+    assert!(
+        done.stderr.contains("default/web-0 (fd00:10:244::")
+            && done.stderr.contains(
+                "have IPv6: only IPv4 is traced for now, and IPv6 traffic between them is not seen"
+            ),
+        "{}",
+        done.stderr
+    );
+}

@@ -390,6 +390,9 @@ fn announce(targets: &Targets, nodes: &[TracedNode], ctx: &Context) {
     ) {
         eprintln!("podtrace: {view}");
     }
+    if let Some(untraced) = targets.untraced_ipv6() {
+        eprintln!("podtrace: {untraced}");
+    }
     eprintln!(
         "podtrace: tracing {} ⇄ {} on {}; Ctrl-C to stop",
         ctx.label(targets.src.ip),

@@ -51,6 +51,28 @@ fn note_host_network(src: &Endpoint, dst: &Endpoint) {
 }
 
 impl Targets {
+    /// The traced pods' IPv6 addresses, which podtrace does not trace yet
+    /// (dual-stack pods): said at start, so that a failing IPv6
+    /// connection is not mistaken for one that never happened.
+    pub fn untraced_ipv6(&self) -> Option<String> {
+        let with_ipv6: Vec<String> = [&self.src, &self.dst]
+            .iter()
+            .filter_map(|e| e.pod.as_ref())
+            .filter(|p| !p.ipv6.is_empty())
+            .map(|p| {
+                let listed: Vec<String> = p.ipv6.iter().map(ToString::to_string).collect();
+                format!("{} ({})", p.qualified(), listed.join(", "))
+            })
+            .collect();
+        (!with_ipv6.is_empty()).then(|| {
+            format!(
+                "{} also {} IPv6: only IPv4 is traced for now, and IPv6 traffic between them is not seen",
+                with_ipv6.join(" and "),
+                if with_ipv6.len() == 1 { "has" } else { "have" }
+            )
+        })
+    }
+
     /// The endpoints `args` name, resolved; `traced_addresses`: the
     /// traced nodes' own addresses (node mode), nodes too for a NodePort
     /// given as `nodeIP:port` when no node list names them.

@@ -1,7 +1,10 @@
 //! Pods and nodes named in a `kubectl get pods -A -o json` style file
 //! (`--pods-file`), and resolution of the pod arguments.
 
-use std::{net::Ipv4Addr, path::Path};
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    path::Path,
+};
 
 use anyhow::{anyhow, bail, Context, Result};
 
@@ -17,8 +20,11 @@ pub struct Pod {
     pub host_ip: Option<Ipv4Addr>,
     pub phase: Option<String>,
     pub host_network: bool,
-    /// Its podIP as written, when that is not an IPv4 address.
+    /// Its podIP as written, when that is not an IP address.
     pub unreadable_ip: Option<String>,
+    /// Its IPv6 addresses (podIPs of a dual-stack or IPv6 pod), which
+    /// are not traced yet.
+    pub ipv6: Vec<Ipv6Addr>,
 }
 
 impl Pod {
@@ -61,9 +67,38 @@ struct Spec {
 struct Status {
     #[serde(rename = "podIP")]
     pod_ip: Option<String>,
+    /// Every family's address (dual-stack: podIP is one of them, the
+    /// cluster's primary family, which may be IPv6).
+    #[serde(rename = "podIPs", default)]
+    pod_ips: Vec<Address>,
     #[serde(rename = "hostIP")]
     host_ip: Option<String>,
+    #[serde(rename = "hostIPs", default)]
+    host_ips: Vec<Address>,
     phase: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct Address {
+    #[serde(default)]
+    ip: String,
+}
+
+/// `podIP` and `podIPs` (or the host's), each address once: the IPv4 one
+/// first found, and the IPv6 ones.
+fn addresses(primary: Option<&str>, all: &[Address]) -> (Option<Ipv4Addr>, Vec<Ipv6Addr>) {
+    let mut v4 = None;
+    let mut v6 = Vec::new();
+    for text in primary.into_iter().chain(all.iter().map(|a| a.ip.as_str())) {
+        match text.parse::<IpAddr>() {
+            Ok(IpAddr::V4(ip)) => {
+                v4.get_or_insert(ip);
+            }
+            Ok(IpAddr::V6(ip)) if !v6.contains(&ip) => v6.push(ip),
+            _ => {}
+        }
+    }
+    (v4, v6)
 }
 
 fn default_namespace() -> String {
@@ -169,8 +204,16 @@ impl Endpoint {
         let Some(ip) = pod.ip else {
             if let Some(text) = &pod.unreadable_ip {
                 bail!(
-                    "pod {} has podIP {text:?}, which is not an IPv4 address",
+                    "pod {} has podIP {text:?}, which is not an IP address",
                     pod.qualified()
+                );
+            }
+            if !pod.ipv6.is_empty() {
+                let listed: Vec<String> = pod.ipv6.iter().map(ToString::to_string).collect();
+                bail!(
+                    "pod {} has IPv6 addresses only ({}): podtrace traces IPv4 only for now",
+                    pod.qualified(),
+                    listed.join(", ")
                 );
             }
             let phase = pod.phase.as_deref().unwrap_or("Pending");
@@ -219,17 +262,23 @@ impl Endpoint {
 
 impl From<Item> for Pod {
     fn from(item: Item) -> Self {
-        let written = item.status.pod_ip.filter(|ip| !ip.is_empty());
-        let ip = written.as_deref().and_then(|ip| ip.parse().ok());
+        let status = item.status;
+        let written = status.pod_ip.filter(|ip| !ip.is_empty());
+        let (ip, ipv6) = addresses(written.as_deref(), &status.pod_ips);
+        let (host_ip, _) = addresses(status.host_ip.as_deref(), &status.host_ips);
+        let readable = written
+            .as_deref()
+            .is_some_and(|w| w.parse::<IpAddr>().is_ok());
         Pod {
             namespace: item.metadata.namespace,
             name: item.metadata.name,
-            unreadable_ip: written.filter(|_| ip.is_none()),
+            unreadable_ip: written.filter(|_| ip.is_none() && !readable),
             ip,
             node: item.spec.node_name,
-            host_ip: item.status.host_ip.and_then(|ip| ip.parse().ok()),
-            phase: item.status.phase,
+            host_ip,
+            phase: status.phase,
             host_network: item.spec.host_network,
+            ipv6,
         }
     }
 }
@@ -349,6 +398,7 @@ mod tests {
                 phase: None,
                 host_network: false,
                 unreadable_ip: None,
+                ipv6: Vec::new(),
             })
             .collect();
         let message = not_found("default", "web-x", &pods);
@@ -365,9 +415,38 @@ mod tests {
         let err = resolve(&inv, "odd-0", "default").unwrap_err().to_string();
         assert_eq!(
             err,
-            "pod default/odd-0 has podIP \"999.1.1.1\", which is not an IPv4 address"
+            "pod default/odd-0 has podIP \"999.1.1.1\", which is not an IP address"
         );
         assert!(!err.contains("no IP"), "{err}");
+    }
+
+    /// A dual-stack cluster whose primary family is IPv6 writes the IPv6
+    /// address in podIP and hostIP: the pod is traced by the IPv4 one of
+    /// podIPs, and its IPv6 addresses are kept to say they are not traced.
+    /// A pod of IPv6 only is refused in one line that says so.
+    #[test]
+    fn a_dual_stack_pod_is_traced_by_its_ipv4_address_whichever_is_primary() {
+        let inv = Inventory::parse(
+            r#"{"items":[
+            {"metadata":{"name":"web-0"},"spec":{"nodeName":"node-1"},"status":{"podIP":"fd00:10:244:1::2","podIPs":[{"ip":"fd00:10:244:1::2"},{"ip":"10.244.1.2"}],
+             "hostIP":"fd5a::11","hostIPs":[{"ip":"fd5a::11"},{"ip":"192.0.2.11"}],"phase":"Running"}},
+            {"metadata":{"name":"db-0"},"status":{"podIP":"10.244.2.2","podIPs":[{"ip":"10.244.2.2"},{"ip":"fd00:10:244:2::2"}]}},
+            {"metadata":{"name":"v6-0"},"status":{"podIP":"fd00:10:244:1::9","podIPs":[{"ip":"fd00:10:244:1::9"}],"phase":"Running"}}]}"#,
+        )
+        .unwrap();
+        let web = resolve(&inv, "web-0", "default").unwrap();
+        assert_eq!(web.ip, Ipv4Addr::new(10, 244, 1, 2));
+        let pod = web.pod.unwrap();
+        assert_eq!(pod.ipv6, ["fd00:10:244:1::2".parse::<Ipv6Addr>().unwrap()]);
+        assert_eq!(pod.host_ip, Some(Ipv4Addr::new(192, 0, 2, 11)));
+        assert_eq!(inv.node_ip("node-1"), Some(Ipv4Addr::new(192, 0, 2, 11)));
+        let db = resolve(&inv, "db-0", "default").unwrap();
+        assert_eq!(db.ip, Ipv4Addr::new(10, 244, 2, 2));
+        let err = resolve(&inv, "v6-0", "default").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "pod default/v6-0 has IPv6 addresses only (fd00:10:244:1::9): podtrace traces IPv4 only for now"
+        );
     }
 
     #[test]

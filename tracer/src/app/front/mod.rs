@@ -264,6 +264,9 @@ impl Session {
         if let Some(view) = vantage([(&ends[0].0, ends[0].1), (&ends[1].0, ends[1].1)], nodes) {
             eprintln!("podtrace: {view}");
         }
+        if let Some(untraced) = targets.untraced_ipv6() {
+            eprintln!("podtrace: {untraced}");
+        }
         let starts = self.agents.values().filter_map(|a| a.start.as_ref());
         for start in starts.clone() {
             if let Some(kernel) = start.kernel.as_ref().filter(|k| !k.degraded.is_empty()) {
