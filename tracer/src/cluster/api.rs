@@ -332,15 +332,7 @@ fn error_chain(error: &dyn std::error::Error) -> Option<String> {
 }
 
 fn internal_ip(node: &Node) -> Option<Ipv4Addr> {
-    node.status
-        .as_ref()?
-        .addresses
-        .as_ref()?
-        .iter()
-        .find(|a| a.type_ == "InternalIP")?
-        .address
-        .parse()
-        .ok()
+    super::nodes::ipv4_internal_ip(&serde_json::to_value(node).ok()?)
 }
 
 /// The API's pod object as podtrace's own.

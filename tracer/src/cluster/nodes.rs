@@ -76,6 +76,17 @@ pub fn parse_nodes(json: &str) -> Result<Vec<NodeSubnet>> {
     nodes_from_items(list["items"].as_array().context("no items")?)
 }
 
+/// A node's IPv4 InternalIP (`v1.Node` JSON). A dual-stack node lists one
+/// InternalIP per family, IPv6 first where that is the cluster's primary
+/// family: the IPv4 one is taken wherever it is listed.
+pub fn ipv4_internal_ip(node: &serde_json::Value) -> Option<std::net::Ipv4Addr> {
+    node["status"]["addresses"]
+        .as_array()?
+        .iter()
+        .filter(|a| a["type"] == "InternalIP")
+        .find_map(|a| a["address"].as_str()?.parse().ok())
+}
+
 /// Node objects (`v1.Node` JSON, from a file or the API) as pod subnets.
 pub fn nodes_from_items(items: &[serde_json::Value]) -> Result<Vec<NodeSubnet>> {
     let mut subnets = Vec::new();
@@ -84,12 +95,7 @@ pub fn nodes_from_items(items: &[serde_json::Value]) -> Result<Vec<NodeSubnet>> 
             .as_str()
             .context("a node without a name")?;
         let annotations = &node["metadata"]["annotations"];
-        let internal_ip = node["status"]["addresses"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|a| a["type"] == "InternalIP")
-            .and_then(|a| a["address"].as_str()?.parse().ok());
+        let internal_ip = ipv4_internal_ip(node);
         let cni = cni::from_annotations(annotations);
         let tunnel_ip = annotations[cni::VXLAN_TUNNEL_ADDR]
             .as_str()
@@ -118,6 +124,21 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
+
+    /// An IPv6-primary dual-stack node lists its IPv6 podCIDR and
+    /// InternalIP first: the IPv4 ones are taken, not the node dropped.
+    #[test]
+    fn a_dual_stack_node_gives_its_ipv4_subnet_and_address_in_either_order() {
+        let nodes = parse_nodes(
+            r#"{"items":[{"metadata":{"name":"node-2"},
+              "spec":{"podCIDR":"fd00:10:244:2::/64","podCIDRs":["fd00:10:244:2::/64","10.244.2.0/24"]},
+              "status":{"addresses":[{"type":"InternalIP","address":"fd5a::12"},{"type":"Hostname","address":"node-2"},{"type":"InternalIP","address":"192.0.2.12"}]}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(nodes.len(), 1);
+        assert_eq!(nodes[0].subnet.to_string(), "10.244.2.0/24");
+        assert_eq!(nodes[0].node_ip, Ipv4Addr::new(192, 0, 2, 12));
+    }
 
     #[test]
     fn node_subnets_and_backends_from_a_node_list() {

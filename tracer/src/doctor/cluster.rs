@@ -36,12 +36,7 @@ impl ClusterNode {
             .unwrap_or_else(|| vec![node["spec"]["podCIDR"].clone()]);
         Self {
             name: node["metadata"]["name"].as_str().unwrap_or("?").into(),
-            ip: node["status"]["addresses"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|a| a["type"] == "InternalIP")
-                .and_then(|a| a["address"].as_str()?.parse().ok()),
+            ip: crate::cluster::nodes::ipv4_internal_ip(node),
             pod_cidrs: cidrs
                 .iter()
                 .filter_map(|c| c.as_str()?.parse().ok())
