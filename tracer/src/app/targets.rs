@@ -285,7 +285,7 @@ fn service_destination(target: &Target, catalog: Option<&Catalog>) -> Result<Opt
     };
     let Some(ip) = service.cluster_ip else {
         bail!(
-            "service {} has no ClusterIP (headless?): name one of its pods",
+            "service {} has no IPv4 ClusterIP (headless, or IPv6 only): name one of its pods",
             service.qualified()
         );
     };

@@ -180,11 +180,13 @@ impl Cluster {
                 .await
                 .map_err(|e| self.explain(e, "get", "services", Some(ns)))?
                 .ok_or_else(|| anyhow!("service {ns}/{name} not found"))?;
-            let ip = svc
-                .spec
+            let ip = serde_json::to_value(&svc)
+                .ok()
+                .and_then(|v| super::services::service_of(&v))
                 .and_then(|s| s.cluster_ip)
-                .and_then(|ip| ip.parse().ok())
-                .ok_or_else(|| anyhow!("service {ns}/{name} has no ClusterIP (headless?)"))?;
+                .ok_or_else(|| {
+                    anyhow!("service {ns}/{name} has no IPv4 ClusterIP (headless, or IPv6 only)")
+                })?;
             eprintln!(
                 "podtrace: warning: svc/{name} is traced by its ClusterIP {ip}; kube-proxy DNAT rewrites it to a pod IP on the way, so name the pod to follow the packet after that"
             );

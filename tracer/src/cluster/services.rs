@@ -210,7 +210,8 @@ fn protocol_number(text: Option<&str>) -> u8 {
     }
 }
 
-fn service_of(o: &Value) -> Option<Service> {
+/// A `v1.Service` object (JSON) as podtrace follows it.
+pub fn service_of(o: &Value) -> Option<Service> {
     let meta = &o["metadata"];
     let spec = &o["spec"];
     let ports = spec["ports"]
@@ -230,7 +231,19 @@ fn service_of(o: &Value) -> Option<Service> {
     Some(Service {
         namespace: meta["namespace"].as_str().unwrap_or("default").into(),
         name: meta["name"].as_str()?.into(),
-        cluster_ip: spec["clusterIP"].as_str().and_then(|ip| ip.parse().ok()),
+        // clusterIP is the primary family's: on an IPv6-primary
+        // dual-stack Service the IPv4 one is in clusterIPs only.
+        cluster_ip: spec["clusterIP"]
+            .as_str()
+            .into_iter()
+            .chain(
+                spec["clusterIPs"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str),
+            )
+            .find_map(|ip| ip.parse().ok()),
         ports,
         backends: Vec::new(),
     })
@@ -309,5 +322,17 @@ pub(crate) mod tests {
         assert_eq!(t[3].front.to_string(), "192.0.2.11:30080");
         let empty = catalog.by_cluster_ip("10.96.9.9".parse().unwrap()).unwrap();
         assert!(empty.backends.is_empty() && empty.translations(&[]).is_empty());
+    }
+
+    /// An IPv6-primary dual-stack Service: clusterIP is its IPv6 address,
+    /// and the IPv4 one is second in clusterIPs.
+    #[test]
+    fn a_dual_stack_service_is_found_by_its_ipv4_cluster_ip() {
+        let list = r#"{"items":[{"kind":"Service","metadata":{"name":"db","namespace":"default"},
+          "spec":{"ipFamilies":["IPv6","IPv4"],"clusterIP":"fd00:10:96::7","clusterIPs":["fd00:10:96::7","10.96.7.7"],
+          "ports":[{"name":"http","protocol":"TCP","port":80}]}}]}"#;
+        let catalog = Catalog::parse(list).unwrap();
+        let db = catalog.by_name("default", "db").unwrap();
+        assert_eq!(db.cluster_ip, Some(Ipv4Addr::new(10, 96, 7, 7)));
     }
 }
