@@ -333,6 +333,49 @@ fn svc_through_the_api(mode: ProxyMode) {
     assert_cluster_ip_followed(&lab.0, &done, mode, NAMED);
 }
 
+/// An IPv6-primary dual-stack cluster as the API serves it: each pod's
+/// and Service's IPv6 address first (podIP, clusterIP), the IPv4 one
+/// second in podIPs and clusterIPs. `svc/db` is followed by its IPv4
+/// ClusterIP to its backend and back, as on a single-stack cluster.
+#[test]
+fn an_ipv6_primary_dual_stack_service_is_followed_by_its_ipv4_cluster_ip() {
+    let mode = ProxyMode::Iptables;
+    let lab = services_lab(mode);
+    let mut pods = lab.0.pod_list();
+    for (i, pod) in pods["items"].as_array_mut().unwrap().iter_mut().enumerate() {
+        let status = &mut pod["status"];
+        let v6 = format!("fd00:10:244::{:x}", i + 2);
+        status["podIPs"] = serde_json::json!([{ "ip": v6 }, { "ip": status["podIP"] }]);
+        status["podIP"] = v6.into();
+    }
+    let mut services = lab.0.service_list();
+    let items = services["items"].as_array_mut().unwrap();
+    for (i, svc) in items
+        .iter_mut()
+        .filter(|o| o["kind"] == "Service")
+        .enumerate()
+    {
+        let spec = &mut svc["spec"];
+        let v6 = format!("fd00:10:96::{:x}", i + 10);
+        spec["clusterIPs"] = serde_json::json!([v6, spec["clusterIP"]]);
+        spec["clusterIP"] = v6.into();
+        spec["ipFamilies"] = serde_json::json!(["IPv6", "IPv4"]);
+        spec["ipFamilyPolicy"] = "PreferDualStack".into();
+    }
+    let stub = Stub::start(&pods, &lab.0.node_list());
+    stub.add_services(&services);
+    let dir = std::env::temp_dir().join(format!("podtrace-svc6-tests-{}", std::process::id()));
+    let kubeconfig = stub.kubeconfig(&dir, TOKEN).display().to_string();
+    let (done, answer) = trace_request(
+        &lab.0,
+        "default/web-0",
+        "svc/db",
+        &["--kubeconfig", &kubeconfig],
+    );
+    assert_eq!(answer.as_deref(), Ok("ok"));
+    assert_cluster_ip_followed(&lab.0, &done, mode, NAMED);
+}
+
 fn service_without_endpoints(mode: ProxyMode) {
     let lab = services_lab(mode);
     let empty = lab.0.service("empty");
