@@ -91,7 +91,7 @@ fn profile_forgets_each_stamp_when_its_packet_is_delivered() {
     let lab = lab(Topology::FlannelVxlan);
     assert!(ping(&lab.0, "web-0", "db-0"));
     for pod in ["web-0", "db-0"] {
-        pin_neighbours(&lab.0.pod(pod).netns);
+        pin_neighbours(&lab.0, pod);
     }
     let argv = argv(
         &["profile", "web-0", "db-0", "-o", "json"],
@@ -151,8 +151,8 @@ fn stamped_slots(id: u64) -> usize {
 
 /// The histograms account for every packet the flow sent: each step of
 /// each direction counts as many packets as the sending pod's interface
-/// sent (IPv6 off in both pods, and ARP learnt first and pinned, so that
-/// the flow's IPv4 packets are all its interface carries).
+/// sent (IPv6 off in both pods, and ARP learnt first and pinned on both
+/// sides, so that the flow's IPv4 packets are all its interface carries).
 #[test]
 fn profile_histograms_count_every_packet_the_interfaces_carried() {
     let (requests, replies) = profile_counts_every_packet(|lab| ping_burst(lab, 300, "0.005"));
@@ -196,6 +196,9 @@ fn profile_counts_every_packet(traffic: impl FnOnce(&xtask::lab::Lab)) -> (u64, 
         sysctl(&lab.0.pod(pod).netns, "net.ipv6.conf.all.disable_ipv6", "1").expect("sysctl");
     }
     assert!(ping(&lab.0, "web-0", "db-0"));
+    for pod in ["web-0", "db-0"] {
+        pin_neighbours(&lab.0, pod);
+    }
     let argv = argv(
         &["profile", "web-0", "db-0", "-o", "json"],
         lab_args(&lab.0, &[1, 2]),
@@ -235,6 +238,57 @@ fn profile_counts_every_packet(traffic: impl FnOnce(&xtask::lab::Lab)) -> (u64, 
     }
     assert_eq!(from_web, 1, "one chain starts at web-0's veth: {steps:?}");
     (requests, replies)
+}
+
+/// Pins, as the first ping learnt them, the pod's neighbours (its
+/// gateway) and the node's entry for the pod: an entry left to age goes
+/// stale after 15 to 45 s, and its ARP probe (or the answer to the
+/// node's) is a packet the pod's interface counts and the flow does not.
+/// A start slowed by a busy machine made that happen mid-burst.
+fn pin_neighbours(lab: &xtask::lab::Lab, pod: &str) {
+    let pod = lab.pod(pod);
+    let node = lab.node_netns(pod.node);
+    let pin = |netns: &str, selector: &[&str]| {
+        let shown = in_netns(netns, "ip")
+            .args(["-4", "neigh", "show"])
+            .args(selector)
+            .output()
+            .unwrap();
+        let listing = String::from_utf8_lossy(&shown.stdout).into_owned();
+        let pinned = listing.lines().filter_map(|line| {
+            // `<ip> [dev <dev>] lladdr <mac> REACHABLE`
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let after = |k: &str| words.windows(2).find(|w| w[0] == k).map(|w| w[1]);
+            let dev = after("dev").or_else(|| selector.last().copied())?;
+            Some((
+                words[0].to_string(),
+                dev.to_string(),
+                after("lladdr")?.to_string(),
+            ))
+        });
+        let mut count = 0;
+        for (ip, dev, mac) in pinned {
+            let status = in_netns(netns, "ip")
+                .args([
+                    "neigh",
+                    "replace",
+                    &ip,
+                    "lladdr",
+                    &mac,
+                    "dev",
+                    &dev,
+                    "nud",
+                    "permanent",
+                ])
+                .status()
+                .unwrap();
+            assert!(status.success(), "pin {ip} on {dev} in {netns}");
+            count += 1;
+        }
+        assert!(count > 0, "nothing to pin in {netns}: {listing}");
+    };
+    pin(&pod.netns, &["dev", "eth0"]);
+    pin(&node, &[&pod.ip.to_string()]);
 }
 
 /// Whether step `s` lies on the chain that starts at db-0's veth (node-2).
@@ -288,38 +342,6 @@ fn tcp_segments_sent(lab: &xtask::lab::Lab, pod: &str) -> u64 {
 }
 
 /// Packets the pod's own interface has sent.
-/// Makes every neighbour `netns` has learnt permanent: an entry left to
-/// age is probed again by ARP (its reachable time is 15 to 45 s, and a
-/// start on a busy host can take that long), and the probe is one more
-/// packet on the interface than the flow sent.
-fn pin_neighbours(netns: &str) {
-    let out = in_netns(netns, "ip")
-        .args(["neigh", "show"])
-        .output()
-        .unwrap();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        // `10.244.1.1 dev eth0 lladdr 02:…:01 REACHABLE`
-        let words: Vec<&str> = line.split_whitespace().collect();
-        if let [ip, "dev", dev, "lladdr", mac, ..] = words[..] {
-            let pinned = in_netns(netns, "ip")
-                .args([
-                    "neigh",
-                    "replace",
-                    ip,
-                    "lladdr",
-                    mac,
-                    "dev",
-                    dev,
-                    "nud",
-                    "permanent",
-                ])
-                .status()
-                .unwrap();
-            assert!(pinned.success(), "pin {line} in {netns}");
-        }
-    }
-}
-
 fn tx_packets(lab: &xtask::lab::Lab, pod: &str) -> u64 {
     let out = in_netns(&lab.pod(pod).netns, "cat")
         .arg("/sys/class/net/eth0/statistics/tx_packets")
