@@ -222,6 +222,19 @@ fn a_dual_stack_flannel_node_gets_ipv6s_own_checks() {
             .contains("came from a router advertisement; with forwarding on, net.ipv6.conf.eth0.accept_ra = 1 ignores the next ones"),
         "{ra}"
     );
+    // accept_ra 0: a network daemon (systemd-networkd, NetworkManager)
+    // takes the advertisements and renews the route itself.
+    sysctl(&node2, "net.ipv6.conf.eth0.accept_ra", "0").unwrap();
+    let (report, _) = doctor(&lab, &[]);
+    let ra = check_on(&report, "node-2", "eth0 accept_ra");
+    assert_eq!(ra["ok"], true, "{ra}");
+    assert!(
+        ra["evidence"]
+            .as_str()
+            .unwrap()
+            .ends_with("accept_ra = 0 leaves them to a network daemon, which renews it"),
+        "{ra}"
+    );
 }
 
 /// cni0's check names the gateway when the node's podCIDR or subnet.env

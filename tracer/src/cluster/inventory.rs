@@ -155,7 +155,7 @@ impl Inventory {
             }
             Target::Node(node) => {
                 let ip = self.node_ip(node).with_context(|| {
-                    format!("node {node} runs none of the pods in the pods file, so its IP is not known: give its IP")
+                    format!("node {node}'s IPv4 address is not known: no pod of the pods file on it lists an IPv4 hostIP; give its IP")
                 })?;
                 Ok(Endpoint {
                     ip,
@@ -169,11 +169,13 @@ impl Inventory {
         }
     }
 
+    /// The node's IPv4 address, as any of its pods tells it (a pod listed
+    /// without hostIPs, IPv6-primary, tells none).
     pub fn node_ip(&self, node: &str) -> Option<Ipv4Addr> {
         self.pods
             .iter()
-            .find(|p| p.node.as_deref() == Some(node))
-            .and_then(|p| p.host_ip)
+            .filter(|p| p.node.as_deref() == Some(node))
+            .find_map(|p| p.host_ip)
     }
 
     /// Node names and their IPs, as far as the pods tell.

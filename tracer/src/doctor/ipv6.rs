@@ -29,21 +29,45 @@ pub struct DefaultRoute6 {
 }
 
 impl DefaultRoute6 {
-    /// The default routes of an `ip -6 route show default` listing.
+    /// The default routes of an `ip -6 route show default` listing; a
+    /// multipath one gives one per `nexthop` line, with its parent's
+    /// `proto`.
     pub fn parse(listing: &str) -> Vec<Self> {
-        listing
-            .lines()
-            .filter(|l| l.starts_with("default"))
-            .filter_map(|line| {
-                let words: Vec<&str> = line.split_whitespace().collect();
-                let after = |key: &str| words.windows(2).find(|w| w[0] == key).map(|w| w[1]);
-                Some(Self {
-                    line: line.trim().to_string(),
-                    dev: after("dev")?.to_string(),
-                    from_ra: after("proto") == Some("ra"),
-                })
-            })
-            .collect()
+        let mut routes = Vec::new();
+        // The `default` line a `nexthop` line belongs to, and its proto.
+        let mut parent: Option<(&str, bool)> = None;
+        for line in listing.lines() {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let after = |key: &str| words.windows(2).find(|w| w[0] == key).map(|w| w[1]);
+            let (whole, from_ra) = match (words.first(), parent) {
+                (Some(&"default"), _) => {
+                    let this = (line.trim(), after("proto") == Some("ra"));
+                    parent = Some(this);
+                    this
+                }
+                (Some(&"nexthop"), Some(this)) => this,
+                _ => continue,
+            };
+            if let Some(dev) = after("dev") {
+                routes.push(Self {
+                    line: whole.to_string(),
+                    dev: dev.to_string(),
+                    from_ra,
+                });
+            }
+        }
+        routes
+    }
+}
+
+/// How to name a device's IPv6 sysctl to `sysctl -w`: the dotted form,
+/// or the slash form for a device whose name has a dot (`flannel-v6.1`,
+/// `eth0.100`), which the dotted form would split.
+fn sysctl_name(dev: &str, key: &str) -> String {
+    if dev.contains('.') {
+        format!("net/ipv6/conf/{dev}/{key}")
+    } else {
+        format!("net.ipv6.conf.{dev}.{key}")
     }
 }
 
@@ -54,8 +78,9 @@ pub fn sysctl_keys<'a>(links: impl Iterator<Item = &'a str>) -> Vec<String> {
         "net/ipv6/conf/all/disable_ipv6".to_string(),
     ];
     for link in links {
-        keys.push(format!("net/ipv6/conf/{link}/disable_ipv6"));
-        keys.push(format!("net/ipv6/conf/{link}/accept_ra"));
+        for key in ["disable_ipv6", "accept_ra", "forwarding"] {
+            keys.push(format!("net/ipv6/conf/{link}/{key}"));
+        }
     }
     keys
 }
@@ -123,44 +148,55 @@ fn check_disabled(facts: &NodeFacts) -> Vec<Check> {
         .iter()
         .filter_map(|dev| {
             let value = facts.sysctl(&format!("net/ipv6/conf/{dev}/disable_ipv6"))?;
+            let name = sysctl_name(dev, "disable_ipv6");
             Some(Check::judge(
                 FAMILY,
                 node,
                 &format!("{dev} disable_ipv6"),
                 value == "0",
-                format!("net.ipv6.conf.{dev}.disable_ipv6 = {value}"),
-                || format!("sysctl -w net.ipv6.conf.{dev}.disable_ipv6=0, then restart the CNI's daemon so that it puts {dev}'s IPv6 addresses back"),
+                format!("{name} = {value}"),
+                || format!("sysctl -w {name}=0, then restart the CNI's daemon so that it puts {dev}'s IPv6 addresses back"),
             ))
         })
         .collect()
 }
 
-/// With forwarding on, the kernel takes router advertisements only where
-/// `accept_ra` is 2: a default route learnt from one is not renewed, and
-/// the node loses IPv6 beyond its link when the route's lifetime ends.
+/// With forwarding on on a device, the kernel takes router advertisements
+/// there only where `accept_ra` is 2: a default route it learnt from one
+/// is not renewed, and the node loses IPv6 beyond its link when the
+/// route's lifetime ends. `accept_ra` 0 with such a route is a network
+/// daemon (systemd-networkd, NetworkManager) taking them in userspace,
+/// which forwarding does not stop.
 fn check_accept_ra(facts: &NodeFacts) -> Vec<Check> {
     let node = facts.name.as_str();
-    if facts.sysctl("net/ipv6/conf/all/forwarding") != Some("1") {
-        return Vec::new();
-    }
     facts
         .ipv6_defaults
         .iter()
         .filter(|route| route.from_ra)
-        .map(|route| {
+        .filter_map(|route| {
             let dev = &route.dev;
-            let value = facts
-                .sysctl(&format!("net/ipv6/conf/{dev}/accept_ra"))
-                .unwrap_or("?");
-            Check::judge(
+            let forwarding = facts.sysctl(&format!("net/ipv6/conf/{dev}/forwarding"))?;
+            let accept_ra = facts.sysctl(&format!("net/ipv6/conf/{dev}/accept_ra"))?;
+            if forwarding != "1" {
+                return None;
+            }
+            let name = sysctl_name(dev, "accept_ra");
+            let (ok, meaning) = match accept_ra {
+                "1" => (false, "ignores the next ones, so the route expires unrenewed"),
+                "0" => (true, "leaves them to a network daemon, which renews it"),
+                _ => (true, "takes them all the same"),
+            };
+            Some(Check::judge(
                 FAMILY,
                 node,
                 &format!("{dev} accept_ra"),
-                value == "2",
-                format!("`{}` came from a router advertisement; with forwarding on, net.ipv6.conf.{dev}.accept_ra = {value}{}", route.line,
-                    if value == "2" { "" } else { " ignores the next ones, so the route expires unrenewed" }),
-                || format!("sysctl -w net.ipv6.conf.{dev}.accept_ra=2 (and in /etc/sysctl.d)"),
-            )
+                ok,
+                format!(
+                    "`{}` came from a router advertisement; with forwarding on, {name} = {accept_ra} {meaning}",
+                    route.line
+                ),
+                || format!("sysctl -w {name}=2 (and in /etc/sysctl.d)"),
+            ))
         })
         .collect()
 }
@@ -195,11 +231,26 @@ mod tests {
 
     #[test]
     fn default_routes_say_their_device_and_whether_an_ra_gave_them() {
-        let listing = "default via fe80::1 dev eth0 proto ra metric 1024 expires 1797sec hoplimit 64 pref medium\ndefault via fd5a::1 dev eth1 metric 1024 pref medium\n";
+        let listing = "default via fe80::1 dev eth0 proto ra metric 1024 expires 1797sec hoplimit 64 pref medium\ndefault via fd5a::1 dev eth1 metric 1024 pref medium\ndefault proto ra metric 1024 pref medium\n\tnexthop via fe80::2 dev eth2 weight 1\n\tnexthop via fe80::3 dev eth3 weight 1\n";
         let routes = DefaultRoute6::parse(listing);
-        assert_eq!(routes.len(), 2);
-        assert_eq!((routes[0].dev.as_str(), routes[0].from_ra), ("eth0", true));
-        assert_eq!((routes[1].dev.as_str(), routes[1].from_ra), ("eth1", false));
+        let seen: Vec<(&str, bool)> = routes.iter().map(|r| (r.dev.as_str(), r.from_ra)).collect();
+        assert_eq!(
+            seen,
+            [
+                ("eth0", true),
+                ("eth1", false),
+                ("eth2", true),
+                ("eth3", true)
+            ]
+        );
+        assert_eq!(
+            sysctl_name("flannel-v6.1", "disable_ipv6"),
+            "net/ipv6/conf/flannel-v6.1/disable_ipv6"
+        );
+        assert_eq!(
+            sysctl_name("cni0", "disable_ipv6"),
+            "net.ipv6.conf.cni0.disable_ipv6"
+        );
     }
 
     #[test]

@@ -5,12 +5,17 @@
 //!
 //! A whole iptables table is read at once and kept: kube-proxy's packet
 //! crosses several chains of one table, and listing a table is what took
-//! the time (each listing is two processes, which on a busy node or a slow
-//! VM took seconds and made a SYN's DNAT rule come after its story was
-//! told). The tables that exist are read once when the monitor starts, so
-//! the first traced packet finds its rule already listed. A handle is never
-//! reused within a table, so a listed handle stays right; a handle not
-//! listed (a rule added since) lists the table again.
+//! the time (each listing is processes, which on a busy node or a slow VM
+//! took seconds and made a SYN's DNAT rule come after its story was told).
+//! The IPv4 tables that exist are read when the monitor starts, so the
+//! first traced packet finds its rule already listed.
+//!
+//! Never a wrong name: the table's handles are listed before and after
+//! `iptables-save`, and a chain that changed in between (kube-proxy
+//! syncing) is left out, since its lines may not be the handles' rules. A
+//! kept name is used only for the chain it was listed in: a handle seen in
+//! another chain means the table was made anew, and it is listed again, as
+//! for a handle not listed (a rule added since).
 
 use std::{collections::HashMap, process::Command};
 
@@ -20,16 +25,32 @@ use super::nft_trace::{is_iptables_table, RuleLookup};
 /// calling thread's network namespace).
 #[derive(Default)]
 pub struct KernelRules {
-    /// (family, table) → handle → iptables-save line
-    iptables: HashMap<(String, String), HashMap<u64, String>>,
+    iptables: HashMap<(String, String), Listed>,
     /// (family, table, chain) → handle → nft text
     native: HashMap<(String, String, String), HashMap<u64, String>>,
 }
 
+/// One iptables-nft table as last listed.
+#[derive(Default)]
+struct Listed {
+    /// handle → (chain, iptables-save line)
+    rules: HashMap<u64, (String, String)>,
+    /// The highest handle the listing had: a handle above it is a rule
+    /// added since.
+    highest: u64,
+    at: Option<std::time::Instant>,
+}
+
+/// A table is listed again for a handle it lacks at most this often,
+/// unless the handle is newer than the listing (a chain left out for
+/// changing mid-listing is retried, without a listing per trace event).
+const RELIST_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl KernelRules {
-    /// Reads every iptables-nft table the node has now.
+    /// Reads every IPv4 iptables-nft table the node has now (podtrace
+    /// traces IPv4).
     pub fn warm(&mut self) {
-        let Some(tables) = output(Command::new("nft").args(["list", "tables"])) else {
+        let Some(tables) = output(Command::new("nft").args(["list", "tables", "ip"])) else {
             return;
         };
         for line in tables.lines() {
@@ -56,15 +77,28 @@ impl RuleLookup for KernelRules {
         &mut self,
         family: &str,
         table: &str,
-        _chain: &str,
+        chain: &str,
         handle: u64,
     ) -> Option<String> {
         let key = (family.to_string(), table.to_string());
-        if let Some(line) = self.iptables.get(&key).and_then(|t| t.get(&handle)) {
-            return Some(line.clone());
+        let named = |listed: &Listed| {
+            let (listed_chain, line) = listed.rules.get(&handle)?;
+            (listed_chain == chain).then(|| line.clone())
+        };
+        if let Some(listed) = self.iptables.get(&key) {
+            if let Some(line) = named(listed) {
+                return Some(line);
+            }
+            // Not listed, or listed in another chain (the table made anew):
+            // listed again if the handle is newer than the listing, or the
+            // listing a second old.
+            let recent = listed.at.is_some_and(|at| at.elapsed() < RELIST_AFTER);
+            if handle <= listed.highest && recent {
+                return None;
+            }
         }
         self.list_iptables_table(family, table);
-        self.iptables.get(&key)?.get(&handle).cloned()
+        named(self.iptables.get(&key)?)
     }
 
     fn nft_rule(&mut self, family: &str, table: &str, chain: &str, handle: u64) -> Option<String> {
@@ -92,41 +126,59 @@ impl RuleLookup for KernelRules {
     }
 }
 
-/// handle → iptables-save line, for every rule of an iptables-nft table.
-fn iptables_table(family: &str, table: &str) -> Option<HashMap<u64, String>> {
+/// Every rule of an iptables-nft table, by handle, with its chain and
+/// iptables-save line: the handles listed before and after the save, and
+/// only chains the same in both kept.
+fn iptables_table(family: &str, table: &str) -> Option<Listed> {
     let save = if family == "ip6" {
         "ip6tables-save"
     } else {
         "iptables-save"
     };
+    let list = || output(Command::new("nft").args(["-a", "list", "table", family, table]));
+    let before = list()?;
     let saved = output(Command::new(save).args(["-t", table]))?;
-    let listing = output(Command::new("nft").args(["-a", "list", "table", family, table]))?;
-    Some(pair_by_position(&saved, &listing))
+    let after = list()?;
+    Some(pair_by_position(&saved, &before, &after))
 }
 
 /// Pairs each chain's `-A <chain> …` lines with its handles in
 /// `nft -a list table`: both list a chain's rules in order, so the n-th
-/// handle is the n-th line. A chain whose counts differ (changed between
-/// the two listings) is left out rather than misnamed.
-fn pair_by_position(saved: &str, listing: &str) -> HashMap<u64, String> {
+/// handle is the n-th line. A chain whose handles differ between the
+/// listings `before` and `after` the save, or whose count differs from
+/// its lines, changed while it was read: it is left out rather than
+/// misnamed (a rule replaced in place gets a new handle, so equal handles
+/// are equal rules).
+fn pair_by_position(saved: &str, before: &str, after: &str) -> Listed {
     let mut lines: HashMap<&str, Vec<&str>> = HashMap::new();
     for line in saved.lines() {
         if let Some(chain) = line.strip_prefix("-A ").and_then(|r| r.split(' ').next()) {
             lines.entry(chain).or_default().push(line);
         }
     }
-    let mut paired = HashMap::new();
-    for (chain, handles) in handles_by_chain(listing) {
-        match lines.get(chain.as_str()) {
-            Some(chain_lines) if chain_lines.len() == handles.len() => paired.extend(
-                handles
-                    .into_iter()
-                    .zip(chain_lines.iter().map(|l| l.to_string())),
-            ),
-            _ => {}
+    let unchanged = handles_by_chain(after);
+    let mut listed = Listed {
+        at: Some(std::time::Instant::now()),
+        ..Listed::default()
+    };
+    for (chain, handles) in handles_by_chain(before) {
+        listed.highest = handles.iter().copied().fold(listed.highest, u64::max);
+        if unchanged.get(&chain) != Some(&handles) {
+            continue;
+        }
+        let Some(chain_lines) = lines.get(chain.as_str()) else {
+            continue;
+        };
+        if chain_lines.len() != handles.len() {
+            continue;
+        }
+        for (handle, line) in handles.into_iter().zip(chain_lines.iter()) {
+            listed
+                .rules
+                .insert(handle, (chain.clone(), line.to_string()));
         }
     }
-    paired
+    listed
 }
 
 /// chain → its rule handles in order, from `nft -a list table`.
@@ -203,16 +255,23 @@ mod tests {
     fn a_whole_table_pairs_each_chains_rules_by_position() {
         let saved = "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SEP-A - [0:0]\n-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n-A KUBE-SEP-A -s 10.244.1.2/32 -j KUBE-MARK-MASQ\n-A KUBE-SEP-A -p tcp -m tcp -j DNAT --to-destination 10.244.1.2:80\n-A KUBE-STALE -j RETURN\nCOMMIT\n";
         let listing = "table ip nat { # handle 5\n\tchain PREROUTING { # handle 1\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t\tcounter packets 0 bytes 0 jump KUBE-SERVICES # handle 7\n\t}\n\tchain KUBE-SEP-A { # handle 2\n\t\tip saddr 10.244.1.2 counter jump KUBE-MARK-MASQ # handle 11\n\t\tmeta l4proto tcp counter dnat to 10.244.1.2:80 # handle 12\n\t}\n\tchain KUBE-STALE { # handle 3\n\t\tcounter return # handle 20\n\t\tcounter return # handle 21\n\t}\n}\n";
-        let paired = pair_by_position(saved, listing);
+        let paired = pair_by_position(saved, listing, listing).rules;
         assert_eq!(
-            paired[&12],
+            paired[&12].1,
             "-A KUBE-SEP-A -p tcp -m tcp -j DNAT --to-destination 10.244.1.2:80"
         );
+        assert_eq!(paired[&12].0, "KUBE-SEP-A");
         assert_eq!(
-            paired[&7],
+            paired[&7].1,
             "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"
         );
         // Changed between the two listings: not named rather than misnamed.
         assert!(!paired.contains_key(&20) && !paired.contains_key(&21));
+        // A chain rewritten during the save (same count, new handles): left
+        // out too, though its count still fits.
+        let rewritten = listing.replace("# handle 11", "# handle 31");
+        let paired = pair_by_position(saved, listing, &rewritten).rules;
+        assert!(!paired.contains_key(&11) && !paired.contains_key(&12));
+        assert!(paired.contains_key(&7));
     }
 }
