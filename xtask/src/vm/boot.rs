@@ -264,12 +264,18 @@ fn qemu(
         Accel::Kvm => qemu.args(["-accel", "kvm", "-cpu", "host"]),
         Accel::Tcg => qemu.args(["-accel", "tcg,thread=multi", "-cpu", series.cpu]),
     };
-    // mitigations=off: page-table isolation and retpolines cost a third
-    // of the suite's time under TCG. What is tested does not change: the
-    // verifier's Spectre sanitising applies to unprivileged loaders only,
-    // and podtrace loads as root.
+    // mitigations=off where the series allows: page-table isolation and
+    // retpolines cost a third of the suite's time under TCG. What loads
+    // does not change (the verifier's Spectre sanitising applies to
+    // unprivileged loaders only, and podtrace loads as root); the code the
+    // JIT and trampolines emit does, so one kernel keeps the defaults.
+    let mitigations = if series.mitigations {
+        ""
+    } else {
+        " mitigations=off"
+    };
     let cmdline = format!(
-        "console=ttyS0 quiet loglevel=1 panic=-1 mitigations=off podtrace.run={} podtrace.modules={}",
+        "console=ttyS0 quiet loglevel=1 panic=-1{mitigations} podtrace.run={} podtrace.modules={}",
         script.display(),
         kernel.modules().display()
     );
