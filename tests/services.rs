@@ -374,6 +374,14 @@ fn an_ipv6_primary_dual_stack_service_is_followed_by_its_ipv4_cluster_ip() {
     );
     assert_eq!(answer.as_deref(), Ok("ok"));
     assert_cluster_ip_followed(&lab.0, &done, mode, NAMED);
+    // What is not traced is said: the pods' and the Service's IPv6.
+    assert!(
+        done.stderr.contains("default/web-0 (fd00:10:244::")
+            && done.stderr.contains("svc/default/db (fd00:10:96::")
+            && done.stderr.contains("only IPv4 is traced for now"),
+        "{}",
+        done.stderr
+    );
 }
 
 fn service_without_endpoints(mode: ProxyMode) {

@@ -51,19 +51,26 @@ fn note_host_network(src: &Endpoint, dst: &Endpoint) {
 }
 
 impl Targets {
-    /// The traced pods' IPv6 addresses, which podtrace does not trace yet
-    /// (dual-stack pods): said at start, so that a failing IPv6
-    /// connection is not mistaken for one that never happened.
+    /// The traced pods' and Service's IPv6 addresses, which podtrace does
+    /// not trace yet (dual-stack): said at start, so that a failing IPv6
+    /// connection (dual-stack clients often prefer it) is not mistaken for
+    /// one that never happened.
     pub fn untraced_ipv6(&self) -> Option<String> {
-        let with_ipv6: Vec<String> = [&self.src, &self.dst]
-            .iter()
+        let listed = |name: String, ips: &[std::net::Ipv6Addr]| {
+            let ips: Vec<String> = ips.iter().map(ToString::to_string).collect();
+            format!("{name} ({})", ips.join(", "))
+        };
+        let pods = [&self.src, &self.dst]
+            .into_iter()
             .filter_map(|e| e.pod.as_ref())
             .filter(|p| !p.ipv6.is_empty())
-            .map(|p| {
-                let listed: Vec<String> = p.ipv6.iter().map(ToString::to_string).collect();
-                format!("{} ({})", p.qualified(), listed.join(", "))
-            })
-            .collect();
+            .map(|p| listed(p.qualified(), &p.ipv6));
+        let service = self
+            .service
+            .iter()
+            .filter(|s| !s.cluster_ipv6.is_empty())
+            .map(|s| listed(format!("svc/{}", s.qualified()), &s.cluster_ipv6));
+        let with_ipv6: Vec<String> = pods.chain(service).collect();
         (!with_ipv6.is_empty()).then(|| {
             format!(
                 "{} also {} IPv6: only IPv4 is traced for now, and IPv6 traffic between them is not seen",

@@ -148,6 +148,7 @@ fn empty_service(qualified: &str) -> Service {
         namespace: namespace.into(),
         name: name.into(),
         cluster_ip: None,
+        cluster_ipv6: Vec::new(),
         ports: Vec::new(),
         backends: Vec::new(),
     }

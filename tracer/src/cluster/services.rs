@@ -41,6 +41,8 @@ pub struct Service {
     pub namespace: String,
     pub name: String,
     pub cluster_ip: Option<Ipv4Addr>,
+    /// Its IPv6 ClusterIPs (dual-stack), which are not traced yet.
+    pub cluster_ipv6: Vec<std::net::Ipv6Addr>,
     pub ports: Vec<ServicePort>,
     pub backends: Vec<Backend>,
 }
@@ -228,22 +230,36 @@ pub fn service_of(o: &Value) -> Option<Service> {
                 .collect()
         })
         .unwrap_or_default();
+    // clusterIP is the primary family's: on an IPv6-primary dual-stack
+    // Service the IPv4 one is in clusterIPs only.
+    let addresses: Vec<std::net::IpAddr> = spec["clusterIP"]
+        .as_str()
+        .into_iter()
+        .chain(
+            spec["clusterIPs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str),
+        )
+        .filter_map(|ip| ip.parse().ok())
+        .collect();
+    let mut cluster_ipv6 = Vec::new();
+    for ip in &addresses {
+        if let std::net::IpAddr::V6(v6) = ip {
+            if !cluster_ipv6.contains(v6) {
+                cluster_ipv6.push(*v6);
+            }
+        }
+    }
     Some(Service {
         namespace: meta["namespace"].as_str().unwrap_or("default").into(),
         name: meta["name"].as_str()?.into(),
-        // clusterIP is the primary family's: on an IPv6-primary
-        // dual-stack Service the IPv4 one is in clusterIPs only.
-        cluster_ip: spec["clusterIP"]
-            .as_str()
-            .into_iter()
-            .chain(
-                spec["clusterIPs"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(Value::as_str),
-            )
-            .find_map(|ip| ip.parse().ok()),
+        cluster_ip: addresses.iter().find_map(|ip| match ip {
+            std::net::IpAddr::V4(v4) => Some(*v4),
+            std::net::IpAddr::V6(_) => None,
+        }),
+        cluster_ipv6,
         ports,
         backends: Vec::new(),
     })
@@ -334,5 +350,9 @@ pub(crate) mod tests {
         let catalog = Catalog::parse(list).unwrap();
         let db = catalog.by_name("default", "db").unwrap();
         assert_eq!(db.cluster_ip, Some(Ipv4Addr::new(10, 96, 7, 7)));
+        assert_eq!(
+            db.cluster_ipv6,
+            ["fd00:10:96::7".parse::<std::net::Ipv6Addr>().unwrap()]
+        );
     }
 }
