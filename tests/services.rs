@@ -382,6 +382,13 @@ fn an_ipv6_primary_dual_stack_service_is_followed_by_its_ipv4_cluster_ip() {
         "{}",
         done.stderr
     );
+    // web-0 by its IPv4 address, which the API's podIP field selector
+    // does not find there: found in podIPs, and named in the story.
+    let web = lab.0.pod("web-0").ip.to_string();
+    let (done, answer) = trace_request(&lab.0, &web, "svc/db", &["--kubeconfig", &kubeconfig]);
+    assert_eq!(answer.as_deref(), Ok("ok"));
+    let (syn, _) = syn_and_synack(&done);
+    assert_eq!(syn["src_name"], "default/web-0", "{syn}");
 }
 
 fn service_without_endpoints(mode: ProxyMode) {

@@ -198,16 +198,37 @@ impl Cluster {
         }
     }
 
+    /// The pods with `ip`, found by the `status.podIP` field selector (the
+    /// API has none for podIPs). On an IPv6-primary cluster podIP is each
+    /// pod's IPv6 address: there, and only there (one pod asked tells),
+    /// an IPv4 address the selector does not find is looked for in every
+    /// pod's podIPs.
     async fn pod_with_ip(&self, ip: Ipv4Addr) -> Result<Endpoint> {
         let pods: Api<KubePod> = Api::all(self.client.clone());
-        {
-            let list = pods
-                .list(&ListParams::default().fields(&format!("status.podIP={ip}")))
-                .await
-                .map_err(|e| self.explain(e, "list", "pods", None))?;
-            let found: Vec<Pod> = list.items.into_iter().map(convert).collect::<Result<_>>()?;
-            Endpoint::of_ip(ip, found)
+        let list = |params: ListParams| {
+            let pods = pods.clone();
+            async move {
+                let list = pods
+                    .list(&params)
+                    .await
+                    .map_err(|e| self.explain(e, "list", "pods", None))?;
+                list.items
+                    .into_iter()
+                    .map(convert)
+                    .collect::<Result<Vec<Pod>>>()
+            }
+        };
+        let found = list(ListParams::default().fields(&format!("status.podIP={ip}"))).await?;
+        if !found.is_empty() {
+            return Endpoint::of_ip(ip, found);
         }
+        let sample = list(ListParams::default().limit(1)).await?;
+        let ipv6_primary = sample.first().is_some_and(|p| p.ip_is_secondary);
+        if !ipv6_primary {
+            return Endpoint::of_ip(ip, found);
+        }
+        let all = list(ListParams::default()).await?;
+        Endpoint::of_ip(ip, all.into_iter().filter(|p| p.ip == Some(ip)).collect())
     }
 
     async fn pod(&self, ns: &str, name: &str) -> Result<Endpoint> {

@@ -25,6 +25,10 @@ pub struct Pod {
     /// Its IPv6 addresses (podIPs of a dual-stack or IPv6 pod), which
     /// are not traced yet.
     pub ipv6: Vec<Ipv6Addr>,
+    /// Its podIP is IPv6 and `ip` came from podIPs: the cluster's primary
+    /// family is IPv6, and the API's podIP field selector does not find
+    /// the pod by `ip`.
+    pub ip_is_secondary: bool,
 }
 
 impl Pod {
@@ -271,6 +275,10 @@ impl From<Item> for Pod {
         let readable = written
             .as_deref()
             .is_some_and(|w| w.parse::<IpAddr>().is_ok());
+        let ip_is_secondary = ip.is_some()
+            && written
+                .as_deref()
+                .is_some_and(|w| w.parse::<Ipv6Addr>().is_ok());
         Pod {
             namespace: item.metadata.namespace,
             name: item.metadata.name,
@@ -281,6 +289,7 @@ impl From<Item> for Pod {
             phase: status.phase,
             host_network: item.spec.host_network,
             ipv6,
+            ip_is_secondary,
         }
     }
 }
@@ -401,6 +410,7 @@ mod tests {
                 host_network: false,
                 unreadable_ip: None,
                 ipv6: Vec::new(),
+                ip_is_secondary: false,
             })
             .collect();
         let message = not_found("default", "web-x", &pods);
@@ -440,10 +450,12 @@ mod tests {
         assert_eq!(web.ip, Ipv4Addr::new(10, 244, 1, 2));
         let pod = web.pod.unwrap();
         assert_eq!(pod.ipv6, ["fd00:10:244:1::2".parse::<Ipv6Addr>().unwrap()]);
+        assert!(pod.ip_is_secondary);
         assert_eq!(pod.host_ip, Some(Ipv4Addr::new(192, 0, 2, 11)));
         assert_eq!(inv.node_ip("node-1"), Some(Ipv4Addr::new(192, 0, 2, 11)));
         let db = resolve(&inv, "db-0", "default").unwrap();
         assert_eq!(db.ip, Ipv4Addr::new(10, 244, 2, 2));
+        assert!(!db.pod.unwrap().ip_is_secondary);
         let err = resolve(&inv, "v6-0", "default").unwrap_err().to_string();
         assert_eq!(
             err,
