@@ -639,13 +639,7 @@ fn an_ipv6_primary_dual_stack_pair_is_traced_by_ipv4_and_says_ipv6_is_not() {
     let lab = lab(Topology::FlannelVxlan);
     let mut pods: Value =
         serde_json::from_str(&std::fs::read_to_string(lab.0.pods_file()).unwrap()).unwrap();
-    for (i, pod) in pods["items"].as_array_mut().unwrap().iter_mut().enumerate() {
-        let status = &mut pod["status"];
-        let v4 = status["podIP"].clone();
-        let v6 = format!("fd00:10:244::{:x}", i + 2);
-        status["podIPs"] = serde_json::json!([{ "ip": v6 }, { "ip": v4 }]);
-        status["podIP"] = v6.into();
-    }
+    ipv6_first(&mut pods);
     let dir = scratch_dir("dual-stack");
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("pods.json");

@@ -319,10 +319,7 @@ fn bare_cluster_ip_and_port(mode: ProxyMode) {
 
 fn svc_through_the_api(mode: ProxyMode) {
     let lab = services_lab(mode);
-    let stub = Stub::start(&lab.0.pod_list(), &lab.0.node_list());
-    stub.add_services(&lab.0.service_list());
-    let dir = std::env::temp_dir().join(format!("podtrace-svc-tests-{}", std::process::id()));
-    let kubeconfig = stub.kubeconfig(&dir, TOKEN).display().to_string();
+    let (_stub, kubeconfig) = api_stub(&lab, &lab.0.pod_list(), &lab.0.service_list());
     let (done, answer) = trace_request(
         &lab.0,
         "default/web-0",
@@ -331,6 +328,16 @@ fn svc_through_the_api(mode: ProxyMode) {
     );
     assert_eq!(answer.as_deref(), Ok("ok"));
     assert_cluster_ip_followed(&lab.0, &done, mode, NAMED);
+}
+
+/// The lab's API (the stub) serving `pods`, its nodes and `services`, and
+/// a kubeconfig for it.
+fn api_stub(lab: &LabGuard, pods: &Value, services: &Value) -> (Stub, String) {
+    let stub = Stub::start(pods, &lab.0.node_list());
+    stub.add_services(services);
+    let dir = std::env::temp_dir().join(format!("podtrace-svc-tests-{}", std::process::id()));
+    let kubeconfig = stub.kubeconfig(&dir, TOKEN).display().to_string();
+    (stub, kubeconfig)
 }
 
 /// An IPv6-primary dual-stack cluster as the API serves it: each pod's
@@ -342,12 +349,7 @@ fn an_ipv6_primary_dual_stack_service_is_followed_by_its_ipv4_cluster_ip() {
     let mode = ProxyMode::Iptables;
     let lab = services_lab(mode);
     let mut pods = lab.0.pod_list();
-    for (i, pod) in pods["items"].as_array_mut().unwrap().iter_mut().enumerate() {
-        let status = &mut pod["status"];
-        let v6 = format!("fd00:10:244::{:x}", i + 2);
-        status["podIPs"] = serde_json::json!([{ "ip": v6 }, { "ip": status["podIP"] }]);
-        status["podIP"] = v6.into();
-    }
+    ipv6_first(&mut pods);
     let mut services = lab.0.service_list();
     let items = services["items"].as_array_mut().unwrap();
     for (i, svc) in items
@@ -362,10 +364,7 @@ fn an_ipv6_primary_dual_stack_service_is_followed_by_its_ipv4_cluster_ip() {
         spec["ipFamilies"] = serde_json::json!(["IPv6", "IPv4"]);
         spec["ipFamilyPolicy"] = "PreferDualStack".into();
     }
-    let stub = Stub::start(&pods, &lab.0.node_list());
-    stub.add_services(&services);
-    let dir = std::env::temp_dir().join(format!("podtrace-svc6-tests-{}", std::process::id()));
-    let kubeconfig = stub.kubeconfig(&dir, TOKEN).display().to_string();
+    let (_stub, kubeconfig) = api_stub(&lab, &pods, &services);
     let (done, answer) = trace_request(
         &lab.0,
         "default/web-0",

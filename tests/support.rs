@@ -262,6 +262,19 @@ pub fn assert_refused(argv: &[&str], expected: &str, node_netns: &str) {
     );
 }
 
+/// Rewrites a pod list as an IPv6-primary dual-stack cluster's API serves
+/// it: each pod's podIP an IPv6 address (fd00:10:244::2, ::3, …), and
+/// podIPs that address first and the pod's IPv4 one second.
+pub fn ipv6_first(pods: &mut Value) {
+    let items = pods["items"].as_array_mut().expect("a pod list");
+    for (i, pod) in items.iter_mut().enumerate() {
+        let status = &mut pod["status"];
+        let v6 = format!("fd00:10:244::{:x}", i + 2);
+        status["podIPs"] = serde_json::json!([{ "ip": v6 }, { "ip": status["podIP"] }]);
+        status["podIP"] = v6.into();
+    }
+}
+
 /// One ping from inside a pod; returns whether it was answered.
 pub fn ping(lab: &Lab, from_pod: &str, to_pod: &str) -> bool {
     lab.ping(from_pod, lab.pod(to_pod).ip, &[])

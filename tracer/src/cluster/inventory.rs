@@ -88,12 +88,15 @@ struct Address {
     ip: String,
 }
 
-/// `podIP` and `podIPs` (or the host's), each address once: the IPv4 one
-/// first found, and the IPv6 ones.
-fn addresses(primary: Option<&str>, all: &[Address]) -> (Option<Ipv4Addr>, Vec<Ipv6Addr>) {
+/// Addresses as the API lists a dual-stack object's (`podIP` then
+/// `podIPs`, `clusterIP` then `clusterIPs`): the first IPv4 one, and each
+/// IPv6 one once. Either family may come first.
+pub(crate) fn by_family<'a>(
+    listed: impl IntoIterator<Item = &'a str>,
+) -> (Option<Ipv4Addr>, Vec<Ipv6Addr>) {
     let mut v4 = None;
     let mut v6 = Vec::new();
-    for text in primary.into_iter().chain(all.iter().map(|a| a.ip.as_str())) {
+    for text in listed {
         match text.parse::<IpAddr>() {
             Ok(IpAddr::V4(ip)) => {
                 v4.get_or_insert(ip);
@@ -103,6 +106,11 @@ fn addresses(primary: Option<&str>, all: &[Address]) -> (Option<Ipv4Addr>, Vec<I
         }
     }
     (v4, v6)
+}
+
+/// `podIP` and `podIPs` (or the host's), by family.
+fn addresses(primary: Option<&str>, all: &[Address]) -> (Option<Ipv4Addr>, Vec<Ipv6Addr>) {
+    by_family(primary.into_iter().chain(all.iter().map(|a| a.ip.as_str())))
 }
 
 fn default_namespace() -> String {
@@ -272,13 +280,9 @@ impl From<Item> for Pod {
         let written = status.pod_ip.filter(|ip| !ip.is_empty());
         let (ip, ipv6) = addresses(written.as_deref(), &status.pod_ips);
         let (host_ip, _) = addresses(status.host_ip.as_deref(), &status.host_ips);
-        let readable = written
-            .as_deref()
-            .is_some_and(|w| w.parse::<IpAddr>().is_ok());
-        let ip_is_secondary = ip.is_some()
-            && written
-                .as_deref()
-                .is_some_and(|w| w.parse::<Ipv6Addr>().is_ok());
+        let primary = written.as_deref().and_then(|w| w.parse::<IpAddr>().ok());
+        let readable = primary.is_some();
+        let ip_is_secondary = ip.is_some() && primary.is_some_and(|p| p.is_ipv6());
         Pod {
             namespace: item.metadata.namespace,
             name: item.metadata.name,

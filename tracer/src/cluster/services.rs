@@ -232,33 +232,19 @@ pub fn service_of(o: &Value) -> Option<Service> {
         .unwrap_or_default();
     // clusterIP is the primary family's: on an IPv6-primary dual-stack
     // Service the IPv4 one is in clusterIPs only.
-    let addresses: Vec<std::net::IpAddr> = spec["clusterIP"]
-        .as_str()
-        .into_iter()
-        .chain(
+    let (cluster_ip, cluster_ipv6) = super::inventory::by_family(
+        spec["clusterIP"].as_str().into_iter().chain(
             spec["clusterIPs"]
                 .as_array()
                 .into_iter()
                 .flatten()
                 .filter_map(Value::as_str),
-        )
-        .filter_map(|ip| ip.parse().ok())
-        .collect();
-    let mut cluster_ipv6 = Vec::new();
-    for ip in &addresses {
-        if let std::net::IpAddr::V6(v6) = ip {
-            if !cluster_ipv6.contains(v6) {
-                cluster_ipv6.push(*v6);
-            }
-        }
-    }
+        ),
+    );
     Some(Service {
         namespace: meta["namespace"].as_str().unwrap_or("default").into(),
         name: meta["name"].as_str()?.into(),
-        cluster_ip: addresses.iter().find_map(|ip| match ip {
-            std::net::IpAddr::V4(v4) => Some(*v4),
-            std::net::IpAddr::V6(_) => None,
-        }),
+        cluster_ip,
         cluster_ipv6,
         ports,
         backends: Vec::new(),

@@ -38,6 +38,7 @@ struct Listed {
     /// The highest handle the listing had: a handle above it is a rule
     /// added since.
     highest: u64,
+    /// When it was listed (None: never, for `Default`).
     at: Option<std::time::Instant>,
 }
 
@@ -65,8 +66,17 @@ impl KernelRules {
         }
     }
 
+    /// Lists a table again. A listing that fails is kept too, as newer
+    /// than any handle, so that it is retried a second later rather than
+    /// at every trace event.
     fn list_iptables_table(&mut self, family: &str, table: &str) {
-        let listed = iptables_table(family, table).unwrap_or_default();
+        let listed = Listed {
+            at: Some(std::time::Instant::now()),
+            ..iptables_table(family, table).unwrap_or(Listed {
+                highest: u64::MAX,
+                ..Listed::default()
+            })
+        };
         self.iptables
             .insert((family.to_string(), table.to_string()), listed);
     }
@@ -157,10 +167,7 @@ fn pair_by_position(saved: &str, before: &str, after: &str) -> Listed {
         }
     }
     let unchanged = handles_by_chain(after);
-    let mut listed = Listed {
-        at: Some(std::time::Instant::now()),
-        ..Listed::default()
-    };
+    let mut listed = Listed::default();
     for (chain, handles) in handles_by_chain(before) {
         listed.highest = handles.iter().copied().fold(listed.highest, u64::max);
         if unchanged.get(&chain) != Some(&handles) {
