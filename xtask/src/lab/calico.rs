@@ -3,14 +3,20 @@
 //! per pod a /32 route to a `cali…` veth that answers ARP for the pods'
 //! fake gateway 169.254.1.1 (proxy ARP).
 
+use std::net::Ipv6Addr;
+
 use anyhow::Result;
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde_json::{json, Value};
 
-use super::{bird, cmd, cni_plugins, ip, sysctl, Cni, Lab, LabPod};
+use super::{bird, cmd, cni_plugins, ip, ipv6, sysctl, Cni, Lab, LabPod};
 
 const GATEWAY: &str = "169.254.1.1";
 const MAC: &str = "ee:ee:ee:ee:ee:ee";
+/// The pods' IPv6 gateway: the link-local address the `cali…` end's MAC
+/// gives it (EUI-64 of ee:ee:ee:ee:ee:ee), so the node answers the pod's
+/// neighbour solicitations itself, as it does ARP for GATEWAY.
+const GATEWAY6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0xecee, 0xeeff, 0xfeee, 0xeeee);
 
 pub struct Calico;
 
@@ -61,6 +67,11 @@ pub(super) fn pods(lab: &Lab, ns: &str, node: u8) -> Result<()> {
 /// The `cali…` end: Calico's MAC, proxy ARP, and the pod's /32 route.
 fn host_side(ns: &str, pod: &LabPod) -> Result<()> {
     cmd::veth(ns, &pod.host_iface, &pod.netns, None)?;
+    // No DAD on the link-local address the MAC gives (GATEWAY6), as
+    // Calico's plugin turns it off: it chose the MAC, the address is
+    // unique, and a tentative gateway would not answer the pod's first
+    // neighbour solicitations once the lab is dual-stack.
+    ipv6::device_sysctl(ns, &pod.host_iface, "accept_dad", "0")?;
     ip(ns, &format!("link set {} address {MAC} up", pod.host_iface))?;
     sysctl(
         ns,
@@ -88,5 +99,19 @@ fn pod_side(pod: &LabPod) -> Result<()> {
     ip(
         &pod.netns,
         &format!("neigh add {GATEWAY} lladdr {MAC} dev eth0 nud permanent"),
+    )
+}
+
+/// A pod's IPv6 side on a dual-stack lab, as Calico's plugin wires it
+/// from an IPv6 pool: a /128 on eth0 with a default route via GATEWAY6,
+/// and the node's /128 route to it over the `cali…` end (router
+/// advertisements off there, as Felix sets it).
+pub(super) fn pod_ipv6(lab: &Lab, ns: &str, pod: &LabPod) -> Result<()> {
+    let address = lab.ipv6_of(pod);
+    super::address_pod6(&pod.netns, Ipv6Net::new(address, 128)?, GATEWAY6)?;
+    ipv6::device_sysctl(ns, &pod.host_iface, "accept_ra", "0")?;
+    ip(
+        ns,
+        &format!("-6 route add {address}/128 dev {}", pod.host_iface),
     )
 }

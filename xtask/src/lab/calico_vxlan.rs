@@ -2,15 +2,23 @@
 //! pods as in BGP mode (`calico.rs`), and `vxlan.calico` (VNI 4096, UDP
 //! 4789) holding the node's VTEP address, with per remote node a route
 //! `<block> via <VTEP> dev vxlan.calico onlink`, a permanent neighbour and
-//! an FDB entry to the remote node's IP.
+//! an FDB entry to the remote node's IP. Made dual-stack (`dual_stack`),
+//! as with an IPv6 pool in VXLAN mode: `vxlan-v6.calico` beside it, the
+//! same over the nodes' underlay IPv6 addresses.
+
+use std::net::Ipv6Addr;
 
 use anyhow::Result;
 use ipnet::Ipv4Net;
 use serde_json::{json, Value};
 
-use super::{calico::pods, cmd, ip, Cni, Lab};
+use super::{
+    calico::{self, pods},
+    cmd, ip, ipv6, Cni, Lab,
+};
 
 const DEVICE: &str = "vxlan.calico";
+const V6_DEVICE: &str = "vxlan-v6.calico";
 const VNI: u32 = 4096;
 const PORT: u16 = 4789;
 
@@ -54,10 +62,17 @@ impl Cni for CalicoVxlan {
     }
 
     fn node_annotations(&self, lab: &Lab, node: u8) -> Value {
-        json!({
+        let mut annotations = json!({
             "projectcalico.org/IPv4Address": format!("{}/24", Lab::node_ip(node)),
             "projectcalico.org/IPv4VXLANTunnelAddr": vtep_ip(lab, node).to_string(),
-        })
+        });
+        if lab.is_dual_stack() {
+            annotations["projectcalico.org/IPv6Address"] =
+                format!("{}/64", Lab::node_ipv6(node)).into();
+            annotations["projectcalico.org/IPv6VXLANTunnelAddr"] =
+                vtep_ip6(node).to_string().into();
+        }
+        annotations
     }
 }
 
@@ -102,4 +117,79 @@ fn route_to(lab: &Lab, ns: &str, remote: u8) -> Result<()> {
         DEVICE,
         &Lab::node_ip(remote).to_string(),
     )
+}
+
+/// The MAC calico-node gives a node's IPv6 VTEP (another than its IPv4
+/// one's).
+fn vtep_mac6(node: u8) -> String {
+    format!("66:c5:7a:00:06:{node:02x}")
+}
+
+/// The node's IPv6 VTEP address: the first of its IPv6 block.
+fn vtep_ip6(node: u8) -> Ipv6Addr {
+    Lab::subnet_host6(node, 0)
+}
+
+/// Makes the lab dual-stack (`Lab::dual_stack`) as calico-node and its
+/// plugin leave a cluster with an IPv6 pool in VXLAN mode: on each node
+/// IPv6 forwarding, the underlay IPv6 address, its IPv6 block
+/// blackholed, vxlan-v6.calico with the route, neighbour and FDB entry
+/// for each other node, then its pods' IPv6 sides. A lab already
+/// dual-stack is left as it is.
+pub fn dual_stack(lab: &Lab) -> Result<()> {
+    if lab.is_dual_stack() {
+        return Ok(());
+    }
+    for node in 1..=super::NODES {
+        let ns = lab.node_netns(node);
+        ipv6::node_underlay(&ns, node)?;
+        ip(
+            &ns,
+            &format!(
+                "-6 route add blackhole {} proto 80",
+                Lab::node_subnet6(node)
+            ),
+        )?;
+        vtep6(&ns, node)?;
+        for remote in Lab::remotes(node) {
+            route6_to(&ns, remote)?;
+        }
+        for pod in lab.pods_on(node) {
+            calico::pod_ipv6(lab, &ns, &pod)?;
+        }
+    }
+    lab.record_dual_stack()
+}
+
+/// vxlan-v6.calico: the VTEP over the node's underlay IPv6 address, with
+/// the 70 B of VXLAN over IPv6 off the MTU, and its IPv6 VTEP address.
+fn vtep6(ns: &str, node: u8) -> Result<()> {
+    ip(
+        ns,
+        &format!(
+            "link add {V6_DEVICE} type vxlan id {VNI} dstport {PORT} local {} dev eth0 nolearning",
+            Lab::node_ipv6(node)
+        ),
+    )?;
+    ip(
+        ns,
+        &format!("link set {V6_DEVICE} address {} mtu 1430", vtep_mac6(node)),
+    )?;
+    ip(
+        ns,
+        &format!("-6 addr add {}/128 dev {V6_DEVICE} nodad", vtep_ip6(node)),
+    )?;
+    ip(ns, &format!("link set {V6_DEVICE} up"))
+}
+
+/// route_to's IPv6 twin, for a remote node's IPv6 block (`proto 80`:
+/// Felix's own routes).
+fn route6_to(ns: &str, remote: u8) -> Result<()> {
+    let vtep = super::ipv6::Vtep6 {
+        device: V6_DEVICE,
+        ip: vtep_ip6(remote),
+        mac: &vtep_mac6(remote),
+        node: remote,
+    };
+    vtep.route(ns, Lab::node_subnet6(remote), " proto 80")
 }

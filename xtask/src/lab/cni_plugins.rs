@@ -386,6 +386,7 @@ pub fn new_sandbox_error(lab: &Lab, node: u8) -> Result<Option<String>> {
         name: "sandbox-check".into(),
         netns: format!("{}-sandbox-check{node}", lab.prefix),
         ip: lab.subnet_host(node, 254),
+        ipv6: None,
         node,
         host_iface: String::new(),
     };

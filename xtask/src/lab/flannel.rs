@@ -7,7 +7,7 @@
 use std::net::Ipv4Addr;
 
 use anyhow::{bail, Result};
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde_json::{json, Value};
 
 use super::{cmd, cni_plugins, ip, Cni, Lab, LabPod};
@@ -65,19 +65,35 @@ impl<B: Backend> Cni for Flannel<B> {
         }
     }
 
-    fn node_annotations(&self, _lab: &Lab, node: u8) -> Value {
+    /// With `EnableIPv6`, flanneld adds the IPv6 VTEP's twins.
+    fn node_annotations(&self, lab: &Lab, node: u8) -> Value {
         let ip = Lab::node_ip(node).to_string();
-        json!({
+        let mut annotations = json!({
             "flannel.alpha.coreos.com/backend-type": self.0.backend_type(),
             "flannel.alpha.coreos.com/public-ip": ip,
             "flannel.alpha.coreos.com/backend-data": format!("{{\"VNI\":{VNI},\"VtepMAC\":\"{}\"}}", vtep_mac(node)),
-        })
+        });
+        if lab.is_dual_stack() {
+            annotations["flannel.alpha.coreos.com/public-ipv6"] =
+                Lab::node_ipv6(node).to_string().into();
+            annotations["flannel.alpha.coreos.com/backend-v6-data"] =
+                format!("{{\"VNI\":{VNI},\"VtepMAC\":\"{}\"}}", vtep_mac6(node)).into();
+        }
+        annotations
     }
 }
 
 /// MAC of a node's flannel.1, as Flannel records it in backend-data.
 pub fn vtep_mac(node: u8) -> String {
     format!("0a:58:c0:00:02:{:02x}", 10 + node)
+}
+
+/// MAC of a node's flannel-v6.1 (backend-v6-data). flanneld gives each
+/// VTEP a MAC of its own; the lab's are stable, so that tests name them:
+/// flannel.1's with the node's underlay IPv4 address in it, this one
+/// with its IPv6 address's (fd5a:…:2::1N).
+pub fn vtep_mac6(node: u8) -> String {
+    format!("0a:58:fd:5a:02:{:02x}", 10 + node)
 }
 
 /// A pod's sandbox made by the real plugins (`cni_plugins.rs`): the
@@ -97,7 +113,20 @@ pub fn wire_pod(lab: &Lab, pod: &LabPod, address: Option<Ipv4Addr>) -> Result<St
             pod.ip
         );
     }
+    if lab.is_dual_stack() {
+        address_pod_ipv6(lab, pod)?;
+    }
     Ok(made.host_iface)
+}
+
+/// A pod's IPv6 address on a dual-stack lab, in its node's /64 (the host
+/// number of its IPv4 one), with a default route via cni0's IPv6 gateway
+/// (`::1`), as the bridge plugin sets a pod up from flannel's IPv6
+/// subnet. Made here rather than by host-local: the plugin would wait out
+/// DAD, and the pods were made before the lab became dual-stack.
+pub fn address_pod_ipv6(lab: &Lab, pod: &LabPod) -> Result<()> {
+    let address = Ipv6Net::new(lab.ipv6_of(pod), 64)?;
+    super::address_pod6(&pod.netns, address, Lab::subnet_host6(pod.node, 1))
 }
 
 /// The bridge plugin names a pod's host end `veth` and 8 random hex

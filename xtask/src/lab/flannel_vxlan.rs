@@ -1,17 +1,22 @@
 //! Flannel's vxlan backend: each node has a flannel.1 VTEP, and reaches a
 //! remote pod subnet through it with the route, neighbour and FDB entries
 //! flanneld writes (no learning). Pods get the MTU less the 50 B of VXLAN.
+//! Made dual-stack (`dual_stack`), each node also has flannel-v6.1, the
+//! same for IPv6 over the nodes' underlay IPv6 addresses.
 
 use anyhow::Result;
 
 use super::{
     cmd,
     flannel::{self, Backend},
-    ip, Lab,
+    ip, ipv6, Lab,
 };
 
 /// UDP port of Flannel's vxlan backend (not IANA's 4789).
 const PORT: u16 = 8472;
+
+/// flanneld's IPv6 VTEP (`flannel-v6.<VNI>`).
+const V6_DEVICE: &str = "flannel-v6.1";
 
 pub struct Vxlan;
 
@@ -36,13 +41,22 @@ impl Backend for Vxlan {
 /// Re-creates every node's flannel.1 on UDP `port`, as flanneld makes it
 /// when the cluster's net-conf.json sets `Backend.Port`: the VTEP, then
 /// the routes, neighbours and FDB entries it writes for the other nodes.
+/// On a dual-stack lab flannel-v6.1 too: `Backend.Port` is both VTEPs'.
 pub fn move_to_port(lab: &Lab, port: u16) -> Result<()> {
+    let dual_stack = lab.is_dual_stack();
     for node in 1..=super::NODES {
         let ns = lab.node_netns(node);
         ip(&ns, "link del flannel.1")?;
         vtep_on(lab, &ns, node, port)?;
         for remote in Lab::remotes(node) {
             route_to(lab, &ns, remote)?;
+        }
+        if dual_stack {
+            ip(&ns, &format!("link del {V6_DEVICE}"))?;
+            vtep6_on(&ns, node, port)?;
+            for remote in Lab::remotes(node) {
+                route6_to(&ns, remote)?;
+            }
         }
     }
     Ok(())
@@ -98,65 +112,96 @@ fn route_to(lab: &Lab, ns: &str, remote: u8) -> Result<()> {
     )
 }
 
-/// Makes the lab's flannel dual-stack on every node, as flanneld does with
-/// `EnableIPv6`: an IPv6 subnet in subnet.env, IPv6 forwarding, the node's
-/// underlay IPv6 address, a flannel-v6.1 VTEP over it beside flannel.1,
-/// cni0's IPv6 gateway, and the route to each other node's IPv6 subnet.
+/// Makes the lab's flannel dual-stack (`Lab::dual_stack`), as flanneld
+/// and the flannel CNI plugin leave a cluster with `EnableIPv6`: on each
+/// node an IPv6 subnet in subnet.env, IPv6 forwarding, the node's
+/// underlay IPv6 address, flannel-v6.1 over it beside flannel.1 (with the
+/// route, neighbour and FDB entry for each other node), cni0's IPv6
+/// gateway; on each pod an IPv6 address in its node's /64 with a default
+/// route via that gateway. Then the lab says it is dual-stack (the pods'
+/// `ipv6`, their podIPs in the pods file). A lab already dual-stack is
+/// left as it is.
 pub fn dual_stack(lab: &Lab) -> Result<()> {
+    if lab.is_dual_stack() {
+        return Ok(());
+    }
     for node in 1..=super::NODES {
-        let ns = lab.node_netns(node);
-        let env = super::cni_plugins::subnet_env(lab, node);
-        let mut text = std::fs::read_to_string(&env)?;
-        text.push_str(&format!(
-            "FLANNEL_IPV6_NETWORK={IPV6_NETWORK}::/56\nFLANNEL_IPV6_SUBNET={}1/64\n",
-            ipv6_subnet(node)
-        ));
-        std::fs::write(&env, text)?;
-        super::sysctl(&ns, "net.ipv6.conf.all.forwarding", "1")?;
-        ip(
-            &ns,
-            &format!("-6 addr add {}/64 dev eth0 nodad", node_ipv6(node)),
-        )?;
-        ip(
-            &ns,
-            &format!(
-                "link add flannel-v6.1 type vxlan id {} dstport {PORT} local {} dev eth0 nolearning",
-                flannel::VNI,
-                node_ipv6(node)
-            ),
-        )?;
-        ip(
-            &ns,
-            &format!(
-                "-6 addr add {}/128 dev flannel-v6.1 nodad",
-                ipv6_subnet(node)
-            ),
-        )?;
-        ip(&ns, "link set flannel-v6.1 up")?;
-        ip(
-            &ns,
-            &format!("-6 addr add {}1/64 dev cni0 nodad", ipv6_subnet(node)),
-        )?;
-        for remote in Lab::remotes(node) {
-            let subnet = ipv6_subnet(remote);
-            ip(
-                &ns,
-                &format!("-6 route add {subnet}/64 via {subnet} dev flannel-v6.1 onlink"),
-            )?;
-        }
+        node_ipv6(lab, node)?;
+    }
+    for pod in lab.pods() {
+        flannel::address_pod_ipv6(lab, &pod)?;
+    }
+    for node in 1..=super::NODES {
+        ipv6::settle(&lab.node_netns(node), "cni0")?;
+    }
+    lab.record_dual_stack()
+}
+
+/// One node's IPv6 side, as flanneld sets it up.
+fn node_ipv6(lab: &Lab, node: u8) -> Result<()> {
+    let ns = lab.node_netns(node);
+    let env = super::cni_plugins::subnet_env(lab, node);
+    let mut text = std::fs::read_to_string(&env)?;
+    text.push_str(&format!(
+        "FLANNEL_IPV6_NETWORK={}\nFLANNEL_IPV6_SUBNET={}/64\n",
+        Lab::pod_network6(),
+        Lab::subnet_host6(node, 1)
+    ));
+    std::fs::write(&env, text)?;
+    // cni0 and the pods' veths carry pod IPv6 too, those made later also.
+    ipv6::node_underlay(&ns, node)?;
+    vtep6_on(&ns, node, PORT)?;
+    ip(
+        &ns,
+        &format!(
+            "-6 addr add {}/64 dev cni0 nodad",
+            Lab::subnet_host6(node, 1)
+        ),
+    )?;
+    for remote in Lab::remotes(node) {
+        route6_to(&ns, remote)?;
     }
     Ok(())
 }
 
-/// The cluster's IPv6 pod network (a /56 of ULA space), and each node's
-/// /64 of it.
-const IPV6_NETWORK: &str = "fd00:10:244:";
-
-fn ipv6_subnet(node: u8) -> String {
-    format!("{IPV6_NETWORK}{node}::")
+/// flannel-v6.1, flannel.1's IPv6 twin: same VNI and port, over the
+/// node's underlay IPv6 address, its own MAC, router advertisements off
+/// (flanneld sets accept_ra 0 on it), the node subnet's network address
+/// as a /128.
+fn vtep6_on(ns: &str, node: u8, port: u16) -> Result<()> {
+    ip(
+        ns,
+        &format!(
+            "link add {V6_DEVICE} type vxlan id {} dstport {port} local {} dev eth0 nolearning",
+            flannel::VNI,
+            Lab::node_ipv6(node)
+        ),
+    )?;
+    ip(
+        ns,
+        &format!("link set {V6_DEVICE} address {}", flannel::vtep_mac6(node)),
+    )?;
+    ipv6::device_sysctl(ns, V6_DEVICE, "accept_ra", "0")?;
+    ip(
+        ns,
+        &format!(
+            "-6 addr add {}/128 dev {V6_DEVICE} nodad",
+            Lab::node_subnet6(node).network()
+        ),
+    )?;
+    ip(ns, &format!("link set {V6_DEVICE} up"))
 }
 
-/// A node's underlay IPv6 address (ULA).
-fn node_ipv6(node: u8) -> String {
-    format!("fd5a:0:2::{}", 10 + node)
+/// route_to's IPv6 twin: the route to a remote node's IPv6 subnet via its
+/// VTEP address (the subnet's network address), and the neighbour and FDB
+/// entries that take it to the remote node.
+fn route6_to(ns: &str, remote: u8) -> Result<()> {
+    let subnet = Lab::node_subnet6(remote);
+    let vtep = super::ipv6::Vtep6 {
+        device: V6_DEVICE,
+        ip: subnet.network(),
+        mac: &flannel::vtep_mac6(remote),
+        node: remote,
+    };
+    vtep.route(ns, subnet, "")
 }

@@ -13,6 +13,9 @@ impl Lab {
             .pods()
             .iter()
             .map(|p| {
+                // IPv4-primary: podIP stays IPv4, IPv6 second in podIPs.
+                let mut pod_ips = vec![json!({"ip": p.ip.to_string()})];
+                pod_ips.extend(p.ipv6.map(|ip| json!({"ip": ip.to_string()})));
                 json!({
                     "apiVersion": "v1",
                     "kind": "Pod",
@@ -21,7 +24,7 @@ impl Lab {
                     "status": {
                         "phase": "Running",
                         "podIP": p.ip.to_string(),
-                        "podIPs": [{"ip": p.ip.to_string()}],
+                        "podIPs": pod_ips,
                         "hostIP": Self::node_ip(p.node).to_string(),
                     }
                 })
@@ -48,15 +51,27 @@ impl Lab {
     pub fn node_list(&self) -> Value {
         let items: Vec<Value> = (1..=NODES)
             .map(|n| {
-                let ip = Self::node_ip(n).to_string();
                 let annotations = self.topology.cni().node_annotations(self, n);
+                let subnet = self.node_subnet(n).to_string();
+                let mut pod_cidrs = vec![json!(subnet)];
+                let mut addresses =
+                    vec![json!({"type": "InternalIP", "address": Self::node_ip(n).to_string()})];
+                // A dual-stack node: one podCIDR and one InternalIP per
+                // family, IPv4 first as on an IPv4-primary cluster.
+                if self.is_dual_stack() {
+                    pod_cidrs.push(json!(Self::node_subnet6(n).to_string()));
+                    addresses.push(
+                        json!({"type": "InternalIP", "address": Self::node_ipv6(n).to_string()}),
+                    );
+                }
+                addresses.push(json!({"type": "Hostname", "address": Self::node_name(n)}));
                 json!({
                     "apiVersion": "v1",
                     "kind": "Node",
                     "metadata": {"name": Self::node_name(n), "annotations": annotations},
-                    "spec": {"podCIDR": self.node_subnet(n).to_string(), "podCIDRs": [self.node_subnet(n).to_string()]},
+                    "spec": {"podCIDR": subnet, "podCIDRs": pod_cidrs},
                     "status": {
-                        "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": Self::node_name(n)}],
+                        "addresses": addresses,
                         "conditions": self.node_conditions(),
                     }
                 })

@@ -6,7 +6,8 @@
 //!
 //! This module holds what every topology shares (the underlay, the nodes,
 //! the pods' names and addresses; `inventory.rs` the lists `kubectl`
-//! would print, `cni_plugins.rs` the real CNI plugins that make pods);
+//! would print, `cni_plugins.rs` the real CNI plugins that make pods,
+//! `ipv6.rs` the IPv6 family of a lab made dual-stack);
 //! each CNI's wiring is one file that implements [`Cni`] (a Flannel
 //! backend implements `flannel::Backend`). A new topology is that file
 //! plus one [`Topology`] variant.
@@ -21,6 +22,7 @@ mod flannel_host_gw;
 pub mod flannel_vxlan;
 pub mod host_root;
 mod inventory;
+mod ipv6;
 pub mod kube_proxy;
 mod kube_proxy_nft;
 mod service_traffic;
@@ -28,7 +30,7 @@ pub mod services_at_scale;
 
 use std::{
     fs,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
 };
 
@@ -37,6 +39,7 @@ use ipnet::Ipv4Net;
 use serde_json::Value;
 
 pub use cmd::{fdb, in_netns, ip, netns_exists, run, sh, sysctl, veth};
+pub use ipv6::address_pod6;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Topology {
@@ -97,6 +100,9 @@ pub struct LabPod {
     pub name: String,
     pub netns: String,
     pub ip: Ipv4Addr,
+    /// Its IPv6 address once the lab is dual-stack (`Lab::is_dual_stack`):
+    /// the same host number in its node's /64.
+    pub ipv6: Option<Ipv6Addr>,
     pub node: u8,
     /// Host-side interface in the node namespace.
     pub host_iface: String,
@@ -170,6 +176,8 @@ impl Lab {
     }
 
     pub fn pods(&self) -> Vec<LabPod> {
+        // Asked once: the answer is a file in the state directory.
+        let dual_stack = self.is_dual_stack();
         let mut pods = Vec::new();
         for node in 1..=NODES {
             let app = if node == 1 { "web" } else { "db" };
@@ -180,6 +188,7 @@ impl Lab {
                     host_iface: self.topology.cni().host_iface(&netns),
                     netns,
                     ip: self.subnet_host(node, 2 + i),
+                    ipv6: dual_stack.then(|| Self::subnet_host6(node, 2 + i)),
                     node,
                     name,
                 });
@@ -203,8 +212,15 @@ impl Lab {
     /// One ping from inside a pod (`extra`: more ping flags); whether it
     /// was answered.
     pub fn ping(&self, from_pod: &str, to: Ipv4Addr, extra: &[&str]) -> bool {
+        self.ping_ip(from_pod, to.into(), extra)
+    }
+
+    /// `ping` and `ping6`: `ping -6` for an IPv6 destination.
+    fn ping_ip(&self, from_pod: &str, to: IpAddr, extra: &[&str]) -> bool {
         let from = self.pod(from_pod);
+        let family: &[&str] = if to.is_ipv6() { &["-6"] } else { &[] };
         in_netns(&from.netns, "ping")
+            .args(family)
             .args(["-c", "1", "-W", "2"])
             .args(extra)
             .arg(to.to_string())
@@ -215,6 +231,19 @@ impl Lab {
 
     pub fn state_dir(&self) -> PathBuf {
         Path::new("/run/podtrace-lab").join(&self.prefix)
+    }
+
+    /// Writes the pods and nodes files as the API would list them now.
+    fn write_inventory(&self) -> Result<()> {
+        fs::write(
+            self.pods_file(),
+            serde_json::to_string_pretty(&self.pod_list())?,
+        )?;
+        fs::write(
+            self.nodes_file(),
+            serde_json::to_string_pretty(&self.node_list())?,
+        )?;
+        Ok(())
     }
 
     pub fn pods_file(&self) -> PathBuf {
@@ -251,14 +280,7 @@ impl Lab {
             let _ = self.down();
         })?;
         fs::create_dir_all(self.state_dir())?;
-        fs::write(
-            self.pods_file(),
-            serde_json::to_string_pretty(&self.pod_list())?,
-        )?;
-        fs::write(
-            self.nodes_file(),
-            serde_json::to_string_pretty(&self.node_list())?,
-        )?;
+        self.write_inventory()?;
         fs::write(self.state_dir().join("pod-cidr"), self.pod_cidr.to_string())?;
         fs::write(marker, self.topology.name())?;
         Ok(())
