@@ -11,7 +11,8 @@ use aya_ebpf::{
 };
 use podtrace_common::{
     counter, filter, match_kind,
-    packet::{classify, packet_id, socket_header, traced_header, tunnel_inner_ip, Bytes},
+    packet::{classify_ip, packet_id, socket_header, traced_header, tunnel_inner_ip, Bytes, Flows},
+    packet6::{is_ipv6, pair6_at},
     sampled, sighting_kind, FlowKey, KernelLayout, Sighting, MAX_NODES, NODE_OTHER_NETNS,
     SNAPSHOT_LEN,
 };
@@ -19,8 +20,8 @@ use podtrace_common::{
 use crate::{
     kernel::{global, kernel_read, kernel_read_buf, with_per_cpu, NO_ROUTE_ASKED},
     maps::{
-        bump, cluster_tunnel, filter_keeps, is_traced, node_id, sample, trusted_tunnel,
-        tunnel_ports, SIGHTINGS,
+        bump, cluster_tunnel, cluster_tunnel6, filter_keeps, is_traced, node_id, sample,
+        tunnel_ports, NodeFlows, SIGHTINGS,
     },
     sighting::Meta,
 };
@@ -129,8 +130,10 @@ fn report(s: &mut Sighting, skb: u64, location: u64, reason: u32) {
         // Only this node's tunnels are known: elsewhere (a pod's
         // namespace) an encapsulated-looking packet is a payload.
         let here = inum != 0 && inum == global(&NETNS_INUM);
-        let trusted = |outer: &_, tunnel: &_| here && trusted_tunnel(ifindex, outer, tunnel);
-        classify(&s.snapshot[..], 0, &tunnel_ports(), is_traced, trusted)
+        match classify_snapshot(&s.snapshot, ifindex, here) {
+            NOT_MATCHED => None,
+            kind => Some(kind),
+        }
     } else {
         None
     };
@@ -191,21 +194,50 @@ fn report(s: &mut Sighting, skb: u64, location: u64, reason: u32) {
     }
 }
 
-/// Whether the IPv4 packet starting `snapshot`, of a traced pair, is one
+/// What [`classify_snapshot`] says of a packet it does not match.
+const NOT_MATCHED: u8 = 0;
+
+/// How the IP packet starting `snapshot` matches the traced flow (a
+/// `match_kind`), or [`NOT_MATCHED`]. A function of its own, not inlined:
+/// inlined, LLVM left a register undefined on one path of the IPv6 walk
+/// and computed on it anyway, which the verifier refuses where that
+/// register held a pointer; a call returns a defined value.
+#[inline(never)]
+fn classify_snapshot(snapshot: &[u8; SNAPSHOT_LEN], ifindex: u32, here: bool) -> u8 {
+    let flows = NodeFlows { ifindex, here };
+    classify_ip(&snapshot[..], 0, &tunnel_ports(), &flows).unwrap_or(NOT_MATCHED)
+}
+
+/// Whether the IP packet starting `snapshot`, of a traced pair, is one
 /// of the cluster's tunnel packets with another pair inside.
 #[inline(always)]
 fn carries_another_pair(snapshot: &[u8]) -> bool {
-    let (Some(outer), Some((inner, tunnel))) = (
-        snapshot.pair_at(0),
-        tunnel_inner_ip(snapshot, 0, &tunnel_ports()),
-    ) else {
+    let Some((inner, tunnel)) = tunnel_inner_ip(snapshot, 0, &tunnel_ports()) else {
         return false;
     };
-    let inner_traced = snapshot.pair_at(inner).is_some_and(|p| is_traced(&p));
-    !inner_traced && cluster_tunnel(&outer, &tunnel)
+    // Asked of the maps as a drop anywhere asks them: no tunnel trusted.
+    let flows = NodeFlows {
+        ifindex: 0,
+        here: false,
+    };
+    let inner_traced = if is_ipv6(snapshot, inner) {
+        pair6_at(snapshot, inner).is_some_and(|p| flows.traced6(&p))
+    } else {
+        snapshot.pair_at(inner).is_some_and(|p| flows.traced(&p))
+    };
+    if inner_traced {
+        return false;
+    }
+    if is_ipv6(snapshot, 0) {
+        pair6_at(snapshot, 0).is_some_and(|outer| cluster_tunnel6(&outer, &tunnel))
+    } else {
+        snapshot
+            .pair_at(0)
+            .is_some_and(|outer| cluster_tunnel(&outer, &tunnel))
+    }
 }
 
-/// Whether `--sample` keeps the packet whose IPv4 header starts
+/// Whether `--sample` keeps the packet whose IP header starts
 /// `snapshot` (always, without it).
 #[inline(always)]
 fn kept(snapshot: &[u8], kind: u8) -> bool {

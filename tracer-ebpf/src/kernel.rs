@@ -37,13 +37,13 @@ use podtrace_common::{
 };
 
 /// The kernel's route for a packet: (BPF_FIB_LKUP_RET_*, output ifindex,
-/// IPv4 next hop).
-pub type Route = (u8, u32, [u8; 4]);
+/// next hop: IPv4 in the first 4 bytes, or IPv6).
+pub type Route = (u8, u32, [u8; 16]);
 
 /// No route asked: every byte set, never an `Option`. LLVM may load the
 /// payload of a `None` before it selects the default, and verifiers
 /// before 5.19 refuse a read of stack that was never written.
-pub const NO_ROUTE_ASKED: Route = (FIB_NOT_LOOKED_UP, 0, [0; 4]);
+pub const NO_ROUTE_ASKED: Route = (FIB_NOT_LOOKED_UP, 0, [0; 16]);
 
 // `copy_start` bounds a length by masking with SNAPSHOT_LEN - 1.
 const _: () = assert!(SNAPSHOT_LEN.is_power_of_two());
@@ -209,17 +209,15 @@ impl Skb<'_> {
     }
 
     /// bpf_fib_lookup for the packet as arriving on this interface: the
-    /// BPF_FIB_LKUP_RET_* code and the output ifindex and IPv4 next hop
-    /// (NO_ROUTE_ASKED if the helper itself failed).
+    /// BPF_FIB_LKUP_RET_* code and the output ifindex and next hop of the
+    /// family asked (NO_ROUTE_ASKED if the helper itself failed).
     #[inline(always)]
-    pub fn fib_lookup(&self, fill: impl FnOnce(&mut FibParams)) -> Route {
-        let mut params: FibParams = unsafe { core::mem::zeroed() };
-        fill(&mut params);
+    pub fn fib_lookup(&self, ipv6: bool, params: &mut FibParams) -> Route {
         params.ifindex = self.ifindex();
         let rc = unsafe {
             bpf_fib_lookup(
                 self.0.skb.skb.cast(),
-                &mut params,
+                params,
                 core::mem::size_of::<FibParams>() as i32,
                 0,
             )
@@ -227,7 +225,23 @@ impl Skb<'_> {
         if rc < 0 {
             return NO_ROUTE_ASKED;
         }
-        let nexthop = unsafe { params.__bindgen_anon_4.ipv4_dst }.to_ne_bytes();
+        // The kernel writes the next hop over the destination it was asked.
+        let mut nexthop = [0u8; 16];
+        if ipv6 {
+            let words = unsafe { params.__bindgen_anon_4.ipv6_dst };
+            let mut i = 0;
+            while i < 4 {
+                let w = words[i].to_ne_bytes();
+                nexthop[4 * i] = w[0];
+                nexthop[4 * i + 1] = w[1];
+                nexthop[4 * i + 2] = w[2];
+                nexthop[4 * i + 3] = w[3];
+                i += 1;
+            }
+        } else {
+            let w = unsafe { params.__bindgen_anon_4.ipv4_dst }.to_ne_bytes();
+            nexthop[..4].copy_from_slice(&w);
+        }
         (rc as u8, params.ifindex, nexthop)
     }
 }

@@ -5,8 +5,13 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use podtrace_common::{
-    counter, filter::L4Filter, node_addr, prefilter::TracedPairs, FlowKey, TunnelKey, TunnelPorts,
-    ANY_VNI,
+    counter,
+    filter::L4Filter,
+    node_addr,
+    packet::Flows,
+    packet6::FlowKey6,
+    prefilter::{TracedPairs, TracedPairs6},
+    FlowKey, TunnelKey, TunnelPorts, ANY_VNI,
 };
 
 use crate::kernel::{contains, global, lookup, with_array, with_per_cpu};
@@ -27,6 +32,14 @@ const SIGHTINGS_BYTES: u32 = 1 << 22;
 #[map(name = "FLOWS")]
 pub static FLOWS: HashMap<FlowKey, u8> = HashMap::with_max_entries(MAX_FLOWS, 0);
 
+/// The traced IPv6 pairs, as FLOWS.
+#[map(name = "FLOWS6")]
+pub static FLOWS6: HashMap<FlowKey6, u8> = HashMap::with_max_entries(MAX_FLOWS, 0);
+
+/// The pre-filter before FLOWS6, as TRACED_PAIRS before FLOWS.
+#[map(name = "TRACED_PAIRS6")]
+static TRACED_PAIRS6: Array<TracedPairs6> = Array::with_max_entries(1, 0);
+
 /// The pre-filter before FLOWS (`TracedPairs`), one entry: an array
 /// lookup the verifier inlines, which answers alone while few pairs are
 /// traced.
@@ -46,6 +59,10 @@ static TUNNELS: HashMap<TunnelKey, u8> = HashMap::with_max_entries(MAX_TUNNELS, 
 /// The node's own addresses and its tunnel peers (`node_addr`).
 #[map(name = "NODE_ADDRS")]
 static NODE_ADDRS: HashMap<[u8; 4], u8> = HashMap::with_max_entries(MAX_NODE_ADDRS, 0);
+
+/// The node's own IPv6 addresses and its IPv6 tunnel peers.
+#[map(name = "NODE_ADDRS6")]
+static NODE_ADDRS6: HashMap<[u8; 16], u8> = HashMap::with_max_entries(MAX_NODE_ADDRS, 0);
 
 /// Interfaces where encapsulated packets are real: the underlay.
 #[map(name = "TUNNEL_HOOKS")]
@@ -126,6 +143,46 @@ pub fn is_traced(key: &FlowKey) -> bool {
     }
 }
 
+/// Whether an IPv6 pair is traced: the address bits turn most untraced
+/// packets away, and FLOWS6 decides the rest (its exact list is left to
+/// IPv4: comparing 32-byte keys in place cost more stack than the eBPF
+/// call chain has).
+#[inline(always)]
+pub fn is_traced6(key: &FlowKey6) -> bool {
+    with_array(&TRACED_PAIRS6, 0, |pairs| pairs.maybe(key)).unwrap_or(false)
+        && contains(&FLOWS6, key)
+}
+
+/// The node's maps, as the classifier asks them, for a packet seen on
+/// `ifindex`; `here`: in the namespace whose tunnels the maps hold (a
+/// drop elsewhere trusts no tunnel).
+pub struct NodeFlows {
+    pub ifindex: u32,
+    pub here: bool,
+}
+
+impl Flows for NodeFlows {
+    #[inline(always)]
+    fn traced(&self, key: &FlowKey) -> bool {
+        is_traced(key)
+    }
+    #[inline(always)]
+    fn traced6(&self, key: &FlowKey6) -> bool {
+        is_traced6(key)
+    }
+    #[inline(always)]
+    fn trusted(&self, outer: &FlowKey, tunnel: &TunnelKey) -> bool {
+        self.here && trusted_tunnel(self.ifindex, outer, tunnel)
+    }
+    #[inline(always)]
+    fn trusted6(&self, outer: &FlowKey6, tunnel: &TunnelKey) -> bool {
+        self.here
+            && contains(&TUNNEL_HOOKS, &self.ifindex)
+            && between_nodes_in(&NODE_ADDRS6, &outer.src, &outer.dst, node_addr::ANY6)
+            && node_has(tunnel)
+    }
+}
+
 #[inline(always)]
 pub fn bump(index: u32) {
     with_per_cpu(&COUNTERS, index, |count| *count += 1);
@@ -148,14 +205,29 @@ pub fn cluster_tunnel(outer: &FlowKey, tunnel: &TunnelKey) -> bool {
     between_nodes(outer) && node_has(tunnel)
 }
 
+/// Whether an IPv6 tunnel packet with outer pair `outer` is the cluster's
+/// wherever it is seen, as [`cluster_tunnel`].
+#[inline(always)]
+pub fn cluster_tunnel6(outer: &FlowKey6, tunnel: &TunnelKey) -> bool {
+    between_nodes_in(&NODE_ADDRS6, &outer.src, &outer.dst, node_addr::ANY6) && node_has(tunnel)
+}
+
 #[inline(always)]
 fn between_nodes(outer: &FlowKey) -> bool {
-    let what = |ip: &[u8; 4]| lookup(&NODE_ADDRS, ip).unwrap_or(0);
+    between_nodes_in(&NODE_ADDRS, &outer.src, &outer.dst, node_addr::ANY)
+}
+
+/// Whether one of `src`, `dst` is the node's own address and the other a
+/// peer's, in the family of `addrs` (whose key `any` says every address
+/// may be a peer).
+#[inline(always)]
+fn between_nodes_in<K: Copy>(addrs: &HashMap<K, u8>, src: &K, dst: &K, any: K) -> bool {
+    let what = |ip: &K| lookup(addrs, ip).unwrap_or(0);
     // The key on the stack: a reference to the constant itself points
     // into .rodata, which the map lookup does not read as a key here.
-    let any = core::hint::black_box(node_addr::ANY);
+    let any = core::hint::black_box(any);
     let any_peer = what(&any) & node_addr::PEER != 0;
-    let (src, dst) = (what(&outer.src), what(&outer.dst));
+    let (src, dst) = (what(src), what(dst));
     let peer = |flags: u8| any_peer || flags & node_addr::PEER != 0;
     (src & node_addr::LOCAL != 0 && peer(dst)) || (dst & node_addr::LOCAL != 0 && peer(src))
 }

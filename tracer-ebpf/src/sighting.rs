@@ -45,5 +45,6 @@ impl Meta {
         s.snapshot_len = snapshot_len;
         s.fib_result = fib_result;
         s._pad = 0;
+        s._pad2 = [0; 4];
     }
 }

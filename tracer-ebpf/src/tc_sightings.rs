@@ -1,27 +1,30 @@
 //! tc sightings: which traced packet crossed which hook, and when.
 
-use aya_ebpf::{bindings::TC_ACT_UNSPEC, macros::classifier, programs::TcContext};
+use aya_ebpf::{
+    bindings::{bpf_fib_lookup as FibParams, TC_ACT_UNSPEC},
+    macros::classifier,
+    programs::TcContext,
+};
 use podtrace_common::{
     counter,
     filter::{self, L4Filter},
-    headers::{IPV4_PROTOCOL, IPV4_TOS},
+    headers::{IPV4_PROTOCOL, IPV4_TOS, IPV6_DADDR, IPV6_NEXT_HEADER, IPV6_SADDR},
     hook_id, match_kind,
-    packet::{classify, ethernet_payload, traced_header, Bytes},
+    packet::{classify_ip, ethernet_payload, traced_header, Bytes},
+    packet6::is_ipv6,
     sampled, sighting_kind, Direction, Sighting, SNAPSHOT_LEN,
 };
 
 use crate::{
     kernel::{submit_with, Linear, Route, Skb, NO_ROUTE_ASKED},
-    maps::{
-        bump, filter_keeps, is_traced, node_id, sample, trusted_tunnel, tunnel_ports, wake_bytes,
-        SIGHTINGS,
-    },
+    maps::{bump, filter_keeps, node_id, sample, tunnel_ports, wake_bytes, NodeFlows, SIGHTINGS},
     profile,
     sighting::Meta,
 };
 
-/// bpf_fib_lookup's address family for IPv4.
+/// bpf_fib_lookup's address families.
 const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
 
 #[classifier]
 pub fn podtrace_ingress(ctx: TcContext) -> i32 {
@@ -116,12 +119,15 @@ fn kept(linear: &Linear, skb: &Skb, l3: usize, kind: u8) -> bool {
     id.is_some_and(|id| sampled(&id, n))
 }
 
-/// How the packet matches the traced flow, and where its IPv4 header is.
+/// How the packet matches the traced flow, and where its IP header is.
 #[inline(always)]
 fn matched<B: Bytes>(b: &B, has_l2: bool, ifindex: u32) -> Option<(u8, usize)> {
     let l3 = if has_l2 { ethernet_payload(b, 0)? } else { 0 };
-    let trusted = |outer: &_, tunnel: &_| trusted_tunnel(ifindex, outer, tunnel);
-    Some((classify(b, l3, &tunnel_ports(), is_traced, trusted)?, l3))
+    let flows = NodeFlows {
+        ifindex,
+        here: true,
+    };
+    Some((classify_ip(b, l3, &tunnel_ports(), &flows)?, l3))
 }
 
 #[inline(always)]
@@ -159,29 +165,58 @@ fn report(skb: &Skb, direction: Direction, has_l2: bool, kind: u8, l3: usize) {
     }
 }
 
-/// bpf_fib_lookup for the IPv4 packet at `l3`, as arriving on this
-/// interface (NO_ROUTE_ASKED where its header cannot be read).
+/// bpf_fib_lookup for the IP packet at `l3`, as arriving on this
+/// interface (NO_ROUTE_ASKED where its header cannot be read). One
+/// parameter block for both families: the eBPF stack is small.
 #[inline(always)]
 fn route_lookup(skb: &Skb, l3: usize) -> Route {
-    let (Some(tos), Some(protocol), Some(pair)) = (
-        skb.u8_at(l3 + IPV4_TOS),
-        skb.u8_at(l3 + IPV4_PROTOCOL),
-        skb.pair_at(l3),
-    ) else {
-        return NO_ROUTE_ASKED;
+    let mut params: FibParams = unsafe { core::mem::zeroed() };
+    let ipv6 = is_ipv6(skb, l3);
+    let filled = if ipv6 {
+        ask6(skb, l3, &mut params)
+    } else {
+        ask4(skb, l3, &mut params)
     };
-    skb.fib_lookup(|params| {
-        params.family = AF_INET;
-        params.l4_protocol = protocol;
-        // No tot_len: the kernel then checks the skb itself against the
-        // MTU of the device the route leaves by (GSO-aware, so a TCP
-        // super-segment is not "too big"), and still names that device
-        // and next hop when the answer is FRAG_NEEDED.
-        params.__bindgen_anon_1.tot_len = 0;
-        params.__bindgen_anon_2.tos = tos;
-        params.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(pair.src);
-        params.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(pair.dst);
-    })
+    match filled {
+        Some(()) => skb.fib_lookup(ipv6, &mut params),
+        None => NO_ROUTE_ASKED,
+    }
+}
+
+/// The lookup's question for the IPv4 packet at `l3`.
+#[inline(always)]
+fn ask4(skb: &Skb, l3: usize, params: &mut FibParams) -> Option<()> {
+    let pair = skb.pair_at(l3)?;
+    params.family = AF_INET;
+    params.l4_protocol = skb.u8_at(l3 + IPV4_PROTOCOL)?;
+    // No tot_len: the kernel then checks the skb itself against the
+    // MTU of the device the route leaves by (GSO-aware, so a TCP
+    // super-segment is not "too big"), and still names that device
+    // and next hop when the answer is FRAG_NEEDED.
+    params.__bindgen_anon_1.tot_len = 0;
+    params.__bindgen_anon_2.tos = skb.u8_at(l3 + IPV4_TOS)?;
+    params.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(pair.src);
+    params.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(pair.dst);
+    Some(())
+}
+
+/// The lookup's question for the IPv6 packet at `l3`: its addresses and
+/// next header (as for IPv4, the kernel checks the MTU itself).
+#[inline(always)]
+fn ask6(skb: &Skb, l3: usize, params: &mut FibParams) -> Option<()> {
+    params.family = AF_INET6;
+    params.l4_protocol = skb.u8_at(l3 + IPV6_NEXT_HEADER)?;
+    params.__bindgen_anon_1.tot_len = 0;
+    // Straight into the block: no copy of the addresses on the stack.
+    let src = unsafe { &mut params.__bindgen_anon_3.ipv6_src };
+    let dst = unsafe { &mut params.__bindgen_anon_4.ipv6_dst };
+    let mut i = 0;
+    while i < 4 {
+        src[i] = u32::from_ne_bytes(skb.bytes_at::<4>(l3 + IPV6_SADDR + 4 * i)?);
+        dst[i] = u32::from_ne_bytes(skb.bytes_at::<4>(l3 + IPV6_DADDR + 4 * i)?);
+        i += 1;
+    }
+    Some(())
 }
 
 /// Copies the first min(len, SNAPSHOT_LEN) bytes of the packet; returns how

@@ -7,7 +7,8 @@
 //! code.
 
 use crate::headers::*;
-use crate::packet::{ipv4_len, Bytes};
+use crate::packet::{ip_version, ipv4_len, Bytes};
+use crate::packet6::transport6;
 
 /// Ports a filter holds at most (`--port` repeated).
 pub const MAX_FILTER_PORTS: usize = 8;
@@ -19,7 +20,7 @@ pub mod protocol_bit {
     pub const ICMP: u32 = 4;
 }
 
-/// Where an ICMP error quotes the offending packet's IPv4 header.
+/// Where an ICMP or ICMPv6 error quotes the offending packet's header.
 const ICMP_QUOTE: usize = 8;
 
 /// The filter, as userspace writes it into the `L4_FILTER` map.
@@ -46,7 +47,7 @@ impl L4Filter {
         let bit = match protocol {
             IPPROTO_TCP => protocol_bit::TCP,
             IPPROTO_UDP => protocol_bit::UDP,
-            IPPROTO_ICMP => protocol_bit::ICMP,
+            IPPROTO_ICMP | IPPROTO_ICMPV6 => protocol_bit::ICMP,
             _ => 0,
         };
         if self.protocols != 0 && self.protocols & bit == 0 {
@@ -73,7 +74,7 @@ impl L4Filter {
     }
 }
 
-/// Whether `filter` keeps the IPv4 packet whose header is at `ip`; `None`
+/// Whether `filter` keeps the IPv4 or IPv6 packet whose header is at `ip`; `None`
 /// when a byte it needs cannot be read (the caller may read again through
 /// a slower path, else keeps the packet: nothing is left out unseen).
 /// An ICMP error is judged by the header it quotes: it is news about that
@@ -81,9 +82,15 @@ impl L4Filter {
 #[inline(always)]
 pub fn judge<B: Bytes + ?Sized>(b: &B, ip: usize, filter: &L4Filter) -> Option<bool> {
     let (mut protocol, mut l4, mut first) = l4_of(b, ip)?;
-    // Destination unreachable, time exceeded, parameter problem: the
-    // messages that quote the packet they are about.
-    if protocol == IPPROTO_ICMP && first && matches!(b.u8_at(l4)?, 3 | 11 | 12) {
+    // The messages that quote the packet they are about: ICMP's
+    // destination unreachable, time exceeded, parameter problem; ICMPv6's
+    // the same and packet too big.
+    let quotes = match protocol {
+        IPPROTO_ICMP => matches!(b.u8_at(l4)?, 3 | 11 | 12),
+        IPPROTO_ICMPV6 => matches!(b.u8_at(l4)?, 1..=4),
+        _ => false,
+    };
+    if quotes && first {
         (protocol, l4, first) = l4_of(b, l4 + ICMP_QUOTE)?;
     }
     let ports = if first && (protocol == IPPROTO_TCP || protocol == IPPROTO_UDP) {
@@ -99,10 +106,15 @@ pub fn judge<B: Bytes + ?Sized>(b: &B, ip: usize, filter: &L4Filter) -> Option<b
     Some(filter.keeps(protocol, ports))
 }
 
-/// The protocol of the IPv4 header at `ip`, where its L4 header starts,
-/// and whether it is there (not a later fragment, which has none).
+/// The protocol of the IP header at `ip`, where its L4 header starts
+/// (past IPv6's extension headers), and whether it is there (not a later
+/// fragment, which has none).
 #[inline(always)]
 fn l4_of<B: Bytes + ?Sized>(b: &B, ip: usize) -> Option<(u8, usize, bool)> {
+    if ip_version(b, ip)? == IPV6_VERSION {
+        let t = transport6(b, ip)?;
+        return Some((t.protocol, t.at, t.is_present()));
+    }
     // The header's first ten bytes at once: version and length, the
     // fragment offset and the protocol, for one bounds check.
     let h = b.bytes_at::<{ IPV4_PROTOCOL + 1 }>(ip)?;

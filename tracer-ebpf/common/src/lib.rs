@@ -15,10 +15,11 @@ pub use headers::{GENEVE_PORT, VXLAN_PORT_FLANNEL, VXLAN_PORT_IANA};
 pub use tunnel::{TunnelKey, TunnelPorts, UdpTunnel, ANY_VNI, MAX_NODE_VXLAN_PORTS};
 
 /// Bytes of packet header copied into each sighting. Enough for outer
-/// Ethernet + IPv4 + UDP + VXLAN (50 B) followed by inner Ethernet + IPv4 +
-/// the first bytes of L4 (14 + 20 + 20), with room for IP options or Geneve
-/// options.
-pub const SNAPSHOT_LEN: usize = 128;
+/// Ethernet + IPv6 + UDP + VXLAN (70 B) followed by inner Ethernet and
+/// IPv6 and TCP (14 + 40 + 20), with room for IP options, IPv6 extension
+/// headers or Geneve options. A power of two, for the tc copy's bound
+/// (`Skb::copy_start`).
+pub const SNAPSHOT_LEN: usize = 256;
 
 /// Where on the tc hook a packet was seen.
 #[repr(u8)]
@@ -84,7 +85,9 @@ pub struct Sighting {
     /// tc ingress: the kernel's route for the packet (bpf_fib_lookup):
     /// output device and next hop, when `fib_result` is success or no-neigh.
     pub fib_ifindex: u32,
-    pub fib_nexthop: [u8; 4],
+    /// An IPv4 next hop in the first 4 bytes, an IPv6 one in all 16 (the
+    /// snapshot's IP version says which).
+    pub fib_nexthop: [u8; 16],
     /// A [`Direction`] as u8 (tc only).
     pub direction: u8,
     /// 1 when the snapshot starts with an Ethernet header, 0 when it starts
@@ -99,6 +102,7 @@ pub struct Sighting {
     /// A `BPF_FIB_LKUP_RET_*` code, or [`FIB_NOT_LOOKED_UP`].
     pub fib_result: u8,
     pub _pad: u8,
+    pub _pad2: [u8; 4],
     pub snapshot: [u8; SNAPSHOT_LEN],
 }
 
@@ -149,6 +153,8 @@ pub mod node_addr {
     pub const PEER: u8 = 2;
     /// Key 0.0.0.0 with PEER: no peers are known, any address may be one.
     pub const ANY: [u8; 4] = [0; 4];
+    /// The same in `NODE_ADDRS6` (::).
+    pub const ANY6: [u8; 16] = [0; 16];
 }
 
 /// Key of profile mode's `STAMPS`: one packet (`packet::packet_id`).
@@ -372,7 +378,9 @@ pub mod counter {
 /// twice.
 pub mod names {
     pub const FLOWS: &str = "FLOWS";
+    pub const FLOWS6: &str = "FLOWS6";
     pub const TRACED_PAIRS: &str = "TRACED_PAIRS";
+    pub const TRACED_PAIRS6: &str = "TRACED_PAIRS6";
     pub const L4_FILTER: &str = "L4_FILTER";
     /// Global: 1 when a `--proto`/`--port` filter is set (0 prunes it).
     pub const FILTERING: &str = "FILTERING";
@@ -389,6 +397,7 @@ pub mod names {
     pub const TRACED_NETNS: &str = "TRACED_NETNS";
     pub const TUNNELS: &str = "TUNNELS";
     pub const NODE_ADDRS: &str = "NODE_ADDRS";
+    pub const NODE_ADDRS6: &str = "NODE_ADDRS6";
     pub const TUNNEL_HOOKS: &str = "TUNNEL_HOOKS";
     /// Global: the node's [`super::TunnelPorts`].
     pub const TUNNEL_PORTS: &str = "TUNNEL_PORTS";
@@ -406,9 +415,9 @@ pub mod names {
 
 // The ABI, checked where it is defined: the kernel side and userspace copy
 // these byte for byte, so a field added or moved must fail the build here.
-const _: () = assert!(core::mem::size_of::<Sighting>() == 56 + SNAPSHOT_LEN);
+const _: () = assert!(core::mem::size_of::<Sighting>() == 72 + SNAPSHOT_LEN);
 const _: () = assert!(core::mem::align_of::<Sighting>() == 8);
-const _: () = assert!(core::mem::offset_of!(Sighting, snapshot) == 56);
+const _: () = assert!(core::mem::offset_of!(Sighting, snapshot) == 72);
 const _: () = assert!(core::mem::size_of::<KernelLayout>() == 15 * 4);
 const _: () = assert!(core::mem::size_of::<FlowKey>() == 8);
 const _: () = assert!(core::mem::size_of::<PacketId>() == 16);
@@ -420,6 +429,11 @@ const _: () = assert!(
     core::mem::size_of::<prefilter::TracedPairs>()
         == 8 + 8 * prefilter::EXACT_PAIRS + 8 * prefilter::ADDR_BITS_WORDS
 );
+const _: () = assert!(
+    core::mem::size_of::<prefilter::TracedPairs6>()
+        == 8 + 32 * prefilter::EXACT_PAIRS + 8 * prefilter::ADDR_BITS_WORDS
+);
+const _: () = assert!(core::mem::size_of::<packet6::FlowKey6>() == 32);
 const _: () = assert!(core::mem::size_of::<filter::L4Filter>() == 8 + 2 * filter::MAX_FILTER_PORTS);
 const _: () = assert!(core::mem::size_of::<[u32; MAX_NODES]>() == 32);
 const _: () = assert!(packet::SOCKET_HEADER_LEN <= SNAPSHOT_LEN);
@@ -432,7 +446,8 @@ mod user {
     unsafe impl aya::Pod for super::TunnelKey {}
     unsafe impl aya::Pod for super::TunnelPorts {}
     unsafe impl aya::Pod for super::filter::L4Filter {}
-    unsafe impl aya::Pod for super::prefilter::TracedPairs {}
+    unsafe impl<K: aya::Pod> aya::Pod for super::prefilter::TracedPairsOf<K> {}
+    unsafe impl aya::Pod for super::packet6::FlowKey6 {}
     unsafe impl aya::Pod for super::KernelLayout {}
     unsafe impl aya::Pod for super::StepKey {}
     unsafe impl aya::Pod for super::Histogram {}

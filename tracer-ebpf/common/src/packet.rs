@@ -1,5 +1,5 @@
-//! Which traced address pair a packet carries: its own IPv4 pair, or the
-//! inner pair of a VXLAN, Geneve or IPIP packet.
+//! Which traced address pair a packet carries: its own IPv4 or IPv6 pair,
+//! or the inner pair of a VXLAN, Geneve or IPIP packet over either family.
 //!
 //! Written once over [`Bytes`] so that the tc programs (reading the skb),
 //! the drop program (reading its header snapshot) and the host tests all
@@ -8,7 +8,45 @@
 //! follow.
 
 use crate::headers::*;
+use crate::packet6::{fold6, pair6_at, transport6, FlowKey6};
 use crate::{match_kind, FlowKey, PacketId, TunnelKey, TunnelPorts, UdpTunnel, ANY_VNI};
+
+/// What the classifier asks of the node's maps, for either family:
+/// whether a pair is traced, and whether an outer header and tunnel are
+/// one the node's kernel would decapsulate.
+pub trait Flows {
+    fn traced(&self, key: &FlowKey) -> bool;
+    fn traced6(&self, key: &FlowKey6) -> bool;
+    fn trusted(&self, outer: &FlowKey, tunnel: &TunnelKey) -> bool;
+    fn trusted6(&self, outer: &FlowKey6, tunnel: &TunnelKey) -> bool;
+}
+
+/// [`Flows`] of an IPv4-only trace, from two closures: no IPv6 pair is
+/// traced and no IPv6 underlay trusted.
+pub struct Ipv4Flows<T, U>(pub T, pub U);
+
+impl<T, U> Flows for Ipv4Flows<T, U>
+where
+    T: Fn(&FlowKey) -> bool,
+    U: Fn(&FlowKey, &TunnelKey) -> bool,
+{
+    #[inline(always)]
+    fn traced(&self, key: &FlowKey) -> bool {
+        (self.0)(key)
+    }
+    #[inline(always)]
+    fn traced6(&self, _: &FlowKey6) -> bool {
+        false
+    }
+    #[inline(always)]
+    fn trusted(&self, outer: &FlowKey, tunnel: &TunnelKey) -> bool {
+        (self.1)(outer, tunnel)
+    }
+    #[inline(always)]
+    fn trusted6(&self, _: &FlowKey6, _: &TunnelKey) -> bool {
+        false
+    }
+}
 
 /// Packet bytes at offsets from where parsing starts; `None` past the end
 /// (or when the read fails).
@@ -64,12 +102,16 @@ impl Bytes for [u8] {
         // its own bounds check: LLVM otherwise merges neighbouring checks
         // by what it knows of the offset (e.g. a multiple of 4), which the
         // verifier does not track, and rejects the program.
-        self.get(core::hint::black_box(at)).copied()
+        // The byte too: LLVM otherwise carried the Option of a read as
+        // its pointer and masked that into the byte, and the verifier
+        // refuses arithmetic on a pointer.
+        self.get(core::hint::black_box(at))
+            .map(|byte| core::hint::black_box(*byte))
     }
 }
 
-/// Offset of the IPv4 header behind an Ethernet header at `at`, if any
-/// (one 802.1Q tag is skipped).
+/// Offset of the IPv4 or IPv6 header behind an Ethernet header at `at`,
+/// if any (one 802.1Q tag is skipped); [`ip_version`] tells which.
 #[inline(always)]
 pub fn ethernet_payload<B: Bytes + ?Sized>(b: &B, at: usize) -> Option<usize> {
     let mut proto = b.u16_at(at + ETH_TYPE)?;
@@ -78,7 +120,14 @@ pub fn ethernet_payload<B: Bytes + ?Sized>(b: &B, at: usize) -> Option<usize> {
         proto = b.u16_at(at + ETH_TYPE + VLAN_HLEN)?;
         l3 += VLAN_HLEN;
     }
-    (proto == ETH_P_IP).then_some(l3)
+    (proto == ETH_P_IP || proto == ETH_P_IPV6).then_some(l3)
+}
+
+/// The IP version of the header at `l3` (4 or 6; anything else is no
+/// packet podtrace reads).
+#[inline(always)]
+pub fn ip_version<B: Bytes + ?Sized>(b: &B, l3: usize) -> Option<u8> {
+    Some(b.u8_at(l3)? >> 4)
 }
 
 /// Length of the IPv4 header at `l3`, if it is one.
@@ -107,18 +156,53 @@ fn vni_at<B: Bytes + ?Sized>(b: &B, at: usize) -> Option<u32> {
     ]))
 }
 
-/// Offset of the inner IPv4 header of a VXLAN, Geneve or IPIP packet whose
-/// outer IPv4 header is at `l3` (options and Geneve options allowed), and
-/// the tunnel its outer header names; `ports` says which UDP ports carry
-/// which framing.
+/// Offset of the inner IP header of a VXLAN, Geneve or IPIP packet whose
+/// outer IPv4 or IPv6 header is at `l3`, and the tunnel its outer header
+/// names; `ports` says which UDP ports carry which framing.
 #[inline(always)]
 pub fn tunnel_inner_ip<B: Bytes + ?Sized>(
     b: &B,
     l3: usize,
     ports: &TunnelPorts,
 ) -> Option<(usize, TunnelKey)> {
+    match ip_version(b, l3)? {
+        IPV4_VERSION => tunnel_inner4(b, l3, ports),
+        IPV6_VERSION => tunnel_inner6(b, l3, ports),
+        _ => None,
+    }
+}
+
+/// [`tunnel_inner_ip`] under an IPv4 header (options allowed).
+#[inline(always)]
+fn tunnel_inner4<B: Bytes + ?Sized>(
+    b: &B,
+    l3: usize,
+    ports: &TunnelPorts,
+) -> Option<(usize, TunnelKey)> {
     let l4 = l3 + ipv4_header_len(b, l3)?;
-    let protocol = b.u8_at(l3 + IPV4_PROTOCOL)?;
+    tunnel_payload(b, l4, b.u8_at(l3 + IPV4_PROTOCOL)?, ports)
+}
+
+/// [`tunnel_inner_ip`] under an IPv6 header. The kernel's tunnels send
+/// no extension headers, so a packet with any is not read as one.
+#[inline(always)]
+fn tunnel_inner6<B: Bytes + ?Sized>(
+    b: &B,
+    l3: usize,
+    ports: &TunnelPorts,
+) -> Option<(usize, TunnelKey)> {
+    tunnel_payload(b, l3 + IPV6_HLEN, b.u8_at(l3 + IPV6_NEXT_HEADER)?, ports)
+}
+
+/// The inner IP header of the tunnel whose outer transport header (of IP
+/// protocol `protocol`) is at `l4` (Geneve options allowed).
+#[inline(always)]
+fn tunnel_payload<B: Bytes + ?Sized>(
+    b: &B,
+    l4: usize,
+    protocol: u8,
+    ports: &TunnelPorts,
+) -> Option<(usize, TunnelKey)> {
     let key = |port, vni| TunnelKey {
         port,
         protocol,
@@ -140,7 +224,7 @@ pub fn tunnel_inner_ip<B: Bytes + ?Sized>(
                     let inner = payload + GENEVE_HLEN + (opt_words as usize) * 4;
                     let inner = match b.u16_at(payload + GENEVE_PROTOCOL)? {
                         ETH_P_TEB => ethernet_payload(b, inner)?,
-                        ETH_P_IP => inner,
+                        ETH_P_IP | ETH_P_IPV6 => inner,
                         _ => return None,
                     };
                     Some((inner, key(port, vni_at(b, payload)?)))
@@ -151,12 +235,39 @@ pub fn tunnel_inner_ip<B: Bytes + ?Sized>(
     }
 }
 
-/// How the IPv4 packet at `l3` belongs to the traced flow (one of
-/// [`match_kind`]), directly or through a tunnel's inner header; `None` if
-/// it does not. `traced` asks the flow filter about one pair; `trusted`
-/// whether this node's kernel would treat a packet with this outer pair
+/// Whether the IP header at `inner` (of either family) carries a traced
+/// pair.
+#[inline(always)]
+fn inner_traced<B: Bytes + ?Sized, F: Flows>(b: &B, inner: usize, flows: &F) -> Option<bool> {
+    if ip_version(b, inner)? == IPV6_VERSION {
+        Some(flows.traced6(&pair6_at(b, inner)?))
+    } else {
+        Some(flows.traced(&b.pair_at(inner)?))
+    }
+}
+
+/// How the IPv4 or IPv6 packet at `l3` belongs to the traced flow (one of
+/// [`match_kind`]), directly or through a tunnel's inner header of either
+/// family; `None` if it does not. `flows` says which pairs are traced,
+/// and whether this node's kernel would treat a packet with an outer pair
 /// and tunnel as encapsulated at all (else its inner bytes are only a
 /// payload, which a pod could have forged).
+#[inline(always)]
+pub fn classify_ip<B: Bytes + ?Sized, F: Flows>(
+    b: &B,
+    l3: usize,
+    ports: &TunnelPorts,
+    flows: &F,
+) -> Option<u8> {
+    match ip_version(b, l3)? {
+        IPV4_VERSION => classify4(b, l3, ports, flows),
+        IPV6_VERSION => classify6(b, l3, ports, flows),
+        _ => None,
+    }
+}
+
+/// [`classify_ip`] of an IPv4-only trace: `traced` asks the flow filter
+/// about one pair; `trusted` whether a tunnel packet is the node's.
 #[inline(always)]
 pub fn classify<B: Bytes + ?Sized>(
     b: &B,
@@ -165,32 +276,81 @@ pub fn classify<B: Bytes + ?Sized>(
     traced: impl Fn(&FlowKey) -> bool,
     trusted: impl Fn(&FlowKey, &TunnelKey) -> bool,
 ) -> Option<u8> {
+    classify_ip(b, l3, ports, &Ipv4Flows(traced, trusted))
+}
+
+/// [`classify_ip`] of an IPv4 packet.
+#[inline(always)]
+fn classify4<B: Bytes + ?Sized, F: Flows>(
+    b: &B,
+    l3: usize,
+    ports: &TunnelPorts,
+    flows: &F,
+) -> Option<u8> {
     ipv4_header_len(b, l3)?;
     let outer = b.pair_at(l3)?;
-    if traced(&outer) {
+    let tunnel = tunnel_inner4(b, l3, ports);
+    let trusted = |outer: &FlowKey, key: &TunnelKey| flows.trusted(outer, key);
+    classify_pair(b, flows, &outer, flows.traced(&outer), tunnel, trusted)
+}
+
+/// [`classify_ip`] of an IPv6 packet: the same questions of its pair.
+#[inline(always)]
+fn classify6<B: Bytes + ?Sized, F: Flows>(
+    b: &B,
+    l3: usize,
+    ports: &TunnelPorts,
+    flows: &F,
+) -> Option<u8> {
+    let outer = pair6_at(b, l3)?;
+    let tunnel = tunnel_inner6(b, l3, ports);
+    let trusted = |outer: &FlowKey6, key: &TunnelKey| flows.trusted6(outer, key);
+    classify_pair(b, flows, &outer, flows.traced6(&outer), tunnel, trusted)
+}
+
+/// How a packet of outer pair `outer` (traced or not) belongs to the
+/// traced flow, where `tunnel` is the inner header and tunnel its payload
+/// reads as, if any, and `trusted` whether the node would decapsulate it.
+#[inline(always)]
+fn classify_pair<B: Bytes + ?Sized, F: Flows, K>(
+    b: &B,
+    flows: &F,
+    outer: &K,
+    outer_traced: bool,
+    tunnel: Option<(usize, TunnelKey)>,
+    trusted: impl Fn(&K, &TunnelKey) -> bool,
+) -> Option<u8> {
+    if outer_traced {
         // Traced between two nodes' own addresses, one of the node's
         // tunnel packets is the carrier of the pair inside it.
-        return match tunnel_inner_ip(b, l3, ports) {
-            Some((inner, tunnel)) if trusted(&outer, &tunnel) => {
-                Some(if traced(&b.pair_at(inner)?) {
-                    match_kind::INNER
-                } else {
-                    match_kind::CARRIER
-                })
+        return match tunnel {
+            Some((inner, key)) if trusted(outer, &key) => {
+                Some(carried_kind(inner_traced(b, inner, flows)?))
             }
             _ => Some(match_kind::PLAIN),
         };
     }
-    let (inner, tunnel) = tunnel_inner_ip(b, l3, ports)?;
+    let (inner, key) = tunnel?;
     // The inner pair first: an untraced packet then costs one lookup per
     // header, and only a traced one pays for the trust checks.
-    if !traced(&b.pair_at(inner)?) {
+    if !inner_traced(b, inner, flows)? {
         return None;
     }
-    trusted(&outer, &tunnel).then_some(match_kind::INNER)
+    trusted(outer, &key).then_some(match_kind::INNER)
 }
 
-/// Where the traced pair's IPv4 header is in a packet [`classify`] matched
+/// A trusted tunnel packet of a traced pair: it carries a traced packet
+/// (matched by that one), or is the carrier of another pair's.
+#[inline(always)]
+fn carried_kind(inner_is_traced: bool) -> u8 {
+    if inner_is_traced {
+        match_kind::INNER
+    } else {
+        match_kind::CARRIER
+    }
+}
+
+/// Where the traced pair's IP header is in a packet [`classify`] matched
 /// as `kind` at `l3`: the inner header through a tunnel.
 #[inline(always)]
 pub fn traced_header<B: Bytes + ?Sized>(
@@ -218,16 +378,16 @@ pub fn packet_id<B: Bytes + ?Sized>(
     ports: &TunnelPorts,
 ) -> Option<PacketId> {
     let ip = traced_header(b, l3, kind, ports)?;
+    if ip_version(b, ip)? == IPV6_VERSION {
+        return packet_id6(b, ip);
+    }
     let l4 = ip + ipv4_header_len(b, ip)?;
     let protocol = b.u8_at(ip + IPV4_PROTOCOL)?;
     let offset = b.u16_at(ip + IPV4_FRAG_OFF)? & IPV4_OFFSET_MASK;
-    let word_at = |at: usize| -> Option<u32> {
-        Some(u32::from(b.u16_at(at)?) << 16 | u32::from(b.u16_at(at + 2)?))
-    };
     let l4_word = match protocol {
         _ if offset != 0 => u32::from(offset),
-        IPPROTO_TCP | IPPROTO_ICMP => word_at(l4 + L4_SEQ)?,
-        IPPROTO_UDP => word_at(l4 + L4_SPORT)?,
+        IPPROTO_TCP | IPPROTO_ICMP => word_at(b, l4 + L4_SEQ)?,
+        IPPROTO_UDP => word_at(b, l4 + L4_SPORT)?,
         _ => 0,
     };
     Some(PacketId {
@@ -237,6 +397,33 @@ pub fn packet_id<B: Bytes + ?Sized>(
         _pad: 0,
         l4: l4_word,
     })
+}
+
+/// [`packet_id`] of an IPv6 packet: its pair folded to IPv4's width (a
+/// hash key, never shown), the fragment ID's low bits for a fragment (0
+/// else: IPv6 has no per-packet ID), and the same word of L4.
+#[inline(always)]
+fn packet_id6<B: Bytes + ?Sized>(b: &B, ip: usize) -> Option<PacketId> {
+    let t = transport6(b, ip)?;
+    let l4_word = match t.protocol {
+        _ if !t.is_present() => u32::from(t.fragment.map_or(0, |f| f.offset)),
+        IPPROTO_TCP | IPPROTO_ICMPV6 => word_at(b, t.at + L4_SEQ)?,
+        IPPROTO_UDP => word_at(b, t.at + L4_SPORT)?,
+        _ => 0,
+    };
+    Some(PacketId {
+        pair: fold6(&pair6_at(b, ip)?),
+        ip_id: t.fragment.map_or(0, |f| f.id as u16),
+        protocol: t.protocol,
+        _pad: 0,
+        l4: l4_word,
+    })
+}
+
+/// Four bytes at `at`, big-endian.
+#[inline(always)]
+fn word_at<B: Bytes + ?Sized>(b: &B, at: usize) -> Option<u32> {
+    Some(u32::from(b.u16_at(at)?) << 16 | u32::from(b.u16_at(at + 2)?))
 }
 
 /// Writes, at the start of `b`, the IPv4 header plus the first

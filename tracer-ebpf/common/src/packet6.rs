@@ -2,14 +2,14 @@
 //! the extension headers (hop-by-hop, routing, fragment, destination
 //! options, authentication).
 //!
-//! The first step of IPv6 tracing: the walk the tc programs, the drop
-//! program and the host tests will all run, written over [`Bytes`] like
-//! the IPv4 parser. The walk is bounded ([`MAX_EXTENSION_HEADERS`]) so
+//! The walk the tc programs, the drop program and the host tests all run,
+//! written over [`Bytes`] like the IPv4 parser. The walk is bounded ([`MAX_EXTENSION_HEADERS`]) so
 //! that the verifier sees a loop with a known end, and a packet with more
 //! headers than that is not judged rather than misread.
 
 use crate::headers::*;
 use crate::packet::Bytes;
+use crate::FlowKey;
 
 /// Extension headers walked at most before the transport header.
 pub const MAX_EXTENSION_HEADERS: usize = 8;
@@ -20,6 +20,48 @@ pub const MAX_EXTENSION_HEADERS: usize = 8;
 pub struct FlowKey6 {
     pub src: [u8; 16],
     pub dst: [u8; 16],
+}
+
+impl FlowKey6 {
+    /// Word `i` of the 32 bytes, read in place (no copy on the eBPF stack).
+    #[inline(always)]
+    fn word(&self, i: usize) -> u64 {
+        let p = (self as *const Self).cast::<u64>();
+        // SAFETY: i < 4 words of a 32-byte plain struct; unaligned read.
+        unsafe { core::ptr::read_unaligned(p.add(i)) }
+    }
+
+    /// Equality four words at a time (no byte-wise compare loop).
+    #[inline(always)]
+    pub fn same(&self, other: &Self) -> bool {
+        self.word(0) == other.word(0)
+            && self.word(1) == other.word(1)
+            && self.word(2) == other.word(2)
+            && self.word(3) == other.word(3)
+    }
+}
+
+/// An IPv6 address folded to 32 bits (xor of its words): a hash input,
+/// never an address to show.
+#[inline(always)]
+pub fn fold_addr(a: &[u8; 16]) -> [u8; 4] {
+    let mut out = [0u8; 4];
+    let mut i = 0;
+    while i < 16 {
+        out[i % 4] ^= a[i];
+        i += 1;
+    }
+    out
+}
+
+/// An IPv6 pair folded to an IPv4 key's width, for hashes of a packet's
+/// identity (profile mode, `--sample`).
+#[inline(always)]
+pub fn fold6(key: &FlowKey6) -> FlowKey {
+    FlowKey {
+        src: fold_addr(&key.src),
+        dst: fold_addr(&key.dst),
+    }
 }
 
 /// Where an IPv6 packet's transport header is, and what it is.
@@ -61,14 +103,8 @@ pub fn is_ipv6<B: Bytes + ?Sized>(b: &B, l3: usize) -> bool {
 #[inline(always)]
 pub fn pair6_at<B: Bytes + ?Sized>(b: &B, l3: usize) -> Option<FlowKey6> {
     let both = b.bytes_at::<32>(l3 + IPV6_SADDR)?;
-    let mut key = FlowKey6::default();
-    let mut i = 0;
-    while i < 16 {
-        key.src[i] = both[i];
-        key.dst[i] = both[16 + i];
-        i += 1;
-    }
-    Some(key)
+    // SAFETY: FlowKey6 is two 16-byte arrays, 32 plain bytes in order.
+    Some(unsafe { core::mem::transmute::<[u8; 32], FlowKey6>(both) })
 }
 
 /// The transport header of the IPv6 packet at `l3`, past at most

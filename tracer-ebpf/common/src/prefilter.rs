@@ -14,8 +14,45 @@
 //! Written while programs read it, so userspace changes one part at a
 //! time (`widened`, then `settled`): a reader that sees half of a write
 //! still answers as the old or the new entry would.
+//!
+//! Each family has its own entry (`TRACED_PAIRS`, `TRACED_PAIRS6`) over
+//! its own key, so an IPv4 packet never pays for IPv6's wider addresses.
 
+use crate::packet6::{fold_addr, FlowKey6};
 use crate::FlowKey;
+
+/// A pair key of either family, as the pre-filter needs it.
+pub trait PairKey: Copy + Default {
+    /// Each address as one word, for its bit.
+    fn addr_words(&self) -> [u32; 2];
+    /// Equality without a byte-wise loop.
+    fn same(&self, other: &Self) -> bool;
+}
+
+impl PairKey for FlowKey {
+    #[inline(always)]
+    fn addr_words(&self) -> [u32; 2] {
+        [u32::from_ne_bytes(self.src), u32::from_ne_bytes(self.dst)]
+    }
+    #[inline(always)]
+    fn same(&self, other: &Self) -> bool {
+        word(self) == word(other)
+    }
+}
+
+impl PairKey for FlowKey6 {
+    #[inline(always)]
+    fn addr_words(&self) -> [u32; 2] {
+        [
+            u32::from_ne_bytes(fold_addr(&self.src)),
+            u32::from_ne_bytes(fold_addr(&self.dst)),
+        ]
+    }
+    #[inline(always)]
+    fn same(&self, other: &Self) -> bool {
+        FlowKey6::same(self, other)
+    }
+}
 
 /// Pairs (one direction each) listed exactly at most.
 pub const EXACT_PAIRS: usize = 8;
@@ -28,21 +65,24 @@ const _: () = assert!(ADDR_BITS_WORDS * 64 == 1 << ADDR_BITS_LOG2);
 /// The traced addresses as a bitmap, one bit per address hash.
 pub type AddrBits = [u64; ADDR_BITS_WORDS];
 
-/// The one entry of `TRACED_PAIRS`.
+/// The one entry of `TRACED_PAIRS` (IPv4) or `TRACED_PAIRS6` (IPv6).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TracedPairs {
+pub struct TracedPairsOf<K> {
     /// How many of `exact` are set, when they are every traced pair; 0:
     /// FLOWS decides what passes the bits.
     pub exact_len: u32,
     pub _pad: u32,
-    pub exact: [FlowKey; EXACT_PAIRS],
+    pub exact: [K; EXACT_PAIRS],
     pub bits: AddrBits,
 }
 
-impl TracedPairs {
+pub type TracedPairs = TracedPairsOf<FlowKey>;
+pub type TracedPairs6 = TracedPairsOf<FlowKey6>;
+
+impl<K: PairKey> TracedPairsOf<K> {
     /// The entry for the traced pairs `keys`: listed when they fit.
-    pub fn of(keys: &[FlowKey]) -> Self {
+    pub fn of(keys: &[K]) -> Self {
         let mut pairs = Self::bits_only(keys);
         if keys.len() <= EXACT_PAIRS {
             pairs.exact[..keys.len()].copy_from_slice(keys);
@@ -52,10 +92,13 @@ impl TracedPairs {
     }
 
     /// The entry that lists no pair: the bits of every address of `keys`.
-    pub fn bits_only<'a>(keys: impl IntoIterator<Item = &'a FlowKey>) -> Self {
+    pub fn bits_only<'a>(keys: impl IntoIterator<Item = &'a K>) -> Self
+    where
+        K: 'a,
+    {
         let mut pairs = Self::default();
         for key in keys {
-            for ip in [key.src, key.dst] {
+            for ip in key.addr_words() {
                 let bit = addr_bit(ip);
                 pairs.bits[bit / 64] |= 1 << (bit % 64);
             }
@@ -67,7 +110,10 @@ impl TracedPairs {
     /// every pair traced `during` the change (old and new), and no list
     /// in use. Only the length and the bits change, so a reader that sees
     /// half of it answers as before or turns nothing traced away.
-    pub fn widened<'a>(&self, during: impl IntoIterator<Item = &'a FlowKey>) -> Self {
+    pub fn widened<'a>(&self, during: impl IntoIterator<Item = &'a K>) -> Self
+    where
+        K: 'a,
+    {
         Self {
             exact: self.exact,
             ..Self::bits_only(during)
@@ -77,7 +123,7 @@ impl TracedPairs {
     /// The last writes of a change, once FLOWS holds `after`: the new list
     /// and bits with the list not in use (the length stays 0), then its
     /// length alone.
-    pub fn settled(after: &[FlowKey]) -> [Self; 2] {
+    pub fn settled(after: &[K]) -> [Self; 2] {
         let wanted = Self::of(after);
         [
             Self {
@@ -90,7 +136,7 @@ impl TracedPairs {
 
     /// Whether `key` is traced, if this entry knows (`None`: ask FLOWS).
     #[inline(always)]
-    pub fn answer(&self, key: &FlowKey) -> Option<bool> {
+    pub fn answer(&self, key: &K) -> Option<bool> {
         // The bits first: they turn an untraced packet away in a few
         // instructions, and that is most packets on a node.
         if !self.maybe(key) {
@@ -100,13 +146,12 @@ impl TracedPairs {
         if len == 0 {
             return None;
         }
-        let wanted = word(key);
         let mut i = 0;
         while i < EXACT_PAIRS {
             if i >= len {
                 break;
             }
-            if word(&self.exact[i]) == wanted {
+            if self.exact[i].same(key) {
                 return Some(true);
             }
             i += 1;
@@ -114,14 +159,16 @@ impl TracedPairs {
         Some(false)
     }
 
-    /// Whether the bits of both addresses of `key` are set.
+    /// Whether the bits of both addresses of `key` are set: `false`
+    /// means the pair is not traced; `true`, that it may be.
     #[inline(always)]
-    fn maybe(&self, key: &FlowKey) -> bool {
-        let set = |ip: [u8; 4]| {
+    pub fn maybe(&self, key: &K) -> bool {
+        let set = |ip: u32| {
             let bit = addr_bit(ip);
             self.bits[(bit / 64) % ADDR_BITS_WORDS] & (1u64 << (bit % 64)) != 0
         };
-        set(key.src) && set(key.dst)
+        let [src, dst] = key.addr_words();
+        set(src) && set(dst)
     }
 }
 
@@ -133,7 +180,7 @@ fn word(key: &FlowKey) -> u64 {
 
 /// The bit of `ip` in [`AddrBits`]: a Fibonacci hash of the address.
 #[inline(always)]
-fn addr_bit(ip: [u8; 4]) -> usize {
-    let h = u32::from_ne_bytes(ip).wrapping_mul(0x9e37_79b1);
+fn addr_bit(ip: u32) -> usize {
+    let h = ip.wrapping_mul(0x9e37_79b1);
     (h >> (32 - ADDR_BITS_LOG2)) as usize
 }

@@ -1,7 +1,7 @@
 //! Following the traced pair as it changes under way: a connection
 //! translated (conntrack), a pod that comes back with a new IP (the API).
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use anyhow::Result;
 use tokio::sync::mpsc;
@@ -35,7 +35,7 @@ pub(super) async fn learn_connection(
 
 /// Whether a conntrack entry is a connection of the traced pair.
 pub(super) fn of_the_traced_pair(entry: &conntrack::Entry, targets: &Targets) -> bool {
-    let traced = [targets.src.ip, targets.dst.ip];
+    let traced = [IpAddr::V4(targets.src.ip), IpAddr::V4(targets.dst.ip)];
     traced.contains(&entry.orig.src) && traced.contains(&entry.orig.dst)
 }
 
@@ -71,11 +71,15 @@ pub(super) async fn follow_connection(entry: &conntrack::Entry, trace: &mut Trac
     }
     // The connection as the peer sees it, both ways: what the kernel
     // filter must now let through.
-    let (a, b) = (entry.reply.src, entry.reply.dst);
+    let (IpAddr::V4(a), IpAddr::V4(b)) = (entry.reply.src, entry.reply.dst) else {
+        // IPv6 connections are not followed to new addresses yet: their
+        // Service's backends are traced from the start.
+        return Ok(false);
+    };
     let new = flow_ips((a, b));
     let traced = traced_pairs(&trace.targets);
-    if (a, b) == (entry.orig.dst, entry.orig.src)
-        || traced.contains(&(b, a))
+    if (a.into(), b.into()) == (entry.orig.dst, entry.orig.src)
+        || traced.contains(&(b.into(), a.into()))
         || trace.learnt_flows.iter().any(|k| new.contains(k))
     {
         return Ok(false);

@@ -29,7 +29,7 @@ pub(super) fn trace_masquerade_sources(trace: &mut Trace) -> Result<()> {
         .collect();
     let dst = targets.dst.ip;
     let in_the_cluster = |ip: Ipv4Addr| {
-        ctx.expects_arrival(ip)
+        ctx.expects_arrival(ip.into())
             || ctx
                 .subnets
                 .iter()
@@ -38,20 +38,24 @@ pub(super) fn trace_masquerade_sources(trace: &mut Trace) -> Result<()> {
             || node_addresses.contains(&ip)
     };
     let outside = targets.dst.pod.is_none() && targets.service.is_none() && !in_the_cluster(dst);
-    let mut peers: Vec<Ipv4Addr> = targets
+    let mut peers: Vec<std::net::IpAddr> = targets
         .nat
         .translations
         .iter()
         .filter(|t| !t.source)
         .map(|t| t.back.ip)
-        .chain(outside.then_some(dst))
+        .chain(outside.then_some(dst.into()))
         .collect();
     peers.sort();
     peers.dedup();
+    // The node's IPv4 addresses are masqueraded to: IPv4 peers only.
     let pairs: Vec<(Ipv4Addr, Ipv4Addr)> = node_addresses
         .iter()
         .flat_map(|a| peers.iter().map(move |p| (*a, *p)))
-        .filter(|(a, p)| a != p)
+        .filter_map(|(a, p)| match p {
+            std::net::IpAddr::V4(p) if a != p => Some((a, p)),
+            _ => None,
+        })
         .collect();
     if pairs.is_empty() || pairs.len() > MAX_MASQUERADE_PAIRS {
         return Ok(());

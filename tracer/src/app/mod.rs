@@ -177,16 +177,16 @@ fn context_of(args: &Args, targets: &Targets) -> Context {
     let mut ctx = Context::default();
     for pod in &targets.inventory.pods {
         if let Some(ip) = pod.ip {
-            ctx.names.insert(ip, pod.qualified());
+            ctx.names.insert(ip.into(), pod.qualified());
         }
     }
     for endpoint in [&targets.src, &targets.dst] {
         if let Some(name) = endpoint.name() {
-            ctx.names.insert(endpoint.ip, name);
+            ctx.names.insert(endpoint.ip.into(), name);
         }
     }
     for (node, ip) in targets.known_nodes() {
-        ctx.names.insert(ip, node);
+        ctx.names.insert(ip.into(), node);
     }
     for t in &targets.nat.translations {
         if let Some(pod) = &t.backend {
@@ -270,6 +270,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
     let (src, dst) = (&targets.src, &targets.dst);
     let pairs = traced_pairs(&targets);
     let flows = flow_keys(&pairs);
+    let flows6 = pairs::flow_keys6(&pairs);
     let kernel = Kernel::read()?;
     let traced_netns = netns_inums(&namespaces);
     let (tx, sightings) = mpsc::channel(BATCHES_QUEUED);
@@ -286,6 +287,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         known_nodes: &known_nodes,
         subnets: &targets.subnets,
         flows: &flows,
+        flows6: &flows6,
         traced_netns,
         mode,
         ring_bytes: args.ring_buffer,
@@ -299,7 +301,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         pairs,
         endpoint_nodes: [src, dst]
             .iter()
-            .filter_map(|e| Some((e.ip, Targets::node_of(e)?.to_string())))
+            .filter_map(|e| Some((e.ip.into(), Targets::node_of(e)?.to_string())))
             .collect(),
         node_ips: &args.node_ip,
         traced_addresses: addresses?,

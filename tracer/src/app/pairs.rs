@@ -1,19 +1,29 @@
 //! The traced pairs, as the kernel's flow filter wants them.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
-use podtrace_common::FlowKey;
+use podtrace_common::{packet6::FlowKey6, FlowKey};
 
 use super::Targets;
 
 /// Every traced pair, both directions: SRC ⇄ DST, and SRC ⇄ each backend
-/// DST's Service translates to (so the packet is seen after the DNAT).
-pub(super) fn traced_pairs(targets: &Targets) -> Vec<(Ipv4Addr, Ipv4Addr)> {
-    let (src, dst) = (targets.src.ip, targets.dst.ip);
+/// DST's Service translates to (so the packet is seen after the DNAT);
+/// then, where both ends have IPv6 (dual-stack pods), their IPv6 pair.
+pub(super) fn traced_pairs(targets: &Targets) -> Vec<(IpAddr, IpAddr)> {
+    let (src, dst) = (IpAddr::V4(targets.src.ip), IpAddr::V4(targets.dst.ip));
     let mut pairs = vec![(src, dst), (dst, src)];
+    let src6 = targets.ipv6_pair().map(|(src6, dst6)| {
+        let (src6, dst6) = (IpAddr::V6(src6), IpAddr::V6(dst6));
+        pairs.extend([(src6, dst6), (dst6, src6)]);
+        src6
+    });
     for t in &targets.nat.translations {
-        for pair in [(src, t.back.ip), (t.back.ip, src)] {
-            if !pairs.contains(&pair) && t.back.ip != src {
+        // A backend of each family is traced from the client's address of
+        // that family.
+        let client = if t.back.ip.is_ipv6() { src6 } else { Some(src) };
+        let Some(client) = client else { continue };
+        for pair in [(client, t.back.ip), (t.back.ip, client)] {
+            if !pairs.contains(&pair) && t.back.ip != client {
                 pairs.push(pair);
             }
         }
@@ -27,13 +37,38 @@ pub(super) fn flow_ips((a, b): (Ipv4Addr, Ipv4Addr)) -> Vec<FlowKey> {
     vec![FlowKey { src: a, dst: b }, FlowKey { src: b, dst: a }]
 }
 
-/// Every pair as the kernel filter wants it.
-pub(super) fn flow_keys(pairs: &[(Ipv4Addr, Ipv4Addr)]) -> Vec<FlowKey> {
-    pairs
+/// Every IPv4 pair as the kernel filter wants it.
+pub(super) fn flow_keys(pairs: &[(IpAddr, IpAddr)]) -> Vec<FlowKey> {
+    ipv4_pairs(pairs)
         .iter()
         .map(|(a, b)| FlowKey {
             src: a.octets(),
             dst: b.octets(),
+        })
+        .collect()
+}
+
+/// The IPv4 pairs of `pairs` (rule tracing and conntrack follow IPv4).
+pub(crate) fn ipv4_pairs(pairs: &[(IpAddr, IpAddr)]) -> Vec<(Ipv4Addr, Ipv4Addr)> {
+    pairs
+        .iter()
+        .filter_map(|pair| match pair {
+            (IpAddr::V4(a), IpAddr::V4(b)) => Some((*a, *b)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The IPv6 pairs of `pairs`, as the kernel's IPv6 flow filter wants them.
+pub(crate) fn flow_keys6(pairs: &[(IpAddr, IpAddr)]) -> Vec<FlowKey6> {
+    pairs
+        .iter()
+        .filter_map(|pair| match pair {
+            (IpAddr::V6(a), IpAddr::V6(b)) => Some(FlowKey6 {
+                src: a.octets(),
+                dst: b.octets(),
+            }),
+            _ => None,
         })
         .collect()
 }

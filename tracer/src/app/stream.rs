@@ -13,7 +13,6 @@ use std::{
 };
 
 use anyhow::Result;
-use ipnet::Ipv4Net;
 use tokio::sync::mpsc;
 
 use super::traced::TracedNode;
@@ -61,7 +60,7 @@ pub(super) async fn here(
     };
     let mut correlator = correlator_for(&teller.ctx, trace.rules_traced);
     for (a, b) in &trace.joining_only {
-        correlator.trace_for_joining(*a, *b);
+        correlator.trace_for_joining((*a).into(), (*b).into());
     }
     let mut local = Local {
         teller,
@@ -95,7 +94,10 @@ pub(super) fn correlator_for(ctx: &Context, rules_traced: bool) -> Correlator {
             .nodes
             .values()
             .flat_map(|facts| {
-                let own = facts.view.own_addresses().map(Ipv4Net::from);
+                let own = facts
+                    .view
+                    .own_addresses()
+                    .map(|ip| ipnet::IpNet::from(std::net::IpAddr::V4(ip)));
                 facts.local_pod_subnets.iter().copied().chain(own)
             })
             .collect(),

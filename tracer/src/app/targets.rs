@@ -51,6 +51,14 @@ fn note_host_network(src: &Endpoint, dst: &Endpoint) {
 }
 
 impl Targets {
+    /// The IPv6 pair of two dual-stack pods, traced beside their IPv4
+    /// pair: each one's first IPv6 address (Kubernetes gives a pod one
+    /// per family).
+    pub fn ipv6_pair(&self) -> Option<(std::net::Ipv6Addr, std::net::Ipv6Addr)> {
+        let ipv6 = |e: &Endpoint| e.pod.as_ref()?.ipv6.first().copied();
+        Some((ipv6(&self.src)?, ipv6(&self.dst)?))
+    }
+
     /// The traced pods' and Service's IPv6 addresses, which podtrace does
     /// not trace yet (dual-stack): said at start, so that a failing IPv6
     /// connection (dual-stack clients often prefer it) is not mistaken for

@@ -163,7 +163,7 @@ impl<'a> Teller<'a> {
 
     /// A traced pod has a new address: stories name it from now on.
     pub fn rename(&mut self, ip: Ipv4Addr, name: String) {
-        self.ctx.names.insert(ip, name);
+        self.ctx.names.insert(ip.into(), name);
         if let Some(pcap) = &mut self.pcap {
             pcap.renamed(&self.ctx.names);
         }

@@ -3,12 +3,16 @@
 //! tracing started. Setting one up returns what was learnt about it
 //! ([`NodeFacts`]) instead of writing into a shared context.
 
-use std::{collections::HashMap, net::Ipv4Addr};
+use std::{
+    collections::HashMap,
+    net::{IpAddr, Ipv4Addr},
+};
 
 use anyhow::{Context as _, Result};
-use podtrace_common::{filter::L4Filter, FlowKey, MAX_NODES};
+use podtrace_common::{filter::L4Filter, packet6::FlowKey6, FlowKey, MAX_NODES};
 use tokio::sync::mpsc;
 
+use super::pairs::ipv4_pairs;
 use crate::{
     cni::{
         self,
@@ -42,6 +46,8 @@ pub struct Shared<'a> {
     /// Pod subnets and CNI annotations of the cluster's nodes.
     pub subnets: &'a [NodeSubnet],
     pub flows: &'a [FlowKey],
+    /// The traced IPv6 pairs, both directions.
+    pub flows6: &'a [FlowKey6],
     pub traced_netns: [u32; MAX_NODES],
     pub mode: AttachMode,
     pub ring_bytes: u32,
@@ -58,10 +64,10 @@ pub struct Shared<'a> {
     pub conntrack_tx: mpsc::UnboundedSender<(u32, conntrack::Entry)>,
     /// Where netfilter drops go, when rule tracing is on.
     pub netfilter_tx: Option<mpsc::UnboundedSender<(u32, TracedRule)>>,
-    /// The traced address pairs, both directions.
-    pub pairs: Vec<(Ipv4Addr, Ipv4Addr)>,
+    /// The traced address pairs of both families, both directions.
+    pub pairs: Vec<(IpAddr, IpAddr)>,
     /// The traced endpoints' nodes, where the pod list says.
-    pub endpoint_nodes: Vec<(Ipv4Addr, String)>,
+    pub endpoint_nodes: Vec<(IpAddr, String)>,
     /// `--node-ip`s: each node takes the one it holds.
     pub node_ips: &'a [Ipv4Addr],
     /// Each traced namespace's own addresses, by node id: where no node
@@ -91,8 +97,8 @@ pub struct TracedNode {
 /// not the traced pair: said, so that no one waits for packets traced
 /// under an address they never carry. Only the asked direction: a node
 /// answers from the address it was asked at.
-async fn say_own_source(view: &NodeView, node: &str, asked: Option<&(Ipv4Addr, Ipv4Addr)>) {
-    let Some((src, dst)) = asked else {
+async fn say_own_source(view: &NodeView, node: &str, asked: Option<&(IpAddr, IpAddr)>) {
+    let Some((IpAddr::V4(src), IpAddr::V4(dst))) = asked else {
         return;
     };
     if !view.holds(*src) {
@@ -122,13 +128,13 @@ impl NodeLinks for TracedNode {
 fn endpoints_here(
     shared: &Shared<'_>,
     name: &str,
-    local_pod_subnets: &[ipnet::Ipv4Net],
-) -> (Vec<Ipv4Addr>, Vec<Ipv4Addr>) {
-    let mut endpoints: Vec<Ipv4Addr> = shared.pairs.iter().map(|(src, _)| *src).collect();
+    local_pod_subnets: &[ipnet::IpNet],
+) -> (Vec<IpAddr>, Vec<IpAddr>) {
+    let mut endpoints: Vec<IpAddr> = shared.pairs.iter().map(|(src, _)| *src).collect();
     // A Service's client is in one pair per backend: said once.
     endpoints.sort();
     endpoints.dedup();
-    let local: Vec<Ipv4Addr> = endpoints
+    let local: Vec<IpAddr> = endpoints
         .iter()
         .copied()
         .filter(|ip| {
@@ -160,7 +166,7 @@ impl TracedNode {
         let underlay = find_underlay(&view, id, identity.node_ip, &other_nodes, shared)
             .with_context(|| format!("node {name}"))?;
         let every = select(&view, underlay, cni);
-        let local_pod_subnets = local_pod_subnets(&view, &every);
+        let local_pod_subnets = interfaces::local_pod_subnets(&view, &every);
         let (endpoints, local) = endpoints_here(shared, &name, &local_pod_subnets);
         let (pod_interfaces, lost_pods) = find_pod_interfaces(&view, cni, &endpoints, &local).await;
         let watched = needed(every, &pod_interfaces, &lost_pods, &name);
@@ -172,6 +178,7 @@ impl TracedNode {
             layout: &shared.kernel.layout,
             btf: shared.btf,
             flows: shared.flows,
+            flows6: shared.flows6,
             mode: shared.mode,
             drop_reasons: shared.kernel.features.drop_reasons,
             tunnels: &tunnels,
@@ -196,7 +203,7 @@ impl TracedNode {
         };
         let netfilter = match &shared.netfilter_tx {
             Some(tx) => Some(
-                NodeTrace::start(ns, id, &shared.pairs, sent_here, tx.clone())
+                NodeTrace::start(ns, id, &ipv4_pairs(&shared.pairs), sent_here, tx.clone())
                     .with_context(|| format!("node {name}"))?,
             ),
             None => None,
@@ -246,10 +253,11 @@ impl TracedNode {
     /// Watches the veth of a pod the trace learnt of while it ran (a
     /// Service's backend, from conntrack), if the pod is on this node.
     pub async fn watch_pod(&mut self, ip: Ipv4Addr) -> Result<()> {
+        let ip = IpAddr::V4(ip);
         let _entered = self.netns.path.as_deref().map(netns::enter).transpose()?;
         let view = NodeView::read().await?;
         let every = select(&view, self.underlay, self.cni);
-        let local: Vec<Ipv4Addr> = local_pod_subnets(&view, &every)
+        let local: Vec<IpAddr> = interfaces::local_pod_subnets(&view, &every)
             .iter()
             .any(|net| net.contains(&ip))
             .then_some(ip)
@@ -353,8 +361,8 @@ fn find_underlay(
         .filter(|(other, _)| *other != id as usize)
         .flat_map(|(_, addresses)| addresses.iter().copied())
         .collect();
-    let traced: Vec<Ipv4Addr> = (shared.pairs.iter())
-        .flat_map(|(src, dst)| [*src, *dst])
+    let traced: Vec<Ipv4Addr> = (ipv4_pairs(&shared.pairs).into_iter())
+        .flat_map(|(src, dst)| [src, dst])
         .collect();
     let clues = interfaces::UnderlayClues {
         node_ip,
@@ -425,9 +433,9 @@ impl Identity {
 async fn find_pod_interfaces(
     view: &NodeView,
     cni: &dyn Backend,
-    endpoints: &[Ipv4Addr],
-    local: &[Ipv4Addr],
-) -> (Vec<(Ipv4Addr, String)>, Vec<Ipv4Addr>) {
+    endpoints: &[IpAddr],
+    local: &[IpAddr],
+) -> (Vec<(IpAddr, String)>, Vec<IpAddr>) {
     let mut found = Vec::new();
     let mut lost = Vec::new();
     for ip in endpoints {
@@ -452,8 +460,8 @@ async fn find_pod_interfaces(
 /// be found is every pod veth watched.
 fn needed(
     every: Vec<Watched>,
-    pod_interfaces: &[(Ipv4Addr, String)],
-    lost_pods: &[Ipv4Addr],
+    pod_interfaces: &[(IpAddr, String)],
+    lost_pods: &[IpAddr],
     node: &str,
 ) -> Vec<Watched> {
     if !lost_pods.is_empty() {
@@ -470,22 +478,6 @@ fn needed(
         .filter(|w| {
             w.role != Role::PodVeth || pod_interfaces.iter().any(|(_, name)| *name == w.name)
         })
-        .collect()
-}
-
-/// Subnets the node delivers locally, through a bridge or a pod veth: a
-/// packet heading there must show up again on this node.
-fn local_pod_subnets(view: &NodeView, watched: &[Watched]) -> Vec<ipnet::Ipv4Net> {
-    view.routes
-        .iter()
-        .filter(|route| {
-            let delivers_locally = route
-                .oif
-                .and_then(|oif| watched.iter().find(|w| w.index == oif))
-                .is_some_and(|w| matches!(w.role, Role::Bridge | Role::PodVeth));
-            delivers_locally && route.destination.prefix_len() > 0 && route.gateway.is_none()
-        })
-        .map(|route| route.destination)
         .collect()
 }
 

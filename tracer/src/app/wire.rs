@@ -5,9 +5,9 @@
 //! pod log also holds the agent's stderr (kubelets merge the streams), so
 //! a line that is not a record is a message, relayed as it is.
 
-use std::{collections::HashMap, net::Ipv4Addr};
+use std::{collections::HashMap, net::IpAddr};
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -35,8 +35,8 @@ pub enum Record {
     Hop(Box<Hop>),
     /// The netfilter rule that dropped a traced packet.
     Rule {
-        src: Ipv4Addr,
-        dst: Ipv4Addr,
+        src: IpAddr,
+        dst: IpAddr,
         ip_id: u16,
         rule: NetfilterRule,
         at_ns: u64,
@@ -106,8 +106,8 @@ pub struct WireFacts {
     pub view: NodeView,
     pub forwarding: bool,
     pub cni: String,
-    pub local_pod_subnets: Vec<Ipv4Net>,
-    pub pod_interfaces: Vec<(Ipv4Addr, String)>,
+    pub local_pod_subnets: Vec<IpNet>,
+    pub pod_interfaces: Vec<(IpAddr, String)>,
     pub inferred_pod_cidr: Option<(Ipv4Net, String)>,
 }
 

@@ -112,7 +112,7 @@ mod tests {
 
     fn service(front: u16, back: u16) -> Translation {
         let at = |port| Frontend {
-            ip: Ipv4Addr::new(10, 96, 0, 1),
+            ip: Ipv4Addr::new(10, 96, 0, 1).into(),
             port,
         };
         Translation {

@@ -72,11 +72,11 @@ impl Service {
                     out.push(Translation {
                         protocol: port.protocol,
                         front: Frontend {
-                            ip,
+                            ip: ip.into(),
                             port: front_port,
                         },
                         back: Frontend {
-                            ip: backend.ip,
+                            ip: backend.ip.into(),
                             port: target,
                         },
                         service: Some(self.qualified()),

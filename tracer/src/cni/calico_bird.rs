@@ -2,7 +2,7 @@
 //! proxy ARP and a /32 route per local pod, the node's own block
 //! blackholed, and per remote block a route `via <node IP> proto bird`.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use super::{annotation, Backend};
 use crate::{
@@ -33,7 +33,7 @@ impl Backend for CalicoBird {
         super::named(&route, underlay, "pod block", remote)
     }
 
-    fn pod_interface<'a>(&self, view: &'a NodeView, ip: Ipv4Addr) -> Option<&'a Link> {
+    fn pod_interface<'a>(&self, view: &'a NodeView, ip: IpAddr) -> Option<&'a Link> {
         view.host_route_interface(ip)
     }
 }

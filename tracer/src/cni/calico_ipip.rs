@@ -2,7 +2,7 @@
 //! `tunl0` toward other nodes, with a route per remote block
 //! `via <node IP> dev tunl0 onlink proto bird`.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use super::{annotation, Backend, TunnelSpec};
 use crate::{
@@ -50,7 +50,7 @@ impl Backend for CalicoIpip {
         super::named(&route, TUNNEL.device, "pod block", remote)
     }
 
-    fn pod_interface<'a>(&self, view: &'a NodeView, ip: Ipv4Addr) -> Option<&'a Link> {
+    fn pod_interface<'a>(&self, view: &'a NodeView, ip: IpAddr) -> Option<&'a Link> {
         view.host_route_interface(ip)
     }
 }

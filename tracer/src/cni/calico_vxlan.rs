@@ -2,7 +2,7 @@
 //! (VNI 4096, UDP 4789) toward other nodes, with a route per remote block
 //! `via <remote VTEP address> dev vxlan.calico onlink`.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use super::{annotation, Backend, TunnelSpec};
 use crate::{
@@ -52,7 +52,7 @@ impl Backend for CalicoVxlan {
         }
     }
 
-    fn pod_interface<'a>(&self, view: &'a NodeView, ip: Ipv4Addr) -> Option<&'a Link> {
+    fn pod_interface<'a>(&self, view: &'a NodeView, ip: IpAddr) -> Option<&'a Link> {
         view.host_route_interface(ip)
     }
 }

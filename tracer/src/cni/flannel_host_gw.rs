@@ -2,7 +2,7 @@
 //! remote node a route `<subnet> via <node IP> dev <underlay>` (the nodes
 //! must share an L2 segment).
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use super::{annotation, flannel_vxlan::BACKEND_TYPE, Backend};
 use crate::{
@@ -43,7 +43,7 @@ impl Backend for FlannelHostGw {
         Some(super::FLANNEL_BRIDGE)
     }
 
-    fn pod_interface<'a>(&self, view: &'a NodeView, ip: Ipv4Addr) -> Option<&'a Link> {
+    fn pod_interface<'a>(&self, view: &'a NodeView, ip: IpAddr) -> Option<&'a Link> {
         view.bridge_port_of(ip)
     }
 }

@@ -3,7 +3,7 @@
 //! route `<subnet> via <subnet>.0 dev flannel.1 onlink`, a neighbour entry
 //! with the remote VTEP MAC and an FDB entry to the remote node IP.
 
-use std::{net::Ipv4Addr, path::Path};
+use std::{net::IpAddr, path::Path};
 
 use super::{annotation, vxlan_device, Backend, TunnelSpec};
 use crate::{
@@ -60,7 +60,7 @@ impl Backend for FlannelVxlan {
         Some(super::FLANNEL_BRIDGE)
     }
 
-    fn pod_interface<'a>(&self, view: &'a NodeView, ip: Ipv4Addr) -> Option<&'a Link> {
+    fn pod_interface<'a>(&self, view: &'a NodeView, ip: IpAddr) -> Option<&'a Link> {
         view.bridge_port_of(ip)
     }
 }

@@ -21,7 +21,7 @@ mod flannel_vxlan;
 mod unknown;
 pub mod watch;
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use ipnet::Ipv4Net;
 
@@ -79,7 +79,7 @@ pub trait Backend: Sync {
     fn expected_route(&self, remote: &NodeSubnet, underlay: &str) -> String;
 
     /// The host-side interface of the local pod with `ip`.
-    fn pod_interface<'a>(&self, view: &'a NodeView, ip: Ipv4Addr) -> Option<&'a Link>;
+    fn pod_interface<'a>(&self, view: &'a NodeView, ip: IpAddr) -> Option<&'a Link>;
 
     /// The part `link` plays on a node of this backend (None: not watched).
     /// The underlay is chosen before this is asked.
@@ -172,8 +172,8 @@ fn to_pods_of(
         protocol,
         onlink,
         kind: RouteKind::Unicast,
-        destination: remote.subnet,
-        gateway: Some(gateway),
+        destination: remote.subnet.into(),
+        gateway: Some(gateway.into()),
         oif: None,
         table: RT_TABLE_MAIN,
     }

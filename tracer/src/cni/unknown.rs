@@ -2,7 +2,7 @@
 //! generically, and a local pod's interface is found either way (a /32
 //! route, or a bridge port).
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use super::Backend;
 use crate::{
@@ -29,7 +29,7 @@ impl Backend for Unknown {
         super::via_node_ip(remote, underlay)
     }
 
-    fn pod_interface<'a>(&self, view: &'a NodeView, ip: Ipv4Addr) -> Option<&'a Link> {
+    fn pod_interface<'a>(&self, view: &'a NodeView, ip: IpAddr) -> Option<&'a Link> {
         view.host_route_interface(ip)
             .or_else(|| view.bridge_port_of(ip))
     }

@@ -2,7 +2,7 @@
 //! seen on, what the headers say, and the drop or route evidence it
 //! carries. The hop is what correlation and stories work on.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use podtrace_common::{
     match_kind, sighting_kind, Direction as KernelDirection, Sighting, FIB_NOT_LOOKED_UP,
@@ -49,11 +49,12 @@ pub struct KernelRoute {
     pub result: String,
     /// Output device and next hop, when the lookup found a route.
     pub dev: Option<String>,
-    pub via: Option<Ipv4Addr>,
+    pub via: Option<IpAddr>,
 }
 
 impl KernelRoute {
-    /// The next hop's MAC is not known yet (the packet waits for ARP).
+    /// The next hop's MAC is not known yet (the packet waits for ARP, or
+    /// IPv6's neighbour discovery).
     pub const NO_NEIGHBOUR: &'static str = "no_neighbour";
     /// No route (the lookup failed), or one that does not forward: the
     /// node's own address, a broadcast.
@@ -256,7 +257,7 @@ fn direction_of(s: &Sighting, kernel: &Kernel) -> (Direction, Option<DropInfo>) 
 
 /// The kernel's route lookup for the packet, if it made one: the device
 /// it would leave by on `node`, and the next hop when it is not `dst`.
-fn route_of(s: &Sighting, node: Option<&impl NodeLinks>, dst: Ipv4Addr) -> Option<KernelRoute> {
+fn route_of(s: &Sighting, node: Option<&impl NodeLinks>, dst: IpAddr) -> Option<KernelRoute> {
     (s.fib_result != FIB_NOT_LOOKED_UP).then(|| {
         let route = KernelRoute {
             result: KernelRoute::result_name(s.fib_result),
@@ -267,7 +268,14 @@ fn route_of(s: &Sighting, node: Option<&impl NodeLinks>, dst: Ipv4Addr) -> Optio
             return route;
         }
         let dev = node.and_then(|n| n.link_name(s.fib_ifindex).cloned());
-        let via = Ipv4Addr::from(s.fib_nexthop);
+        // The lookup was of the packet's own family.
+        let via = match dst {
+            IpAddr::V4(_) => {
+                let [a, b, c, d, ..] = s.fib_nexthop;
+                IpAddr::V4(Ipv4Addr::new(a, b, c, d))
+            }
+            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::from(s.fib_nexthop)),
+        };
         KernelRoute {
             dev,
             via: (via != dst).then_some(via),
@@ -278,6 +286,8 @@ fn route_of(s: &Sighting, node: Option<&impl NodeLinks>, dst: Ipv4Addr) -> Optio
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use podtrace_common::SNAPSHOT_LEN;
+
     use super::*;
 
     pub(crate) fn hop(
@@ -298,11 +308,11 @@ pub(crate) mod tests {
             mark: 0,
             // Recorded hops stand for what the kernel matched: a tunnel
             // frame here is one it would decapsulate.
-            packet: decode_tunnel(&frame[..frame.len().min(128)], true).unwrap(),
+            packet: decode_tunnel(&frame[..frame.len().min(SNAPSHOT_LEN)], true).unwrap(),
             drop: None,
             route: None,
             snapshot: Snapshot {
-                bytes: frame[..frame.len().min(128)].to_vec(),
+                bytes: frame[..frame.len().min(SNAPSHOT_LEN)].to_vec(),
                 has_l2: true,
             },
         }

@@ -1,14 +1,15 @@
 //! Decoding of the header snapshots the kernel copies: outer headers, the
-//! tunnel (VXLAN, Geneve, IPIP) if any, and the traced packet inside it.
+//! tunnel (VXLAN, Geneve, IPIP) if any, and the traced packet inside it,
+//! IPv4 or IPv6 at each layer.
 //! `hop` places a whole kernel record on its node and interface.
 
 pub mod hop;
 pub mod quote;
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use etherparse::{EtherType, Ethernet2Header, IpNumber, Ipv4Header, TcpHeader, UdpHeader};
-use podtrace_common::GENEVE_PORT;
+use podtrace_common::{packet6::transport6, GENEVE_PORT};
 use serde::{Deserialize, Serialize};
 
 use quote::Quoted;
@@ -18,6 +19,13 @@ use quote::Quoted;
 #[serde(tag = "proto", rename_all = "lowercase")]
 pub enum Transport {
     Icmp {
+        icmp_type: u8,
+        code: u8,
+        id: u16,
+        seq: u16,
+    },
+    /// ICMPv6: echo is type 128 and its reply 129; errors are 1 to 4.
+    Icmpv6 {
         icmp_type: u8,
         code: u8,
         id: u16,
@@ -59,6 +67,7 @@ impl Transport {
     pub fn protocol(&self) -> u8 {
         match self {
             Self::Icmp { .. } => 1,
+            Self::Icmpv6 { .. } => 58,
             Self::Tcp { .. } => 6,
             Self::Udp { .. } => 17,
             Self::Other { number } | Self::Fragment { number, .. } => *number,
@@ -66,14 +75,18 @@ impl Transport {
     }
 }
 
-/// An IPv4 header and what follows it.
+/// An IPv4 or IPv6 header and what follows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Ipv4Packet {
-    pub src: Ipv4Addr,
-    pub dst: Ipv4Addr,
+pub struct IpPacket {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    /// IPv4's TTL, IPv6's hop limit.
     pub ttl: u8,
+    /// IPv4's ID; IPv6's fragment ID (low 16 bits) for a fragment, else 0.
     pub ip_id: u16,
+    /// The whole IP packet's length (IPv6: its payload length plus 40).
     pub total_len: u16,
+    /// IPv4's DF; always set for IPv6, which routers never fragment.
     pub dont_fragment: bool,
     /// More fragments follow (MF), or this is not the first (offset > 0):
     /// a piece of a larger packet.
@@ -95,14 +108,14 @@ pub struct Tunnel {
     pub kind: TunnelKind,
     /// VXLAN / Geneve network identifier.
     pub vni: Option<u32>,
-    pub outer: Ipv4Packet,
+    pub outer: IpPacket,
 }
 
 /// A decoded sighting: the traced packet, the tunnel around it if any,
 /// and, for an ICMP error, the header of the packet it is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Decoded {
-    pub packet: Ipv4Packet,
+    pub packet: IpPacket,
     pub tunnel: Option<Tunnel>,
     /// Not part of the packet's key: NAT rewrites it on the way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -111,24 +124,24 @@ pub struct Decoded {
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum DecodeError {
-    NotIpv4,
+    NotIp,
     Truncated(&'static str),
 }
 
 impl std::fmt::Display for DecodeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::NotIpv4 => write!(f, "not an IPv4 packet"),
+            Self::NotIp => write!(f, "not an IPv4 or IPv6 packet"),
             Self::Truncated(what) => write!(f, "snapshot ends inside the {what} header"),
         }
     }
 }
 
 /// Decodes a snapshot that starts at an Ethernet header (`has_l2`) or
-/// directly at the IPv4 header (L3 devices such as tunl0), as the packet it
+/// directly at the IP header (L3 devices such as tunl0), as the packet it
 /// is: whatever its payload looks like, it is not read as a tunnel.
 pub fn decode(snapshot: &[u8], has_l2: bool) -> Result<Decoded, DecodeError> {
-    let (packet, l4) = ipv4(l3_of(snapshot, has_l2)?)?;
+    let (packet, l4) = ip(l3_of(snapshot, has_l2)?)?;
     Ok(decoded(packet, l4, None))
 }
 
@@ -136,10 +149,10 @@ pub fn decode(snapshot: &[u8], has_l2: bool) -> Result<Decoded, DecodeError> {
 /// treats as encapsulated (on the underlay, between nodes, on a tunnel
 /// the node has). Only then is the payload a packet of its own.
 pub fn decode_tunnel(snapshot: &[u8], has_l2: bool) -> Result<Decoded, DecodeError> {
-    let (outer, l4) = ipv4(l3_of(snapshot, has_l2)?)?;
+    let (outer, l4) = ip(l3_of(snapshot, has_l2)?)?;
     match tunnel_payload(&outer, l4)? {
         Some(TunnelPayload { kind, vni, inner }) => {
-            let (packet, l4) = ipv4(inner)?;
+            let (packet, l4) = ip(inner)?;
             Ok(decoded(packet, l4, Some(Tunnel { kind, vni, outer })))
         }
         None => Ok(decoded(outer, l4, None)),
@@ -147,9 +160,10 @@ pub fn decode_tunnel(snapshot: &[u8], has_l2: bool) -> Result<Decoded, DecodeErr
 }
 
 /// `packet` (its transport header and payload `l4`) in `tunnel`.
-fn decoded(packet: Ipv4Packet, l4: &[u8], tunnel: Option<Tunnel>) -> Decoded {
+fn decoded(packet: IpPacket, l4: &[u8], tunnel: Option<Tunnel>) -> Decoded {
     let quoted = match packet.transport {
         Transport::Icmp { .. } if !packet.fragment => quote::quoted(l4),
+        Transport::Icmpv6 { .. } if !packet.fragment => quote::quoted6(l4),
         _ => None,
     };
     Decoded {
@@ -176,23 +190,57 @@ fn ethernet_payload(frame: &[u8]) -> Result<&[u8], DecodeError> {
         ether_type = EtherType(u16::from_be_bytes([tag[2], tag[3]]));
         rest = &rest[4..];
     }
-    if ether_type == EtherType::IPV4 {
+    if ether_type == EtherType::IPV4 || ether_type == EtherType::IPV6 {
         Ok(rest)
     } else {
-        Err(DecodeError::NotIpv4)
+        Err(DecodeError::NotIp)
     }
 }
 
-/// Parses an IPv4 header and its transport header; returns the packet and
-/// the bytes after the IP header.
-fn ipv4(bytes: &[u8]) -> Result<(Ipv4Packet, &[u8]), DecodeError> {
-    if bytes.first().map(|b| b >> 4) != Some(4) {
-        return Err(if bytes.is_empty() {
-            DecodeError::Truncated("IPv4")
-        } else {
-            DecodeError::NotIpv4
-        });
+/// Parses an IPv4 or IPv6 header (as its version says) and its transport
+/// header; returns the packet and the bytes after the IP headers.
+fn ip(bytes: &[u8]) -> Result<(IpPacket, &[u8]), DecodeError> {
+    match bytes.first().map(|b| b >> 4) {
+        None => Err(DecodeError::Truncated("IP")),
+        Some(4) => ipv4(bytes),
+        Some(6) => ipv6(bytes),
+        Some(_) => Err(DecodeError::NotIp),
     }
+}
+
+/// Parses an IPv6 header, walks its extension headers (the kernel
+/// programs' own walk), and parses the transport header past them.
+fn ipv6(bytes: &[u8]) -> Result<(IpPacket, &[u8]), DecodeError> {
+    let (ip, _) =
+        etherparse::Ipv6Header::from_slice(bytes).map_err(|_| DecodeError::Truncated("IPv6"))?;
+    let walked = transport6(bytes, 0).ok_or(DecodeError::Truncated("IPv6 extension"))?;
+    let l4 = bytes
+        .get(walked.at..)
+        .ok_or(DecodeError::Truncated("IPv6 extension"))?;
+    let transport = match walked.fragment {
+        Some(f) if f.offset > 0 => Transport::Fragment {
+            number: walked.protocol,
+            offset: f.offset * 8,
+        },
+        _ => transport(IpNumber(walked.protocol), l4)?,
+    };
+    Ok((
+        IpPacket {
+            src: IpAddr::V6(Ipv6Addr::from(ip.source)),
+            dst: IpAddr::V6(Ipv6Addr::from(ip.destination)),
+            ttl: ip.hop_limit,
+            ip_id: walked.fragment.map_or(0, |f| f.id as u16),
+            total_len: ip.payload_length.saturating_add(40),
+            dont_fragment: true,
+            fragment: walked.fragment.is_some(),
+            transport,
+        },
+        l4,
+    ))
+}
+
+/// Parses an IPv4 header and its transport header.
+fn ipv4(bytes: &[u8]) -> Result<(IpPacket, &[u8]), DecodeError> {
     let (ip, l4) = Ipv4Header::from_slice(bytes).map_err(|_| DecodeError::Truncated("IPv4"))?;
     let offset = ip.fragment_offset.value() * 8;
     // Only the first fragment has a transport header; reading one from a
@@ -206,9 +254,9 @@ fn ipv4(bytes: &[u8]) -> Result<(Ipv4Packet, &[u8]), DecodeError> {
         transport(ip.protocol, l4)?
     };
     Ok((
-        Ipv4Packet {
-            src: Ipv4Addr::from(ip.source),
-            dst: Ipv4Addr::from(ip.destination),
+        IpPacket {
+            src: IpAddr::V4(Ipv4Addr::from(ip.source)),
+            dst: IpAddr::V4(Ipv4Addr::from(ip.destination)),
             ttl: ip.time_to_live,
             ip_id: ip.identification,
             total_len: ip.total_len,
@@ -225,6 +273,15 @@ fn transport(protocol: IpNumber, l4: &[u8]) -> Result<Transport, DecodeError> {
         IpNumber::ICMP => {
             let h = l4.get(..8).ok_or(DecodeError::Truncated("ICMP"))?;
             Transport::Icmp {
+                icmp_type: h[0],
+                code: h[1],
+                id: u16::from_be_bytes([h[4], h[5]]),
+                seq: u16::from_be_bytes([h[6], h[7]]),
+            }
+        }
+        IpNumber::IPV6_ICMP => {
+            let h = l4.get(..8).ok_or(DecodeError::Truncated("ICMPv6"))?;
+            Transport::Icmpv6 {
                 icmp_type: h[0],
                 code: h[1],
                 id: u16::from_be_bytes([h[4], h[5]]),
@@ -257,16 +314,16 @@ fn transport(protocol: IpNumber, l4: &[u8]) -> Result<Transport, DecodeError> {
     })
 }
 
-/// What a tunnel header says, and the inner IPv4 bytes after it.
+/// What a tunnel header says, and the inner IP bytes after it.
 struct TunnelPayload<'a> {
     kind: TunnelKind,
     vni: Option<u32>,
     inner: &'a [u8],
 }
 
-/// If `outer` is a tunnel packet, its kind, VNI and the inner IPv4 bytes.
+/// If `outer` is a tunnel packet, its kind, VNI and the inner IP bytes.
 fn tunnel_payload<'a>(
-    outer: &Ipv4Packet,
+    outer: &IpPacket,
     l4: &'a [u8],
 ) -> Result<Option<TunnelPayload<'a>>, DecodeError> {
     if let Transport::Other { number } = outer.transport {
@@ -294,7 +351,9 @@ fn tunnel_payload<'a>(
             let inner = payload
                 .get(8 + options..)
                 .ok_or(DecodeError::Truncated("Geneve"))?;
-            let inner = if EtherType(protocol) == EtherType::IPV4 {
+            let inner = if EtherType(protocol) == EtherType::IPV4
+                || EtherType(protocol) == EtherType::IPV6
+            {
                 inner
             } else {
                 ethernet_payload(inner)?
@@ -428,7 +487,7 @@ pub(crate) mod tests {
         );
         let mut arp = icmp_echo([1, 1, 1, 1], [2, 2, 2, 2], 1, 1);
         arp[12..14].copy_from_slice(&[0x08, 0x06]);
-        assert_eq!(decode(&arp, true), Err(DecodeError::NotIpv4));
+        assert_eq!(decode(&arp, true), Err(DecodeError::NotIp));
         let frame = icmp_echo([1, 1, 1, 1], [2, 2, 2, 2], 1, 1);
         assert!(matches!(
             decode(&frame[..30], true),

@@ -1,12 +1,18 @@
-//! The header an ICMP error quotes (destination unreachable, time
-//! exceeded, parameter problem): which packet the error is about.
+//! The header an ICMP or ICMPv6 error quotes (destination unreachable,
+//! time exceeded, parameter problem, packet too big): which packet the
+//! error is about.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use podtrace_common::packet6::{pair6_at, transport6};
 
 use serde::{Deserialize, Serialize};
 
 /// The ICMP types whose message quotes the packet it is about.
 const ERRORS: [u8; 3] = [3, 11, 12];
+/// ICMPv6's: destination unreachable, packet too big, time exceeded,
+/// parameter problem.
+const ERRORS6: [u8; 4] = [1, 2, 3, 4];
 /// What an error quotes past the quoted IPv4 header, at least (RFC 792):
 /// the ports, or an echo's identifier and sequence.
 const QUOTED_L4: usize = 8;
@@ -16,8 +22,8 @@ const QUOTED_L4: usize = 8;
 /// error's way to the sender (what the sender sent, behind a Service).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Quoted {
-    pub src: Ipv4Addr,
-    pub dst: Ipv4Addr,
+    pub src: IpAddr,
+    pub dst: IpAddr,
     pub transport: QuotedTransport,
 }
 
@@ -77,11 +83,53 @@ pub fn quoted(icmp: &[u8]) -> Option<Quoted> {
         },
         (number, _) => QuotedTransport::Other { number },
     };
-    let address =
-        |at: usize| Ipv4Addr::new(header[at], header[at + 1], header[at + 2], header[at + 3]);
+    let address = |at: usize| {
+        IpAddr::V4(Ipv4Addr::new(
+            header[at],
+            header[at + 1],
+            header[at + 2],
+            header[at + 3],
+        ))
+    };
     Some(Quoted {
         src: address(12),
         dst: address(16),
+        transport,
+    })
+}
+
+/// What the ICMPv6 message `icmp` (from its type byte on) quotes: nothing
+/// unless it is an error that quotes an IPv6 header, its extension
+/// headers and 8 bytes after them.
+pub fn quoted6(icmp: &[u8]) -> Option<Quoted> {
+    if !ERRORS6.contains(icmp.first()?) {
+        return None;
+    }
+    let ip = icmp.get(8..)?;
+    let pair = pair6_at(ip, 0)?;
+    let t = transport6(ip, 0)?;
+    let l4 = ip.get(t.at..t.at + QUOTED_L4)?;
+    let u16_at = |at: usize| u16::from_be_bytes([l4[at], l4[at + 1]]);
+    let transport = match t.protocol {
+        number if !t.is_present() => QuotedTransport::Other { number },
+        6 => QuotedTransport::Tcp {
+            sport: u16_at(0),
+            dport: u16_at(2),
+        },
+        17 => QuotedTransport::Udp {
+            sport: u16_at(0),
+            dport: u16_at(2),
+        },
+        58 => QuotedTransport::Icmp {
+            icmp_type: l4[0],
+            id: u16_at(4),
+            seq: u16_at(6),
+        },
+        number => QuotedTransport::Other { number },
+    };
+    Some(Quoted {
+        src: IpAddr::V6(Ipv6Addr::from(pair.src)),
+        dst: IpAddr::V6(Ipv6Addr::from(pair.dst)),
         transport,
     })
 }
@@ -131,8 +179,8 @@ pub(crate) mod tests {
             dport: 5354,
         };
         let expected = Quoted {
-            src: Ipv4Addr::new(10, 0, 1, 2),
-            dst: Ipv4Addr::new(10, 0, 2, 2),
+            src: Ipv4Addr::new(10, 0, 1, 2).into(),
+            dst: Ipv4Addr::new(10, 0, 2, 2).into(),
             transport: udp,
         };
         assert_eq!(quoted(&port_unreachable), Some(expected));

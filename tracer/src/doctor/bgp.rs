@@ -234,6 +234,11 @@ fn seen_from_here(facts: &NodeFacts) -> Vec<Ipv4Addr> {
         .iter()
         .filter_map(|r| r.gateway)
         .chain(facts.view.neighbours.iter().map(|(_, ip, _)| *ip))
+        .filter_map(|ip| match ip {
+            std::net::IpAddr::V4(v4) => Some(v4),
+            // BGP peers are judged by their IPv4 addresses.
+            std::net::IpAddr::V6(_) => None,
+        })
         .collect();
     seen.sort();
     seen.dedup();

@@ -69,7 +69,7 @@ fn check_routes(facts: &NodeFacts) -> Vec<Check> {
             .view
             .routes
             .iter()
-            .find(|r| r.destination == block && r.kind == RouteKind::Unicast);
+            .find(|r| r.destination == block.into() && r.kind == RouteKind::Unicast);
         checks.push(Check::judge(FAMILY, &facts.name, &format!("route to {remote}"), route.is_some(),
             match route {
                 Some(r) => format!("{} (block of {remote})", facts.view.describe(r)),

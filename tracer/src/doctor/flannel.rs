@@ -261,10 +261,11 @@ fn check_route(facts: &NodeFacts, remote: &ClusterNode, kind: &str) -> Check {
         .view
         .routes
         .iter()
-        .find(|r| r.destination == cidr && r.table == crate::node::RT_TABLE_MAIN);
+        .find(|r| r.destination == cidr.into() && r.table == crate::node::RT_TABLE_MAIN);
     let want_dev = facts.view.link_named(dev).map(|l| l.index);
-    let ok =
-        found.is_some_and(|r| r.gateway == Some(gateway) && (kind != "vxlan" || r.oif == want_dev));
+    let ok = found.is_some_and(|r| {
+        r.gateway == Some(gateway.into()) && (kind != "vxlan" || r.oif == want_dev)
+    });
     let evidence = match found {
         Some(r) if ok => format!("{} (to {})", facts.view.describe(r), remote.name),
         Some(r) => format!("the route to {}'s pods is {}, not {expected}", remote.name, facts.view.describe(r)),

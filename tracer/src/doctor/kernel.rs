@@ -207,7 +207,10 @@ fn describe(facts: &NodeFacts, link: &Link) -> String {
         .routes
         .iter()
         .find(|r| r.oif == Some(link.index) && r.destination.prefix_len() == 32)
-        .and_then(|r| facts.pod_named(r.destination.network()));
+        .and_then(|r| match r.destination.network() {
+            std::net::IpAddr::V4(ip) => facts.pod_named(ip),
+            std::net::IpAddr::V6(_) => None,
+        });
     match pod {
         Some(pod) => format!("{} ({pod})", link.name),
         None => link.name.clone(),

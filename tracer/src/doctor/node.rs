@@ -121,7 +121,10 @@ impl NodeFacts {
             .routes
             .iter()
             .filter(|r| r.kind == RouteKind::Blackhole && r.protocol == RouteOrigin::Bird)
-            .map(|r| r.destination)
+            .filter_map(|r| match r.destination {
+                ipnet::IpNet::V4(block) => Some(block),
+                ipnet::IpNet::V6(_) => None,
+            })
             .collect()
     }
 

@@ -1,20 +1,24 @@
 //! Address translations (Services, SNAT) as the cluster, the wire and the
 //! stories share them.
 
-use std::{fmt, net::Ipv4Addr};
+use std::{fmt, net::IpAddr};
 
 use serde::{Deserialize, Serialize};
 
 /// An address and port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Frontend {
-    pub ip: Ipv4Addr,
+    /// IPv4, or IPv6 (a dual-stack Service's IPv6 ClusterIP).
+    pub ip: IpAddr,
     pub port: u16,
 }
 
 impl fmt::Display for Frontend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.ip, self.port)
+        match self.ip {
+            IpAddr::V4(ip) => write!(f, "{ip}:{}", self.port),
+            IpAddr::V6(ip) => write!(f, "[{ip}]:{}", self.port),
+        }
     }
 }
 

@@ -110,6 +110,22 @@ pub fn underlay<'a>(view: &'a NodeView, clues: &UnderlayClues<'_>) -> Result<&'a
     }
 }
 
+/// Subnets the node delivers locally, through a bridge or a pod veth: a
+/// packet heading there must show up again on this node.
+pub fn local_pod_subnets(view: &NodeView, watched: &[Watched]) -> Vec<ipnet::IpNet> {
+    view.routes
+        .iter()
+        .filter(|route| {
+            let delivers_locally = route
+                .oif
+                .and_then(|oif| watched.iter().find(|w| w.index == oif))
+                .is_some_and(|w| matches!(w.role, Role::Bridge | Role::PodVeth));
+            delivers_locally && route.destination.prefix_len() > 0 && route.gateway.is_none()
+        })
+        .map(|route| route.destination)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

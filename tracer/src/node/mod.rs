@@ -1,5 +1,5 @@
-//! What a node looks like: its links, addresses, IPv4 routes, neighbours
-//! and bridge FDB, read over rtnetlink; which of its interfaces podtrace
+//! What a node looks like: its links, addresses, routes and neighbours of
+//! both families, and bridge FDB, read over rtnetlink; which of its interfaces podtrace
 //! watches (`interfaces`); the namespaces of traced nodes (`netns`), of
 //! pods (`pod_netns`); its tunnels (`tunnels`).
 
@@ -9,9 +9,9 @@ pub mod netns;
 pub mod pod_netns;
 pub mod tunnels;
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,7 +40,8 @@ pub struct Link {
 pub struct VxlanDevice {
     pub vni: Option<u32>,
     pub port: Option<u16>,
-    pub local: Option<Ipv4Addr>,
+    /// Its underlay address, of either family (flannel-v6.1's is IPv6).
+    pub local: Option<IpAddr>,
     /// The underlay link it sends through.
     pub dev: Option<u32>,
 }
@@ -73,8 +74,9 @@ pub struct Route {
     pub protocol: RouteOrigin,
     pub onlink: bool,
     pub kind: RouteKind,
-    pub destination: Ipv4Net,
-    pub gateway: Option<Ipv4Addr>,
+    /// IPv4 or IPv6 (the node's routes of both families are listed).
+    pub destination: IpNet,
+    pub gateway: Option<IpAddr>,
     pub oif: Option<u32>,
     pub table: u32,
 }
@@ -84,14 +86,20 @@ pub struct NodeView {
     pub links: Vec<Link>,
     /// (link index, address) for every IPv4 address.
     pub addresses: Vec<(u32, Ipv4Addr)>,
+    /// (link index, address) for every global IPv6 address (not
+    /// link-local: no packet of a pod pair is addressed to one).
+    #[serde(default)]
+    pub addresses6: Vec<(u32, Ipv6Addr)>,
+    /// Routes of both families.
     pub routes: Vec<Route>,
-    /// IPv4 neighbours: (link index, address, MAC).
-    pub neighbours: Vec<(u32, Ipv4Addr, [u8; 6])>,
+    /// Neighbours of both families (ARP and NDP): (link index, address,
+    /// MAC).
+    pub neighbours: Vec<(u32, IpAddr, [u8; 6])>,
     /// Bridge forwarding entries: (MAC, port link index).
     pub fdb: Vec<([u8; 6], u32)>,
     /// Remote addresses of FDB entries (a VXLAN device's: its peers'
     /// VTEPs, i.e. the other nodes): (link index, remote).
-    pub fdb_remotes: Vec<(u32, Ipv4Addr)>,
+    pub fdb_remotes: Vec<(u32, IpAddr)>,
 }
 
 /// What podtrace learnt about one traced node at start.
@@ -104,9 +112,9 @@ pub struct NodeFacts {
     #[serde(deserialize_with = "crate::model::interned::leak_str")]
     pub cni: crate::model::interned::StaticStr,
     /// Subnets it delivers locally, through a bridge or a pod veth.
-    pub local_pod_subnets: Vec<Ipv4Net>,
+    pub local_pod_subnets: Vec<IpNet>,
     /// The traced pods that are local here, and their host interfaces.
-    pub pod_interfaces: Vec<(Ipv4Addr, String)>,
+    pub pod_interfaces: Vec<(IpAddr, String)>,
     /// The cluster's pod CIDR as the node's CNI devices suggest it, and
     /// the evidence ("flannel.1's 10.244.1.0/32").
     pub inferred_pod_cidr: Option<(Ipv4Net, String)>,
@@ -162,23 +170,37 @@ impl Route {
         if self.gateway.is_some() {
             flags.push('G');
         }
-        if net.prefix_len() == 32 {
+        if net.prefix_len() == net.max_prefix_len() {
             flags.push('H');
         }
-        let gateway = match self.gateway {
-            _ if rejects => "-".to_string(),
-            gateway => gateway.unwrap_or(Ipv4Addr::UNSPECIFIED).to_string(),
-        };
         let iface = match dev {
             _ if rejects => "-",
             Some(dev) => dev,
             None => "*",
         };
-        format!(
-            "{ip_route} (route -n: {} {gateway} {} {flags} {iface})",
-            net.network(),
-            net.netmask()
-        )
+        match net {
+            IpNet::V4(net) => {
+                let gateway = match self.gateway {
+                    _ if rejects => "-".to_string(),
+                    gateway => gateway.map_or("0.0.0.0".into(), |g| g.to_string()),
+                };
+                format!(
+                    "{ip_route} (route -n: {} {gateway} {} {flags} {iface})",
+                    net.network(),
+                    net.netmask()
+                )
+            }
+            // net-tools' IPv6 table: Destination (with its length), Next
+            // Hop, Flag, If; an unreachable route's interface is `lo`.
+            IpNet::V6(net) => {
+                let gateway = match self.gateway {
+                    _ if rejects => "::".to_string(),
+                    gateway => gateway.map_or("::".into(), |g| g.to_string()),
+                };
+                let iface = if rejects { "lo" } else { iface };
+                format!("{ip_route} (route -6 -n: {net} {gateway} {flags} {iface})")
+            }
+        }
     }
 }
 
@@ -196,17 +218,22 @@ impl NodeView {
         self.addresses.iter().map(|(_, ip)| *ip)
     }
 
-    /// Whether `ip` is one of the namespace's own addresses.
-    pub fn holds(&self, ip: Ipv4Addr) -> bool {
-        self.own_addresses().any(|a| a == ip)
+    /// Whether `ip` (of either family) is one of the namespace's own
+    /// addresses.
+    pub fn holds(&self, ip: impl Into<IpAddr>) -> bool {
+        match ip.into() {
+            IpAddr::V4(v4) => self.own_addresses().any(|a| a == v4),
+            IpAddr::V6(v6) => self.addresses6.iter().any(|(_, a)| *a == v6),
+        }
     }
 
     /// The link holding `ip`, if the node owns it.
-    pub fn link_with_address(&self, ip: Ipv4Addr) -> Option<&Link> {
-        self.addresses
-            .iter()
-            .find(|(_, a)| *a == ip)
-            .and_then(|(index, _)| self.link(*index))
+    pub fn link_with_address(&self, ip: impl Into<IpAddr>) -> Option<&Link> {
+        let index = match ip.into() {
+            IpAddr::V4(v4) => self.addresses.iter().find(|(_, a)| *a == v4)?.0,
+            IpAddr::V6(v6) => self.addresses6.iter().find(|(_, a)| *a == v6)?.0,
+        };
+        self.link(index)
     }
 
     /// The route as `ip route` prints it, then as `route -n` does
@@ -221,7 +248,7 @@ impl NodeView {
     /// The link on whose subnet `ip` is, reached without a gateway: the
     /// connected route's device (`192.0.2.0/24 dev eth0 proto kernel`),
     /// unless it is a tunnel.
-    pub fn link_on_subnet_of(&self, ip: Ipv4Addr) -> Option<&Link> {
+    pub fn link_on_subnet_of(&self, ip: impl Into<IpAddr>) -> Option<&Link> {
         self.route_to(ip)
             .filter(|r| r.kind == RouteKind::Unicast && r.gateway.is_none())
             .filter(|r| r.destination.prefix_len() > 0)
@@ -234,7 +261,7 @@ impl NodeView {
     /// device is a tunnel (`via 192.0.2.12 dev tunl0 onlink`), the link
     /// on whose subnet the gateway is. None for a destination reached
     /// without a gateway (a local pod's veth or bridge).
-    pub fn link_toward_gateway(&self, dst: Ipv4Addr) -> Option<&Link> {
+    pub fn link_toward_gateway(&self, dst: impl Into<IpAddr>) -> Option<&Link> {
         let route = self
             .route_to(dst)
             .filter(|r| r.kind == RouteKind::Unicast)?;
@@ -245,11 +272,12 @@ impl NodeView {
         }
     }
 
-    /// The veth a /32 route sends `ip` to (Calico's way of reaching a
-    /// local pod).
-    pub fn host_route_interface(&self, ip: Ipv4Addr) -> Option<&Link> {
+    /// The veth a host route (/32, or /128) sends `ip` to (Calico's way of
+    /// reaching a local pod).
+    pub fn host_route_interface(&self, ip: impl Into<IpAddr>) -> Option<&Link> {
         self.route_to(ip)
-            .filter(|r| r.destination.prefix_len() == 32 && r.gateway.is_none())
+            .filter(|r| r.destination.prefix_len() == r.destination.max_prefix_len())
+            .filter(|r| r.gateway.is_none())
             .and_then(|r| r.oif)
             .and_then(|oif| self.link(oif))
             .filter(|l| l.kind == "veth")
@@ -258,7 +286,8 @@ impl NodeView {
     /// The bridge port `ip`'s MAC was learnt on: the neighbour entry on a
     /// bridge gives the MAC, the bridge's FDB the port (a local pod behind
     /// cni0, as Flannel and the bridge plugin wire it).
-    pub fn bridge_port_of(&self, ip: Ipv4Addr) -> Option<&Link> {
+    pub fn bridge_port_of(&self, ip: impl Into<IpAddr>) -> Option<&Link> {
+        let ip = ip.into();
         let (bridge, _, mac) = self.neighbours.iter().find(|(_, addr, _)| *addr == ip)?;
         self.fdb
             .iter()
@@ -272,8 +301,10 @@ impl NodeView {
         self.links.iter().filter(move |l| l.kind == kind)
     }
 
-    /// The main-table route the kernel would pick for `dst` (longest prefix).
-    pub fn route_to(&self, dst: Ipv4Addr) -> Option<&Route> {
+    /// The main-table route the kernel would pick for `dst` (longest
+    /// prefix, among the routes of `dst`'s family).
+    pub fn route_to(&self, dst: impl Into<IpAddr>) -> Option<&Route> {
+        let dst = dst.into();
         self.routes
             .iter()
             .filter(|r| r.table == RT_TABLE_MAIN && r.destination.contains(&dst))
@@ -382,6 +413,7 @@ pub(crate) mod fixtures {
             neighbours: vec![(3, "10.244.1.2".parse().unwrap(), [2, 0, 0, 0, 1, 2])],
             fdb: vec![([2, 0, 0, 0, 1, 2], 5), ([2, 0, 0, 0, 1, 2], 3)],
             fdb_remotes: vec![(4, "192.0.2.12".parse().unwrap())],
+            addresses6: Vec::new(),
             routes: vec![
                 Route {
                     gateway: Some("192.0.2.1".parse().unwrap()),
@@ -473,15 +505,21 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            view.route_to("10.244.2.2".parse().unwrap()).unwrap().oif,
+            view.route_to("10.244.2.2".parse::<IpAddr>().unwrap())
+                .unwrap()
+                .oif,
             Some(3)
         );
         assert_eq!(
-            view.route_to("10.244.9.1".parse().unwrap()).unwrap().oif,
+            view.route_to("10.244.9.1".parse::<IpAddr>().unwrap())
+                .unwrap()
+                .oif,
             Some(2)
         );
         assert_eq!(
-            view.route_to("8.8.8.8".parse().unwrap()).unwrap().oif,
+            view.route_to("8.8.8.8".parse::<IpAddr>().unwrap())
+                .unwrap()
+                .oif,
             Some(1)
         );
     }

@@ -1,11 +1,11 @@
 //! Reading a node over rtnetlink: links (with their VXLAN settings),
 //! addresses, routes (with their protocol), neighbours and the bridge FDB.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use anyhow::{Context, Result};
 use futures::TryStreamExt;
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use rtnetlink::{
     packet_route::{
         address::AddressAttribute,
@@ -47,8 +47,8 @@ impl NodeView {
                 .try_collect()
                 .await
                 .context("cannot list links")?;
-            let addresses = read_addresses(&handle).await?;
-            let routes = handle
+            let (addresses, addresses6) = by_family(read_all_addresses(&handle).await?);
+            let mut routes: Vec<Route> = handle
                 .route()
                 .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
                 .execute()
@@ -56,6 +56,16 @@ impl NodeView {
                 .try_collect()
                 .await
                 .context("cannot list routes")?;
+            // A kernel without IPv6 has no IPv6 routes to list.
+            let routes6: Vec<Route> = handle
+                .route()
+                .get(RouteMessageBuilder::<Ipv6Addr>::new().build())
+                .execute()
+                .try_filter_map(|msg| async move { Ok(route_from(msg)) })
+                .try_collect()
+                .await
+                .unwrap_or_default();
+            routes.extend(routes6);
             let (neighbours, fdb, fdb_remotes) = read_neighbours(&handle).await?;
             Ok(NodeView {
                 neighbours,
@@ -63,6 +73,7 @@ impl NodeView {
                 fdb_remotes,
                 links,
                 addresses,
+                addresses6,
                 routes,
             })
         }
@@ -97,16 +108,39 @@ pub async fn source_toward(dst: Ipv4Addr) -> Result<Option<Ipv4Addr>> {
 
 /// (link index, address) of every IPv4 address.
 async fn read_addresses(handle: &Handle) -> Result<Vec<(u32, Ipv4Addr)>> {
+    Ok(by_family(read_all_addresses(handle).await?).0)
+}
+
+/// (link index, address) of each family.
+type Addresses = (Vec<(u32, Ipv4Addr)>, Vec<(u32, Ipv6Addr)>);
+
+/// Addresses by family: IPv4, and global IPv6 (link-local ones, fe80::/10,
+/// are no pod's or node's address a packet is traced by).
+fn by_family(all: Vec<(u32, IpAddr)>) -> Addresses {
+    let (mut v4, mut v6) = (Vec::new(), Vec::new());
+    for (index, ip) in all {
+        match ip {
+            IpAddr::V4(ip) => v4.push((index, ip)),
+            IpAddr::V6(ip) if !ip.is_unicast_link_local() => v6.push((index, ip)),
+            IpAddr::V6(_) => {}
+        }
+    }
+    (v4, v6)
+}
+
+/// (link index, address) of every address of both families: an IPv4
+/// one's local address (its peer's on a point-to-point link is not its
+/// own), an IPv6 one's address.
+async fn read_all_addresses(handle: &Handle) -> Result<Vec<(u32, IpAddr)>> {
     handle
         .address()
         .get()
         .execute()
         .try_filter_map(|msg| async move {
             Ok(msg.attributes.iter().find_map(|a| match a {
-                AddressAttribute::Local(std::net::IpAddr::V4(ip))
-                | AddressAttribute::Address(std::net::IpAddr::V4(ip)) => {
-                    Some((msg.header.index, *ip))
-                }
+                AddressAttribute::Local(ip @ IpAddr::V4(_))
+                | AddressAttribute::Address(ip @ IpAddr::V4(_))
+                | AddressAttribute::Address(ip @ IpAddr::V6(_)) => Some((msg.header.index, *ip)),
                 _ => None,
             }))
         })
@@ -115,20 +149,23 @@ async fn read_addresses(handle: &Handle) -> Result<Vec<(u32, Ipv4Addr)>> {
         .context("cannot list addresses")
 }
 
-/// IPv4 neighbours (link, address, MAC), bridge FDB entries (MAC, port)
-/// and the remote IPs of VXLAN FDB entries (link, remote).
-/// Neighbours, FDB entries, and the remote IPs of FDB entries.
+/// Neighbours of both families (link, address, MAC), bridge FDB entries
+/// (MAC, port) and the remote IPs of VXLAN FDB entries (link, remote).
 type Neighbours = (
-    Vec<(u32, Ipv4Addr, [u8; 6])>,
+    Vec<(u32, IpAddr, [u8; 6])>,
     Vec<([u8; 6], u32)>,
-    Vec<(u32, Ipv4Addr)>,
+    Vec<(u32, IpAddr)>,
 );
 
 async fn read_neighbours(handle: &Handle) -> Result<Neighbours> {
     let mut neighbours = Vec::new();
     let mut fdb = Vec::new();
     let mut fdb_remotes = Vec::new();
-    for family in [AddressFamily::Inet, AddressFamily::Bridge] {
+    for family in [
+        AddressFamily::Inet,
+        AddressFamily::Inet6,
+        AddressFamily::Bridge,
+    ] {
         let entries: Vec<NeighbourMessage> = handle
             .neighbours()
             .get()
@@ -145,17 +182,26 @@ async fn read_neighbours(handle: &Handle) -> Result<Neighbours> {
                 _ => None,
             });
             let ip = entry.attributes.iter().find_map(|a| match a {
-                NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) => Some(*ip),
+                NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) => {
+                    Some(IpAddr::V4(*ip))
+                }
+                NeighbourAttribute::Destination(NeighbourAddress::Inet6(ip)) => {
+                    Some(IpAddr::V6(*ip))
+                }
                 // AF_BRIDGE entries carry their remote as raw bytes.
                 NeighbourAttribute::Destination(NeighbourAddress::Other(bytes)) => {
-                    <[u8; 4]>::try_from(bytes.as_slice())
-                        .ok()
-                        .map(Ipv4Addr::from)
+                    match bytes.len() {
+                        4 => <[u8; 4]>::try_from(bytes.as_slice()).ok().map(IpAddr::from),
+                        16 => <[u8; 16]>::try_from(bytes.as_slice())
+                            .ok()
+                            .map(IpAddr::from),
+                        _ => None,
+                    }
                 }
                 _ => None,
             });
             match (family, mac, ip) {
-                (AddressFamily::Inet, Some(mac), Some(ip)) => {
+                (AddressFamily::Inet | AddressFamily::Inet6, Some(mac), Some(ip)) => {
                     neighbours.push((entry.header.ifindex, ip, mac))
                 }
                 (AddressFamily::Bridge, Some(mac), remote) => {
@@ -214,7 +260,8 @@ fn vxlan_device(settings: &[InfoVxlan]) -> VxlanDevice {
         match setting {
             InfoVxlan::Id(vni) => device.vni = Some(*vni),
             InfoVxlan::Port(port) => device.port = Some(*port),
-            InfoVxlan::Local(ip) => device.local = Some(*ip),
+            InfoVxlan::Local(ip) => device.local = Some(IpAddr::V4(*ip)),
+            InfoVxlan::Local6(ip) => device.local = Some(IpAddr::V6(*ip)),
             InfoVxlan::Link(index) => device.dev = Some(*index),
             _ => {}
         }
@@ -242,15 +289,25 @@ fn route_from(msg: RouteMessage) -> Option<Route> {
     let mut table = u32::from(msg.header.table);
     for attr in &msg.attributes {
         match attr {
-            RouteAttribute::Destination(RouteAddress::Inet(ip)) => destination = Some(*ip),
-            RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gateway = Some(*ip),
+            RouteAttribute::Destination(RouteAddress::Inet(ip)) => {
+                destination = Some(IpAddr::V4(*ip))
+            }
+            RouteAttribute::Destination(RouteAddress::Inet6(ip)) => {
+                destination = Some(IpAddr::V6(*ip))
+            }
+            RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gateway = Some(IpAddr::V4(*ip)),
+            RouteAttribute::Gateway(RouteAddress::Inet6(ip)) => gateway = Some(IpAddr::V6(*ip)),
             RouteAttribute::Oif(index) => oif = Some(*index),
             RouteAttribute::Table(t) => table = *t,
             _ => {}
         }
     }
-    let destination = Ipv4Net::new(
-        destination.unwrap_or(Ipv4Addr::UNSPECIFIED),
+    let unspecified = match msg.header.address_family {
+        AddressFamily::Inet6 => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        _ => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+    };
+    let destination = IpNet::new(
+        destination.unwrap_or(unspecified),
         msg.header.destination_prefix_length,
     )
     .ok()?;

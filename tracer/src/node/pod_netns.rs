@@ -9,7 +9,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
 };
@@ -19,15 +19,19 @@ use super::{netns, NodeView};
 /// The host-side veth (its ifindex on `node`) of the pod with `ip`, if a
 /// namespace on this machine holds `ip` behind a veth whose peer is on
 /// `node`. Called inside the node's namespace, and returns there.
-pub async fn host_veth(ip: Ipv4Addr, node: &NodeView) -> Option<u32> {
+pub async fn host_veth(ip: IpAddr, node: &NodeView) -> Option<u32> {
     let own = std::fs::metadata("/proc/thread-self/ns/net").ok()?.ino();
     for candidate in namespaces(own) {
         let Ok(entered) = netns::enter(&candidate) else {
             continue;
         };
-        let holds = NodeView::read_addresses()
-            .await
-            .is_ok_and(|addresses| addresses.iter().any(|(_, a)| *a == ip));
+        // The cheap look first, where it answers (IPv4).
+        let holds = match ip {
+            IpAddr::V4(v4) => NodeView::read_addresses()
+                .await
+                .is_ok_and(|addresses| addresses.iter().any(|(_, a)| *a == v4)),
+            IpAddr::V6(_) => NodeView::read().await.is_ok_and(|v| v.holds(ip)),
+        };
         if !holds {
             drop(entered);
             continue;
@@ -98,7 +102,7 @@ pub async fn holding(ip: Ipv4Addr) -> Option<PathBuf> {
 #[derive(Default)]
 pub struct OtherNamespaces {
     /// Pod names by IP, to recognise a pod's namespace by its address.
-    names: HashMap<Ipv4Addr, String>,
+    names: HashMap<IpAddr, String>,
     known: HashMap<u32, Other>,
 }
 
@@ -110,7 +114,7 @@ pub struct Other {
 }
 
 impl OtherNamespaces {
-    pub fn new(names: HashMap<Ipv4Addr, String>) -> Self {
+    pub fn new(names: HashMap<IpAddr, String>) -> Self {
         Self {
             names,
             known: HashMap::new(),
@@ -138,7 +142,10 @@ impl OtherNamespaces {
                 let view = NodeView::read().await.ok();
                 drop(entered);
                 if let Some(view) = view {
-                    let pod = view.addresses.iter().find_map(|(_, ip)| self.names.get(ip));
+                    let pod = view
+                        .addresses
+                        .iter()
+                        .find_map(|(_, ip)| self.names.get(&(*ip).into()));
                     if let Some(pod) = pod {
                         other.label = format!("pod {pod}");
                     }

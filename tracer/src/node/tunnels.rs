@@ -4,7 +4,7 @@
 //! reads a packet's inner header only there: elsewhere the same bytes are
 //! a payload, and a pod must not be able to forge another pair's story.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use podtrace_common::{TunnelKey, TunnelPorts, ANY_VNI, GENEVE_PORT, VXLAN_PORT_FLANNEL};
 
@@ -20,10 +20,13 @@ pub struct TunnelTrust {
     /// Interfaces where encapsulated packets come and go.
     pub hooks: Vec<u32>,
     pub tunnels: Vec<TunnelKey>,
-    pub local: Vec<Ipv4Addr>,
-    /// Other nodes' addresses; empty when none are known (then any
-    /// address may be a peer, but one end must still be the node's own).
-    pub peers: Vec<Ipv4Addr>,
+    /// The node's own addresses, of both families (an IPv6 underlay
+    /// carries flannel-v6.1's and vxlan-v6.calico's packets).
+    pub local: Vec<IpAddr>,
+    /// Other nodes' addresses; where none of a family are known, any
+    /// address of it may be a peer, but one end must still be the node's
+    /// own.
+    pub peers: Vec<IpAddr>,
 }
 
 impl TunnelTrust {
@@ -73,7 +76,9 @@ impl TunnelTrust {
                 _ => {}
             }
         }
-        let local: Vec<Ipv4Addr> = view.own_addresses().collect();
+        let local: Vec<IpAddr> = (view.own_addresses().map(IpAddr::V4))
+            .chain(view.addresses6.iter().map(|(_, ip)| IpAddr::V6(*ip)))
+            .collect();
         // An IPIP route's gateway is the peer node itself (Calico: `via
         // <node IP> dev tunl0 onlink`); a VXLAN route's is the remote VTEP's
         // inner address, and its FDB names the node.
@@ -83,9 +88,9 @@ impl TunnelTrust {
             .iter()
             .filter(|r| r.oif.is_some_and(|oif| ipip_devices.contains(&oif)))
             .filter_map(|r| r.gateway);
-        let mut peers: Vec<Ipv4Addr> = known_nodes
+        let mut peers: Vec<IpAddr> = known_nodes
             .iter()
-            .copied()
+            .map(|ip| IpAddr::V4(*ip))
             .chain(view.fdb_remotes.iter().map(|(_, ip)| *ip))
             .chain(via_tunnels)
             .filter(|ip| !local.contains(ip))
@@ -119,6 +124,6 @@ mod tests {
         assert!(trust.tunnels.contains(&vxlan), "{:?}", trust.tunnels);
         assert!(trust.local.contains(&"192.0.2.11".parse().unwrap()));
         // node-2, from flannel.1's FDB entry.
-        assert_eq!(trust.peers, ["192.0.2.12".parse::<Ipv4Addr>().unwrap()]);
+        assert_eq!(trust.peers, ["192.0.2.12".parse::<IpAddr>().unwrap()]);
     }
 }

@@ -57,17 +57,22 @@ fn paint(colour: bool, code: &str, text: &str) -> String {
 }
 
 pub fn human_story(n: u64, s: &Story, colour: bool) -> String {
-    let name = |ip: std::net::Ipv4Addr, name: &Option<String>| match name {
+    let name = |ip: std::net::IpAddr, name: &Option<String>| match name {
         Some(n) => format!("{ip} ({n})"),
         None => ip.to_string(),
     };
+    // IPv6 has no IP ID; a fragment's ID is in its fragment header.
+    let ip_id = match s.src {
+        std::net::IpAddr::V6(_) if s.ip_id == 0 => String::new(),
+        std::net::IpAddr::V6(_) => format!(", fragment id {}", s.ip_id),
+        std::net::IpAddr::V4(_) => format!(", IP id {}", s.ip_id),
+    };
     let mut text = format!(
-        "{} {} → {}: {}, IP id {}\n",
+        "{} {} → {}: {}{ip_id}\n",
         paint(colour, "1", &format!("#{n}")),
         name(s.src, &s.src_name),
         name(s.dst, &s.dst_name),
         s.packet,
-        s.ip_id
     );
     let node_w = s.hops.iter().map(|h| h.node.len()).max().unwrap_or(0);
     let iface_w = s.hops.iter().map(|h| h.iface.len()).max().unwrap_or(0);

@@ -32,7 +32,6 @@
 use std::{
     collections::HashMap,
     io::{BufWriter, Write},
-    net::Ipv4Addr,
 };
 
 use anyhow::Context as _;
@@ -75,7 +74,7 @@ pub struct HopRecord {
     pub hops: usize,
     /// The names of addresses from this story on (a pod moved).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub names: Option<HashMap<Ipv4Addr, String>>,
+    pub names: Option<HashMap<std::net::IpAddr, String>>,
     /// On a probe's last packet: the probe's result, as the run told it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub probes: Vec<ProbeResult>,
@@ -96,7 +95,7 @@ pub struct PcapWriter {
     /// Packets written.
     pub packets: u64,
     /// Names changed since the last story written.
-    renamed: Option<HashMap<Ipv4Addr, String>>,
+    renamed: Option<HashMap<std::net::IpAddr, String>>,
 }
 
 /// An interface podtrace watches, announced before any packet.
@@ -152,7 +151,7 @@ impl PcapWriter {
     }
 
     /// A pod moved: the next story's first packet carries the new names.
-    pub fn renamed(&mut self, names: &HashMap<Ipv4Addr, String>) {
+    pub fn renamed(&mut self, names: &HashMap<std::net::IpAddr, String>) {
         self.renamed = Some(names.clone());
     }
 
@@ -406,6 +405,7 @@ mod tests {
         output::pcapng_read::{read, Replayed},
         story::{self, tests::sample_journey},
     };
+    use std::net::Ipv4Addr;
 
     #[test]
     fn a_written_story_reads_back_the_same() {
@@ -414,7 +414,7 @@ mod tests {
         let mut ctx = Context::default();
         for i in 0..5000u32 {
             let ip = Ipv4Addr::from(0x0a00_0000 + i);
-            ctx.names.insert(ip, format!("default/pod-é-{i}"));
+            ctx.names.insert(ip.into(), format!("default/pod-é-{i}"));
         }
         let told = story::tell(&journey, &ctx);
         let path = std::env::temp_dir().join(format!("podtrace-{}.pcapng", std::process::id()));
@@ -425,7 +425,14 @@ mod tests {
             role: Role::Underlay,
             has_l2: true,
         };
-        let mut w = PcapWriter::create(Box::new(file), 128, "test".into(), &[eth0], &ctx).unwrap();
+        let mut w = PcapWriter::create(
+            Box::new(file),
+            crate::model::format::MAX_SNAPLEN,
+            "test".into(),
+            &[eth0],
+            &ctx,
+        )
+        .unwrap();
         w.story(1, &journey, &told, &[]).unwrap();
         w.finish(&Summary::default()).unwrap();
         assert_eq!(w.packets, 8);

@@ -11,7 +11,7 @@
 //! forwarded. Nothing is attached: the socket closes with the reading
 //! thread, which ends when the trace stops listening.
 
-use std::{net::Ipv4Addr, time::Duration};
+use std::{net::IpAddr, time::Duration};
 
 use anyhow::{Context, Result};
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
@@ -22,8 +22,8 @@ use tokio::sync::mpsc;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Tuple {
     pub protocol: u8,
-    pub src: Ipv4Addr,
-    pub dst: Ipv4Addr,
+    pub src: IpAddr,
+    pub dst: IpAddr,
     /// Ports (0 for port-less protocols).
     pub sport: u16,
     pub dport: u16,
@@ -74,6 +74,8 @@ const CTA_TUPLE_IP: u16 = 1;
 const CTA_TUPLE_PROTO: u16 = 2;
 const CTA_IP_V4_SRC: u16 = 1;
 const CTA_IP_V4_DST: u16 = 2;
+const CTA_IP_V6_SRC: u16 = 3;
+const CTA_IP_V6_DST: u16 = 4;
 const CTA_PROTO_NUM: u16 = 1;
 const CTA_PROTO_SRC_PORT: u16 = 2;
 const CTA_PROTO_DST_PORT: u16 = 3;
@@ -168,7 +170,7 @@ fn set_timeout(socket: &Socket, timeout: Duration) -> Result<()> {
     Ok(())
 }
 
-/// IPCTNL_MSG_CT_GET with NLM_F_DUMP, for IPv4.
+/// IPCTNL_MSG_CT_GET with NLM_F_DUMP, for every family (AF_UNSPEC).
 fn dump_request() -> Vec<u8> {
     let len = (NLMSG_HDR + NFGEN_HDR) as u32;
     let mut out = Vec::with_capacity(len as usize);
@@ -177,7 +179,7 @@ fn dump_request() -> Vec<u8> {
     out.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
     out.extend_from_slice(&1u32.to_ne_bytes());
     out.extend_from_slice(&0u32.to_ne_bytes());
-    out.extend_from_slice(&[libc::AF_INET as u8, 0, 0, 0]);
+    out.extend_from_slice(&[libc::AF_UNSPEC as u8, 0, 0, 0]);
     out
 }
 
@@ -240,8 +242,12 @@ fn be32(b: &[u8]) -> Option<u32> {
     Some(u32::from_be_bytes(b.get(..4)?.try_into().ok()?))
 }
 
-fn ipv4(b: &[u8]) -> Option<Ipv4Addr> {
-    Some(Ipv4Addr::from(<[u8; 4]>::try_from(b.get(..4)?).ok()?))
+fn ipv4(b: &[u8]) -> Option<IpAddr> {
+    Some(IpAddr::from(<[u8; 4]>::try_from(b.get(..4)?).ok()?))
+}
+
+fn ipv6(b: &[u8]) -> Option<IpAddr> {
+    Some(IpAddr::from(<[u8; 16]>::try_from(b.get(..16)?).ok()?))
 }
 
 fn tuple(buf: &[u8]) -> Option<Tuple> {
@@ -254,6 +260,8 @@ fn tuple(buf: &[u8]) -> Option<Tuple> {
                     match k {
                         CTA_IP_V4_SRC => src = ipv4(p),
                         CTA_IP_V4_DST => dst = ipv4(p),
+                        CTA_IP_V6_SRC => src = ipv6(p),
+                        CTA_IP_V6_DST => dst = ipv6(p),
                         _ => {}
                     }
                 }
@@ -281,12 +289,12 @@ fn tuple(buf: &[u8]) -> Option<Tuple> {
 }
 
 /// A ctnetlink NEW message (an event or a dump's answer) into an entry,
-/// if it is IPv4 and translated.
+/// if it is IPv4 or IPv6 and translated.
 fn entry(kind: u16, body: &[u8]) -> Option<Entry> {
     if kind != (NFNL_SUBSYS_CTNETLINK << 8 | IPCTNL_MSG_CT_NEW) || body.len() < NFGEN_HDR {
         return None;
     }
-    if body[0] != libc::AF_INET as u8 {
+    if body[0] != libc::AF_INET as u8 && body[0] != libc::AF_INET6 as u8 {
         return None;
     }
     let (mut orig, mut reply, mut status) = (None, None, 0);
@@ -314,6 +322,7 @@ fn entry(kind: u16, body: &[u8]) -> Option<Entry> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv4Addr;
 
     fn attr(kind: u16, payload: &[u8]) -> Vec<u8> {
         let mut out = ((4 + payload.len()) as u16).to_ne_bytes().to_vec();

@@ -6,6 +6,7 @@
 
 use std::{
     mem::ManuallyDrop,
+    net::IpAddr,
     os::fd::AsRawFd,
     sync::{
         atomic::{AtomicU64, Ordering},
@@ -19,8 +20,12 @@ use aya::{
     Btf, Ebpf, EbpfLoader,
 };
 use podtrace_common::{
-    counter, filter::L4Filter, names, node_addr, prefilter::TracedPairs, FlowKey, Histogram,
-    KernelLayout, Sighting, StepKey, TunnelKey, MAX_NODES,
+    counter,
+    filter::L4Filter,
+    names, node_addr,
+    packet6::FlowKey6,
+    prefilter::{PairKey, TracedPairsOf},
+    FlowKey, Histogram, KernelLayout, Sighting, StepKey, TunnelKey, MAX_NODES,
 };
 use tokio::sync::mpsc;
 
@@ -45,6 +50,8 @@ pub struct ProbeSpec<'a> {
     pub layout: &'a KernelLayout,
     pub btf: &'a Btf,
     pub flows: &'a [FlowKey],
+    /// The traced IPv6 pairs (`FLOWS6`).
+    pub flows6: &'a [FlowKey6],
     /// Resolved for this kernel (`Features::attach_mode`): never Auto.
     pub mode: AttachMode,
     /// The kernel's kfree_skb passes a drop reason.
@@ -164,6 +171,7 @@ impl NodeProbe {
             .load(EBPF_OBJECT)
             .context("cannot load the eBPF programs")?;
         flow_filter(&mut ebpf)?.replace(&[], spec.flows)?;
+        flow_filter6(&mut ebpf)?.replace(&[], spec.flows6)?;
         if let Some(filter) = spec.filter {
             set_l4_filter(&mut ebpf, filter)?;
         }
@@ -346,16 +354,38 @@ fn load_tunnel_trust(ebpf: &mut Ebpf, trust: &TunnelTrust) -> Result<()> {
     for key in &trust.tunnels {
         tunnels.insert(key, 1, 0)?;
     }
-    let mut addrs: BpfHashMap<_, [u8; 4], u8> =
-        BpfHashMap::try_from(map(ebpf, names::NODE_ADDRS)?)?;
-    for ip in &trust.local {
-        addrs.insert(ip.octets(), node_addr::LOCAL, 0)?;
+    let v4 = |ip: &IpAddr| match ip {
+        IpAddr::V4(v4) => Some(v4.octets()),
+        IpAddr::V6(_) => None,
+    };
+    let v6 = |ip: &IpAddr| match ip {
+        IpAddr::V6(v6) => Some(v6.octets()),
+        IpAddr::V4(_) => None,
+    };
+    load_node_addrs(ebpf, names::NODE_ADDRS, trust, v4, node_addr::ANY)?;
+    load_node_addrs(ebpf, names::NODE_ADDRS6, trust, v6, node_addr::ANY6)
+}
+
+/// One family's node addresses (`NODE_ADDRS` or `NODE_ADDRS6`): the
+/// node's own, its peers', or, where no peer of the family is known,
+/// `any`.
+fn load_node_addrs<K: aya::Pod>(
+    ebpf: &mut Ebpf,
+    name: &str,
+    trust: &TunnelTrust,
+    key: impl Fn(&IpAddr) -> Option<K>,
+    any: K,
+) -> Result<()> {
+    let mut addrs: BpfHashMap<_, K, u8> = BpfHashMap::try_from(map(ebpf, name)?)?;
+    for ip in trust.local.iter().filter_map(&key) {
+        addrs.insert(ip, node_addr::LOCAL, 0)?;
     }
-    for ip in &trust.peers {
-        addrs.insert(ip.octets(), node_addr::PEER, 0)?;
+    let mut peers = trust.peers.iter().filter_map(&key).peekable();
+    if peers.peek().is_none() {
+        addrs.insert(any, node_addr::PEER, 0)?;
     }
-    if trust.peers.is_empty() {
-        addrs.insert(node_addr::ANY, node_addr::PEER, 0)?;
+    for ip in peers {
+        addrs.insert(ip, node_addr::PEER, 0)?;
     }
     Ok(())
 }
@@ -370,28 +400,51 @@ fn map<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::maps::Map> {
     ebpf.map_mut(name).ok_or_else(|| anyhow!("no {name} map"))
 }
 
-/// The kernel's filter of traced pairs (both eBPF programs read it), and
-/// its pre-filter.
-struct FlowFilter<'a> {
-    flows: BpfHashMap<&'a mut MapData, FlowKey, u8>,
-    prefilter: BpfArray<&'a mut MapData, TracedPairs>,
+/// The kernel's filter of traced pairs of one family (both eBPF programs
+/// read it), and its pre-filter.
+struct FlowFilter<'a, K: aya::Pod>
+where
+    TracedPairsOf<K>: aya::Pod,
+{
+    flows: BpfHashMap<&'a mut MapData, K, u8>,
+    prefilter: BpfArray<&'a mut MapData, TracedPairsOf<K>>,
 }
 
-fn flow_filter(ebpf: &mut Ebpf) -> Result<FlowFilter<'_>> {
-    let [flows, prefilter] = ebpf.maps_disjoint_mut([names::FLOWS, names::TRACED_PAIRS]);
-    let flows = flows.ok_or_else(|| anyhow!("no {} map", names::FLOWS))?;
-    let prefilter = prefilter.ok_or_else(|| anyhow!("no {} map", names::TRACED_PAIRS))?;
+/// The IPv4 flow filter (`FLOWS`, `TRACED_PAIRS`).
+fn flow_filter(ebpf: &mut Ebpf) -> Result<FlowFilter<'_, FlowKey>> {
+    flow_filter_of(ebpf, names::FLOWS, names::TRACED_PAIRS)
+}
+
+/// The IPv6 flow filter (`FLOWS6`, `TRACED_PAIRS6`).
+fn flow_filter6(ebpf: &mut Ebpf) -> Result<FlowFilter<'_, FlowKey6>> {
+    flow_filter_of(ebpf, names::FLOWS6, names::TRACED_PAIRS6)
+}
+
+fn flow_filter_of<'a, K: aya::Pod>(
+    ebpf: &'a mut Ebpf,
+    flows_name: &str,
+    prefilter_name: &str,
+) -> Result<FlowFilter<'a, K>>
+where
+    TracedPairsOf<K>: aya::Pod,
+{
+    let [flows, prefilter] = ebpf.maps_disjoint_mut([flows_name, prefilter_name]);
+    let flows = flows.ok_or_else(|| anyhow!("no {flows_name} map"))?;
+    let prefilter = prefilter.ok_or_else(|| anyhow!("no {prefilter_name} map"))?;
     Ok(FlowFilter {
         flows: BpfHashMap::try_from(flows)?,
         prefilter: BpfArray::try_from(prefilter)?,
     })
 }
 
-impl FlowFilter<'_> {
+impl<K: aya::Pod + PairKey> FlowFilter<'_, K>
+where
+    TracedPairsOf<K>: aya::Pod,
+{
     /// Traces `new` instead of `old`, while the programs run: the
     /// pre-filter widened to both with FLOWS deciding, FLOWS changed, then
     /// the pre-filter settled on what FLOWS holds (`TracedPairs`).
-    fn replace(&mut self, old: &[FlowKey], new: &[FlowKey]) -> Result<()> {
+    fn replace(&mut self, old: &[K], new: &[K]) -> Result<()> {
         let current = self.pairs()?;
         let before = self.prefilter.get(&0, 0)?;
         self.prefilter
@@ -403,13 +456,13 @@ impl FlowFilter<'_> {
         for key in new {
             self.flows.insert(key, 1, 0)?;
         }
-        for step in TracedPairs::settled(&self.pairs()?) {
+        for step in TracedPairsOf::settled(&self.pairs()?) {
             self.prefilter.set(0, step, 0)?;
         }
         Ok(())
     }
 
-    fn pairs(&self) -> Result<Vec<FlowKey>> {
+    fn pairs(&self) -> Result<Vec<K>> {
         Ok(self.flows.keys().collect::<Result<_, _>>()?)
     }
 }

@@ -52,8 +52,8 @@ pub struct NetfilterRule {
 /// (its addresses as the rule saw them).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TracedRule {
-    pub src: Ipv4Addr,
-    pub dst: Ipv4Addr,
+    pub src: std::net::IpAddr,
+    pub dst: std::net::IpAddr,
     pub ip_id: u16,
     pub rule: NetfilterRule,
 }
@@ -77,7 +77,7 @@ impl Backend {
 }
 
 /// How a packet is known across signals: source, destination, IP ID.
-pub type PacketId = (Ipv4Addr, Ipv4Addr, u16);
+pub type PacketId = (std::net::IpAddr, std::net::IpAddr, u16);
 
 fn table_name(run_id: u64) -> String {
     format!("podtrace_r{run_id:016x}")

@@ -16,7 +16,10 @@
 //! whose comment says which Service it was for (kube-proxy's
 //! `no-endpoint-services`).
 
-use std::{collections::HashMap, net::Ipv4Addr};
+use std::{
+    collections::HashMap,
+    net::{Ipv4Addr, Ipv6Addr},
+};
 
 use super::netfilter::{NetfilterRule, PacketId, TracedRule};
 
@@ -260,7 +263,9 @@ fn name_rule(rule: &RuleEvent, packet: &TracedPacket, rules: &mut dyn RuleLookup
     named
 }
 
-/// `ip saddr A ip daddr B … ip id N` of a packet line.
+/// `ip saddr A ip daddr B … ip id N` of a packet line; for IPv6, `ip6
+/// saddr A ip6 daddr B`, whose packets have no ID (0, as the decoder
+/// gives an unfragmented one).
 fn packet_id(packet: &str) -> Option<PacketId> {
     let words: Vec<&str> = packet.split_whitespace().collect();
     let after = |a: &str, b: &str| {
@@ -269,10 +274,15 @@ fn packet_id(packet: &str) -> Option<PacketId> {
             .find(|w| w[0] == a && w[1] == b)
             .map(|w| w[2])
     };
+    if let (Some(src), Some(dst)) = (after("ip6", "saddr"), after("ip6", "daddr")) {
+        let src: Ipv6Addr = src.parse().ok()?;
+        let dst: Ipv6Addr = dst.parse().ok()?;
+        return Some((src.into(), dst.into(), 0));
+    }
     let src: Ipv4Addr = after("ip", "saddr")?.parse().ok()?;
     let dst: Ipv4Addr = after("ip", "daddr")?.parse().ok()?;
     let id: u16 = after("ip", "id")?.parse().ok()?;
-    Some((src, dst, id))
+    Some((src.into(), dst.into(), id))
 }
 
 /// `tcp dport 80` / `udp dport 53` of a packet line.

@@ -2,7 +2,10 @@
 //! stories: names of addresses, the traced nodes' facts, pod subnets, and
 //! why a netfilter rule could not be named.
 
-use std::{collections::HashMap, net::Ipv4Addr};
+use std::{
+    collections::HashMap,
+    net::{IpAddr, Ipv4Addr},
+};
 
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
@@ -20,7 +23,7 @@ use crate::{
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Context {
     /// Labels for addresses: pods ("default/web-0") and nodes ("node-1").
-    pub names: HashMap<Ipv4Addr, String>,
+    pub names: HashMap<IpAddr, String>,
     /// What each traced node looked like at start, by node name.
     pub nodes: HashMap<String, NodeFacts>,
     /// Every node's pod subnet (`--nodes-file`).
@@ -48,15 +51,16 @@ pub struct Context {
 
 /// An address and its name, as [`Context::label`] shows it.
 pub struct Label<'a> {
-    ip: Ipv4Addr,
+    ip: IpAddr,
     name: Option<&'a str>,
 }
 
 impl std::fmt::Display for Label<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", Shown(self.ip))?;
         match self.name {
-            Some(name) => write!(f, "{} ({name})", Dotted(self.ip)),
-            None => write!(f, "{}", Dotted(self.ip)),
+            Some(name) => write!(f, " ({name})"),
+            None => Ok(()),
         }
     }
 }
@@ -65,6 +69,19 @@ impl std::fmt::Display for Label<'_> {
 /// through the formatting machinery once per octet, which was the bulk of
 /// a note's cost at line rate. (No width or padding: a note has none.)
 pub(crate) struct Dotted(pub Ipv4Addr);
+
+/// An address of either family as `Display` shows it: IPv4 through
+/// [`Dotted`], IPv6 as std writes it (the compressed form).
+pub(crate) struct Shown(pub IpAddr);
+
+impl std::fmt::Display for Shown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            IpAddr::V4(v4) => Dotted(v4).fmt(f),
+            IpAddr::V6(v6) => write!(f, "{v6}"),
+        }
+    }
+}
 
 impl std::fmt::Display for Dotted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -94,7 +111,8 @@ impl Context {
     /// `ip`, with its name when known ("10.244.2.2 (default/db-0)"): a
     /// `Display`, so that a note at line rate writes it in place rather
     /// than through a String of its own.
-    pub fn label(&self, ip: Ipv4Addr) -> Label<'_> {
+    pub fn label(&self, ip: impl Into<IpAddr>) -> Label<'_> {
+        let ip = ip.into();
         Label {
             ip,
             name: self.names.get(&ip).map(String::as_str),
@@ -102,7 +120,8 @@ impl Context {
     }
 
     /// The traced node that holds `ip` as one of its own addresses.
-    pub fn node_holding(&self, ip: Ipv4Addr) -> Option<&str> {
+    pub fn node_holding(&self, ip: impl Into<IpAddr>) -> Option<&str> {
+        let ip = ip.into();
         self.nodes
             .iter()
             .find(|(_, facts)| facts.view.holds(ip))
@@ -111,7 +130,7 @@ impl Context {
 
     /// A packet for `dst` must show up again: a traced node delivers
     /// `dst`'s subnet locally (via a bridge or pod veth).
-    pub fn expects_arrival(&self, dst: Ipv4Addr) -> bool {
+    pub fn expects_arrival(&self, dst: IpAddr) -> bool {
         self.nodes
             .values()
             .flat_map(|facts| &facts.local_pod_subnets)

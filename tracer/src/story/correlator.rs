@@ -13,10 +13,8 @@
 
 use std::{
     collections::{BTreeSet, HashMap, HashSet, VecDeque},
-    net::Ipv4Addr,
+    net::IpAddr,
 };
-
-use ipnet::Ipv4Net;
 
 use crate::{
     decode::hop::Hop,
@@ -50,7 +48,7 @@ pub struct Waits {
     pub rules_traced: bool,
     /// Pod subnets a traced node delivers locally: a packet heading
     /// elsewhere that leaves by the underlay is done.
-    pub traced_destinations: Vec<Ipv4Net>,
+    pub traced_destinations: Vec<ipnet::IpNet>,
 }
 
 /// Groups hops into journeys, and hands them over in the order their
@@ -78,7 +76,7 @@ pub struct Correlator {
     /// translation (a MASQUERADE's address and the peer): other traffic
     /// between them (a node's own, other clients' masqueraded alike) is
     /// not the traced pair's, and its journeys are not told.
-    joining_only: HashSet<(Ipv4Addr, Ipv4Addr)>,
+    joining_only: HashSet<(IpAddr, IpAddr)>,
 }
 
 impl Correlator {
@@ -145,7 +143,7 @@ impl Correlator {
 
     /// Traffic between `a` and `b` (both ways) is traced only to join
     /// the traced pair's packets across a source translation.
-    pub fn trace_for_joining(&mut self, a: Ipv4Addr, b: Ipv4Addr) {
+    pub fn trace_for_joining(&mut self, a: IpAddr, b: IpAddr) {
         self.joining_only.insert((a, b));
         self.joining_only.insert((b, a));
     }
@@ -373,6 +371,7 @@ pub(crate) mod tests {
         node::interfaces::Role,
         story::{journey::NETFILTER_DROP, nat},
     };
+    use std::net::Ipv4Addr;
 
     fn waits(idle_ns: u64, patience_ns: u64) -> Waits {
         Waits {
@@ -876,7 +875,7 @@ pub(crate) mod tests {
         at_bridge.route = Some(KernelRoute {
             result: KernelRoute::NO_NEIGHBOUR.into(),
             dev: Some("eth0".into()),
-            via: Some(Ipv4Addr::new(192, 0, 2, 254)),
+            via: Some(Ipv4Addr::new(192, 0, 2, 254).into()),
         });
         c.observe(at_bridge);
         assert!(

@@ -3,7 +3,10 @@
 //! bridge, a VXLAN device without a forwarding entry, an MTU too small.
 //! Pure: it reads the journey and the facts podtrace gathered at start.
 
-use std::{collections::HashMap, net::Ipv4Addr};
+use std::{
+    collections::HashMap,
+    net::{IpAddr, Ipv4Addr},
+};
 
 use ipnet::Ipv4Net;
 use serde::Serialize;
@@ -39,7 +42,7 @@ const NEIGHBOUR_REASONS: &[&str] = &["NEIGH_FAILED", "NEIGH_QUEUEFULL", "NEIGH_D
 /// The next hop the packet waited for: the gateway the kernel named when
 /// podtrace asked it on this node, else the route's, else the destination
 /// itself (on-link).
-fn next_hop(hops: &[Hop], facts: &NodeFacts) -> Ipv4Addr {
+fn next_hop(hops: &[Hop], facts: &NodeFacts) -> IpAddr {
     let last = &hops[hops.len() - 1];
     let dst = hops[0].packet.packet.dst;
     hops.iter()
@@ -93,15 +96,19 @@ fn missing_route(
         let route = facts.view.route_to(dst)?;
         (leaves_plain && route.destination.prefix_len() == 0).then_some(h)
     });
-    let dst_is_pod = subnets.iter().any(|s| s.subnet.contains(&dst))
-        || pod_cidrs.iter().any(|c| c.contains(&dst))
-        || nodes.values().any(|facts| {
-            facts.local_pod_subnets.iter().any(|n| n.contains(&dst))
-                || facts
+    let dst_v4 = ipv4_of(dst);
+    let dst_is_pod = dst_v4.is_some_and(|dst| {
+        subnets.iter().any(|s| s.subnet.contains(&dst))
+            || pod_cidrs.iter().any(|c| c.contains(&dst))
+    }) || nodes.values().any(|facts| {
+        facts.local_pod_subnets.iter().any(|n| n.contains(&dst))
+            || dst_v4.is_some_and(|dst| {
+                facts
                     .inferred_pod_cidr
                     .as_ref()
                     .is_some_and(|(c, _)| c.contains(&dst))
-        });
+            })
+    });
     let routing_hop = match (reason, left_by_default) {
         (Some(r), _) if NO_ROUTE_REASONS.contains(&r) => last,
         (_, Some(h)) if dst_is_pod => h,
@@ -114,7 +121,10 @@ fn missing_route(
         .map_or("no route at all".to_string(), |r| facts.view.describe(r));
     Some(RouteCheck {
         node: routing_hop.node.to_string(),
-        expected: expected_route(dst, subnets, pod_cidrs, nodes, &routing_hop.node),
+        expected: match dst {
+            IpAddr::V4(dst) => expected_route(dst, subnets, pod_cidrs, nodes, &routing_hop.node),
+            IpAddr::V6(_) => expected_route6(dst, nodes, &routing_hop.node),
+        },
         used,
     })
 }
@@ -162,7 +172,8 @@ fn hint(hops: &[Hop], nodes: &HashMap<String, NodeFacts>) -> Option<String> {
             let next_hop = next_hop(hops, facts);
             let state = if r == "NEIGH_QUEUEFULL" { "its queue was full" } else { "neighbour FAILED" };
             Some(format!(
-                "no ARP reply from {next_hop} on {} ({state}): the next hop is gone or does not answer",
+                "no {} reply from {next_hop} on {} ({state}): the next hop is gone or does not answer",
+                if next_hop.is_ipv6() { "neighbour discovery (NDP)" } else { "ARP" },
                 last.iface
             ))
         }
@@ -259,6 +270,61 @@ fn expected_route(
     }
 }
 
+/// The address `ip` is, if it is an IPv4 one (the node list's subnets and
+/// the pod CIDRs are IPv4).
+fn ipv4_of(ip: IpAddr) -> Option<Ipv4Addr> {
+    match ip {
+        IpAddr::V4(v4) => Some(v4),
+        IpAddr::V6(_) => None,
+    }
+}
+
+/// The IPv6 route node `here` should have had for `dst`: to the pod
+/// subnet holding it on another traced node, through that node's IPv6
+/// tunnel device as this node has one of its kind (flannel-v6.1,
+/// vxlan-v6.calico), via the remote device's address, as flannel and
+/// Calico write it; in `ip -6 route` and `route -6 -n` terms.
+fn expected_route6(dst: IpAddr, nodes: &HashMap<String, NodeFacts>, here: &str) -> String {
+    let Some(view) = nodes.get(here).map(|f| &f.view) else {
+        return format!("a route for {dst}");
+    };
+    let remote = nodes
+        .iter()
+        .filter(|(name, _)| name.as_str() != here)
+        .find_map(|(_, facts)| {
+            let subnet = (facts.local_pod_subnets.iter())
+                .filter(|net| net.contains(&dst))
+                .min_by_key(|net| net.prefix_len())?;
+            Some((facts, *subnet))
+        });
+    let Some((facts, subnet)) = remote else {
+        return format!("a route for {dst}");
+    };
+    // The remote node's IPv6 VTEP: a VXLAN device over an IPv6 underlay,
+    // and the address it holds.
+    let vtep = facts.view.links.iter().find_map(|link| {
+        let over_ipv6 = link
+            .vxlan
+            .and_then(|v| v.local)
+            .is_some_and(|l| l.is_ipv6());
+        let address = (facts.view.addresses6.iter()).find(|(index, _)| *index == link.index);
+        over_ipv6.then(|| address.map(|(_, ip)| (link.name.as_str(), *ip)))?
+    });
+    let route = crate::node::Route {
+        protocol: RouteOrigin::Other,
+        onlink: vtep.is_some(),
+        kind: RouteKind::Unicast,
+        destination: subnet.trunc(),
+        gateway: vtep.map(|(_, ip)| IpAddr::V6(ip)),
+        oif: None,
+        table: crate::node::RT_TABLE_MAIN,
+    };
+    // The same device on this node: flannel and Calico name it alike on
+    // every node.
+    let dev = vtep.and_then(|(name, _)| view.link_named(name).map(|l| l.name.as_str()));
+    route.describe_on(dev.or(vtep.map(|(name, _)| name)))
+}
+
 /// The pod subnet holding `dst` as another traced node shows it, where no
 /// node list says: its IPAM block (Calico blackholes it, `proto bird`),
 /// else the widest subnet it delivers locally (cni0's); its node IP is its
@@ -279,6 +345,10 @@ fn traced_subnet(
         let subnet = blocks
             .map(|r| r.destination)
             .chain(facts.local_pod_subnets.iter().copied())
+            .filter_map(|net| match net {
+                ipnet::IpNet::V4(net) => Some(net),
+                ipnet::IpNet::V6(_) => None,
+            })
             .filter(|net| net.contains(&dst))
             .min_by_key(|net| net.prefix_len())?;
         let node_ip = view

@@ -2,9 +2,7 @@
 //! what rule tracing said of it, and the key that is the same for the
 //! packet on every hop, encapsulated or translated.
 
-use std::net::Ipv4Addr;
-
-use ipnet::Ipv4Net;
+use std::net::IpAddr;
 
 use crate::{
     decode::{
@@ -55,8 +53,8 @@ const TCP_RECEIVE_FUNCTIONS: &[&str] = &["tcp_", "inet_csk_destroy_sock", "skb_q
 /// left out because routing and encapsulation change them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct PacketKey {
-    pub src: Ipv4Addr,
-    pub dst: Ipv4Addr,
+    pub src: IpAddr,
+    pub dst: IpAddr,
     pub ip_id: u16,
     pub transport: Transport,
 }
@@ -82,10 +80,11 @@ impl PacketKey {
         }
     }
 
-    /// The key's addresses and IP ID in one number (see the `Hash` impl).
+    /// The key's addresses and IP ID in one number (see the `Hash` impl):
+    /// exact for IPv4, IPv6's addresses folded (a hash, not an identity).
     pub(super) fn packed_id(&self) -> u128 {
-        (u128::from(u32::from(self.src)) << 48)
-            | (u128::from(u32::from(self.dst)) << 16)
+        (u128::from(folded(self.src)) << 48)
+            | (u128::from(folded(self.dst)) << 16)
             | u128::from(self.ip_id)
     }
 
@@ -94,6 +93,12 @@ impl PacketKey {
     pub(super) fn transport_word(&self) -> u64 {
         let (a, b, c) = match self.transport {
             Transport::Icmp {
+                icmp_type,
+                code,
+                id,
+                seq,
+            }
+            | Transport::Icmpv6 {
                 icmp_type,
                 code,
                 id,
@@ -123,6 +128,17 @@ impl PacketKey {
 
     pub(super) fn id(&self) -> PacketId {
         (self.src, self.dst, self.ip_id)
+    }
+}
+
+/// An address as 32 bits: an IPv4 one whole, an IPv6 one folded.
+fn folded(ip: IpAddr) -> u32 {
+    match ip {
+        IpAddr::V4(v4) => u32::from(v4),
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6);
+            (bits as u32) ^ ((bits >> 32) as u32) ^ ((bits >> 64) as u32) ^ ((bits >> 96) as u32)
+        }
     }
 }
 
@@ -303,7 +319,7 @@ impl Journey {
     /// when it leaves, not the one it was sent to: after a DNAT, a
     /// ClusterIP is in no node's pod subnet, but its backend may be on a
     /// traced node, whose hops are still to come.
-    pub(super) fn left_the_traced_nodes(&self, traced_destinations: &[Ipv4Net]) -> bool {
+    pub(super) fn left_the_traced_nodes(&self, traced_destinations: &[ipnet::IpNet]) -> bool {
         self.hops.last().is_some_and(|h| {
             h.role == Role::Underlay
                 && h.direction == Direction::Egress

@@ -4,8 +4,6 @@
 //! looking, not because it vanished: its story is told incomplete, with
 //! what happened to the agent.
 
-use std::net::Ipv4Addr;
-
 use serde::{Deserialize, Serialize};
 
 use super::{journey::Journey, Context};
@@ -46,12 +44,11 @@ pub(super) fn behind<'c>(journey: &Journey, ctx: &'c Context) -> Option<&'c Lost
 /// itself when routed), goes to `node`: one of its addresses, or a pod
 /// subnet it delivers. A node whose facts never came (its agent died
 /// before it said them) is taken to be where the packet went.
-fn leads_to(ctx: &Context, node: &str, toward: Ipv4Addr, dst: Ipv4Addr) -> bool {
+fn leads_to(ctx: &Context, node: &str, toward: std::net::IpAddr, dst: std::net::IpAddr) -> bool {
     let Some(facts) = ctx.nodes.get(node) else {
         return true;
     };
-    facts.view.own_addresses().any(|ip| ip == toward)
-        || facts.local_pod_subnets.iter().any(|net| net.contains(&dst))
+    facts.view.holds(toward) || facts.local_pod_subnets.iter().any(|net| net.contains(&dst))
 }
 
 #[cfg(test)]

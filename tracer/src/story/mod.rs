@@ -30,7 +30,7 @@ pub mod steps;
 mod verdict;
 mod verdict_names;
 
-use std::{borrow::Cow, net::Ipv4Addr};
+use std::{borrow::Cow, net::IpAddr};
 
 use serde::Serialize;
 
@@ -77,8 +77,8 @@ pub struct HopLine {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Story {
     pub packet: String,
-    pub src: Ipv4Addr,
-    pub dst: Ipv4Addr,
+    pub src: IpAddr,
+    pub dst: IpAddr,
     pub src_name: Option<String>,
     pub dst_name: Option<String>,
     pub transport: Transport,

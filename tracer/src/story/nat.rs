@@ -16,7 +16,7 @@
 //!
 //! Naming those translations in a journey's story is `nat_steps`.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
@@ -25,7 +25,7 @@ use super::{
     nat_connections::{Connections, MAX_CONNECTIONS},
 };
 use crate::{
-    decode::{Ipv4Packet, Transport},
+    decode::{IpPacket, Transport},
     model::{Frontend, Translation},
     probe::conntrack::{self, Tuple},
 };
@@ -64,7 +64,7 @@ fn reversed(t: &Tuple) -> Tuple {
     }
 }
 
-fn tuple_of(p: &Ipv4Packet) -> Option<Tuple> {
+fn tuple_of(p: &IpPacket) -> Option<Tuple> {
     let (sport, dport) = ports(&p.transport)?;
     Some(Tuple {
         protocol: p.transport.protocol(),
@@ -155,7 +155,7 @@ impl NatBook {
     pub fn learn_connection(
         &mut self,
         entry: &conntrack::Entry,
-        name: impl Fn(Ipv4Addr) -> Option<String>,
+        name: impl Fn(IpAddr) -> Option<String>,
         untraced_until_ns: u64,
     ) -> Vec<Translation> {
         let c = Connection {
@@ -224,7 +224,7 @@ impl NatBook {
 
     /// The connection a packet belongs to, in either direction, before or
     /// after its translation.
-    pub(super) fn connection_of(&self, packets: [&Ipv4Packet; 2]) -> Option<&Connection> {
+    pub(super) fn connection_of(&self, packets: [&IpPacket; 2]) -> Option<&Connection> {
         packets
             .into_iter()
             .filter_map(tuple_of)
@@ -237,7 +237,7 @@ impl NatBook {
     /// A packet last seen before a translation podtrace learnt from
     /// conntrack only afterwards: the translation it then went through
     /// (`DNAT a → b`, `SNAT a → b`), to say why it was not seen again.
-    pub fn translated_out_of_sight(&self, last: &Ipv4Packet, seen_ns: u64) -> Option<String> {
+    pub fn translated_out_of_sight(&self, last: &IpPacket, seen_ns: u64) -> Option<String> {
         let t = tuple_of(last)?;
         let (_, c) = self.connections.newest_with(&t)?;
         late_translation(c, seen_ns, c.orig == t)
@@ -245,7 +245,7 @@ impl NatBook {
 
     /// A packet first seen after such a translation: the translation it
     /// had been through, to say why its earlier hops are missing.
-    pub fn translated_before_sight(&self, first: &Ipv4Packet, seen_ns: u64) -> Option<String> {
+    pub fn translated_before_sight(&self, first: &IpPacket, seen_ns: u64) -> Option<String> {
         let t = reversed(&tuple_of(first)?);
         let (_, c) = self.connections.newest_with(&t)?;
         late_translation(c, seen_ns, c.reply == t)
@@ -307,16 +307,17 @@ pub(crate) mod tests {
         probe::netfilter::NetfilterRule,
         story::nat_steps::{steps, NatKind, RULE_NOT_SEEN},
     };
+    use std::net::Ipv4Addr;
 
     pub(crate) fn book() -> NatBook {
         let t = |ip: [u8; 4], pod: &str| Translation {
             protocol: 6,
             front: Frontend {
-                ip: Ipv4Addr::new(10, 96, 7, 7),
+                ip: Ipv4Addr::new(10, 96, 7, 7).into(),
                 port: 80,
             },
             back: Frontend {
-                ip: Ipv4Addr::from(ip),
+                ip: Ipv4Addr::from(ip).into(),
                 port: 8080,
             },
             service: Some("default/db".into()),
@@ -332,7 +333,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn packet(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16) -> Ipv4Packet {
+    fn packet(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16) -> IpPacket {
         decode(&frames::tcp_syn(src, dst, sport, dport), true)
             .unwrap()
             .packet
@@ -363,7 +364,7 @@ pub(crate) mod tests {
         assert_eq!(s[0].conntrack.state, "new");
         assert_eq!(s[0].rule, RULE_NOT_SEEN);
         // A later packet of the connection: conntrack did it.
-        let ack = |p: &Ipv4Packet| Ipv4Packet {
+        let ack = |p: &IpPacket| IpPacket {
             transport: match p.transport {
                 Transport::Tcp {
                     sport, dport, seq, ..
@@ -444,9 +445,9 @@ pub(crate) mod tests {
         // A backend of one listed Service: a learnt frontend is named by it.
         let mut listed = self::tests::book();
         let mut nodeport = hairpin();
-        nodeport.orig.dst = Ipv4Addr::new(192, 0, 2, 11);
+        nodeport.orig.dst = Ipv4Addr::new(192, 0, 2, 11).into();
         nodeport.orig.dport = 30080;
-        nodeport.reply.src = Ipv4Addr::new(10, 244, 2, 3);
+        nodeport.reply.src = Ipv4Addr::new(10, 244, 2, 3).into();
         let learnt = listed.learn_connection(&nodeport, |_| None, 0);
         assert_eq!(learnt[0].service.as_deref(), Some("default/db"));
         let sent = packet([10, 244, 1, 2], [10, 96, 7, 8], 40000, 80);
@@ -478,7 +479,7 @@ pub(crate) mod tests {
 
     #[test]
     fn alternatives_map_both_sides_of_each_translation() {
-        let key = |p: &Ipv4Packet| PacketKey {
+        let key = |p: &IpPacket| PacketKey {
             src: p.src,
             dst: p.dst,
             ip_id: p.ip_id,

@@ -124,7 +124,13 @@ mod tests {
     }
 
     fn reversed(t: Tuple) -> Tuple {
-        tuple(t.dst.octets(), t.src.octets(), t.dport, t.sport)
+        Tuple {
+            src: t.dst,
+            dst: t.src,
+            sport: t.dport,
+            dport: t.sport,
+            ..t
+        }
     }
 
     #[test]

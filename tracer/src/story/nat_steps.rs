@@ -5,13 +5,13 @@
 //! connection's first packet traverses the nat chains, later ones are
 //! translated by conntrack) and the Service and backend pod.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use serde::Serialize;
 
 use super::nat::{ports, NatBook};
 use crate::{
-    decode::Ipv4Packet,
+    decode::IpPacket,
     model::{Frontend, Translation},
     probe::netfilter::NetfilterRule,
 };
@@ -112,22 +112,22 @@ pub fn rule_action(rule: &NetfilterRule) -> Option<NatKind> {
     }
 }
 
-fn sock(ip: Ipv4Addr, port: Option<u16>) -> Frontend {
+fn sock(ip: IpAddr, port: Option<u16>) -> Frontend {
     Frontend {
         ip,
         port: port.unwrap_or(0),
     }
 }
 
-fn shown(ip: Ipv4Addr, port: Option<u16>) -> String {
-    port.map_or_else(|| ip.to_string(), |p| format!("{ip}:{p}"))
+fn shown(ip: IpAddr, port: Option<u16>) -> String {
+    port.map_or_else(|| ip.to_string(), |port| Frontend { ip, port }.to_string())
 }
 
 /// The translations between two consecutive sightings of one packet
 /// (none when its addresses and ports did not change).
 pub fn steps(
-    before: &Ipv4Packet,
-    after: &Ipv4Packet,
+    before: &IpPacket,
+    after: &IpPacket,
     rules: &[NetfilterRule],
     book: &NatBook,
 ) -> Vec<NatStep> {

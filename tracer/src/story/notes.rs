@@ -9,7 +9,7 @@ use crate::decode::{
 };
 use crate::node::{interfaces::Role, Route, RouteKind, RouteOrigin};
 
-use super::{context::Dotted, Context};
+use super::{context::Shown, Context};
 
 pub(super) fn describe_packet(d: &Decoded) -> String {
     let p = &d.packet;
@@ -29,6 +29,21 @@ pub(super) fn describe_packet(d: &Decoded) -> String {
         Transport::Icmp {
             icmp_type, code, ..
         } => format!("ICMP type {icmp_type} code {code}"),
+        Transport::Icmpv6 {
+            icmp_type: 128,
+            id,
+            seq,
+            ..
+        } => format!("ICMPv6 echo request id {id} seq {seq}"),
+        Transport::Icmpv6 {
+            icmp_type: 129,
+            id,
+            seq,
+            ..
+        } => format!("ICMPv6 echo reply id {id} seq {seq}"),
+        Transport::Icmpv6 {
+            icmp_type, code, ..
+        } => format!("ICMPv6 type {icmp_type} code {code}"),
         Transport::Tcp {
             sport,
             dport,
@@ -84,15 +99,14 @@ impl fmt::Display for TunnelText<'_> {
                 if let Some(vni) = t.vni {
                     write!(f, " VNI {vni}")?;
                 }
-                let (src, dst) = (Dotted(t.outer.src), Dotted(t.outer.dst));
-                write!(f, " {src}:{sport} → {dst}:{dport}")
+                let (src, dst) = (Shown(t.outer.src), Shown(t.outer.dst));
+                if t.outer.src.is_ipv6() {
+                    write!(f, " [{src}]:{sport} → [{dst}]:{dport}")
+                } else {
+                    write!(f, " {src}:{sport} → {dst}:{dport}")
+                }
             }
-            _ => write!(
-                f,
-                "{kind} {} → {}",
-                Dotted(t.outer.src),
-                Dotted(t.outer.dst)
-            ),
+            _ => write!(f, "{kind} {} → {}", Shown(t.outer.src), Shown(t.outer.dst)),
         }
     }
 }

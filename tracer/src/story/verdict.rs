@@ -3,7 +3,7 @@
 //! explanation from `explain`). The netfilter rule of a drop and the
 //! translations on the way are named by `verdict_names`.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use serde::Serialize;
 
@@ -35,7 +35,7 @@ pub enum Outcome {
     LeftNode {
         node: String,
         iface: String,
-        toward: Ipv4Addr,
+        toward: IpAddr,
     },
     /// The node had no route for the destination's pods: the route it
     /// needed, the one it used, and what became of the packet.
@@ -282,7 +282,7 @@ fn translated_unseen(last: &Hop, ctx: &Context) -> Option<(String, bool)> {
 /// Where the packet leaving by `hop` was sent, when that is a traced
 /// node's own address (its tunnel endpoint, or the node itself): the
 /// node, and the address. Its arrival there would have been seen.
-fn toward_a_traced_node<'a>(hop: &Hop, ctx: &'a Context) -> Option<(&'a str, Ipv4Addr)> {
+fn toward_a_traced_node<'a>(hop: &Hop, ctx: &'a Context) -> Option<(&'a str, IpAddr)> {
     if hop.role != Role::Underlay || hop.direction != Direction::Egress {
         return None;
     }
@@ -325,7 +325,7 @@ fn how(journey: &Journey, path: &[PathStep]) -> String {
 
 /// A no-route verdict in one line: the route missing, the one used, and
 /// what became of the packet.
-fn no_route_summary(check: &RouteCheck, then: &Outcome, dst: Ipv4Addr, ctx: &Context) -> String {
+fn no_route_summary(check: &RouteCheck, then: &Outcome, dst: IpAddr, ctx: &Context) -> String {
     let then = match then {
         Outcome::Dropped { node, reason, .. } => format!(" (then dropped on {node}: {reason})"),
         Outcome::LeftNode { node, iface, .. } => format!(" (the packet left {node} by {iface})"),
@@ -341,13 +341,7 @@ fn no_route_summary(check: &RouteCheck, then: &Outcome, dst: Ipv4Addr, ctx: &Con
 }
 
 /// The verdict in one line.
-fn summarise(
-    outcome: &Outcome,
-    how: &str,
-    latency_us: f64,
-    dst: Ipv4Addr,
-    ctx: &Context,
-) -> String {
+fn summarise(outcome: &Outcome, how: &str, latency_us: f64, dst: IpAddr, ctx: &Context) -> String {
     match outcome {
         Outcome::NoRoute { check, then } => no_route_summary(check, then, dst, ctx),
         Outcome::Delivered { node, iface } => {

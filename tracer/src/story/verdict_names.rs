@@ -2,8 +2,6 @@
 //! rule that dropped it (or, unnamed, the hook it dropped it at), and the
 //! Service and translations on its way.
 
-use std::net::Ipv4Addr;
-
 use super::{
     nat_steps::NatKind,
     rule_text::{invalid, rejection},
@@ -95,7 +93,7 @@ impl Story {
             return "unknown";
         };
         let arrived = self.hops.iter().find(|h| h.node == last.node);
-        let own = |ip: Ipv4Addr| {
+        let own = |ip: std::net::IpAddr| {
             ctx.nodes
                 .get(&*last.node)
                 .is_some_and(|node| node.view.holds(ip))

@@ -6,7 +6,7 @@
 //! time between the programs' runs: a copy is the same packet freed the
 //! same way within [`SAME_FREE_NS`], not the same timestamp.
 
-use std::{collections::HashMap, net::Ipv4Addr};
+use std::{collections::HashMap, net::IpAddr};
 
 use crate::decode::hop::Hop;
 
@@ -22,8 +22,8 @@ const REMEMBERED_NS: u64 = 120 * 1_000_000_000;
 /// The packet and how it was freed (or seen): what every copy shares.
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct Freed {
-    src: Ipv4Addr,
-    dst: Ipv4Addr,
+    src: IpAddr,
+    dst: IpAddr,
     ip_id: u16,
     drop: Option<(String, String)>,
 }
