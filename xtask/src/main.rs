@@ -74,6 +74,10 @@ enum LabAction {
         /// empty), with listeners in the backend pods.
         #[arg(long)]
         services: bool,
+        /// Make the cluster dual-stack (flannel-vxlan and calico-vxlan):
+        /// IPv6 underlay, VTEPs and pod addresses beside the IPv4 ones.
+        #[arg(long)]
+        dual_stack: bool,
         /// kube-proxy's mode, with --services.
         #[arg(long, value_enum, default_value = "iptables")]
         proxy_mode: ProxyMode,
@@ -135,11 +139,15 @@ fn lab(action: LabAction) -> Result<()> {
             pod_cidr,
             api,
             services,
+            dual_stack,
             proxy_mode,
             podtrace,
         } => {
             let lab = Lab::new(&prefix, topology, pod_cidr)?;
             lab.up()?;
+            if dual_stack {
+                lab.dual_stack()?;
+            }
             println!("lab {prefix} ({}) is up", topology.name());
             if services {
                 lab.install_services(proxy_mode)?;
@@ -170,8 +178,9 @@ fn lab(action: LabAction) -> Result<()> {
                 );
             }
             for pod in lab.pods() {
+                let ipv6 = pod.ipv6.map_or(String::new(), |ip| format!(" and {ip}"));
                 println!(
-                    "  default/{}: {} on {} (netns {})",
+                    "  default/{}: {}{ipv6} on {} (netns {})",
                     pod.name,
                     pod.ip,
                     Lab::node_name(pod.node),
