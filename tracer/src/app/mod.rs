@@ -29,7 +29,10 @@ use pairs::{flow_keys, traced_pairs};
 pub use replay::replay;
 pub use stop::{block_signals, die_saying, STOPPED_BEFORE_TRACING};
 
-use std::{net::Ipv4Addr, time::Duration};
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    time::Duration,
+};
 
 use anyhow::{bail, Result};
 use podtrace_common::{filter::L4Filter, FlowKey, Sighting, MAX_NODES, NODE_OTHER_NETNS};
@@ -176,8 +179,18 @@ async fn resolve(args: &Args) -> Result<Resolved> {
 fn context_of(args: &Args, targets: &Targets) -> Context {
     let mut ctx = Context::default();
     for pod in &targets.inventory.pods {
-        if let Some(ip) = pod.ip {
-            ctx.names.insert(ip.into(), pod.qualified());
+        let ipv4 = pod.ip.map(IpAddr::V4);
+        for ip in ipv4
+            .into_iter()
+            .chain(pod.ipv6.iter().map(|ip| (*ip).into()))
+        {
+            ctx.names.insert(ip, pod.qualified());
+        }
+    }
+    for endpoint in [&targets.src, &targets.dst] {
+        for ip in endpoint.pod.iter().flat_map(|p| &p.ipv6) {
+            ctx.names
+                .insert((*ip).into(), endpoint.name().unwrap_or_default());
         }
     }
     for endpoint in [&targets.src, &targets.dst] {
@@ -395,10 +408,20 @@ fn announce(targets: &Targets, nodes: &[TracedNode], ctx: &Context) {
     if let Some(untraced) = targets.untraced_ipv6() {
         eprintln!("podtrace: {untraced}");
     }
+    let mut pairs = Vec::new();
+    if targets.families.ipv4 {
+        pairs.push(format!(
+            "{} ⇄ {}",
+            ctx.label(targets.src.ip),
+            ctx.label(targets.dst.ip)
+        ));
+    }
+    if let Some((src, dst)) = targets.traced_ipv6_pair() {
+        pairs.push(format!("{} ⇄ {}", ctx.label(src), ctx.label(dst)));
+    }
     eprintln!(
-        "podtrace: tracing {} ⇄ {} on {}; Ctrl-C to stop",
-        ctx.label(targets.src.ip),
-        ctx.label(targets.dst.ip),
+        "podtrace: tracing {} on {}; Ctrl-C to stop",
+        pairs.join(" and "),
         nodes
             .iter()
             .map(|n| format!("{} ({})", n.name, n.watched_list()))

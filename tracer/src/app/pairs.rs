@@ -8,11 +8,15 @@ use super::Targets;
 
 /// Every traced pair, both directions: SRC ⇄ DST, and SRC ⇄ each backend
 /// DST's Service translates to (so the packet is seen after the DNAT);
-/// then, where both ends have IPv6 (dual-stack pods), their IPv6 pair.
+/// where both ends have IPv6 (dual-stack pods), their IPv6 pair too;
+/// each family unless `-4`/`-6` left it out.
 pub(super) fn traced_pairs(targets: &Targets) -> Vec<(IpAddr, IpAddr)> {
     let (src, dst) = (IpAddr::V4(targets.src.ip), IpAddr::V4(targets.dst.ip));
-    let mut pairs = vec![(src, dst), (dst, src)];
-    let src6 = targets.ipv6_pair().map(|(src6, dst6)| {
+    let mut pairs = Vec::new();
+    if targets.families.ipv4 {
+        pairs.extend([(src, dst), (dst, src)]);
+    }
+    let src6 = targets.traced_ipv6_pair().map(|(src6, dst6)| {
         let (src6, dst6) = (IpAddr::V6(src6), IpAddr::V6(dst6));
         pairs.extend([(src6, dst6), (dst6, src6)]);
         src6
@@ -20,7 +24,11 @@ pub(super) fn traced_pairs(targets: &Targets) -> Vec<(IpAddr, IpAddr)> {
     for t in &targets.nat.translations {
         // A backend of each family is traced from the client's address of
         // that family.
-        let client = if t.back.ip.is_ipv6() { src6 } else { Some(src) };
+        let client = if t.back.ip.is_ipv6() {
+            src6
+        } else {
+            targets.families.ipv4.then_some(src)
+        };
         let Some(client) = client else { continue };
         for pair in [(client, t.back.ip), (t.back.ip, client)] {
             if !pairs.contains(&pair) && t.back.ip != client {

@@ -35,6 +35,36 @@ pub struct Targets {
     /// What kube-proxy translates the destination to (every backend; for
     /// a node, its NodePorts').
     pub nat: NatBook,
+    /// Which families of the pair are traced (`-4`, `-6`; both by
+    /// default, where both ends have IPv6).
+    pub families: Families,
+}
+
+/// The address families a trace follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Families {
+    pub ipv4: bool,
+    pub ipv6: bool,
+}
+
+impl Families {
+    pub const BOTH: Self = Self {
+        ipv4: true,
+        ipv6: true,
+    };
+
+    fn of(args: &Args) -> Self {
+        Self {
+            ipv4: !args.ipv6_only,
+            ipv6: !args.ipv4_only,
+        }
+    }
+}
+
+/// An endpoint's IPv6 address: a dual-stack pod's first (Kubernetes gives
+/// a pod one per family).
+fn ipv6_of(e: &Endpoint) -> Option<std::net::Ipv6Addr> {
+    e.pod.as_ref()?.ipv6.first().copied()
 }
 
 /// A pod on the host network is traced on the node's own interfaces:
@@ -55,8 +85,22 @@ impl Targets {
     /// pair: each one's first IPv6 address (Kubernetes gives a pod one
     /// per family).
     pub fn ipv6_pair(&self) -> Option<(std::net::Ipv6Addr, std::net::Ipv6Addr)> {
-        let ipv6 = |e: &Endpoint| e.pod.as_ref()?.ipv6.first().copied();
-        Some((ipv6(&self.src)?, ipv6(&self.dst)?))
+        Some((ipv6_of(&self.src)?, ipv6_of(&self.dst)?))
+    }
+
+    /// The ends that have no IPv6 address, by name.
+    fn without_ipv6(&self) -> Vec<String> {
+        [&self.src, &self.dst]
+            .into_iter()
+            .filter(|e| ipv6_of(e).is_none())
+            .map(|e| e.name().unwrap_or_else(|| e.ip.to_string()))
+            .collect()
+    }
+
+    /// The IPv6 pair traced: both ends have IPv6 and `-4` did not leave
+    /// it out.
+    pub fn traced_ipv6_pair(&self) -> Option<(std::net::Ipv6Addr, std::net::Ipv6Addr)> {
+        self.ipv6_pair().filter(|_| self.families.ipv6)
     }
 
     /// The traced pods' and Service's IPv6 addresses, which podtrace does
@@ -64,6 +108,9 @@ impl Targets {
     /// connection (dual-stack clients often prefer it) is not mistaken for
     /// one that never happened.
     pub fn untraced_ipv6(&self) -> Option<String> {
+        if self.traced_ipv6_pair().is_some() {
+            return self.untraced_service_ipv6();
+        }
         let listed = |name: String, ips: &[std::net::Ipv6Addr]| {
             let ips: Vec<String> = ips.iter().map(ToString::to_string).collect();
             format!("{name} ({})", ips.join(", "))
@@ -86,6 +133,17 @@ impl Targets {
                 if with_ipv6.len() == 1 { "has" } else { "have" }
             )
         })
+    }
+
+    /// A dual-stack Service's IPv6 ClusterIP, while the pods' IPv6 pair is
+    /// traced: its translations are followed for IPv4 only.
+    fn untraced_service_ipv6(&self) -> Option<String> {
+        let service = self.service.as_ref()?;
+        let ips = service.cluster_ipv6.first()?;
+        Some(format!(
+            "svc/{} also has the IPv6 ClusterIP {ips}: its IPv6 backends are not followed yet",
+            service.qualified()
+        ))
     }
 
     /// The endpoints `args` name, resolved; `traced_addresses`: the
@@ -166,7 +224,14 @@ impl Targets {
             cluster,
             service,
             nat: NatBook::default(),
+            families: Families::of(args),
         };
+        if args.ipv6_only && targets.ipv6_pair().is_none() {
+            bail!(
+                "-6: {} has no IPv6 address to trace",
+                targets.without_ipv6().join(" and ")
+            );
+        }
         targets.nat =
             targets.destination_nat(catalog.as_ref(), dst_target.port(), traced_addresses);
         Ok(targets)
@@ -381,6 +446,7 @@ mod tests {
             cluster: None,
             service: None,
             nat: NatBook::default(),
+            families: Families::BOTH,
         };
         // No node list names it: only as a traced node's own address.
         assert!(targets

@@ -197,13 +197,15 @@ impl TracedNode {
             eprintln!("podtrace: {name}: conntrack is not read ({e:#}); translations are known only from the Services");
         }
         let sent_here = SentHere {
-            own_addresses: view.own_addresses().collect(),
+            own_addresses: (view.own_addresses().map(IpAddr::V4))
+                .chain(view.addresses6.iter().map(|(_, ip)| IpAddr::V6(*ip)))
+                .collect(),
             // kube-proxy's IPVS mode holds its Service addresses there.
             ipvs: view.link_named("kube-ipvs0").is_some(),
         };
         let netfilter = match &shared.netfilter_tx {
             Some(tx) => Some(
-                NodeTrace::start(ns, id, &ipv4_pairs(&shared.pairs), sent_here, tx.clone())
+                NodeTrace::start(ns, id, &shared.pairs, sent_here, tx.clone())
                     .with_context(|| format!("node {name}"))?,
             ),
             None => None,
@@ -243,7 +245,7 @@ impl TracedNode {
         if let Some(netfilter) = &self.netfilter {
             let pairs: Vec<_> = new
                 .iter()
-                .map(|k| (Ipv4Addr::from(k.src), Ipv4Addr::from(k.dst)))
+                .map(|k| (IpAddr::from(k.src), IpAddr::from(k.dst)))
                 .collect();
             netfilter.follow(&pairs)?;
         }

@@ -131,6 +131,12 @@ pub struct Args {
     /// tells (repeatable: each traced node takes the one it holds).
     #[arg(long, value_name = "IP")]
     pub node_ip: Vec<Ipv4Addr>,
+    /// IPv4 only: of dual-stack pods, leave their IPv6 traffic out.
+    #[arg(short = '4', long = "ipv4-only", conflicts_with = "ipv6_only")]
+    pub ipv4_only: bool,
+    /// IPv6 only: of dual-stack pods, trace their IPv6 pair alone.
+    #[arg(short = '6', long = "ipv6-only")]
+    pub ipv6_only: bool,
     /// human: stories to read; json: one object per line for programs.
     #[arg(short, long, value_enum, default_value = "human")]
     pub output: Format,
@@ -308,6 +314,8 @@ impl Args {
             services_file: None,
             pod_cidr: self.pod_cidr.clone(),
             node_ip: self.node_ip.clone(),
+            ipv4_only: self.ipv4_only,
+            ipv6_only: self.ipv6_only,
             output: Format::Human,
             count: None,
             duration: None,

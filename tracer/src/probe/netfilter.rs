@@ -15,7 +15,7 @@
 
 use std::{
     io::{BufRead, BufReader, Write},
-    net::Ipv4Addr,
+    net::IpAddr,
     os::unix::process::CommandExt,
     path::Path,
     process::{Child, Command, Stdio},
@@ -100,12 +100,12 @@ pub struct NodeTrace {
 /// the client's own address.
 #[derive(Clone, Debug, Default)]
 pub struct SentHere {
-    pub own_addresses: Vec<Ipv4Addr>,
+    pub own_addresses: Vec<IpAddr>,
     pub ipvs: bool,
 }
 
 impl SentHere {
-    fn may_send(&self, src: &Ipv4Addr) -> bool {
+    fn may_send(&self, src: &IpAddr) -> bool {
         self.ipvs || self.own_addresses.contains(src)
     }
 }
@@ -116,7 +116,7 @@ impl NodeTrace {
     pub fn start(
         netns: &Namespace,
         node_id: u32,
-        pairs: &[(Ipv4Addr, Ipv4Addr)],
+        pairs: &[(IpAddr, IpAddr)],
         sent_here: SentHere,
         tx: mpsc::UnboundedSender<(u32, TracedRule)>,
     ) -> Result<Self> {
@@ -172,7 +172,7 @@ impl NodeTrace {
                 monitor,
                 table: table.clone(),
                 record: record.clone(),
-                sent_here: sent_here.clone(),
+              sent_here: sent_here.clone(),
             })
         });
         if started.is_err() {
@@ -269,7 +269,7 @@ fn listens_for_traces(table: &str, inodes: &[String]) -> bool {
 
 impl NodeTrace {
     /// Traces more pairs too (a traced pod came back with a new IP).
-    pub fn follow(&self, pairs: &[(Ipv4Addr, Ipv4Addr)]) -> Result<()> {
+    pub fn follow(&self, pairs: &[(IpAddr, IpAddr)]) -> Result<()> {
         self.netns
             .run(|| nft_script(&trace_rules(&self.table, pairs, &self.sent_here)))
     }
@@ -292,10 +292,12 @@ pub const UNTRACED_DROP: &str =
 /// for the pairs it may send itself ([`SentHere`]). Every packet a node
 /// sends, encapsulated ones included, pays for a chain on that hook, so it
 /// is made only for them.
-fn trace_rules(table: &str, pairs: &[(Ipv4Addr, Ipv4Addr)], sent_here: &SentHere) -> String {
+fn trace_rules(table: &str, pairs: &[(IpAddr, IpAddr)], sent_here: &SentHere) -> String {
     let limit = format!("limit rate {TRACED_PER_SECOND}/second burst {TRACED_PER_SECOND} packets");
-    let rule = |chain: &str, src: &Ipv4Addr, dst: &Ipv4Addr| {
-        format!("add rule inet {table} {chain} ip saddr {src} ip daddr {dst} {limit} meta nftrace set 1\n")
+    // The table is `inet`: one chain marks both families' pairs.
+    let rule = |chain: &str, src: &IpAddr, dst: &IpAddr| {
+        let ip = if src.is_ipv6() { "ip6" } else { "ip" };
+        format!("add rule inet {table} {chain} {ip} saddr {src} {ip} daddr {dst} {limit} meta nftrace set 1\n")
     };
     let mut rules = String::new();
     if pairs.iter().any(|(src, _)| sent_here.may_send(src)) {
@@ -432,9 +434,9 @@ mod tests {
 
     #[test]
     fn only_a_pair_the_node_sends_itself_is_marked_on_output() {
-        let node: Ipv4Addr = "192.0.2.11".parse().unwrap();
-        let pod: Ipv4Addr = "10.244.1.2".parse().unwrap();
-        let backends: Vec<(Ipv4Addr, Ipv4Addr)> = ["10.244.2.2", "10.244.2.3"]
+        let node: IpAddr = "192.0.2.11".parse().unwrap();
+        let pod: IpAddr = "10.244.1.2".parse().unwrap();
+        let backends: Vec<(IpAddr, IpAddr)> = ["10.244.2.2", "10.244.2.3"]
             .iter()
             .map(|b| (node, b.parse().unwrap()))
             .collect();
@@ -457,9 +459,16 @@ mod tests {
         // client's address: every pair is marked there.
         let ipvs = SentHere {
             ipvs: true,
-            ..sent_here
+            ..sent_here.clone()
         };
         let via_ipvs = trace_rules("t", &[(pod, "10.244.2.2".parse().unwrap())], &ipvs);
         assert!(via_ipvs.contains(&format!("add rule inet t output ip saddr {pod}")));
+        // An IPv6 pair is marked by its IPv6 header, in the same table.
+        let pod6: IpAddr = "fd00:10:244:1::2".parse().unwrap();
+        let db6: IpAddr = "fd00:10:244:2::2".parse().unwrap();
+        let v6 = trace_rules("t", &[(pod6, db6)], &sent_here);
+        assert!(v6.contains(&format!(
+            "add rule inet t prerouting ip6 saddr {pod6} ip6 daddr {db6}"
+        )));
     }
 }

@@ -48,10 +48,9 @@ struct Listed {
 const RELIST_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl KernelRules {
-    /// Reads every IPv4 iptables-nft table the node has now (podtrace
-    /// traces IPv4).
+    /// Reads every iptables-nft and ip6tables-nft table the node has now.
     pub fn warm(&mut self) {
-        let Some(tables) = output(Command::new("nft").args(["list", "tables", "ip"])) else {
+        let Some(tables) = output(Command::new("nft").args(["list", "tables"])) else {
             return;
         };
         for line in tables.lines() {
