@@ -320,7 +320,9 @@ pub fn told_reason(reason: &str) -> String {
     let btf = podtrace::probe::btf::Btf::from_sys_fs().expect("the kernel's BTF");
     let features =
         podtrace::probe::features::Features::probe(&btf).expect("a kernel podtrace runs on");
-    if features.drop_reasons || reason == "NETFILTER_DROP" {
+    // Where the kernel names no reason, the two that only one function
+    // frees packets for are read from the location.
+    if features.drop_reasons || matches!(reason, "NETFILTER_DROP" | "NEIGH_FAILED") {
         reason.to_string()
     } else {
         podtrace::probe::drops::REASON_NOT_NAMED.to_string()

@@ -183,6 +183,31 @@ impl Flows for NodeFlows {
     }
 }
 
+/// [`NodeFlows`] as the IPv4 programs ask them: no IPv6 pair inside an
+/// IPv4 tunnel. Constant, so that the compiler leaves that reading out:
+/// with it, 5.10's verifier gave up on the IPv4 programs (a million
+/// instructions processed).
+pub struct NodeFlows4(pub NodeFlows);
+
+impl Flows for NodeFlows4 {
+    #[inline(always)]
+    fn traced(&self, key: &FlowKey) -> bool {
+        self.0.traced(key)
+    }
+    #[inline(always)]
+    fn traced6(&self, _: &FlowKey6) -> bool {
+        false
+    }
+    #[inline(always)]
+    fn trusted(&self, outer: &FlowKey, tunnel: &TunnelKey) -> bool {
+        self.0.trusted(outer, tunnel)
+    }
+    #[inline(always)]
+    fn trusted6(&self, _: &FlowKey6, _: &TunnelKey) -> bool {
+        false
+    }
+}
+
 #[inline(always)]
 pub fn bump(index: u32) {
     with_per_cpu(&COUNTERS, index, |count| *count += 1);

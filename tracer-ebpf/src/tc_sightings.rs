@@ -2,38 +2,54 @@
 
 use aya_ebpf::{
     bindings::{bpf_fib_lookup as FibParams, TC_ACT_UNSPEC},
-    macros::classifier,
+    macros::{classifier, map},
+    maps::ProgramArray,
     programs::TcContext,
 };
 use podtrace_common::{
     counter,
     filter::{self, L4Filter},
     headers::{IPV4_PROTOCOL, IPV4_TOS, IPV6_DADDR, IPV6_NEXT_HEADER, IPV6_SADDR},
-    hook_id, match_kind,
-    packet::{classify_ip, ethernet_payload, traced_header, Bytes},
+    hook_id, ipv6_program, match_kind,
+    packet::{classify4, classify6, ethernet_payload, traced_header, Bytes},
     packet6::is_ipv6,
     sampled, sighting_kind, Direction, Sighting, SNAPSHOT_LEN,
 };
 
 use crate::{
     kernel::{submit_with, Linear, Route, Skb, NO_ROUTE_ASKED},
-    maps::{bump, filter_keeps, node_id, sample, tunnel_ports, wake_bytes, NodeFlows, SIGHTINGS},
+    maps::{
+        bump, filter_keeps, node_id, sample, tunnel_ports, wake_bytes, NodeFlows, NodeFlows4,
+        SIGHTINGS,
+    },
     profile,
     sighting::Meta,
 };
+
+/// Each hook's IPv6 program, by `ipv6_program` index; userspace fills it.
+#[map(name = "IPV6_PROGRAMS")]
+static IPV6_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(ipv6_program::COUNT, 0);
 
 /// bpf_fib_lookup's address families.
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 
+// Each hook runs an IPv4 program, which hands an IPv6 packet to its IPv6
+// twin by a tail call (`IPV6_PROGRAMS`). Two programs, each verified on
+// its own: one that read both families was too complex for 5.10's
+// verifier (over a million instructions processed), and an IPv4 packet
+// pays for no IPv6 code on its way.
+
 #[classifier]
 pub fn podtrace_ingress(ctx: TcContext) -> i32 {
-    observe(&ctx, Direction::Ingress, true)
+    to_ipv6(&ctx, true, ipv6_program::INGRESS);
+    observe::<false>(&ctx, Direction::Ingress, true, false)
 }
 
 #[classifier]
 pub fn podtrace_egress(ctx: TcContext) -> i32 {
-    observe(&ctx, Direction::Egress, true)
+    to_ipv6(&ctx, true, ipv6_program::EGRESS);
+    observe::<false>(&ctx, Direction::Egress, true, false)
 }
 
 /// Egress of a pod's own interface (the host side of its veth): the
@@ -41,38 +57,85 @@ pub fn podtrace_egress(ctx: TcContext) -> i32 {
 /// name has 15 characters at most.)
 #[classifier]
 pub fn podtrace_to_pod(ctx: TcContext) -> i32 {
-    observe_at(&ctx, Direction::Egress, true, true)
+    to_ipv6(&ctx, true, ipv6_program::TO_POD);
+    observe::<false>(&ctx, Direction::Egress, true, true)
 }
 
 /// For devices without an Ethernet header (tunl0, wireguard).
 #[classifier]
 pub fn podtrace_ingress_l3(ctx: TcContext) -> i32 {
-    observe(&ctx, Direction::Ingress, false)
+    to_ipv6(&ctx, false, ipv6_program::INGRESS_L3);
+    observe::<false>(&ctx, Direction::Ingress, false, false)
 }
 
 #[classifier]
 pub fn podtrace_egress_l3(ctx: TcContext) -> i32 {
-    observe(&ctx, Direction::Egress, false)
+    to_ipv6(&ctx, false, ipv6_program::EGRESS_L3);
+    observe::<false>(&ctx, Direction::Egress, false, false)
 }
 
+#[classifier]
+pub fn podtrace_ingress6(ctx: TcContext) -> i32 {
+    observe::<true>(&ctx, Direction::Ingress, true, false)
+}
+
+#[classifier]
+pub fn podtrace_egress6(ctx: TcContext) -> i32 {
+    observe::<true>(&ctx, Direction::Egress, true, false)
+}
+
+#[classifier]
+pub fn podtrace_to_pod6(ctx: TcContext) -> i32 {
+    observe::<true>(&ctx, Direction::Egress, true, true)
+}
+
+#[classifier]
+pub fn podtrace_in_l3_6(ctx: TcContext) -> i32 {
+    observe::<true>(&ctx, Direction::Ingress, false, false)
+}
+
+#[classifier]
+pub fn podtrace_eg_l3_6(ctx: TcContext) -> i32 {
+    observe::<true>(&ctx, Direction::Egress, false, false)
+}
+
+/// Hands an IPv6 packet to the hook's IPv6 program (`index`); returns
+/// only for another packet, or if that program is not loaded (a kernel
+/// that refused it: its IPv4 program then leaves IPv6 packets alone).
+/// Inlined into the program's own body: a tail call from a function of
+/// its own would bound the caller's stack to 256 bytes.
 #[inline(always)]
-fn observe(ctx: &TcContext, direction: Direction, has_l2: bool) -> i32 {
-    observe_at(ctx, direction, has_l2, false)
+fn to_ipv6(ctx: &TcContext, has_l2: bool, index: u32) {
+    let linear = Linear::new(ctx);
+    let ipv6 = if has_l2 {
+        ethernet_payload(&linear, 0).is_some_and(|l3| is_ipv6(&linear, l3))
+    } else {
+        is_ipv6(&linear, 0)
+    };
+    if ipv6 {
+        // SAFETY: `ctx` is this program's own context.
+        unsafe { IPV6_PROGRAMS.tail_call(ctx, index) };
+    }
 }
 
 /// `to_pod`: the hook hands the packet to a pod; profile mode then forgets
 /// its stamp, so that a new packet's stamp takes a free slot instead of
 /// evicting the oldest (an LRU eviction is most of what stamping costs).
 #[inline(always)]
-fn observe_at(ctx: &TcContext, direction: Direction, has_l2: bool, to_pod: bool) -> i32 {
+fn observe<const IPV6: bool>(
+    ctx: &TcContext,
+    direction: Direction,
+    has_l2: bool,
+    to_pod: bool,
+) -> i32 {
     let skb = Skb(ctx);
     let ifindex = skb.ifindex();
     // The linear head, read directly; through the helper only when the
     // headers run on past it (paged data), which is rare at tc.
     let linear = Linear::new(ctx);
-    let mut found = matched(&linear, has_l2, ifindex);
+    let mut found = matched::<_, IPV6>(&linear, has_l2, ifindex);
     if found.is_none() && linear.was_short() {
-        found = matched(&skb, has_l2, ifindex);
+        found = matched::<_, IPV6>(&skb, has_l2, ifindex);
     }
     if let Some((kind, l3)) = found {
         if kind == match_kind::CARRIER {
@@ -90,7 +153,7 @@ fn observe_at(ctx: &TcContext, direction: Direction, has_l2: bool, to_pod: bool)
                 profile::record(&id, hook, skb.len(), to_pod);
             }
         } else if kept(&linear, &skb, l3, kind) {
-            report(&skb, direction, has_l2, kind, l3);
+            report::<IPV6>(&skb, direction, has_l2, kind, l3);
         }
     }
     TC_ACT_UNSPEC
@@ -119,22 +182,28 @@ fn kept(linear: &Linear, skb: &Skb, l3: usize, kind: u8) -> bool {
     id.is_some_and(|id| sampled(&id, n))
 }
 
-/// How the packet matches the traced flow, and where its IP header is.
+/// How the packet (of the program's family) matches the traced flow, and
+/// where its IP header is.
 #[inline(always)]
-fn matched<B: Bytes>(b: &B, has_l2: bool, ifindex: u32) -> Option<(u8, usize)> {
+fn matched<B: Bytes, const IPV6: bool>(b: &B, has_l2: bool, ifindex: u32) -> Option<(u8, usize)> {
     let l3 = if has_l2 { ethernet_payload(b, 0)? } else { 0 };
     let flows = NodeFlows {
         ifindex,
         here: true,
     };
-    Some((classify_ip(b, l3, &tunnel_ports(), &flows)?, l3))
+    let kind = if IPV6 {
+        classify6(b, l3, &tunnel_ports(), &flows)?
+    } else {
+        classify4(b, l3, &tunnel_ports(), &NodeFlows4(flows))?
+    };
+    Some((kind, l3))
 }
 
 #[inline(always)]
-fn report(skb: &Skb, direction: Direction, has_l2: bool, kind: u8, l3: usize) {
+fn report<const IPV6: bool>(skb: &Skb, direction: Direction, has_l2: bool, kind: u8, l3: usize) {
     // Where the kernel will route this packet, asked as it arrives.
     let route = if direction == Direction::Ingress && kind == match_kind::PLAIN {
-        route_lookup(skb, l3)
+        route_lookup::<IPV6>(skb, l3)
     } else {
         NO_ROUTE_ASKED
     };
@@ -169,9 +238,9 @@ fn report(skb: &Skb, direction: Direction, has_l2: bool, kind: u8, l3: usize) {
 /// interface (NO_ROUTE_ASKED where its header cannot be read). One
 /// parameter block for both families: the eBPF stack is small.
 #[inline(always)]
-fn route_lookup(skb: &Skb, l3: usize) -> Route {
+fn route_lookup<const IPV6: bool>(skb: &Skb, l3: usize) -> Route {
     let mut params: FibParams = unsafe { core::mem::zeroed() };
-    let ipv6 = is_ipv6(skb, l3);
+    let ipv6 = IPV6;
     let filled = if ipv6 {
         ask6(skb, l3, &mut params)
     } else {

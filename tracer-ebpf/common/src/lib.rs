@@ -374,6 +374,17 @@ pub mod counter {
     pub const COUNT: u32 = 5;
 }
 
+/// Slots of the `IPV6_PROGRAMS` tail-call table: each tc program's IPv6
+/// twin.
+pub mod ipv6_program {
+    pub const INGRESS: u32 = 0;
+    pub const EGRESS: u32 = 1;
+    pub const TO_POD: u32 = 2;
+    pub const INGRESS_L3: u32 = 3;
+    pub const EGRESS_L3: u32 = 4;
+    pub const COUNT: u32 = 5;
+}
+
 /// Map, global and program names, shared so that neither side spells them
 /// twice.
 pub mod names {
@@ -406,6 +417,15 @@ pub mod names {
     pub const TC_TO_POD: &str = "podtrace_to_pod";
     pub const TC_INGRESS_L3: &str = "podtrace_ingress_l3";
     pub const TC_EGRESS_L3: &str = "podtrace_egress_l3";
+    /// The IPv6 twins, by `ipv6_program` slot.
+    pub const TC_IPV6: [&str; super::ipv6_program::COUNT as usize] = [
+        "podtrace_ingress6",
+        "podtrace_egress6",
+        "podtrace_to_pod6",
+        "podtrace_in_l3_6",
+        "podtrace_eg_l3_6",
+    ];
+    pub const IPV6_PROGRAMS: &str = "IPV6_PROGRAMS";
     pub const DROPS: &str = "podtrace_kfree_skb";
     pub const DROPS_RAW: &str = "podtrace_kfree_skb_raw";
     /// The same, on kernels whose kfree_skb passes no reason (< 5.17).

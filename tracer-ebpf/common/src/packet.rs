@@ -8,7 +8,7 @@
 //! follow.
 
 use crate::headers::*;
-use crate::packet6::{fold6, pair6_at, transport6, FlowKey6};
+use crate::packet6::{fold6, is_ipv6, pair6_at, transport6, FlowKey6};
 use crate::{match_kind, FlowKey, PacketId, TunnelKey, TunnelPorts, UdpTunnel, ANY_VNI};
 
 /// What the classifier asks of the node's maps, for either family:
@@ -279,9 +279,9 @@ pub fn classify<B: Bytes + ?Sized>(
     classify_ip(b, l3, ports, &Ipv4Flows(traced, trusted))
 }
 
-/// [`classify_ip`] of an IPv4 packet.
+/// [`classify_ip`] of an IPv4 packet (`None` for any other).
 #[inline(always)]
-fn classify4<B: Bytes + ?Sized, F: Flows>(
+pub fn classify4<B: Bytes + ?Sized, F: Flows>(
     b: &B,
     l3: usize,
     ports: &TunnelPorts,
@@ -289,54 +289,54 @@ fn classify4<B: Bytes + ?Sized, F: Flows>(
 ) -> Option<u8> {
     ipv4_header_len(b, l3)?;
     let outer = b.pair_at(l3)?;
-    let tunnel = tunnel_inner4(b, l3, ports);
-    let trusted = |outer: &FlowKey, key: &TunnelKey| flows.trusted(outer, key);
-    classify_pair(b, flows, &outer, flows.traced(&outer), tunnel, trusted)
-}
-
-/// [`classify_ip`] of an IPv6 packet: the same questions of its pair.
-#[inline(always)]
-fn classify6<B: Bytes + ?Sized, F: Flows>(
-    b: &B,
-    l3: usize,
-    ports: &TunnelPorts,
-    flows: &F,
-) -> Option<u8> {
-    let outer = pair6_at(b, l3)?;
-    let tunnel = tunnel_inner6(b, l3, ports);
-    let trusted = |outer: &FlowKey6, key: &TunnelKey| flows.trusted6(outer, key);
-    classify_pair(b, flows, &outer, flows.traced6(&outer), tunnel, trusted)
-}
-
-/// How a packet of outer pair `outer` (traced or not) belongs to the
-/// traced flow, where `tunnel` is the inner header and tunnel its payload
-/// reads as, if any, and `trusted` whether the node would decapsulate it.
-#[inline(always)]
-fn classify_pair<B: Bytes + ?Sized, F: Flows, K>(
-    b: &B,
-    flows: &F,
-    outer: &K,
-    outer_traced: bool,
-    tunnel: Option<(usize, TunnelKey)>,
-    trusted: impl Fn(&K, &TunnelKey) -> bool,
-) -> Option<u8> {
-    if outer_traced {
+    if flows.traced(&outer) {
         // Traced between two nodes' own addresses, one of the node's
         // tunnel packets is the carrier of the pair inside it.
-        return match tunnel {
-            Some((inner, key)) if trusted(outer, &key) => {
+        return match tunnel_inner4(b, l3, ports) {
+            Some((inner, tunnel)) if flows.trusted(&outer, &tunnel) => {
                 Some(carried_kind(inner_traced(b, inner, flows)?))
             }
             _ => Some(match_kind::PLAIN),
         };
     }
-    let (inner, key) = tunnel?;
+    let (inner, tunnel) = tunnel_inner4(b, l3, ports)?;
     // The inner pair first: an untraced packet then costs one lookup per
     // header, and only a traced one pays for the trust checks.
     if !inner_traced(b, inner, flows)? {
         return None;
     }
-    trusted(outer, &key).then_some(match_kind::INNER)
+    flows.trusted(&outer, &tunnel).then_some(match_kind::INNER)
+}
+
+/// [`classify_ip`] of an IPv6 packet: the same questions of its pair, in
+/// the same order. (Spelt again rather than shared with IPv4: a shared
+/// generic changed the order LLVM computed IPv4's in, and verifiers
+/// before 5.19 refused the reordered program's read of a stack slot one
+/// path never wrote.)
+#[inline(always)]
+pub fn classify6<B: Bytes + ?Sized, F: Flows>(
+    b: &B,
+    l3: usize,
+    ports: &TunnelPorts,
+    flows: &F,
+) -> Option<u8> {
+    if !is_ipv6(b, l3) {
+        return None;
+    }
+    let outer = pair6_at(b, l3)?;
+    if flows.traced6(&outer) {
+        return match tunnel_inner6(b, l3, ports) {
+            Some((inner, tunnel)) if flows.trusted6(&outer, &tunnel) => {
+                Some(carried_kind(inner_traced(b, inner, flows)?))
+            }
+            _ => Some(match_kind::PLAIN),
+        };
+    }
+    let (inner, tunnel) = tunnel_inner6(b, l3, ports)?;
+    if !inner_traced(b, inner, flows)? {
+        return None;
+    }
+    flows.trusted6(&outer, &tunnel).then_some(match_kind::INNER)
 }
 
 /// A trusted tunnel packet of a traced pair: it carries a traced packet

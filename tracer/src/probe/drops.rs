@@ -126,26 +126,42 @@ impl ReasonNames {
     }
 
     /// The reason's name, and whether it was read from the drop's
-    /// `location` (`name+0xoff`) rather than passed by the kernel. Without
-    /// reasons only an unambiguous location counts: nf_hook_slow frees a
-    /// packet only on a netfilter rule's DROP, which newer kernels call
-    /// NETFILTER_DROP there.
+    /// `location` (`name+0xoff`) rather than passed by the kernel. Only an
+    /// unambiguous location counts, where the kernel passes no reason or
+    /// NOT_SPECIFIED: nf_hook_slow frees a packet only on a netfilter
+    /// rule's DROP (NETFILTER_DROP on newer kernels), and neigh_invalidate
+    /// only the packets queued on a neighbour that FAILED to resolve
+    /// (IPv6's ndisc_error_report frees them with no reason, IPv4's with
+    /// NEIGH_FAILED).
     pub fn name(&self, reason: u32, location: &str) -> (String, bool) {
+        let by_location = || {
+            let function = location.split('+').next()?;
+            LOCATION_REASONS
+                .iter()
+                .find(|(f, _)| *f == function)
+                .map(|(_, reason)| (reason.to_string(), true))
+        };
         match &self.0 {
-            Some(names) => (
-                names
-                    .get(&reason)
-                    .cloned()
-                    .unwrap_or_else(|| format!("reason {reason}")),
-                false,
-            ),
-            None if location.split('+').next() == Some("nf_hook_slow") => {
-                ("NETFILTER_DROP".into(), true)
-            }
-            None => (REASON_NOT_NAMED.into(), false),
+            Some(names) => match names.get(&reason) {
+                Some(name) if name == NOT_SPECIFIED => {
+                    by_location().unwrap_or_else(|| (name.clone(), false))
+                }
+                Some(name) => (name.clone(), false),
+                None => (format!("reason {reason}"), false),
+            },
+            None => by_location().unwrap_or_else(|| (REASON_NOT_NAMED.into(), false)),
         }
     }
 }
+
+/// The reason the kernel gives when it names none.
+const NOT_SPECIFIED: &str = "NOT_SPECIFIED";
+
+/// Functions that free a packet for one reason only, and that reason.
+const LOCATION_REASONS: [(&str, &str); 2] = [
+    ("nf_hook_slow", "NETFILTER_DROP"),
+    ("neigh_invalidate", "NEIGH_FAILED"),
+];
 
 /// Kernel text symbols, for naming drop locations (`nf_hook_slow+0x9c`).
 pub struct Symbols(Vec<(u64, String)>);

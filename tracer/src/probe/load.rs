@@ -181,6 +181,9 @@ impl NodeProbe {
                 .load()
                 .with_context(|| format!("the kernel refused {name}"))?;
         }
+        if let Err(e) = tc::load_ipv6(&mut ebpf) {
+            warn_ipv6_untraced(&e);
+        }
         let drop_hook = drops::attach(&mut ebpf, spec.btf, spec.drop_reasons)?;
         let mut probe = Self {
             ebpf: ManuallyDrop::new(ebpf),
@@ -304,9 +307,19 @@ pub fn try_load(kernel: &Kernel, btf: &aya::Btf) -> Result<DropHook> {
                 .load()
                 .with_context(|| format!("the kernel refused {name}"))?;
         }
+        tc::load_ipv6(&mut ebpf)?;
         hook = drops::attach(&mut ebpf, btf, kernel.features.drop_reasons)?;
     }
     Ok(hook)
+}
+
+/// Says once that this kernel refused the IPv6 programs: IPv4 is traced
+/// as ever, IPv6 packets are not seen at tc.
+fn warn_ipv6_untraced(e: &anyhow::Error) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        eprintln!("podtrace: IPv6 packets are not traced on this kernel: {e:#}");
+    });
 }
 
 /// Drains `ring` whenever it wakes us (a quarter full) or `RING_POLL`

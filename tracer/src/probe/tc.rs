@@ -17,6 +17,7 @@ use std::{
 
 use anyhow::{anyhow, Context, Result};
 use aya::{
+    maps::ProgramArray,
     programs::{
         tc::{self, NlOptions, TcAttachOptions, TcHandle},
         Link, LinkOrder, SchedClassifier, TcAttachType,
@@ -104,6 +105,29 @@ pub(super) fn attach_interface(
         }
     }
     Ok(records)
+}
+
+/// Loads each tc program's IPv6 twin and puts it in the table its IPv4
+/// program hands IPv6 packets on through. An error leaves IPv6 untraced
+/// and IPv4 as it was: the IPv4 programs leave IPv6 packets alone while
+/// the table is empty.
+pub(super) fn load_ipv6(ebpf: &mut Ebpf) -> Result<()> {
+    let mut fds = Vec::new();
+    for name in names::TC_IPV6 {
+        let program = program(ebpf, name)?;
+        program
+            .load()
+            .with_context(|| format!("the kernel refused {name}"))?;
+        fds.push(program.fd()?.try_clone()?);
+    }
+    let table = ebpf
+        .map_mut(names::IPV6_PROGRAMS)
+        .ok_or_else(|| anyhow!("no {} map", names::IPV6_PROGRAMS))?;
+    let mut table = ProgramArray::try_from(table)?;
+    for (slot, fd) in (0u32..).zip(&fds) {
+        table.set(slot, fd, 0)?;
+    }
+    Ok(())
 }
 
 pub(super) fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier> {

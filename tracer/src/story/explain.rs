@@ -291,13 +291,13 @@ fn expected_route6(dst: IpAddr, nodes: &HashMap<String, NodeFacts>, here: &str) 
     let remote = nodes
         .iter()
         .filter(|(name, _)| name.as_str() != here)
-        .find_map(|(_, facts)| {
+        .find_map(|(name, facts)| {
             let subnet = (facts.local_pod_subnets.iter())
                 .filter(|net| net.contains(&dst))
                 .min_by_key(|net| net.prefix_len())?;
-            Some((facts, *subnet))
+            Some((name, facts, *subnet))
         });
-    let Some((facts, subnet)) = remote else {
+    let Some((remote_node, facts, subnet)) = remote else {
         return format!("a route for {dst}");
     };
     // The remote node's IPv6 VTEP: a VXLAN device over an IPv6 underlay,
@@ -322,7 +322,8 @@ fn expected_route6(dst: IpAddr, nodes: &HashMap<String, NodeFacts>, here: &str) 
     // The same device on this node: flannel and Calico name it alike on
     // every node.
     let dev = vtep.and_then(|(name, _)| view.link_named(name).map(|l| l.name.as_str()));
-    route.describe_on(dev.or(vtep.map(|(name, _)| name)))
+    let route = route.describe_on(dev.or(vtep.map(|(name, _)| name)));
+    format!("{route} (pod subnet of {remote_node})")
 }
 
 /// The pod subnet holding `dst` as another traced node shows it, where no

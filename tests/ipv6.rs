@@ -1,0 +1,309 @@
+//! IPv6 against the real kernel: dual-stack labs as flannel's EnableIPv6
+//! wires them (flannel-v6.1 over an IPv6 underlay), the same pod pairs
+//! traced over IPv6 as over IPv4, and IPv6's own failures: an ip6tables
+//! DROP, a missing IPv6 route, a next hop that never answers neighbour
+//! discovery, and a pod's payload that looks like VXLAN over IPv6.
+
+#[allow(dead_code)]
+mod support;
+
+use std::{
+    net::Ipv6Addr,
+    sync::{Mutex, MutexGuard},
+};
+
+use serde_json::Value;
+use support::*;
+use xtask::lab::{in_netns, ip, Lab, LabGuard, Topology};
+
+/// The lab's IPv6 plan is the same in every dual-stack lab, so two at
+/// once would share pod addresses, and the drop tracepoint (which sees
+/// every namespace) would see the other lab's pods: one at a time.
+static ONE_DUAL_STACK_LAB: Mutex<()> = Mutex::new(());
+
+fn dual_stack_lab(topology: Topology) -> (MutexGuard<'static, ()>, LabGuard) {
+    let alone = ONE_DUAL_STACK_LAB
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let lab = lab(topology);
+    lab.0.dual_stack().expect("a dual-stack lab");
+    (alone, lab)
+}
+
+fn ipv6(lab: &Lab, pod: &str) -> Ipv6Addr {
+    lab.pod(pod).ipv6.expect("a dual-stack pod")
+}
+
+/// Traces `src` ⇄ `dst` on both nodes with `extra` flags while `during`
+/// sends, and returns the finished run.
+fn traced(lab: &Lab, src: &str, dst: &str, extra: &[&str], during: impl FnOnce()) -> Finished {
+    let mut args = vec![src, dst, "-o", "json"];
+    args.extend_from_slice(extra);
+    if !extra.contains(&"--duration") {
+        args.extend(["--duration", "15s"]);
+    }
+    let mut args = argv(&args, lab_args(lab, &[1, 2]));
+    args.extend([
+        "--nodes-file".into(),
+        lab.nodes_file().display().to_string(),
+    ]);
+    let trace = Trace::start(&args);
+    during();
+    let done = trace.finish();
+    assert!(done.status.success(), "podtrace failed: {}", done.stderr);
+    done
+}
+
+/// The (node, role, direction) of every hop of a story.
+fn path(story: &Value) -> Vec<String> {
+    let hops = story["hops"].as_array().expect("hops");
+    hops.iter()
+        .map(|h| format!("{} {} {}", h["node"], h["role"], h["direction"]).replace('"', ""))
+        .collect()
+}
+
+/// The story whose packet went `src` → `dst`.
+fn story_from(stories: &[Value], src: Ipv6Addr, dst: Ipv6Addr) -> Value {
+    stories
+        .iter()
+        .find(|s| s["src"] == src.to_string() && s["dst"] == dst.to_string())
+        .unwrap_or_else(|| panic!("no story {src} → {dst}: {stories:#?}"))
+        .clone()
+}
+
+#[test]
+fn a_dual_stack_pair_is_traced_over_both_families_with_the_ipv6_tunnel_paired() {
+    let (_alone, lab) = dual_stack_lab(Topology::FlannelVxlan);
+    let (web, db) = (ipv6(&lab.0, "web-0"), ipv6(&lab.0, "db-0"));
+    let done = traced(&lab.0, "web-0", "db-0", &["--count", "4"], || {
+        assert!(lab.0.ping6("web-0", db, &[]), "the lab's IPv6 is broken");
+        assert!(ping(&lab.0, "web-0", "db-0"), "the lab's IPv4 is broken");
+    });
+    assert!(
+        done.stderr.contains(&format!(
+            "tracing {} (default/web-0) ⇄ {} (default/db-0) and {web} (default/web-0) ⇄ {db} (default/db-0)",
+            lab.0.pod("web-0").ip,
+            lab.0.pod("db-0").ip
+        )),
+        "{}",
+        done.stderr
+    );
+    let stories = done.stories();
+    assert_eq!(
+        stories.len(),
+        4,
+        "both families, both ways: {}",
+        done.stdout
+    );
+    let request = story_from(&stories, web, db);
+    assert_eq!(request["transport"]["proto"], "icmpv6", "{request}");
+    assert_eq!(request["transport"]["icmp_type"], 128, "{request}");
+    assert_eq!(
+        path(&request),
+        [
+            "node-1 pod_veth ingress",
+            "node-1 bridge ingress",
+            "node-1 tunnel egress",
+            "node-1 underlay egress",
+            "node-2 underlay ingress",
+            "node-2 tunnel ingress",
+            "node-2 bridge egress",
+            "node-2 pod_veth egress",
+        ]
+    );
+    let h = &request["hops"];
+    assert_eq!(h[2]["iface"], "flannel-v6.1");
+    // The kernel's IPv6 route, asked as the packet arrived from the pod.
+    assert_eq!(h[0]["route"]["result"], "success", "{request}");
+    assert_eq!(h[0]["route"]["dev"], "flannel-v6.1");
+    let remote_vtep = Lab::node_subnet6(2).network().to_string();
+    assert_eq!(h[0]["route"]["via"], remote_vtep.as_str());
+    assert_eq!(h[0]["ttl"], 64, "the hop limit");
+    assert_eq!(h[7]["ttl"], 62, "two routing decisions, one per node");
+    // Inner and outer paired: the inner IPv6 packet in VXLAN over the
+    // nodes' IPv6 underlay.
+    for at in [3, 4] {
+        let tunnel = &h[at]["tunnel"];
+        assert_eq!(tunnel["kind"], "vxlan", "{tunnel}");
+        assert_eq!(tunnel["vni"], 1);
+        assert_eq!(tunnel["outer"]["src"], Lab::node_ipv6(1).to_string());
+        assert_eq!(tunnel["outer"]["dst"], Lab::node_ipv6(2).to_string());
+        assert_eq!(tunnel["outer"]["transport"]["dport"], 8472);
+    }
+    let overhead = h[3]["skb_len"].as_u64().unwrap() - h[2]["skb_len"].as_u64().unwrap();
+    assert_eq!(overhead, 70, "Ethernet, IPv6, UDP and VXLAN headers");
+    let verdict = &request["verdict"];
+    assert_eq!(verdict["outcome"], "delivered", "{verdict}");
+    assert_eq!(verdict["node"], "node-2");
+    assert_eq!(
+        verdict["path"],
+        serde_json::json!(["routed", "encapsulated", "decapsulated"])
+    );
+    let reply = story_from(&stories, db, web);
+    assert_eq!(reply["verdict"]["outcome"], "delivered", "{reply}");
+    // And the IPv4 pair beside it.
+    let ipv4 = stories
+        .iter()
+        .filter(|s| s["src"] == lab.0.pod("web-0").ip.to_string())
+        .count();
+    assert_eq!(ipv4, 1, "{}", done.stdout);
+}
+
+#[test]
+fn ipv6_on_one_node_is_bridged_and_delivered_and_dash_6_leaves_ipv4_out() {
+    let (_alone, lab) = dual_stack_lab(Topology::FlannelVxlan);
+    let (web0, web1) = (ipv6(&lab.0, "web-0"), ipv6(&lab.0, "web-1"));
+    let done = traced(
+        &lab.0,
+        "web-0",
+        "web-1",
+        &["-6", "--duration", "8s"],
+        || {
+            assert!(ping(&lab.0, "web-0", "web-1"), "the lab's IPv4 is broken");
+            assert!(lab.0.ping6("web-0", web1, &[]), "the lab's IPv6 is broken");
+        },
+    );
+    let stories = done.stories();
+    assert_eq!(
+        stories.len(),
+        2,
+        "the IPv6 request and reply: {}",
+        done.stdout
+    );
+    let request = story_from(&stories, web0, web1);
+    assert_eq!(
+        path(&request),
+        [
+            "node-1 pod_veth ingress",
+            "node-1 bridge ingress",
+            "node-1 bridge egress",
+            "node-1 pod_veth egress",
+        ]
+    );
+    assert_eq!(request["verdict"]["outcome"], "delivered", "{request}");
+    assert_eq!(request["verdict"]["path"], serde_json::json!(["bridged"]));
+}
+
+#[test]
+fn an_ip6tables_drop_is_named_in_ip6tables_syntax() {
+    let (_alone, lab) = dual_stack_lab(Topology::FlannelVxlan);
+    let (web, db) = (ipv6(&lab.0, "web-0"), ipv6(&lab.0, "db-0"));
+    let rule = format!("-A FORWARD -s {web}/128 -j DROP");
+    let added = in_netns(&lab.0.node_netns(1), "ip6tables")
+        .args(rule.split(' '))
+        .status()
+        .expect("ip6tables");
+    assert!(added.success(), "cannot add {rule}");
+    let done = traced(&lab.0, "web-0", "db-0", &["-6", "--count", "1"], || {
+        assert!(
+            !lab.0.ping6("web-0", db, &[]),
+            "the DROP let the ping through"
+        );
+    });
+    let story = story_from(&done.stories(), web, db);
+    let verdict = &story["verdict"];
+    assert_eq!(verdict["outcome"], "dropped", "{verdict}");
+    assert_eq!(verdict["node"], "node-1");
+    assert_eq!(verdict["reason"], "NETFILTER_DROP");
+    let named = &verdict["netfilter"];
+    assert_eq!(named["table"], "filter", "{verdict}");
+    assert_eq!(named["chain"], "FORWARD");
+    assert_eq!(named["rule"], rule.as_str());
+}
+
+#[test]
+fn a_missing_ipv6_route_is_no_route_in_route_dash_6_terms() {
+    let (_alone, lab) = dual_stack_lab(Topology::FlannelVxlan);
+    let (web, db) = (ipv6(&lab.0, "web-0"), ipv6(&lab.0, "db-0"));
+    let subnet = Lab::node_subnet6(2);
+    ip(&lab.0.node_netns(1), &format!("-6 route del {subnet}")).expect("route del");
+    let done = traced(&lab.0, "web-0", "db-0", &["-6", "--count", "1"], || {
+        assert!(!lab.0.ping6("web-0", db, &[]), "answered without a route");
+    });
+    let story = story_from(&done.stories(), web, db);
+    let verdict = &story["verdict"];
+    assert_eq!(verdict["outcome"], "no_route", "{verdict}");
+    assert_eq!(verdict["check"]["node"], "node-1");
+    let vtep = subnet.network();
+    assert_eq!(
+        verdict["check"]["expected"],
+        format!(
+            "{subnet} via {vtep} dev flannel-v6.1 onlink (route -6 -n: {subnet} {vtep} UG flannel-v6.1) (pod subnet of node-2)"
+        )
+        .as_str()
+    );
+    assert_eq!(verdict["check"]["used"], "no route at all");
+    assert_eq!(verdict["then"]["reason"], told_reason("IP_INNOROUTES"));
+}
+
+#[test]
+fn a_next_hop_that_never_answers_neighbour_discovery_is_told_like_arp() {
+    let (_alone, lab) = dual_stack_lab(Topology::FlannelVxlan);
+    let (web, db) = (ipv6(&lab.0, "web-0"), ipv6(&lab.0, "db-0"));
+    // The remote pod subnet routed via an underlay address nobody has.
+    let gone: Ipv6Addr = "fd5a:0:2::99".parse().unwrap();
+    let route = format!(
+        "-6 route replace {} via {gone} dev eth0",
+        Lab::node_subnet6(2)
+    );
+    ip(&lab.0.node_netns(1), &route).expect("route replace");
+    let done = traced(&lab.0, "web-0", "db-0", &["-6", "--count", "1"], || {
+        assert!(!lab.0.ping6("web-0", db, &["-W", "5"]), "answered");
+    });
+    let story = story_from(&done.stories(), web, db);
+    let verdict = &story["verdict"];
+    assert_eq!(verdict["outcome"], "dropped", "{verdict}");
+    assert_eq!(verdict["node"], "node-1");
+    assert_eq!(verdict["reason"], "NEIGH_FAILED", "{verdict}");
+    let route = &story["hops"][0]["route"];
+    assert_eq!(route["dev"], "eth0", "{story}");
+    assert_eq!(route["via"], gone.to_string());
+    assert!(
+        done.stdout.contains(&format!(
+            "no neighbour discovery (NDP) reply from {gone} on eth0"
+        )),
+        "{}",
+        done.stdout
+    );
+}
+
+/// web-1 sends db-1, over IPv6, a UDP datagram to flannel's VXLAN port
+/// whose payload is a VXLAN header (flannel's VNI) and an IPv6 frame
+/// web-0 → db-0: the traced pair, forged. The kernel never decapsulates
+/// it (it is no tunnel packet between two nodes on the underlay): no
+/// story may come of it.
+#[test]
+fn a_pods_ipv6_payload_that_looks_like_vxlan_forges_no_story() {
+    let (_alone, lab) = dual_stack_lab(Topology::FlannelVxlan);
+    let (web0, db0) = (ipv6(&lab.0, "web-0"), ipv6(&lab.0, "db-0"));
+    let db1 = ipv6(&lab.0, "db-1");
+    let forge = format!(
+        r#"
+import socket, struct
+echo = struct.pack('!BBHHH', 128, 0, 0, 0x4242, 1) + b'forged!!'
+ip6 = struct.pack('!IHBB16s16s', 6 << 28, len(echo), 58, 64,
+                  socket.inet_pton(socket.AF_INET6, '{src}'),
+                  socket.inet_pton(socket.AF_INET6, '{dst}'))
+frame = b'\x02' * 6 + b'\x04' * 6 + b'\x86\xdd' + ip6 + echo
+vxlan = struct.pack('!II', 0x08000000, 1 << 8)
+s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+for _ in range(3):
+    s.sendto(vxlan + frame, ('{to}', 8472))
+"#,
+        src = web0,
+        dst = db0,
+        to = db1
+    );
+    let done = traced(&lab.0, "web-0", "db-0", &["-6", "--duration", "5s"], || {
+        let sent = in_netns(&lab.0.pod("web-1").netns, "python3")
+            .args(["-c", &forge])
+            .status()
+            .expect("python3");
+        assert!(sent.success(), "the forged datagrams were not sent");
+    });
+    assert!(
+        done.stories().is_empty(),
+        "a pod's payload told a story about another pair: {}",
+        done.stdout
+    );
+}
