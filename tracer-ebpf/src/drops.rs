@@ -166,9 +166,9 @@ fn report(s: &mut Sighting, skb: u64, location: u64, reason: u32) {
     }
     let snapshot = &s.snapshot[..];
     if !filter_keeps(|f| {
-        filter::judge(
+        filter::judge::<_, true>(
             snapshot,
-            traced_header(snapshot, 0, kind, &tunnel_ports())?,
+            traced_header::<_, true>(snapshot, 0, kind, &tunnel_ports())?,
             f,
         )
     }) {
@@ -242,7 +242,9 @@ fn carries_another_pair(snapshot: &[u8]) -> bool {
 #[inline(always)]
 fn kept(snapshot: &[u8], kind: u8) -> bool {
     let n = sample();
-    n <= 1 || packet_id(snapshot, 0, kind, &tunnel_ports()).is_some_and(|id| sampled(&id, n))
+    n <= 1
+        || packet_id::<_, true>(snapshot, 0, kind, &tunnel_ports())
+            .is_some_and(|id| sampled(&id, n))
 }
 
 /// The drop's device (0 if none) and the inode of its network namespace

@@ -55,10 +55,11 @@ pub fn enabled() -> bool {
     global(&PROFILE) != 0
 }
 
-/// The identity of the traced packet at `l3` (matched as `kind`).
+/// The identity of the traced packet at `l3` (matched as `kind`); `V6`:
+/// whether it may be an IPv6 one (`packet_id`).
 #[inline(always)]
-pub fn identify<B: Bytes>(b: &B, l3: usize, kind: u8) -> Option<PacketId> {
-    packet_id(b, l3, kind, &tunnel_ports())
+pub fn identify<B: Bytes, const V6: bool>(b: &B, l3: usize, kind: u8) -> Option<PacketId> {
+    packet_id::<B, V6>(b, l3, kind, &tunnel_ports())
 }
 
 /// Packet `id` seen at `hook` with `skb_len` bytes: one more sample of the

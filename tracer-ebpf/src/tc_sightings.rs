@@ -13,7 +13,7 @@ use podtrace_common::{
     hook_id, ipv6_program, match_kind,
     packet::{classify4, classify6, ethernet_payload, traced_header, Bytes},
     packet6::is_ipv6,
-    sampled, sighting_kind, Direction, Sighting, SNAPSHOT_LEN,
+    sampled, sighting_kind, Direction, PacketId, Sighting, SNAPSHOT_LEN,
 };
 
 use crate::{
@@ -142,44 +142,57 @@ fn observe<const IPV6: bool>(
             bump(counter::CARRIED_OTHER_PAIR);
             return TC_ACT_UNSPEC;
         }
-        if !filter_keeps(|f| judged(&linear, &skb, l3, kind, f)) {
+        if !filter_keeps(|f| judged::<IPV6>(&linear, &skb, l3, kind, f)) {
             return TC_ACT_UNSPEC;
         }
         if profile::enabled() {
-            let id =
-                profile::identify(&linear, l3, kind).or_else(|| profile::identify(&skb, l3, kind));
+            let id = identify::<IPV6>(&linear, &skb, l3, kind);
             if let Some(id) = id {
                 let hook = hook_id(node_id(), ifindex, direction as u8);
                 profile::record(&id, hook, skb.len(), to_pod);
             }
-        } else if kept(&linear, &skb, l3, kind) {
+        } else if kept::<IPV6>(&linear, &skb, l3, kind) {
             report::<IPV6>(&skb, direction, has_l2, kind, l3);
         }
     }
     TC_ACT_UNSPEC
 }
 
+// `IPV6` below: the program's family. The IPv4 programs trace IPv4
+// headers only (`NodeFlows4`), so they are built without a path that
+// reads IPv6 ones.
+
 /// `--proto`/`--port` on the traced pair's header: read from the linear
 /// head, and through the skb where the head ends first.
 #[inline(always)]
-fn judged(linear: &Linear, skb: &Skb, l3: usize, kind: u8, f: &L4Filter) -> Option<bool> {
-    judged_on(linear, l3, kind, f).or_else(|| judged_on(skb, l3, kind, f))
+fn judged<const IPV6: bool>(
+    linear: &Linear,
+    skb: &Skb,
+    l3: usize,
+    kind: u8,
+    f: &L4Filter,
+) -> Option<bool> {
+    judged_on::<_, IPV6>(linear, l3, kind, f).or_else(|| judged_on::<_, IPV6>(skb, l3, kind, f))
 }
 
 #[inline(always)]
-fn judged_on<B: Bytes>(b: &B, l3: usize, kind: u8, f: &L4Filter) -> Option<bool> {
-    filter::judge(b, traced_header(b, l3, kind, &tunnel_ports())?, f)
+fn judged_on<B: Bytes, const IPV6: bool>(b: &B, l3: usize, kind: u8, f: &L4Filter) -> Option<bool> {
+    let ip = traced_header::<B, IPV6>(b, l3, kind, &tunnel_ports())?;
+    filter::judge::<B, IPV6>(b, ip, f)
+}
+
+/// The packet's identity (profile mode, `--sample`), as `judged` reads.
+#[inline(always)]
+fn identify<const IPV6: bool>(linear: &Linear, skb: &Skb, l3: usize, kind: u8) -> Option<PacketId> {
+    profile::identify::<_, IPV6>(linear, l3, kind)
+        .or_else(|| profile::identify::<_, IPV6>(skb, l3, kind))
 }
 
 /// Whether `--sample` keeps this packet (always, without it).
 #[inline(always)]
-fn kept(linear: &Linear, skb: &Skb, l3: usize, kind: u8) -> bool {
+fn kept<const IPV6: bool>(linear: &Linear, skb: &Skb, l3: usize, kind: u8) -> bool {
     let n = sample();
-    if n <= 1 {
-        return true;
-    }
-    let id = profile::identify(linear, l3, kind).or_else(|| profile::identify(skb, l3, kind));
-    id.is_some_and(|id| sampled(&id, n))
+    n <= 1 || identify::<IPV6>(linear, skb, l3, kind).is_some_and(|id| sampled(&id, n))
 }
 
 /// How the packet (of the program's family) matches the traced flow, and

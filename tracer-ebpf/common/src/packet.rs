@@ -351,34 +351,41 @@ fn carried_kind(inner_is_traced: bool) -> u8 {
 }
 
 /// Where the traced pair's IP header is in a packet [`classify`] matched
-/// as `kind` at `l3`: the inner header through a tunnel.
+/// as `kind` at `l3`: the inner header through a tunnel. `V6`: whether
+/// IPv6 headers may be met at all (false in a program that reads IPv4
+/// only, whose verifier then walks no IPv6 path: see [`judge`]).
+///
+/// [`judge`]: crate::filter::judge
 #[inline(always)]
-pub fn traced_header<B: Bytes + ?Sized>(
+pub fn traced_header<B: Bytes + ?Sized, const V6: bool>(
     b: &B,
     l3: usize,
     kind: u8,
     ports: &TunnelPorts,
 ) -> Option<usize> {
-    if kind == match_kind::INNER {
+    if kind != match_kind::INNER {
+        Some(l3)
+    } else if V6 {
         Some(tunnel_inner_ip(b, l3, ports)?.0)
     } else {
-        Some(l3)
+        Some(tunnel_inner4(b, l3, ports)?.0)
     }
 }
 
 /// What tells one packet from another on every hook of its way (profile
 /// mode): its traced pair (the inner one through a tunnel), IP ID and
 /// protocol, and a word of L4 (TCP sequence, ICMP id and sequence, UDP
-/// ports; the fragment offset for a later fragment).
+/// ports; the fragment offset for a later fragment). `V6` as for
+/// [`traced_header`].
 #[inline(always)]
-pub fn packet_id<B: Bytes + ?Sized>(
+pub fn packet_id<B: Bytes + ?Sized, const V6: bool>(
     b: &B,
     l3: usize,
     kind: u8,
     ports: &TunnelPorts,
 ) -> Option<PacketId> {
-    let ip = traced_header(b, l3, kind, ports)?;
-    if ip_version(b, ip)? == IPV6_VERSION {
+    let ip = traced_header::<B, V6>(b, l3, kind, ports)?;
+    if V6 && ip_version(b, ip)? == IPV6_VERSION {
         return packet_id6(b, ip);
     }
     let l4 = ip + ipv4_header_len(b, ip)?;

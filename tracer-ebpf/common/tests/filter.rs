@@ -57,7 +57,7 @@ fn filter(protocols: u32, ports: &[u16]) -> L4Filter {
 }
 
 fn keeps(f: &L4Filter, packet: &[u8]) -> bool {
-    judge(packet, 0, f).expect("readable")
+    judge::<_, true>(packet, 0, f).expect("readable")
 }
 
 #[test]
@@ -120,5 +120,5 @@ fn only_the_ports_set_count() {
 fn a_header_cut_short_is_unreadable_not_left_out() {
     let f = filter(0, &[8080]);
     let packet = tcp(41000, 8080);
-    assert_eq!(judge(&packet[..21], 0, &f), None);
+    assert_eq!(judge::<_, true>(&packet[..21], 0, &f), None);
 }

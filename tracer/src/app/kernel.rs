@@ -26,8 +26,10 @@ struct Report {
     /// How drops attach: `tp_btf` or `raw_tracepoint`; absent if the
     /// programs did not load.
     drop_hook: Option<&'static str>,
-    /// Every program loads (the verifier takes them).
+    /// Every program loads (the verifier takes them), IPv6's aside.
     loads: bool,
+    /// The IPv6 programs load too; without them IPv6 is not traced at tc.
+    ipv6: bool,
     /// Why they do not, in one line.
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
@@ -41,7 +43,8 @@ pub fn run(args: &KernelArgs) -> Result<()> {
     let features = &kernel.features;
     let mode = features.attach_mode(AttachMode::Auto)?;
     let loaded = Kernel::typed_btf().and_then(|btf| try_load(&kernel, &btf));
-    let drop_hook = loaded.as_ref().ok().copied();
+    let drop_hook = loaded.as_ref().ok().map(|l| l.drop_hook);
+    let ipv6_refused = loaded.as_ref().ok().and_then(|l| l.ipv6_refused.clone());
     let report = Report {
         kind: "kernel",
         release: features.release.clone(),
@@ -57,6 +60,7 @@ pub fn run(args: &KernelArgs) -> Result<()> {
             DropHook::Raw => "raw_tracepoint",
         }),
         loads: loaded.is_ok(),
+        ipv6: loaded.is_ok() && ipv6_refused.is_none(),
         error: loaded.as_ref().err().map(|e| {
             format!("{e:#}")
                 .lines()
@@ -68,6 +72,7 @@ pub fn run(args: &KernelArgs) -> Result<()> {
             .degraded(mode, drop_hook)
             .iter()
             .map(ToString::to_string)
+            .chain(ipv6_refused.map(|e| format!("IPv6 packets are not traced at tc: {e}")))
             .collect(),
     };
     match args.output {

@@ -158,19 +158,8 @@ impl Targets {
             Some(path) => nodes::load_nodes(path)?,
             None => Vec::new(),
         };
-        let mut catalog = match &args.services_file {
-            Some(path) => Some(Catalog::load(path)?),
-            None => None,
-        };
         let plain_ips = src_target.ip().is_some() && dst_target.ip().is_some();
-        let without_api = args.kube.pods_file.is_some() || (plain_ips && !access.configured());
-        if catalog.is_none()
-            && without_api
-            && dst_target.ip().is_some()
-            && !args.no_kube_proxy_rules
-        {
-            catalog = kube_proxy_rules::read_nodes(&Namespace::all(&args.kube.netns)?);
-        }
+        let mut catalog = known_services(args, &access, plain_ips, &dst_target)?;
         let (src, dst, inventory, cluster) = if let Some(path) = &args.kube.pods_file {
             let inventory = Inventory::load(path)?;
             if let Some(catalog) = &mut catalog {
@@ -402,6 +391,27 @@ pub fn vantage(ends: [(&str, Option<&str>); 2], traced: &[String]) -> Option<Str
             "neither {src} ({src_node}) nor {dst} ({dst_node}) runs on {here}: run podtrace on {src_node} or {dst_node}"
         ),
     })
+}
+
+/// The Services known before any API is asked: the `--services-file`,
+/// else (with no API to ask, towards an IP) kube-proxy's rules on the
+/// traced nodes.
+fn known_services(
+    args: &Args,
+    access: &Access,
+    plain_ips: bool,
+    dst_target: &Target,
+) -> Result<Option<Catalog>> {
+    if let Some(path) = &args.services_file {
+        return Ok(Some(Catalog::load(path)?));
+    }
+    let without_api = args.kube.pods_file.is_some() || (plain_ips && !access.configured());
+    if without_api && dst_target.ip().is_some() && !args.no_kube_proxy_rules {
+        return Ok(kube_proxy_rules::read_nodes(&Namespace::all(
+            &args.kube.netns,
+        )?));
+    }
+    Ok(None)
 }
 
 #[cfg(test)]

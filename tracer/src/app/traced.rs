@@ -196,16 +196,9 @@ impl TracedNode {
         if let Err(e) = conntrack::watch(id, shared.conntrack_tx.clone()) {
             eprintln!("podtrace: {name}: conntrack is not read ({e:#}); translations are known only from the Services");
         }
-        let sent_here = SentHere {
-            own_addresses: (view.own_addresses().map(IpAddr::V4))
-                .chain(view.addresses6.iter().map(|(_, ip)| IpAddr::V6(*ip)))
-                .collect(),
-            // kube-proxy's IPVS mode holds its Service addresses there.
-            ipvs: view.link_named("kube-ipvs0").is_some(),
-        };
         let netfilter = match &shared.netfilter_tx {
             Some(tx) => Some(
-                NodeTrace::start(ns, id, &shared.pairs, sent_here, tx.clone())
+                NodeTrace::start(ns, id, &shared.pairs, sent_here(&view), tx.clone())
                     .with_context(|| format!("node {name}"))?,
             ),
             None => None,
@@ -487,4 +480,15 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "this-node".into())
+}
+
+/// What tells the rule tracer a packet was sent by the node itself.
+fn sent_here(view: &NodeView) -> SentHere {
+    SentHere {
+        own_addresses: (view.own_addresses().map(IpAddr::V4))
+            .chain(view.addresses6.iter().map(|(_, ip)| IpAddr::V6(*ip)))
+            .collect(),
+        // kube-proxy's IPVS mode holds its Service addresses there.
+        ipvs: view.link_named("kube-ipvs0").is_some(),
+    }
 }

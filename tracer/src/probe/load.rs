@@ -291,8 +291,11 @@ impl NodeProbe {
 /// kernel's verifier takes them, and how drops attach. Globals the
 /// verifier sees as constants prune whole branches, so the programs are
 /// loaded as a plain trace, a `--sample` trace and profile mode load them.
-pub fn try_load(kernel: &Kernel, btf: &aya::Btf) -> Result<DropHook> {
-    let mut hook = DropHook::Typed;
+pub fn try_load(kernel: &Kernel, btf: &aya::Btf) -> Result<Loaded> {
+    let mut loaded = Loaded {
+        drop_hook: DropHook::Typed,
+        ipv6_refused: None,
+    };
     // (profile, sample, filtering): every branch a trace may take.
     for (profile, sample, filtering) in [(0u32, 1u32, 0u32), (0, 2, 1), (1, 1, 1)] {
         let mut ebpf = EbpfLoader::new()
@@ -307,10 +310,21 @@ pub fn try_load(kernel: &Kernel, btf: &aya::Btf) -> Result<DropHook> {
                 .load()
                 .with_context(|| format!("the kernel refused {name}"))?;
         }
-        tc::load_ipv6(&mut ebpf)?;
-        hook = drops::attach(&mut ebpf, btf, kernel.features.drop_reasons)?;
+        if let Err(e) = tc::load_ipv6(&mut ebpf) {
+            // As a trace goes on without them: IPv4 only.
+            loaded.ipv6_refused.get_or_insert(format!("{e:#}"));
+        }
+        loaded.drop_hook = drops::attach(&mut ebpf, btf, kernel.features.drop_reasons)?;
     }
-    Ok(hook)
+    Ok(loaded)
+}
+
+/// What [`try_load`] found: how drops attach, and why the IPv6 programs
+/// were refused if they were (a trace then goes on with IPv4 only).
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub drop_hook: DropHook,
+    pub ipv6_refused: Option<String>,
 }
 
 /// Says once that this kernel refused the IPv6 programs: IPv4 is traced

@@ -39,7 +39,9 @@ use podtrace_common::KernelLayout;
 
 use crate::model::KernelSummary;
 
-pub use load::{try_load, Batch, NodeProbe, ProbeSpec, ReadThrough, BATCHES_QUEUED, RING_HANDOVER};
+pub use load::{
+    try_load, Batch, Loaded, NodeProbe, ProbeSpec, ReadThrough, BATCHES_QUEUED, RING_HANDOVER,
+};
 pub use tc::AttachMode;
 
 use self::{
