@@ -163,7 +163,18 @@ fn ipv6_on_one_node_is_bridged_and_delivered_and_dash_6_leaves_ipv4_out() {
             assert!(lab.0.ping6("web-0", web1, &[]), "the lab's IPv6 is broken");
         },
     );
-    let stories = done.stories();
+    // The pair's neighbour discovery is its traffic too, and may be
+    // told beside the pings: only the echo stories are counted.
+    assert!(
+        done.stories()
+            .iter()
+            .all(|s| s["transport"]["proto"] == "icmpv6"),
+        "-6 leaves IPv4 out: {}",
+        done.stdout
+    );
+    let stories: Vec<Value> = (done.stories().into_iter())
+        .filter(|s| matches!(s["transport"]["icmp_type"].as_u64(), Some(128 | 129)))
+        .collect();
     assert_eq!(
         stories.len(),
         2,
@@ -171,14 +182,10 @@ fn ipv6_on_one_node_is_bridged_and_delivered_and_dash_6_leaves_ipv4_out() {
         done.stdout
     );
     let request = story_from(&stories, web0, web1);
+    // Bridged between two ports of cni0: no hook of cni0's own is crossed.
     assert_eq!(
         path(&request),
-        [
-            "node-1 pod_veth ingress",
-            "node-1 bridge ingress",
-            "node-1 bridge egress",
-            "node-1 pod_veth egress",
-        ]
+        ["node-1 pod_veth ingress", "node-1 pod_veth egress"]
     );
     assert_eq!(request["verdict"]["outcome"], "delivered", "{request}");
     assert_eq!(request["verdict"]["path"], serde_json::json!(["bridged"]));

@@ -296,8 +296,14 @@ pub fn try_load(kernel: &Kernel, btf: &aya::Btf) -> Result<Loaded> {
         drop_hook: DropHook::Typed,
         ipv6_refused: None,
     };
-    // (profile, sample, filtering): every branch a trace may take.
-    for (profile, sample, filtering) in [(0u32, 1u32, 0u32), (0, 2, 1), (1, 1, 1)] {
+    // (profile, sample, filtering): every branch a trace may take, and
+    // what a user asks for to take it.
+    let modes = [
+        (0u32, 1u32, 0u32, "a plain trace"),
+        (0, 2, 1, "--sample with --proto/--port"),
+        (1, 1, 1, "profile mode with --proto/--port"),
+    ];
+    for (profile, sample, filtering, asked) in modes {
         let mut ebpf = EbpfLoader::new()
             .override_global(names::LAYOUT, &kernel.layout, true)
             .override_global(names::PROFILE, &profile, true)
@@ -312,7 +318,12 @@ pub fn try_load(kernel: &Kernel, btf: &aya::Btf) -> Result<Loaded> {
         }
         if let Err(e) = tc::load_ipv6(&mut ebpf) {
             // As a trace goes on without them: IPv4 only.
-            loaded.ipv6_refused.get_or_insert(format!("{e:#}"));
+            let first_line = format!("{e:#}")
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            (loaded.ipv6_refused).get_or_insert(format!("in {asked}: {first_line}"));
         }
         loaded.drop_hook = drops::attach(&mut ebpf, btf, kernel.features.drop_reasons)?;
     }
