@@ -11,10 +11,11 @@ use aya_ebpf::{
 };
 use podtrace_common::{
     counter, filter, match_kind,
-    packet::{classify_ip, packet_id, socket_header, traced_header, tunnel_inner_ip, Bytes, Flows},
+    packet::{classify_ip, packet_id, socket_header, tunnel_inner_ip, Bytes, Flows},
     packet6::{is_ipv6, pair6_at},
-    sampled, sighting_kind, FlowKey, KernelLayout, Sighting, MAX_NODES, NODE_OTHER_NETNS,
-    SNAPSHOT_LEN,
+    sampled, sighting_kind,
+    transport::{traced_l4, TracedL4},
+    FlowKey, KernelLayout, Sighting, MAX_NODES, NODE_OTHER_NETNS, SNAPSHOT_LEN,
 };
 
 use crate::{
@@ -165,13 +166,8 @@ fn report(s: &mut Sighting, skb: u64, location: u64, reason: u32) {
         return;
     }
     let snapshot = &s.snapshot[..];
-    if !filter_keeps(|f| {
-        filter::judge::<_, true>(
-            snapshot,
-            traced_header::<_, true>(snapshot, 0, kind, &tunnel_ports())?,
-            f,
-        )
-    }) {
+    if !filter_keeps(|f| filter::judge::<_, false>(snapshot, &traced_l4_of(snapshot, kind)?.l4, f))
+    {
         return;
     }
     let meta = Meta {
@@ -242,9 +238,26 @@ fn carries_another_pair(snapshot: &[u8]) -> bool {
 #[inline(always)]
 fn kept(snapshot: &[u8], kind: u8) -> bool {
     let n = sample();
-    n <= 1
-        || packet_id::<_, true>(snapshot, 0, kind, &tunnel_ports())
-            .is_some_and(|id| sampled(&id, n))
+    if n <= 1 {
+        return true;
+    }
+    // Unread (an IPv6 header: see `traced_l4_of`) is kept: nothing is
+    // left out unseen.
+    match traced_l4_of(snapshot, kind) {
+        Some(t) => packet_id(snapshot, t.ip, &t.l4).is_some_and(|id| sampled(&id, n)),
+        None => true,
+    }
+}
+
+/// The traced header of the IP packet starting `snapshot`, and its
+/// transport: what the filter and `--sample` read. IPv4 only: the walk
+/// of IPv6's extension headers over the snapshot made 5.10's verifier
+/// lose track of the snapshot's pointer and refuse the program, so a
+/// dropped IPv6 packet is kept by `--proto`/`--port` and `--sample`
+/// alike (its tc sightings are judged).
+#[inline(always)]
+fn traced_l4_of(snapshot: &[u8], kind: u8) -> Option<TracedL4> {
+    traced_l4::<_, false>(snapshot, 0, kind, &tunnel_ports())
 }
 
 /// The drop's device (0 if none) and the inode of its network namespace

@@ -98,12 +98,18 @@ pub static WAKE_BYTES: u64 = 0;
 #[unsafe(no_mangle)]
 pub static FILTERING: u32 = 0;
 
+/// Whether a `--proto`/`--port` filter is set.
+#[inline(always)]
+pub fn filtering() -> bool {
+    global(&FILTERING) != 0
+}
+
 /// Whether `--proto`/`--port` keeps the packet: `judge` applies the
 /// filter to the packet's bytes (`None`: they could not be read). Counts
 /// what it leaves out.
 #[inline(always)]
 pub fn filter_keeps(judge: impl Fn(&L4Filter) -> Option<bool>) -> bool {
-    if global(&FILTERING) == 0 {
+    if !filtering() {
         return true;
     }
     // Unreadable bytes keep the packet: userspace then tells it whole.

@@ -13,15 +13,13 @@ use aya_ebpf::{
     maps::{Array, PerCpuArray, PerCpuHashMap},
 };
 use podtrace_common::{
-    counter,
-    packet::{packet_id, Bytes},
-    packet_hash, Histogram, PacketId, Stamp, StampBucket, StampSlot, StepKey, HIST_LINEAR_US,
-    HIST_LOG2, STAMP_BUCKETS, STAMP_BUCKET_BITS, STAMP_WAYS,
+    counter, packet_hash, Histogram, PacketId, Stamp, StampBucket, StampSlot, StepKey,
+    HIST_LINEAR_US, HIST_LOG2, STAMP_BUCKETS, STAMP_BUCKET_BITS, STAMP_WAYS,
 };
 
 use crate::{
     kernel::{global, ktime_ns, step_histogram},
-    maps::{bump, tunnel_ports},
+    maps::bump,
 };
 
 /// Hook pairs of one node.
@@ -53,13 +51,6 @@ pub static PROFILE: u32 = 0;
 #[inline(always)]
 pub fn enabled() -> bool {
     global(&PROFILE) != 0
-}
-
-/// The identity of the traced packet at `l3` (matched as `kind`); `V6`:
-/// whether it may be an IPv6 one (`packet_id`).
-#[inline(always)]
-pub fn identify<B: Bytes, const V6: bool>(b: &B, l3: usize, kind: u8) -> Option<PacketId> {
-    packet_id::<B, V6>(b, l3, kind, &tunnel_ports())
 }
 
 /// Packet `id` seen at `hook` with `skb_len` bytes: one more sample of the

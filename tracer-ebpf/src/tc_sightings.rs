@@ -11,16 +11,18 @@ use podtrace_common::{
     filter::{self, L4Filter},
     headers::{IPV4_PROTOCOL, IPV4_TOS, IPV6_DADDR, IPV6_NEXT_HEADER, IPV6_SADDR},
     hook_id, ipv6_program, match_kind,
-    packet::{classify4, classify6, ethernet_payload, traced_header, Bytes},
+    packet::{classify4, classify6, ethernet_payload, packet_id, Bytes},
     packet6::is_ipv6,
-    sampled, sighting_kind, Direction, PacketId, Sighting, SNAPSHOT_LEN,
+    sampled, sighting_kind,
+    transport::{traced_l4, TracedL4},
+    Direction, PacketId, Sighting, SNAPSHOT_LEN,
 };
 
 use crate::{
     kernel::{submit_with, Linear, Route, Skb, NO_ROUTE_ASKED},
     maps::{
-        bump, filter_keeps, node_id, sample, tunnel_ports, wake_bytes, NodeFlows, NodeFlows4,
-        SIGHTINGS,
+        bump, filter_keeps, filtering, node_id, sample, tunnel_ports, wake_bytes, NodeFlows,
+        NodeFlows4, SIGHTINGS,
     },
     profile,
     sighting::Meta,
@@ -142,16 +144,24 @@ fn observe<const IPV6: bool>(
             bump(counter::CARRIED_OTHER_PAIR);
             return TC_ACT_UNSPEC;
         }
-        if !filter_keeps(|f| judged::<IPV6>(&linear, &skb, l3, kind, f)) {
+        // Read once for the filter and the identity, and only for them
+        // (constants to the verifier: a plain trace has no such path).
+        let traced = if filtering() || profile::enabled() || sample() > 1 {
+            let ports = tunnel_ports();
+            traced_l4::<_, IPV6>(&linear, l3, kind, &ports)
+                .or_else(|| traced_l4::<_, IPV6>(&skb, l3, kind, &ports))
+        } else {
+            None
+        };
+        if !filter_keeps(|f| judged::<IPV6>(&linear, &skb, traced.as_ref()?, f)) {
             return TC_ACT_UNSPEC;
         }
         if profile::enabled() {
-            let id = identify::<IPV6>(&linear, &skb, l3, kind);
-            if let Some(id) = id {
+            if let Some(id) = identify(&linear, &skb, traced.as_ref()) {
                 let hook = hook_id(node_id(), ifindex, direction as u8);
                 profile::record(&id, hook, skb.len(), to_pod);
             }
-        } else if kept::<IPV6>(&linear, &skb, l3, kind) {
+        } else if kept(&linear, &skb, traced.as_ref()) {
             report::<IPV6>(&skb, direction, has_l2, kind, l3);
         }
     }
@@ -168,31 +178,25 @@ fn observe<const IPV6: bool>(
 fn judged<const IPV6: bool>(
     linear: &Linear,
     skb: &Skb,
-    l3: usize,
-    kind: u8,
+    traced: &TracedL4,
     f: &L4Filter,
 ) -> Option<bool> {
-    judged_on::<_, IPV6>(linear, l3, kind, f).or_else(|| judged_on::<_, IPV6>(skb, l3, kind, f))
+    filter::judge::<_, IPV6>(linear, &traced.l4, f)
+        .or_else(|| filter::judge::<_, IPV6>(skb, &traced.l4, f))
 }
 
+/// The packet's identity (profile mode, `--sample`), read as `judged`.
 #[inline(always)]
-fn judged_on<B: Bytes, const IPV6: bool>(b: &B, l3: usize, kind: u8, f: &L4Filter) -> Option<bool> {
-    let ip = traced_header::<B, IPV6>(b, l3, kind, &tunnel_ports())?;
-    filter::judge::<B, IPV6>(b, ip, f)
-}
-
-/// The packet's identity (profile mode, `--sample`), as `judged` reads.
-#[inline(always)]
-fn identify<const IPV6: bool>(linear: &Linear, skb: &Skb, l3: usize, kind: u8) -> Option<PacketId> {
-    profile::identify::<_, IPV6>(linear, l3, kind)
-        .or_else(|| profile::identify::<_, IPV6>(skb, l3, kind))
+fn identify(linear: &Linear, skb: &Skb, traced: Option<&TracedL4>) -> Option<PacketId> {
+    let t = traced?;
+    packet_id(linear, t.ip, &t.l4).or_else(|| packet_id(skb, t.ip, &t.l4))
 }
 
 /// Whether `--sample` keeps this packet (always, without it).
 #[inline(always)]
-fn kept<const IPV6: bool>(linear: &Linear, skb: &Skb, l3: usize, kind: u8) -> bool {
+fn kept(linear: &Linear, skb: &Skb, traced: Option<&TracedL4>) -> bool {
     let n = sample();
-    n <= 1 || identify::<IPV6>(linear, skb, l3, kind).is_some_and(|id| sampled(&id, n))
+    n <= 1 || identify(linear, skb, traced).is_some_and(|id| sampled(&id, n))
 }
 
 /// How the packet (of the program's family) matches the traced flow, and

@@ -7,8 +7,8 @@
 //! code.
 
 use crate::headers::*;
-use crate::packet::{ip_version, ipv4_len, Bytes};
-use crate::packet6::transport6;
+use crate::packet::Bytes;
+use crate::transport::{l4_of, L4};
 
 /// Ports a filter holds at most (`--port` repeated).
 pub const MAX_FILTER_PORTS: usize = 8;
@@ -74,36 +74,29 @@ impl L4Filter {
     }
 }
 
-/// Whether `filter` keeps the IPv4 or IPv6 packet whose header is at `ip`; `None`
-/// when a byte it needs cannot be read (the caller may read again through
-/// a slower path, else keeps the packet: nothing is left out unseen).
-/// An ICMP error is judged by the header it quotes: it is news about that
-/// packet, e.g. a port unreachable for `--port 53`.
-///
-/// `V6`: whether the header may be IPv6. A program that reads IPv4 only
-/// says false, and its verifier walks no IPv6 extension headers: with
-/// them, 5.10's went over its million instructions.
+/// Whether `filter` keeps the packet whose traced header's transport is
+/// `l4` ([`l4_of`]); `None` when a byte it needs cannot be read (the
+/// caller may read again through a slower path, else keeps the packet:
+/// nothing is left out unseen). An ICMP error is judged by the header it
+/// quotes: it is news about that packet, e.g. a port unreachable for
+/// `--port 53`. `V6` as for [`l4_of`] (the quoted header's family).
 #[inline(always)]
-pub fn judge<B: Bytes + ?Sized, const V6: bool>(
-    b: &B,
-    ip: usize,
-    filter: &L4Filter,
-) -> Option<bool> {
-    let (mut protocol, mut l4, mut first) = l4_of::<B, V6>(b, ip)?;
+pub fn judge<B: Bytes + ?Sized, const V6: bool>(b: &B, l4: &L4, filter: &L4Filter) -> Option<bool> {
+    let mut l4 = *l4;
     // The messages that quote the packet they are about: ICMP's
     // destination unreachable, time exceeded, parameter problem; ICMPv6's
     // the same and packet too big.
-    let quotes = match protocol {
-        IPPROTO_ICMP => matches!(b.u8_at(l4)?, 3 | 11 | 12),
-        IPPROTO_ICMPV6 if V6 => matches!(b.u8_at(l4)?, 1..=4),
+    let quotes = match l4.protocol {
+        IPPROTO_ICMP => matches!(b.u8_at(l4.at)?, 3 | 11 | 12),
+        IPPROTO_ICMPV6 if V6 => matches!(b.u8_at(l4.at)?, 1..=4),
         _ => false,
     };
-    if quotes && first {
-        (protocol, l4, first) = l4_of::<B, V6>(b, l4 + ICMP_QUOTE)?;
+    if quotes && l4.present {
+        l4 = l4_of::<B, V6>(b, l4.at + ICMP_QUOTE)?;
     }
-    let ports = if first && (protocol == IPPROTO_TCP || protocol == IPPROTO_UDP) {
+    let ports = if l4.present && (l4.protocol == IPPROTO_TCP || l4.protocol == IPPROTO_UDP) {
         // Source and destination port, read at once.
-        let p = b.bytes_at::<4>(l4 + L4_SPORT)?;
+        let p = b.bytes_at::<4>(l4.at + L4_SPORT)?;
         Some((
             u16::from_be_bytes([p[0], p[1]]),
             u16::from_be_bytes([p[2], p[3]]),
@@ -111,22 +104,5 @@ pub fn judge<B: Bytes + ?Sized, const V6: bool>(
     } else {
         None
     };
-    Some(filter.keeps(protocol, ports))
-}
-
-/// The protocol of the IP header at `ip`, where its L4 header starts
-/// (past IPv6's extension headers), and whether it is there (not a later
-/// fragment, which has none).
-#[inline(always)]
-fn l4_of<B: Bytes + ?Sized, const V6: bool>(b: &B, ip: usize) -> Option<(u8, usize, bool)> {
-    if V6 && ip_version(b, ip)? == IPV6_VERSION {
-        let t = transport6(b, ip)?;
-        return Some((t.protocol, t.at, t.is_present()));
-    }
-    // The header's first ten bytes at once: version and length, the
-    // fragment offset and the protocol, for one bounds check.
-    let h = b.bytes_at::<{ IPV4_PROTOCOL + 1 }>(ip)?;
-    let len = ipv4_len(h[IPV4_VER_IHL])?;
-    let offset = u16::from_be_bytes([h[IPV4_FRAG_OFF], h[IPV4_FRAG_OFF + 1]]) & IPV4_OFFSET_MASK;
-    Some((h[IPV4_PROTOCOL], ip + len, offset == 0))
+    Some(filter.keeps(l4.protocol, ports))
 }

@@ -9,6 +9,7 @@ pub mod headers;
 pub mod packet;
 pub mod packet6;
 pub mod prefilter;
+pub mod transport;
 pub mod tunnel;
 
 pub use headers::{GENEVE_PORT, VXLAN_PORT_FLANNEL, VXLAN_PORT_IANA};

@@ -8,7 +8,8 @@
 //! follow.
 
 use crate::headers::*;
-use crate::packet6::{fold6, is_ipv6, pair6_at, transport6, FlowKey6};
+use crate::packet6::{fold6, is_ipv6, pair6_at, FlowKey6};
+use crate::transport::L4;
 use crate::{match_kind, FlowKey, PacketId, TunnelKey, TunnelPorts, UdpTunnel, ANY_VNI};
 
 /// What the classifier asks of the node's maps, for either family:
@@ -373,55 +374,30 @@ pub fn traced_header<B: Bytes + ?Sized, const V6: bool>(
 }
 
 /// What tells one packet from another on every hook of its way (profile
-/// mode): its traced pair (the inner one through a tunnel), IP ID and
+/// mode): its traced pair at `ip` (the inner one through a tunnel; an
+/// IPv6 pair folded to IPv4's width, a hash key never shown), IP ID and
 /// protocol, and a word of L4 (TCP sequence, ICMP id and sequence, UDP
-/// ports; the fragment offset for a later fragment). `V6` as for
-/// [`traced_header`].
+/// ports; the fragment offset for a later fragment). `l4`: the header's
+/// transport, as [`l4_of`] read it.
+///
+/// [`l4_of`]: crate::transport::l4_of
 #[inline(always)]
-pub fn packet_id<B: Bytes + ?Sized, const V6: bool>(
-    b: &B,
-    l3: usize,
-    kind: u8,
-    ports: &TunnelPorts,
-) -> Option<PacketId> {
-    let ip = traced_header::<B, V6>(b, l3, kind, ports)?;
-    if V6 && ip_version(b, ip)? == IPV6_VERSION {
-        return packet_id6(b, ip);
-    }
-    let l4 = ip + ipv4_header_len(b, ip)?;
-    let protocol = b.u8_at(ip + IPV4_PROTOCOL)?;
-    let offset = b.u16_at(ip + IPV4_FRAG_OFF)? & IPV4_OFFSET_MASK;
-    let l4_word = match protocol {
-        _ if offset != 0 => u32::from(offset),
-        IPPROTO_TCP | IPPROTO_ICMP => word_at(b, l4 + L4_SEQ)?,
-        IPPROTO_UDP => word_at(b, l4 + L4_SPORT)?,
+pub fn packet_id<B: Bytes + ?Sized>(b: &B, ip: usize, l4: &L4) -> Option<PacketId> {
+    let l4_word = match l4.protocol {
+        _ if !l4.present => u32::from(l4.fragment_offset),
+        IPPROTO_TCP | IPPROTO_ICMP | IPPROTO_ICMPV6 => word_at(b, l4.at + L4_SEQ)?,
+        IPPROTO_UDP => word_at(b, l4.at + L4_SPORT)?,
         _ => 0,
     };
-    Some(PacketId {
-        pair: b.pair_at(ip)?,
-        ip_id: b.u16_at(ip + IPV4_ID)?,
-        protocol,
-        _pad: 0,
-        l4: l4_word,
-    })
-}
-
-/// [`packet_id`] of an IPv6 packet: its pair folded to IPv4's width (a
-/// hash key, never shown), the fragment ID's low bits for a fragment (0
-/// else: IPv6 has no per-packet ID), and the same word of L4.
-#[inline(always)]
-fn packet_id6<B: Bytes + ?Sized>(b: &B, ip: usize) -> Option<PacketId> {
-    let t = transport6(b, ip)?;
-    let l4_word = match t.protocol {
-        _ if !t.is_present() => u32::from(t.fragment.map_or(0, |f| f.offset)),
-        IPPROTO_TCP | IPPROTO_ICMPV6 => word_at(b, t.at + L4_SEQ)?,
-        IPPROTO_UDP => word_at(b, t.at + L4_SPORT)?,
-        _ => 0,
+    let pair = if l4.ipv6 {
+        fold6(&pair6_at(b, ip)?)
+    } else {
+        b.pair_at(ip)?
     };
     Some(PacketId {
-        pair: fold6(&pair6_at(b, ip)?),
-        ip_id: t.fragment.map_or(0, |f| f.id as u16),
-        protocol: t.protocol,
+        pair,
+        ip_id: l4.ip_id,
+        protocol: l4.protocol,
         _pad: 0,
         l4: l4_word,
     })

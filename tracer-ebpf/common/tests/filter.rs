@@ -3,6 +3,7 @@
 
 use podtrace_common::filter::{judge, protocol_bit, L4Filter, MAX_FILTER_PORTS};
 use podtrace_common::headers::*;
+use podtrace_common::transport::l4_of;
 
 const POD_A: [u8; 4] = [10, 244, 1, 5];
 const POD_B: [u8; 4] = [10, 244, 2, 7];
@@ -56,8 +57,14 @@ fn filter(protocols: u32, ports: &[u16]) -> L4Filter {
     f
 }
 
+/// The filter's answer as the kernel reads it: the transport header
+/// first, then the judge.
+fn judged(packet: &[u8], f: &L4Filter) -> Option<bool> {
+    judge::<_, true>(packet, &l4_of::<_, true>(packet, 0)?, f)
+}
+
 fn keeps(f: &L4Filter, packet: &[u8]) -> bool {
-    judge::<_, true>(packet, 0, f).expect("readable")
+    judged(packet, f).expect("readable")
 }
 
 #[test]
@@ -120,5 +127,5 @@ fn only_the_ports_set_count() {
 fn a_header_cut_short_is_unreadable_not_left_out() {
     let f = filter(0, &[8080]);
     let packet = tcp(41000, 8080);
-    assert_eq!(judge::<_, true>(&packet[..21], 0, &f), None);
+    assert_eq!(judged(&packet[..21], &f), None);
 }

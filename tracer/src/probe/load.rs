@@ -35,11 +35,11 @@ use super::{
     features::DropHook,
     run_registry::{self, Record},
     tc::{self, AttachMode},
-    Kernel,
 };
 use crate::node::{interfaces::Watched, netns::Namespace, tunnels::TunnelTrust};
 
-static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
+pub(super) static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
 
 /// What one node's probe needs to know.
 pub struct ProbeSpec<'a> {
@@ -181,8 +181,12 @@ impl NodeProbe {
                 .load()
                 .with_context(|| format!("the kernel refused {name}"))?;
         }
-        if let Err(e) = tc::load_ipv6(&mut ebpf) {
-            warn_ipv6_untraced(&e);
+        // Only for an IPv6 pair: a kernel that refuses them may take long
+        // to say so, and an IPv4 trace has no use for them.
+        if !spec.flows6.is_empty() {
+            if let Err(e) = tc::load_ipv6(&mut ebpf) {
+                warn_ipv6_untraced(&e);
+            }
         }
         let drop_hook = drops::attach(&mut ebpf, spec.btf, spec.drop_reasons)?;
         let mut probe = Self {
@@ -284,58 +288,6 @@ impl NodeProbe {
         }
         Ok(out)
     }
-}
-
-/// Loads every program into the running kernel and attaches the drop
-/// program, as a trace would, then lets go of them all: whether this
-/// kernel's verifier takes them, and how drops attach. Globals the
-/// verifier sees as constants prune whole branches, so the programs are
-/// loaded as a plain trace, a `--sample` trace and profile mode load them.
-pub fn try_load(kernel: &Kernel, btf: &aya::Btf) -> Result<Loaded> {
-    let mut loaded = Loaded {
-        drop_hook: DropHook::Typed,
-        ipv6_refused: None,
-    };
-    // (profile, sample, filtering): every branch a trace may take, and
-    // what a user asks for to take it.
-    let modes = [
-        (0u32, 1u32, 0u32, "a plain trace"),
-        (0, 2, 1, "--sample with --proto/--port"),
-        (1, 1, 1, "profile mode with --proto/--port"),
-    ];
-    for (profile, sample, filtering, asked) in modes {
-        let mut ebpf = EbpfLoader::new()
-            .override_global(names::LAYOUT, &kernel.layout, true)
-            .override_global(names::PROFILE, &profile, true)
-            .override_global(names::SAMPLE, &sample, true)
-            .override_global(names::FILTERING, &filtering, true)
-            .load(EBPF_OBJECT)
-            .context("cannot load the eBPF programs")?;
-        for name in tc::PROGRAMS {
-            tc::program(&mut ebpf, name)?
-                .load()
-                .with_context(|| format!("the kernel refused {name}"))?;
-        }
-        if let Err(e) = tc::load_ipv6(&mut ebpf) {
-            // As a trace goes on without them: IPv4 only.
-            let first_line = format!("{e:#}")
-                .lines()
-                .next()
-                .unwrap_or_default()
-                .to_string();
-            (loaded.ipv6_refused).get_or_insert(format!("in {asked}: {first_line}"));
-        }
-        loaded.drop_hook = drops::attach(&mut ebpf, btf, kernel.features.drop_reasons)?;
-    }
-    Ok(loaded)
-}
-
-/// What [`try_load`] found: how drops attach, and why the IPv6 programs
-/// were refused if they were (a trace then goes on with IPv4 only).
-#[derive(Debug, Clone)]
-pub struct Loaded {
-    pub drop_hook: DropHook,
-    pub ipv6_refused: Option<String>,
 }
 
 /// Says once that this kernel refused the IPv6 programs: IPv4 is traced

@@ -33,16 +33,16 @@ pub mod rule_text;
 pub mod run_registry;
 pub mod shared_maps;
 pub mod tc;
+mod try_load;
 
 use anyhow::{Context as _, Result};
 use podtrace_common::KernelLayout;
 
 use crate::model::KernelSummary;
 
-pub use load::{
-    try_load, Batch, Loaded, NodeProbe, ProbeSpec, ReadThrough, BATCHES_QUEUED, RING_HANDOVER,
-};
+pub use load::{Batch, NodeProbe, ProbeSpec, ReadThrough, BATCHES_QUEUED, RING_HANDOVER};
 pub use tc::AttachMode;
+pub use try_load::{try_load, Loaded};
 
 use self::{
     btf::Btf,
