@@ -117,7 +117,16 @@ pub fn transport6<B: Bytes + ?Sized>(b: &B, l3: usize) -> Option<Transport6> {
     }
     let mut next = b.u8_at(l3 + IPV6_NEXT_HEADER)?;
     let mut at = l3 + IPV6_HLEN;
-    let mut fragment = None;
+    // Written whole before the walk, not an Option filled on the way:
+    // LLVM copied the empty Option's unwritten payload, and verifiers
+    // before 6.x's newest (5.10's, 6.1's) refuse a read of stack never
+    // written.
+    let mut this_fragment = Fragment6 {
+        id: 0,
+        offset: 0,
+        more: false,
+    };
+    let mut fragmented = false;
     let mut walked = 0;
     // One more turn than headers: the last finds the transport header.
     while walked <= MAX_EXTENSION_HEADERS {
@@ -139,14 +148,15 @@ pub fn transport6<B: Bytes + ?Sized>(b: &B, l3: usize) -> Option<Transport6> {
                     offset: off >> 3,
                     more: off & IPV6_FRAG_MORE != 0,
                 };
-                fragment = Some(this);
+                this_fragment = this;
+                fragmented = true;
                 if this.offset != 0 {
                     // A later fragment: what follows is mid-payload, even
                     // where the next header names another extension.
                     return Some(Transport6 {
                         protocol: h[IPV6_EXT_NEXT],
                         at: at + IPV6_FRAGMENT_HLEN,
-                        fragment,
+                        fragment: Some(this),
                     });
                 }
                 IPV6_FRAGMENT_HLEN
@@ -157,7 +167,7 @@ pub fn transport6<B: Bytes + ?Sized>(b: &B, l3: usize) -> Option<Transport6> {
                 return Some(Transport6 {
                     protocol,
                     at,
-                    fragment,
+                    fragment: fragmented.then_some(this_fragment),
                 })
             }
         };
