@@ -171,3 +171,23 @@ fn hop_by_hop_options_are_walked_only_first() {
         "a misplaced hop-by-hop header is where the walk stops"
     );
 }
+
+#[test]
+fn an_ipv6_packets_identity_is_its_folded_pair_fragment_id_and_l4_word() {
+    use podtrace_common::packet::packet_id;
+    use podtrace_common::packet6::{fold6, FlowKey6};
+    use podtrace_common::transport::l4_of;
+    let mut rest = fragment(IPPROTO_TCP, 0, true, 0x0001_2345);
+    rest.extend_from_slice(&tcp());
+    let p = ipv6(IPV6_FRAGMENT, &rest);
+    let l4 = l4_of::<_, true>(p.as_slice(), 0).unwrap();
+    let id = packet_id(p.as_slice(), 0, &l4).unwrap();
+    let pair = FlowKey6 {
+        src: POD_A,
+        dst: POD_B,
+    };
+    assert_eq!(id.pair, fold6(&pair), "folded word by word as fold6 does");
+    assert_eq!(id.ip_id, 0x2345, "the fragment ID's low bits");
+    assert_eq!(id.protocol, IPPROTO_TCP);
+    assert_eq!(id.l4, 0, "the TCP sequence (zero in this header)");
+}
