@@ -632,10 +632,10 @@ fn a_burst_of_packets_is_told_in_full() {
 
 /// A dual-stack cluster whose primary family is IPv6 lists each pod's
 /// IPv6 address as its podIP and both in podIPs (as the API serves it):
-/// the pair is traced by its IPv4 addresses all the same, and podtrace
-/// says at start that their IPv6 traffic is not seen.
+/// the pair is traced by both families whichever is listed first, and
+/// the start line names both.
 #[test]
-fn an_ipv6_primary_dual_stack_pair_is_traced_by_ipv4_and_says_ipv6_is_not() {
+fn an_ipv6_primary_dual_stack_pair_is_traced_by_both_families() {
     let lab = lab(Topology::FlannelVxlan);
     let mut pods: Value =
         serde_json::from_str(&std::fs::read_to_string(lab.0.pods_file()).unwrap()).unwrap();
@@ -663,12 +663,27 @@ fn an_ipv6_primary_dual_stack_pair_is_traced_by_ipv4_and_says_ipv6_is_not() {
     let story = done.ping_stories().into_iter().next().expect("a story");
     assert_eq!(story["verdict"]["outcome"], "delivered", "{story}");
     assert_eq!(story["src"], lab.0.pod("web-0").ip.to_string(), "{story}");
+    let web0 = lab.0.pod("web-0").ip;
+    let ipv6_of = |name: &str| {
+        let items = pods["items"].as_array().expect("a pod list");
+        let pod = (items.iter())
+            .find(|p| p["metadata"]["name"] == name)
+            .expect("the pod");
+        pod["status"]["podIP"]
+            .as_str()
+            .expect("an IPv6 podIP")
+            .to_string()
+    };
+    let ipv6_pair = format!(
+        " and {} (default/web-0) ⇄ {} (default/db-0)",
+        ipv6_of("web-0"),
+        ipv6_of("db-0")
+    );
+    let start = (done.stderr.lines())
+        .find(|l| l.starts_with("podtrace: tracing "))
+        .unwrap_or_else(|| panic!("no start line: {}", done.stderr));
     assert!(
-        done.stderr.contains("default/web-0 (fd00:10:244::")
-            && done.stderr.contains(
-                "have IPv6: only IPv4 is traced for now, and IPv6 traffic between them is not seen"
-            ),
-        "{}",
-        done.stderr
+        start.contains(&format!("tracing {web0} (default/web-0)")) && start.contains(&ipv6_pair),
+        "both pairs named: {start}"
     );
 }
