@@ -196,7 +196,17 @@ fn identify(linear: &Linear, skb: &Skb, traced: Option<&TracedL4>) -> Option<Pac
 #[inline(always)]
 fn kept(linear: &Linear, skb: &Skb, traced: Option<&TracedL4>) -> bool {
     let n = sample();
-    n <= 1 || identify(linear, skb, traced).is_some_and(|id| sampled(&id, n))
+    n <= 1 || traced.is_some_and(|t| sample_keeps(linear, skb, t, n))
+}
+
+/// Whether `--sample n` keeps the packet whose traced header is `t`. A
+/// call of its own, not inlined: inlined into a `--sample` trace without
+/// a filter, LLVM merged a read of the linear head with another path's
+/// and added a packet pointer to a packet pointer, which the verifier
+/// refuses.
+#[inline(never)]
+fn sample_keeps(linear: &Linear, skb: &Skb, t: &TracedL4, n: u32) -> bool {
+    identify(linear, skb, Some(t)).is_some_and(|id| sampled(&id, n))
 }
 
 /// How the packet (of the program's family) matches the traced flow, and

@@ -21,6 +21,7 @@ pub fn try_load(kernel: &Kernel, btf: &aya::Btf) -> Result<Loaded> {
     // what a user asks for to take it.
     let modes = [
         (0u32, 1u32, 0u32, "a plain trace"),
+        (0, 2, 0, "--sample"),
         (0, 2, 1, "--sample with --proto/--port"),
         (1, 1, 1, "profile mode with --proto/--port"),
     ];
