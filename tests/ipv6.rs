@@ -2,7 +2,8 @@
 //! wires them (flannel-v6.1 over an IPv6 underlay), the same pod pairs
 //! traced over IPv6 as over IPv4, and IPv6's own failures: an ip6tables
 //! DROP, a missing IPv6 route, a next hop that never answers neighbour
-//! discovery, and a pod's payload that looks like VXLAN over IPv6.
+//! discovery, and a pod's payload that looks like VXLAN over IPv6; and a
+//! dual-stack Service followed through kube-proxy's IPv6 DNAT.
 
 #[allow(dead_code)]
 mod support;
@@ -14,7 +15,11 @@ use std::{
 
 use serde_json::Value;
 use support::*;
-use xtask::lab::{in_netns, ip, Lab, LabGuard, Topology};
+use xtask::lab::{
+    in_netns, ip,
+    kube_proxy::{ProxyMode, TCP_PORT},
+    Lab, LabGuard, Topology,
+};
 
 /// The lab's IPv6 plan is the same in every dual-stack lab, so two at
 /// once would share pod addresses, and the drop tracepoint (which sees
@@ -313,4 +318,88 @@ for _ in range(3):
         "a pod's payload told a story about another pair: {}",
         done.stdout
     );
+}
+
+/// A dual-stack Service (`PreferDualStack`), programmed by kube-proxy's
+/// IPv6 proxier (ip6tables, or the `ip6 kube-proxy` table): web-0's TCP
+/// request to db's IPv6 ClusterIP is one story from web-0's veth through
+/// the DNAT to a backend on node-2, with the rule named; its SYN-ACK is
+/// un-DNATed on node-1 and delivered.
+fn an_ipv6_service_is_followed_through_kube_proxys_dnat(mode: ProxyMode) {
+    let (_alone, lab) = dual_stack_lab(Topology::FlannelVxlan);
+    lab.0.install_services(mode).expect("install services");
+    let db = lab.0.service("db");
+    let cluster_ip = db.cluster_ipv6.expect("a dual-stack Service");
+    let services = lab.0.services_file().display().to_string();
+    let mut answer = None;
+    let args = ["-6", "--count", "2", "--services-file", &services];
+    let done = traced(&lab.0, "web-0", "svc/db", &args, || {
+        answer = Some(lab.0.tcp_request("web-0", cluster_ip, 80));
+    });
+    assert_eq!(answer, Some(Ok("ok".into())), "the lab's IPv6 Service");
+    let stories = done.stories();
+    let with_flags = |flags: u64| {
+        stories
+            .iter()
+            .find(|s| s["transport"]["flags"] == flags)
+            .unwrap_or_else(|| panic!("no story with TCP flags {flags:#x}: {}", done.stdout))
+    };
+    let (syn, synack) = (with_flags(0x02), with_flags(0x12));
+    let web = ipv6(&lab.0, "web-0");
+    assert_eq!(syn["src"], web.to_string(), "{syn}");
+    let dnat = nat_step(syn, "DNAT");
+    assert_eq!(dnat["node"], "node-1", "{syn}");
+    let step = &dnat["nat"][0];
+    assert_eq!(step["before"], format!("[{cluster_ip}]:80"), "{step}");
+    let backend = db
+        .backends
+        .iter()
+        .find(|b| step["after"] == format!("[{}]:{TCP_PORT}", lab.0.ipv6_of(b)))
+        .unwrap_or_else(|| panic!("DNAT to a backend: {step}"));
+    assert_eq!(step["backend"], format!("default/{}", backend.name));
+    let rule = step["rule"].as_str().unwrap_or_default();
+    let to = format!("[{}]:{TCP_PORT}", lab.0.ipv6_of(backend));
+    match mode {
+        ProxyMode::Iptables => assert!(
+            rule.starts_with("nat KUBE-SEP-")
+                && rule.contains(&format!("-j DNAT --to-destination {to}")),
+            "in ip6tables syntax: {rule}"
+        ),
+        ProxyMode::Nftables => assert!(
+            rule.starts_with("ip6 kube-proxy endpoint-") && rule.contains(&format!("dnat to {to}")),
+            "the ip6 table's endpoint chain: {rule}"
+        ),
+    }
+    let verdict = &syn["verdict"];
+    assert_eq!(verdict["outcome"], "delivered", "{verdict}");
+    assert_eq!(verdict["node"], "node-2");
+    let undone = nat_step(synack, "un-DNAT");
+    assert_eq!(undone["node"], "node-1", "{synack}");
+    assert_eq!(undone["nat"][0]["after"], format!("[{cluster_ip}]:80"));
+    assert_eq!(synack["verdict"]["outcome"], "delivered", "{synack}");
+}
+
+/// The one hop of `story` that made a `kind` translation.
+fn nat_step<'a>(story: &'a Value, kind: &str) -> &'a Value {
+    let hops = story["hops"].as_array().expect("hops");
+    let translated: Vec<&Value> = hops
+        .iter()
+        .filter(|h| {
+            h["nat"]
+                .as_array()
+                .is_some_and(|n| n.iter().any(|s| s["kind"] == kind))
+        })
+        .collect();
+    assert_eq!(translated.len(), 1, "one {kind} hop: {story}");
+    translated[0]
+}
+
+#[test]
+fn an_ipv6_cluster_ip_is_followed_through_ip6tables_dnat() {
+    an_ipv6_service_is_followed_through_kube_proxys_dnat(ProxyMode::Iptables);
+}
+
+#[test]
+fn an_ipv6_cluster_ip_is_followed_through_the_ip6_kube_proxy_table() {
+    an_ipv6_service_is_followed_through_kube_proxys_dnat(ProxyMode::Nftables);
 }

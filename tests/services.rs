@@ -343,7 +343,8 @@ fn api_stub(lab: &LabGuard, pods: &Value, services: &Value) -> (Stub, String) {
 /// An IPv6-primary dual-stack cluster as the API serves it: each pod's
 /// and Service's IPv6 address first (podIP, clusterIP), the IPv4 one
 /// second in podIPs and clusterIPs. `svc/db` is followed by its IPv4
-/// ClusterIP to its backend and back, as on a single-stack cluster.
+/// ClusterIP to its backend and back, as on a single-stack cluster, and
+/// its IPv6 ClusterIP is traced beside it.
 #[test]
 fn an_ipv6_primary_dual_stack_service_is_followed_by_its_ipv4_cluster_ip() {
     let mode = ProxyMode::Iptables;
@@ -373,14 +374,16 @@ fn an_ipv6_primary_dual_stack_service_is_followed_by_its_ipv4_cluster_ip() {
     );
     assert_eq!(answer.as_deref(), Ok("ok"));
     assert_cluster_ip_followed(&lab.0, &done, mode, NAMED);
-    // What is not traced is said: the pods' and the Service's IPv6.
+    // The pods' and the Service's IPv6 are traced too: web-0's IPv6
+    // address to the Service's IPv6 ClusterIP, named at start.
+    let start = (done.stderr.lines())
+        .find(|l| l.starts_with("podtrace: tracing "))
+        .unwrap_or_else(|| panic!("no start line: {}", done.stderr));
     assert!(
-        done.stderr.contains("default/web-0 (fd00:10:244::")
-            && done.stderr.contains("svc/default/db (fd00:10:96::")
-            && done.stderr.contains("only IPv4 is traced for now"),
-        "{}",
-        done.stderr
+        start.contains(" and fd00:10:244:") && start.contains("(svc/default/db)"),
+        "both families named: {start}"
     );
+    assert!(!done.stderr.contains("not traced"), "{}", done.stderr);
     // web-0 by its IPv4 address, which the API's podIP field selector
     // does not find there: found in podIPs, and named in the story.
     let web = lab.0.pod("web-0").ip.to_string();

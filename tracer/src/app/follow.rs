@@ -33,10 +33,17 @@ pub(super) async fn learn_connection(
     Ok(())
 }
 
-/// Whether a conntrack entry is a connection of the traced pair.
+/// Whether a conntrack entry is a connection of the traced pair, in
+/// either family.
 pub(super) fn of_the_traced_pair(entry: &conntrack::Entry, targets: &Targets) -> bool {
-    let traced = [IpAddr::V4(targets.src.ip), IpAddr::V4(targets.dst.ip)];
-    traced.contains(&entry.orig.src) && traced.contains(&entry.orig.dst)
+    let ipv4 = (targets.src.ip.into(), targets.dst.ip.into());
+    let ipv6 = targets
+        .traced_ipv6_pair()
+        .map(|(src, dst)| (IpAddr::V6(src), IpAddr::V6(dst)));
+    [Some(ipv4), ipv6].into_iter().flatten().any(|(a, b)| {
+        let traced = [a, b];
+        traced.contains(&entry.orig.src) && traced.contains(&entry.orig.dst)
+    })
 }
 
 /// A translated connection of the traced pair, from conntrack, told to
@@ -72,8 +79,9 @@ pub(super) async fn follow_connection(entry: &conntrack::Entry, trace: &mut Trac
     // The connection as the peer sees it, both ways: what the kernel
     // filter must now let through.
     let (IpAddr::V4(a), IpAddr::V4(b)) = (entry.reply.src, entry.reply.dst) else {
-        // IPv6 connections are not followed to new addresses yet: their
-        // Service's backends are traced from the start.
+        // IPv6 connections are not followed to new addresses: their
+        // Service's backends are traced from the start (the Services are
+        // known whenever an IPv6 pair is, from the API or a file).
         return Ok(false);
     };
     let new = flow_ips((a, b));

@@ -188,14 +188,11 @@ fn context_of(args: &Args, targets: &Targets) -> Context {
         }
     }
     for endpoint in [&targets.src, &targets.dst] {
-        for ip in endpoint.pod.iter().flat_map(|p| &p.ipv6) {
-            ctx.names
-                .insert((*ip).into(), endpoint.name().unwrap_or_default());
-        }
-    }
-    for endpoint in [&targets.src, &targets.dst] {
         if let Some(name) = endpoint.name() {
-            ctx.names.insert(endpoint.ip.into(), name);
+            let ipv6 = targets.ipv6_of(endpoint).map(IpAddr::V6);
+            for ip in ipv6.into_iter().chain([endpoint.ip.into()]) {
+                ctx.names.insert(ip, name.clone());
+            }
         }
     }
     for (node, ip) in targets.known_nodes() {

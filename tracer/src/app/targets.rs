@@ -61,12 +61,6 @@ impl Families {
     }
 }
 
-/// An endpoint's IPv6 address: a dual-stack pod's first (Kubernetes gives
-/// a pod one per family).
-fn ipv6_of(e: &Endpoint) -> Option<std::net::Ipv6Addr> {
-    e.pod.as_ref()?.ipv6.first().copied()
-}
-
 /// A pod on the host network is traced on the node's own interfaces:
 /// said, as its story has no pod veth.
 fn note_host_network(src: &Endpoint, dst: &Endpoint) {
@@ -85,14 +79,27 @@ impl Targets {
     /// pair: each one's first IPv6 address (Kubernetes gives a pod one
     /// per family).
     pub fn ipv6_pair(&self) -> Option<(std::net::Ipv6Addr, std::net::Ipv6Addr)> {
-        Some((ipv6_of(&self.src)?, ipv6_of(&self.dst)?))
+        Some((self.ipv6_of(&self.src)?, self.ipv6_of(&self.dst)?))
+    }
+
+    /// An endpoint's IPv6 address: a dual-stack pod's first (Kubernetes
+    /// gives a pod one per family), or the destination Service's IPv6
+    /// ClusterIP (a dual-stack Service has one per family too).
+    pub fn ipv6_of(&self, e: &Endpoint) -> Option<std::net::Ipv6Addr> {
+        if let Some(pod) = &e.pod {
+            return pod.ipv6.first().copied();
+        }
+        let service = self.service.as_ref()?;
+        (service.cluster_ip == Some(e.ip))
+            .then(|| service.cluster_ipv6.first().copied())
+            .flatten()
     }
 
     /// The ends that have no IPv6 address, by name.
     fn without_ipv6(&self) -> Vec<String> {
         [&self.src, &self.dst]
             .into_iter()
-            .filter(|e| ipv6_of(e).is_none())
+            .filter(|e| self.ipv6_of(e).is_none())
             .map(|e| e.name().unwrap_or_else(|| e.ip.to_string()))
             .collect()
     }
@@ -103,13 +110,13 @@ impl Targets {
         self.ipv6_pair().filter(|_| self.families.ipv6)
     }
 
-    /// The traced pods' and Service's IPv6 addresses, which podtrace does
-    /// not trace yet (dual-stack): said at start, so that a failing IPv6
-    /// connection (dual-stack clients often prefer it) is not mistaken for
-    /// one that never happened.
+    /// The traced pods' and Service's IPv6 addresses when their IPv6
+    /// pair is not traced (`-4`, or one end without IPv6): said at start,
+    /// so that a failing IPv6 connection (dual-stack clients often prefer
+    /// it) is not mistaken for one that never happened.
     pub fn untraced_ipv6(&self) -> Option<String> {
         if self.traced_ipv6_pair().is_some() {
-            return self.untraced_service_ipv6();
+            return None;
         }
         let listed = |name: String, ips: &[std::net::Ipv6Addr]| {
             let ips: Vec<String> = ips.iter().map(ToString::to_string).collect();
@@ -126,24 +133,18 @@ impl Targets {
             .filter(|s| !s.cluster_ipv6.is_empty())
             .map(|s| listed(format!("svc/{}", s.qualified()), &s.cluster_ipv6));
         let with_ipv6: Vec<String> = pods.chain(service).collect();
+        let why = if self.families.ipv6 {
+            format!("{} has none", self.without_ipv6().join(" and "))
+        } else {
+            "-4 leaves it out".into()
+        };
         (!with_ipv6.is_empty()).then(|| {
             format!(
-                "{} also {} IPv6: only IPv4 is traced for now, and IPv6 traffic between them is not seen",
+                "{} also {} IPv6, which is not traced: {why}",
                 with_ipv6.join(" and "),
                 if with_ipv6.len() == 1 { "has" } else { "have" }
             )
         })
-    }
-
-    /// A dual-stack Service's IPv6 ClusterIP, while the pods' IPv6 pair is
-    /// traced: its translations are followed for IPv4 only.
-    fn untraced_service_ipv6(&self) -> Option<String> {
-        let service = self.service.as_ref()?;
-        let ips = service.cluster_ipv6.first()?;
-        Some(format!(
-            "svc/{} also has the IPv6 ClusterIP {ips}: its IPv6 backends are not followed yet",
-            service.qualified()
-        ))
     }
 
     /// The endpoints `args` name, resolved; `traced_addresses`: the
@@ -314,7 +315,11 @@ impl Targets {
 fn name_backends(catalog: &mut Catalog, inventory: &Inventory) {
     let backends = catalog.services.iter_mut().flat_map(|s| &mut s.backends);
     for backend in backends.filter(|b| b.pod.is_none()) {
-        if let Some(pod) = inventory.pods.iter().find(|p| p.ip == Some(backend.ip)) {
+        let has_it = |p: &&crate::cluster::inventory::Pod| match backend.ip {
+            std::net::IpAddr::V4(ip) => p.ip == Some(ip),
+            std::net::IpAddr::V6(ip) => p.ipv6.contains(&ip),
+        };
+        if let Some(pod) = inventory.pods.iter().find(has_it) {
             backend.pod = Some(pod.qualified());
             backend.node = pod.node.clone();
         }

@@ -26,7 +26,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
     process::Command,
 };
 
@@ -184,11 +184,11 @@ fn add_front(service: &mut Service, front: &Front) {
 
 fn add_backend(service: &mut Service, front: &Front, ip: Ipv4Addr, port: u16) {
     let named = (front.port_name.clone(), front.protocol, port);
-    match service.backends.iter_mut().find(|b| b.ip == ip) {
+    match service.backends.iter_mut().find(|b| b.ip == IpAddr::V4(ip)) {
         Some(backend) if backend.ports.contains(&named) => {}
         Some(backend) => backend.ports.push(named),
         None => service.backends.push(Backend {
-            ip,
+            ip: ip.into(),
             pod: None,
             node: None,
             ports: vec![named],

@@ -7,7 +7,10 @@
 //! Read from `--services-file` (`kubectl get svc,endpointslices -A -o json`)
 //! or the API (`cluster::api`), both as the same JSON objects.
 
-use std::{net::Ipv4Addr, path::Path};
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    path::Path,
+};
 
 use anyhow::Result;
 use serde::Deserialize;
@@ -28,7 +31,8 @@ pub struct ServicePort {
 /// One ready endpoint (a backend pod) and its ports by name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Backend {
-    pub ip: Ipv4Addr,
+    /// Of either family: a dual-stack Service has a slice per family.
+    pub ip: IpAddr,
     /// `namespace/name` of the pod, from the endpoint's targetRef.
     pub pod: Option<String>,
     pub node: Option<String>,
@@ -41,7 +45,7 @@ pub struct Service {
     pub namespace: String,
     pub name: String,
     pub cluster_ip: Option<Ipv4Addr>,
-    /// Its IPv6 ClusterIPs (dual-stack), which are not traced yet.
+    /// Its IPv6 ClusterIPs (dual-stack), translated to its IPv6 backends.
     pub cluster_ipv6: Vec<std::net::Ipv6Addr>,
     pub ports: Vec<ServicePort>,
     pub backends: Vec<Backend>,
@@ -53,30 +57,33 @@ impl Service {
     }
 
     /// Every frontend → backend translation kube-proxy makes for it:
-    /// ClusterIP:port, and NodePorts on `node_ips`.
+    /// ClusterIP:port (each family's, to that family's backends: kube-proxy
+    /// runs a proxier per family), and NodePorts on `node_ips`.
     pub fn translations(&self, node_ips: &[Ipv4Addr]) -> Vec<Translation> {
         let mut out = Vec::new();
         for port in &self.ports {
-            let mut fronts: Vec<(Ipv4Addr, u16)> = Vec::new();
+            let mut fronts: Vec<(IpAddr, u16)> = Vec::new();
             if let Some(ip) = self.cluster_ip {
-                fronts.push((ip, port.port));
+                fronts.push((ip.into(), port.port));
             }
+            fronts.extend(self.cluster_ipv6.iter().map(|ip| ((*ip).into(), port.port)));
             if let Some(node_port) = port.node_port {
-                fronts.extend(node_ips.iter().map(|ip| (*ip, node_port)));
+                fronts.extend(node_ips.iter().map(|ip| ((*ip).into(), node_port)));
             }
             for (ip, front_port) in fronts {
-                for backend in &self.backends {
+                let same_family = |b: &&Backend| b.ip.is_ipv6() == ip.is_ipv6();
+                for backend in self.backends.iter().filter(same_family) {
                     let Some(target) = backend.port_for(port) else {
                         continue;
                     };
                     out.push(Translation {
                         protocol: port.protocol,
                         front: Frontend {
-                            ip: ip.into(),
+                            ip,
                             port: front_port,
                         },
                         back: Frontend {
-                            ip: backend.ip.into(),
+                            ip: backend.ip,
                             port: target,
                         },
                         service: Some(self.qualified()),
@@ -251,7 +258,8 @@ pub fn service_of(o: &Value) -> Option<Service> {
     })
 }
 
-/// The ready endpoints of one slice (IPv4 only).
+/// The ready endpoints of one slice (either family: `addressType` IPv4
+/// or IPv6).
 fn backends_of(slice: &Value, ns: &str) -> Vec<Backend> {
     let ports: Vec<(String, u8, u16)> = slice["ports"]
         .as_array()
@@ -339,6 +347,36 @@ pub(crate) mod tests {
         assert_eq!(
             db.cluster_ipv6,
             ["fd00:10:96::7".parse::<std::net::Ipv6Addr>().unwrap()]
+        );
+    }
+
+    /// A dual-stack Service has a slice per family; kube-proxy runs a
+    /// proxier per family, so each ClusterIP goes to its own family's
+    /// backends only.
+    #[test]
+    fn each_cluster_ip_is_translated_to_its_own_familys_backends() {
+        let list = r#"{"items":[{"kind":"Service","metadata":{"name":"db","namespace":"default"},
+          "spec":{"ipFamilies":["IPv4","IPv6"],"clusterIP":"10.96.7.7","clusterIPs":["10.96.7.7","fd00:10:96::7"],
+          "ports":[{"name":"http","protocol":"TCP","port":80}]}},
+         {"kind":"EndpointSlice","metadata":{"name":"db-v4","namespace":"default","labels":{"kubernetes.io/service-name":"db"}},
+          "addressType":"IPv4","ports":[{"name":"http","protocol":"TCP","port":8080}],
+          "endpoints":[{"addresses":["10.244.2.2"],"conditions":{"ready":true},"targetRef":{"kind":"Pod","name":"db-0"}}]},
+         {"kind":"EndpointSlice","metadata":{"name":"db-v6","namespace":"default","labels":{"kubernetes.io/service-name":"db"}},
+          "addressType":"IPv6","ports":[{"name":"http","protocol":"TCP","port":8080}],
+          "endpoints":[{"addresses":["fd00:10:244:2::2"],"conditions":{"ready":true},"targetRef":{"kind":"Pod","name":"db-0"}}]}]}"#;
+        let catalog = Catalog::parse(list).unwrap();
+        let db = catalog.by_name("default", "db").unwrap();
+        let shown: Vec<String> = db
+            .translations(&[])
+            .iter()
+            .map(|t| format!("{} -> {}", t.front, t.back))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                "10.96.7.7:80 -> 10.244.2.2:8080",
+                "[fd00:10:96::7]:80 -> [fd00:10:244:2::2]:8080"
+            ]
         );
     }
 }

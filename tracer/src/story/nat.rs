@@ -108,6 +108,14 @@ impl NatBook {
         true
     }
 
+    /// Whether `ip` is a translated frontend (a ClusterIP, a NodePort's
+    /// node address) of a translation the trace knows.
+    pub fn is_frontend(&self, ip: IpAddr) -> bool {
+        self.translations
+            .iter()
+            .any(|t| t.front.ip == ip && !t.source)
+    }
+
     /// The same packet as it looks on the other side of each known
     /// translation: before or after a DNAT (request), or after or before
     /// its reverse (reply).

@@ -255,6 +255,12 @@ fn write_route(out: &mut String, hop: &Hop, ctx: &Context) -> fmt::Result {
         _ if route.result == KernelRoute::NOT_FORWARDED && view.is_some_and(|v| v.holds(dst)) => {
             write!(out, "; addressed to {} itself", hop.node)
         }
+        // A Service's virtual address needs no route of its own: the
+        // lookup at the pod's veth comes before kube-proxy's DNAT.
+        _ if route.result == KernelRoute::NOT_FORWARDED && ctx.nat.is_frontend(dst) => write!(
+            out,
+            "; no route to {dst} itself (a Service address: routed once kube-proxy DNATs it)"
+        ),
         _ if route.result == KernelRoute::NOT_FORWARDED => {
             write!(out, "; kernel route lookup: no route")
         }

@@ -24,12 +24,15 @@
 //! - `default/iperf`: TCP 5201 → 5201, backend db-0 (the NAT bench runs
 //!   iperf3 through it).
 
-use std::{fs, net::Ipv4Addr};
+use std::{
+    fs,
+    net::{Ipv4Addr, Ipv6Addr},
+};
 
 use anyhow::Result;
 use serde_json::{json, Value};
 
-use super::{cmd, Lab, LabPod, NODES};
+use super::{cmd, kube_proxy_family::Family, Lab, LabPod, NODES};
 
 /// The backends' listening ports.
 pub const TCP_PORT: u16 = 8080;
@@ -67,6 +70,8 @@ pub struct LabPort {
 pub struct LabService {
     pub name: String,
     pub cluster_ip: Ipv4Addr,
+    /// Its IPv6 ClusterIP once the lab is dual-stack (`PreferDualStack`).
+    pub cluster_ipv6: Option<Ipv6Addr>,
     pub ports: Vec<LabPort>,
     pub backends: Vec<LabPod>,
 }
@@ -119,24 +124,28 @@ impl Lab {
         let mut services = vec![
             LabService {
                 name: "db".into(),
+                cluster_ipv6: None,
                 cluster_ip: ip(7),
                 ports: vec![http(Some(NODE_PORT)), dns],
                 backends: vec![self.pod("db-0"), self.pod("db-1")],
             },
             LabService {
                 name: "web".into(),
+                cluster_ipv6: None,
                 cluster_ip: ip(8),
                 ports: vec![http(None)],
                 backends: vec![self.pod("web-0")],
             },
             LabService {
                 name: "empty".into(),
+                cluster_ipv6: None,
                 cluster_ip: ip(9),
                 ports: vec![http(None)],
                 backends: vec![],
             },
             LabService {
                 name: "iperf".into(),
+                cluster_ipv6: None,
                 cluster_ip: ip(10),
                 ports: vec![LabPort {
                     name: "iperf",
@@ -149,6 +158,11 @@ impl Lab {
             },
         ];
         services.extend(self.extra_services());
+        if self.is_dual_stack() {
+            for svc in &mut services {
+                svc.cluster_ipv6 = Some(Family::service_ipv6(svc.cluster_ip));
+            }
+        }
         services
     }
 
@@ -179,6 +193,9 @@ impl Lab {
                 ProxyMode::Iptables => restore(&ns, &self.iptables_rules(node))?,
                 ProxyMode::Nftables => super::kube_proxy_nft::install(self, &ns)?,
             }
+            if self.is_dual_stack() {
+                self.install_services6(&ns, mode)?;
+            }
         }
         cmd::ip(
             &self.underlay_netns(),
@@ -196,6 +213,12 @@ impl Lab {
 
     /// `iptables-save` text for one node.
     pub fn iptables_rules(&self, node: u8) -> String {
+        let _ = node;
+        self.proxier_rules(Family::Ipv4)
+    }
+
+    /// `iptables-save` (or `ip6tables-save`) text of one family's proxier.
+    pub(super) fn proxier_rules(&self, family: Family) -> String {
         let mut nat = NatRules::default();
         let mut filter = vec![
             "-A INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES".to_string(),
@@ -205,21 +228,23 @@ impl Lab {
             "-A KUBE-FORWARD -m conntrack --ctstate INVALID -m comment --comment \"kubernetes forwarding conntrack rule\" -j DROP".into(),
         ];
         for svc in self.services() {
+            let Some(cluster_ip) = family.cluster_ip(&svc) else {
+                continue;
+            };
             for port in &svc.ports {
                 if svc.backends.is_empty() {
                     filter.push(format!(
-                        "-A KUBE-SERVICES -d {}/32 -p {p} -m comment --comment \"{}:{} has no endpoints\" -m {p} --dport {} -j REJECT --reject-with icmp-port-unreachable",
-                        svc.cluster_ip, svc.qualified(), port.name, port.port, p = port.protocol
+                        "-A KUBE-SERVICES -d {cluster_ip}/{} -p {p} -m comment --comment \"{}:{} has no endpoints\" -m {p} --dport {} -j REJECT --reject-with {}",
+                        family.host_len(), svc.qualified(), port.name, port.port, family.port_unreachable(), p = port.protocol
                     ));
                 } else {
-                    nat.service(self, &svc, port);
+                    nat.service(self, family, &svc, port);
                 }
             }
         }
-        let _ = node;
         format!(
             "*nat\n{}COMMIT\n*filter\n:KUBE-SERVICES - [0:0]\n:KUBE-FORWARD - [0:0]\n{}\nCOMMIT\n",
-            nat.text(self),
+            nat.text(self, family),
             filter.join("\n")
         )
     }
@@ -231,7 +256,10 @@ impl Lab {
         for svc in self.services() {
             items.push(service_object(&svc));
             if !svc.backends.is_empty() {
-                items.push(slice_object(&svc));
+                items.push(slice_object(self, &svc, Family::Ipv4));
+                if svc.cluster_ipv6.is_some() {
+                    items.push(slice_object(self, &svc, Family::Ipv6));
+                }
             }
         }
         json!({"apiVersion": "v1", "kind": "List", "items": items})
@@ -255,16 +283,26 @@ fn service_object(svc: &LabService) -> Value {
     } else {
         "ClusterIP"
     };
-    json!({
+    let mut object = json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": svc.name, "namespace": "default"},
         "spec": {"type": kind, "clusterIP": svc.cluster_ip.to_string(), "clusterIPs": [svc.cluster_ip.to_string()],
+                 "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack",
                  "selector": {"app": svc.name}, "ports": ports},
         "status": {"loadBalancer": {}}
-    })
+    });
+    if let Some(ipv6) = svc.cluster_ipv6 {
+        let spec = &mut object["spec"];
+        spec["clusterIPs"] = json!([svc.cluster_ip.to_string(), ipv6.to_string()]);
+        spec["ipFamilies"] = json!(["IPv4", "IPv6"]);
+        spec["ipFamilyPolicy"] = "PreferDualStack".into();
+    }
+    object
 }
 
-fn slice_object(svc: &LabService) -> Value {
+/// The Service's EndpointSlice of one family (the controller makes one
+/// per family).
+fn slice_object(lab: &Lab, svc: &LabService, family: Family) -> Value {
     let ports: Vec<Value> = svc
         .ports
         .iter()
@@ -275,7 +313,7 @@ fn slice_object(svc: &LabService) -> Value {
         .iter()
         .map(|pod| {
             json!({
-                "addresses": [pod.ip.to_string()],
+                "addresses": [family.address(lab, pod).to_string()],
                 "conditions": {"ready": true, "serving": true, "terminating": false},
                 "nodeName": Lab::node_name(pod.node),
                 "targetRef": {"kind": "Pod", "name": pod.name, "namespace": "default"}
@@ -284,9 +322,9 @@ fn slice_object(svc: &LabService) -> Value {
         .collect();
     json!({
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": format!("{}-abcde", svc.name), "namespace": "default",
+        "metadata": {"name": format!("{}-{}", svc.name, family.slice_suffix()), "namespace": "default",
                      "labels": {"kubernetes.io/service-name": svc.name, "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
-        "addressType": "IPv4", "ports": ports, "endpoints": endpoints
+        "addressType": family.name(), "ports": ports, "endpoints": endpoints
     })
 }
 
@@ -300,18 +338,22 @@ struct NatRules {
 }
 
 impl NatRules {
-    fn service(&mut self, lab: &Lab, svc: &LabService, port: &LabPort) {
+    fn service(&mut self, lab: &Lab, family: Family, svc: &LabService, port: &LabPort) {
         let name = format!("{}:{}", svc.qualified(), port.name);
         let p = port.protocol;
+        let Some(cluster_ip) = family.cluster_ip(svc) else {
+            return;
+        };
+        let host = family.host_len();
         let svc_chain = format!("KUBE-SVC-{}", svc.chain_hash(port, ""));
         self.chains.push(svc_chain.clone());
         self.services.push(format!(
-            "-A KUBE-SERVICES -d {}/32 -p {p} -m comment --comment \"{name} cluster IP\" -m {p} --dport {} -j {svc_chain}",
-            svc.cluster_ip, port.port
+            "-A KUBE-SERVICES -d {cluster_ip}/{host} -p {p} -m comment --comment \"{name} cluster IP\" -m {p} --dport {} -j {svc_chain}",
+            port.port
         ));
         self.rules.push(format!(
-            "-A {svc_chain} ! -s {} -d {}/32 -p {p} -m comment --comment \"{name} cluster IP\" -m {p} --dport {} -j KUBE-MARK-MASQ",
-            lab.pod_cidr, svc.cluster_ip, port.port
+            "-A {svc_chain} ! -s {} -d {cluster_ip}/{host} -p {p} -m comment --comment \"{name} cluster IP\" -m {p} --dport {} -j KUBE-MARK-MASQ",
+            family.pod_cidr(lab), port.port
         ));
         if let Some(node_port) = port.node_port {
             let ext = format!("KUBE-EXT-{}", svc.chain_hash(port, ""));
@@ -324,10 +366,11 @@ impl NatRules {
         }
         let n = svc.backends.len();
         for (i, pod) in svc.backends.iter().enumerate() {
-            let endpoint = format!("{}:{}", pod.ip, port.target);
-            let sep = format!("KUBE-SEP-{}", svc.chain_hash(port, &endpoint));
+            let ip = family.address(lab, pod);
+            // kube-proxy's endpoint string: `ip:port`, `[ip]:port` for IPv6.
+            let to = std::net::SocketAddr::new(ip, port.target).to_string();
+            let sep = format!("KUBE-SEP-{}", svc.chain_hash(port, &to));
             self.chains.push(sep.clone());
-            let to = format!("{}:{}", pod.ip, port.target);
             let random = if i + 1 < n {
                 format!(
                     " -m statistic --mode random --probability {:.11}",
@@ -340,14 +383,15 @@ impl NatRules {
                 "-A {svc_chain} -m comment --comment \"{name} -> {to}\"{random} -j {sep}"
             ));
             self.rules.push(format!(
-                "-A {sep} -s {}/32 -m comment --comment \"{name}\" -j KUBE-MARK-MASQ",
-                pod.ip
+                "-A {sep} -s {ip}/{host} -m comment --comment \"{name}\" -j KUBE-MARK-MASQ"
             ));
             self.rules.push(format!("-A {sep} -p {p} -m comment --comment \"{name}\" -m {p} -j DNAT --to-destination {to}"));
         }
     }
 
-    fn text(&self, lab: &Lab) -> String {
+    /// The nat table; flannel's MASQUERADE is in the IPv4 one only (the
+    /// lab's IPv6 pods reach nothing outside the cluster).
+    fn text(&self, lab: &Lab, family: Family) -> String {
         let mut out = String::new();
         for chain in [
             "KUBE-SERVICES",
@@ -362,7 +406,6 @@ impl NatRules {
         {
             out.push_str(&format!(":{chain} - [0:0]\n"));
         }
-        let cidr = lab.pod_cidr;
         let fixed = [
             "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES".to_string(),
             "-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES".into(),
@@ -373,7 +416,10 @@ impl NatRules {
             "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully".into(),
         ];
         let last = "-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS".to_string();
-        let flannel = flannel_masquerade(cidr);
+        let flannel = match family {
+            Family::Ipv4 => flannel_masquerade(lab.pod_cidr).to_vec(),
+            Family::Ipv6 => Vec::new(),
+        };
         for line in fixed
             .iter()
             .chain(&flannel)
@@ -413,6 +459,11 @@ pub(super) fn install_flannel_masquerade(lab: &Lab, ns: &str) -> Result<()> {
 /// `iptables-restore --noflush` inside a node.
 fn restore(ns: &str, rules: &str) -> Result<()> {
     cmd::feed(ns, "iptables-restore", &["--noflush"], rules)
+}
+
+/// `ip6tables-restore --noflush` inside a node.
+pub(super) fn restore6(ns: &str, rules: &str) -> Result<()> {
+    cmd::feed(ns, "ip6tables-restore", &["--noflush"], rules)
 }
 
 #[cfg(test)]

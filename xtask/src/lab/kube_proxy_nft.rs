@@ -31,10 +31,11 @@
 use std::fmt::Write;
 
 use anyhow::Result;
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 
 use super::{
     kube_proxy::{sha256_base32, LabPort, LabService},
+    kube_proxy_family::Family,
     Lab,
 };
 
@@ -67,8 +68,10 @@ pub fn service_chain(svc: &LabService, port: &LabPort) -> String {
     format!("service-{}", hashed(&port_name(svc, port)))
 }
 
-/// The chain that DNATs to one endpoint of a Service port.
-pub fn endpoint_chain(svc: &LabService, port: &LabPort, ip: std::net::Ipv4Addr) -> String {
+/// The chain that DNATs to one endpoint of a Service port (an IPv6
+/// address with its colons made dots, as chain names cannot have them).
+pub fn endpoint_chain(svc: &LabService, port: &LabPort, ip: std::net::IpAddr) -> String {
+    let ip = ip.to_string().replace(':', ".");
     format!(
         "endpoint-{}",
         hashed(&format!("{}__{ip}/{}", port_name(svc, port), port.target))
@@ -90,8 +93,12 @@ struct Services {
 }
 
 impl Services {
-    fn port(&mut self, lab: &Lab, svc: &LabService, port: &LabPort) {
-        let key = format!("{} . {} . {}", svc.cluster_ip, port.protocol, port.port);
+    fn port(&mut self, lab: &Lab, family: Family, svc: &LabService, port: &LabPort) {
+        let Some(cluster_ip) = family.cluster_ip(svc) else {
+            return;
+        };
+        let (ipx, _) = family.nft();
+        let key = format!("{cluster_ip} . {} . {}", port.protocol, port.port);
         if svc.backends.is_empty() {
             self.no_endpoint_services.push(format!(
                 "{key} comment \"{}:{}\" : goto reject-chain",
@@ -104,23 +111,22 @@ impl Services {
         self.service_ips.push(format!("{key} : goto {service}"));
         let mut picks = Vec::new();
         for (i, pod) in svc.backends.iter().enumerate() {
-            let endpoint = endpoint_chain(svc, port, pod.ip);
+            let ip = family.address(lab, pod);
+            let endpoint = endpoint_chain(svc, port, ip);
             picks.push(format!("{i} : goto {endpoint}"));
             let _ = write!(
                 self.chains,
-                " chain {endpoint} {{\n  ip saddr {ip} jump mark-for-masquerade\n  meta l4proto {} dnat to {ip}:{}\n }}\n",
+                " chain {endpoint} {{\n  {ipx} saddr {ip} jump mark-for-masquerade\n  meta l4proto {} dnat to {}\n }}\n",
                 port.protocol,
-                port.target,
-                ip = pod.ip,
+                std::net::SocketAddr::new(ip, port.target),
             );
         }
         let _ = write!(
             self.chains,
-            " chain {service} {{\n  ip daddr {} {} dport {} ip saddr != {} jump mark-for-masquerade\n  numgen random mod {} vmap {{ {} }}\n }}\n",
-            svc.cluster_ip,
+            " chain {service} {{\n  {ipx} daddr {cluster_ip} {} dport {} {ipx} saddr != {} jump mark-for-masquerade\n  numgen random mod {} vmap {{ {} }}\n }}\n",
             port.protocol,
             port.port,
-            lab.pod_cidr,
+            family.pod_cidr(lab),
             picks.len(),
             picks.join(", ")
         );
@@ -144,14 +150,21 @@ fn elements(items: &[String]) -> String {
     }
 }
 
-/// The whole table, as `nft -f` takes it (the table is flushed first, as
-/// kube-proxy's first sync does).
+/// The IPv4 proxier's table, as `nft -f` takes it.
 pub fn ruleset(lab: &Lab) -> String {
+    ruleset_of(lab, Family::Ipv4)
+}
+
+/// One family's whole table, as `nft -f` takes it (the table is flushed
+/// first, as kube-proxy's first sync does).
+pub(super) fn ruleset_of(lab: &Lab, family: Family) -> String {
     let mut s = Services::default();
     for svc in lab.services() {
-        s.cluster_ips.push(svc.cluster_ip.to_string());
+        if let Some(ip) = family.cluster_ip(&svc) {
+            s.cluster_ips.push(ip.to_string());
+        }
         for port in &svc.ports {
-            s.port(lab, &svc, port);
+            s.port(lab, family, &svc, port);
         }
     }
     let verdict_map = |name: &str, key: &str, comment: &str, items: &[String]| {
@@ -160,12 +173,16 @@ pub fn ruleset(lab: &Lab) -> String {
             elements(items)
         )
     };
-    let addr_key = "ipv4_addr . inet_proto . inet_service";
-    let mut out = String::from("table ip kube-proxy\ndelete table ip kube-proxy\n");
-    out.push_str("table ip kube-proxy {\n comment \"rules for kube-proxy\"\n");
+    let (ipx, addr) = family.nft();
+    let addr_key = format!("{addr} . inet_proto . inet_service");
+    let addr_key = addr_key.as_str();
+    let mut out = format!("table {ipx} kube-proxy\ndelete table {ipx} kube-proxy\n");
+    out.push_str(&format!(
+        "table {ipx} kube-proxy {{\n comment \"rules for kube-proxy\"\n"
+    ));
     let _ = write!(
         out,
-        " set cluster-ips {{\n  type ipv4_addr\n  comment \"Active ClusterIPs\"\n{}\n }}\n",
+        " set cluster-ips {{\n  type {addr}\n  comment \"Active ClusterIPs\"\n{}\n }}\n",
         elements(&s.cluster_ips)
     );
     out.push_str(&verdict_map(
@@ -198,7 +215,7 @@ pub fn ruleset(lab: &Lab) -> String {
         "destinations that are subject to LoadBalancerSourceRanges",
         &[],
     ));
-    out.push_str(&fixed_chains(service_cidr(lab)));
+    out.push_str(&fixed_chains(family, service_cidr(lab, family)));
     out.push_str(&s.chains);
     out.push_str("}\n");
     out
@@ -208,20 +225,25 @@ pub fn ruleset(lab: &Lab) -> String {
 /// no lab's pod CIDR overlaps (the tests' pod CIDRs, 10.100-10.199/16,
 /// would overlap kube-proxy's default 10.96.0.0/12, and its
 /// `cluster-ips-check` would then drop DNATed packets to pods).
-fn service_cidr(lab: &Lab) -> Ipv4Net {
-    let first = lab.services()[0].cluster_ip;
-    let cidr = Ipv4Net::new(first, 24).expect("/24").trunc();
+/// Of IPv6, the /112 of its IPv6 ClusterIPs (`Family::service_ipv6`).
+fn service_cidr(lab: &Lab, family: Family) -> IpNet {
+    let first = &lab.services()[0];
+    let (ip, len) = match family {
+        Family::Ipv4 => (first.cluster_ip.into(), 24),
+        Family::Ipv6 => (Family::service_ipv6(first.cluster_ip).into(), 112),
+    };
+    let cidr = IpNet::new(ip, len).expect("a prefix").trunc();
+    let pods: IpNet = family.pod_cidr(lab).parse().expect("a CIDR");
     assert!(
-        !cidr.contains(&lab.pod_cidr.network()) && !lab.pod_cidr.contains(&cidr.network()),
-        "the lab's Service CIDR {cidr} overlaps its pod CIDR {}",
-        lab.pod_cidr
+        !cidr.contains(&pods.network()) && !pods.contains(&cidr.network()),
+        "the lab's Service CIDR {cidr} overlaps its pod CIDR {pods}"
     );
     cidr
 }
 
 /// The chains every kube-proxy table has, whatever its Services.
-fn fixed_chains(service_cidr: Ipv4Net) -> String {
-    base_chains() + &helper_chains(service_cidr)
+fn fixed_chains(family: Family, service_cidr: IpNet) -> String {
+    base_chains() + &helper_chains(family, service_cidr)
 }
 
 /// A chain on a netfilter hook.
@@ -318,32 +340,34 @@ fn base_chains() -> String {
 
 /// The chains the hooked ones jump to: the checks, the dispatch to the
 /// Services, masquerading and rejecting.
-fn helper_chains(service_cidr: Ipv4Net) -> String {
+fn helper_chains(family: Family, service_cidr: IpNet) -> String {
+    let (ipx, _) = family.nft();
+    let loopback = family.loopback();
     [
         plain(
             "nodeport-endpoints-check",
-            &["ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @no-endpoint-nodeports"],
+            &[&format!("{ipx} daddr != {loopback} meta l4proto . th dport vmap @no-endpoint-nodeports")],
         ),
         plain(
             "service-endpoints-check",
-            &["ip daddr . meta l4proto . th dport vmap @no-endpoint-services"],
+            &[&format!("{ipx} daddr . meta l4proto . th dport vmap @no-endpoint-services")],
         ),
         plain(
             "firewall-check",
-            &["ip daddr . meta l4proto . th dport vmap @firewall-ips"],
+            &[&format!("{ipx} daddr . meta l4proto . th dport vmap @firewall-ips")],
         ),
         plain(
             "services",
             &[
-                "ip daddr . meta l4proto . th dport vmap @service-ips",
-                "fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @service-nodeports",
+                &format!("{ipx} daddr . meta l4proto . th dport vmap @service-ips"),
+                &format!("fib daddr type local {ipx} daddr != {loopback} meta l4proto . th dport vmap @service-nodeports"),
             ],
         ),
         plain(
             "cluster-ips-check",
             &[
-                "ip daddr @cluster-ips reject comment \"Reject traffic to invalid ports of ClusterIPs\"",
-                &format!("ip daddr {{ {service_cidr} }} drop comment \"Drop traffic to unallocated ClusterIPs\""),
+                &format!("{ipx} daddr @cluster-ips reject comment \"Reject traffic to invalid ports of ClusterIPs\""),
+                &format!("{ipx} daddr {{ {service_cidr} }} drop comment \"Drop traffic to unallocated ClusterIPs\""),
             ],
         ),
         plain(
@@ -376,7 +400,7 @@ mod tests {
         let http = &db.ports[0];
         // kube-proxy's own test vector (proxier_test.go): ns1/svc1/tcp/p80.
         assert_eq!(hashed("ns1/svc1/tcp/p80"), "ULMVA6XW-ns1/svc1/tcp/p80");
-        let endpoint = endpoint_chain(&db, http, db.backends[0].ip);
+        let endpoint = endpoint_chain(&db, http, db.backends[0].ip.into());
         assert!(
             endpoint.starts_with("endpoint-")
                 && endpoint.ends_with("-default/db/tcp/http__10.244.2.2/8080"),

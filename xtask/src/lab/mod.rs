@@ -24,6 +24,7 @@ pub mod host_root;
 mod inventory;
 mod ipv6;
 pub mod kube_proxy;
+pub mod kube_proxy_family;
 mod kube_proxy_nft;
 mod service_traffic;
 pub mod services_at_scale;

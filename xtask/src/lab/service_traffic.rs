@@ -2,7 +2,7 @@
 //! (and on the outside), and the one-shot clients the tests and benches
 //! send requests through.
 
-use std::{fs, net::Ipv4Addr, process::Stdio};
+use std::{fs, net::IpAddr, process::Stdio};
 
 use anyhow::{Context, Result};
 
@@ -20,16 +20,25 @@ impl Lab {
         const SERVER: &str = r#"
 import os, socket, sys, threading
 tcp_port, udp_port = int(sys.argv[1]), int(sys.argv[2])
+def bound(kind):
+    # Both families where the pod has IPv6 (a dual-stack lab), else IPv4.
+    try:
+        s = socket.socket(socket.AF_INET6, kind)
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        address = "::"
+    except OSError:
+        s = socket.socket(socket.AF_INET, kind)
+        address = "0.0.0.0"
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((address, udp_port if kind == socket.SOCK_DGRAM else tcp_port))
+    return s
 def udp():
-    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    u.bind(("0.0.0.0", udp_port))
+    u = bound(socket.SOCK_DGRAM)
     while True:
         data, peer = u.recvfrom(2048)
         u.sendto(data, peer)
 threading.Thread(target=udp, daemon=True).start()
-t = socket.socket()
-t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-t.bind(("0.0.0.0", tcp_port))
+t = bound(socket.SOCK_STREAM)
 t.listen(64)
 while True:
     c, _ = t.accept()
@@ -94,18 +103,23 @@ while True:
 
     /// One TCP request from inside a pod to `ip:port`: the answer, if any
     /// (`Err` says what the client saw: refused, timed out).
-    pub fn tcp_request(&self, from_pod: &str, ip: Ipv4Addr, port: u16) -> Result<String, String> {
-        client(&self.pod(from_pod).netns, "tcp", ip, port, 2)
+    pub fn tcp_request(
+        &self,
+        from_pod: &str,
+        ip: impl Into<IpAddr>,
+        port: u16,
+    ) -> Result<String, String> {
+        client(&self.pod(from_pod).netns, "tcp", ip.into(), port, 2)
     }
 
     /// One TCP request that waits 5 s for its answer (a slow server).
     pub fn tcp_request_patient(
         &self,
         from_pod: &str,
-        ip: Ipv4Addr,
+        ip: impl Into<IpAddr>,
         port: u16,
     ) -> Result<String, String> {
-        client(&self.pod(from_pod).netns, "tcp", ip, port, 5)
+        client(&self.pod(from_pod).netns, "tcp", ip.into(), port, 5)
     }
 
     /// One TCP request from any of the lab's namespaces (a client outside
@@ -113,15 +127,20 @@ while True:
     pub fn tcp_request_from_netns(
         &self,
         netns: &str,
-        ip: Ipv4Addr,
+        ip: impl Into<IpAddr>,
         port: u16,
     ) -> Result<String, String> {
-        client(netns, "tcp", ip, port, 2)
+        client(netns, "tcp", ip.into(), port, 2)
     }
 
     /// One UDP datagram from inside a pod, and its echo.
-    pub fn udp_request(&self, from_pod: &str, ip: Ipv4Addr, port: u16) -> Result<String, String> {
-        client(&self.pod(from_pod).netns, "udp", ip, port, 2)
+    pub fn udp_request(
+        &self,
+        from_pod: &str,
+        ip: impl Into<IpAddr>,
+        port: u16,
+    ) -> Result<String, String> {
+        client(&self.pod(from_pod).netns, "udp", ip.into(), port, 2)
     }
 }
 
@@ -130,7 +149,7 @@ while True:
 fn client(
     netns: &str,
     proto: &str,
-    ip: Ipv4Addr,
+    ip: IpAddr,
     port: u16,
     timeout_s: u32,
 ) -> Result<String, String> {
@@ -138,7 +157,8 @@ fn client(
 import socket, sys
 proto, ip, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
 kind = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
-s = socket.socket(socket.AF_INET, kind)
+family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+s = socket.socket(family, kind)
 s.settimeout(float(sys.argv[4]))
 try:
     s.connect((ip, port))

@@ -62,6 +62,7 @@ impl Lab {
             .map(|(i, cluster_ip)| LabService {
                 name: format!("scale-{i}"),
                 cluster_ip,
+                cluster_ipv6: None,
                 ports: vec![LabPort {
                     name: "http",
                     protocol: "tcp",
