@@ -204,6 +204,52 @@ fn kubectl_podtrace_tells_the_cross_node_stories_node_mode_tells() {
     );
 }
 
+/// A dual-stack pair through kubectl: `-6` reaches every agent, and the
+/// pair's IPv6 ping is one story across both nodes, in VXLAN over the
+/// nodes' IPv6 underlay, with no IPv4 story beside it.
+#[test]
+fn kubectl_podtrace_dash_6_tells_the_ipv6_stories_across_the_nodes() {
+    let lab = lab(Topology::FlannelVxlan);
+    lab.0.dual_stack().expect("a dual-stack lab");
+    let stub = api_for(&lab);
+    let pair = ["default/web-0", "default/db-0", "-6"];
+    let till = ["--count", "2", "--duration", "30s", "-o", "json"];
+    let started = kubectl_podtrace(&stub, &[&pair[..], &till[..]].concat());
+    let ipv6 = |pod: &str| lab.0.pod(pod).ipv6.expect("a dual-stack pod");
+    let (web, db) = (ipv6("web-0"), ipv6("db-0"));
+    assert!(lab.0.ping6("web-0", db, &[]), "the lab's IPv6 is broken");
+    assert!(ping(&lab.0, "web-0", "db-0"), "the lab's IPv4 is broken");
+    let done = finish(started);
+    assert!(done.status.success(), "{}", done.stderr);
+    assert!(
+        done.stderr.contains(&format!(
+            "tracing {web} (default/web-0) ⇄ {db} (default/db-0) on"
+        )),
+        "the IPv6 pair alone named: {}",
+        done.stderr
+    );
+    let stories = done.stories();
+    assert_eq!(stories.len(), 2, "the echo and its reply: {}", done.stdout);
+    let request = stories
+        .iter()
+        .find(|s| s["src"] == web.to_string() && s["dst"] == db.to_string())
+        .unwrap_or_else(|| panic!("no IPv6 request story: {}", done.stdout));
+    assert_eq!(request["transport"]["proto"], "icmpv6", "{request}");
+    let ifaces: Vec<(Value, Value)> = shape(request)
+        .into_iter()
+        .map(|(node, iface, _)| (node, iface))
+        .filter(|(_, iface)| iface == "flannel-v6.1")
+        .collect();
+    assert_eq!(ifaces.len(), 2, "the tunnel on both nodes: {request}");
+    assert_eq!(request["verdict"]["outcome"], "delivered", "{request}");
+    assert_eq!(request["verdict"]["node"], "node-2");
+    assert_eq!(
+        request["hops"][3]["tunnel"]["outer"]["src"],
+        xtask::lab::Lab::node_ipv6(1).to_string(),
+        "inner and outer paired: {request}"
+    );
+}
+
 /// flanneld never ran on node-2: no subnet.env in its root, no route to
 /// node-1's pods. db-0's ping finds no route there; the verdict says what
 /// node-2's doctor finds, its files read by the agent from the node's root

@@ -23,7 +23,9 @@ fn traced(lab: &LabGuard, dst: &str, flags: &[&str], udp_port: u16, tcp: (&str, 
     assert!(ping(&lab.0, "web-0", "db-0"));
     let _ = lab.0.udp_request("web-0", db_0, udp_port);
     let (ip, port) = tcp;
-    let answer = lab.0.tcp_request("web-0", ip.parse::<std::net::IpAddr>().unwrap(), port);
+    let answer = lab
+        .0
+        .tcp_request("web-0", ip.parse::<std::net::IpAddr>().unwrap(), port);
     assert!(answer.is_ok(), "{answer:?}");
     let done = trace.finish();
     assert!(done.status.success(), "{}", done.stderr);

@@ -405,20 +405,9 @@ fn announce(targets: &Targets, nodes: &[TracedNode], ctx: &Context) {
     if let Some(untraced) = targets.untraced_ipv6() {
         eprintln!("podtrace: {untraced}");
     }
-    let mut pairs = Vec::new();
-    if targets.families.ipv4 {
-        pairs.push(format!(
-            "{} ⇄ {}",
-            ctx.label(targets.src.ip),
-            ctx.label(targets.dst.ip)
-        ));
-    }
-    if let Some((src, dst)) = targets.traced_ipv6_pair() {
-        pairs.push(format!("{} ⇄ {}", ctx.label(src), ctx.label(dst)));
-    }
     eprintln!(
         "podtrace: tracing {} on {}; Ctrl-C to stop",
-        pairs.join(" and "),
+        targets.named_pairs(ctx),
         nodes
             .iter()
             .map(|n| format!("{} ({})", n.name, n.watched_list()))

@@ -95,6 +95,23 @@ impl Targets {
             .flatten()
     }
 
+    /// The traced pairs as the start line names them: `A ⇄ B`, of each
+    /// family traced.
+    pub fn named_pairs(&self, ctx: &crate::story::Context) -> String {
+        let mut pairs = Vec::new();
+        if self.families.ipv4 {
+            pairs.push(format!(
+                "{} ⇄ {}",
+                ctx.label(self.src.ip),
+                ctx.label(self.dst.ip)
+            ));
+        }
+        if let Some((src, dst)) = self.traced_ipv6_pair() {
+            pairs.push(format!("{} ⇄ {}", ctx.label(src), ctx.label(dst)));
+        }
+        pairs.join(" and ")
+    }
+
     /// The ends that have no IPv6 address, by name.
     fn without_ipv6(&self) -> Vec<String> {
         [&self.src, &self.dst]

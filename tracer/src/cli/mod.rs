@@ -374,6 +374,13 @@ impl AgentArgs {
         if trace.no_kube_proxy_rules {
             argv.push("--no-kube-proxy-rules".into());
         }
+        // The families the front-end traces: every agent the same.
+        if trace.ipv4_only {
+            argv.push("-4".into());
+        }
+        if trace.ipv6_only {
+            argv.push("-6".into());
+        }
         argv.extend([
             "--sample".into(),
             trace.sample.to_string(),
@@ -487,6 +494,7 @@ mod tests {
             "udp",
             "--port",
             "53",
+            "-6",
         ])
         .unwrap()
         .trace

@@ -282,9 +282,8 @@ impl Session {
             .map(|s| format!("{} ({})", s.node, s.watched))
             .collect();
         eprintln!(
-            "podtrace: tracing {} ⇄ {} on {} through agent pods; Ctrl-C to stop",
-            ctx.label(targets.src.ip),
-            ctx.label(targets.dst.ip),
+            "podtrace: tracing {} on {} through agent pods; Ctrl-C to stop",
+            targets.named_pairs(&ctx),
             watched.join(", ")
         );
         let ends = (targets.src.ip, targets.dst.ip);
