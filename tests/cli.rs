@@ -26,7 +26,7 @@ fn garbage_arguments_say_what_is_wrong_with_them() {
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (
             with_lab("foo bar", "10.244.2.2"),
-            "\"foo bar\" is not a pod or an IPv4 address",
+            "\"foo bar\" is not a pod or an IP address",
         ),
         (
             with_lab("10.244.1.300", "10.244.2.2"),
@@ -39,7 +39,7 @@ fn garbage_arguments_say_what_is_wrong_with_them() {
         (with_lab("", "10.244.2.2"), "an empty pod argument"),
         (
             with_lab("10.244.1.2", "fd00::2"),
-            "IPv6 address: podtrace traces IPv4 only",
+            "fd00::2 is an IPv6 address: it is traced as the pod or Service that has it, which needs --pods-file or the Kubernetes API",
         ),
         (
             with_lab("10.244.1.2", "Web_0"),

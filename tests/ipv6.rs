@@ -324,7 +324,8 @@ for _ in range(3):
 /// IPv6 proxier (ip6tables, or the `ip6 kube-proxy` table): web-0's TCP
 /// request to db's IPv6 ClusterIP is one story from web-0's veth through
 /// the DNAT to a backend on node-2, with the rule named; its SYN-ACK is
-/// un-DNATed on node-1 and delivered.
+/// un-DNATed on node-1 and delivered. The Service is named as `svc/db
+/// -6` (iptables) or by its `[ClusterIP]:port` (nftables).
 fn an_ipv6_service_is_followed_through_kube_proxys_dnat(mode: ProxyMode) {
     let (_alone, lab) = dual_stack_lab(Topology::FlannelVxlan);
     lab.0.install_services(mode).expect("install services");
@@ -332,9 +333,25 @@ fn an_ipv6_service_is_followed_through_kube_proxys_dnat(mode: ProxyMode) {
     let cluster_ip = db.cluster_ipv6.expect("a dual-stack Service");
     let services = lab.0.services_file().display().to_string();
     let mut answer = None;
-    let args = ["-6", "--count", "2", "--services-file", &services];
-    let done = traced(&lab.0, "web-0", "svc/db", &args, || {
+    let front = format!("[{cluster_ip}]:80");
+    let (dst, family) = match mode {
+        ProxyMode::Iptables => ("svc/db", "-6"),
+        // The address alone asks for IPv6.
+        ProxyMode::Nftables => (front.as_str(), "--count"),
+    };
+    let args = [family, "--count", "2", "--services-file", &services];
+    let args = if family == "--count" {
+        &args[1..]
+    } else {
+        &args[..]
+    };
+    let done = traced(&lab.0, "web-0", dst, args, || {
         answer = Some(lab.0.tcp_request("web-0", cluster_ip, 80));
+        // IPv4 beside it, which is not traced.
+        assert_eq!(
+            lab.0.tcp_request("web-0", db.cluster_ip, 80).as_deref(),
+            Ok("ok")
+        );
     });
     assert_eq!(answer, Some(Ok("ok".into())), "the lab's IPv6 Service");
     let stories = done.stories();
@@ -377,6 +394,43 @@ fn an_ipv6_service_is_followed_through_kube_proxys_dnat(mode: ProxyMode) {
     assert_eq!(undone["node"], "node-1", "{synack}");
     assert_eq!(undone["nat"][0]["after"], format!("[{cluster_ip}]:80"));
     assert_eq!(synack["verdict"]["outcome"], "delivered", "{synack}");
+}
+
+/// Two IPv6 addresses name the pair and ask for its IPv6 traffic alone;
+/// an address no pod has is said in one line.
+#[test]
+fn ipv6_addresses_as_arguments_trace_the_pairs_ipv6_alone() {
+    let (_alone, lab) = dual_stack_lab(Topology::FlannelVxlan);
+    let (web, db) = (ipv6(&lab.0, "web-0"), ipv6(&lab.0, "db-0"));
+    let (src, dst) = (web.to_string(), db.to_string());
+    let done = traced(&lab.0, &src, &dst, &["--count", "2"], || {
+        assert!(lab.0.ping6("web-0", db, &[]), "the lab's IPv6 is broken");
+        assert!(ping(&lab.0, "web-0", "db-0"), "the lab's IPv4 is broken");
+    });
+    assert!(
+        done.stderr.contains(&format!(
+            "tracing {web} (default/web-0) ⇄ {db} (default/db-0) on"
+        )),
+        "{}",
+        done.stderr
+    );
+    let stories = done.stories();
+    assert_eq!(stories.len(), 2, "the echo and its reply: {}", done.stdout);
+    assert!(stories.iter().all(|s| s["transport"]["proto"] == "icmpv6"));
+    let node1 = lab.0.node_netns(1);
+    let pods = lab.0.pods_file().display().to_string();
+    let refused = |src: &str, dst: &str, extra: &[&str], expected: &str| {
+        let mut args = vec![src, dst, "--pods-file", &pods, "--netns", &node1];
+        args.extend_from_slice(extra);
+        assert_refused(&args, expected, &node1);
+    };
+    refused(
+        "fd00:dead::1",
+        &dst,
+        &[],
+        "fd00:dead::1 is no known pod's IPv6 address",
+    );
+    refused(&src, &dst, &["-4"], "-4 leaves out IPv6, and ");
 }
 
 /// The one hop of `story` that made a `kind` translation.

@@ -53,11 +53,23 @@ impl Families {
         ipv6: true,
     };
 
-    fn of(args: &Args) -> Self {
-        Self {
-            ipv4: !args.ipv6_only,
-            ipv6: !args.ipv4_only,
+    /// The families `-4`/`-6` leave in; an IPv6 address argument asks for
+    /// IPv6 alone, as `-6` does. Such an address is found among the pods and Services, so it needs
+    /// them listed.
+    fn asked(args: &Args, targets: [&Target; 2], access: &Access) -> Result<Self> {
+        let ipv6_named = targets.iter().find_map(|t| t.ipv6());
+        if let Some(ip) = ipv6_named {
+            if args.ipv4_only {
+                bail!("-4 leaves out IPv6, and {ip} is an IPv6 address: give the pod's IPv4 address or its name");
+            }
+            if args.kube.pods_file.is_none() && !access.configured() {
+                bail!("{ip} is an IPv6 address: it is traced as the pod or Service that has it, which needs --pods-file or the Kubernetes API");
+            }
         }
+        Ok(Self {
+            ipv4: !args.ipv6_only && ipv6_named.is_none(),
+            ipv6: !args.ipv4_only,
+        })
     }
 }
 
@@ -110,6 +122,23 @@ impl Targets {
             pairs.push(format!("{} ⇄ {}", ctx.label(src), ctx.label(dst)));
         }
         pairs.join(" and ")
+    }
+
+    /// Fails when IPv6 alone is asked for (`-6`, an IPv6 address) and an
+    /// end has none.
+    fn has_the_asked_family(&self, args: &Args) -> Result<()> {
+        if self.families.ipv4 || self.ipv6_pair().is_some() {
+            return Ok(());
+        }
+        let why = if args.ipv6_only {
+            "-6"
+        } else {
+            "an IPv6 address"
+        };
+        bail!(
+            "{why}: {} has no IPv6 address to trace",
+            self.without_ipv6().join(" and ")
+        )
     }
 
     /// The ends that have no IPv6 address, by name.
@@ -177,6 +206,7 @@ impl Targets {
             None => Vec::new(),
         };
         let plain_ips = src_target.ip().is_some() && dst_target.ip().is_some();
+        let families = Families::asked(args, [&src_target, &dst_target], &access)?;
         let mut catalog = known_services(args, &access, plain_ips, &dst_target)?;
         let (src, dst, inventory, cluster) = if let Some(path) = &args.kube.pods_file {
             let inventory = Inventory::load(path)?;
@@ -231,14 +261,9 @@ impl Targets {
             cluster,
             service,
             nat: NatBook::default(),
-            families: Families::of(args),
+            families,
         };
-        if args.ipv6_only && targets.ipv6_pair().is_none() {
-            bail!(
-                "-6: {} has no IPv6 address to trace",
-                targets.without_ipv6().join(" and ")
-            );
-        }
+        targets.has_the_asked_family(args)?;
         targets.nat =
             targets.destination_nat(catalog.as_ref(), dst_target.port(), traced_addresses);
         Ok(targets)
@@ -304,7 +329,11 @@ impl Targets {
         let translations = service
             .translations(&node_ips)
             .into_iter()
-            .filter(|t| port.is_none_or(|p| t.front.port == p && t.front.ip == self.dst.ip))
+            .filter(|t| {
+                let named = t.front.ip == self.dst.ip
+                    || Some(t.front.ip) == self.ipv6_of(&self.dst).map(Into::into);
+                port.is_none_or(|p| t.front.port == p && named)
+            })
             .collect();
         NatBook {
             translations,
@@ -359,6 +388,15 @@ fn service_destination(target: &Target, catalog: Option<&Catalog>) -> Result<Opt
         (Target::Ip(ip), Some(catalog)) => match catalog.by_cluster_ip(*ip) {
             Some(s) => s,
             None => return Ok(None),
+        },
+        (Target::Ip6(ip), Some(catalog)) => match catalog.by_cluster_ipv6(*ip) {
+            Some(s) => s,
+            None => return Ok(None),
+        },
+        (Target::Ip6Port(ip, port), Some(catalog)) => match catalog.by_cluster_ipv6(*ip) {
+            Some(s) if s.ports.iter().any(|p| p.port == *port) => s,
+            Some(s) => bail!("[{ip}]:{port}: {} has no port {port}", s.qualified()),
+            None => bail!("[{ip}]:{port}: {ip} is not a Service's IPv6 ClusterIP: give a pod's address without a port ({ip})"),
         },
         (Target::IpPort(ip, port), Some(catalog)) => match catalog.by_cluster_ip(*ip) {
             Some(s) if s.ports.iter().any(|p| p.port == *port) => s,

@@ -107,14 +107,16 @@ pub struct ReadArgs {
 #[command(mut_arg("host_root", |a| a.help(HOST_ROOT_TRACE)))]
 #[group(id = "trace")]
 pub struct Args {
-    /// Source pod: namespace/name, name (with -n), or an IPv4 address.
+    /// Source pod: namespace/name, name (with -n), or an IP address (an
+    /// IPv6 one asks for the pair's IPv6 traffic alone).
     // `Cli` builds its optional trace only when this group is present, but
     // clap leaves the group empty in a struct that flattens another
     // (clap-rs/clap#4570, #4697): the required SRC joins it by hand.
     #[arg(group = "trace")]
     pub src: String,
-    /// Destination: a pod (namespace/name, name with -n), an IPv4 address,
-    /// a Service (`svc/<name>`, a ClusterIP, `ClusterIP:port`) or `node/<name>`.
+    /// Destination: a pod (namespace/name, name with -n), an IP address, a
+    /// Service (`svc/<name>`, a ClusterIP, `ClusterIP:port`,
+    /// `[IPv6 ClusterIP]:port`) or `node/<name>`.
     pub dst: String,
     #[command(flatten)]
     pub kube: KubeArgs,

@@ -1,7 +1,10 @@
 //! The Kubernetes API: pods and nodes by name, and watching the traced
 //! pods while podtrace runs (kube-rs over the real REST wire format).
 
-use std::{net::Ipv4Addr, path::PathBuf};
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    path::PathBuf,
+};
 
 use anyhow::{anyhow, bail, Context, Result};
 use futures::StreamExt;
@@ -147,6 +150,7 @@ impl Cluster {
             Target::Node(node) => self.node(node).await,
             Target::Service { namespace, name } => self.service(namespace, name).await,
             Target::Ip(ip) | Target::IpPort(ip, _) => self.pod_with_ip(*ip).await,
+            Target::Ip6(ip) | Target::Ip6Port(ip, _) => self.pod_with_ipv6(*ip).await,
             Target::Pod { namespace, name } => self.pod(namespace, name).await,
         }
     }
@@ -229,6 +233,32 @@ impl Cluster {
         }
         let all = list(ListParams::default()).await?;
         Endpoint::of_ip(ip, all.into_iter().filter(|p| p.ip == Some(ip)).collect())
+    }
+
+    /// The pod with IPv6 address `ip`: by the `status.podIP` field
+    /// selector where it is the pod's first address (IPv6-primary), else
+    /// looked for in every pod's podIPs.
+    async fn pod_with_ipv6(&self, ip: Ipv6Addr) -> Result<Endpoint> {
+        let pods: Api<KubePod> = Api::all(self.client.clone());
+        for params in [
+            ListParams::default().fields(&format!("status.podIP={ip}")),
+            ListParams::default(),
+        ] {
+            let list = pods
+                .list(&params)
+                .await
+                .map_err(|e| self.explain(e, "list", "pods", None))?;
+            let found = list
+                .items
+                .into_iter()
+                .map(convert)
+                .collect::<Result<Vec<Pod>>>()?;
+            let found: Vec<Pod> = found.into_iter().filter(|p| p.ipv6.contains(&ip)).collect();
+            if !found.is_empty() {
+                return Endpoint::of_ipv6(ip, found);
+            }
+        }
+        Endpoint::of_ipv6(ip, Vec::new())
     }
 
     async fn pod(&self, ns: &str, name: &str) -> Result<Endpoint> {

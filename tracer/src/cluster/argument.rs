@@ -1,8 +1,8 @@
 //! The SRC and DST arguments, checked before anything else runs: what
-//! each one names (a pod, an IPv4 address, a node, a Service), or a
-//! one-line reason why it names nothing.
+//! each one names (a pod, an address, a node, a Service), or a one-line
+//! reason why it names nothing.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV6};
 
 use anyhow::{bail, Result};
 
@@ -13,6 +13,11 @@ pub enum Target {
     /// `ip:port`: a Service's ClusterIP and one of its ports (checked
     /// when the Services are known).
     IpPort(Ipv4Addr, u16),
+    /// An IPv6 address: a dual-stack pod's, or a Service's IPv6
+    /// ClusterIP; it asks for the pair's IPv6 traffic.
+    Ip6(Ipv6Addr),
+    /// `[addr]:port`: an IPv6 ClusterIP and one of its Service's ports.
+    Ip6Port(Ipv6Addr, u16),
     Pod {
         namespace: String,
         name: String,
@@ -31,10 +36,10 @@ impl Target {
     pub fn parse(arg: &str, namespace: &str) -> Result<Self> {
         let shown = format!("{arg:?}");
         if arg.trim().is_empty() {
-            bail!("an empty pod argument: give namespace/name, a name with -n, or an IPv4 address");
+            bail!("an empty pod argument: give namespace/name, a name with -n, or an IP address");
         }
         if arg.chars().any(char::is_whitespace) {
-            bail!("{shown} is not a pod or an IPv4 address: it has spaces (give namespace/name, a name with -n, or an IPv4 address)");
+            bail!("{shown} is not a pod or an IP address: it has spaces (give namespace/name, a name with -n, or an IP address)");
         }
         if let Some(target) = address(arg)? {
             return Ok(target);
@@ -68,28 +73,47 @@ impl Target {
         }
     }
 
-    /// The port of an `ip:port` argument.
+    /// An IPv6 address argument's address.
+    pub fn ipv6(&self) -> Option<Ipv6Addr> {
+        match self {
+            Self::Ip6(ip) | Self::Ip6Port(ip, _) => Some(*ip),
+            _ => None,
+        }
+    }
+
+    /// The port of an `ip:port` or `[ip]:port` argument.
     pub fn port(&self) -> Option<u16> {
         match self {
-            Self::IpPort(_, port) => Some(*port),
+            Self::IpPort(_, port) | Self::Ip6Port(_, port) => Some(*port),
             _ => None,
         }
     }
 }
 
-/// An argument that looks like an address: an IPv4 address, or why it is
-/// not one (an octet over 255, a CIDR, a port, IPv6).
+/// An argument that looks like an address: an IPv4 or IPv6 address (with
+/// a port: `ip:port`, `[ip]:port`), or why it is not one (an octet over
+/// 255, a CIDR, a zone).
 fn address(arg: &str) -> Result<Option<Target>> {
     if let Ok(ip) = arg.parse::<Ipv4Addr>() {
         return Ok(Some(Target::Ip(ip)));
     }
-    if let Ok(IpAddr::V6(ip)) = arg.parse::<IpAddr>() {
-        bail!("{ip} is an IPv6 address: podtrace traces IPv4 only for now");
+    if let Ok(ip) = arg.parse::<Ipv6Addr>() {
+        return Ok(Some(Target::Ip6(ip)));
+    }
+    if let Ok(socket) = arg.parse::<SocketAddrV6>() {
+        if socket.scope_id() != 0 {
+            bail!("{arg}: a zone (%) names a link, not a pod's or Service's address");
+        }
+        return Ok(Some(Target::Ip6Port(*socket.ip(), socket.port())));
     }
     if let Some((ip, len)) = arg.split_once('/') {
-        if ip.parse::<Ipv4Addr>().is_ok() && len.parse::<u8>().is_ok() {
+        let address = ip.parse::<Ipv4Addr>().is_ok() || ip.parse::<Ipv6Addr>().is_ok();
+        if address && len.parse::<u8>().is_ok() {
             bail!("{arg} is a network, not an address: give one address (e.g. {ip})");
         }
+    }
+    if arg.contains("::") || (arg.starts_with('[') && arg.contains(']')) {
+        bail!("{arg} is not an IPv6 address (as in fd00:10:244:1::2, or [fd00:10:96::a]:80 with a port)");
     }
     if let Some((ip, port)) = arg.rsplit_once(':') {
         if let (Ok(ip), Ok(port)) = (ip.parse::<Ipv4Addr>(), port.parse::<u16>()) {
@@ -197,7 +221,17 @@ mod tests {
             error("10.96.0.1:99999").contains("not an IPv4 address")
                 || error("10.96.0.1:99999").contains("not a pod")
         );
-        assert!(error("fd00::1").contains("IPv6"));
+        assert_eq!(
+            Target::parse("fd00:10:244:1::2", "x").unwrap(),
+            Target::Ip6("fd00:10:244:1::2".parse().unwrap())
+        );
+        assert_eq!(
+            Target::parse("[fd00:10:96::a]:80", "x").unwrap(),
+            Target::Ip6Port("fd00:10:96::a".parse().unwrap(), 80)
+        );
+        assert!(error("fd00::/64").contains("is a network"));
+        assert!(error("fd00::zz").contains("not an IPv6 address"));
+        assert!(error("[fe80::1%2]:80").contains("zone"));
         assert!(error("Web_0").contains("not a pod name"));
         assert!(error("a/b/c").contains("too many '/'"));
         assert!(error("Kube-System/x").contains("not a namespace"));

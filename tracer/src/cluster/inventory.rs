@@ -155,6 +155,15 @@ impl Inventory {
                     .collect();
                 Endpoint::of_ip(*ip, pods)
             }
+            Target::Ip6(ip) | Target::Ip6Port(ip, _) => {
+                let pods: Vec<Pod> = self
+                    .pods
+                    .iter()
+                    .filter(|p| p.ipv6.contains(ip))
+                    .cloned()
+                    .collect();
+                Endpoint::of_ipv6(*ip, pods)
+            }
             Target::Pod { namespace, name } => {
                 let Some(pod) = self
                     .pods
@@ -238,6 +247,22 @@ impl Endpoint {
             pod: Some(pod),
             label: None,
         })
+    }
+
+    /// An IPv6 address and the pods that have it: it is traced as the one
+    /// dual-stack pod that has it (the pair's IPv4 addresses are its
+    /// pods').
+    pub fn of_ipv6(ip: Ipv6Addr, pods: Vec<Pod>) -> Result<Self> {
+        match <[Pod; 1]>::try_from(pods) {
+            Ok([pod]) => Self::of_pod(pod),
+            Err(pods) if pods.is_empty() => bail!(
+                "{ip} is no known pod's IPv6 address (nor a Service's IPv6 ClusterIP): podtrace traces an IPv6 address as the dual-stack pod or Service that has it"
+            ),
+            Err(pods) => {
+                let names: Vec<String> = pods.iter().map(Pod::qualified).collect();
+                bail!("{ip} is the IPv6 address of several pods ({}): name one", names.join(", "))
+            }
+        }
     }
 
     /// An IP and the pods that have it: none (not a pod), one, or several

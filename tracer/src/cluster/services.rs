@@ -175,6 +175,10 @@ impl Catalog {
     pub fn by_cluster_ip(&self, ip: Ipv4Addr) -> Option<&Service> {
         self.services.iter().find(|s| s.cluster_ip == Some(ip))
     }
+
+    pub fn by_cluster_ipv6(&self, ip: std::net::Ipv6Addr) -> Option<&Service> {
+        self.services.iter().find(|s| s.cluster_ipv6.contains(&ip))
+    }
 }
 
 /// A list of objects, each made what is kept of it as it is read.

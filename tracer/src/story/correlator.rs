@@ -12,6 +12,7 @@
 //! without bound: evidence that finds no journey expires.
 
 use std::{
+    cmp::Reverse,
     collections::{BTreeSet, HashMap, HashSet, VecDeque},
     net::IpAddr,
 };
@@ -223,8 +224,18 @@ impl Correlator {
 
     /// The rule that dropped packet `id` (netfilter tracing), seen at
     /// `now_ns`: it joins the packet's journey, now or when it opens.
+    /// Of the journeys it may be, the one that lacks such a rule, whose
+    /// sightings match it best, oldest first (the nat rules of a pair's
+    /// packets come in the order the packets were sent).
     pub fn observe_rule(&mut self, id: PacketId, rule: NetfilterRule, now_ns: u64) {
-        if let Some(journey) = self.open.values_mut().find(|j| j.is_packet(id)) {
+        let best = (self.by_first_seen.iter())
+            .filter_map(|(_, key)| {
+                let journey = self.open.get(key)?;
+                let matched = journey.packet_match(id)?;
+                Some((Reverse(journey.lacks(&rule)), Reverse(matched), *key))
+            })
+            .min_by_key(|(lacks, matched, _)| (*lacks, *matched));
+        if let Some(journey) = best.and_then(|(_, _, key)| self.open.get_mut(&key)) {
             journey.add_rule(rule);
             return;
         }
@@ -432,6 +443,65 @@ pub(crate) mod tests {
         let told = c.take_all();
         assert_eq!(told.len(), 1, "{told:?}");
         assert_eq!(told[0].hops.len(), 2);
+    }
+
+    /// A TCP segment over IPv6 (no IP ID), `flags` 0x02 (SYN) or 0x10.
+    fn tcp6(src: u16, dst: u16, dport: u16, seq: u32, flags: u8) -> Vec<u8> {
+        let ip =
+            |last: u16| std::net::Ipv6Addr::new(0xfd00, 0x10, 0x244, 0, 0, 0, 0, last).octets();
+        let mut out = Vec::new();
+        let builder = etherparse::PacketBuilder::ethernet2([2; 6], [4; 6])
+            .ipv6(ip(src), ip(dst), 64)
+            .tcp(40000, dport, seq, 64240);
+        let builder = if flags == 0x02 {
+            builder.syn()
+        } else {
+            builder.ack(1)
+        };
+        builder.write(&mut out, &[]).unwrap();
+        out
+    }
+
+    /// IPv6 packets have no IP ID: a DNAT rule traced after the pair's
+    /// next packet opened its journey still goes to the SYN, the one
+    /// packet of the connection that met the nat table.
+    #[test]
+    fn an_ipv6_nat_rule_joins_the_oldest_packet_of_its_pair_that_lacks_one() {
+        let mut c = Correlator::new(Waits {
+            rules_traced: true,
+            ..waits(1_000, 50_000)
+        });
+        let (syn, ack) = (tcp6(2, 0x99, 80, 1000, 0x02), tcp6(2, 0x99, 80, 1001, 0x10));
+        for (at, frame) in [(100, &syn), (300, &ack)] {
+            c.observe(hop(
+                at,
+                "n1",
+                "vethA",
+                Role::PodVeth,
+                Direction::Ingress,
+                frame,
+            ));
+        }
+        let id =
+            PacketKey::of(&hop(0, "n1", "x", Role::Bridge, Direction::Ingress, &syn).packet).id();
+        let dnat = NetfilterRule {
+            table: "nat".into(),
+            chain: "KUBE-SEP-X".into(),
+            hook: "PREROUTING".into(),
+            rule: "-A KUBE-SEP-X -p tcp -j DNAT --to-destination [fd00:10:244::3]:8080".into(),
+        };
+        c.observe_rule(id, dnat.clone(), 400);
+        let told = c.take_all();
+        assert_eq!(told.len(), 2, "{told:?}");
+        let with_rule: Vec<u32> = told
+            .iter()
+            .filter(|j| !j.nat_rules.is_empty())
+            .map(|j| match j.key.transport {
+                crate::decode::Transport::Tcp { seq, .. } => seq,
+                _ => 0,
+            })
+            .collect();
+        assert_eq!(with_rule, [1000], "the SYN's rule");
     }
 
     #[test]

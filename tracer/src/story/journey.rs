@@ -183,12 +183,39 @@ impl Journey {
     /// translated between two of them (a rule traced after a DNAT and
     /// before a MASQUERADE shares the IP ID and one address with each).
     pub(super) fn is_packet(&self, id: PacketId) -> bool {
+        self.packet_match(id).is_some()
+    }
+
+    /// How surely evidence for packet `id` is this journey's: 2 when its
+    /// key or one of its sightings has that pair and IP ID, 1 when only
+    /// one address matches (a nat rule may have seen the packet half
+    /// translated), `None` when it is another packet's.
+    pub(super) fn packet_match(&self, id: PacketId) -> Option<u8> {
         let (src, dst, ip_id) = id;
-        self.key.id() == id
-            || self.hops.iter().any(|h| {
+        let same = |both: bool| {
+            self.hops.iter().any(|h| {
                 let p = &h.packet.packet;
-                p.ip_id == ip_id && (p.src == src || p.dst == dst)
+                let (s, d) = (p.src == src, p.dst == dst);
+                p.ip_id == ip_id && if both { s && d } else { s || d }
             })
+        };
+        if self.key.id() == id || same(true) {
+            Some(2)
+        } else {
+            same(false).then_some(1)
+        }
+    }
+
+    /// Whether `rule` is evidence this journey still lacks: a packet meets
+    /// one translation per nat hook and one final DROP. IPv6 packets carry
+    /// no IP ID, so the rules of one pair's packets are told apart by this
+    /// and by their order.
+    pub(super) fn lacks(&self, rule: &NetfilterRule) -> bool {
+        if nat_steps::rule_action(rule).is_some() {
+            !(self.nat_rules.iter()).any(|r| r.table == rule.table && r.hook == rule.hook)
+        } else {
+            self.rule.is_none()
+        }
     }
 
     /// Evidence from rule tracing: a nat rule that translated it, or the
