@@ -194,9 +194,63 @@ fn untraced_pair_cost() {
     }
 }
 
+/// What tracing a dual-stack pair costs the packets it does not trace,
+/// per family: web-0 ⇄ db-0 traced over both families (the IPv6 programs
+/// loaded), while iperf3 runs web-1 → db-1 over IPv4, then over IPv6,
+/// rounds interleaved. An IPv4 packet never reaches the IPv6 programs; an
+/// IPv6 one is handed to them by a tail call, and the kernel counts it in
+/// the IPv4 program's ns/run. `PODTRACE_BEFORE=<binary>` (a build from
+/// before IPv6) is measured on the same rounds, for the IPv4 path's cost
+/// before and after.
+#[test]
+#[ignore = "benchmark: run with cargo xtask bench"]
+fn untraced_cost_by_family() {
+    let lab = lab(Topology::FlannelVxlan);
+    lab.0.dual_stack().expect("a dual-stack lab");
+    let _stats = datapath::BpfStats::enable();
+    let mut binaries = vec![("this build".to_string(), PODTRACE.to_string())];
+    if let Ok(before) = std::env::var("PODTRACE_BEFORE") {
+        binaries.insert(0, ("PODTRACE_BEFORE".to_string(), before));
+    }
+    let db1 = lab.0.pod("db-1");
+    let families = [
+        ("IPv4", std::net::IpAddr::from(db1.ip)),
+        ("IPv6", db1.ipv6.expect("a dual-stack pod").into()),
+    ];
+    println!("untraced pair by family: iperf3 web-1 → db-1, podtrace tracing web-0 ⇄ db-0 (both families)");
+    for round in 1..=3 {
+        for (family, address) in families {
+            let (bare, _) = datapath::iperf_to(&lab.0, "web-1", "db-1", address, 3);
+            println!(
+                "  round {round} {family}: no podtrace {:.2} Gbit/s",
+                bare / 1e9
+            );
+            for (label, binary) in &binaries {
+                let args = ["web-0", "db-0"];
+                let (gbits, cpu, stats) = iperf_while_tracing_to(&lab.0, binary, &args, address);
+                println!(
+                    "  round {round} {family}: {label} {:.2} Gbit/s ({:.2}× untraced), CPU {cpu:.0}%; {stats}",
+                    gbits / 1e9,
+                    gbits / bare
+                );
+            }
+        }
+    }
+}
+
 /// iperf3 web-1 → db-1 for 3 s while `binary` traces with `args` on both
 /// nodes: bit/s, podtrace's CPU (% of one core), and its programs' stats.
 fn iperf_while_tracing(lab: &xtask::lab::Lab, binary: &str, args: &[&str]) -> (f64, f64, String) {
+    iperf_while_tracing_to(lab, binary, args, lab.pod("db-1").ip.into())
+}
+
+/// The same, iperf3 connecting to `address` (db-1's, of either family).
+fn iperf_while_tracing_to(
+    lab: &xtask::lab::Lab,
+    binary: &str,
+    args: &[&str],
+    address: std::net::IpAddr,
+) -> (f64, f64, String) {
     let mut command = std::process::Command::new(binary);
     command
         .args(args)
@@ -207,7 +261,7 @@ fn iperf_while_tracing(lab: &xtask::lab::Lab, binary: &str, args: &[&str]) -> (f
         .unwrap_or_else(|e| panic!("{binary} {args:?}: {e:#}"));
     let pid = tracing.child.id() as i32;
     let cpu_before = datapath::cpu_seconds(pid);
-    let (gbits, _) = datapath::iperf(lab, "web-1", "db-1", 3);
+    let (gbits, _) = datapath::iperf_to(lab, "web-1", "db-1", address, 3);
     let cpu = (datapath::cpu_seconds(pid) - cpu_before) / 3.0 * 100.0;
     let stats = datapath::prog_stats(pid);
     // SAFETY: a child we own.

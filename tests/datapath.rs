@@ -6,7 +6,7 @@
 
 use std::{
     collections::BTreeMap,
-    net::Ipv4Addr,
+    net::IpAddr,
     process::{Child, Command, Stdio},
     time::Duration,
 };
@@ -26,7 +26,14 @@ pub fn iperf(lab: &Lab, from: &str, to: &str, seconds: u32) -> (f64, u64) {
 
 /// The same, the client connecting to `address` (a ClusterIP whose
 /// Service sends it to pod `to`).
-pub fn iperf_to(lab: &Lab, from: &str, to: &str, address: Ipv4Addr, seconds: u32) -> (f64, u64) {
+pub fn iperf_to(
+    lab: &Lab,
+    from: &str,
+    to: &str,
+    address: impl Into<IpAddr>,
+    seconds: u32,
+) -> (f64, u64) {
+    let address: IpAddr = address.into();
     let (client, server) = (lab.pod(from), lab.pod(to));
     let mut listening = in_netns(&server.netns, "iperf3")
         .args(["-s", "-1", "-p", &IPERF_PORT.to_string()])

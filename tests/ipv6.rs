@@ -289,29 +289,17 @@ fn a_pods_ipv6_payload_that_looks_like_vxlan_forges_no_story() {
     let (_alone, lab) = dual_stack_lab(Topology::FlannelVxlan);
     let (web0, db0) = (ipv6(&lab.0, "web-0"), ipv6(&lab.0, "db-0"));
     let db1 = ipv6(&lab.0, "db-1");
-    let forge = format!(
+    let frame = format!(
         r#"
-import socket, struct
 echo = struct.pack('!BBHHH', 128, 0, 0, 0x4242, 1) + b'forged!!'
 ip6 = struct.pack('!IHBB16s16s', 6 << 28, len(echo), 58, 64,
-                  socket.inet_pton(socket.AF_INET6, '{src}'),
-                  socket.inet_pton(socket.AF_INET6, '{dst}'))
+                  socket.inet_pton(socket.AF_INET6, '{web0}'),
+                  socket.inet_pton(socket.AF_INET6, '{db0}'))
 frame = b'\x02' * 6 + b'\x04' * 6 + b'\x86\xdd' + ip6 + echo
-vxlan = struct.pack('!II', 0x08000000, 1 << 8)
-s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
-for _ in range(3):
-    s.sendto(vxlan + frame, ('{to}', 8472))
-"#,
-        src = web0,
-        dst = db0,
-        to = db1
+"#
     );
     let done = traced(&lab.0, "web-0", "db-0", &["-6", "--duration", "5s"], || {
-        let sent = in_netns(&lab.0.pod("web-1").netns, "python3")
-            .args(["-c", &forge])
-            .status()
-            .expect("python3");
-        assert!(sent.success(), "the forged datagrams were not sent");
+        send_vxlan_payload(&lab.0, "web-1", db1.into(), &frame);
     });
     assert!(
         done.stories().is_empty(),

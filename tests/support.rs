@@ -328,3 +328,21 @@ pub fn told_reason(reason: &str) -> String {
         podtrace::probe::drops::REASON_NOT_NAMED.to_string()
     }
 }
+
+/// Sends, from inside pod `from`, three UDP datagrams to `to`:8472 whose
+/// payload is a VXLAN header (flannel's VNI 1) and the Ethernet frame the
+/// Python lines `frame` build (into `frame`, with `socket` and `struct`
+/// imported): a pod forging a tunnel packet of another pair.
+pub fn send_vxlan_payload(lab: &Lab, from: &str, to: std::net::IpAddr, frame: &str) {
+    let family = if to.is_ipv6() { "AF_INET6" } else { "AF_INET" };
+    let script = format!(
+        "import socket, struct\n{frame}\nvxlan = struct.pack('!II', 0x08000000, 1 << 8)\n\
+         s = socket.socket(socket.{family}, socket.SOCK_DGRAM)\n\
+         for _ in range(3):\n    s.sendto(vxlan + frame, ('{to}', 8472))\n"
+    );
+    let sent = xtask::lab::in_netns(&lab.pod(from).netns, "python3")
+        .args(["-c", &script])
+        .status()
+        .expect("python3");
+    assert!(sent.success(), "the forged datagrams were not sent");
+}

@@ -61,13 +61,7 @@ pub fn run(args: &KernelArgs) -> Result<()> {
         }),
         loads: loaded.is_ok(),
         ipv6: loaded.is_ok() && ipv6_refused.is_none(),
-        error: loaded.as_ref().err().map(|e| {
-            format!("{e:#}")
-                .lines()
-                .next()
-                .unwrap_or_default()
-                .to_string()
-        }),
+        error: loaded.as_ref().err().map(crate::probe::first_line),
         degraded: features
             .degraded(mode, drop_hook)
             .iter()

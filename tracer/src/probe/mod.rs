@@ -42,7 +42,7 @@ use crate::model::KernelSummary;
 
 pub use load::{Batch, NodeProbe, ProbeSpec, ReadThrough, BATCHES_QUEUED, RING_HANDOVER};
 pub use tc::AttachMode;
-pub use try_load::{try_load, Loaded};
+pub use try_load::{first_line, try_load, Loaded};
 
 use self::{
     btf::Btf,

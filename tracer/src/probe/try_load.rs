@@ -43,17 +43,22 @@ pub fn try_load(kernel: &Kernel, btf: &aya::Btf) -> Result<Loaded> {
         if loaded.ipv6_refused.is_none() {
             if let Err(e) = tc::load_ipv6(&mut ebpf) {
                 // As a trace goes on without them: IPv4 only.
-                let first_line = format!("{e:#}")
-                    .lines()
-                    .next()
-                    .unwrap_or_default()
-                    .to_string();
-                loaded.ipv6_refused = Some(format!("in {asked}: {first_line}"));
+                loaded.ipv6_refused = Some(format!("in {asked}: {}", first_line(&e)));
             }
         }
         loaded.drop_hook = drops::attach(&mut ebpf, btf, kernel.features.drop_reasons)?;
     }
     Ok(loaded)
+}
+
+/// The first line of an error and its causes: a verifier's refusal goes
+/// on for thousands of lines of its log.
+pub fn first_line(e: &anyhow::Error) -> String {
+    format!("{e:#}")
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string()
 }
 
 /// What [`try_load`] found: how drops attach, and why the IPv6 programs

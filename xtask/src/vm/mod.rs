@@ -26,8 +26,9 @@ use kernels::{Series, MATRIX};
 /// cover each kernel signal and each topology in little time under TCG:
 /// the lab's stories on all four topologies, the fault catalogue's drops
 /// each named with its rule, no_route, a ClusterIP's DNAT in both
-/// kube-proxy modes, and cleanup after kill -9 in clsact mode (every
-/// kernel) and in TCX mode (`TCX_SUITE`, where the kernel has it).
+/// kube-proxy modes, a dual-stack pair over IPv6 and an IPv6 ClusterIP's
+/// DNAT (the IPv6 programs), and cleanup after kill -9 in clsact mode
+/// (every kernel) and in TCX mode (`TCX_SUITE`, where the kernel has it).
 pub const SUITE: &[(&str, &[&str])] = &[
     (
         "lab",
@@ -56,6 +57,13 @@ pub const SUITE: &[(&str, &[&str])] = &[
         &[
             "a_cluster_ip_is_followed_to_its_backend_on_the_other_node_and_back_iptables",
             "a_cluster_ip_is_followed_to_its_backend_on_the_other_node_and_back_nftables",
+        ],
+    ),
+    (
+        "ipv6",
+        &[
+            "a_dual_stack_pair_is_traced_over_both_families_with_the_ipv6_tunnel_paired",
+            "an_ipv6_cluster_ip_is_followed_through_ip6tables_dnat",
         ],
     ),
 ];
