@@ -154,6 +154,47 @@ fn a_dual_stack_pair_is_traced_over_both_families_with_the_ipv6_tunnel_paired() 
     assert_eq!(ipv4, 1, "{}", done.stdout);
 }
 
+/// Calico's dual-stack VXLAN (an IPv6 pool): the pair's IPv6 echo is
+/// routed from web-0's cali veth into vxlan-v6.calico (VNI 4096, port
+/// 4789) over the nodes' IPv6 underlay, inner and outer paired on both
+/// nodes, and delivered to db-0.
+#[test]
+fn calico_vxlan_v6_carries_the_pairs_ipv6_across_the_nodes() {
+    let (_alone, lab) = dual_stack_lab(Topology::CalicoVxlan);
+    let (web, db) = (ipv6(&lab.0, "web-0"), ipv6(&lab.0, "db-0"));
+    let done = traced(&lab.0, "web-0", "db-0", &["-6", "--count", "2"], || {
+        assert!(lab.0.ping6("web-0", db, &[]), "the lab's IPv6 is broken");
+    });
+    let request = story_from(&done.stories(), web, db);
+    let verdict = &request["verdict"];
+    assert_eq!(verdict["outcome"], "delivered", "{verdict}");
+    assert_eq!(verdict["node"], "node-2");
+    assert_eq!(
+        verdict["path"],
+        serde_json::json!(["routed", "encapsulated", "decapsulated"])
+    );
+    let hops = request["hops"].as_array().expect("hops");
+    let into_tunnel = hops.iter().filter(|h| h["iface"] == "vxlan-v6.calico");
+    assert_eq!(
+        into_tunnel.count(),
+        2,
+        "the tunnel on both nodes: {request}"
+    );
+    let outer: Vec<&Value> = hops.iter().filter(|h| h["tunnel"].is_object()).collect();
+    assert_eq!(
+        outer.len(),
+        2,
+        "leaving node-1 and reaching node-2: {request}"
+    );
+    for hop in outer {
+        let tunnel = &hop["tunnel"];
+        assert_eq!(tunnel["vni"], 4096, "{tunnel}");
+        assert_eq!(tunnel["outer"]["transport"]["dport"], 4789);
+        assert_eq!(tunnel["outer"]["src"], Lab::node_ipv6(1).to_string());
+        assert_eq!(tunnel["outer"]["dst"], Lab::node_ipv6(2).to_string());
+    }
+}
+
 #[test]
 fn ipv6_on_one_node_is_bridged_and_delivered_and_dash_6_leaves_ipv4_out() {
     let (_alone, lab) = dual_stack_lab(Topology::FlannelVxlan);
