@@ -67,6 +67,17 @@ fn path(story: &Value) -> Vec<String> {
         .collect()
 }
 
+/// The story's packet was delivered on node-2 through the tunnel.
+fn assert_tunnelled_to_node_2(story: &Value) {
+    let verdict = &story["verdict"];
+    assert_eq!(verdict["outcome"], "delivered", "{verdict}");
+    assert_eq!(verdict["node"], "node-2");
+    assert_eq!(
+        verdict["path"],
+        serde_json::json!(["routed", "encapsulated", "decapsulated"])
+    );
+}
+
 /// The story whose packet went `src` → `dst`.
 fn story_from(stories: &[Value], src: Ipv6Addr, dst: Ipv6Addr) -> Value {
     stories
@@ -137,13 +148,7 @@ fn a_dual_stack_pair_is_traced_over_both_families_with_the_ipv6_tunnel_paired() 
     }
     let overhead = h[3]["skb_len"].as_u64().unwrap() - h[2]["skb_len"].as_u64().unwrap();
     assert_eq!(overhead, 70, "Ethernet, IPv6, UDP and VXLAN headers");
-    let verdict = &request["verdict"];
-    assert_eq!(verdict["outcome"], "delivered", "{verdict}");
-    assert_eq!(verdict["node"], "node-2");
-    assert_eq!(
-        verdict["path"],
-        serde_json::json!(["routed", "encapsulated", "decapsulated"])
-    );
+    assert_tunnelled_to_node_2(&request);
     let reply = story_from(&stories, db, web);
     assert_eq!(reply["verdict"]["outcome"], "delivered", "{reply}");
     // And the IPv4 pair beside it.
@@ -166,13 +171,7 @@ fn calico_vxlan_v6_carries_the_pairs_ipv6_across_the_nodes() {
         assert!(lab.0.ping6("web-0", db, &[]), "the lab's IPv6 is broken");
     });
     let request = story_from(&done.stories(), web, db);
-    let verdict = &request["verdict"];
-    assert_eq!(verdict["outcome"], "delivered", "{verdict}");
-    assert_eq!(verdict["node"], "node-2");
-    assert_eq!(
-        verdict["path"],
-        serde_json::json!(["routed", "encapsulated", "decapsulated"])
-    );
+    assert_tunnelled_to_node_2(&request);
     let hops = request["hops"].as_array().expect("hops");
     let into_tunnel = hops.iter().filter(|h| h["iface"] == "vxlan-v6.calico");
     assert_eq!(
