@@ -33,14 +33,14 @@ pub(super) async fn learn_connection(
     Ok(())
 }
 
-/// Whether a conntrack entry is a connection of the traced pair, in
-/// either family.
+/// Whether a conntrack entry is a connection of the traced pair, in a
+/// family traced.
 pub(super) fn of_the_traced_pair(entry: &conntrack::Entry, targets: &Targets) -> bool {
-    let ipv4 = (targets.src.ip.into(), targets.dst.ip.into());
+    let ipv4 = (targets.families.ipv4).then(|| (targets.src.ip.into(), targets.dst.ip.into()));
     let ipv6 = targets
         .traced_ipv6_pair()
         .map(|(src, dst)| (IpAddr::V6(src), IpAddr::V6(dst)));
-    [Some(ipv4), ipv6].into_iter().flatten().any(|(a, b)| {
+    [ipv4, ipv6].into_iter().flatten().any(|(a, b)| {
         let traced = [a, b];
         traced.contains(&entry.orig.src) && traced.contains(&entry.orig.dst)
     })

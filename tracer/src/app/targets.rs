@@ -389,6 +389,9 @@ fn service_destination(target: &Target, catalog: Option<&Catalog>) -> Result<Opt
             Some(s) => s,
             None => return Ok(None),
         },
+        (Target::Ip6Port(ip, port), None) => bail!(
+            "[{ip}]:{port}: a Service's IPv6 ClusterIP and port need --services-file or the Kubernetes API to be found"
+        ),
         (Target::Ip6(ip), Some(catalog)) => match catalog.by_cluster_ipv6(*ip) {
             Some(s) => s,
             None => return Ok(None),

@@ -208,7 +208,9 @@ impl Correlator {
         }
         // Rules traced before this sighting reached us (a nat rule may
         // have seen the packet half translated: `is_packet`).
-        while let Some(at) = waiting.iter().position(|(_, id, _)| journey.is_packet(*id)) {
+        while let Some(at) =
+            (waiting.iter()).position(|(_, id, rule)| journey.is_packet(*id) && journey.lacks(rule))
+        {
             if let Some((_, _, rule)) = waiting.remove(at) {
                 journey.add_rule(rule);
             }
@@ -445,14 +447,16 @@ pub(crate) mod tests {
         assert_eq!(told[0].hops.len(), 2);
     }
 
-    /// A TCP segment over IPv6 (no IP ID), `flags` 0x02 (SYN) or 0x10.
-    fn tcp6(src: u16, dst: u16, dport: u16, seq: u32, flags: u8) -> Vec<u8> {
+    /// A TCP segment to port 80 over IPv6 (no IP ID), `flags` 0x02 (SYN)
+    /// or 0x10.
+    fn tcp6(src: u16, dst: u16, sport: u16, seq: u32, flags: u8) -> Vec<u8> {
+        let dport = 80;
         let ip =
             |last: u16| std::net::Ipv6Addr::new(0xfd00, 0x10, 0x244, 0, 0, 0, 0, last).octets();
         let mut out = Vec::new();
         let builder = etherparse::PacketBuilder::ethernet2([2; 6], [4; 6])
             .ipv6(ip(src), ip(dst), 64)
-            .tcp(40000, dport, seq, 64240);
+            .tcp(sport, dport, seq, 64240);
         let builder = if flags == 0x02 {
             builder.syn()
         } else {
@@ -471,7 +475,10 @@ pub(crate) mod tests {
             rules_traced: true,
             ..waits(1_000, 50_000)
         });
-        let (syn, ack) = (tcp6(2, 0x99, 80, 1000, 0x02), tcp6(2, 0x99, 80, 1001, 0x10));
+        let (syn, ack) = (
+            tcp6(2, 0x99, 40000, 1000, 0x02),
+            tcp6(2, 0x99, 40000, 1001, 0x10),
+        );
         for (at, frame) in [(100, &syn), (300, &ack)] {
             c.observe(hop(
                 at,
@@ -491,8 +498,20 @@ pub(crate) mod tests {
             rule: "-A KUBE-SEP-X -p tcp -j DNAT --to-destination [fd00:10:244::3]:8080".into(),
         };
         c.observe_rule(id, dnat.clone(), 400);
+        // A second connection's SYN, while the first's ACK is still open:
+        // its rule is its own, not the older ACK's (no ACK meets nat).
+        let syn2 = tcp6(2, 0x99, 40001, 5000, 0x02);
+        c.observe(hop(
+            500,
+            "n1",
+            "vethA",
+            Role::PodVeth,
+            Direction::Ingress,
+            &syn2,
+        ));
+        c.observe_rule(id, dnat.clone(), 600);
         let told = c.take_all();
-        assert_eq!(told.len(), 2, "{told:?}");
+        assert_eq!(told.len(), 3, "{told:?}");
         let with_rule: Vec<u32> = told
             .iter()
             .filter(|j| !j.nat_rules.is_empty())
@@ -501,7 +520,7 @@ pub(crate) mod tests {
                 _ => 0,
             })
             .collect();
-        assert_eq!(with_rule, [1000], "the SYN's rule");
+        assert_eq!(with_rule, [1000, 5000], "each SYN's rule");
     }
 
     #[test]

@@ -192,11 +192,14 @@ impl Journey {
     /// translated), `None` when it is another packet's.
     pub(super) fn packet_match(&self, id: PacketId) -> Option<u8> {
         let (src, dst, ip_id) = id;
+        // The nft trace gives an IPv6 packet no ID (0); its fragments
+        // carry their fragment header's.
+        let same_id = |p_id: u16| p_id == ip_id || (src.is_ipv6() && ip_id == 0);
         let same = |both: bool| {
             self.hops.iter().any(|h| {
                 let p = &h.packet.packet;
                 let (s, d) = (p.src == src, p.dst == dst);
-                p.ip_id == ip_id && if both { s && d } else { s || d }
+                same_id(p.ip_id) && if both { s && d } else { s || d }
             })
         };
         if self.key.id() == id || same(true) {
@@ -212,7 +215,12 @@ impl Journey {
     /// and by their order.
     pub(super) fn lacks(&self, rule: &NetfilterRule) -> bool {
         if nat_steps::rule_action(rule).is_some() {
-            !(self.nat_rules.iter()).any(|r| r.table == rule.table && r.hook == rule.hook)
+            // Only a connection's first packet meets the nat table: a TCP
+            // segment past the SYN never does.
+            let past_the_syn = matches!(self.key.transport, Transport::Tcp { .. })
+                && !self.key.transport.opens_a_connection();
+            !past_the_syn
+                && !(self.nat_rules.iter()).any(|r| r.table == rule.table && r.hook == rule.hook)
         } else {
             self.rule.is_none()
         }

@@ -259,7 +259,7 @@ fn write_route(out: &mut String, hop: &Hop, ctx: &Context) -> fmt::Result {
         // lookup at the pod's veth comes before kube-proxy's DNAT.
         _ if route.result == KernelRoute::NOT_FORWARDED && ctx.nat.is_frontend(dst) => write!(
             out,
-            "; no route to {dst} itself (a Service address: routed once kube-proxy DNATs it)"
+            "; no route to {dst} itself (a Service address: routed only after a DNAT to a backend)"
         ),
         _ if route.result == KernelRoute::NOT_FORWARDED => {
             write!(out, "; kernel route lookup: no route")
