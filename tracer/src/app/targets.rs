@@ -54,8 +54,8 @@ impl Families {
     };
 
     /// The families `-4`/`-6` leave in; an IPv6 address argument asks for
-    /// IPv6 alone, as `-6` does. Such an address is found among the pods and Services, so it needs
-    /// them listed.
+    /// IPv6 alone, as `-6` does. Such an address is found among the pods
+    /// and Services, so it needs them listed.
     fn asked(args: &Args, targets: [&Target; 2], access: &Access) -> Result<Self> {
         let ipv6_named = targets.iter().find_map(|t| t.ipv6());
         if let Some(ip) = ipv6_named {
@@ -361,11 +361,7 @@ impl Targets {
 fn name_backends(catalog: &mut Catalog, inventory: &Inventory) {
     let backends = catalog.services.iter_mut().flat_map(|s| &mut s.backends);
     for backend in backends.filter(|b| b.pod.is_none()) {
-        let has_it = |p: &&crate::cluster::inventory::Pod| match backend.ip {
-            std::net::IpAddr::V4(ip) => p.ip == Some(ip),
-            std::net::IpAddr::V6(ip) => p.ipv6.contains(&ip),
-        };
-        if let Some(pod) = inventory.pods.iter().find(has_it) {
+        if let Some(pod) = inventory.pods.iter().find(|p| p.holds(backend.ip)) {
             backend.pod = Some(pod.qualified());
             backend.node = pod.node.clone();
         }

@@ -208,57 +208,42 @@ impl Cluster {
     /// an IPv4 address the selector does not find is looked for in every
     /// pod's podIPs.
     async fn pod_with_ip(&self, ip: Ipv4Addr) -> Result<Endpoint> {
-        let pods: Api<KubePod> = Api::all(self.client.clone());
-        let list = |params: ListParams| {
-            let pods = pods.clone();
-            async move {
-                let list = pods
-                    .list(&params)
-                    .await
-                    .map_err(|e| self.explain(e, "list", "pods", None))?;
-                list.items
-                    .into_iter()
-                    .map(convert)
-                    .collect::<Result<Vec<Pod>>>()
-            }
-        };
-        let found = list(ListParams::default().fields(&format!("status.podIP={ip}"))).await?;
+        let found = self.list_pods(&by_pod_ip(ip)).await?;
         if !found.is_empty() {
             return Endpoint::of_ip(ip, found);
         }
-        let sample = list(ListParams::default().limit(1)).await?;
+        let sample = self.list_pods(&ListParams::default().limit(1)).await?;
         let ipv6_primary = sample.first().is_some_and(|p| p.ip_is_secondary);
         if !ipv6_primary {
             return Endpoint::of_ip(ip, found);
         }
-        let all = list(ListParams::default()).await?;
-        Endpoint::of_ip(ip, all.into_iter().filter(|p| p.ip == Some(ip)).collect())
+        let all = self.list_pods(&ListParams::default()).await?;
+        Endpoint::of_ip(ip, all.into_iter().filter(|p| p.holds(ip.into())).collect())
     }
 
     /// The pod with IPv6 address `ip`: by the `status.podIP` field
     /// selector where it is the pod's first address (IPv6-primary), else
     /// looked for in every pod's podIPs.
     async fn pod_with_ipv6(&self, ip: Ipv6Addr) -> Result<Endpoint> {
-        let pods: Api<KubePod> = Api::all(self.client.clone());
-        for params in [
-            ListParams::default().fields(&format!("status.podIP={ip}")),
-            ListParams::default(),
-        ] {
-            let list = pods
-                .list(&params)
-                .await
-                .map_err(|e| self.explain(e, "list", "pods", None))?;
-            let found = list
-                .items
-                .into_iter()
-                .map(convert)
-                .collect::<Result<Vec<Pod>>>()?;
-            let found: Vec<Pod> = found.into_iter().filter(|p| p.ipv6.contains(&ip)).collect();
+        for params in [by_pod_ip(ip), ListParams::default()] {
+            let found: Vec<Pod> = (self.list_pods(&params).await?.into_iter())
+                .filter(|p| p.holds(ip.into()))
+                .collect();
             if !found.is_empty() {
                 return Endpoint::of_ipv6(ip, found);
             }
         }
         Endpoint::of_ipv6(ip, Vec::new())
+    }
+
+    /// The pods of every namespace `params` selects, as podtrace keeps them.
+    async fn list_pods(&self, params: &ListParams) -> Result<Vec<Pod>> {
+        let pods: Api<KubePod> = Api::all(self.client.clone());
+        let list = pods
+            .list(params)
+            .await
+            .map_err(|e| self.explain(e, "list", "pods", None))?;
+        list.items.into_iter().map(convert).collect()
     }
 
     async fn pod(&self, ns: &str, name: &str) -> Result<Endpoint> {
@@ -389,6 +374,11 @@ fn internal_ip(node: &Node) -> Option<Ipv4Addr> {
 }
 
 /// The API's pod object as podtrace's own.
+/// The API's field selector for a pod's podIP (its first address).
+fn by_pod_ip(ip: impl std::fmt::Display) -> ListParams {
+    ListParams::default().fields(&format!("status.podIP={ip}"))
+}
+
 fn convert(pod: KubePod) -> Result<Pod> {
     pod_from_json(serde_json::to_value(pod)?)
 }

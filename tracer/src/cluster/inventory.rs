@@ -22,8 +22,7 @@ pub struct Pod {
     pub host_network: bool,
     /// Its podIP as written, when that is not an IP address.
     pub unreadable_ip: Option<String>,
-    /// Its IPv6 addresses (podIPs of a dual-stack or IPv6 pod), which
-    /// are not traced yet.
+    /// Its IPv6 addresses (podIPs of a dual-stack or IPv6 pod).
     pub ipv6: Vec<Ipv6Addr>,
     /// Its podIP is IPv6 and `ip` came from podIPs: the cluster's primary
     /// family is IPv6, and the API's podIP field selector does not find
@@ -34,6 +33,14 @@ pub struct Pod {
 impl Pod {
     pub fn qualified(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// Whether `ip` is one of its addresses, of either family.
+    pub fn holds(&self, ip: IpAddr) -> bool {
+        match ip {
+            IpAddr::V4(ip) => self.ip == Some(ip),
+            IpAddr::V6(ip) => self.ipv6.contains(&ip),
+        }
     }
 }
 
@@ -146,23 +153,9 @@ impl Inventory {
     /// An endpoint argument, from the pods in the file.
     pub fn resolve(&self, target: &Target) -> Result<Endpoint> {
         match target {
-            Target::Ip(ip) | Target::IpPort(ip, _) => {
-                let pods: Vec<Pod> = self
-                    .pods
-                    .iter()
-                    .filter(|p| p.ip == Some(*ip))
-                    .cloned()
-                    .collect();
-                Endpoint::of_ip(*ip, pods)
-            }
+            Target::Ip(ip) | Target::IpPort(ip, _) => Endpoint::of_ip(*ip, self.pods_with(*ip)),
             Target::Ip6(ip) | Target::Ip6Port(ip, _) => {
-                let pods: Vec<Pod> = self
-                    .pods
-                    .iter()
-                    .filter(|p| p.ipv6.contains(ip))
-                    .cloned()
-                    .collect();
-                Endpoint::of_ipv6(*ip, pods)
+                Endpoint::of_ipv6(*ip, self.pods_with(*ip))
             }
             Target::Pod { namespace, name } => {
                 let Some(pod) = self
@@ -188,6 +181,12 @@ impl Inventory {
                 "svc/{namespace}/{name} needs the Kubernetes API to find its ClusterIP: give the ClusterIP instead"
             ),
         }
+    }
+
+    /// The pods that have `ip`, of either family.
+    fn pods_with(&self, ip: impl Into<IpAddr>) -> Vec<Pod> {
+        let ip = ip.into();
+        self.pods.iter().filter(|p| p.holds(ip)).cloned().collect()
     }
 
     /// The node's IPv4 address, as any of its pods tells it (a pod listed
