@@ -221,20 +221,11 @@ fn kubectl_podtrace_dash_6_tells_the_ipv6_stories_across_the_nodes() {
     assert!(ping(&lab.0, "web-0", "db-0"), "the lab's IPv4 is broken");
     let done = finish(started);
     assert!(done.status.success(), "{}", done.stderr);
-    assert!(
-        done.stderr.contains(&format!(
-            "tracing {web} (default/web-0) ⇄ {db} (default/db-0) on"
-        )),
-        "the IPv6 pair alone named: {}",
-        done.stderr
-    );
-    let stories = done.stories();
-    assert_eq!(stories.len(), 2, "the echo and its reply: {}", done.stdout);
+    let stories = done.ipv6_echo_alone(web, db);
     let request = stories
         .iter()
         .find(|s| s["src"] == web.to_string() && s["dst"] == db.to_string())
         .unwrap_or_else(|| panic!("no IPv6 request story: {}", done.stdout));
-    assert_eq!(request["transport"]["proto"], "icmpv6", "{request}");
     let ifaces: Vec<(Value, Value)> = shape(request)
         .into_iter()
         .map(|(node, iface, _)| (node, iface))

@@ -435,16 +435,7 @@ fn ipv6_addresses_as_arguments_trace_the_pairs_ipv6_alone() {
         assert!(lab.0.ping6("web-0", db, &[]), "the lab's IPv6 is broken");
         assert!(ping(&lab.0, "web-0", "db-0"), "the lab's IPv4 is broken");
     });
-    assert!(
-        done.stderr.contains(&format!(
-            "tracing {web} (default/web-0) ⇄ {db} (default/db-0) on"
-        )),
-        "{}",
-        done.stderr
-    );
-    let stories = done.stories();
-    assert_eq!(stories.len(), 2, "the echo and its reply: {}", done.stdout);
-    assert!(stories.iter().all(|s| s["transport"]["proto"] == "icmpv6"));
+    done.ipv6_echo_alone(web, db);
     let node1 = lab.0.node_netns(1);
     let pods = lab.0.pods_file().display().to_string();
     let refused = |src: &str, dst: &str, extra: &[&str], expected: &str| {

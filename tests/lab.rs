@@ -679,9 +679,7 @@ fn an_ipv6_primary_dual_stack_pair_is_traced_by_both_families() {
         ipv6_of("web-0"),
         ipv6_of("db-0")
     );
-    let start = (done.stderr.lines())
-        .find(|l| l.starts_with("podtrace: tracing "))
-        .unwrap_or_else(|| panic!("no start line: {}", done.stderr));
+    let start = done.start_line();
     assert!(
         start.contains(&format!("tracing {web0} (default/web-0)")) && start.contains(&ipv6_pair),
         "both pairs named: {start}"

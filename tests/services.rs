@@ -376,9 +376,7 @@ fn an_ipv6_primary_dual_stack_service_is_followed_by_its_ipv4_cluster_ip() {
     assert_cluster_ip_followed(&lab.0, &done, mode, NAMED);
     // The pods' and the Service's IPv6 are traced too: web-0's IPv6
     // address to the Service's IPv6 ClusterIP, named at start.
-    let start = (done.stderr.lines())
-        .find(|l| l.starts_with("podtrace: tracing "))
-        .unwrap_or_else(|| panic!("no start line: {}", done.stderr));
+    let start = done.start_line();
     assert!(
         start.contains(" and fd00:10:244:") && start.contains("(svc/default/db)"),
         "both families named: {start}"

@@ -132,6 +132,34 @@ impl Finished {
             .filter(|v| v["type"] == "story")
             .collect()
     }
+
+    /// The line that says what is traced (`podtrace: tracing … on …`).
+    pub fn start_line(&self) -> &str {
+        (self.stderr.lines())
+            .find(|l| l.starts_with("podtrace: tracing "))
+            .unwrap_or_else(|| panic!("no start line: {}", self.stderr))
+    }
+
+    /// The stories of a run that traced web-0 ⇄ db-0's IPv6 pair `web` ⇄
+    /// `db` alone while both families pinged once: its start line names
+    /// that pair and no other, and its stories are the IPv6 echo and its
+    /// reply.
+    pub fn ipv6_echo_alone(&self, web: std::net::Ipv6Addr, db: std::net::Ipv6Addr) -> Vec<Value> {
+        let alone = format!("tracing {web} (default/web-0) ⇄ {db} (default/db-0) on");
+        assert!(
+            self.start_line().contains(&alone),
+            "the IPv6 pair alone named: {}",
+            self.stderr
+        );
+        let stories = self.stories();
+        assert_eq!(stories.len(), 2, "the echo and its reply: {}", self.stdout);
+        assert!(
+            stories.iter().all(|s| s["transport"]["proto"] == "icmpv6"),
+            "{}",
+            self.stdout
+        );
+        stories
+    }
 }
 
 /// Arguments: `first`, then `rest`.
