@@ -39,7 +39,7 @@ fn garbage_arguments_say_what_is_wrong_with_them() {
         (with_lab("", "10.244.2.2"), "an empty pod argument"),
         (
             with_lab("10.244.1.2", "fd00::2"),
-            "fd00::2 is an IPv6 address: it is traced as the pod or Service that has it, which needs --pods-file or the Kubernetes API",
+            "10.244.1.2 is an IPv4 address and fd00::2 an IPv6 one: a packet has both ends in one family",
         ),
         (
             with_lab("10.244.1.2", "Web_0"),

@@ -36,7 +36,9 @@ pub(super) async fn learn_connection(
 /// Whether a conntrack entry is a connection of the traced pair, in a
 /// family traced.
 pub(super) fn of_the_traced_pair(entry: &conntrack::Entry, targets: &Targets) -> bool {
-    let ipv4 = (targets.families.ipv4).then(|| (targets.src.ip.into(), targets.dst.ip.into()));
+    let ipv4 = targets
+        .traced_ipv4_pair()
+        .map(|(src, dst)| (IpAddr::V4(src), IpAddr::V4(dst)));
     let ipv6 = targets
         .traced_ipv6_pair()
         .map(|(src, dst)| (IpAddr::V6(src), IpAddr::V6(dst)));

@@ -27,7 +27,6 @@ pub(super) fn trace_masquerade_sources(trace: &mut Trace) -> Result<()> {
         .flat_map(|facts| facts.view.own_addresses())
         .filter(|ip| !ip.is_loopback())
         .collect();
-    let dst = targets.dst.ip;
     let in_the_cluster = |ip: Ipv4Addr| {
         ctx.expects_arrival(ip.into())
             || ctx
@@ -37,14 +36,18 @@ pub(super) fn trace_masquerade_sources(trace: &mut Trace) -> Result<()> {
             || ctx.pod_cidrs.iter().any(|net| net.contains(&ip))
             || node_addresses.contains(&ip)
     };
-    let outside = targets.dst.pod.is_none() && targets.service.is_none() && !in_the_cluster(dst);
+    // (An IPv6 destination outside the cluster is not followed through a
+    // masquerade: clusters NAT IPv6 egress rarely.)
+    let outside = targets.dst.pod.is_none()
+        && targets.service.is_none()
+        && targets.dst.ipv4().is_some_and(|dst| !in_the_cluster(dst));
     let mut peers: Vec<std::net::IpAddr> = targets
         .nat
         .translations
         .iter()
         .filter(|t| !t.source)
         .map(|t| t.back.ip)
-        .chain(outside.then_some(dst.into()))
+        .chain(outside.then_some(targets.dst.ip))
         .collect();
     peers.sort();
     peers.dedup();

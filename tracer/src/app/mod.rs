@@ -190,12 +190,15 @@ fn context_of(args: &Args, targets: &Targets) -> Context {
     for endpoint in [&targets.src, &targets.dst] {
         if let Some(name) = endpoint.name() {
             let ipv6 = targets.ipv6_of(endpoint).map(IpAddr::V6);
-            for ip in ipv6.into_iter().chain([endpoint.ip.into()]) {
+            for ip in ipv6.into_iter().chain([endpoint.ip]) {
                 ctx.names.insert(ip, name.clone());
             }
         }
     }
     for (node, ip) in targets.known_nodes() {
+        ctx.names.insert(ip.into(), node);
+    }
+    for (node, ip) in targets.inventory.nodes6() {
         ctx.names.insert(ip.into(), node);
     }
     for t in &targets.nat.translations {
@@ -208,6 +211,18 @@ fn context_of(args: &Args, targets: &Targets) -> Context {
     ctx.pod_cidrs = args.pod_cidr.clone();
     ctx.pod_cidrs.extend(cni::subnet_env_network());
     ctx
+}
+
+/// Each traced end's addresses (of both families) and the node it runs
+/// on, where known.
+fn endpoint_nodes(targets: &Targets) -> Vec<(IpAddr, String)> {
+    let addresses =
+        |e: &crate::cluster::inventory::Endpoint| [Some(e.ip), targets.ipv6_of(e).map(IpAddr::V6)];
+    [&targets.src, &targets.dst]
+        .into_iter()
+        .filter_map(|e| Some((addresses(e), Targets::node_of(e)?)))
+        .flat_map(|(ips, node)| ips.into_iter().flatten().map(|ip| (ip, node.to_string())))
+        .collect()
 }
 
 /// A trace under way: the attached nodes and the channels they feed.
@@ -277,7 +292,6 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         doctor,
         addresses,
     } = resolved;
-    let (src, dst) = (&targets.src, &targets.dst);
     let pairs = traced_pairs(&targets);
     let flows = flow_keys(&pairs);
     let flows6 = pairs::flow_keys6(&pairs);
@@ -289,12 +303,14 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
     let (conntrack_tx, conntrack) = mpsc::unbounded_channel();
     let typed_btf = Kernel::typed_btf()?;
     let known_nodes = targets.known_nodes();
+    let known_nodes6 = targets.inventory.nodes6();
     let mode = kernel.features.attach_mode(args.attach)?;
     let l4_filter = args.filter.kernel_filter(&targets.nat.translations)?;
     let shared = Shared {
         kernel: &kernel,
         btf: &typed_btf,
         known_nodes: &known_nodes,
+        known_nodes6: &known_nodes6,
         subnets: &targets.subnets,
         flows: &flows,
         flows6: &flows6,
@@ -309,10 +325,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         conntrack_tx,
         netfilter_tx: why_rule_unnamed.is_none().then_some(netfilter_tx),
         pairs,
-        endpoint_nodes: [src, dst]
-            .iter()
-            .filter_map(|e| Some((e.ip.into(), Targets::node_of(e)?.to_string())))
-            .collect(),
+        endpoint_nodes: endpoint_nodes(&targets),
         node_ips: &args.node_ip,
         traced_addresses: addresses?,
         single_node: namespaces.len() == 1,

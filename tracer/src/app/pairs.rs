@@ -11,11 +11,12 @@ use super::Targets;
 /// where both ends have IPv6 (dual-stack pods), their IPv6 pair too;
 /// each family unless `-4`/`-6` left it out.
 pub(super) fn traced_pairs(targets: &Targets) -> Vec<(IpAddr, IpAddr)> {
-    let (src, dst) = (IpAddr::V4(targets.src.ip), IpAddr::V4(targets.dst.ip));
     let mut pairs = Vec::new();
-    if targets.families.ipv4 {
+    let src4 = targets.traced_ipv4_pair().map(|(src, dst)| {
+        let (src, dst) = (IpAddr::V4(src), IpAddr::V4(dst));
         pairs.extend([(src, dst), (dst, src)]);
-    }
+        src
+    });
     let src6 = targets.traced_ipv6_pair().map(|(src6, dst6)| {
         let (src6, dst6) = (IpAddr::V6(src6), IpAddr::V6(dst6));
         pairs.extend([(src6, dst6), (dst6, src6)]);
@@ -24,11 +25,7 @@ pub(super) fn traced_pairs(targets: &Targets) -> Vec<(IpAddr, IpAddr)> {
     for t in &targets.nat.translations {
         // A backend of each family is traced from the client's address of
         // that family.
-        let client = if t.back.ip.is_ipv6() {
-            src6
-        } else {
-            targets.families.ipv4.then_some(src)
-        };
+        let client = if t.back.ip.is_ipv6() { src6 } else { src4 };
         let Some(client) = client else { continue };
         for pair in [(client, t.back.ip), (t.back.ip, client)] {
             if !pairs.contains(&pair) && t.back.ip != client {

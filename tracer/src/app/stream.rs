@@ -47,8 +47,8 @@ pub(super) async fn here(
     stop: &mut Stop,
     write: Option<Box<dyn Write>>,
 ) -> Result<(Summary, Teller<'static>)> {
-    let ends = (trace.targets.src.ip, trace.targets.dst.ip);
-    let mut teller = new_teller(args, std::mem::take(&mut trace.ctx), Some(ends));
+    let ends = trace.targets.traced_ipv4_pair();
+    let mut teller = new_teller(args, std::mem::take(&mut trace.ctx), ends);
     if let Some(out) = write {
         teller.pcap = Some(pcap_writer(out, args, trace, &teller.ctx)?);
     }
@@ -235,7 +235,7 @@ pub(super) async fn stream(
     let end_with_probes = consumer.ends_with_probes() && ends_with_probes(args);
     let mut node = NodeStream {
         moved: watch_moves(trace),
-        traced_ips: (trace.targets.src.ip, trace.targets.dst.ip),
+        traced_ips: trace.targets.traced_ipv4_pair(),
         losses: LossWatch::new(&trace.nodes, monotonic_ns()),
         trace,
         consumer,
@@ -261,7 +261,9 @@ struct NodeStream<'a, C> {
     consumer: &'a mut C,
     summary: &'a mut Summary,
     moved: mpsc::UnboundedReceiver<PodMoved>,
-    traced_ips: (Ipv4Addr, Ipv4Addr),
+    /// The traced IPv4 pair, as pods move (IPv6 addresses are not
+    /// followed to a new pod).
+    traced_ips: Option<(Ipv4Addr, Ipv4Addr)>,
     losses: LossWatch,
     /// Says why the trace must end (an agent's lease went stale).
     gone: mpsc::UnboundedReceiver<String>,
@@ -320,7 +322,9 @@ impl<C: Consumer> Source for NodeStream<'_, C> {
                 self.probes_done = Some(Instant::now());
             }
             NodeEvent::Moved(moved) => {
-                follow_move(self.trace, &mut self.traced_ips, &moved)?;
+                if let Some(traced_ips) = &mut self.traced_ips {
+                    follow_move(self.trace, traced_ips, &moved)?;
+                }
                 self.consumer.moved(&moved);
             }
             NodeEvent::Rule(rule) => self.consumer.rule(rule, monotonic_ns()),

@@ -3,7 +3,7 @@
 //! from plain IPs with no Kubernetes at all (Services then read from the
 //! traced nodes' kube-proxy rules).
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use anyhow::{bail, Result};
 
@@ -54,17 +54,16 @@ impl Families {
     };
 
     /// The families `-4`/`-6` leave in; an IPv6 address argument asks for
-    /// IPv6 alone, as `-6` does. Such an address is found among the pods
-    /// and Services, so it needs them listed.
-    fn asked(args: &Args, targets: [&Target; 2], access: &Access) -> Result<Self> {
+    /// IPv6 alone, as `-6` does.
+    fn asked(args: &Args, targets: [&Target; 2]) -> Result<Self> {
         let ipv6_named = targets.iter().find_map(|t| t.ipv6());
-        if let Some(ip) = ipv6_named {
-            if args.ipv4_only {
-                bail!("-4 leaves out IPv6, and {ip} is an IPv6 address: give the pod's IPv4 address or its name");
-            }
-            if args.kube.pods_file.is_none() && !access.configured() {
-                bail!("{ip} is an IPv6 address: it is traced as the pod or Service that has it, which needs --pods-file or the Kubernetes API");
-            }
+        if let (Some(ip), true) = (ipv6_named, args.ipv4_only) {
+            bail!("-4 leaves out IPv6, and {ip} is an IPv6 address: give the pod's IPv4 address or its name");
+        }
+        if let [Some(IpAddr::V4(v4)), Some(IpAddr::V6(v6))]
+        | [Some(IpAddr::V6(v6)), Some(IpAddr::V4(v4))] = targets.map(Target::address)
+        {
+            bail!("{v4} is an IPv4 address and {v6} an IPv6 one: a packet has both ends in one family, so give two addresses of one family (or the pods' names)");
         }
         Ok(Self {
             ipv4: !args.ipv6_only && ipv6_named.is_none(),
@@ -90,69 +89,88 @@ impl Targets {
     /// The IPv6 pair of two dual-stack pods, traced beside their IPv4
     /// pair: each one's first IPv6 address (Kubernetes gives a pod one
     /// per family).
-    pub fn ipv6_pair(&self) -> Option<(std::net::Ipv6Addr, std::net::Ipv6Addr)> {
+    pub fn ipv6_pair(&self) -> Option<(Ipv6Addr, Ipv6Addr)> {
         Some((self.ipv6_of(&self.src)?, self.ipv6_of(&self.dst)?))
     }
 
     /// An endpoint's IPv6 address: a dual-stack pod's first (Kubernetes
     /// gives a pod one per family), or the destination Service's IPv6
     /// ClusterIP (a dual-stack Service has one per family too).
-    pub fn ipv6_of(&self, e: &Endpoint) -> Option<std::net::Ipv6Addr> {
+    pub fn ipv6_of(&self, e: &Endpoint) -> Option<Ipv6Addr> {
         if let Some(pod) = &e.pod {
             return pod.ipv6.first().copied();
         }
+        if let IpAddr::V6(ip) = e.ip {
+            return Some(ip);
+        }
         let service = self.service.as_ref()?;
-        (service.cluster_ip == Some(e.ip))
+        (service.cluster_ip.map(IpAddr::V4) == Some(e.ip))
             .then(|| service.cluster_ipv6.first().copied())
             .flatten()
+    }
+
+    /// The IPv4 pair, where both ends have an IPv4 address.
+    pub fn ipv4_pair(&self) -> Option<(Ipv4Addr, Ipv4Addr)> {
+        Some((self.src.ipv4()?, self.dst.ipv4()?))
+    }
+
+    /// The IPv4 pair traced: both ends have IPv4 and neither `-6` nor an
+    /// IPv6 address argument left it out.
+    pub fn traced_ipv4_pair(&self) -> Option<(Ipv4Addr, Ipv4Addr)> {
+        self.ipv4_pair().filter(|_| self.families.ipv4)
     }
 
     /// The traced pairs as the start line names them: `A ⇄ B`, of each
     /// family traced.
     pub fn named_pairs(&self, ctx: &crate::story::Context) -> String {
-        let mut pairs = Vec::new();
-        if self.families.ipv4 {
-            pairs.push(format!(
-                "{} ⇄ {}",
-                ctx.label(self.src.ip),
-                ctx.label(self.dst.ip)
-            ));
-        }
-        if let Some((src, dst)) = self.traced_ipv6_pair() {
-            pairs.push(format!("{} ⇄ {}", ctx.label(src), ctx.label(dst)));
-        }
+        let ipv4 = self.traced_ipv4_pair().map(|(a, b)| (a.into(), b.into()));
+        let ipv6 = self.traced_ipv6_pair().map(|(a, b)| (a.into(), b.into()));
+        let pairs: Vec<String> = [ipv4, ipv6]
+            .into_iter()
+            .flatten()
+            .map(|(src, dst): (IpAddr, IpAddr)| format!("{} ⇄ {}", ctx.label(src), ctx.label(dst)))
+            .collect();
         pairs.join(" and ")
     }
 
-    /// Fails when IPv6 alone is asked for (`-6`, an IPv6 address) and an
-    /// end has none.
+    /// Fails when no family asked for is one both ends have: IPv6 alone
+    /// (`-6`, an IPv6 address) and an end without IPv6, `-4` and an end
+    /// without IPv4, or an IPv4-only end and an IPv6-only one.
     fn has_the_asked_family(&self, args: &Args) -> Result<()> {
-        if self.families.ipv4 || self.ipv6_pair().is_some() {
+        if self.traced_ipv4_pair().is_some() || self.traced_ipv6_pair().is_some() {
             return Ok(());
         }
-        let why = if args.ipv6_only {
-            "-6"
-        } else {
-            "an IPv6 address"
-        };
-        bail!(
-            "{why}: {} has no IPv6 address to trace",
-            self.without_ipv6().join(" and ")
-        )
+        let without_ipv4 = self.ends_without(|e| e.ipv4().is_some());
+        let without_ipv6 = self.ends_without(|e| self.ipv6_of(e).is_some());
+        if !self.families.ipv4 {
+            let why = if args.ipv6_only {
+                "-6"
+            } else {
+                "an IPv6 address"
+            };
+            bail!("{why}: {without_ipv6} no IPv6 address to trace");
+        }
+        if !self.families.ipv6 {
+            bail!("-4: {without_ipv4} no IPv4 address to trace");
+        }
+        bail!("{without_ipv4} no IPv4 address and {without_ipv6} no IPv6 one: the two ends share no address family to trace")
     }
 
-    /// The ends that have no IPv6 address, by name.
-    fn without_ipv6(&self) -> Vec<String> {
-        [&self.src, &self.dst]
+    /// The ends that lack what `has` asks, by name, with their verb: "A
+    /// has", "A and B have".
+    fn ends_without(&self, has: impl Fn(&Endpoint) -> bool) -> String {
+        let names: Vec<String> = [&self.src, &self.dst]
             .into_iter()
-            .filter(|e| self.ipv6_of(e).is_none())
+            .filter(|e| !has(e))
             .map(|e| e.name().unwrap_or_else(|| e.ip.to_string()))
-            .collect()
+            .collect();
+        let verb = if names.len() == 1 { "has" } else { "have" };
+        format!("{} {verb}", names.join(" and "))
     }
 
     /// The IPv6 pair traced: both ends have IPv6 and `-4` did not leave
     /// it out.
-    pub fn traced_ipv6_pair(&self) -> Option<(std::net::Ipv6Addr, std::net::Ipv6Addr)> {
+    pub fn traced_ipv6_pair(&self) -> Option<(Ipv6Addr, Ipv6Addr)> {
         self.ipv6_pair().filter(|_| self.families.ipv6)
     }
 
@@ -164,7 +182,7 @@ impl Targets {
         if self.traced_ipv6_pair().is_some() {
             return None;
         }
-        let listed = |name: String, ips: &[std::net::Ipv6Addr]| {
+        let listed = |name: String, ips: &[Ipv6Addr]| {
             let ips: Vec<String> = ips.iter().map(ToString::to_string).collect();
             format!("{name} ({})", ips.join(", "))
         };
@@ -180,7 +198,7 @@ impl Targets {
             .map(|s| listed(format!("svc/{}", s.qualified()), &s.cluster_ipv6));
         let with_ipv6: Vec<String> = pods.chain(service).collect();
         let why = if self.families.ipv6 {
-            format!("{} has none", self.without_ipv6().join(" and "))
+            format!("{} none", self.ends_without(|e| self.ipv6_of(e).is_some()))
         } else {
             "-4 leaves it out".into()
         };
@@ -205,8 +223,8 @@ impl Targets {
             Some(path) => nodes::load_nodes(path)?,
             None => Vec::new(),
         };
-        let plain_ips = src_target.ip().is_some() && dst_target.ip().is_some();
-        let families = Families::asked(args, [&src_target, &dst_target], &access)?;
+        let plain_ips = src_target.address().is_some() && dst_target.address().is_some();
+        let families = Families::asked(args, [&src_target, &dst_target])?;
         let mut catalog = known_services(args, &access, plain_ips, &dst_target)?;
         let (src, dst, inventory, cluster) = if let Some(path) = &args.kube.pods_file {
             let inventory = Inventory::load(path)?;
@@ -221,10 +239,10 @@ impl Targets {
             (src, dst, inventory, None)
         } else if plain_ips && (catalog.is_some() || !access.configured()) {
             // Plain IPs and no Kubernetes at all.
-            let src = Endpoint::of_ip(src_target.ip().expect("an IP"), vec![])?;
+            let src = Endpoint::of_ip(src_target.address().expect("an IP"), vec![])?;
             let dst = match service_destination(&dst_target, catalog.as_ref())? {
                 Some(dst) => dst,
-                None => Endpoint::of_ip(dst_target.ip().expect("an IP"), vec![])?,
+                None => Endpoint::of_ip(dst_target.address().expect("an IP"), vec![])?,
             };
             (src, dst, Inventory::default(), None)
         } else {
@@ -251,7 +269,10 @@ impl Targets {
         note_host_network(&src, &dst);
         let service = catalog
             .as_ref()
-            .and_then(|c| c.by_cluster_ip(dst.ip))
+            .and_then(|c| match dst.ip {
+                IpAddr::V4(ip) => c.by_cluster_ip(ip),
+                IpAddr::V6(ip) => c.by_cluster_ipv6(ip),
+            })
             .cloned();
         let mut targets = Self {
             src,
@@ -295,7 +316,10 @@ impl Targets {
     ) -> NatBook {
         /// Backends to trace at most: two kernel filter pairs each.
         const MAX_BACKENDS: usize = 64;
-        let node = self.dst.ip;
+        // (IPv6 NodePorts are not followed.)
+        let IpAddr::V4(node) = self.dst.ip else {
+            return NatBook::default();
+        };
         let known = self.known_nodes().iter().any(|(_, ip)| *ip == node);
         if !known && !traced_addresses.contains(&node) {
             return NatBook::default();
@@ -411,9 +435,9 @@ fn service_destination(target: &Target, catalog: Option<&Catalog>) -> Result<Opt
         },
         _ => return Ok(None),
     };
-    let Some(ip) = service.cluster_ip else {
+    let Some(ip) = service.cluster_address() else {
         bail!(
-            "service {} has no IPv4 ClusterIP (headless, or IPv6 only): name one of its pods",
+            "service {} has no ClusterIP (headless): name one of its pods",
             service.qualified()
         );
     };
@@ -465,7 +489,7 @@ fn known_services(
         return Ok(Some(Catalog::load(path)?));
     }
     let without_api = args.kube.pods_file.is_some() || (plain_ips && !access.configured());
-    if without_api && dst_target.ip().is_some() && !args.no_kube_proxy_rules {
+    if without_api && dst_target.address().is_some() && !args.no_kube_proxy_rules {
         return Ok(kube_proxy_rules::read_nodes(&Namespace::all(
             &args.kube.netns,
         )?));
@@ -508,7 +532,7 @@ mod tests {
         let catalog = Catalog::parse(crate::cluster::services::tests::LIST).unwrap();
         let node: Ipv4Addr = "192.0.2.12".parse().unwrap();
         let targets = Targets {
-            src: Endpoint::of_ip("192.0.2.99".parse().unwrap(), vec![]).unwrap(),
+            src: Endpoint::of_ip("192.0.2.99".parse::<IpAddr>().unwrap(), vec![]).unwrap(),
             dst: Endpoint::of_ip(node, vec![]).unwrap(),
             inventory: Inventory::default(),
             subnets: Vec::new(),
@@ -533,6 +557,72 @@ mod tests {
             .translations
             .iter()
             .all(|t| t.front.ip == node && t.front.port == 30080));
+    }
+
+    /// The targets of two pods with `addresses` each (podIPs), tracing
+    /// `families`.
+    fn two_pods(addresses: [&[&str]; 2], families: Families) -> Targets {
+        let [src, dst] = addresses.map(|ips| {
+            let pod_ips: Vec<_> = ips.iter().map(|ip| serde_json::json!({"ip": ip})).collect();
+            let pod = crate::cluster::inventory::pod_from_json(serde_json::json!({
+                "metadata": {"name": format!("pod-{}", ips[0]), "namespace": "default"},
+                "status": {"podIP": ips[0], "podIPs": pod_ips, "phase": "Running"}
+            }))
+            .unwrap();
+            Endpoint::of_pod(pod).unwrap()
+        });
+        Targets {
+            src,
+            dst,
+            inventory: Inventory::default(),
+            subnets: Vec::new(),
+            cluster: None,
+            service: None,
+            nat: NatBook::default(),
+            families,
+        }
+    }
+
+    /// IPv6-only pods are traced over IPv6 alone; an IPv4-only pod and an
+    /// IPv6-only one share no family, and `-4` on IPv6-only pods leaves
+    /// nothing: each said in one line.
+    #[test]
+    fn ipv6_only_pods_are_traced_over_ipv6_and_a_family_they_lack_is_refused() {
+        let args = |extra: &[&str]| {
+            use clap::Parser;
+            Args::try_parse_from([&["podtrace", "a", "b"], extra].concat()).unwrap()
+        };
+        let v6 = two_pods([&["fd00::2"], &["fd00::3"]], Families::BOTH);
+        assert_eq!(v6.traced_ipv4_pair(), None);
+        let pair6 = v6.traced_ipv6_pair().unwrap();
+        assert_eq!(pair6.0.to_string(), "fd00::2");
+        assert!(v6.has_the_asked_family(&args(&[])).is_ok());
+        let dash4 = Families {
+            ipv4: true,
+            ipv6: false,
+        };
+        let refused = two_pods([&["fd00::2"], &["fd00::3"]], dash4)
+            .has_the_asked_family(&args(&["-4"]))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            refused,
+            "-4: default/pod-fd00::2 and default/pod-fd00::3 have no IPv4 address to trace"
+        );
+        let mixed = two_pods([&["10.0.0.2"], &["fd00::3"]], Families::BOTH)
+            .has_the_asked_family(&args(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(mixed.contains("share no address family"), "{mixed}");
+        let dual = two_pods(
+            [&["10.0.0.2", "fd00::2"], &["fd00::3", "10.0.0.3"]],
+            Families::BOTH,
+        );
+        assert_eq!(
+            dual.traced_ipv4_pair(),
+            Some(("10.0.0.2".parse().unwrap(), "10.0.0.3".parse().unwrap()))
+        );
+        assert!(dual.traced_ipv6_pair().is_some());
     }
 
     #[test]

@@ -43,6 +43,8 @@ pub struct Shared<'a> {
     pub btf: &'a aya::Btf,
     /// Node names and IPs of the cluster, to tell which node a namespace is.
     pub known_nodes: &'a [(String, Ipv4Addr)],
+    /// Node names and IPv6 addresses (an IPv6-only node has no IPv4 one).
+    pub known_nodes6: &'a [(String, std::net::Ipv6Addr)],
     /// Pod subnets and CNI annotations of the cluster's nodes.
     pub subnets: &'a [NodeSubnet],
     pub flows: &'a [FlowKey],
@@ -404,8 +406,12 @@ impl Identity {
             _ => None,
         };
         let node_ip = held.or(known.as_ref().map(|(_, ip)| *ip)).or(only_given);
-        let name = match (&known, ns.arg.as_deref()) {
-            (Some((name, _)), _) => name.clone(),
+        let known6 = (shared.known_nodes6.iter())
+            .find(|(_, ip)| view.link_with_address(*ip).is_some())
+            .map(|(name, _)| name.clone());
+        let known_name = known.as_ref().map(|(name, _)| name.clone()).or(known6);
+        let name = match (known_name, ns.arg.as_deref()) {
+            (Some(name), _) => name,
             (None, Some(arg)) => arg.rsplit('/').next().unwrap_or(arg).to_string(),
             (None, None) => hostname(),
         };

@@ -169,7 +169,7 @@ impl Cluster {
                 .or_else(|| internal_ip(&node_obj))
                 .ok_or_else(|| anyhow!("node {node} has no InternalIP"))?;
             Ok(Endpoint {
-                ip,
+                ip: ip.into(),
                 pod: None,
                 label: Some(format!("node/{node}")),
             })
@@ -187,10 +187,8 @@ impl Cluster {
             let ip = serde_json::to_value(&svc)
                 .ok()
                 .and_then(|v| super::services::service_of(&v))
-                .and_then(|s| s.cluster_ip)
-                .ok_or_else(|| {
-                    anyhow!("service {ns}/{name} has no IPv4 ClusterIP (headless, or IPv6 only)")
-                })?;
+                .and_then(|s| s.cluster_address())
+                .ok_or_else(|| anyhow!("service {ns}/{name} has no ClusterIP (headless)"))?;
             eprintln!(
                 "podtrace: warning: svc/{name} is traced by its ClusterIP {ip}; kube-proxy DNAT rewrites it to a pod IP on the way, so name the pod to follow the packet after that"
             );
@@ -230,10 +228,10 @@ impl Cluster {
                 .filter(|p| p.holds(ip.into()))
                 .collect();
             if !found.is_empty() {
-                return Endpoint::of_ipv6(ip, found);
+                return Endpoint::of_ip(ip, found);
             }
         }
-        Endpoint::of_ipv6(ip, Vec::new())
+        Endpoint::of_ip(ip, Vec::new())
     }
 
     /// The pods of every namespace `params` selects, as podtrace keeps them.

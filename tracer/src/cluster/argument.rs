@@ -2,7 +2,7 @@
 //! each one names (a pod, an address, a node, a Service), or a one-line
 //! reason why it names nothing.
 
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV6};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddrV6};
 
 use anyhow::{bail, Result};
 
@@ -73,6 +73,11 @@ impl Target {
         }
     }
 
+    /// An address argument's address, of either family.
+    pub fn address(&self) -> Option<IpAddr> {
+        self.ip().map(IpAddr::V4).or(self.ipv6().map(IpAddr::V6))
+    }
+
     /// An IPv6 address argument's address.
     pub fn ipv6(&self) -> Option<Ipv6Addr> {
         match self {
@@ -97,7 +102,9 @@ fn address(arg: &str) -> Result<Option<Target>> {
     if let Ok(ip) = arg.parse::<Ipv4Addr>() {
         return Ok(Some(Target::Ip(ip)));
     }
-    if let Ok(ip) = arg.parse::<Ipv6Addr>() {
+    // Bracketed without a port too, as a URL writes it: `[fd00::1]`.
+    let unbracketed = arg.strip_prefix('[').and_then(|a| a.strip_suffix(']'));
+    if let Ok(ip) = unbracketed.unwrap_or(arg).parse::<Ipv6Addr>() {
         return Ok(Some(Target::Ip6(ip)));
     }
     if let Ok(socket) = arg.parse::<SocketAddrV6>() {
@@ -228,6 +235,10 @@ mod tests {
         assert_eq!(
             Target::parse("[fd00:10:96::a]:80", "x").unwrap(),
             Target::Ip6Port("fd00:10:96::a".parse().unwrap(), 80)
+        );
+        assert_eq!(
+            Target::parse("[fd00:10:244:1::2]", "x").unwrap(),
+            Target::Ip6("fd00:10:244:1::2".parse().unwrap())
         );
         assert!(error("fd00::/64").contains("is a network"));
         assert!(error("fd00::zz").contains("not an IPv6 address"));

@@ -18,6 +18,8 @@ pub struct Pod {
     pub ip: Option<Ipv4Addr>,
     pub node: Option<String>,
     pub host_ip: Option<Ipv4Addr>,
+    /// Its node's IPv6 address (hostIPs of a dual-stack or IPv6 node).
+    pub host_ipv6: Option<Ipv6Addr>,
     pub phase: Option<String>,
     pub host_network: bool,
     /// Its podIP as written, when that is not an IP address.
@@ -154,9 +156,7 @@ impl Inventory {
     pub fn resolve(&self, target: &Target) -> Result<Endpoint> {
         match target {
             Target::Ip(ip) | Target::IpPort(ip, _) => Endpoint::of_ip(*ip, self.pods_with(*ip)),
-            Target::Ip6(ip) | Target::Ip6Port(ip, _) => {
-                Endpoint::of_ipv6(*ip, self.pods_with(*ip))
-            }
+            Target::Ip6(ip) | Target::Ip6Port(ip, _) => Endpoint::of_ip(*ip, self.pods_with(*ip)),
             Target::Pod { namespace, name } => {
                 let Some(pod) = self
                     .pods
@@ -172,7 +172,7 @@ impl Inventory {
                     format!("node {node}'s IPv4 address is not known: no pod of the pods file on it lists an IPv4 hostIP; give its IP")
                 })?;
                 Ok(Endpoint {
-                    ip,
+                    ip: ip.into(),
                     pod: None,
                     label: Some(format!("node/{node}")),
                 })
@@ -198,12 +198,22 @@ impl Inventory {
             .find_map(|p| p.host_ip)
     }
 
-    /// Node names and their IPs, as far as the pods tell.
+    /// Node names and their IPv4 addresses, as far as the pods tell.
     pub fn nodes(&self) -> Vec<(String, Ipv4Addr)> {
-        let mut nodes: Vec<(String, Ipv4Addr)> = self
+        self.nodes_by(|p| p.host_ip)
+    }
+
+    /// Node names and their IPv6 addresses, as far as the pods tell (an
+    /// IPv6-only cluster's nodes have no other).
+    pub fn nodes6(&self) -> Vec<(String, Ipv6Addr)> {
+        self.nodes_by(|p| p.host_ipv6)
+    }
+
+    fn nodes_by<A: Ord>(&self, address: impl Fn(&Pod) -> Option<A>) -> Vec<(String, A)> {
+        let mut nodes: Vec<(String, A)> = self
             .pods
             .iter()
-            .filter_map(|p| Some((p.node.clone()?, p.host_ip?)))
+            .filter_map(|p| Some((p.node.clone()?, address(p)?)))
             .collect();
         nodes.sort();
         nodes.dedup();
@@ -214,28 +224,27 @@ impl Inventory {
 /// One side of the traced flow.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Endpoint {
-    pub ip: Ipv4Addr,
+    /// Its IPv4 address where it has one, else its IPv6 one (an
+    /// IPv6-only pod, a plain IPv6 address).
+    pub ip: IpAddr,
     pub pod: Option<Pod>,
     /// How to call it when it is not a pod: `node/worker-1`, `svc/ns/name`.
     pub label: Option<String>,
 }
 
 impl Endpoint {
-    /// A pod, once it has an IP to trace.
+    /// A pod, once it has an IP to trace: its IPv4 address, or its first
+    /// IPv6 one where it has no IPv4 (an IPv6-only cluster's pods).
     pub fn of_pod(pod: Pod) -> Result<Self> {
-        let Some(ip) = pod.ip else {
+        let first = pod
+            .ip
+            .map(IpAddr::V4)
+            .or_else(|| pod.ipv6.first().copied().map(IpAddr::V6));
+        let Some(ip) = first else {
             if let Some(text) = &pod.unreadable_ip {
                 bail!(
                     "pod {} has podIP {text:?}, which is not an IP address",
                     pod.qualified()
-                );
-            }
-            if !pod.ipv6.is_empty() {
-                let listed: Vec<String> = pod.ipv6.iter().map(ToString::to_string).collect();
-                bail!(
-                    "pod {} has IPv6 addresses only ({}): podtrace traces IPv4 only for now",
-                    pod.qualified(),
-                    listed.join(", ")
                 );
             }
             let phase = pod.phase.as_deref().unwrap_or("Pending");
@@ -248,25 +257,11 @@ impl Endpoint {
         })
     }
 
-    /// An IPv6 address and the pods that have it: it is traced as the one
-    /// dual-stack pod that has it (the pair's IPv4 addresses are its
-    /// pods').
-    pub fn of_ipv6(ip: Ipv6Addr, pods: Vec<Pod>) -> Result<Self> {
-        match <[Pod; 1]>::try_from(pods) {
-            Ok([pod]) => Self::of_pod(pod),
-            Err(pods) if pods.is_empty() => bail!(
-                "{ip} is no known pod's IPv6 address (nor a Service's IPv6 ClusterIP): podtrace traces an IPv6 address as the dual-stack pod or Service that has it"
-            ),
-            Err(pods) => {
-                let names: Vec<String> = pods.iter().map(Pod::qualified).collect();
-                bail!("{ip} is the IPv6 address of several pods ({}): name one", names.join(", "))
-            }
-        }
-    }
-
-    /// An IP and the pods that have it: none (not a pod), one, or several
-    /// host-network pods sharing a node IP (ambiguous).
-    pub fn of_ip(ip: Ipv4Addr, pods: Vec<Pod>) -> Result<Self> {
+    /// An IP and the pods that have it: none (not a pod: traced as a
+    /// plain address), one, or several host-network pods sharing a node
+    /// IP (ambiguous).
+    pub fn of_ip(ip: impl Into<IpAddr>, pods: Vec<Pod>) -> Result<Self> {
+        let ip = ip.into();
         match pods.as_slice() {
             [] => Ok(Self {
                 ip,
@@ -274,7 +269,11 @@ impl Endpoint {
                 label: None,
             }),
             [pod] => Ok(Self {
-                ip,
+                ip: if ip.is_ipv6() {
+                    Self::of_pod(pod.clone())?.ip
+                } else {
+                    ip
+                },
                 pod: Some(pod.clone()),
                 label: None,
             }),
@@ -286,6 +285,14 @@ impl Endpoint {
                     names.join(", ")
                 )
             }
+        }
+    }
+
+    /// Its IPv4 address, if it has one.
+    pub fn ipv4(&self) -> Option<Ipv4Addr> {
+        match self.ip {
+            IpAddr::V4(ip) => Some(ip),
+            IpAddr::V6(_) => None,
         }
     }
 
@@ -303,7 +310,7 @@ impl From<Item> for Pod {
         let status = item.status;
         let written = status.pod_ip.filter(|ip| !ip.is_empty());
         let (ip, ipv6) = addresses(written.as_deref(), &status.pod_ips);
-        let (host_ip, _) = addresses(status.host_ip.as_deref(), &status.host_ips);
+        let (host_ip, host_ipv6) = addresses(status.host_ip.as_deref(), &status.host_ips);
         let primary = written.as_deref().and_then(|w| w.parse::<IpAddr>().ok());
         let readable = primary.is_some();
         let ip_is_secondary = ip.is_some() && primary.is_some_and(|p| p.is_ipv6());
@@ -314,6 +321,7 @@ impl From<Item> for Pod {
             ip,
             node: item.spec.node_name,
             host_ip,
+            host_ipv6: host_ipv6.first().copied(),
             phase: status.phase,
             host_network: item.spec.host_network,
             ipv6,
@@ -434,6 +442,7 @@ mod tests {
                 ip: None,
                 node: None,
                 host_ip: None,
+                host_ipv6: None,
                 phase: None,
                 host_network: false,
                 unreadable_ip: None,
@@ -463,7 +472,7 @@ mod tests {
     /// A dual-stack cluster whose primary family is IPv6 writes the IPv6
     /// address in podIP and hostIP: the pod is traced by the IPv4 one of
     /// podIPs, and its IPv6 addresses are kept to say they are not traced.
-    /// A pod of IPv6 only is refused in one line that says so.
+    /// A pod of IPv6 only is traced by its IPv6 address.
     #[test]
     fn a_dual_stack_pod_is_traced_by_its_ipv4_address_whichever_is_primary() {
         let inv = Inventory::parse(
@@ -476,19 +485,19 @@ mod tests {
         .unwrap();
         let web = resolve(&inv, "web-0", "default").unwrap();
         assert_eq!(web.ip, Ipv4Addr::new(10, 244, 1, 2));
+        assert_eq!(web.ipv4(), Some(Ipv4Addr::new(10, 244, 1, 2)));
         let pod = web.pod.unwrap();
         assert_eq!(pod.ipv6, ["fd00:10:244:1::2".parse::<Ipv6Addr>().unwrap()]);
         assert!(pod.ip_is_secondary);
         assert_eq!(pod.host_ip, Some(Ipv4Addr::new(192, 0, 2, 11)));
+        assert_eq!(pod.host_ipv6, Some("fd5a::11".parse().unwrap()));
         assert_eq!(inv.node_ip("node-1"), Some(Ipv4Addr::new(192, 0, 2, 11)));
         let db = resolve(&inv, "db-0", "default").unwrap();
         assert_eq!(db.ip, Ipv4Addr::new(10, 244, 2, 2));
         assert!(!db.pod.unwrap().ip_is_secondary);
-        let err = resolve(&inv, "v6-0", "default").unwrap_err().to_string();
-        assert_eq!(
-            err,
-            "pod default/v6-0 has IPv6 addresses only (fd00:10:244:1::9): podtrace traces IPv4 only for now"
-        );
+        let v6 = resolve(&inv, "v6-0", "default").unwrap();
+        assert_eq!(v6.ip, "fd00:10:244:1::9".parse::<Ipv6Addr>().unwrap());
+        assert_eq!(v6.ipv4(), None);
     }
 
     #[test]

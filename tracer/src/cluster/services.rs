@@ -56,6 +56,12 @@ impl Service {
         format!("{}/{}", self.namespace, self.name)
     }
 
+    /// The ClusterIP it is traced by: its IPv4 one, else (an IPv6-only
+    /// Service) its first IPv6 one.
+    pub fn cluster_address(&self) -> Option<IpAddr> {
+        (self.cluster_ip.map(IpAddr::V4)).or(self.cluster_ipv6.first().map(|ip| (*ip).into()))
+    }
+
     /// Every frontend → backend translation kube-proxy makes for it:
     /// ClusterIP:port (each family's, to that family's backends: kube-proxy
     /// runs a proxier per family), and NodePorts on `node_ips`.

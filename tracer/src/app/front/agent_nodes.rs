@@ -67,8 +67,8 @@ pub(super) fn agent_args(args: &Args, targets: &Targets, node: &str) -> AgentArg
     );
     // The families the front-end resolved: an IPv6 address argument asks
     // for IPv6 alone, and an agent is given the pod by name.
-    trace.ipv6_only = !targets.families.ipv4;
-    trace.ipv4_only = !targets.families.ipv6;
+    trace.ipv6_only = targets.traced_ipv4_pair().is_none();
+    trace.ipv4_only = targets.traced_ipv6_pair().is_none();
     if let Some(skew) = &args.clock_skew_for_testing {
         let (target, value) = match skew.split_once('=') {
             Some((n, v)) => (Some(n), v),

@@ -286,8 +286,8 @@ impl Session {
             targets.named_pairs(&ctx),
             watched.join(", ")
         );
-        let ends = (targets.src.ip, targets.dst.ip);
-        self.teller = Some(new_teller(args, ctx, Some(ends)));
+        let ends = targets.traced_ipv4_pair();
+        self.teller = Some(new_teller(args, ctx, ends));
     }
 
     /// Streams until a stop, `--duration`, `--count`, or every agent ended.

@@ -10,7 +10,11 @@ mod icmp;
 mod send;
 mod watch;
 
-use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    path::PathBuf,
+    time::Duration,
+};
 
 use anyhow::{anyhow, bail, Result};
 use tokio::sync::mpsc;
@@ -57,7 +61,12 @@ pub(super) async fn prepare(
     let Some(kind) = args.probe.probe else {
         return Ok(None);
     };
-    let src = targets.src.ip;
+    let Some((src, dst)) = targets.traced_ipv4_pair() else {
+        bail!(
+            "--probe {kind}: probes are sent over IPv4, and {} is traced over IPv6 alone (trace the pair's IPv4, or send with a client of your own)",
+            targets.named_pairs(ctx)
+        );
+    };
     let Some(netns) = pod_netns::holding(src).await else {
         bail!(
             "--probe {kind}: no network namespace on this host holds {}: podtrace sends probes from the source pod's own namespace, so run it on the source's node (or through kubectl podtrace)",
@@ -68,7 +77,7 @@ pub(super) async fn prepare(
         kind,
         netns,
         src,
-        dst: targets.dst.ip,
+        dst,
         count: args.probe.probe_count,
         interval: args.probe.probe_interval,
         timeout: args.probe.probe_timeout,
@@ -107,11 +116,11 @@ pub(super) fn start_after(
 
 /// A probe that could not be sent, as its result.
 pub(super) fn not_sent(probing: &Probing, why: String) -> ProbeResult {
-    could_not_send(probing.kind, probing.dst, why)
+    could_not_send(probing.kind, probing.dst.into(), why)
 }
 
 /// A probe of `kind` to `dst` that could not be sent, as its result.
-pub(super) fn could_not_send(kind: ProbeKind, dst: Ipv4Addr, why: String) -> ProbeResult {
+pub(super) fn could_not_send(kind: ProbeKind, dst: IpAddr, why: String) -> ProbeResult {
     ProbeResult {
         kind: kind.to_string(),
         target: target_of(kind, dst),
@@ -124,9 +133,10 @@ pub(super) fn could_not_send(kind: ProbeKind, dst: Ipv4Addr, why: String) -> Pro
 }
 
 /// `10.244.2.2:8080`, or the bare address for ICMP.
-fn target_of(kind: ProbeKind, dst: Ipv4Addr) -> String {
+fn target_of(kind: ProbeKind, dst: impl Into<IpAddr>) -> String {
+    let dst = dst.into();
     match kind.port() {
-        Some(port) => format!("{dst}:{port}"),
+        Some(port) => std::net::SocketAddr::new(dst, port).to_string(),
         None => dst.to_string(),
     }
 }
