@@ -23,10 +23,14 @@
 //! the DNATs it reaches, whatever chains lie between (`KUBE-SVL-…`,
 //! `KUBE-FW-…`, affinity), so a layout kube-proxy adds later still
 //! resolves. Pods are not named here: the rules only hold addresses.
+//!
+//! A dual-stack node has a second proxier's rules for IPv6, in the same
+//! layout: `ip6tables-save -t nat` (`-d <ClusterIP>/128`, DNATs to
+//! `[ip]:port`) or `nft list table ip6 kube-proxy`.
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    net::{IpAddr, Ipv4Addr},
+    net::{IpAddr, SocketAddr},
     process::Command,
 };
 
@@ -42,8 +46,9 @@ struct Front {
     /// The Service port's name ("" when unnamed).
     port_name: String,
     protocol: u8,
-    /// The ClusterIP; None for a NodePort (on every node address).
-    ip: Option<Ipv4Addr>,
+    /// The ClusterIP (of the proxier's family); None for a NodePort (on
+    /// every node address).
+    ip: Option<IpAddr>,
     port: u16,
     chain: String,
 }
@@ -56,7 +61,7 @@ pub struct ProxyRules {
     /// chain → the chains it jumps or goes to.
     jumps: HashMap<String, Vec<String>>,
     /// chain → the (ip, port) its DNATs translate to.
-    dnats: HashMap<String, Vec<(Ipv4Addr, u16)>>,
+    dnats: HashMap<String, Vec<(IpAddr, u16)>>,
 }
 
 /// The Services kube-proxy programmed in the traced nodes, or None (said
@@ -76,14 +81,20 @@ pub fn read_nodes(namespaces: &[Namespace]) -> Option<Catalog> {
     Some(rules.catalog())
 }
 
-/// This namespace's rules, in either mode (both when a node has both).
+/// This namespace's rules, in either mode (both when a node has both),
+/// of both families' proxiers.
 fn read_here() -> Option<ProxyRules> {
     let mut rules = ProxyRules::default();
-    if let Some(text) = output(Command::new("iptables-save").args(["-t", "nat"])) {
-        rules.extend(parse_iptables_save(&text));
+    for save in ["iptables-save", "ip6tables-save"] {
+        if let Some(text) = output(Command::new(save).args(["-t", "nat"])) {
+            rules.extend(parse_iptables_save(&text));
+        }
     }
-    if let Some(text) = output(Command::new("nft").args(["list", "table", "ip", "kube-proxy"])) {
-        rules.extend(parse_nft(&text));
+    for family in ["ip", "ip6"] {
+        let listed = output(Command::new("nft").args(["list", "table", family, "kube-proxy"]));
+        if let Some(text) = listed {
+            rules.extend(parse_nft(&text));
+        }
     }
     (!rules.fronts.is_empty()).then_some(rules)
 }
@@ -104,7 +115,7 @@ impl ProxyRules {
     }
 
     /// Every DNAT destination `chain` leads to, through any chains.
-    fn backends_of(&self, chain: &str) -> Vec<(Ipv4Addr, u16)> {
+    fn backends_of(&self, chain: &str) -> Vec<(IpAddr, u16)> {
         let mut seen = HashSet::new();
         let mut pending = vec![chain.to_string()];
         let mut out = Vec::new();
@@ -154,10 +165,15 @@ fn empty_service(qualified: &str) -> Service {
     }
 }
 
-/// The front's port on its Service: the ClusterIP's port or the NodePort.
+/// The front's port on its Service: the ClusterIP's port (of either
+/// family) or the NodePort.
 fn add_front(service: &mut Service, front: &Front) {
-    if front.ip.is_some() {
-        service.cluster_ip = front.ip;
+    match front.ip {
+        Some(IpAddr::V4(ip)) => service.cluster_ip = Some(ip),
+        Some(IpAddr::V6(ip)) if !service.cluster_ipv6.contains(&ip) => {
+            service.cluster_ipv6.push(ip)
+        }
+        _ => {}
     }
     let index = match service
         .ports
@@ -182,13 +198,13 @@ fn add_front(service: &mut Service, front: &Front) {
     }
 }
 
-fn add_backend(service: &mut Service, front: &Front, ip: Ipv4Addr, port: u16) {
+fn add_backend(service: &mut Service, front: &Front, ip: IpAddr, port: u16) {
     let named = (front.port_name.clone(), front.protocol, port);
-    match service.backends.iter_mut().find(|b| b.ip == IpAddr::V4(ip)) {
+    match service.backends.iter_mut().find(|b| b.ip == ip) {
         Some(backend) if backend.ports.contains(&named) => {}
         Some(backend) => backend.ports.push(named),
         None => service.backends.push(Backend {
-            ip: ip.into(),
+            ip,
             pod: None,
             node: None,
             ports: vec![named],
@@ -205,10 +221,10 @@ fn protocol_number(name: &str) -> Option<u8> {
     }
 }
 
-/// `ip:port` as DNAT writes it.
-fn socket(text: &str) -> Option<(Ipv4Addr, u16)> {
-    let (ip, port) = text.split_once(':')?;
-    Some((ip.parse().ok()?, port.parse().ok()?))
+/// `ip:port` (IPv6: `[ip]:port`) as DNAT writes it.
+fn socket(text: &str) -> Option<(IpAddr, u16)> {
+    let socket: SocketAddr = text.parse().ok()?;
+    Some((socket.ip(), socket.port()))
 }
 
 /// kube-proxy's ServicePortName, `ns/name:port` (`ns/name` when the port
@@ -267,7 +283,12 @@ fn iptables_front<'a>(
     let port = value("--dport")?.parse().ok()?;
     let (ip, name) = match chain {
         "KUBE-SERVICES" => {
-            let ip = value("-d")?.strip_suffix("/32")?.parse().ok()?;
+            let (ip, len) = value("-d")?.split_once('/')?;
+            let ip: IpAddr = ip.parse().ok()?;
+            // A ClusterIP is one address: /32, or /128 in ip6tables.
+            if len != if ip.is_ipv6() { "128" } else { "32" } {
+                return None;
+            }
             (Some(ip), comment.strip_suffix(" cluster IP")?)
         }
         "KUBE-NODEPORTS" => (None, comment),
@@ -407,6 +428,7 @@ fn nft_chain(rules: &mut ProxyRules, block: &NftBlock) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv4Addr;
 
     /// Captured from the lab (`lab up flannel-vxlan --services`), as
     /// kube-proxy lays them out.
@@ -458,6 +480,66 @@ mod tests {
                 .by_cluster_ip("10.96.244.8".parse().unwrap())
                 .unwrap();
             assert_eq!(web.qualified(), "default/web");
+        }
+    }
+
+    /// default/db's IPv6 proxier rules of a dual-stack node, in each
+    /// mode's layout (ip6tables: /128 and `[ip]:port`; the `ip6
+    /// kube-proxy` table: endpoint chains named with the address's `:`
+    /// made `.`).
+    const IP6TABLES: &str = r#"*nat
+-A KUBE-SERVICES -d fd00:10:96::a60:f407/128 -p tcp -m comment --comment "default/db:http cluster IP" -m tcp --dport 80 -j KUBE-SVC-6DB
+-A KUBE-SVC-6DB -m comment --comment "default/db:http -> [fd00:10:244:2::3]:8080" -j KUBE-SEP-6DB3
+-A KUBE-SEP-6DB3 -s fd00:10:244:2::3/128 -m comment --comment "default/db:http" -j KUBE-MARK-MASQ
+-A KUBE-SEP-6DB3 -p tcp -m comment --comment "default/db:http" -m tcp -j DNAT --to-destination [fd00:10:244:2::3]:8080
+COMMIT"#;
+    const NFT6: &str = r#"table ip6 kube-proxy {
+	map service-ips {
+		type ipv6_addr . inet_proto . inet_service : verdict
+		elements = { fd00:10:96::a60:f407 . tcp . 80 : goto service-ULMVA6XW-default/db/tcp/http }
+	}
+	chain service-ULMVA6XW-default/db/tcp/http {
+		ip6 daddr fd00:10:96::a60:f407 tcp dport 80 ip6 saddr != fd00:10:244::/56 jump mark-for-masquerade
+		numgen random mod 1 vmap { 0 : goto endpoint-5OJB2KTY-default/db/tcp/http__fd00.10.244.2..3/8080 }
+	}
+	chain endpoint-5OJB2KTY-default/db/tcp/http__fd00.10.244.2..3/8080 {
+		ip6 saddr fd00:10:244:2::3 jump mark-for-masquerade
+		meta l4proto tcp dnat to [fd00:10:244:2::3]:8080
+	}
+}"#;
+
+    /// A dual-stack node's two proxiers read together: one Service with
+    /// a ClusterIP of each family, each translated to its own family's
+    /// backends.
+    #[test]
+    fn the_ipv6_proxiers_rules_give_the_services_ipv6_cluster_ip_and_backends() {
+        for (ipv4, ipv6) in [(IPTABLES, IP6TABLES)]
+            .map(|(a, b)| (parse_iptables_save(a), parse_iptables_save(b)))
+            .into_iter()
+            .chain([(parse_nft(NFT), parse_nft(NFT6))])
+        {
+            let mut rules = ipv4;
+            rules.extend(ipv6);
+            let catalog = rules.catalog();
+            let cluster_ip: std::net::Ipv6Addr = "fd00:10:96::a60:f407".parse().unwrap();
+            let db = catalog
+                .by_cluster_ipv6(cluster_ip)
+                .expect("db by its IPv6 ClusterIP");
+            assert_eq!(db.qualified(), "default/db");
+            let t = db.translations(&[]);
+            let ipv6: Vec<String> = (t.iter())
+                .filter(|t| t.front.ip.is_ipv6())
+                .map(|t| format!("{} {} → {}", t.protocol, t.front, t.back))
+                .collect();
+            assert_eq!(
+                ipv6,
+                ["6 [fd00:10:96::a60:f407]:80 → [fd00:10:244:2::3]:8080"]
+            );
+            assert_eq!(db.cluster_ip, Some(Ipv4Addr::new(10, 96, 244, 7)));
+            let ipv4 = t
+                .iter()
+                .filter(|t| t.front.ip.is_ipv4() && t.back.ip.is_ipv4());
+            assert_eq!(ipv4.count(), 4, "the IPv4 ClusterIP's, as before: {t:?}");
         }
     }
 
