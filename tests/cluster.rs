@@ -241,6 +241,45 @@ fn kubectl_podtrace_dash_6_tells_the_ipv6_stories_across_the_nodes() {
     );
 }
 
+/// A dual-stack Service through kubectl: `kubectl podtrace web-0 svc/db
+/// -6` follows web-0's IPv6 connection to db's IPv6 ClusterIP through
+/// kube-proxy's IPv6 DNAT (ip6tables) to a backend, which the API's IPv6
+/// EndpointSlice names.
+#[test]
+fn kubectl_podtrace_dash_6_follows_an_ipv6_cluster_ip_to_its_backend() {
+    let lab = lab(Topology::FlannelVxlan);
+    lab.0.dual_stack().expect("a dual-stack lab");
+    lab.0
+        .install_services(ProxyMode::Iptables)
+        .expect("install services");
+    let stub = api_for(&lab);
+    stub.add_services(&lab.0.service_list());
+    let db = lab.0.service("db");
+    let cluster_ip = db.cluster_ipv6.expect("a dual-stack Service");
+    let args = ["default/web-0", "svc/db", "-6", "--count", "2"];
+    let till = ["--duration", "30s", "-o", "json"];
+    let started = kubectl_podtrace(&stub, &[&args[..], &till[..]].concat());
+    let answer = lab.0.tcp_request("web-0", cluster_ip, 80);
+    assert_eq!(answer.as_deref(), Ok("ok"), "the lab's IPv6 Service");
+    let done = finish(started);
+    assert!(done.status.success(), "{}", done.stderr);
+    let stories = done.stories();
+    let syn = (stories.iter())
+        .find(|s| s["transport"]["flags"] == 0x02)
+        .unwrap_or_else(|| panic!("no SYN story: {}", done.stdout));
+    let web = lab.0.pod("web-0").ipv6.expect("a dual-stack pod");
+    assert_eq!(syn["src"], web.to_string(), "{syn}");
+    assert_eq!(syn["verdict"]["outcome"], "delivered", "{syn}");
+    let hops = syn["hops"].as_array().expect("hops");
+    let dnat = (hops.iter())
+        .flat_map(|h| h["nat"].as_array().into_iter().flatten())
+        .find(|n| n["kind"] == "DNAT")
+        .unwrap_or_else(|| panic!("no DNAT step: {syn}"));
+    assert_eq!(dnat["before"], format!("[{cluster_ip}]:80"), "{dnat}");
+    let named = |b: &xtask::lab::LabPod| dnat["backend"] == format!("default/{}", b.name);
+    assert!(db.backends.iter().any(named), "a backend by name: {dnat}");
+}
+
 /// flanneld never ran on node-2: no subnet.env in its root, no route to
 /// node-1's pods. db-0's ping finds no route there; the verdict says what
 /// node-2's doctor finds, its files read by the agent from the node's root

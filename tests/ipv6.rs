@@ -425,7 +425,7 @@ fn an_ipv6_service_is_followed_through_kube_proxys_dnat(mode: ProxyMode) {
 }
 
 /// Two IPv6 addresses name the pair and ask for its IPv6 traffic alone;
-/// an address no pod has is said in one line.
+/// an IPv4 address beside an IPv6 one is refused in one line.
 #[test]
 fn ipv6_addresses_as_arguments_trace_the_pairs_ipv6_alone() {
     let (_alone, lab) = dual_stack_lab(Topology::FlannelVxlan);
@@ -444,10 +444,10 @@ fn ipv6_addresses_as_arguments_trace_the_pairs_ipv6_alone() {
         assert_refused(&args, expected, &node1);
     };
     refused(
-        "fd00:dead::1",
+        "10.244.1.2",
         &dst,
         &[],
-        "fd00:dead::1 is no known pod's IPv6 address",
+        "10.244.1.2 is an IPv4 address and ",
     );
     refused(&src, &dst, &["-4"], "-4 leaves out IPv6, and ");
 }
@@ -475,4 +475,191 @@ fn an_ipv6_cluster_ip_is_followed_through_ip6tables_dnat() {
 #[test]
 fn an_ipv6_cluster_ip_is_followed_through_the_ip6_kube_proxy_table() {
     an_ipv6_service_is_followed_through_kube_proxys_dnat(ProxyMode::Nftables);
+}
+
+/// The lab's pods and nodes as an IPv6-only cluster lists them: each
+/// one's IPv6 addresses alone (podIP and podIPs, hostIP and hostIPs;
+/// InternalIP, podCIDR and podCIDRs, and no IPv4 annotations).
+fn ipv6_only_listings(lab: &Lab) -> (String, String) {
+    let only_ipv6 = |list: &mut Value| {
+        let kept: Vec<Value> = (list.as_array().into_iter().flatten())
+            .filter(|a| {
+                a["ip"]
+                    .as_str()
+                    .or(a["address"].as_str())
+                    .is_some_and(|ip| ip.contains(':') || !ip.contains('.'))
+            })
+            .cloned()
+            .collect();
+        *list = kept.into();
+    };
+    let mut pods: Value =
+        serde_json::from_str(&std::fs::read_to_string(lab.pods_file()).unwrap()).unwrap();
+    for pod in pods["items"].as_array_mut().unwrap() {
+        let node: u8 = pod["spec"]["nodeName"].as_str().unwrap()[5..]
+            .parse()
+            .unwrap();
+        let status = &mut pod["status"];
+        only_ipv6(&mut status["podIPs"]);
+        status["podIP"] = status["podIPs"][0]["ip"].clone();
+        status["hostIP"] = Lab::node_ipv6(node).to_string().into();
+        status["hostIPs"] = serde_json::json!([{"ip": Lab::node_ipv6(node).to_string()}]);
+    }
+    let mut nodes: Value =
+        serde_json::from_str(&std::fs::read_to_string(lab.nodes_file()).unwrap()).unwrap();
+    for node in nodes["items"].as_array_mut().unwrap() {
+        only_ipv6(&mut node["status"]["addresses"]);
+        let cidrs: Vec<Value> = (node["spec"]["podCIDRs"].as_array().into_iter().flatten())
+            .filter(|c| c.as_str().is_some_and(|c| c.contains(':')))
+            .cloned()
+            .collect();
+        node["spec"]["podCIDR"] = cidrs[0].clone();
+        node["spec"]["podCIDRs"] = cidrs.into();
+    }
+    let dir = lab.pods_file().parent().unwrap().to_path_buf();
+    let (pods_file, nodes_file) = (
+        dir.join("pods-ipv6-only.json"),
+        dir.join("nodes-ipv6-only.json"),
+    );
+    std::fs::write(&pods_file, pods.to_string()).unwrap();
+    std::fs::write(&nodes_file, nodes.to_string()).unwrap();
+    (
+        pods_file.display().to_string(),
+        nodes_file.display().to_string(),
+    )
+}
+
+/// On an IPv6-only cluster (pods and nodes listed with IPv6 addresses
+/// alone) a pod pair is traced over IPv6, its nodes named by their IPv6
+/// addresses; two plain IPv6 addresses, with no Kubernetes at all, are
+/// traced as two plain IPv4 ones are.
+#[test]
+fn ipv6_only_pods_and_plain_ipv6_addresses_are_traced() {
+    let (_alone, lab) = dual_stack_lab(Topology::FlannelVxlan);
+    let (web, db) = (ipv6(&lab.0, "web-0"), ipv6(&lab.0, "db-0"));
+    let (pods, nodes) = ipv6_only_listings(&lab.0);
+    let (node1, node2) = (lab.0.node_netns(1), lab.0.node_netns(2));
+    let run = |args: &[&str]| {
+        let mut args = argv(args, vec![]);
+        args.extend(
+            [
+                "-o",
+                "json",
+                "--count",
+                "2",
+                "--duration",
+                "15s",
+                "--netns",
+                &node1,
+                "--netns",
+                &node2,
+            ]
+            .map(String::from),
+        );
+        let trace = Trace::start(&args);
+        assert!(lab.0.ping6("web-0", db, &[]), "the lab's IPv6 is broken");
+        assert!(ping(&lab.0, "web-0", "db-0"), "the lab's IPv4 is broken");
+        let done = trace.finish();
+        assert!(done.status.success(), "podtrace failed: {}", done.stderr);
+        done
+    };
+    let named = run(&[
+        "web-0",
+        "db-0",
+        "--pods-file",
+        &pods,
+        "--nodes-file",
+        &nodes,
+    ]);
+    named.ipv6_echo_alone(web, db);
+    assert_tunnelled_to_node_2(&story_from(&named.stories(), web, db));
+    let (src, dst) = (web.to_string(), db.to_string());
+    let plain = run(&[&src, &dst]);
+    let stories = plain.stories();
+    assert_eq!(
+        stories.len(),
+        2,
+        "the IPv6 echo and its reply: {}",
+        plain.stdout
+    );
+    let request = story_from(&stories, web, db);
+    assert_eq!(request["verdict"]["outcome"], "delivered", "{request}");
+    assert_eq!(
+        request["verdict"]["path"],
+        serde_json::json!(["routed", "encapsulated", "decapsulated"])
+    );
+}
+
+/// Calico's IPv6 pool over BGP (a bird6 per node, no tunnel): the pair's
+/// IPv6 is routed node to node on the underlay, via the peer's IPv6
+/// address as BIRD installed it (`proto bird`), and the doctor reads
+/// bird6's sessions. With node-2's bird6 stopped, node-1's route to its
+/// block is withdrawn: no route, with the route BIRD would have installed
+/// and bird6's word on the session.
+#[test]
+fn calico_bgp_routes_the_pairs_ipv6_and_a_withdrawn_ipv6_block_is_no_route() {
+    let (_alone, lab) = dual_stack_lab(Topology::Calico);
+    let (web, db) = (ipv6(&lab.0, "web-0"), ipv6(&lab.0, "db-0"));
+    let done = traced(&lab.0, "web-0", "db-0", &["-6", "--count", "2"], || {
+        assert!(lab.0.ping6("web-0", db, &[]), "the lab's IPv6 is broken");
+    });
+    let request = story_from(&done.stories(), web, db);
+    let verdict = &request["verdict"];
+    assert_eq!(verdict["outcome"], "delivered", "{verdict}");
+    assert_eq!(verdict["node"], "node-2");
+    assert_eq!(verdict["path"], serde_json::json!(["routed"]));
+    let hops = request["hops"].as_array().expect("hops");
+    assert!(hops.iter().all(|h| h["tunnel"].is_null()), "{request}");
+    assert!(
+        path(&request).contains(&"node-1 underlay egress".to_string()),
+        "{request}"
+    );
+    let roots: Vec<String> = (1..=2)
+        .flat_map(|n| {
+            [
+                "--host-root".to_string(),
+                lab.0.host_root(n).display().to_string(),
+            ]
+        })
+        .collect();
+    let mut doctor = argv(&["doctor", "-o", "json"], lab_args(&lab.0, &[1, 2]));
+    doctor.extend(roots.iter().cloned());
+    let report: Value = serde_json::from_str(
+        &run_podtrace(&doctor.iter().map(String::as_str).collect::<Vec<_>>()).stdout,
+    )
+    .expect("a JSON report");
+    let (peer, socket) = (Lab::node_ipv6(2), "/var/run/calico/bird6.ctl");
+    let session = format!("BGP session Mesh_{}", peer.to_string().replace(':', "_"));
+    let checks = report["checks"].as_array().expect("checks");
+    let on_node1 = checks
+        .iter()
+        .find(|c| c["node"] == "node-1" && c["name"] == session.as_str());
+    assert_eq!(
+        on_node1.map(|c| c["evidence"].clone()),
+        Some(format!("{session} with {peer} (node-2) is Established (BIRD, {socket})").into()),
+        "{report:#}"
+    );
+    xtask::lab::bird6::withdraw(&lab.0, 2).expect("bird6 on node-2 stopped");
+    let extra: Vec<&str> = ["-6", "--count", "1"]
+        .into_iter()
+        .chain(roots.iter().map(String::as_str))
+        .collect();
+    let done = traced(&lab.0, "web-0", "db-0", &extra, || {
+        assert!(!lab.0.ping6("web-0", db, &[]), "answered without a route");
+    });
+    let story = story_from(&done.stories(), web, db);
+    let verdict = &story["verdict"];
+    assert_eq!(verdict["outcome"], "no_route", "{verdict}");
+    assert_eq!(verdict["check"]["node"], "node-1");
+    let block = Lab::node_subnet6(2);
+    assert_eq!(
+        verdict["check"]["expected"],
+        format!("{block} via {peer} dev eth0 proto bird (route -6 -n: {block} {peer} UG eth0) (pod subnet of node-2)").as_str()
+    );
+    let summary = verdict["summary"].as_str().unwrap();
+    assert!(
+        summary.contains(&format!("; {session} with {peer} (node-2) is "))
+            && !summary.contains("Mesh_192"),
+        "bird6's session, not bird's: {summary}"
+    );
 }

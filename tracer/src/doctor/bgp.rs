@@ -4,8 +4,11 @@
 //! and BIRD's router id against the node's own. With no control socket
 //! to ask, `/proc/net/tcp` of the node's namespace tells whether any
 //! session on TCP 179 is up, and the check says it fell back, and why.
+//! On a dual-stack node, calico-node's bird6 is asked the same of its
+//! IPv6 sessions (family `bgp6`: a missing IPv6 route's story names
+//! them, an IPv4 one's does not).
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use super::{
     bird::{Asked, Bird, Session, SOCKETS},
@@ -15,6 +18,8 @@ use super::{
 };
 
 const FAMILY: &str = "bgp";
+/// The IPv6 sessions' checks (bird6's).
+const FAMILY6: &str = "bgp6";
 const BGP_PORT: u16 = 179;
 /// /proc/net/tcp's states.
 const ESTABLISHED: u8 = 0x01;
@@ -53,8 +58,30 @@ pub fn checks(facts: &NodeFacts) -> Vec<Check> {
     if !cni_config::running(facts, "calico") {
         return Vec::new();
     }
+    let mut checks = ipv4_checks(facts);
+    checks.extend(ipv6_checks(facts));
+    checks
+}
+
+/// bird6's word, where it runs: its sessions, or that it is silent.
+fn ipv6_checks(facts: &NodeFacts) -> Vec<Check> {
+    match &facts.bird6 {
+        Some(Asked::Answered(bird)) => from_bird(facts, bird, FAMILY6),
+        Some(Asked::Silent { socket, why }) => vec![Check::fail(
+            FAMILY6,
+            &facts.name,
+            "BGP sessions (IPv6)",
+            format!("bird6 does not answer on {socket} ({why}): the node's IPv6 pool routes are not being exchanged"),
+            format!("check calico-node's bird6 on {} (`sv status bird6` in the container, its logs)", facts.name),
+        )],
+        // Single-stack: calico-node starts no bird6.
+        Some(Asked::NoSocket) | None => Vec::new(),
+    }
+}
+
+fn ipv4_checks(facts: &NodeFacts) -> Vec<Check> {
     match &facts.bird {
-        Some(Asked::Answered(bird)) => from_bird(facts, bird),
+        Some(Asked::Answered(bird)) => from_bird(facts, bird, FAMILY),
         // Calico in VXLAN mode runs no BIRD: no BGP to check.
         Some(Asked::NoSocket) | None if facts.view.link_named("vxlan.calico").is_some() => {
             Vec::new()
@@ -82,30 +109,41 @@ fn shown_sockets() -> String {
     all.join(", ")
 }
 
-/// Each BGP session as BIRD tells it, and its router id.
-fn from_bird(facts: &NodeFacts, bird: &Bird) -> Vec<Check> {
+/// Each BGP session as BIRD tells it, and its router id; `family`: the
+/// checks' (`bgp`, or `bgp6` for bird6).
+fn from_bird(facts: &NodeFacts, bird: &Bird, family: &'static str) -> Vec<Check> {
     let mut checks = Vec::new();
     if let Some(id) = bird.router_id.filter(|id| !facts.view.holds(*id)) {
-        checks.push(Check::fail(FAMILY, &facts.name, "BGP router id",
+        checks.push(Check::fail(family, &facts.name, "BGP router id",
             format!("BIRD's router id {id} is none of this node's addresses ({}): confd takes it, and every session's source address, from the node's projectcalico.org/IPv4Address, so the sessions cannot bind it", own(facts)),
             "set IP_AUTODETECTION_METHOD on calico-node (e.g. interface=eth0 or kubernetes-internal-ip) and restart it on this node, so it announces an address it has".into()));
     }
     if bird.sessions.is_empty() {
-        checks.push(Check::not_checked(FAMILY, &facts.name, "BGP sessions",
+        checks.push(Check::not_checked(family, &facts.name, "BGP sessions",
             &format!("BIRD ({}) has no BGP protocol: no peer is configured (a one-node cluster, or the node-to-node mesh off with no BGPPeer)", bird.socket)));
     }
     for session in &bird.sessions {
-        checks.push(session_check(facts, bird, session));
+        checks.push(session_check(facts, bird, session, family));
     }
     checks
 }
 
-fn session_check(facts: &NodeFacts, bird: &Bird, session: &Session) -> Check {
+fn session_check(facts: &NodeFacts, bird: &Bird, session: &Session, family: &'static str) -> Check {
     let name = format!("BGP session {}", session.name);
     let peer = session
         .neighbor
         .map_or("an unknown address".to_string(), |ip| ip.to_string());
-    let whose = session.neighbor.map(|ip| whose(facts, ip));
+    let whose = match session.neighbor {
+        Some(IpAddr::V4(ip)) => Some(whose(facts, ip)),
+        // An IPv6 peer is named by the node that holds it, where one
+        // examined does; nodes are judged by their IPv4 addresses.
+        Some(IpAddr::V6(ip)) => facts
+            .peer_addresses6
+            .iter()
+            .find(|(_, held)| held.contains(&ip))
+            .map(|(node, _)| Peer::Node(node.clone())),
+        None => None,
+    };
     let whom = match &whose {
         Some(Peer::Node(node)) => format!(" ({node})"),
         _ => String::new(),
@@ -116,7 +154,7 @@ fn session_check(facts: &NodeFacts, bird: &Bird, session: &Session) -> Check {
     );
     if session.established() {
         return Check::pass(
-            FAMILY,
+            family,
             &facts.name,
             &name,
             format!("{head} (BIRD, {})", bird.socket),
@@ -143,7 +181,7 @@ fn session_check(facts: &NodeFacts, bird: &Bird, session: &Session) -> Check {
         _ => format!("check calico-node on the peer (its BIRD runs, its address is {peer}) and that TCP {BGP_PORT} is open between the nodes: birdc -s {} show protocols all {}", bird.socket, session.name),
     };
     Check::fail(
-        FAMILY,
+        family,
         &facts.name,
         &name,
         format!("{head}{why} (BIRD, {}){wrong}", bird.socket),

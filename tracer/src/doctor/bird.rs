@@ -9,7 +9,11 @@
 //! and ` text` (a leading space) one more line of the code before it.
 //! 0000 is OK; codes 8xxx and 9xxx are errors.
 
-use std::{net::Ipv4Addr, path::Path, time::Duration};
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    path::Path,
+    time::Duration,
+};
 
 use tokio::{
     io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader},
@@ -23,6 +27,9 @@ pub const SOCKETS: &[&str] = &[
     "var/run/bird/bird.ctl",
     "run/bird/bird.ctl",
 ];
+/// calico-node's second BIRD, for an IPv6 pool (its own config and
+/// sessions, between the nodes' IPv6 addresses).
+pub const SOCKETS6: &[&str] = &["var/run/calico/bird6.ctl"];
 /// A BIRD that does not answer within this is as good as not there.
 const TIME_BOUND: Duration = Duration::from_secs(2);
 /// A reply past this is not BIRD's (ours has a few kB per protocol).
@@ -40,7 +47,7 @@ const ROUTER_ID: u16 = 1011;
 pub struct Session {
     /// `Mesh_192_0_2_12` (Calico's name for a mesh peer).
     pub name: String,
-    pub neighbor: Option<Ipv4Addr>,
+    pub neighbor: Option<IpAddr>,
     /// The BGP state: Established, Active, Connect, Passive, Idle, Down…
     pub state: String,
     /// The info column (`Socket: Connection closed`, after the state).
@@ -82,7 +89,17 @@ pub enum Asked {
 
 /// Asks the BIRD whose socket is under `root`, each step time-bound.
 pub async fn ask(root: &Path) -> Asked {
-    let Some(relative) = SOCKETS.iter().find(|s| root.join(s).exists()) else {
+    ask_at(root, SOCKETS).await
+}
+
+/// Asks calico-node's bird6, where it runs (a dual-stack node).
+pub async fn ask6(root: &Path) -> Asked {
+    ask_at(root, SOCKETS6).await
+}
+
+/// Asks the BIRD of the first of `sockets` under `root` that exists.
+async fn ask_at(root: &Path, sockets: &[&str]) -> Asked {
+    let Some(relative) = sockets.iter().find(|s| root.join(s).exists()) else {
         return Asked::NoSocket;
     };
     let socket = format!("/{relative}");
@@ -262,7 +279,7 @@ fn detail(session: &mut Session, line: &str) {
     let value = value.trim();
     match key {
         "BGP state" => session.state = value.to_string(),
-        // `fe80::1%eth0` for a link-local peer; an IPv4 one is ours.
+        // `fe80::1%eth0` for a link-local peer is left unread.
         "Neighbor address" => session.neighbor = value.parse().ok(),
         "Last error" => session.last_error = Some(value.to_string()),
         _ => {}

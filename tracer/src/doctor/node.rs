@@ -44,6 +44,8 @@ pub struct NodeFacts {
     /// BIRD's answer on its control socket under the root (None: the
     /// node's files are not read here).
     pub bird: Option<super::bird::Asked>,
+    /// calico-node's bird6 (IPv6 pools), asked as `bird` is.
+    pub bird6: Option<super::bird::Asked>,
     /// The Node object it is, and the others.
     pub me: Option<ClusterNode>,
     pub others: Vec<ClusterNode>,
@@ -60,6 +62,8 @@ pub struct NodeFacts {
     pub peer_blocks: Vec<(String, ipnet::Ipv4Net)>,
     /// The addresses the other nodes examined with it hold, by node.
     pub peer_addresses: Vec<(String, Vec<Ipv4Addr>)>,
+    /// Their IPv6 addresses, by node (bird6's peers).
+    pub peer_addresses6: Vec<(String, Vec<std::net::Ipv6Addr>)>,
     /// `ip -6 route show default`.
     pub ipv6_defaults: Vec<super::ipv6::DefaultRoute6>,
 }
@@ -79,6 +83,7 @@ impl NodeFacts {
             fdb: Vec::new(),
             tcp: None,
             bird: None,
+            bird6: None,
             me: None,
             others: Vec::new(),
             pods: Vec::new(),
@@ -87,6 +92,7 @@ impl NodeFacts {
             pair: Vec::new(),
             peer_blocks: Vec::new(),
             peer_addresses: Vec::new(),
+            peer_addresses6: Vec::new(),
             ipv6_defaults: Vec::new(),
         }
     }
@@ -164,6 +170,7 @@ pub async fn gather_all(args: &DoctorArgs, cluster: &ClusterState) -> Result<Vec
         if files {
             facts.cni_credentials = super::credentials::probe(&facts.root).await;
             facts.bird = Some(super::bird::ask(&facts.root).await);
+            facts.bird6 = Some(super::bird::ask6(&facts.root).await);
         }
         all.push(facts);
     }
@@ -178,7 +185,20 @@ pub async fn gather_all(args: &DoctorArgs, cluster: &ClusterState) -> Result<Vec
             (f.name.clone(), held.collect())
         })
         .collect();
+    let addresses6: Vec<(String, Vec<std::net::Ipv6Addr>)> = all
+        .iter()
+        .map(|f| {
+            (
+                f.name.clone(),
+                f.view.addresses6.iter().map(|(_, ip)| *ip).collect(),
+            )
+        })
+        .collect();
     for facts in &mut all {
+        facts.peer_addresses6 = (addresses6.iter())
+            .filter(|(node, _)| *node != facts.name)
+            .cloned()
+            .collect();
         facts.peer_blocks = blocks
             .iter()
             .filter(|(node, _)| *node != facts.name)
@@ -272,6 +292,7 @@ async fn read(netns_path: Option<&Path>, root: PathBuf) -> Result<NodeFacts> {
             .ok()
             .map(|text| super::bgp::parse_proc_net_tcp(&text)),
         bird: None,
+        bird6: None,
         name: String::new(),
         me: None,
         others: Vec::new(),
@@ -281,6 +302,7 @@ async fn read(netns_path: Option<&Path>, root: PathBuf) -> Result<NodeFacts> {
         pair: Vec::new(),
         peer_blocks: Vec::new(),
         peer_addresses: Vec::new(),
+        peer_addresses6: Vec::new(),
         ipv6_defaults: super::ipv6::DefaultRoute6::parse(
             &output("ip", &["-6", "route", "show", "default"]).unwrap_or_default(),
         ),

@@ -5,7 +5,7 @@
 
 use std::{
     collections::HashMap,
-    net::{IpAddr, Ipv4Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
 use ipnet::Ipv4Net;
@@ -280,10 +280,13 @@ fn ipv4_of(ip: IpAddr) -> Option<Ipv4Addr> {
 }
 
 /// The IPv6 route node `here` should have had for `dst`: to the pod
-/// subnet holding it on another traced node, through that node's IPv6
-/// tunnel device as this node has one of its kind (flannel-v6.1,
-/// vxlan-v6.calico), via the remote device's address, as flannel and
-/// Calico write it; in `ip -6 route` and `route -6 -n` terms.
+/// subnet holding it on another traced node (its IPAM block where Calico
+/// blackholes one, `proto bird`). Through that node's IPv6 tunnel device
+/// as this node has one of its kind (flannel-v6.1, vxlan-v6.calico), via
+/// the remote device's address, as flannel and Calico write it; with no
+/// tunnel (Calico's BGP), via the remote node's address on the underlay
+/// this node shares, as BIRD installs it. In `ip -6 route` and `route -6
+/// -n` terms.
 fn expected_route6(dst: IpAddr, nodes: &HashMap<String, NodeFacts>, here: &str) -> String {
     let Some(view) = nodes.get(here).map(|f| &f.view) else {
         return format!("a route for {dst}");
@@ -292,38 +295,64 @@ fn expected_route6(dst: IpAddr, nodes: &HashMap<String, NodeFacts>, here: &str) 
         .iter()
         .filter(|(name, _)| name.as_str() != here)
         .find_map(|(name, facts)| {
-            let subnet = (facts.local_pod_subnets.iter())
+            let blocks = (facts.view.routes.iter())
+                .filter(|r| r.kind == RouteKind::Blackhole && r.protocol == RouteOrigin::Bird)
+                .map(|r| r.destination);
+            let subnet = (blocks.chain(facts.local_pod_subnets.iter().copied()))
                 .filter(|net| net.contains(&dst))
                 .min_by_key(|net| net.prefix_len())?;
-            Some((name, facts, *subnet))
+            Some((name, facts, subnet))
         });
     let Some((remote_node, facts, subnet)) = remote else {
         return format!("a route for {dst}");
     };
-    // The remote node's IPv6 VTEP: a VXLAN device over an IPv6 underlay,
-    // and the address it holds.
-    let vtep = facts.view.links.iter().find_map(|link| {
-        let over_ipv6 = link
-            .vxlan
-            .and_then(|v| v.local)
-            .is_some_and(|l| l.is_ipv6());
-        let address = (facts.view.addresses6.iter()).find(|(index, _)| *index == link.index);
-        over_ipv6.then(|| address.map(|(_, ip)| (link.name.as_str(), *ip)))?
-    });
+    let (gateway, dev, protocol) = match ipv6_vtep(&facts.view) {
+        // The same device on this node: flannel and Calico name it alike
+        // on every node.
+        Some((name, ip)) => {
+            let dev = view.link_named(name).map_or(name, |l| l.name.as_str());
+            (Some(ip), Some(dev), RouteOrigin::Other)
+        }
+        None => {
+            let on_underlay = (facts.view.addresses6.iter())
+                .find_map(|(_, ip)| Some((*ip, view.link_on_subnet_of(*ip)?)));
+            let bird = facts
+                .view
+                .routes
+                .iter()
+                .any(|r| r.protocol == RouteOrigin::Bird);
+            let protocol = if bird {
+                RouteOrigin::Bird
+            } else {
+                RouteOrigin::Other
+            };
+            (
+                on_underlay.map(|(ip, _)| ip),
+                on_underlay.map(|(_, l)| l.name.as_str()),
+                protocol,
+            )
+        }
+    };
     let route = crate::node::Route {
-        protocol: RouteOrigin::Other,
-        onlink: vtep.is_some(),
+        protocol,
+        onlink: protocol != RouteOrigin::Bird && gateway.is_some(),
         kind: RouteKind::Unicast,
         destination: subnet.trunc(),
-        gateway: vtep.map(|(_, ip)| IpAddr::V6(ip)),
+        gateway: gateway.map(IpAddr::V6),
         oif: None,
         table: crate::node::RT_TABLE_MAIN,
     };
-    // The same device on this node: flannel and Calico name it alike on
-    // every node.
-    let dev = vtep.and_then(|(name, _)| view.link_named(name).map(|l| l.name.as_str()));
-    let route = route.describe_on(dev.or(vtep.map(|(name, _)| name)));
-    format!("{route} (pod subnet of {remote_node})")
+    format!("{} (pod subnet of {remote_node})", route.describe_on(dev))
+}
+
+/// A node's IPv6 VTEP: a VXLAN device over an IPv6 underlay, and the
+/// address it holds.
+fn ipv6_vtep(view: &crate::node::NodeView) -> Option<(&str, Ipv6Addr)> {
+    view.links.iter().find_map(|link| {
+        let over_ipv6 = (link.vxlan.and_then(|v| v.local)).is_some_and(|l| l.is_ipv6());
+        let address = (view.addresses6.iter()).find(|(index, _)| *index == link.index);
+        over_ipv6.then(|| address.map(|(_, ip)| (link.name.as_str(), *ip)))?
+    })
 }
 
 /// The pod subnet holding `dst` as another traced node shows it, where no

@@ -4,11 +4,14 @@
 use super::{Context, Outcome};
 use crate::model::Finding;
 
-/// The findings that bear on an outcome, on the node where it happened.
-pub fn for_outcome(outcome: &Outcome, ctx: &Context) -> Vec<Finding> {
+/// The findings that bear on an outcome of a packet (`ipv6`: an IPv6
+/// one), on the node where it happened: a missing route's BGP sessions
+/// are the ones of its family (bird6's for IPv6).
+pub fn for_outcome(outcome: &Outcome, ctx: &Context, ipv6: bool) -> Vec<Finding> {
+    let bgp = if ipv6 { "bgp6" } else { "bgp" };
     let (node, families): (&str, &[&str]) = match outcome {
         Outcome::Dropped { node, .. } => (node, &["firewall", "kernel"]),
-        Outcome::NoRoute { check, .. } => (&check.node, &["flannel", "calico", "bgp", "kernel"]),
+        Outcome::NoRoute { check, .. } => (&check.node, &["flannel", "calico", bgp, "kernel"]),
         Outcome::Vanished { node, .. } => (node, &[]),
         _ => return Vec::new(),
     };
@@ -32,7 +35,7 @@ pub fn bgp_said(outcome: &Outcome, findings: &[Finding]) -> String {
         .iter()
         // The sessions' states; the router id and the rest stay in the
         // doctor's lines.
-        .filter(|f| f.family == "bgp" && f.check.starts_with("BGP session"))
+        .filter(|f| f.family.starts_with("bgp") && f.check.starts_with("BGP session"))
         .map(|f| format!("; {}", f.evidence))
         .collect()
 }

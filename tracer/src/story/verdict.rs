@@ -150,7 +150,8 @@ pub(super) fn judge(journey: &Journey, ctx: &Context) -> Verdict {
         summary
             .push_str("; records were lost while this packet was in flight: hops may be missing");
     }
-    let doctor = super::findings::for_outcome(&outcome, ctx);
+    let ipv6 = first.packet.packet.dst.is_ipv6();
+    let doctor = super::findings::for_outcome(&outcome, ctx, ipv6);
     summary.push_str(&super::findings::bgp_said(&outcome, &doctor));
     Verdict {
         outcome,

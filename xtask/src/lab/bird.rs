@@ -7,7 +7,7 @@
 
 use std::{
     fs,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -22,21 +22,38 @@ const AS: u32 = 64512;
 /// 2 s before it connects, and scans the kernel table every 2 s).
 const CONVERGE: Duration = Duration::from_secs(30);
 
+/// calico-node's BIRDs: `bird` for IPv4, and on a dual-stack node
+/// `bird6` for IPv6 (`bird6.rs`), each with files of its own name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Daemon {
+    Bird,
+    Bird6,
+}
+
+impl Daemon {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Bird => "bird",
+            Self::Bird6 => "bird6",
+        }
+    }
+}
+
 /// The daemon's files under the node's host root.
-fn control_socket(lab: &Lab, node: u8) -> PathBuf {
-    lab.host_root(node).join("var/run/calico/bird.ctl")
+pub(super) fn control_socket(lab: &Lab, node: u8, daemon: Daemon) -> PathBuf {
+    (lab.host_root(node)).join(format!("var/run/calico/{}.ctl", daemon.name()))
 }
 
-fn pid_file(lab: &Lab, node: u8) -> PathBuf {
-    lab.host_root(node).join("var/run/calico/bird.pid")
+fn pid_file(lab: &Lab, node: u8, daemon: Daemon) -> PathBuf {
+    (lab.host_root(node)).join(format!("var/run/calico/{}.pid", daemon.name()))
 }
 
-fn log_file(lab: &Lab, node: u8) -> PathBuf {
-    lab.host_root(node).join("var/log/calico/bird/current")
+pub(super) fn log_file(lab: &Lab, node: u8, daemon: Daemon) -> PathBuf {
+    (lab.host_root(node)).join(format!("var/log/calico/{}/current", daemon.name()))
 }
 
-fn config_file(lab: &Lab, node: u8) -> PathBuf {
-    lab.host_root(node).join("etc/calico/confd/config/bird.cfg")
+fn config_file(lab: &Lab, node: u8, daemon: Daemon) -> PathBuf {
+    (lab.host_root(node)).join(format!("etc/calico/confd/config/{}.cfg", daemon.name()))
 }
 
 /// The address each node announces (`projectcalico.org/IPv4Address`),
@@ -45,21 +62,52 @@ pub fn announced() -> Vec<Ipv4Addr> {
     (1..=NODES).map(Lab::node_ip).collect()
 }
 
-/// The peer's protocol name as confd writes it: `Mesh_192_0_2_12`.
-pub fn mesh_protocol(peer: Ipv4Addr) -> String {
-    format!("Mesh_{}", peer.to_string().replace('.', "_"))
+/// The peer's protocol name as confd writes it: `Mesh_192_0_2_12`, and
+/// in bird6.cfg `Mesh_fd5a_0_2__12`.
+pub fn mesh_protocol(peer: impl Into<IpAddr>) -> String {
+    format!("Mesh_{}", peer.into().to_string().replace(['.', ':'], "_"))
 }
 
 /// `node`'s bird.cfg when the nodes announce `announced`. Its own
-/// announced address is its router id and the source of its sessions;
-/// a peer with a higher address is passive (it dials us), as in confd.
+/// announced address is its router id and the source of its sessions.
 pub fn config(lab: &Lab, node: u8, announced: &[Ipv4Addr]) -> String {
     let me = announced[usize::from(node - 1)];
-    let mut text = common(lab, node, me);
-    for (i, peer) in announced.iter().enumerate() {
-        if i == usize::from(node - 1) {
-            continue;
-        }
+    let peers = (announced.iter().enumerate())
+        .filter(|(i, _)| *i != usize::from(node - 1))
+        .map(|(i, peer)| (i as u8 + 1, IpAddr::V4(*peer)))
+        .collect();
+    render(&Plan {
+        daemon: Daemon::Bird,
+        log: log_file(lab, node, Daemon::Bird),
+        router_id: me,
+        me: me.into(),
+        peers,
+        block: lab.node_subnet(node).into(),
+        pods: lab.pod_cidr.into(),
+    })
+}
+
+/// What one of calico-node's BIRDs is configured with: its family's
+/// addresses (its sessions' source and its peers', by node) and blocks.
+pub(super) struct Plan {
+    pub daemon: Daemon,
+    pub log: PathBuf,
+    pub router_id: Ipv4Addr,
+    pub me: IpAddr,
+    pub peers: Vec<(u8, IpAddr)>,
+    /// The node's IPAM block, and the pool's network.
+    pub block: ipnet::IpNet,
+    pub pods: ipnet::IpNet,
+}
+
+/// The config confd writes for `plan` (bird.cfg, bird6.cfg), in BIRD 2's
+/// syntax: a peer with a higher address is passive (it dials us), as in
+/// confd.
+pub(super) fn render(plan: &Plan) -> String {
+    let me = plan.me;
+    let mut text = common(plan);
+    let family = if me.is_ipv6() { "v6" } else { "v4" };
+    for (node, peer) in &plan.peers {
         // confd compares the addresses as strings.
         let passive = if peer.to_string() > me.to_string() {
             "\n  passive on; # Mesh is unidirectional, peer will connect to us."
@@ -67,8 +115,8 @@ pub fn config(lab: &Lab, node: u8, announced: &[Ipv4Addr]) -> String {
             ""
         };
         text.push_str(&format!(
-            "\n# For peer /host/{}/ip_addr_v4\nprotocol bgp {} from bgp_template {{\n  neighbor {peer} as {AS};{passive}\n}}\n",
-            Lab::node_name(i as u8 + 1),
+            "\n# For peer /host/{}/ip_addr_{family}\nprotocol bgp {} from bgp_template {{\n  neighbor {peer} as {AS};{passive}\n}}\n",
+            Lab::node_name(*node),
             mesh_protocol(*peer),
         ));
     }
@@ -76,14 +124,21 @@ pub fn config(lab: &Lab, node: u8, announced: &[Ipv4Addr]) -> String {
 }
 
 /// Everything of the config but the mesh's peers.
-fn common(lab: &Lab, node: u8, me: Ipv4Addr) -> String {
-    let block = lab.node_subnet(node);
-    let pods = lab.pod_cidr;
-    let log = log_file(lab, node);
-    let log = log.display();
+fn common(plan: &Plan) -> String {
+    let Plan {
+        daemon,
+        router_id,
+        me,
+        block,
+        pods,
+        ..
+    } = plan;
+    let channel = if me.is_ipv6() { "ipv6" } else { "ipv4" };
+    let log = plan.log.display();
+    let daemon = daemon.name();
     format!(
-        r#"# Calico's confd bird.cfg, in BIRD 2's syntax.
-router id {me};
+        r#"# Calico's confd {daemon}.cfg, in BIRD 2's syntax.
+router id {router_id};
 
 # To a file, as calico-node's runit logs it: not to the terminal of
 # whoever started the lab.
@@ -96,7 +151,7 @@ filter calico_kernel_programming {{
   accept;
 }}
 
-# The node's block goes to its peers, never its pods' /32s within it.
+# The node's block goes to its peers, never its pods' host routes within it.
 filter calico_export_to_bgp_peers {{
   if ( net = {block} ) then accept;
   if ( net ~ {block} ) then reject;
@@ -110,7 +165,7 @@ protocol device {{
 
 protocol direct {{
   interface -"cali*", -"kube-ipvs*", "*";
-  ipv4;
+  {channel};
 }}
 
 protocol kernel {{
@@ -119,15 +174,16 @@ protocol kernel {{
   scan time 2;
   graceful restart;
   merge paths on;
-  ipv4 {{
+  {channel} {{
     import all;
     export filter calico_kernel_programming;
   }};
 }}
 
-# The node's IPAM block: its pods get /32s from it, the rest is dropped.
+# The node's IPAM block: its pods get host routes from it, the rest is
+# dropped.
 protocol static {{
-  ipv4;
+  {channel};
   route {block} blackhole;
 }}
 
@@ -135,7 +191,7 @@ template bgp bgp_template {{
   description "Connection to BGP peer";
   local as {AS};
   multihop;
-  ipv4 {{
+  {channel} {{
     gateway recursive;
     import all;
     export filter calico_export_to_bgp_peers;
@@ -152,28 +208,38 @@ template bgp bgp_template {{
 
 /// Writes `node`'s config and starts its BIRD in the node's namespace.
 pub fn start(lab: &Lab, node: u8, announced: &[Ipv4Addr]) -> Result<()> {
-    let config = config_file(lab, node);
-    fs::create_dir_all(config.parent().context("a config dir")?)?;
-    fs::create_dir_all(control_socket(lab, node).parent().context("a run dir")?)?;
-    fs::create_dir_all(log_file(lab, node).parent().context("a log dir")?)?;
-    fs::write(&config, self::config(lab, node, announced))?;
+    start_daemon(lab, node, Daemon::Bird, &config(lab, node, announced))
+}
+
+/// Writes `daemon`'s `config` on `node` and starts it in the node's
+/// namespace.
+pub(super) fn start_daemon(lab: &Lab, node: u8, daemon: Daemon, config: &str) -> Result<()> {
+    let path = config_file(lab, node, daemon);
+    fs::create_dir_all(path.parent().context("a config dir")?)?;
+    let socket = control_socket(lab, node, daemon);
+    fs::create_dir_all(socket.parent().context("a run dir")?)?;
+    fs::create_dir_all(log_file(lab, node, daemon).parent().context("a log dir")?)?;
+    fs::write(&path, config)?;
     // bird forks into the background once its config is read.
     run(in_netns(&lab.node_netns(node), "bird")
         .arg("-c")
-        .arg(&config)
+        .arg(&path)
         .arg("-s")
-        .arg(control_socket(lab, node))
+        .arg(socket)
         .arg("-P")
-        .arg(pid_file(lab, node)))
-    .with_context(|| format!("cannot start bird on {}", Lab::node_name(node)))
+        .arg(pid_file(lab, node, daemon)))
+    .with_context(|| format!("cannot start {} on {}", daemon.name(), Lab::node_name(node)))
 }
 
 /// Rewrites every node's config for `announced` and has each running
 /// BIRD read it again (`birdc configure`), as confd does on a change.
 pub fn reconfigure(lab: &Lab, announced: &[Ipv4Addr]) -> Result<()> {
     for node in 1..=NODES {
-        fs::write(config_file(lab, node), config(lab, node, announced))?;
-        let socket = control_socket(lab, node);
+        fs::write(
+            config_file(lab, node, Daemon::Bird),
+            config(lab, node, announced),
+        )?;
+        let socket = control_socket(lab, node, Daemon::Bird);
         let out = std::process::Command::new("birdc")
             .arg("-s")
             .arg(&socket)
@@ -199,7 +265,7 @@ pub fn wait_said(lab: &Lab, node: u8, text: &str) -> Result<()> {
     loop {
         let out = std::process::Command::new("birdc")
             .arg("-s")
-            .arg(control_socket(lab, node))
+            .arg(control_socket(lab, node, Daemon::Bird))
             .args(["show", "protocols", "all"])
             .output()
             .context("cannot run birdc")?;
@@ -219,9 +285,9 @@ pub fn wait_said(lab: &Lab, node: u8, text: &str) -> Result<()> {
     }
 }
 
-/// The pid in `node`'s pidfile, when that process is still a bird.
-fn running_pid(lab: &Lab, node: u8) -> Option<i32> {
-    let pid: i32 = fs::read_to_string(pid_file(lab, node))
+/// The pid in `daemon`'s pidfile, when that process is still a bird.
+fn running_pid(lab: &Lab, node: u8, daemon: Daemon) -> Option<i32> {
+    let pid: i32 = fs::read_to_string(pid_file(lab, node, daemon))
         .ok()?
         .trim()
         .parse()
@@ -235,7 +301,12 @@ fn running_pid(lab: &Lab, node: u8) -> Option<i32> {
 /// notification, so its peers withdraw its routes at once) and waits for
 /// it to exit. Its kernel routes stay (`persist`), as on a real node.
 pub fn stop(lab: &Lab, node: u8) -> Result<()> {
-    let Some(pid) = running_pid(lab, node) else {
+    stop_daemon(lab, node, Daemon::Bird)
+}
+
+/// [`stop`] of either daemon.
+pub(super) fn stop_daemon(lab: &Lab, node: u8, daemon: Daemon) -> Result<()> {
+    let Some(pid) = running_pid(lab, node, daemon) else {
         return Ok(());
     };
     cmd::sh(&["kill", "-TERM", &pid.to_string()])?;
@@ -247,24 +318,33 @@ pub fn stop(lab: &Lab, node: u8) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let _ = fs::remove_file(pid_file(lab, node));
+    let _ = fs::remove_file(pid_file(lab, node, daemon));
     Ok(())
 }
 
-/// Stops every node's BIRD, whatever the lab's topology (`lab down`
-/// knows only the prefix).
+/// Stops every node's BIRDs (bird6 too), whatever the lab's topology
+/// (`lab down` knows only the prefix).
 pub fn stop_all(lab: &Lab) {
-    for node in 1..=NODES {
-        if let Err(e) = stop(lab, node) {
-            eprintln!("lab {}: cannot stop bird on node-{node}: {e:#}", lab.prefix);
+    for (node, daemon) in (1..=NODES).flat_map(|n| [(n, Daemon::Bird), (n, Daemon::Bird6)]) {
+        if let Err(e) = stop_daemon(lab, node, daemon) {
+            eprintln!(
+                "lab {}: cannot stop {} on node-{node}: {e:#}",
+                lab.prefix,
+                daemon.name()
+            );
         }
     }
 }
 
-/// Whether `ns` has a `proto bird` route to `block`.
-fn has_bird_route(ns: &str, block: ipnet::Ipv4Net) -> bool {
+/// Whether `ns` has a `proto bird` route to `block` (of either family).
+fn has_bird_route(ns: &str, block: ipnet::IpNet) -> bool {
+    // `ip route` lists IPv4 unless told the family.
+    let family = match block {
+        ipnet::IpNet::V4(_) => "-4",
+        ipnet::IpNet::V6(_) => "-6",
+    };
     std::process::Command::new("ip")
-        .args(["-n", ns, "route", "show", "exact"])
+        .args(["-n", ns, family, "route", "show", "exact"])
         .arg(block.to_string())
         .args(["proto", "bird"])
         .output()
@@ -275,13 +355,22 @@ fn has_bird_route(ns: &str, block: ipnet::Ipv4Net) -> bool {
 /// `expected(node, remote)` says (present or gone): BIRD learns and
 /// withdraws them over BGP, in its own time.
 pub fn wait_routes(lab: &Lab, expected: impl Fn(u8, u8) -> bool) -> Result<()> {
+    wait_blocks(lab, Daemon::Bird, |n| lab.node_subnet(n).into(), expected)
+}
+
+/// [`wait_routes`] of `daemon`, whose blocks are `block(node)`.
+pub(super) fn wait_blocks(
+    lab: &Lab,
+    daemon: Daemon,
+    block: impl Fn(u8) -> ipnet::IpNet,
+    expected: impl Fn(u8, u8) -> bool,
+) -> Result<()> {
     let deadline = Instant::now() + CONVERGE;
     loop {
         let wrong: Vec<String> = (1..=NODES)
             .flat_map(|node| Lab::remotes(node).map(move |remote| (node, remote)))
             .filter(|(node, remote)| {
-                has_bird_route(&lab.node_netns(*node), lab.node_subnet(*remote))
-                    != expected(*node, *remote)
+                has_bird_route(&lab.node_netns(*node), block(*remote)) != expected(*node, *remote)
             })
             .map(|(node, remote)| {
                 let state = if expected(node, remote) {
@@ -292,7 +381,7 @@ pub fn wait_routes(lab: &Lab, expected: impl Fn(u8, u8) -> bool) -> Result<()> {
                 format!(
                     "{} has {state} route to {} ({}'s block)",
                     Lab::node_name(node),
-                    lab.node_subnet(remote),
+                    block(remote),
                     Lab::node_name(remote)
                 )
             })
@@ -302,10 +391,11 @@ pub fn wait_routes(lab: &Lab, expected: impl Fn(u8, u8) -> bool) -> Result<()> {
         }
         if Instant::now() > deadline {
             bail!(
-                "BIRD did not converge in {} s: {} (birdc -s {} show protocols all)",
+                "{} did not converge in {} s: {} (birdc -s {} show protocols all)",
+                daemon.name(),
                 CONVERGE.as_secs(),
                 wrong.join("; "),
-                control_socket(lab, 1).display()
+                control_socket(lab, 1, daemon).display()
             );
         }
         std::thread::sleep(Duration::from_millis(200));

@@ -44,10 +44,15 @@ impl Cni for Calico {
         bird::wait_routes(lab, |_, _| true)
     }
 
-    fn node_annotations(&self, _lab: &Lab, node: u8) -> Value {
-        json!({
+    fn node_annotations(&self, lab: &Lab, node: u8) -> Value {
+        let mut annotations = json!({
             "projectcalico.org/IPv4Address": format!("{}/24", Lab::node_ip(node)),
-        })
+        });
+        if lab.is_dual_stack() {
+            annotations["projectcalico.org/IPv6Address"] =
+                format!("{}/64", Lab::node_ipv6(node)).into();
+        }
+        annotations
     }
 }
 

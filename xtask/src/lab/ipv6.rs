@@ -30,13 +30,14 @@ use ipnet::Ipv6Net;
 use super::{calico_vxlan, flannel_vxlan, ip, sysctl, Lab, LabPod, Topology};
 
 impl Lab {
-    /// Makes the lab dual-stack, where its topology can be (Flannel's and
-    /// Calico's VXLAN; host-gw and BGP are not wired for IPv6 here). A
-    /// lab that is already dual-stack is left as it is.
+    /// Makes the lab dual-stack, where its topology can be (Flannel's
+    /// VXLAN, Calico's VXLAN and BGP; host-gw is not wired for IPv6 here).
+    /// A lab that is already dual-stack is left as it is.
     pub fn dual_stack(&self) -> Result<()> {
         match self.topology {
             Topology::FlannelVxlan => flannel_vxlan::dual_stack(self),
             Topology::CalicoVxlan => calico_vxlan::dual_stack(self),
+            Topology::Calico => super::bird6::dual_stack(self),
             other => bail!("the lab cannot make {} dual-stack", other.name()),
         }
     }

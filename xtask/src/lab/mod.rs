@@ -13,6 +13,7 @@
 //! plus one [`Topology`] variant.
 
 pub mod bird;
+pub mod bird6;
 mod calico;
 mod calico_vxlan;
 mod cmd;
