@@ -198,7 +198,7 @@ fn context_of(args: &Args, targets: &Targets) -> Context {
     for (node, ip) in targets.known_nodes() {
         ctx.names.insert(ip.into(), node);
     }
-    for (node, ip) in targets.inventory.nodes6() {
+    for (node, ip) in targets.known_nodes6() {
         ctx.names.insert(ip.into(), node);
     }
     for t in &targets.nat.translations {
@@ -303,7 +303,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
     let (conntrack_tx, conntrack) = mpsc::unbounded_channel();
     let typed_btf = Kernel::typed_btf()?;
     let known_nodes = targets.known_nodes();
-    let known_nodes6 = targets.inventory.nodes6();
+    let known_nodes6 = targets.known_nodes6();
     let mode = kernel.features.attach_mode(args.attach)?;
     let l4_filter = args.filter.kernel_filter(&targets.nat.translations)?;
     let shared = Shared {

@@ -28,6 +28,8 @@ pub struct Targets {
     pub inventory: Inventory,
     /// Every node's pod subnet, IP and CNI (nodes file or API).
     pub subnets: Vec<NodeSubnet>,
+    /// Every node's IPv6 address (nodes file or API).
+    pub nodes6: Vec<(String, Ipv6Addr)>,
     /// Set when names came from the API: it also watches the pods.
     pub cluster: Option<Cluster>,
     /// The destination Service, when DST names one (`svc/…`, a ClusterIP).
@@ -219,9 +221,9 @@ impl Targets {
         // Garbage in an argument is said before anything else is tried.
         let src_target = Target::parse(&args.src, &args.kube.namespace)?;
         let dst_target = Target::parse(&args.dst, &args.kube.namespace)?;
-        let mut subnets = match &args.kube.nodes_file {
+        let mut listed = match &args.kube.nodes_file {
             Some(path) => nodes::load_nodes(path)?,
-            None => Vec::new(),
+            None => nodes::Nodes::default(),
         };
         let plain_ips = src_target.address().is_some() && dst_target.address().is_some();
         let families = Families::asked(args, [&src_target, &dst_target])?;
@@ -256,7 +258,7 @@ impl Targets {
                 None => cluster.resolve(&dst_target).await?,
             };
             if args.kube.nodes_file.is_none() {
-                subnets = cluster.nodes().await?;
+                listed = cluster.nodes().await?;
             }
             let inventory = Inventory {
                 pods: [&src, &dst].iter().filter_map(|e| e.pod.clone()).collect(),
@@ -278,7 +280,8 @@ impl Targets {
             src,
             dst,
             inventory,
-            subnets,
+            subnets: listed.subnets,
+            nodes6: listed.ipv6,
             cluster,
             service,
             nat: NatBook::default(),
@@ -327,7 +330,7 @@ impl Targets {
         let translations: Vec<_> = catalog
             .services
             .iter()
-            .flat_map(|s| s.translations(&[node]))
+            .flat_map(|s| s.translations(&[node.into()]))
             .filter(|t| t.front.ip == node && port.is_none_or(|p| t.front.port == p))
             .collect();
         if translations.len() > MAX_BACKENDS {
@@ -349,9 +352,8 @@ impl Targets {
         let Some(service) = &self.service else {
             return NatBook::default();
         };
-        let node_ips: Vec<Ipv4Addr> = self.known_nodes().into_iter().map(|(_, ip)| ip).collect();
         let translations = service
-            .translations(&node_ips)
+            .translations(&self.node_addresses())
             .into_iter()
             .filter(|t| {
                 let named = t.front.ip == self.dst.ip
@@ -372,6 +374,24 @@ impl Targets {
         nodes.sort();
         nodes.dedup();
         nodes
+    }
+
+    /// Node names and IPv6 addresses, from the nodes and the pods.
+    pub fn known_nodes6(&self) -> Vec<(String, Ipv6Addr)> {
+        let mut nodes = self.inventory.nodes6();
+        nodes.extend(self.nodes6.iter().cloned());
+        nodes.sort();
+        nodes.dedup();
+        nodes
+    }
+
+    /// Every known node's IPv4 address (the NodePorts followed are on
+    /// each).
+    fn node_addresses(&self) -> Vec<IpAddr> {
+        self.known_nodes()
+            .into_iter()
+            .map(|(_, ip)| ip.into())
+            .collect()
     }
 
     /// Where each endpoint runs, when known.
@@ -419,6 +439,8 @@ fn service_destination(target: &Target, catalog: Option<&Catalog>) -> Result<Opt
         (Target::Ip6Port(ip, port), Some(catalog)) => match catalog.by_cluster_ipv6(*ip) {
             Some(s) if s.ports.iter().any(|p| p.port == *port) => s,
             Some(s) => bail!("[{ip}]:{port}: {} has no port {port}", s.qualified()),
+            // (IPv6 NodePorts are not followed: their DNAT on the node is
+            // not joined to the packet yet.)
             None => bail!("[{ip}]:{port}: {ip} is not a Service's IPv6 ClusterIP: give a pod's address without a port ({ip})"),
         },
         (Target::IpPort(ip, port), Some(catalog)) => match catalog.by_cluster_ip(*ip) {
@@ -536,6 +558,7 @@ mod tests {
             dst: Endpoint::of_ip(node, vec![]).unwrap(),
             inventory: Inventory::default(),
             subnets: Vec::new(),
+            nodes6: Vec::new(),
             cluster: None,
             service: None,
             nat: NatBook::default(),
@@ -576,6 +599,7 @@ mod tests {
             dst,
             inventory: Inventory::default(),
             subnets: Vec::new(),
+            nodes6: Vec::new(),
             cluster: None,
             service: None,
             nat: NatBook::default(),

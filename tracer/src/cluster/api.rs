@@ -20,7 +20,7 @@ use kube::{
 };
 use tokio::sync::mpsc;
 
-use crate::{cli::KubeArgs, model::NodeSubnet};
+use crate::cli::KubeArgs;
 
 use super::{
     argument::Target,
@@ -268,7 +268,7 @@ impl Cluster {
     }
 
     /// Every node's pod subnet, IP and CNI backend.
-    pub async fn nodes(&self) -> Result<Vec<NodeSubnet>> {
+    pub async fn nodes(&self) -> Result<super::nodes::Nodes> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let list = nodes
             .list(&ListParams::default())
@@ -279,7 +279,7 @@ impl Cluster {
             .iter()
             .map(serde_json::to_value)
             .collect::<Result<_, _>>()?;
-        nodes_from_items(&items)
+        super::nodes::nodes_of(&items)
     }
 
     /// Watches `pod`; when it comes back with another IP, says so on `tx`.

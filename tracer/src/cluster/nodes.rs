@@ -2,7 +2,7 @@
 //! and CNI (from its annotations), from `kubectl get nodes -o json` or the
 //! API's Node objects.
 
-use std::path::Path;
+use std::{net::Ipv6Addr, path::Path};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -10,18 +10,39 @@ use serde_json::Value;
 
 use crate::{cni, model::NodeSubnet};
 
+/// The cluster's nodes as podtrace knows them: their IPv4 pod subnets
+/// (with IP and CNI), and their IPv6 InternalIPs (an IPv6-only node has
+/// only that; a dual-stack one both).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Nodes {
+    pub subnets: Vec<NodeSubnet>,
+    pub ipv6: Vec<(String, Ipv6Addr)>,
+}
+
 /// Nodes of a `kubectl get nodes -o json` file: their pod subnets, IPs and
 /// CNI backend (Flannel's backend-type annotation; Calico's IPv4Address).
 /// Parsed as it is read (see `cluster::parse_file`): of each node, only
 /// what is kept here is held, not its images or managed fields.
-pub fn load_nodes(path: &Path) -> Result<Vec<NodeSubnet>> {
+pub fn load_nodes(path: &Path) -> Result<Nodes> {
     let list: NodeList = super::parse_file(path, "nodes file", "a node list")?;
-    list.items
-        .into_iter()
-        .map(|n| n.subnets())
-        .collect::<Result<Vec<_>>>()
-        .map(|nodes| nodes.into_iter().flatten().collect())
-        .with_context(|| format!("{} is not a node list", path.display()))
+    let items = (list.items.into_iter())
+        .map(serde_json::to_value)
+        .collect::<Result<Vec<_>, _>>()?;
+    nodes_of(&items).with_context(|| format!("{} is not a node list", path.display()))
+}
+
+/// Node objects (`v1.Node` JSON) as [`Nodes`].
+pub fn nodes_of(items: &[Value]) -> Result<Nodes> {
+    let ipv6 = (items.iter())
+        .filter_map(|node| {
+            let name = node["metadata"]["name"].as_str()?;
+            Some((name.to_string(), internal_ip::<Ipv6Addr>(node)?))
+        })
+        .collect();
+    Ok(Nodes {
+        subnets: nodes_from_items(items)?,
+        ipv6,
+    })
 }
 
 /// A node list as `load_nodes` reads it.
@@ -65,12 +86,6 @@ struct NodeStatus {
     addresses: Value,
 }
 
-impl NodeObject {
-    fn subnets(self) -> Result<Vec<NodeSubnet>> {
-        nodes_from_items(&[serde_json::to_value(self)?])
-    }
-}
-
 pub fn parse_nodes(json: &str) -> Result<Vec<NodeSubnet>> {
     let list: serde_json::Value = serde_json::from_str(json)?;
     nodes_from_items(list["items"].as_array().context("no items")?)
@@ -80,6 +95,11 @@ pub fn parse_nodes(json: &str) -> Result<Vec<NodeSubnet>> {
 /// InternalIP per family, IPv6 first where that is the cluster's primary
 /// family: the IPv4 one is taken wherever it is listed.
 pub fn ipv4_internal_ip(node: &serde_json::Value) -> Option<std::net::Ipv4Addr> {
+    internal_ip(node)
+}
+
+/// A node's InternalIP of the family `A` parses as.
+fn internal_ip<A: std::str::FromStr>(node: &serde_json::Value) -> Option<A> {
     node["status"]["addresses"]
         .as_array()?
         .iter()
@@ -138,6 +158,27 @@ mod tests {
         assert_eq!(nodes.len(), 1);
         assert_eq!(nodes[0].subnet.to_string(), "10.244.2.0/24");
         assert_eq!(nodes[0].node_ip, Ipv4Addr::new(192, 0, 2, 12));
+    }
+
+    /// An IPv6-only node has no IPv4 subnet to list, but is known by its
+    /// IPv6 InternalIP (a dual-stack one by both).
+    #[test]
+    fn a_nodes_ipv6_internal_ip_is_known_with_or_without_ipv4() {
+        let items: serde_json::Value = serde_json::from_str(
+            r#"[{"metadata":{"name":"v6"},"spec":{"podCIDR":"fd00:10:244:3::/64"},
+              "status":{"addresses":[{"type":"InternalIP","address":"fd5a::13"}]}},
+             {"metadata":{"name":"dual"},"spec":{"podCIDRs":["10.244.2.0/24","fd00:10:244:2::/64"]},
+              "status":{"addresses":[{"type":"InternalIP","address":"192.0.2.12"},{"type":"InternalIP","address":"fd5a::12"}]}}]"#,
+        )
+        .unwrap();
+        let nodes = nodes_of(items.as_array().unwrap()).unwrap();
+        let ipv6: Vec<String> = nodes
+            .ipv6
+            .iter()
+            .map(|(n, ip)| format!("{n} {ip}"))
+            .collect();
+        assert_eq!(ipv6, ["v6 fd5a::13", "dual fd5a::12"]);
+        assert_eq!(nodes.subnets.len(), 1, "the dual-stack node's IPv4 subnet");
     }
 
     #[test]

@@ -65,7 +65,7 @@ impl Service {
     /// Every frontend → backend translation kube-proxy makes for it:
     /// ClusterIP:port (each family's, to that family's backends: kube-proxy
     /// runs a proxier per family), and NodePorts on `node_ips`.
-    pub fn translations(&self, node_ips: &[Ipv4Addr]) -> Vec<Translation> {
+    pub fn translations(&self, node_ips: &[IpAddr]) -> Vec<Translation> {
         let mut out = Vec::new();
         for port in &self.ports {
             let mut fronts: Vec<(IpAddr, u16)> = Vec::new();
@@ -74,7 +74,7 @@ impl Service {
             }
             fronts.extend(self.cluster_ipv6.iter().map(|ip| ((*ip).into(), port.port)));
             if let Some(node_port) = port.node_port {
-                fronts.extend(node_ips.iter().map(|ip| ((*ip).into(), node_port)));
+                fronts.extend(node_ips.iter().map(|ip| (*ip, node_port)));
             }
             for (ip, front_port) in fronts {
                 let same_family = |b: &&Backend| b.ip.is_ipv6() == ip.is_ipv6();
