@@ -189,13 +189,16 @@ impl Flows for NodeFlows {
     }
 }
 
-/// [`NodeFlows`] as the IPv4 programs ask them: no IPv6 pair inside an
-/// IPv4 tunnel. Constant, so that the compiler leaves that reading out:
-/// with it, 5.10's verifier gave up on the IPv4 programs (a million
-/// instructions processed).
+/// [`NodeFlows`] as the IPv4 programs ask them: an IPv6 pair inside an
+/// IPv4 tunnel is not theirs to read but the IPv6 programs'
+/// (`IPV6_ELSEWHERE`, which hands such a packet on), and `traced6` is a
+/// constant, so that the compiler leaves that reading out: with it,
+/// 5.10's verifier gave up on the IPv4 programs (a million instructions
+/// processed).
 pub struct NodeFlows4(pub NodeFlows);
 
 impl Flows for NodeFlows4 {
+    const IPV6_ELSEWHERE: bool = true;
     #[inline(always)]
     fn traced(&self, key: &FlowKey) -> bool {
         self.0.traced(key)

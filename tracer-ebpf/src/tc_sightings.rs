@@ -9,9 +9,9 @@ use aya_ebpf::{
 use podtrace_common::{
     counter,
     filter::{self, L4Filter},
-    headers::{IPV4_PROTOCOL, IPV4_TOS, IPV6_DADDR, IPV6_NEXT_HEADER, IPV6_SADDR},
+    headers::{IPV4_PROTOCOL, IPV4_TOS, IPV4_VERSION, IPV6_DADDR, IPV6_NEXT_HEADER, IPV6_SADDR},
     hook_id, ipv6_program, match_kind,
-    packet::{classify4, classify6, ethernet_payload, packet_id, Bytes},
+    packet::{classify4, classify6, classify6_in4, ethernet_payload, ip_version, packet_id, Bytes},
     packet6::is_ipv6,
     sampled, sighting_kind,
     transport::{traced_l4, TracedL4},
@@ -37,10 +37,11 @@ const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 
 // Each hook runs an IPv4 program, which hands an IPv6 packet to its IPv6
-// twin by a tail call (`IPV6_PROGRAMS`). Two programs, each verified on
-// its own: one that read both families was too complex for 5.10's
-// verifier (over a million instructions processed), and an IPv4 packet
-// pays for no IPv6 code on its way.
+// twin by a tail call (`IPV6_PROGRAMS`), and so an IPv4 tunnel packet
+// with an IPv6 packet inside. Two programs, each verified on its own: one
+// that read both families was too complex for 5.10's verifier (over a
+// million instructions processed), and an IPv4 packet pays for no IPv6
+// code on its way.
 
 #[classifier]
 pub fn podtrace_ingress(ctx: TcContext) -> i32 {
@@ -130,6 +131,18 @@ fn to_ipv6(ctx: &TcContext, has_l2: bool, index: u32) {
     }
 }
 
+/// The `ipv6_program` slot of the IPv6 twin of the hook's program.
+#[inline(always)]
+fn ipv6_twin(direction: Direction, has_l2: bool, to_pod: bool) -> u32 {
+    match (has_l2, direction) {
+        (true, Direction::Ingress) => ipv6_program::INGRESS,
+        (true, Direction::Egress) if to_pod => ipv6_program::TO_POD,
+        (true, Direction::Egress) => ipv6_program::EGRESS,
+        (false, Direction::Ingress) => ipv6_program::INGRESS_L3,
+        (false, Direction::Egress) => ipv6_program::EGRESS_L3,
+    }
+}
+
 /// `to_pod`: the hook hands the packet to a pod; profile mode then forgets
 /// its stamp, so that a new packet's stamp takes a free slot instead of
 /// evicting the oldest (an LRU eviction is most of what stamping costs).
@@ -150,6 +163,13 @@ fn observe<const IPV6: bool>(
         found = matched::<_, IPV6>(&skb, has_l2, ifindex);
     }
     if let Some((kind, l3)) = found {
+        if !IPV6 && kind == match_kind::HAND_TO_IPV6 {
+            // In the program's own body, as `to_ipv6`'s; returns only if
+            // the IPv6 programs are not loaded, which leaves it alone.
+            // SAFETY: `ctx` is this program's own context.
+            unsafe { IPV6_PROGRAMS.tail_call(ctx, ipv6_twin(direction, has_l2, to_pod)) };
+            return TC_ACT_UNSPEC;
+        }
         if kind == match_kind::CARRIER {
             bump(counter::CARRIED_OTHER_PAIR);
             return TC_ACT_UNSPEC;
@@ -219,8 +239,9 @@ fn sample_keeps(linear: &Linear, skb: &Skb, t: &TracedL4, n: u32) -> bool {
     identify(linear, skb, Some(t)).is_some_and(|id| sampled(&id, n))
 }
 
-/// How the packet (of the program's family) matches the traced flow, and
-/// where its IP header is.
+/// How the packet (of the program's family: in the IPv6 programs, an
+/// IPv4 tunnel packet with an IPv6 one inside too) matches the traced
+/// flow, and where its IP header is.
 #[inline(always)]
 fn matched<B: Bytes, const IPV6: bool>(b: &B, has_l2: bool, ifindex: u32) -> Option<(u8, usize)> {
     let l3 = if has_l2 { ethernet_payload(b, 0)? } else { 0 };
@@ -228,7 +249,9 @@ fn matched<B: Bytes, const IPV6: bool>(b: &B, has_l2: bool, ifindex: u32) -> Opt
         ifindex,
         here: true,
     };
-    let kind = if IPV6 {
+    let kind = if IPV6 && ip_version(b, l3)? == IPV4_VERSION {
+        classify6_in4(b, l3, &tunnel_ports(), &flows)?
+    } else if IPV6 {
         classify6(b, l3, &tunnel_ports(), &flows)?
     } else {
         classify4(b, l3, &tunnel_ports(), &NodeFlows4(flows))?

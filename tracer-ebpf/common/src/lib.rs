@@ -34,7 +34,7 @@ pub enum Direction {
 pub mod match_kind {
     /// Its own IPv4 header carries a traced address pair.
     pub const PLAIN: u8 = 1;
-    /// It is a tunnel packet whose inner IPv4 header carries a traced pair.
+    /// It is a tunnel packet whose inner IP header carries a traced pair.
     pub const INNER: u8 = 2;
     /// A drop with no IP header yet, matched by its socket's addresses; the
     /// snapshot holds a header built from the socket.
@@ -43,6 +43,10 @@ pub mod match_kind {
     /// that carries another pair's packet: the encapsulation of a story
     /// not traced. The tc programs count it and report nothing.
     pub const CARRIER: u8 = 4;
+    /// An IPv4 tunnel packet with an IPv6 packet inside, as a tc hook's
+    /// IPv4 program matches it: handed to the hook's IPv6 program, which
+    /// reads the inner pair. Never reported.
+    pub const HAND_TO_IPV6: u8 = 5;
 }
 
 /// What saw the packet.

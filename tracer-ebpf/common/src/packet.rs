@@ -16,6 +16,12 @@ use crate::{match_kind, FlowKey, PacketId, TunnelKey, TunnelPorts, UdpTunnel, AN
 /// whether a pair is traced, and whether an outer header and tunnel are
 /// one the node's kernel would decapsulate.
 pub trait Flows {
+    /// Whether another program reads IPv6 pairs (the tc hooks' IPv6
+    /// twins): an IPv4 tunnel packet with an IPv6 packet inside is then
+    /// matched as [`match_kind::HAND_TO_IPV6`], its inner pair unread,
+    /// for that program to judge ([`classify6_in4`]). A constant, so a
+    /// program that reads both families itself has no such path.
+    const IPV6_ELSEWHERE: bool = false;
     fn traced(&self, key: &FlowKey) -> bool;
     fn traced6(&self, key: &FlowKey6) -> bool;
     fn trusted(&self, outer: &FlowKey, tunnel: &TunnelKey) -> bool;
@@ -295,12 +301,18 @@ pub fn classify4<B: Bytes + ?Sized, F: Flows>(
         // tunnel packets is the carrier of the pair inside it.
         return match tunnel_inner4(b, l3, ports) {
             Some((inner, tunnel)) if flows.trusted(&outer, &tunnel) => {
+                if F::IPV6_ELSEWHERE && is_ipv6(b, inner) {
+                    return Some(match_kind::HAND_TO_IPV6);
+                }
                 Some(carried_kind(inner_traced(b, inner, flows)?))
             }
             _ => Some(match_kind::PLAIN),
         };
     }
     let (inner, tunnel) = tunnel_inner4(b, l3, ports)?;
+    if F::IPV6_ELSEWHERE && is_ipv6(b, inner) {
+        return Some(match_kind::HAND_TO_IPV6);
+    }
     // The inner pair first: an untraced packet then costs one lookup per
     // header, and only a traced one pays for the trust checks.
     if !inner_traced(b, inner, flows)? {
@@ -338,6 +350,34 @@ pub fn classify6<B: Bytes + ?Sized, F: Flows>(
         return None;
     }
     flows.trusted6(&outer, &tunnel).then_some(match_kind::INNER)
+}
+
+/// How an IPv4 tunnel packet at `l3` with an IPv6 packet inside belongs
+/// to the traced flow, in the program [`match_kind::HAND_TO_IPV6`] handed
+/// it to: INNER where the inner IPv6 pair is traced, CARRIER where the
+/// outer IPv4 pair is and the inner one not; either only through a
+/// tunnel the node would decapsulate, as for an IPv4 packet inside.
+/// `None` for any other packet (an IPv4 one inside is the IPv4
+/// program's).
+#[inline(always)]
+pub fn classify6_in4<B: Bytes + ?Sized, F: Flows>(
+    b: &B,
+    l3: usize,
+    ports: &TunnelPorts,
+    flows: &F,
+) -> Option<u8> {
+    let (inner, tunnel) = tunnel_inner4(b, l3, ports)?;
+    if !is_ipv6(b, inner) {
+        return None;
+    }
+    let inner_is_traced = flows.traced6(&pair6_at(b, inner)?);
+    let outer = b.pair_at(l3)?;
+    if !inner_is_traced && !flows.traced(&outer) {
+        return None;
+    }
+    flows
+        .trusted(&outer, &tunnel)
+        .then_some(carried_kind(inner_is_traced))
 }
 
 /// A trusted tunnel packet of a traced pair: it carries a traced packet
