@@ -73,7 +73,8 @@ impl<B: Backend> Cni for Flannel<B> {
             "flannel.alpha.coreos.com/public-ip": ip,
             "flannel.alpha.coreos.com/backend-data": format!("{{\"VNI\":{VNI},\"VtepMAC\":\"{}\"}}", vtep_mac(node)),
         });
-        if lab.is_dual_stack() {
+        // flannel-v6.1's VTEP, over the node's IPv6 underlay address.
+        if lab.is_dual_stack() && !lab.ipv6_in_ipv4_tunnel() {
             annotations["flannel.alpha.coreos.com/public-ipv6"] =
                 Lab::node_ipv6(node).to_string().into();
             annotations["flannel.alpha.coreos.com/backend-v6-data"] =

@@ -2,9 +2,11 @@
 //! remote pod subnet through it with the route, neighbour and FDB entries
 //! flanneld writes (no learning). Pods get the MTU less the 50 B of VXLAN.
 //! Made dual-stack (`dual_stack`), each node also has flannel-v6.1, the
-//! same for IPv6 over the nodes' underlay IPv6 addresses.
+//! same for IPv6 over the nodes' underlay IPv6 addresses; made
+//! dual-stack in the IPv4 tunnel (`dual_stack_in_ipv4_tunnel`), flannel.1
+//! carries pod IPv6 too, over the IPv4 underlay.
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 
 use super::{
     cmd,
@@ -51,7 +53,9 @@ pub fn move_to_port(lab: &Lab, port: u16) -> Result<()> {
         for remote in Lab::remotes(node) {
             route_to(lab, &ns, remote)?;
         }
-        if dual_stack {
+        if lab.ipv6_in_ipv4_tunnel() {
+            ipv6_in_vtep(&ns, node)?;
+        } else if dual_stack {
             ip(&ns, &format!("link del {V6_DEVICE}"))?;
             vtep6_on(&ns, node, port)?;
             for remote in Lab::remotes(node) {
@@ -128,13 +132,25 @@ pub fn dual_stack(lab: &Lab) -> Result<()> {
     for node in 1..=super::NODES {
         node_ipv6(lab, node)?;
     }
+    address_pods6(lab)?;
+    lab.record_dual_stack()
+}
+
+/// cni0's IPv6 address, the node's pods' gateway (`::1` of its /64).
+fn cni0_gateway6(ns: &str, node: u8) -> Result<()> {
+    let gateway = Lab::subnet_host6(node, 1);
+    ip(ns, &format!("-6 addr add {gateway}/64 dev cni0 nodad"))
+}
+
+/// Every pod's IPv6 address, then cni0 out of DAD on every node.
+fn address_pods6(lab: &Lab) -> Result<()> {
     for pod in lab.pods() {
         flannel::address_pod_ipv6(lab, &pod)?;
     }
     for node in 1..=super::NODES {
         ipv6::settle(&lab.node_netns(node), "cni0")?;
     }
-    lab.record_dual_stack()
+    Ok(())
 }
 
 /// One node's IPv6 side, as flanneld sets it up.
@@ -151,13 +167,7 @@ fn node_ipv6(lab: &Lab, node: u8) -> Result<()> {
     // cni0 and the pods' veths carry pod IPv6 too, those made later also.
     ipv6::node_underlay(&ns, node)?;
     vtep6_on(&ns, node, PORT)?;
-    ip(
-        &ns,
-        &format!(
-            "-6 addr add {}/64 dev cni0 nodad",
-            Lab::subnet_host6(node, 1)
-        ),
-    )?;
+    cni0_gateway6(&ns, node)?;
     for remote in Lab::remotes(node) {
         route6_to(&ns, remote)?;
     }
@@ -204,4 +214,61 @@ fn route6_to(ns: &str, remote: u8) -> Result<()> {
         node: remote,
     };
     vtep.route(ns, subnet, "")
+}
+
+/// Makes the lab dual-stack with flannel.1 carrying both families
+/// (`Lab::dual_stack_in_ipv4_tunnel`), as a CNI with one tunnel device
+/// for both leaves a cluster: on each node IPv6 on and forwarding,
+/// cni0's IPv6 gateway and flannel.1's IPv6 side (`ipv6_in_vtep`), no
+/// IPv6 underlay address and no flannel-v6.1; on each pod its IPv6
+/// address, as `dual_stack` gives it. subnet.env keeps IPv4 alone: no
+/// flanneld wrote an IPv6 subnet.
+pub fn dual_stack_in_ipv4_tunnel(lab: &Lab) -> Result<()> {
+    if lab.is_dual_stack() {
+        if lab.ipv6_in_ipv4_tunnel() {
+            return Ok(());
+        }
+        bail!("the lab is already dual-stack over an IPv6 underlay");
+    }
+    for node in 1..=super::NODES {
+        let ns = lab.node_netns(node);
+        ipv6::enable(&ns)?;
+        super::sysctl(&ns, "net.ipv6.conf.all.forwarding", "1")?;
+        cni0_gateway6(&ns, node)?;
+        ipv6_in_vtep(&ns, node)?;
+    }
+    address_pods6(lab)?;
+    lab.record_dual_stack_in_ipv4_tunnel()
+}
+
+/// flannel.1's IPv6 side where it carries both families: the node IPv6
+/// subnet's network address as a /128, and per remote node the route to
+/// its IPv6 subnet via its VTEP's IPv6 address (that subnet's network
+/// address) onlink, with a permanent neighbour giving that address the
+/// remote flannel.1's MAC, which flannel.1's IPv4 FDB entry already sends
+/// to the remote node's IPv4 address.
+fn ipv6_in_vtep(ns: &str, node: u8) -> Result<()> {
+    ip(
+        ns,
+        &format!(
+            "-6 addr add {}/128 dev flannel.1 nodad",
+            Lab::node_subnet6(node).network()
+        ),
+    )?;
+    for remote in Lab::remotes(node) {
+        let subnet = Lab::node_subnet6(remote);
+        let vtep = subnet.network();
+        ip(
+            ns,
+            &format!("-6 route add {subnet} via {vtep} dev flannel.1 onlink"),
+        )?;
+        ip(
+            ns,
+            &format!(
+                "-6 neigh add {vtep} lladdr {} dev flannel.1 nud permanent",
+                flannel::vtep_mac(remote)
+            ),
+        )?;
+    }
+    Ok(())
 }

@@ -57,9 +57,12 @@ impl Lab {
                 let mut addresses =
                     vec![json!({"type": "InternalIP", "address": Self::node_ip(n).to_string()})];
                 // A dual-stack node: one podCIDR and one InternalIP per
-                // family, IPv4 first as on an IPv4-primary cluster.
+                // family, IPv4 first as on an IPv4-primary cluster (no
+                // IPv6 one where the underlay is IPv4 alone).
                 if self.is_dual_stack() {
                     pod_cidrs.push(json!(Self::node_subnet6(n).to_string()));
+                }
+                if self.is_dual_stack() && !self.ipv6_in_ipv4_tunnel() {
                     addresses.push(
                         json!({"type": "InternalIP", "address": Self::node_ipv6(n).to_string()}),
                     );

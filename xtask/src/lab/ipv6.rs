@@ -42,8 +42,34 @@ impl Lab {
         }
     }
 
+    /// Makes the lab dual-stack with one tunnel device for both families,
+    /// as Antrea, OVN-Kubernetes and Cilium have it: the nodes keep an
+    /// IPv4-only underlay, and pod IPv6 crosses nodes inside the IPv4
+    /// VXLAN device (Flannel's flannel.1 here). A lab already dual-stack
+    /// this way is left as it is; one dual-stack over IPv6 is refused.
+    pub fn dual_stack_in_ipv4_tunnel(&self) -> Result<()> {
+        match self.topology {
+            Topology::FlannelVxlan => flannel_vxlan::dual_stack_in_ipv4_tunnel(self),
+            other => bail!(
+                "the lab cannot carry {}'s IPv6 inside its IPv4 tunnel",
+                other.name()
+            ),
+        }
+    }
+
     fn dual_stack_marker(&self) -> PathBuf {
         self.state_dir().join("dual-stack")
+    }
+
+    fn in_ipv4_tunnel_marker(&self) -> PathBuf {
+        self.state_dir().join("ipv6-in-ipv4-tunnel")
+    }
+
+    /// Whether the lab's pod IPv6 crosses nodes inside the IPv4 tunnel
+    /// (`dual_stack_in_ipv4_tunnel`): its nodes then have no IPv6
+    /// underlay address.
+    pub fn ipv6_in_ipv4_tunnel(&self) -> bool {
+        self.in_ipv4_tunnel_marker().exists()
     }
 
     pub fn is_dual_stack(&self) -> bool {
@@ -57,6 +83,13 @@ impl Lab {
         fs::create_dir_all(self.state_dir())?;
         fs::write(self.dual_stack_marker(), "")?;
         self.write_inventory()
+    }
+
+    /// `record_dual_stack` of a lab made by `dual_stack_in_ipv4_tunnel`.
+    pub(super) fn record_dual_stack_in_ipv4_tunnel(&self) -> Result<()> {
+        fs::create_dir_all(self.state_dir())?;
+        fs::write(self.in_ipv4_tunnel_marker(), "")?;
+        self.record_dual_stack()
     }
 
     /// The cluster's IPv6 pod network (flanneld's FLANNEL_IPV6_NETWORK).
