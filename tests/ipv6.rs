@@ -3,7 +3,9 @@
 //! traced over IPv6 as over IPv4, and IPv6's own failures: an ip6tables
 //! DROP, a missing IPv6 route, a next hop that never answers neighbour
 //! discovery, and a pod's payload that looks like VXLAN over IPv6; and a
-//! dual-stack Service followed through kube-proxy's IPv6 DNAT.
+//! dual-stack Service followed through kube-proxy's IPv6 DNAT. Also pod
+//! IPv6 inside the IPv4 underlay's tunnel (one VXLAN device for both
+//! families), and a pod's IPv4 payload forging such a packet.
 
 #[allow(dead_code)]
 mod support;
@@ -32,6 +34,20 @@ fn dual_stack_lab(topology: Topology) -> (MutexGuard<'static, ()>, LabGuard) {
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     let lab = lab(topology);
     lab.0.dual_stack().expect("a dual-stack lab");
+    (alone, lab)
+}
+
+/// A dual-stack lab whose pod IPv6 crosses nodes inside flannel.1 over
+/// the IPv4 underlay (one tunnel device for both families), under the
+/// same lock as `dual_stack_lab`'s: its IPv6 plan is theirs.
+fn dual_stack_in_ipv4_tunnel_lab() -> (MutexGuard<'static, ()>, LabGuard) {
+    let alone = ONE_DUAL_STACK_LAB
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let lab = lab(Topology::FlannelVxlan);
+    lab.0
+        .dual_stack_in_ipv4_tunnel()
+        .expect("a dual-stack lab in the IPv4 tunnel");
     (alone, lab)
 }
 
@@ -79,6 +95,54 @@ fn assert_tunnelled_to_node_2(story: &Value) {
 }
 
 /// The story whose packet went `src` → `dst`.
+/// The story crossed from a pod on node-1 to one on node-2 in flannel's
+/// VXLAN (VNI 1, port 8472), the inner packet paired with the outer one
+/// from `src` to `dst` (the nodes' underlay addresses, of either family)
+/// leaving node-1 and reaching node-2.
+fn assert_paired_across_vxlan(story: &Value, src: impl ToString, dst: impl ToString) {
+    assert_eq!(
+        path(story),
+        [
+            "node-1 pod_veth ingress",
+            "node-1 bridge ingress",
+            "node-1 tunnel egress",
+            "node-1 underlay egress",
+            "node-2 underlay ingress",
+            "node-2 tunnel ingress",
+            "node-2 bridge egress",
+            "node-2 pod_veth egress",
+        ],
+        "{story}"
+    );
+    let (src, dst) = (src.to_string(), dst.to_string());
+    for at in [3, 4] {
+        let tunnel = &story["hops"][at]["tunnel"];
+        assert_eq!(tunnel["kind"], "vxlan", "{tunnel}");
+        assert_eq!(tunnel["vni"], 1);
+        assert_eq!(tunnel["outer"]["src"], src.as_str());
+        assert_eq!(tunnel["outer"]["dst"], dst.as_str());
+        assert_eq!(tunnel["outer"]["transport"]["dport"], 8472);
+    }
+}
+
+/// web-0 pings db-0 once over each family, traced on both nodes: the
+/// run and its four stories (both families, both ways).
+fn echoed_over_both_families(lab: &Lab) -> (Finished, Vec<Value>) {
+    let db = ipv6(lab, "db-0");
+    let done = traced(lab, "web-0", "db-0", &["--count", "4"], || {
+        assert!(lab.ping6("web-0", db, &[]), "the lab's IPv6 is broken");
+        assert!(ping(lab, "web-0", "db-0"), "the lab's IPv4 is broken");
+    });
+    let stories = done.stories();
+    assert_eq!(
+        stories.len(),
+        4,
+        "both families, both ways: {}",
+        done.stdout
+    );
+    (done, stories)
+}
+
 fn story_from(stories: &[Value], src: Ipv6Addr, dst: Ipv6Addr) -> Value {
     stories
         .iter()
@@ -91,10 +155,7 @@ fn story_from(stories: &[Value], src: Ipv6Addr, dst: Ipv6Addr) -> Value {
 fn a_dual_stack_pair_is_traced_over_both_families_with_the_ipv6_tunnel_paired() {
     let (_alone, lab) = dual_stack_lab(Topology::FlannelVxlan);
     let (web, db) = (ipv6(&lab.0, "web-0"), ipv6(&lab.0, "db-0"));
-    let done = traced(&lab.0, "web-0", "db-0", &["--count", "4"], || {
-        assert!(lab.0.ping6("web-0", db, &[]), "the lab's IPv6 is broken");
-        assert!(ping(&lab.0, "web-0", "db-0"), "the lab's IPv4 is broken");
-    });
+    let (done, stories) = echoed_over_both_families(&lab.0);
     assert!(
         done.stderr.contains(&format!(
             "tracing {} (default/web-0) ⇄ {} (default/db-0) and {web} (default/web-0) ⇄ {db} (default/db-0)",
@@ -104,29 +165,10 @@ fn a_dual_stack_pair_is_traced_over_both_families_with_the_ipv6_tunnel_paired() 
         "{}",
         done.stderr
     );
-    let stories = done.stories();
-    assert_eq!(
-        stories.len(),
-        4,
-        "both families, both ways: {}",
-        done.stdout
-    );
     let request = story_from(&stories, web, db);
     assert_eq!(request["transport"]["proto"], "icmpv6", "{request}");
     assert_eq!(request["transport"]["icmp_type"], 128, "{request}");
-    assert_eq!(
-        path(&request),
-        [
-            "node-1 pod_veth ingress",
-            "node-1 bridge ingress",
-            "node-1 tunnel egress",
-            "node-1 underlay egress",
-            "node-2 underlay ingress",
-            "node-2 tunnel ingress",
-            "node-2 bridge egress",
-            "node-2 pod_veth egress",
-        ]
-    );
+    assert_paired_across_vxlan(&request, Lab::node_ipv6(1), Lab::node_ipv6(2));
     let h = &request["hops"];
     assert_eq!(h[2]["iface"], "flannel-v6.1");
     // The kernel's IPv6 route, asked as the packet arrived from the pod.
@@ -136,16 +178,6 @@ fn a_dual_stack_pair_is_traced_over_both_families_with_the_ipv6_tunnel_paired() 
     assert_eq!(h[0]["route"]["via"], remote_vtep.as_str());
     assert_eq!(h[0]["ttl"], 64, "the hop limit");
     assert_eq!(h[7]["ttl"], 62, "two routing decisions, one per node");
-    // Inner and outer paired: the inner IPv6 packet in VXLAN over the
-    // nodes' IPv6 underlay.
-    for at in [3, 4] {
-        let tunnel = &h[at]["tunnel"];
-        assert_eq!(tunnel["kind"], "vxlan", "{tunnel}");
-        assert_eq!(tunnel["vni"], 1);
-        assert_eq!(tunnel["outer"]["src"], Lab::node_ipv6(1).to_string());
-        assert_eq!(tunnel["outer"]["dst"], Lab::node_ipv6(2).to_string());
-        assert_eq!(tunnel["outer"]["transport"]["dport"], 8472);
-    }
     let overhead = h[3]["skb_len"].as_u64().unwrap() - h[2]["skb_len"].as_u64().unwrap();
     assert_eq!(overhead, 70, "Ethernet, IPv6, UDP and VXLAN headers");
     assert_tunnelled_to_node_2(&request);
@@ -157,6 +189,51 @@ fn a_dual_stack_pair_is_traced_over_both_families_with_the_ipv6_tunnel_paired() 
         .filter(|s| s["src"] == lab.0.pod("web-0").ip.to_string())
         .count();
     assert_eq!(ipv4, 1, "{}", done.stdout);
+}
+
+/// One tunnel device for both families (Antrea, OVN-Kubernetes, Cilium):
+/// the pair's IPv6 echo is routed from web-0 into flannel.1 and crosses
+/// to node-2 in VXLAN over the nodes' IPv4 underlay, inner (IPv6 pod
+/// addresses) and outer (IPv4 node addresses) paired on both nodes, and
+/// delivered; the IPv4 pair beside it is told as ever.
+#[test]
+fn ipv6_inside_the_ipv4_underlays_tunnel_is_traced_with_inner_and_outer_paired() {
+    let (_alone, lab) = dual_stack_in_ipv4_tunnel_lab();
+    let (web, db) = (ipv6(&lab.0, "web-0"), ipv6(&lab.0, "db-0"));
+    let (done, stories) = echoed_over_both_families(&lab.0);
+    let request = story_from(&stories, web, db);
+    assert_eq!(request["transport"]["proto"], "icmpv6", "{request}");
+    assert_paired_across_vxlan(&request, Lab::node_ip(1), Lab::node_ip(2));
+    let h = &request["hops"];
+    assert_eq!(h[2]["iface"], "flannel.1");
+    assert_eq!(h[5]["iface"], "flannel.1");
+    assert_eq!(h[0]["route"]["dev"], "flannel.1", "{request}");
+    let remote_vtep = Lab::node_subnet6(2).network().to_string();
+    assert_eq!(h[0]["route"]["via"], remote_vtep.as_str());
+    let overhead = h[3]["skb_len"].as_u64().unwrap() - h[2]["skb_len"].as_u64().unwrap();
+    assert_eq!(overhead, 50, "Ethernet, IPv4, UDP and VXLAN headers");
+    assert_tunnelled_to_node_2(&request);
+    let reply = story_from(&stories, db, web);
+    assert_tunnelled_back_to_node_1(&reply);
+    let ipv4 = stories
+        .iter()
+        .filter(|s| s["src"] == lab.0.pod("web-0").ip.to_string())
+        .count();
+    assert_eq!(ipv4, 1, "{}", done.stdout);
+}
+
+fn assert_tunnelled_back_to_node_1(story: &Value) {
+    let verdict = &story["verdict"];
+    assert_eq!(verdict["outcome"], "delivered", "{verdict}");
+    assert_eq!(verdict["node"], "node-1");
+    let outer: Vec<&Value> = (story["hops"].as_array().expect("hops").iter())
+        .filter(|h| h["tunnel"].is_object())
+        .collect();
+    assert_eq!(outer.len(), 2, "{story}");
+    assert_eq!(
+        outer[0]["tunnel"]["outer"]["src"],
+        Lab::node_ip(2).to_string()
+    );
 }
 
 /// Calico's dual-stack VXLAN (an IPv6 pool): the pair's IPv6 echo is
@@ -319,6 +396,35 @@ fn a_next_hop_that_never_answers_neighbour_discovery_is_told_like_arp() {
     );
 }
 
+/// The Python lines (for `send_vxlan_payload`) of an Ethernet frame
+/// holding an ICMPv6 echo request `src` → `dst`: the traced pair, forged.
+fn forged_echo_frame(src: Ipv6Addr, dst: Ipv6Addr) -> String {
+    format!(
+        r#"
+echo = struct.pack('!BBHHH', 128, 0, 0, 0x4242, 1) + b'forged!!'
+ip6 = struct.pack('!IHBB16s16s', 6 << 28, len(echo), 58, 64,
+                  socket.inet_pton(socket.AF_INET6, '{src}'),
+                  socket.inet_pton(socket.AF_INET6, '{dst}'))
+frame = b'\x02' * 6 + b'\x04' * 6 + b'\x86\xdd' + ip6 + echo
+"#
+    )
+}
+
+/// web-1 sends `to` (db-1's address of either family) the VXLAN-looking
+/// payload of `forged_echo_frame` web-0 → db-0 while the pair's IPv6 is
+/// traced: no story may come of it.
+fn forges_no_story(lab: &Lab, to: std::net::IpAddr) {
+    let frame = forged_echo_frame(ipv6(lab, "web-0"), ipv6(lab, "db-0"));
+    let done = traced(lab, "web-0", "db-0", &["-6", "--duration", "5s"], || {
+        send_vxlan_payload(lab, "web-1", to, &frame);
+    });
+    assert!(
+        done.stories().is_empty(),
+        "a pod's payload told a story about another pair: {}",
+        done.stdout
+    );
+}
+
 /// web-1 sends db-1, over IPv6, a UDP datagram to flannel's VXLAN port
 /// whose payload is a VXLAN header (flannel's VNI) and an IPv6 frame
 /// web-0 → db-0: the traced pair, forged. The kernel never decapsulates
@@ -327,25 +433,20 @@ fn a_next_hop_that_never_answers_neighbour_discovery_is_told_like_arp() {
 #[test]
 fn a_pods_ipv6_payload_that_looks_like_vxlan_forges_no_story() {
     let (_alone, lab) = dual_stack_lab(Topology::FlannelVxlan);
-    let (web0, db0) = (ipv6(&lab.0, "web-0"), ipv6(&lab.0, "db-0"));
     let db1 = ipv6(&lab.0, "db-1");
-    let frame = format!(
-        r#"
-echo = struct.pack('!BBHHH', 128, 0, 0, 0x4242, 1) + b'forged!!'
-ip6 = struct.pack('!IHBB16s16s', 6 << 28, len(echo), 58, 64,
-                  socket.inet_pton(socket.AF_INET6, '{web0}'),
-                  socket.inet_pton(socket.AF_INET6, '{db0}'))
-frame = b'\x02' * 6 + b'\x04' * 6 + b'\x86\xdd' + ip6 + echo
-"#
-    );
-    let done = traced(&lab.0, "web-0", "db-0", &["-6", "--duration", "5s"], || {
-        send_vxlan_payload(&lab.0, "web-1", db1.into(), &frame);
-    });
-    assert!(
-        done.stories().is_empty(),
-        "a pod's payload told a story about another pair: {}",
-        done.stdout
-    );
+    forges_no_story(&lab.0, db1.into());
+}
+
+/// Where IPv6 rides in the IPv4 tunnel: web-1 sends db-1, over IPv4, a
+/// UDP datagram to flannel's VXLAN port whose payload is a VXLAN header
+/// and an IPv6 frame web-0 → db-0. The IPv4 programs hand it (VXLAN to
+/// them, with IPv6 inside) to the IPv6 ones, which must not trust it: it
+/// is a pod's datagram, not a tunnel packet between two nodes on the
+/// underlay. No story may come of it.
+#[test]
+fn a_pods_ipv4_payload_holding_the_pairs_ipv6_in_vxlan_forges_no_story() {
+    let (_alone, lab) = dual_stack_in_ipv4_tunnel_lab();
+    forges_no_story(&lab.0, lab.0.pod("db-1").ip.into());
 }
 
 /// A dual-stack Service (`PreferDualStack`), programmed by kube-proxy's
@@ -661,5 +762,58 @@ fn calico_bgp_routes_the_pairs_ipv6_and_a_withdrawn_ipv6_block_is_no_route() {
         summary.contains(&format!("; {session} with {peer} (node-2) is "))
             && !summary.contains("Mesh_192"),
         "bird6's session, not bird's: {summary}"
+    );
+}
+
+/// With no Services list and kube-proxy's rules not read, an IPv6
+/// ClusterIP's backend is learnt from conntrack as the connection opens
+/// (as an IPv4 one's is): the backend's veth is watched from then on and
+/// the replies are told through the un-DNAT.
+#[test]
+fn an_ipv6_service_backend_is_learnt_from_conntrack_alone() {
+    let (_alone, lab) = dual_stack_lab(Topology::FlannelVxlan);
+    lab.0
+        .install_services(ProxyMode::Iptables)
+        .expect("install services");
+    let cluster_ip = lab
+        .0
+        .service("db")
+        .cluster_ipv6
+        .expect("a dual-stack Service");
+    let (web, cluster) = (ipv6(&lab.0, "web-0").to_string(), cluster_ip.to_string());
+    let mut args = argv(
+        &[&web, &cluster, "-o", "json", "--no-kube-proxy-rules"],
+        vec![],
+    );
+    args.extend(["--duration", "12s"].map(String::from));
+    for node in [1, 2] {
+        args.extend(["--netns".to_string(), lab.0.node_netns(node)]);
+    }
+    let trace = Trace::start(&args);
+    for _ in 0..2 {
+        let answer = lab.0.tcp_request("web-0", cluster_ip, 80);
+        assert_eq!(answer.as_deref(), Ok("ok"), "the lab's IPv6 Service");
+    }
+    let done = trace.finish();
+    assert!(done.status.success(), "podtrace failed: {}", done.stderr);
+    let backend_watched = done.stderr.lines().any(|l| {
+        l.contains(&format!(": {}", Lab::node_subnet6(2).network())[..16])
+            && l.contains("is behind veth")
+    });
+    assert!(
+        backend_watched,
+        "the backend's veth, once learnt: {}",
+        done.stderr
+    );
+    let undnat = format!("→ [{cluster_ip}]:80");
+    let replies = done.stories().into_iter().filter(|s| {
+        s["verdict"]["summary"]
+            .as_str()
+            .is_some_and(|v| v.contains("un-DNAT") && v.contains(&undnat))
+    });
+    assert!(
+        replies.count() > 0,
+        "replies told through the un-DNAT: {}",
+        done.stdout
     );
 }
