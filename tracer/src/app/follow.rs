@@ -7,7 +7,7 @@ use anyhow::Result;
 use tokio::sync::mpsc;
 
 use super::{
-    pairs::{flow_ips, traced_pairs},
+    pairs::{flow_ips, flow_keys, flow_keys6, traced_pairs},
     Targets, Trace,
 };
 use crate::{
@@ -79,18 +79,13 @@ pub(super) async fn follow_connection(entry: &conntrack::Entry, trace: &mut Trac
         widen_filter(entry, trace)?;
     }
     // The connection as the peer sees it, both ways: what the kernel
-    // filter must now let through.
-    let (IpAddr::V4(a), IpAddr::V4(b)) = (entry.reply.src, entry.reply.dst) else {
-        // IPv6 connections are not followed to new addresses: their
-        // Service's backends are traced from the start (the Services are
-        // known whenever an IPv6 pair is, from the API or a file).
-        return Ok(false);
-    };
-    let new = flow_ips((a, b));
+    // filter must now let through (either family's).
+    let (a, b) = (entry.reply.src, entry.reply.dst);
+    let new = [(a, b), (b, a)];
     let traced = traced_pairs(&trace.targets);
-    if (a.into(), b.into()) == (entry.orig.dst, entry.orig.src)
-        || traced.contains(&(b.into(), a.into()))
-        || trace.learnt_flows.iter().any(|k| new.contains(k))
+    if (a, b) == (entry.orig.dst, entry.orig.src)
+        || traced.contains(&(b, a))
+        || trace.learnt_pairs.iter().any(|p| new.contains(p))
     {
         return Ok(false);
     }
@@ -98,8 +93,10 @@ pub(super) async fn follow_connection(entry: &conntrack::Entry, trace: &mut Trac
     // of the connection go on while podtrace reads a node's links to
     // watch the backend's veth (milliseconds), and one that crossed to a
     // node not yet told would look lost there.
+    let (flows, flows6) = (flow_keys(&new), flow_keys6(&new));
     for node in &mut trace.nodes {
-        node.probe.replace_flows(&[], &new)?;
+        node.probe.replace_flows(&[], &flows)?;
+        node.probe.add_flows6(&flows6)?;
     }
     for node in &mut trace.nodes {
         node.follow_rules(&new)?;
@@ -107,7 +104,7 @@ pub(super) async fn follow_connection(entry: &conntrack::Entry, trace: &mut Trac
             node.watch_pod(a).await?;
         }
     }
-    trace.learnt_flows.extend(new);
+    trace.learnt_pairs.extend(new);
     Ok(true)
 }
 

@@ -67,7 +67,8 @@ pub(super) fn trace_masquerade_sources(trace: &mut Trace) -> Result<()> {
     for node in &mut trace.nodes {
         node.probe.replace_flows(&[], &flows)?;
     }
-    trace.learnt_flows.extend(flows);
+    let learnt = pairs.iter().flat_map(|(a, b)| [((*a).into(), (*b).into()), ((*b).into(), (*a).into())]);
+    trace.learnt_pairs.extend(learnt);
     trace.joining_only.extend(pairs);
     Ok(())
 }

@@ -35,7 +35,7 @@ use std::{
 };
 
 use anyhow::{bail, Result};
-use podtrace_common::{filter::L4Filter, FlowKey, Sighting, MAX_NODES, NODE_OTHER_NETNS};
+use podtrace_common::{filter::L4Filter, Sighting, MAX_NODES, NODE_OTHER_NETNS};
 use tokio::sync::mpsc;
 
 use follow::{follow_connection, follow_move, learn_connection, of_the_traced_pair, watch_moves};
@@ -244,7 +244,7 @@ struct Trace {
     conntrack: mpsc::UnboundedReceiver<(u32, conntrack::Entry)>,
     /// Pairs traced because conntrack translated the traced pair to them,
     /// or because a MASQUERADE may (`trace_masquerade_sources`).
-    learnt_flows: Vec<FlowKey>,
+    learnt_pairs: Vec<(IpAddr, IpAddr)>,
     /// Pairs traced only to join the traced pair's packets across a
     /// source translation: no story of their own.
     joining_only: Vec<(Ipv4Addr, Ipv4Addr)>,
@@ -356,7 +356,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         links,
         rules,
         conntrack,
-        learnt_flows: Vec::new(),
+        learnt_pairs: Vec::new(),
         joining_only: Vec::new(),
     })
 }

@@ -231,26 +231,24 @@ impl TracedNode {
     /// Traces a new pair of addresses from now on (a pod moved).
     pub fn follow(&mut self, old: &[FlowKey], new: &[FlowKey]) -> Result<()> {
         self.probe.replace_flows(old, new)?;
-        self.follow_rules(new)
+        let pairs: Vec<_> = (new.iter())
+            .map(|k| (IpAddr::from(k.src), IpAddr::from(k.dst)))
+            .collect();
+        self.follow_rules(&pairs)
     }
 
     /// Rule tracing for the pairs `new` (the kernel filter is
     /// `probe.replace_flows`'s).
-    pub fn follow_rules(&mut self, new: &[FlowKey]) -> Result<()> {
+    pub fn follow_rules(&mut self, pairs: &[(IpAddr, IpAddr)]) -> Result<()> {
         if let Some(netfilter) = &self.netfilter {
-            let pairs: Vec<_> = new
-                .iter()
-                .map(|k| (IpAddr::from(k.src), IpAddr::from(k.dst)))
-                .collect();
-            netfilter.follow(&pairs)?;
+            netfilter.follow(pairs)?;
         }
         Ok(())
     }
 
     /// Watches the veth of a pod the trace learnt of while it ran (a
     /// Service's backend, from conntrack), if the pod is on this node.
-    pub async fn watch_pod(&mut self, ip: Ipv4Addr) -> Result<()> {
-        let ip = IpAddr::V4(ip);
+    pub async fn watch_pod(&mut self, ip: IpAddr) -> Result<()> {
         let _entered = self.netns.path.as_deref().map(netns::enter).transpose()?;
         let view = NodeView::read().await?;
         let every = select(&view, self.underlay, self.cni);

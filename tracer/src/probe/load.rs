@@ -219,6 +219,12 @@ impl NodeProbe {
         flow_filter(&mut self.ebpf)?.replace(old, new)
     }
 
+    /// Adds IPv6 pairs to the kernel's IPv6 filter (a connection followed
+    /// to a backend learnt from conntrack).
+    pub fn add_flows6(&mut self, new: &[FlowKey6]) -> Result<()> {
+        flow_filter6(&mut self.ebpf)?.replace(&[], new)
+    }
+
     /// Replaces `--proto`/`--port` (widened to a Service's target port
     /// learnt under way).
     pub fn replace_l4_filter(&mut self, filter: &L4Filter) -> Result<()> {
