@@ -796,59 +796,6 @@ fn an_ipv6_service_backend_is_learnt_from_conntrack_alone() {
     }
     let done = trace.finish();
     assert!(done.status.success(), "podtrace failed: {}", done.stderr);
-    let backend_watched = done.stderr.lines().any(|l| {
-        l.contains(&format!(": {}", Lab::node_subnet6(2).network())[..16])
-            && l.contains("is behind veth")
-    });
-    assert!(
-        backend_watched,
-        "the backend's veth, once learnt: {}",
-        done.stderr
-    );
-    let undnat = format!("→ [{cluster_ip}]:80");
-    let replies = done.stories().into_iter().filter(|s| {
-        s["verdict"]["summary"]
-            .as_str()
-            .is_some_and(|v| v.contains("un-DNAT") && v.contains(&undnat))
-    });
-    assert!(
-        replies.count() > 0,
-        "replies told through the un-DNAT: {}",
-        done.stdout
-    );
-}
-
-/// With no Services list and kube-proxy's rules not read, an IPv6
-/// ClusterIP's backend is learnt from conntrack as the connection opens
-/// (as an IPv4 one's is): the backend's veth is watched from then on and
-/// the replies are told through the un-DNAT.
-#[test]
-fn an_ipv6_service_backend_is_learnt_from_conntrack_alone() {
-    let (_alone, lab) = dual_stack_lab(Topology::FlannelVxlan);
-    lab.0
-        .install_services(ProxyMode::Iptables)
-        .expect("install services");
-    let cluster_ip = lab
-        .0
-        .service("db")
-        .cluster_ipv6
-        .expect("a dual-stack Service");
-    let (web, cluster) = (ipv6(&lab.0, "web-0").to_string(), cluster_ip.to_string());
-    let mut args = argv(
-        &[&web, &cluster, "-o", "json", "--no-kube-proxy-rules"],
-        vec![],
-    );
-    args.extend(["--duration", "12s"].map(String::from));
-    for node in [1, 2] {
-        args.extend(["--netns".to_string(), lab.0.node_netns(node)]);
-    }
-    let trace = Trace::start(&args);
-    for _ in 0..2 {
-        let answer = lab.0.tcp_request("web-0", cluster_ip, 80);
-        assert_eq!(answer.as_deref(), Ok("ok"), "the lab's IPv6 Service");
-    }
-    let done = trace.finish();
-    assert!(done.status.success(), "podtrace failed: {}", done.stderr);
     let db = lab.0.service("db");
     let watched = |b: &xtask::lab::LabPod| {
         let line = format!("{} is behind veth", lab.0.ipv6_of(b));
