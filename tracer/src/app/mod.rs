@@ -18,6 +18,7 @@ mod pairs;
 mod probing;
 pub mod profile;
 mod replay;
+mod service_target;
 mod stop;
 mod stream;
 pub mod targets;

@@ -180,8 +180,7 @@ protocol kernel {{
   }};
 }}
 
-# The node's IPAM block: its pods get host routes from it, the rest is
-# dropped.
+# The node's IPAM block: its pods get host routes from it, the rest dropped.
 protocol static {{
   {channel};
   route {block} blackhole;
