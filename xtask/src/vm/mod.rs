@@ -64,6 +64,7 @@ pub const SUITE: &[(&str, &[&str])] = &[
         &[
             "a_dual_stack_pair_is_traced_over_both_families_with_the_ipv6_tunnel_paired",
             "an_ipv6_cluster_ip_is_followed_through_ip6tables_dnat",
+            "ipv6_inside_the_ipv4_underlays_tunnel_is_traced_with_inner_and_outer_paired",
         ],
     ),
 ];
