@@ -67,7 +67,9 @@ pub(super) fn trace_masquerade_sources(trace: &mut Trace) -> Result<()> {
     for node in &mut trace.nodes {
         node.probe.replace_flows(&[], &flows)?;
     }
-    let learnt = pairs.iter().flat_map(|(a, b)| [((*a).into(), (*b).into()), ((*b).into(), (*a).into())]);
+    let learnt = pairs
+        .iter()
+        .flat_map(|(a, b)| [((*a).into(), (*b).into()), ((*b).into(), (*a).into())]);
     trace.learnt_pairs.extend(learnt);
     trace.joining_only.extend(pairs);
     Ok(())
