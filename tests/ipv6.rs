@@ -94,6 +94,16 @@ fn assert_tunnelled_to_node_2(story: &Value) {
     );
 }
 
+/// The story of web-0's IPv6 echo request to db-0, traced with `-6` on
+/// both nodes while web-0 pings once.
+fn echo_request6(lab: &Lab) -> Value {
+    let (web, db) = (ipv6(lab, "web-0"), ipv6(lab, "db-0"));
+    let done = traced(lab, "web-0", "db-0", &["-6", "--count", "2"], || {
+        assert!(lab.ping6("web-0", db, &[]), "the lab's IPv6 is broken");
+    });
+    story_from(&done.stories(), web, db)
+}
+
 /// The story whose packet went `src` → `dst`.
 /// The story crossed from a pod on node-1 to one on node-2 in flannel's
 /// VXLAN (VNI 1, port 8472), the inner packet paired with the outer one
@@ -243,11 +253,7 @@ fn assert_tunnelled_back_to_node_1(story: &Value) {
 #[test]
 fn calico_vxlan_v6_carries_the_pairs_ipv6_across_the_nodes() {
     let (_alone, lab) = dual_stack_lab(Topology::CalicoVxlan);
-    let (web, db) = (ipv6(&lab.0, "web-0"), ipv6(&lab.0, "db-0"));
-    let done = traced(&lab.0, "web-0", "db-0", &["-6", "--count", "2"], || {
-        assert!(lab.0.ping6("web-0", db, &[]), "the lab's IPv6 is broken");
-    });
-    let request = story_from(&done.stories(), web, db);
+    let request = echo_request6(&lab.0);
     assert_tunnelled_to_node_2(&request);
     let hops = request["hops"].as_array().expect("hops");
     let into_tunnel = hops.iter().filter(|h| h["iface"] == "vxlan-v6.calico");
@@ -701,10 +707,7 @@ fn ipv6_only_pods_and_plain_ipv6_addresses_are_traced() {
 fn calico_bgp_routes_the_pairs_ipv6_and_a_withdrawn_ipv6_block_is_no_route() {
     let (_alone, lab) = dual_stack_lab(Topology::Calico);
     let (web, db) = (ipv6(&lab.0, "web-0"), ipv6(&lab.0, "db-0"));
-    let done = traced(&lab.0, "web-0", "db-0", &["-6", "--count", "2"], || {
-        assert!(lab.0.ping6("web-0", db, &[]), "the lab's IPv6 is broken");
-    });
-    let request = story_from(&done.stories(), web, db);
+    let request = echo_request6(&lab.0);
     let verdict = &request["verdict"];
     assert_eq!(verdict["outcome"], "delivered", "{verdict}");
     assert_eq!(verdict["node"], "node-2");

@@ -1,7 +1,7 @@
 //! Following the traced pair as it changes under way: a connection
 //! translated (conntrack), a pod that comes back with a new IP (the API).
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 
 use anyhow::Result;
 use tokio::sync::mpsc;
@@ -36,13 +36,7 @@ pub(super) async fn learn_connection(
 /// Whether a conntrack entry is a connection of the traced pair, in a
 /// family traced.
 pub(super) fn of_the_traced_pair(entry: &conntrack::Entry, targets: &Targets) -> bool {
-    let ipv4 = targets
-        .traced_ipv4_pair()
-        .map(|(src, dst)| (IpAddr::V4(src), IpAddr::V4(dst)));
-    let ipv6 = targets
-        .traced_ipv6_pair()
-        .map(|(src, dst)| (IpAddr::V6(src), IpAddr::V6(dst)));
-    [ipv4, ipv6].into_iter().flatten().any(|(a, b)| {
+    targets.traced_pair_per_family().any(|(a, b)| {
         let traced = [a, b];
         traced.contains(&entry.orig.src) && traced.contains(&entry.orig.dst)
     })

@@ -11,22 +11,17 @@ use super::Targets;
 /// where both ends have IPv6 (dual-stack pods), their IPv6 pair too;
 /// each family unless `-4`/`-6` left it out.
 pub(super) fn traced_pairs(targets: &Targets) -> Vec<(IpAddr, IpAddr)> {
-    let mut pairs = Vec::new();
-    let src4 = targets.traced_ipv4_pair().map(|(src, dst)| {
-        let (src, dst) = (IpAddr::V4(src), IpAddr::V4(dst));
-        pairs.extend([(src, dst), (dst, src)]);
-        src
-    });
-    let src6 = targets.traced_ipv6_pair().map(|(src6, dst6)| {
-        let (src6, dst6) = (IpAddr::V6(src6), IpAddr::V6(dst6));
-        pairs.extend([(src6, dst6), (dst6, src6)]);
-        src6
-    });
+    let per_family: Vec<(IpAddr, IpAddr)> = targets.traced_pair_per_family().collect();
+    let mut pairs: Vec<_> = (per_family.iter())
+        .flat_map(|&(src, dst)| [(src, dst), (dst, src)])
+        .collect();
     for t in &targets.nat.translations {
         // A backend of each family is traced from the client's address of
         // that family.
-        let client = if t.back.ip.is_ipv6() { src6 } else { src4 };
-        let Some(client) = client else { continue };
+        let same_family = |(src, _): &&(IpAddr, IpAddr)| src.is_ipv6() == t.back.ip.is_ipv6();
+        let Some(&(client, _)) = per_family.iter().find(same_family) else {
+            continue;
+        };
         for pair in [(client, t.back.ip), (t.back.ip, client)] {
             if !pairs.contains(&pair) && t.back.ip != client {
                 pairs.push(pair);

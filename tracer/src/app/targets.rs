@@ -122,15 +122,19 @@ impl Targets {
         self.ipv4_pair().filter(|_| self.families.ipv4)
     }
 
+    /// The (SRC, DST) pair of each family traced, IPv4's first.
+    pub fn traced_pair_per_family(&self) -> impl Iterator<Item = (IpAddr, IpAddr)> {
+        let ipv4 = self.traced_ipv4_pair().map(|(a, b)| (a.into(), b.into()));
+        let ipv6 = self.traced_ipv6_pair().map(|(a, b)| (a.into(), b.into()));
+        [ipv4, ipv6].into_iter().flatten()
+    }
+
     /// The traced pairs as the start line names them: `A ⇄ B`, of each
     /// family traced.
     pub fn named_pairs(&self, ctx: &crate::story::Context) -> String {
-        let ipv4 = self.traced_ipv4_pair().map(|(a, b)| (a.into(), b.into()));
-        let ipv6 = self.traced_ipv6_pair().map(|(a, b)| (a.into(), b.into()));
-        let pairs: Vec<String> = [ipv4, ipv6]
-            .into_iter()
-            .flatten()
-            .map(|(src, dst): (IpAddr, IpAddr)| format!("{} ⇄ {}", ctx.label(src), ctx.label(dst)))
+        let pairs: Vec<String> = self
+            .traced_pair_per_family()
+            .map(|(src, dst)| format!("{} ⇄ {}", ctx.label(src), ctx.label(dst)))
             .collect();
         pairs.join(" and ")
     }
@@ -352,8 +356,14 @@ impl Targets {
         let Some(service) = &self.service else {
             return NatBook::default();
         };
+        // The NodePorts followed are on the nodes' IPv4 addresses.
+        let node_ips: Vec<IpAddr> = self
+            .known_nodes()
+            .into_iter()
+            .map(|(_, ip)| ip.into())
+            .collect();
         let translations = service
-            .translations(&self.node_addresses())
+            .translations(&node_ips)
             .into_iter()
             .filter(|t| {
                 let named = t.front.ip == self.dst.ip
@@ -383,15 +393,6 @@ impl Targets {
         nodes.sort();
         nodes.dedup();
         nodes
-    }
-
-    /// Every known node's IPv4 address (the NodePorts followed are on
-    /// each).
-    fn node_addresses(&self) -> Vec<IpAddr> {
-        self.known_nodes()
-            .into_iter()
-            .map(|(_, ip)| ip.into())
-            .collect()
     }
 
     /// Where each endpoint runs, when known.
@@ -430,17 +431,11 @@ mod tests {
     fn a_traced_nodes_own_address_and_a_node_port_is_that_nodeport() {
         let catalog = Catalog::parse(crate::cluster::services::tests::LIST).unwrap();
         let node: Ipv4Addr = "192.0.2.12".parse().unwrap();
-        let targets = Targets {
-            src: Endpoint::of_ip("192.0.2.99".parse::<IpAddr>().unwrap(), vec![]).unwrap(),
-            dst: Endpoint::of_ip(node, vec![]).unwrap(),
-            inventory: Inventory::default(),
-            subnets: Vec::new(),
-            nodes6: Vec::new(),
-            cluster: None,
-            service: None,
-            nat: NatBook::default(),
-            families: Families::BOTH,
-        };
+        let targets = bare(
+            Endpoint::of_ip("192.0.2.99".parse::<IpAddr>().unwrap(), vec![]).unwrap(),
+            Endpoint::of_ip(node, vec![]).unwrap(),
+            Families::BOTH,
+        );
         // No node list names it: only as a traced node's own address.
         assert!(targets
             .node_ports(&catalog, Some(30080), &[])
@@ -471,6 +466,11 @@ mod tests {
             .unwrap();
             Endpoint::of_pod(pod).unwrap()
         });
+        bare(src, dst, families)
+    }
+
+    /// The targets of `src` and `dst` alone: nothing known around them.
+    fn bare(src: Endpoint, dst: Endpoint, families: Families) -> Targets {
         Targets {
             src,
             dst,

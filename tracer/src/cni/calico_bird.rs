@@ -25,7 +25,7 @@ impl Backend for CalicoBird {
     }
 
     fn runs_on(&self, view: &NodeView) -> bool {
-        view.routes.iter().any(|r| r.protocol == RouteOrigin::Bird)
+        view.runs_bird()
     }
 
     fn expected_route(&self, remote: &NodeSubnet, underlay: &str) -> String {

@@ -18,7 +18,7 @@ use super::{
 };
 use crate::{
     cluster::inventory::Pod,
-    node::{netns, NodeView, RouteKind, RouteOrigin},
+    node::{netns, NodeView},
 };
 
 /// Everything the checks of one node read.
@@ -124,10 +124,8 @@ impl NodeFacts {
     /// and exports it to its peers.
     pub fn own_blocks(&self) -> Vec<ipnet::Ipv4Net> {
         self.view
-            .routes
-            .iter()
-            .filter(|r| r.kind == RouteKind::Blackhole && r.protocol == RouteOrigin::Bird)
-            .filter_map(|r| match r.destination {
+            .bird_blocks()
+            .filter_map(|block| match block {
                 ipnet::IpNet::V4(block) => Some(block),
                 ipnet::IpNet::V6(_) => None,
             })
@@ -195,22 +193,19 @@ pub async fn gather_all(args: &DoctorArgs, cluster: &ClusterState) -> Result<Vec
         })
         .collect();
     for facts in &mut all {
-        facts.peer_addresses6 = (addresses6.iter())
-            .filter(|(node, _)| *node != facts.name)
-            .cloned()
-            .collect();
-        facts.peer_blocks = blocks
-            .iter()
-            .filter(|(node, _)| *node != facts.name)
-            .cloned()
-            .collect();
-        facts.peer_addresses = addresses
-            .iter()
-            .filter(|(node, _)| *node != facts.name)
-            .cloned()
-            .collect();
+        facts.peer_blocks = of_others(&blocks, &facts.name);
+        facts.peer_addresses = of_others(&addresses, &facts.name);
+        facts.peer_addresses6 = of_others(&addresses6, &facts.name);
     }
     Ok(all)
+}
+
+/// The entries of `by_node` of every node but `me`.
+fn of_others<T: Clone>(by_node: &[(String, T)], me: &str) -> Vec<(String, T)> {
+    (by_node.iter())
+        .filter(|(node, _)| node != me)
+        .cloned()
+        .collect()
 }
 
 /// Which Node this is: --node, else the one whose InternalIP it holds.

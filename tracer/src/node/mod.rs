@@ -301,6 +301,20 @@ impl NodeView {
         self.links.iter().filter(move |l| l.kind == kind)
     }
 
+    /// Whether Calico's BIRD installed any of its routes (`proto bird`).
+    pub fn runs_bird(&self) -> bool {
+        self.routes.iter().any(|r| r.protocol == RouteOrigin::Bird)
+    }
+
+    /// The Calico IPAM blocks of either family BIRD blackholes here, one
+    /// per block affine to the node (`blackhole 10.244.8.0/26 proto
+    /// bird`), exported to its peers.
+    pub fn bird_blocks(&self) -> impl Iterator<Item = IpNet> + '_ {
+        (self.routes.iter())
+            .filter(|r| r.kind == RouteKind::Blackhole && r.protocol == RouteOrigin::Bird)
+            .map(|r| r.destination)
+    }
+
     /// The main-table route the kernel would pick for `dst` (longest
     /// prefix, among the routes of `dst`'s family).
     pub fn route_to(&self, dst: impl Into<IpAddr>) -> Option<&Route> {

@@ -295,9 +295,7 @@ fn expected_route6(dst: IpAddr, nodes: &HashMap<String, NodeFacts>, here: &str) 
         .iter()
         .filter(|(name, _)| name.as_str() != here)
         .find_map(|(name, facts)| {
-            let blocks = (facts.view.routes.iter())
-                .filter(|r| r.kind == RouteKind::Blackhole && r.protocol == RouteOrigin::Bird)
-                .map(|r| r.destination);
+            let blocks = facts.view.bird_blocks();
             let subnet = (blocks.chain(facts.local_pod_subnets.iter().copied()))
                 .filter(|net| net.contains(&dst))
                 .min_by_key(|net| net.prefix_len())?;
@@ -316,12 +314,7 @@ fn expected_route6(dst: IpAddr, nodes: &HashMap<String, NodeFacts>, here: &str) 
         None => {
             let on_underlay = (facts.view.addresses6.iter())
                 .find_map(|(_, ip)| Some((*ip, view.link_on_subnet_of(*ip)?)));
-            let bird = facts
-                .view
-                .routes
-                .iter()
-                .any(|r| r.protocol == RouteOrigin::Bird);
-            let protocol = if bird {
+            let protocol = if facts.view.runs_bird() {
                 RouteOrigin::Bird
             } else {
                 RouteOrigin::Other
@@ -368,12 +361,7 @@ fn traced_subnet(
     let others = nodes.iter().filter(|(name, _)| name.as_str() != here);
     others.into_iter().find_map(|(name, facts)| {
         let view = &facts.view;
-        let blocks = view
-            .routes
-            .iter()
-            .filter(|r| r.kind == RouteKind::Blackhole && r.protocol == RouteOrigin::Bird);
-        let subnet = blocks
-            .map(|r| r.destination)
+        let subnet = (view.bird_blocks())
             .chain(facts.local_pod_subnets.iter().copied())
             .filter_map(|net| match net {
                 ipnet::IpNet::V4(net) => Some(net),
