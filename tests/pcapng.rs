@@ -136,6 +136,7 @@ fn assert_written(done: &Finished, file: &Path) -> Vec<Vec<String>> {
         );
     }
     assert_eq!(per_iface_file, per_iface_json);
+    assert_no_frame_longer_than_its_packet(file);
     // Each story's verdict is on its last packet.
     for story in &stories {
         let verdict = format!("verdict: {}", story["verdict"]["summary"].as_str().unwrap());
@@ -145,6 +146,41 @@ fn assert_written(done: &Finished, file: &Path) -> Vec<Vec<String>> {
         );
     }
     frames
+}
+
+/// Every frame holds its packet's bytes and not one more: a drop's copy
+/// once ran 256 bytes whatever the packet, and the bytes past a 60-byte
+/// SYN held an earlier flow's payload and kernel pointers.
+fn assert_no_frame_longer_than_its_packet(file: &Path) {
+    let frames = tshark(
+        file,
+        "",
+        &[
+            "frame.cap_len",
+            "frame.len",
+            "frame.protocols",
+            "ip.len",
+            "ipv6.plen",
+        ],
+    );
+    assert!(!frames.is_empty());
+    for frame in &frames {
+        let number = |i: usize| -> Option<usize> { frame.get(i)?.split(',').next()?.parse().ok() };
+        let (captured, original) = (number(0).unwrap(), number(1).unwrap());
+        assert!(captured <= original, "{frame:?}");
+        let l2 = if frame[2].starts_with("eth:") { 14 } else { 0 };
+        let ip = number(3).or_else(|| number(4).map(|payload| payload + 40));
+        let ip = ip.unwrap_or_else(|| panic!("no IP length in {frame:?}"));
+        // An Ethernet frame may carry padding past its IP packet; a copy
+        // that starts at the IP header ends where the packet does.
+        if l2 == 0 {
+            assert!(
+                captured <= ip,
+                "{captured} bytes written for a {ip}-byte packet: {frame:?}"
+            );
+        }
+        assert!(original >= ip + l2, "{frame:?}");
+    }
 }
 
 /// `podtrace read` tells the live JSON again, line for line, without root.

@@ -33,6 +33,7 @@ static LAYOUT: KernelLayout = KernelLayout {
     skb_network_header: 0,
     skb_dev: 0,
     skb_len: 0,
+    skb_tail: 0,
     skb_mark: 0,
     dev_ifindex: 0,
     dev_nd_net: 0,
@@ -123,9 +124,11 @@ fn report(s: &mut Sighting, skb: u64, location: u64, reason: u32) {
     let layout = global(&LAYOUT);
     let head = kernel_read::<u64>(skb, layout.skb_head).unwrap_or(0);
     let network_header = kernel_read::<u16>(skb, layout.skb_network_header).unwrap_or(NO_HEADER);
+    let tail = kernel_read::<u32>(skb, layout.skb_tail).unwrap_or(0);
+    let copied = linear_from_network_header(network_header, tail);
     let has_header = head != 0
-        && network_header != NO_HEADER
-        && kernel_read_buf(head + u64::from(network_header), &mut s.snapshot);
+        && copied > 0
+        && kernel_read_buf(head + u64::from(network_header), &mut s.snapshot[..copied]);
     let (ifindex, inum) = device_netns(skb, &layout);
     let plain_or_inner = if has_header {
         // Only this node's tunnels are known: elsewhere (a pod's
@@ -147,7 +150,7 @@ fn report(s: &mut Sighting, skb: u64, location: u64, reason: u32) {
     let (kind, snapshot_len) = match plain_or_inner {
         // `--sample`: the same packets the tc programs keep.
         Some(kind) if !kept(&s.snapshot[..], kind) => return,
-        Some(kind) => (kind, SNAPSHOT_LEN),
+        Some(kind) => (kind, copied),
         None => match socket_match(skb, &layout, &mut s.snapshot) {
             Some(len) => (match_kind::SOCKET, len),
             None => return,
@@ -188,6 +191,22 @@ fn report(s: &mut Sighting, skb: u64, location: u64, reason: u32) {
     if SIGHTINGS.output::<Sighting>(s, 0).is_err() {
         bump(counter::RINGBUF_FULL);
     }
+}
+
+/// How many bytes of the packet lie in the skb's linear data from its
+/// network header on, at most a snapshot's: 0 when the header was never
+/// set. The copy reads no further, so no byte past the packet (a freed
+/// skb's tail room, another packet's data) reaches userspace.
+#[inline(always)]
+fn linear_from_network_header(network_header: u16, tail: u32) -> usize {
+    if network_header == NO_HEADER || tail <= u32::from(network_header) {
+        return 0;
+    }
+    let mut linear = (tail - u32::from(network_header)) as usize;
+    if linear > SNAPSHOT_LEN {
+        linear = SNAPSHOT_LEN;
+    }
+    linear
 }
 
 /// What [`classify_snapshot`] says of a packet it does not match.

@@ -123,6 +123,10 @@ pub struct KernelLayout {
     pub skb_network_header: u32,
     pub skb_dev: u32,
     pub skb_len: u32,
+    /// `sk_buff.tail`: where the linear data ends, as an offset from
+    /// `head` (64-bit kernels). A drop's copy stops there: past it lies
+    /// other memory, never the packet's.
+    pub skb_tail: u32,
     pub skb_mark: u32,
     pub dev_ifindex: u32,
     pub dev_nd_net: u32,
@@ -443,7 +447,7 @@ pub mod names {
 const _: () = assert!(core::mem::size_of::<Sighting>() == 72 + SNAPSHOT_LEN);
 const _: () = assert!(core::mem::align_of::<Sighting>() == 8);
 const _: () = assert!(core::mem::offset_of!(Sighting, snapshot) == 72);
-const _: () = assert!(core::mem::size_of::<KernelLayout>() == 15 * 4);
+const _: () = assert!(core::mem::size_of::<KernelLayout>() == 16 * 4);
 const _: () = assert!(core::mem::size_of::<FlowKey>() == 8);
 const _: () = assert!(core::mem::size_of::<PacketId>() == 16);
 const _: () = assert!(core::mem::size_of::<Stamp>() == 16);

@@ -130,6 +130,35 @@ pub struct Snapshot {
     pub has_l2: bool,
 }
 
+impl Snapshot {
+    /// The copied bytes that belong to the packet. A copy that starts at
+    /// the IP header (a drop's, an L3 device's) ends where the outermost
+    /// IP packet does: what the kernel copied past it is other memory,
+    /// never the packet's, and must not reach a capture file.
+    pub fn of_packet(copied: &[u8], has_l2: bool, packet: &Decoded) -> Self {
+        let end = if has_l2 {
+            copied.len()
+        } else {
+            usize::from(packet.outermost().total_len).min(copied.len())
+        };
+        Self {
+            bytes: copied[..end].to_vec(),
+            has_l2,
+        }
+    }
+
+    /// The packet's length on the wire, as far as the snapshot tells: an
+    /// L3 snapshot's IP total length, else what the skb said.
+    pub fn original_len(&self, packet: &Decoded, skb_len: u32) -> u32 {
+        let copied = self.bytes.len() as u32;
+        if self.has_l2 {
+            skb_len.max(copied)
+        } else {
+            u32::from(packet.outermost().total_len).max(copied)
+        }
+    }
+}
+
 /// Why a record could not become a hop (counted in the summary).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Unplaced {
@@ -224,13 +253,13 @@ pub fn place(
         packet,
         drop,
         route,
-        snapshot: Snapshot {
-            bytes: if keep_snapshot {
-                snapshot.to_vec()
-            } else {
-                Vec::new()
-            },
-            has_l2: s.has_l2 != 0,
+        snapshot: if keep_snapshot {
+            Snapshot::of_packet(snapshot, s.has_l2 != 0, &packet)
+        } else {
+            Snapshot {
+                bytes: Vec::new(),
+                has_l2: s.has_l2 != 0,
+            }
         },
     })
 }

@@ -122,6 +122,14 @@ pub struct Decoded {
     pub quoted: Option<Quoted>,
 }
 
+impl Decoded {
+    /// The IP header the packet travels under: the tunnel's outer one if
+    /// encapsulated, else the packet's own.
+    pub fn outermost(&self) -> &IpPacket {
+        self.tunnel.as_ref().map_or(&self.packet, |t| &t.outer)
+    }
+}
+
 #[derive(Debug, PartialEq, Eq)]
 pub enum DecodeError {
     NotIp,

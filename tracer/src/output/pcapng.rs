@@ -221,8 +221,9 @@ impl PcapWriter {
         body.u32((ns >> 32) as u32);
         body.u32(ns as u32);
         body.u32(data.len() as u32);
-        // A drop's skb may start past the L2 header the snapshot holds.
-        body.u32(hop.skb_len.max(bytes.len() as u32));
+        // A drop's skb may start past the IP header the snapshot holds:
+        // its length is not the packet's.
+        body.u32(hop.snapshot.original_len(&hop.packet, hop.skb_len));
         body.bytes(data);
         body.pad();
         for comment in comments {

@@ -57,6 +57,7 @@ pub fn kernel_layout(btf: &Btf) -> Result<KernelLayout> {
         skb_network_header: btf.member_offset("sk_buff", "network_header")?,
         skb_dev: btf.member_offset("sk_buff", "dev")?,
         skb_len: btf.member_offset("sk_buff", "len")?,
+        skb_tail: btf.member_offset("sk_buff", "tail")?,
         skb_mark: btf.member_offset("sk_buff", "mark")?,
         dev_ifindex: btf.member_offset("net_device", "ifindex")?,
         dev_nd_net: btf.member_offset("net_device", "nd_net")?,
