@@ -283,7 +283,7 @@ fn a_probe_that_cannot_be_sent_is_bad_input_and_nothing_is_sent() {
             "{probe}: {stderr}"
         );
     }
-    // A source that no namespace on this host holds: nothing attached.
+    // A source behind no pod veth of the traced nodes: nothing attached.
     let out = std::process::Command::new(PODTRACE)
         .args(argv(
             &["192.0.2.99", "default/db-0", "--probe", "icmp"],
@@ -294,7 +294,7 @@ fn a_probe_that_cannot_be_sent_is_bad_input_and_nothing_is_sent() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success()
-            && stderr.contains("no network namespace on this host holds 192.0.2.99"),
+            && stderr.contains("192.0.2.99 is behind no pod veth of the traced nodes"),
         "{stderr}"
     );
     for node in [1, 2] {

@@ -176,15 +176,16 @@ async fn probes_once_all_trace(
     trace: &Trace,
 ) -> Option<mpsc::UnboundedReceiver<ProbeEvent>> {
     let kind = args.probe.probe?;
-    let probing = match probing::prepare(args, &trace.targets, &trace.ctx).await {
-        Ok(probing) => probing?,
-        Err(e) => {
-            let (tx, rx) = mpsc::unbounded_channel();
-            let result = probing::could_not_send(kind, trace.targets.dst.ip, format!("{e:#}"));
-            let _ = tx.send(ProbeEvent::Done(result));
-            return Some(rx);
-        }
-    };
+    let probing =
+        match probing::prepare(args, &trace.targets, &trace.ctx, &trace.namespaces()).await {
+            Ok(probing) => probing?,
+            Err(e) => {
+                let (tx, rx) = mpsc::unbounded_channel();
+                let result = probing::could_not_send(kind, trace.targets.dst.ip, format!("{e:#}"));
+                let _ = tx.send(ProbeEvent::Done(result));
+                return Some(rx);
+            }
+        };
     let gate = match (lease, Cluster::connect(&Access::of(&args.kube)).await) {
         (Some(lease), Ok(cluster)) => {
             let (namespace, lease) = (args.agent_namespace.clone(), lease.clone());

@@ -90,7 +90,13 @@ pub async fn run(args: Args) -> Result<()> {
         },
         other => other?,
     };
-    let probing = probing::prepare(&args, &resolved.targets, &resolved.ctx).await?;
+    let probing = probing::prepare(
+        &args,
+        &resolved.targets,
+        &resolved.ctx,
+        &resolved.namespaces,
+    )
+    .await?;
     let mut trace = attach(&args, resolved).await?;
     masquerade::trace_masquerade_sources(&mut trace)?;
     // Only now that every hook is attached: each probe is seen whole.
@@ -263,6 +269,11 @@ struct Trace {
 }
 
 impl Trace {
+    /// The traced nodes' namespaces, in node id order.
+    fn namespaces(&self) -> Vec<Namespace> {
+        self.nodes.iter().map(|n| n.netns.clone()).collect()
+    }
+
     /// The batches queued now, not those the readers send meanwhile:
     /// under a flow faster than stories can be told, emptying the queue
     /// would never end (and Ctrl-C would wait for it).
@@ -482,6 +493,14 @@ async fn to_hop(s: &Sighting, trace: &mut Trace, summary: &mut Summary) -> Optio
     }
     summary.sightings += 1;
     if s.node_id == NODE_OTHER_NETNS {
+        let a_traced_pods = trace
+            .nodes
+            .iter()
+            .any(|n| n.pod_namespaces.contains(&s.netns_inum));
+        if !a_traced_pods {
+            summary.drops_elsewhere += 1;
+            return None;
+        }
         trace.others.learn(s.netns_inum).await;
     }
     let keep = trace.keep_snapshots;

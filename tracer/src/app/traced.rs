@@ -90,7 +90,11 @@ pub struct TracedNode {
     pub link_names: HashMap<u32, String>,
     /// Its nft tracing table and monitor; removed when dropped.
     netfilter: Option<NodeTrace>,
-    netns: Namespace,
+    pub netns: Namespace,
+    /// The inodes of the traced pods' own namespaces behind this node's
+    /// veths: a drop in any other namespace is not the pair's, whatever
+    /// addresses it holds.
+    pub pod_namespaces: Vec<u32>,
 }
 
 /// Where the traced source is one of the node's own addresses and the
@@ -170,8 +174,8 @@ impl TracedNode {
         let every = select(&view, underlay, cni);
         let local_pod_subnets = interfaces::local_pod_subnets(&view, &every);
         let (endpoints, local) = endpoints_here(shared, &name, &local_pod_subnets);
-        let (pod_interfaces, lost_pods) = find_pod_interfaces(&view, cni, &endpoints, &local).await;
-        let watched = needed(every, &pod_interfaces, &lost_pods, &name);
+        let pods = find_pod_interfaces(&view, cni, &endpoints, &local).await;
+        let watched = needed(every, &pods.found, &pods.lost, &name);
         let tunnels = TunnelTrust::of(&view, underlay, &other_nodes);
         let spec = ProbeSpec {
             node_id: id,
@@ -212,7 +216,7 @@ impl TracedNode {
             cni: cni.name(),
             inferred_pod_cidr: cni.inferred_pod_cidr(&view),
             local_pod_subnets,
-            pod_interfaces,
+            pod_interfaces: pods.found,
             view: view.clone(),
         };
         let node = Self {
@@ -224,6 +228,7 @@ impl TracedNode {
             link_names: view.links.into_iter().map(|l| (l.index, l.name)).collect(),
             netfilter,
             netns: ns.clone(),
+            pod_namespaces: pods.namespaces,
         };
         Ok((node, facts))
     }
@@ -258,8 +263,9 @@ impl TracedNode {
             .then_some(ip)
             .into_iter()
             .collect();
-        let (found, _) = find_pod_interfaces(&view, self.cni, &[ip], &local).await;
-        for (_, name) in found {
+        let pods = find_pod_interfaces(&view, self.cni, &[ip], &local).await;
+        self.pod_namespaces.extend(pods.namespaces);
+        for (_, name) in pods.found {
             let Some(iface) = every.iter().find(|w| w.name == name) else {
                 continue;
             };
@@ -426,30 +432,45 @@ impl Identity {
     }
 }
 
+/// The host interfaces of the traced pods found on a node, and the
+/// namespaces behind them.
+#[derive(Default)]
+struct PodInterfaces {
+    /// Each pod's address and host interface.
+    found: Vec<(IpAddr, String)>,
+    /// The inodes of the pods' own namespaces: drops there are the pair's.
+    namespaces: Vec<u32>,
+    /// Local pods whose interface could not be found.
+    lost: Vec<IpAddr>,
+}
+
 /// The host interfaces of the traced pods: by the CNI's own tables, else
-/// (for a local pod) from the pod's namespace. Also the local pods whose
-/// interface could not be found.
+/// (for a local pod) from the pod's namespace. Called inside the node's
+/// namespace.
 async fn find_pod_interfaces(
     view: &NodeView,
     cni: &dyn Backend,
     endpoints: &[IpAddr],
     local: &[IpAddr],
-) -> (Vec<(IpAddr, String)>, Vec<IpAddr>) {
-    let mut found = Vec::new();
-    let mut lost = Vec::new();
+) -> PodInterfaces {
+    let mut pods = PodInterfaces::default();
     for ip in endpoints {
-        let index = match cni.pod_interface(view, *ip) {
-            Some(link) => Some(link.index),
-            None if local.contains(ip) => pod_netns::host_veth(*ip, view).await,
-            None => None,
+        let (index, namespace) = match cni.pod_interface(view, *ip) {
+            Some(link) => (Some(link.index), pod_netns::behind_veth(link).await),
+            None if local.contains(ip) => match pod_netns::host_veth(*ip, view).await {
+                Some((index, namespace)) => (Some(index), Some(namespace)),
+                None => (None, None),
+            },
+            None => (None, None),
         };
         match index.and_then(|index| view.link(index)) {
-            Some(link) => found.push((*ip, link.name.clone())),
-            None if local.contains(ip) => lost.push(*ip),
+            Some(link) => pods.found.push((*ip, link.name.clone())),
+            None if local.contains(ip) => pods.lost.push(*ip),
             None => {}
         }
+        pods.namespaces.extend(namespace.map(|n| n.inode));
     }
-    (found, lost)
+    pods
 }
 
 /// What the trace needs of a node's interfaces: the underlay, bridges and

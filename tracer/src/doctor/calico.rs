@@ -189,6 +189,7 @@ mod tests {
             has_ethernet_header: true,
             mtu: 1500,
             peer_in_other_netns: true,
+            peer_netns_id: None,
             peer_index: None,
             vxlan: None,
         }];

@@ -243,6 +243,7 @@ mod tests {
                 has_ethernet_header: true,
                 mtu,
                 peer_in_other_netns: false,
+                peer_netns_id: None,
                 peer_index: None,
                 vxlan: (kind == "vxlan").then(|| crate::node::VxlanDevice {
                     dev: Some(2),

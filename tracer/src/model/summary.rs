@@ -24,6 +24,11 @@ pub struct Summary {
     /// other pairs' packets: left out in the kernel, one per hook crossed.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub other_pairs_encapsulated: u64,
+    /// Drops of the traced addresses in namespaces that are neither a
+    /// traced node's nor behind a traced pod's veth (a duplicate address:
+    /// another cluster or lab on the host): not the pair's, left out.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub drops_elsewhere: u64,
     /// Traced interfaces that vanished during the trace.
     pub interfaces_vanished: u64,
     /// Interfaces that appeared during the trace and were attached.

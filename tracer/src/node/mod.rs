@@ -27,6 +27,9 @@ pub struct Link {
     /// The other end lives in another network namespace (a veth whose peer
     /// is a pod's eth0, unlike cilium_host/cilium_net, both on the host).
     pub peer_in_other_netns: bool,
+    /// The id this namespace gives the namespace of its other end
+    /// (`link-netnsid`): unlike an ifindex, it names one namespace.
+    pub peer_netns_id: Option<i32>,
     /// The ifindex of its other end (a veth's peer), in that end's
     /// namespace.
     pub peer_index: Option<u32>,
@@ -340,6 +343,7 @@ pub(crate) mod fixtures {
             has_ethernet_header: kind != "ipip",
             mtu: if kind == "vxlan" { 1450 } else { 1500 },
             peer_in_other_netns: kind == "veth",
+            peer_netns_id: None,
             peer_index: None,
             vxlan: None,
         }
@@ -459,6 +463,7 @@ mod tests {
                 has_ethernet_header: true,
                 mtu: 1450,
                 peer_in_other_netns: false,
+                peer_netns_id: None,
                 peer_index: None,
                 vxlan: None,
             }],

@@ -4,7 +4,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use anyhow::{Context, Result};
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use ipnet::IpNet;
 use rtnetlink::{
     packet_route::{
@@ -81,6 +81,49 @@ impl NodeView {
         task.abort();
         result
     }
+}
+
+/// The id the calling thread's namespace gives the namespace `other`
+/// (an open handle on it: `/run/netns/X`, `/proc/PID/ns/net`), as a
+/// veth's `link-netnsid` names it; `None` when it has given it none.
+pub async fn netns_id_of(other: &std::fs::File) -> Result<Option<i32>> {
+    use std::os::fd::AsRawFd;
+
+    use rtnetlink::{
+        packet_core::{NetlinkMessage, NetlinkPayload, NLM_F_REQUEST},
+        packet_route::{
+            nsid::{NsidAttribute, NsidMessage},
+            RouteNetlinkMessage,
+        },
+    };
+
+    let (connection, mut handle, _) =
+        rtnetlink::new_connection().context("cannot open an rtnetlink socket")?;
+    let task = tokio::spawn(connection);
+    let mut ask = NsidMessage::default();
+    ask.attributes
+        .push(NsidAttribute::Fd(other.as_raw_fd() as u32));
+    let mut request = NetlinkMessage::from(RouteNetlinkMessage::GetNsId(ask));
+    request.header.flags = NLM_F_REQUEST;
+    let answers: Vec<_> = match handle.request(request) {
+        Ok(stream) => stream.collect().await,
+        Err(e) => {
+            task.abort();
+            return Err(e).context("cannot ask for a namespace id");
+        }
+    };
+    task.abort();
+    let id = answers.into_iter().find_map(|answer| match answer.payload {
+        NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewNsId(msg)) => {
+            msg.attributes.into_iter().find_map(|a| match a {
+                NsidAttribute::Id(id) => Some(id),
+                _ => None,
+            })
+        }
+        _ => None,
+    });
+    // -1: NETNSA_NSID_NOT_ASSIGNED.
+    Ok(id.filter(|id| *id >= 0))
 }
 
 /// The source address the calling thread's namespace sends from toward
@@ -226,6 +269,7 @@ impl From<LinkMessage> for Link {
             has_ethernet_header: msg.header.link_layer_type == LinkLayerType::Ether,
             mtu: 0,
             peer_in_other_netns: false,
+            peer_netns_id: None,
             peer_index: None,
             vxlan: None,
         };
@@ -234,7 +278,10 @@ impl From<LinkMessage> for Link {
                 LinkAttribute::IfName(name) => link.name = name,
                 LinkAttribute::Controller(index) => link.controller = Some(index),
                 LinkAttribute::Mtu(mtu) => link.mtu = mtu,
-                LinkAttribute::LinkNetNsId(_) => link.peer_in_other_netns = true,
+                LinkAttribute::LinkNetNsId(id) => {
+                    link.peer_in_other_netns = true;
+                    link.peer_netns_id = Some(id);
+                }
                 LinkAttribute::Link(index) => link.peer_index = Some(index),
                 LinkAttribute::LinkInfo(infos) => {
                     for info in infos {

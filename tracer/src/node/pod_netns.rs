@@ -9,17 +9,22 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    net::{IpAddr, Ipv4Addr},
+    net::IpAddr,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
 };
 
-use super::{netns, NodeView};
+use super::{
+    netlink,
+    netns::{self, Namespace},
+    Link, NodeView,
+};
 
-/// The host-side veth (its ifindex on `node`) of the pod with `ip`, if a
-/// namespace on this machine holds `ip` behind a veth whose peer is on
-/// `node`. Called inside the node's namespace, and returns there.
-pub async fn host_veth(ip: IpAddr, node: &NodeView) -> Option<u32> {
+/// The host-side veth (its ifindex on `node`) of the pod with `ip`, and
+/// the pod's namespace, if a namespace on this machine holds `ip` behind
+/// a veth whose peer is on `node`. Called inside the node's namespace,
+/// and returns there.
+pub async fn host_veth(ip: IpAddr, node: &NodeView) -> Option<(u32, PodNamespace)> {
     let own = std::fs::metadata("/proc/thread-self/ns/net").ok()?.ino();
     for candidate in namespaces(own) {
         let Ok(entered) = netns::enter(&candidate) else {
@@ -40,13 +45,78 @@ pub async fn host_veth(ip: IpAddr, node: &NodeView) -> Option<u32> {
         drop(entered);
         let pod_end = pod.as_ref()?.link_with_address(ip)?;
         let host_end = node.link(pod_end.peer_index?)?;
-        // Both ends name each other: not some other pair with the same
-        // ifindexes in another node's namespace.
-        if host_end.kind == "veth" && host_end.peer_index == Some(pod_end.index) {
-            return Some(host_end.index);
+        // Both ends name each other, and the node's end leads to this very
+        // namespace: ifindexes repeat in every namespace, so another
+        // node's pod (two labs, two kind clusters) can match by indexes.
+        if host_end.kind == "veth"
+            && host_end.peer_index == Some(pod_end.index)
+            && leads_to(host_end, &candidate).await
+        {
+            let inode = u32::try_from(inode(&candidate)?).ok()?;
+            let pod = PodNamespace {
+                path: candidate,
+                inode,
+            };
+            return Some((host_end.index, pod));
         }
     }
     None
+}
+
+/// The namespace of the pod with `ip`, behind a veth of one of the
+/// `nodes`' namespaces: where a probe from that pod must leave. Not any
+/// namespace holding `ip`: a duplicate address elsewhere (another
+/// cluster's pod, a test namespace, 127.0.0.1 anywhere) is not the pod.
+pub async fn of_pod_on(ip: IpAddr, nodes: &[Namespace]) -> Option<PodNamespace> {
+    for node in nodes {
+        let Ok(entered) = node.path.as_deref().map(netns::enter).transpose() else {
+            continue;
+        };
+        let Ok(view) = NodeView::read().await else {
+            continue;
+        };
+        let found = host_veth(ip, &view).await;
+        drop(entered);
+        if let Some((_, pod)) = found {
+            return Some(pod);
+        }
+    }
+    None
+}
+
+/// A traced pod's own network namespace, found behind its host veth.
+#[derive(Clone, Debug)]
+pub struct PodNamespace {
+    pub path: PathBuf,
+    pub inode: u32,
+}
+
+/// The namespace at the other end of the node's veth `veth`: the one the
+/// node's kernel gives the veth's `link-netnsid`. Called inside the
+/// node's namespace. A pod's drops, and its probes, belong to this
+/// namespace alone, not to any that holds the same address.
+pub async fn behind_veth(veth: &Link) -> Option<PodNamespace> {
+    veth.peer_netns_id?;
+    let own = std::fs::metadata("/proc/thread-self/ns/net").ok()?.ino();
+    for path in namespaces(own) {
+        if leads_to(veth, &path).await {
+            let inode = u32::try_from(inode(&path)?).ok()?;
+            return Some(PodNamespace { path, inode });
+        }
+    }
+    None
+}
+
+/// Whether `link`'s other end is in the namespace at `path`, by the id the
+/// calling thread's namespace gives that namespace.
+async fn leads_to(link: &Link, path: &Path) -> bool {
+    let Some(id) = link.peer_netns_id else {
+        return false;
+    };
+    let Ok(handle) = std::fs::File::open(path) else {
+        return false;
+    };
+    netlink::netns_id_of(&handle).await.ok().flatten() == Some(id)
 }
 
 /// Every network namespace on this machine but `own`: named ones (`ip
@@ -79,23 +149,6 @@ fn namespaces(own: u64) -> Vec<PathBuf> {
 
 fn inode(path: &Path) -> Option<u64> {
     std::fs::metadata(path).ok().map(|m| m.ino())
-}
-
-/// The network namespace, other than this thread's, whose interfaces
-/// hold `ip`: a pod's (`--probe` sends from there).
-pub async fn holding(ip: Ipv4Addr) -> Option<PathBuf> {
-    let own = std::fs::metadata("/proc/thread-self/ns/net").map_or(0, |m| m.ino());
-    for path in namespaces(own) {
-        let Ok(entered) = netns::enter(&path) else {
-            continue;
-        };
-        let view = NodeView::read().await.ok();
-        drop(entered);
-        if view.is_some_and(|view| view.own_addresses().any(|own| own == ip)) {
-            return Some(path);
-        }
-    }
-    None
 }
 
 /// Names of namespaces no traced node owns, learnt on first sight.

@@ -186,7 +186,7 @@ pub fn human_summary(s: &Summary) -> String {
 }
 
 fn node_mode_summary(s: &Summary) -> String {
-    format!(
+    let mut text = format!(
         "podtrace: {} stories from {} sightings on {} hooks; lost: {} (ring buffer full), {} (header copy failed); undecodable: {}; on unknown interfaces: {}; interfaces vanished: {}, added: {}\n",
         s.stories,
         s.sightings,
@@ -197,7 +197,14 @@ fn node_mode_summary(s: &Summary) -> String {
         s.unknown_interface,
         s.interfaces_vanished,
         s.interfaces_added
-    )
+    );
+    if s.drops_elsewhere > 0 {
+        text.push_str(&format!(
+            "podtrace: {} drops of the traced addresses in other namespaces left out: neither a traced node's nor behind a traced pod's veth (the same addresses elsewhere on this host)\n",
+            s.drops_elsewhere
+        ));
+    }
+    text
 }
 
 #[cfg(test)]

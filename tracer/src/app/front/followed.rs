@@ -56,6 +56,7 @@ impl Followed {
         summary.undecodable += own.undecodable;
         summary.other_pairs_encapsulated += own.other_pairs_encapsulated;
         summary.unknown_interface += own.unknown_interface;
+        summary.drops_elsewhere += own.drops_elsewhere;
         summary.interfaces_vanished += own.interfaces_vanished;
         summary.interfaces_added += own.interfaces_added;
         summary.lost_agent += lost_agent;

@@ -27,7 +27,10 @@ use super::targets::Targets;
 use crate::{
     cli::Args,
     model::{ProbeKind, ProbeResult},
-    node::{netns, pod_netns},
+    node::{
+        netns::{self, Namespace},
+        pod_netns,
+    },
     story::Context,
 };
 
@@ -57,6 +60,7 @@ pub(super) async fn prepare(
     args: &Args,
     targets: &Targets,
     ctx: &Context,
+    nodes: &[Namespace],
 ) -> Result<Option<Probing>> {
     let Some(kind) = args.probe.probe else {
         return Ok(None);
@@ -67,12 +71,14 @@ pub(super) async fn prepare(
             targets.named_pairs(ctx)
         );
     };
-    let Some(netns) = pod_netns::holding(src).await else {
+    let Some(pod) = pod_netns::of_pod_on(src.into(), nodes).await else {
         bail!(
-            "--probe {kind}: no network namespace on this host holds {}: podtrace sends probes from the source pod's own namespace, so run it on the source's node (or through kubectl podtrace)",
-            ctx.label(src)
+            "--probe {kind}: {} is behind no pod veth of the traced node{}: podtrace sends probes from the source pod's own namespace (found behind its veth, not by its address alone), so trace the source's node (or use kubectl podtrace)",
+            ctx.label(src),
+            if nodes.len() == 1 { "" } else { "s" }
         );
     };
+    let netns = pod.path;
     Ok(Some(Probing {
         kind,
         netns,
