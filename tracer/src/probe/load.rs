@@ -14,7 +14,7 @@ use std::{
     },
 };
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use aya::{
     maps::{Array as BpfArray, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     Btf, Ebpf, EbpfLoader,
@@ -33,8 +33,10 @@ use super::{
     clock::monotonic_ns,
     drops,
     features::DropHook,
+    memlock,
     run_registry::{self, Record},
     tc::{self, AttachMode},
+    uninterrupted::SignalsHeld,
 };
 use crate::node::{interfaces::Watched, netns::Namespace, tunnels::TunnelTrust};
 
@@ -152,24 +154,8 @@ impl NodeProbe {
     pub fn attach(spec: &ProbeSpec<'_>, watched: &[Watched]) -> Result<Self> {
         // Whatever killed runs left goes first, in every mode.
         run_registry::sweep_dead_runs()?;
-        let stamps = spec.shared_stamps.map(|dir| dir.join(names::STAMPS));
-        let mut loader = EbpfLoader::new();
-        if let Some(path) = &stamps {
-            loader.map_pin_path(names::STAMPS, path.as_path());
-        }
-        let mut ebpf = loader
-            .override_global(names::NODE_ID, &spec.node_id, true)
-            .override_global(names::LAYOUT, spec.layout, true)
-            .override_global(names::NETNS_INUM, &spec.netns.inum, true)
-            .override_global(names::TRACED_NETNS, spec.traced_netns, true)
-            .override_global(names::PROFILE, &u32::from(spec.profile), true)
-            .override_global(names::SAMPLE, &spec.sample, true)
-            .override_global(names::FILTERING, &u32::from(spec.filter.is_some()), true)
-            .override_global(names::WAKE_BYTES, &(u64::from(spec.ring_bytes) / 4), true)
-            .override_global(names::TUNNEL_PORTS, &spec.tunnels.udp_ports(), true)
-            .map_max_entries(names::SIGHTINGS, spec.ring_bytes)
-            .load(EBPF_OBJECT)
-            .context("cannot load the eBPF programs")?;
+        let _held = SignalsHeld::now();
+        let mut ebpf = load_fitting_memlock(spec)?;
         flow_filter(&mut ebpf)?.replace(&[], spec.flows)?;
         flow_filter6(&mut ebpf)?.replace(&[], spec.flows6)?;
         if let Some(filter) = spec.filter {
@@ -294,6 +280,50 @@ impl NodeProbe {
         }
         Ok(out)
     }
+}
+
+/// The eBPF object loaded with `spec`'s globals and its ring buffer, the
+/// ring halved while the kernel refuses the maps for lack of locked
+/// memory (see `memlock`).
+fn load_fitting_memlock(spec: &ProbeSpec<'_>) -> Result<Ebpf> {
+    let limit = memlock::raise();
+    let mut ring_bytes = spec.ring_bytes;
+    loop {
+        match load_object(spec, ring_bytes) {
+            Ok(ebpf) => {
+                if let (true, Some(limit)) = (ring_bytes < spec.ring_bytes, limit) {
+                    memlock::say_shrunk(spec.ring_bytes, ring_bytes, limit);
+                }
+                return Ok(ebpf);
+            }
+            Err(e) if memlock::refused_map(&e) => match limit {
+                Some(_) if ring_bytes / 2 >= memlock::SMALLEST_RING => ring_bytes /= 2,
+                Some(limit) => bail!("{}", memlock::too_low(limit)),
+                None => return Err(e).context("cannot load the eBPF programs"),
+            },
+            Err(e) => return Err(e).context("cannot load the eBPF programs"),
+        }
+    }
+}
+
+fn load_object(spec: &ProbeSpec<'_>, ring_bytes: u32) -> Result<Ebpf, aya::EbpfError> {
+    let stamps = spec.shared_stamps.map(|dir| dir.join(names::STAMPS));
+    let mut loader = EbpfLoader::new();
+    if let Some(path) = &stamps {
+        loader.map_pin_path(names::STAMPS, path.as_path());
+    }
+    loader
+        .override_global(names::NODE_ID, &spec.node_id, true)
+        .override_global(names::LAYOUT, spec.layout, true)
+        .override_global(names::NETNS_INUM, &spec.netns.inum, true)
+        .override_global(names::TRACED_NETNS, spec.traced_netns, true)
+        .override_global(names::PROFILE, &u32::from(spec.profile), true)
+        .override_global(names::SAMPLE, &spec.sample, true)
+        .override_global(names::FILTERING, &u32::from(spec.filter.is_some()), true)
+        .override_global(names::WAKE_BYTES, &(u64::from(ring_bytes) / 4), true)
+        .override_global(names::TUNNEL_PORTS, &spec.tunnels.udp_ports(), true)
+        .map_max_entries(names::SIGHTINGS, ring_bytes)
+        .load(EBPF_OBJECT)
 }
 
 /// Says once that this kernel refused the IPv6 programs: IPv4 is traced

@@ -17,7 +17,9 @@
 //! - `load`: one node's probe, the eBPF object loaded with its globals;
 //! - `run_registry`: which run owns which filter and table, alive or not;
 //! - `shared_maps`: a bpffs private to the process, for maps its probes
-//!   share.
+//!   share;
+//! - `uninterrupted`: stop signals held back while programs load;
+//! - `memlock`: the locked-memory limit kernels before 5.11 charge maps to.
 
 pub mod btf;
 pub mod clock;
@@ -26,6 +28,7 @@ pub mod drops;
 pub mod features;
 pub mod link_watch;
 mod load;
+mod memlock;
 pub mod netfilter;
 pub mod nft_trace;
 pub mod profile;
@@ -34,6 +37,7 @@ pub mod run_registry;
 pub mod shared_maps;
 pub mod tc;
 mod try_load;
+mod uninterrupted;
 
 use anyhow::{Context as _, Result};
 use podtrace_common::KernelLayout;
