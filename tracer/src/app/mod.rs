@@ -52,6 +52,7 @@ use crate::{
     node::{netns::Namespace, pod_netns::OtherNamespaces},
     output::pcapng,
     probe::{
+        capabilities::Capabilities,
         clock::monotonic_ns,
         conntrack,
         link_watch::LinkChange,
@@ -125,7 +126,7 @@ fn require_root() -> Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("podtrace needs root (CAP_BPF and CAP_NET_ADMIN) to load eBPF programs: run it with sudo, or use cluster mode (--cluster, or kubectl podtrace)");
     }
-    Ok(())
+    Capabilities::of_this_process().require()
 }
 
 /// What the resolve phase learnt: who is traced, where, and the names.

@@ -387,7 +387,7 @@ fn agent_pod(
             "tolerations": [{"operator": "Exists"}],
             "containers": [{
                 "name": "agent", "image": image, "command": ["podtrace"], "args": argv,
-                "securityContext": {"capabilities": {"add": ["BPF", "PERFMON", "NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE", "NET_RAW"], "drop": ["ALL"]}},
+                "securityContext": {"capabilities": {"add": ["NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE", "NET_RAW", "SYSLOG", "SYS_RESOURCE"], "drop": ["ALL"]}},
                 "volumeMounts": [{"name": "btf", "mountPath": "/sys/kernel/btf", "readOnly": true},
                                  {"name": "runs", "mountPath": "/run/podtrace"},
                                  {"name": "host", "mountPath": HOST_ROOT, "readOnly": true}]

@@ -189,6 +189,11 @@ impl Symbols {
         Self(symbols)
     }
 
+    /// No symbol has an address: the kernel hid them from this process.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// `name+0xoffset` of the function holding `addr`, or the raw address.
     pub fn name(&self, addr: u64) -> String {
         let at = self.0.partition_point(|(a, _)| *a <= addr);

@@ -9,6 +9,7 @@
 //!   `nft_trace`: its events read into named rules;
 //! - `link_watch`: interfaces that come and go during a trace;
 //! - `btf`: the running kernel's struct layout, since Rust eBPF has no CO-RE;
+//! - `capabilities`: the ones podtrace runs with, and what each missing one costs;
 //! - `features`: what the running kernel can do, and what podtrace does
 //!   instead where it cannot;
 //! - `profile`: profile mode's step histograms, read from the kernel;
@@ -22,6 +23,7 @@
 //! - `memlock`: the locked-memory limit kernels before 5.11 charge maps to.
 
 pub mod btf;
+pub mod capabilities;
 pub mod clock;
 pub mod conntrack;
 pub mod drops;
@@ -50,6 +52,7 @@ pub use try_load::{first_line, try_load, Loaded};
 
 use self::{
     btf::Btf,
+    capabilities::Capabilities,
     drops::{ReasonNames, Symbols},
     features::Features,
 };
@@ -85,9 +88,17 @@ impl Kernel {
         if let Some(line) = features::banner(&self.features.release, &degraded) {
             eprintln!("podtrace: {line}");
         }
+        let without_privileges = Capabilities::of_this_process().degraded(self.symbols.is_empty());
+        for lost in &without_privileges {
+            eprintln!("podtrace: {lost}");
+        }
         KernelSummary {
             release: self.features.release.clone(),
-            degraded: degraded.iter().map(ToString::to_string).collect(),
+            degraded: degraded
+                .iter()
+                .map(ToString::to_string)
+                .chain(without_privileges)
+                .collect(),
         }
     }
 

@@ -27,7 +27,9 @@ use kernels::{Series, MATRIX};
 /// the lab's stories on all four topologies, the fault catalogue's drops
 /// each named with its rule, no_route, a ClusterIP's DNAT in both
 /// kube-proxy modes, a dual-stack pair over IPv6 and an IPv6 ClusterIP's
-/// DNAT (the IPv6 programs), and cleanup after kill -9 in clsact mode
+/// DNAT (the IPv6 programs), an iptables drop traced under the agent
+/// pod's capabilities and memlock limit with the kernel's addresses hidden
+/// as distributions hide them, and cleanup after kill -9 in clsact mode
 /// (every kernel) and in TCX mode (`TCX_SUITE`, where the kernel has it).
 pub const SUITE: &[(&str, &[&str])] = &[
     (
@@ -58,6 +60,10 @@ pub const SUITE: &[(&str, &[&str])] = &[
             "a_cluster_ip_is_followed_to_its_backend_on_the_other_node_and_back_iptables",
             "a_cluster_ip_is_followed_to_its_backend_on_the_other_node_and_back_nftables",
         ],
+    ),
+    (
+        "deployed",
+        &["the_agents_capability_set_names_the_rule_and_where_the_kernel_dropped"],
     ),
     (
         "ipv6",
@@ -386,7 +392,7 @@ fn guest_script(
     podtrace: &Path,
 ) -> String {
     let mut script = format!(
-        "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root RUST_BACKTRACE=1\ncd '{}'\nstatus=0\necho \"{}$('{}' kernel -o json)\"\n",
+        "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root RUST_BACKTRACE=1 PODTRACE_GUEST=1\ncd '{}'\nstatus=0\necho \"{}$('{}' kernel -o json)\"\n",
         workspace.join("tracer").display(),
         boot::KERNEL_REPORT,
         podtrace.display(),
