@@ -87,6 +87,39 @@ fn a_next_hop_that_never_answers_arp_is_a_drop_that_names_it() {
     );
 }
 
+/// A probe run ends once its stories are told: one that ended 1.5 s after
+/// the last probe told the echo still waiting for ARP `vanished`, and the
+/// probe's result quoted that.
+#[test]
+fn a_probe_waiting_for_arp_is_told_dropped_not_vanished() {
+    let lab = lab(Topology::FlannelVxlan);
+    Fault::NextHopNoArp.apply(&lab.0).expect("apply the fault");
+    let done = Trace::start(&argv(
+        &["web-0", "db-0", "-o", "json", "--probe", "icmp"],
+        lab_args(&lab.0, &[1, 2]),
+    ))
+    .finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    let request = done.stories().into_iter().next().expect("a story");
+    let verdict = &request["verdict"];
+    assert_eq!(verdict["outcome"], "dropped", "{verdict}");
+    assert!(
+        verdict["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("NEIGH_"),
+        "{verdict}"
+    );
+    let probe = done.probes().into_iter().next().expect("a probe result");
+    assert!(
+        !probe["result"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("vanished"),
+        "{probe}"
+    );
+}
+
 #[test]
 fn a_missing_pod_subnet_route_is_no_route_without_the_nodes_file() {
     let lab = lab(Topology::FlannelVxlan);

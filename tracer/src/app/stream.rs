@@ -108,6 +108,19 @@ pub(super) fn correlator_for(ctx: &Context, rules_traced: bool) -> Correlator {
 /// How long after the last probe its stories may take to be told (the
 /// journey's patience, and its drop's rule).
 pub(super) const PROBE_STORIES: Duration = JOURNEY_PATIENCE;
+/// …and at most this long while one is still under way: a packet that
+/// waits for ARP is freed by the kernel after its probes, and ending
+/// before then told it `vanished`.
+const PROBE_STORIES_AT_MOST: Duration = ARP_PATIENCE.saturating_add(JOURNEY_PATIENCE);
+
+/// Whether the last probe's stories have had their time: each told, or
+/// as long as the slowest may take.
+fn probes_told(done: Option<Instant>, stories_under_way: bool) -> bool {
+    done.is_some_and(|at| {
+        let waited = at.elapsed();
+        waited >= PROBE_STORIES && (!stories_under_way || waited >= PROBE_STORIES_AT_MOST)
+    })
+}
 
 /// Where the stream loop's events go.
 pub(super) trait Consumer {
@@ -134,6 +147,10 @@ pub(super) trait Consumer {
     fn ends_with_probes(&self) -> bool {
         true
     }
+    /// Whether a story is still under way (correlated here, not told).
+    fn stories_under_way(&self) -> bool {
+        false
+    }
 }
 
 /// What a stream loop hears from, and does with what it hears: a traced
@@ -158,6 +175,10 @@ pub(super) trait Source {
     /// When `--probe`'s last probe ended, once it has.
     fn probes_done(&self) -> Option<Instant> {
         None
+    }
+    /// Whether a story is still under way (not told yet).
+    fn stories_under_way(&self) -> bool {
+        false
     }
 }
 
@@ -195,10 +216,7 @@ pub(super) async fn drive(
             },
             _ = tick.tick() => {
                 source.tick().await?;
-                let probes_told = source
-                    .probes_done()
-                    .is_some_and(|at| at.elapsed() >= PROBE_STORIES);
-                if end_with_probes && probes_told {
+                if end_with_probes && probes_told(source.probes_done(), source.stories_under_way()) {
                     return Ok(Ended::Probed);
                 }
             }
@@ -361,6 +379,10 @@ impl<C: Consumer> Source for NodeStream<'_, C> {
     fn probes_done(&self) -> Option<Instant> {
         self.probes_done
     }
+
+    fn stories_under_way(&self) -> bool {
+        self.consumer.stories_under_way()
+    }
 }
 
 /// What `--probe`'s thread says next; `None` once it is done, and never
@@ -434,6 +456,10 @@ impl Consumer for Local {
             }
             ProbeEvent::Done(result) => self.probes.push(result),
         }
+    }
+
+    fn stories_under_way(&self) -> bool {
+        self.correlator.pending() > 0
     }
 }
 

@@ -451,6 +451,10 @@ impl Source for Session {
     fn probes_done(&self) -> Option<Instant> {
         self.probes_done
     }
+
+    fn stories_under_way(&self) -> bool {
+        self.correlator.pending() > 0
+    }
 }
 
 /// The stories' context: the teller's once it tells, else the one the
