@@ -10,8 +10,14 @@ use crate::headers::*;
 use crate::packet::Bytes;
 use crate::transport::{l4_of, L4};
 
-/// Ports a filter holds at most (`--port` repeated).
-pub const MAX_FILTER_PORTS: usize = 8;
+/// Ports a filter holds at most: those asked for (`--port` repeated, at
+/// most [`MAX_ASKED_PORTS`]) and as many Services' target ports they keep,
+/// learnt as connections open. The loop stops at the ports set, so room
+/// left empty costs nothing.
+pub const MAX_FILTER_PORTS: usize = 2 * MAX_ASKED_PORTS;
+
+/// `--port` given at most this often.
+pub const MAX_ASKED_PORTS: usize = 8;
 
 /// Bits of [`L4Filter::protocols`].
 pub mod protocol_bit {

@@ -116,9 +116,13 @@ fn widen_filter(entry: &conntrack::Entry, trace: &mut Trace) -> Result<()> {
             }
         }
         Ok(false) => {}
-        Err(e) => eprintln!(
-            "podtrace: {e:#}: the packets of {front}'s backends on port {back} are left out"
-        ),
+        Err(e) => {
+            // Once: every later connection to those backends meets it too.
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                eprintln!("podtrace: {e:#}: the packets of {front}'s backends on port {back} (and any later target port) are left out in the kernel, so their stories end where the DNAT happens");
+            });
+        }
     }
     Ok(())
 }

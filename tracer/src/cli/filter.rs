@@ -3,7 +3,7 @@
 //! traffic does.
 
 use anyhow::{bail, Result};
-use podtrace_common::filter::{protocol_bit, L4Filter, MAX_FILTER_PORTS};
+use podtrace_common::filter::{protocol_bit, L4Filter, MAX_ASKED_PORTS, MAX_FILTER_PORTS};
 
 use crate::model::Translation;
 
@@ -54,7 +54,16 @@ impl FilterArgs {
             protocols: self.protos.iter().fold(0, |bits, p| bits | p.bit()),
             ..L4Filter::default()
         };
-        for &port in &self.ports {
+        let mut asked = self.ports.clone();
+        asked.sort_unstable();
+        asked.dedup();
+        if asked.len() > MAX_ASKED_PORTS {
+            bail!(
+                "--port: at most {MAX_ASKED_PORTS} ports ({} given)",
+                asked.len()
+            );
+        }
+        for &port in &asked {
             add_port(&mut filter, port)?;
         }
         for t in translations.iter().filter(|t| !t.source) {
@@ -96,7 +105,7 @@ fn add_port(filter: &mut L4Filter, port: u16) -> Result<()> {
         return Ok(());
     }
     if len == MAX_FILTER_PORTS {
-        bail!("--port: at most {MAX_FILTER_PORTS} ports, with the Services' target ports they keep (port {port} is one too many)");
+        bail!("--port: the kernel's filter holds {MAX_FILTER_PORTS} ports, the Services' target ports they keep included (port {port} is one too many)");
     }
     filter.ports[len] = port;
     filter.ports_len += 1;
