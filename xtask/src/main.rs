@@ -181,6 +181,8 @@ fn lab(action: LabAction) -> Result<()> {
                     Some(podtrace) => podtrace,
                     None => built_podtrace()?,
                 };
+                // The agent image first: the stub must start within seconds.
+                xtask::api_stub::lab_image(&podtrace)?;
                 let kubeconfig = lab.start_api(&std::env::current_exe()?, &podtrace)?;
                 println!("  agents run {}", podtrace.display());
                 println!(
@@ -312,6 +314,7 @@ fn demo() -> Result<()> {
 /// The same ping, told through `kubectl podtrace` against the lab's API:
 /// agent pods on both nodes, one merged story.
 fn demo_cluster(podtrace: &Path, lab: &Lab) -> Result<()> {
+    xtask::api_stub::lab_image(podtrace)?;
     let kubeconfig = lab.start_api(&std::env::current_exe()?, podtrace)?;
     let bin = lab.state_dir().join("bin");
     std::fs::create_dir_all(&bin)?;

@@ -301,7 +301,7 @@ fn revision(root: &Path) -> Result<(String, u64)> {
 
 /// An exclusive lock on `path` while the guard lives (two test binaries
 /// building the base layer at once build it once).
-fn lock(path: &Path) -> Result<File> {
+pub(crate) fn lock(path: &Path) -> Result<File> {
     use std::os::fd::AsRawFd;
     let file = File::create(path).with_context(|| format!("create {}", path.display()))?;
     // SAFETY: flock on a descriptor this function owns; released on close.

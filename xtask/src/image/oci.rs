@@ -222,12 +222,15 @@ fn blob_path(digest: &str) -> String {
     format!("blobs/{}", digest.replacen(':', "/", 1))
 }
 
-/// A regular file's header, owned by root, mode 0644.
+/// A regular file's header, owned by root, mode 0644, dated 1970.
 pub fn file_header(size: u64) -> tar::Header {
     let mut header = tar::Header::new_gnu();
     header.set_entry_type(tar::EntryType::Regular);
     header.set_size(size);
     header.set_mode(0o644);
+    header.set_uid(0);
+    header.set_gid(0);
+    header.set_mtime(0);
     header
 }
 
