@@ -108,7 +108,8 @@ pub fn base_layer(root: &Path, fresh: bool) -> Result<Layer> {
     let dir = image_dir(root);
     std::fs::create_dir_all(&dir)?;
     let _lock = lock(&dir.join("base.lock"))?;
-    let blob = dir.join(format!("base-{}.tar.gz", &key["sha256:".len()..][..16]));
+    let short = &key["sha256:".len()..][..16];
+    let blob = dir.join(format!("base-{short}.tar.gz"));
     let meta = blob.with_extension("json");
     if !fresh {
         if let Ok(text) = std::fs::read_to_string(&meta) {
@@ -135,6 +136,13 @@ pub fn base_layer(root: &Path, fresh: bool) -> Result<Layer> {
     let layer = Layer::write(&blob, |tar| copy_rootfs(&rootfs, tar));
     let _ = std::fs::remove_file(&rootfs);
     let layer = layer?;
+    // Another recipe's layer is not used again: only the current one stays.
+    for other in std::fs::read_dir(&dir)?.flatten() {
+        let name = other.file_name().to_string_lossy().into_owned();
+        if name.starts_with("base-") && !name.starts_with(&format!("base-{short}.")) {
+            let _ = std::fs::remove_file(other.path());
+        }
+    }
     let meta_json = json!({"digest": layer.digest, "diff_id": layer.diff_id, "size": layer.size});
     std::fs::write(&meta, serde_json::to_vec(&meta_json)?)?;
     Ok(layer)

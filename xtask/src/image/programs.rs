@@ -26,8 +26,9 @@ pub fn executed(src: &Path) -> Result<BTreeMap<String, Vec<String>>> {
     for file in files {
         let text =
             std::fs::read_to_string(&file).with_context(|| format!("read {}", file.display()))?;
+        // `tracer/src/…`: from the crate's parent (the workspace).
         let shown = file
-            .strip_prefix(src.parent().unwrap_or(src))
+            .strip_prefix(src.parent().and_then(Path::parent).unwrap_or(src))
             .unwrap_or(&file)
             .display()
             .to_string();
@@ -36,7 +37,10 @@ pub fn executed(src: &Path) -> Result<BTreeMap<String, Vec<String>>> {
             match programs {
                 Some(programs) => {
                     for program in programs {
-                        found.entry(program).or_default().push(site.clone());
+                        let sites = found.entry(program).or_default();
+                        if !sites.contains(&site) {
+                            sites.push(site.clone());
+                        }
                     }
                 }
                 None => unresolved.push(site),
@@ -251,19 +255,19 @@ mod tests {
     #[test]
     fn an_unresolved_site_fails_with_its_place() {
         let dir = std::env::temp_dir().join(format!("podtrace-programs-{}", std::process::id()));
-        std::fs::create_dir_all(dir.join("probe")).unwrap();
-        std::fs::write(dir.join("probe/tc.rs"), "fn a(){ Command::new(\"tc\"); }\n").unwrap();
+        let src = dir.join("tracer/src");
+        std::fs::create_dir_all(src.join("probe")).unwrap();
+        std::fs::write(src.join("probe/tc.rs"), "fn a(){ Command::new(\"tc\"); }\n").unwrap();
         std::fs::write(
-            dir.join("lib.rs"),
+            src.join("lib.rs"),
             "fn b(p: String){\n Command::new(p); }\n",
         )
         .unwrap();
-        let err = executed(&dir).unwrap_err().to_string();
-        let name = dir.file_name().unwrap().to_string_lossy();
-        assert!(err.contains(&format!("{name}/lib.rs:2")), "{err}");
-        std::fs::write(dir.join("lib.rs"), "").unwrap();
-        let found = executed(&dir).unwrap();
-        assert_eq!(found["tc"], [format!("{name}/probe/tc.rs:1")]);
+        let err = executed(&src).unwrap_err().to_string();
+        assert!(err.contains("tracer/src/lib.rs:2"), "{err}");
+        std::fs::write(src.join("lib.rs"), "").unwrap();
+        let found = executed(&src).unwrap();
+        assert_eq!(found["tc"], ["tracer/src/probe/tc.rs:1"]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
