@@ -455,11 +455,12 @@ fn agent_pids(pods: &[String]) -> Vec<i32> {
         .filter(|entry| {
             let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
             let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            // The pod's command, in its container (runc runs it).
             args.len() > 2
-                && args[0] == PODTRACE.as_bytes()
+                && args[0] == b"podtrace"
                 && args[1] == b"agent"
                 && pods.iter().any(|pod| args.contains(&pod.as_bytes()))
-                && is_child(&entry.path())
+                && is_descendant(&entry.path())
         })
         .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
         .collect()
@@ -536,15 +537,27 @@ fn a_killed_agent_is_said_and_the_packets_sent_to_its_node_are_incomplete() {
     assert!(node_2["lost"].is_string(), "{node_2}");
 }
 
-/// A process of this test: its parent is this process.
-fn is_child(proc_dir: &std::path::Path) -> bool {
-    let stat = std::fs::read_to_string(proc_dir.join("stat")).unwrap_or_default();
-    let ppid = stat
-        .rsplit(')')
-        .next()
-        .and_then(|r| r.split_whitespace().nth(1))
-        .and_then(|p| p.parse::<u32>().ok());
-    ppid == Some(std::process::id())
+/// A process of this test: this process is among its ancestors (its
+/// kubelet's `runc run` is the container's parent).
+fn is_descendant(proc_dir: &std::path::Path) -> bool {
+    let parent = |dir: &std::path::Path| {
+        let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+        stat.rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok())
+    };
+    let mut at = proc_dir.to_path_buf();
+    while let Some(ppid) = parent(&at) {
+        if ppid == std::process::id() {
+            return true;
+        }
+        if ppid <= 1 {
+            return false;
+        }
+        at = std::path::PathBuf::from(format!("/proc/{ppid}"));
+    }
+    false
 }
 
 /// `cargo xtask bench`: sightings per second through agent → API log →

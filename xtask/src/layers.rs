@@ -103,7 +103,8 @@ fn rank(folder: &str) -> Option<usize> {
     LAYERS.iter().position(|l| *l == folder)
 }
 
-fn rust_files(dir: &Path, into: &mut Vec<PathBuf>) -> Result<()> {
+/// Every `.rs` file under `dir`, appended to `into`.
+pub(crate) fn rust_files(dir: &Path, into: &mut Vec<PathBuf>) -> Result<()> {
     for entry in std::fs::read_dir(dir).with_context(|| format!("read {}", dir.display()))? {
         let path = entry?.path();
         if path.is_dir() {

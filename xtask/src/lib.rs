@@ -3,6 +3,7 @@
 
 pub mod api_stub;
 pub mod faults;
+pub mod image;
 pub mod lab;
 pub mod layers;
 pub mod podtrace_run;

@@ -43,6 +43,21 @@ enum Task {
     },
     /// Set up, then measure podtrace on the lab.
     Bench,
+    /// Build the agent image (release podtrace on a Debian userland) as an
+    /// OCI archive for `podman load`, `docker load`, `ctr images import`
+    /// or `kind load image-archive`.
+    Image {
+        /// Where the archive goes (default: target/image/podtrace.oci.tar).
+        #[arg(long)]
+        output: Option<PathBuf>,
+        /// The reference it loads as (default: ghcr.io/podtrace/podtrace:<version>).
+        #[arg(long)]
+        name: Option<String>,
+        /// Build the Debian layer again rather than reuse the cached one
+        /// (for Debian's newer security updates).
+        #[arg(long)]
+        fresh: bool,
+    },
     /// The lab's API stub as a server (started by `lab up --api`).
     #[command(hide = true)]
     ApiStub {
@@ -114,6 +129,11 @@ fn main() -> std::process::ExitCode {
             kernel: Some(kernel),
         } => kernel_suite(Some(&kernel)),
         Task::Bench => bench(),
+        Task::Image {
+            output,
+            name,
+            fresh,
+        } => image(output, name, fresh),
         Task::ApiStub {
             prefix,
             podtrace,
@@ -161,6 +181,8 @@ fn lab(action: LabAction) -> Result<()> {
                     Some(podtrace) => podtrace,
                     None => built_podtrace()?,
                 };
+                // The agent image first: the stub must start within seconds.
+                xtask::api_stub::lab_image(&podtrace)?;
                 let kubeconfig = lab.start_api(&std::env::current_exe()?, &podtrace)?;
                 println!("  agents run {}", podtrace.display());
                 println!(
@@ -242,6 +264,39 @@ fn podtrace_binary() -> Result<PathBuf> {
     Ok(xtask::target_dir(&xtask::workspace_root()?).join("release/podtrace"))
 }
 
+fn image(output: Option<PathBuf>, name: Option<String>, fresh: bool) -> Result<()> {
+    let podtrace = podtrace_binary()?;
+    let root = xtask::workspace_root()?;
+    let output = match output {
+        Some(output) => output,
+        None => xtask::image::image_dir(&root).join("podtrace.oci.tar"),
+    };
+    let built = xtask::image::build(
+        &root,
+        &xtask::image::Request {
+            podtrace: &podtrace,
+            output: &output,
+            name: name.as_deref(),
+            fresh_base: fresh,
+        },
+    )?;
+    let size = std::fs::metadata(&built.archive)?.len();
+    println!(
+        "image {} ({}, {:.1} MB, podtrace {} at {})",
+        built.name,
+        built.manifest_digest,
+        size as f64 / 1e6,
+        built.version,
+        built.revision
+    );
+    println!("  archive: {}", built.archive.display());
+    println!("  load it: podman load -i <archive> | docker load -i <archive>");
+    println!(
+        "           ctr -n k8s.io images import <archive> | kind load image-archive <archive>"
+    );
+    Ok(())
+}
+
 fn demo() -> Result<()> {
     require_root()?;
     let started = Instant::now();
@@ -259,6 +314,7 @@ fn demo() -> Result<()> {
 /// The same ping, told through `kubectl podtrace` against the lab's API:
 /// agent pods on both nodes, one merged story.
 fn demo_cluster(podtrace: &Path, lab: &Lab) -> Result<()> {
+    xtask::api_stub::lab_image(podtrace)?;
     let kubeconfig = lab.start_api(&std::env::current_exe()?, podtrace)?;
     let bin = lab.state_dir().join("bin");
     std::fs::create_dir_all(&bin)?;

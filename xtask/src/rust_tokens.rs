@@ -1,7 +1,9 @@
 //! Rust source read as tokens, enough for the checks that read the code
-//! as text (`layers`, `sizes`): identifiers, `::` and single punctuation,
-//! each with its line, and no comment, string or character literal, so
-//! that a path or a brace in prose or in a message is not code.
+//! as text (`layers`, `sizes`, the image's programs): identifiers, `::`
+//! and single punctuation, each with its line, and no comment or
+//! character literal, so that a path or a brace in prose or in a message
+//! is not code. String literals are left out too, or kept as one token
+//! each (for the checks that want a literal's value).
 
 pub(crate) fn is_ident(word: &str) -> bool {
     word.chars()
@@ -12,6 +14,22 @@ pub(crate) fn is_ident(word: &str) -> bool {
 /// Identifiers, `::` and single punctuation, with their line; comments,
 /// strings and character literals are left out.
 pub(crate) fn tokens(text: &str) -> Vec<(usize, String)> {
+    scan(text, false)
+}
+
+/// As [`tokens`], with each string literal kept as one token: its text
+/// (escapes left as written) after a `"`, so that no identifier or
+/// punctuation reads as one. [`literal`] gives the text back.
+pub(crate) fn tokens_with_strings(text: &str) -> Vec<(usize, String)> {
+    scan(text, true)
+}
+
+/// The text of a string literal's token, `None` for any other token.
+pub(crate) fn literal(token: &str) -> Option<&str> {
+    token.strip_prefix('"')
+}
+
+fn scan(text: &str, keep_strings: bool) -> Vec<(usize, String)> {
     let chars: Vec<char> = text.chars().collect();
     let mut out = Vec::new();
     let mut line = 1;
@@ -44,10 +62,16 @@ pub(crate) fn tokens(text: &str) -> Vec<(usize, String)> {
                 }
                 i += 1;
             }
-        } else if c == '"' || (c == 'r' && matches!(next, Some('"') | Some('#'))) {
-            i = skip_string(&chars, i, &mut line);
-        } else if c == 'b' && matches!(next, Some('"') | Some('r')) {
-            i = skip_string(&chars, i + 1, &mut line);
+        } else if c == '"'
+            || (c == 'r' && matches!(next, Some('"') | Some('#')))
+            || (c == 'b' && matches!(next, Some('"') | Some('r')))
+        {
+            let (start, first_line) = (i, line);
+            i = skip_string(&chars, if c == 'b' { i + 1 } else { i }, &mut line);
+            let written: String = chars[start..i].iter().collect();
+            if keep_strings && written.contains('"') {
+                out.push((first_line, format!("\"{}", literal_text(&written))));
+            }
         } else if c == '\'' {
             i = skip_char_literal(&chars, i);
         } else if c.is_alphanumeric() || c == '_' {
@@ -65,6 +89,68 @@ pub(crate) fn tokens(text: &str) -> Vec<(usize, String)> {
         }
     }
     out
+}
+
+/// The index of the bracket that closes the `{`, `(` or `[` at `open`.
+pub(crate) fn closing(tokens: &[(usize, String)], open: usize) -> Option<usize> {
+    let opener = tokens.get(open)?.1.as_str();
+    let closer = match opener {
+        "{" => "}",
+        "(" => ")",
+        "[" => "]",
+        _ => return None,
+    };
+    let mut depth = 0usize;
+    for (i, (_, t)) in tokens.iter().enumerate().skip(open) {
+        if t == opener {
+            depth += 1;
+        } else if t == closer {
+            depth -= 1;
+            if depth == 0 {
+                return Some(i);
+            }
+        }
+    }
+    None
+}
+
+/// The first and last line of each `#[cfg(test)] mod name { … }`.
+pub(crate) fn test_blocks(tokens: &[(usize, String)]) -> Vec<(usize, usize)> {
+    const CFG_TEST: [&str; 7] = ["#", "[", "cfg", "(", "test", ")", "]"];
+    let mut blocks = Vec::new();
+    let mut i = 0;
+    while i + CFG_TEST.len() + 2 < tokens.len() {
+        let is_cfg_test = CFG_TEST
+            .iter()
+            .enumerate()
+            .all(|(k, want)| tokens[i + k].1 == *want);
+        let mut after = i + CFG_TEST.len();
+        // `pub mod tests`, `pub(crate) mod tests`: the visibility first.
+        if tokens[after].1 == "pub" {
+            after += 1;
+            if tokens.get(after).is_some_and(|t| t.1 == "(") {
+                after += 3;
+            }
+        }
+        let opens = tokens.get(after).is_some_and(|t| t.1 == "mod")
+            && tokens.get(after + 2).is_some_and(|t| t.1 == "{");
+        if is_cfg_test && opens {
+            if let Some(end) = closing(tokens, after + 2) {
+                blocks.push((tokens[i].0, tokens[end].0));
+                i = end;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    blocks
+}
+
+/// What is between the quotes of `"…"`, `r#"…"#` or `b"…"`.
+fn literal_text(written: &str) -> &str {
+    let open = written.find('"').map_or(0, |q| q + 1);
+    let close = written.rfind('"').unwrap_or(written.len());
+    &written[open.min(close)..close]
 }
 
 /// Past a `"…"`, `r"…"` or `r#"…"#` literal starting at `i`.

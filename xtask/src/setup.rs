@@ -38,6 +38,12 @@ const APT_PACKAGES: &[&str] = &[
     "cpio",
     "kmod",
     "xz-utils",
+    // The agent image (xtask/src/image): mmdebstrap makes its Debian
+    // userland; podman loads it in tests/image.rs; runc runs the lab's
+    // agent pods as containers (xtask/src/api_stub/kubelet.rs).
+    "mmdebstrap",
+    "podman",
+    "runc",
 ];
 
 /// Answers for debconf, so that installing stays non-interactive:
@@ -180,4 +186,20 @@ fn output(program: &str, args: &[&str]) -> Result<String> {
         .output()
         .with_context(|| format!("cannot run {program}"))?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// deploy/Dockerfile builds with the chain setup installs, and its
+    /// image holds the packages `cargo xtask image` installs.
+    #[test]
+    fn the_dockerfile_pins_what_setup_installs() {
+        let root = crate::workspace_root().unwrap();
+        let dockerfile = std::fs::read_to_string(root.join("deploy/Dockerfile")).unwrap();
+        assert!(dockerfile.contains(&format!("ARG BPF_LINKER_VERSION={BPF_LINKER_VERSION}\n")));
+        assert!(dockerfile.contains("--features llvm-22") && APT_PACKAGES.contains(&"llvm-22-dev"));
+        assert!(dockerfile.contains(&format!("COPY {} ", crate::image::PACKAGES_FILE)));
+    }
 }

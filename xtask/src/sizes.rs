@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use crate::rust_tokens::{is_ident, tokens};
+use crate::rust_tokens::{closing, is_ident, test_blocks, tokens};
 
 pub const MAX_FILE_LINES: usize = 500;
 pub const MAX_FN_LINES: usize = 80;
@@ -123,56 +123,6 @@ pub fn oversized_in(file: &Path, text: &str) -> Vec<Oversized> {
         }
     }
     found
-}
-
-/// The index of the `}` that closes the `{` at `open`.
-fn closing(tokens: &[(usize, String)], open: usize) -> Option<usize> {
-    let mut depth = 0usize;
-    for (i, (_, t)) in tokens.iter().enumerate().skip(open) {
-        match t.as_str() {
-            "{" => depth += 1,
-            "}" => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(i);
-                }
-            }
-            _ => {}
-        }
-    }
-    None
-}
-
-/// The first and last line of each `#[cfg(test)] mod name { … }`.
-fn test_blocks(tokens: &[(usize, String)]) -> Vec<(usize, usize)> {
-    const CFG_TEST: [&str; 7] = ["#", "[", "cfg", "(", "test", ")", "]"];
-    let mut blocks = Vec::new();
-    let mut i = 0;
-    while i + CFG_TEST.len() + 2 < tokens.len() {
-        let is_cfg_test = CFG_TEST
-            .iter()
-            .enumerate()
-            .all(|(k, want)| tokens[i + k].1 == *want);
-        let mut after = i + CFG_TEST.len();
-        // `pub mod tests`, `pub(crate) mod tests`: the visibility first.
-        if tokens[after].1 == "pub" {
-            after += 1;
-            if tokens.get(after).is_some_and(|t| t.1 == "(") {
-                after += 3;
-            }
-        }
-        let opens = tokens.get(after).is_some_and(|t| t.1 == "mod")
-            && tokens.get(after + 2).is_some_and(|t| t.1 == "{");
-        if is_cfg_test && opens {
-            if let Some(end) = closing(tokens, after + 2) {
-                blocks.push((tokens[i].0, tokens[end].0));
-                i = end;
-                continue;
-            }
-        }
-        i += 1;
-    }
-    blocks
 }
 
 /// Each function with a body: its name, its `fn` line and the line of

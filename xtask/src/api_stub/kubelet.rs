@@ -1,18 +1,17 @@
 //! The stub's kubelet: a pod created with `nodeName` set to a lab node
-//! runs its command there, as a kubelet would run its container.
-//!
-//! The image stands for podtrace: `command: ["podtrace"]` runs the local
-//! podtrace binary. It runs in the root namespace, told its node's network
-//! namespace by `PODTRACE_NETNS` (so that it still reaches the stub on
-//! 127.0.0.1), and the stub's API by `KUBECONFIG` (a real kubelet mounts
-//! the service account's token instead). A hostPath volume of `/` (the
-//! node's root, which a real kubelet mounts where the pod says) is the lab
-//! node's host-root directory, told by `PODTRACE_HOST_ROOT`: the process
-//! shares this host's filesystem, so nothing is mounted; a pod that does
-//! not mount the node's root is not told it. Its stdout and stderr are the
-//! pod's log. Pending → Running → Succeeded / Failed; deleting the pod
-//! sends SIGTERM, then SIGKILL after the grace period, and the pod goes
-//! once its process has.
+//! runs there as a real container, through Debian's runc
+//! ([`runtime`](super::runtime)), from the Pod spec as written
+//! ([`container_spec`](super::container_spec)): the agent image built from
+//! the podtrace the lab was given, the pod's command, capabilities,
+//! hostNetwork (its lab node's network namespace), hostPID, hostPath
+//! mounts (the node's `/` is the lab node's host-root directory), a
+//! default seccomp profile and the node runtime's memlock limit. A field
+//! it cannot honour fails the pod with a message naming it, as does a
+//! runtime that cannot run (runc missing, the image not built). The
+//! container's stdout and stderr are the pod's log. Pending → Running →
+//! Succeeded / Failed; deleting the pod sends SIGTERM (runc kill), then
+//! SIGKILL after the grace period, and the pod goes once its container
+//! has, its bundle removed.
 
 use std::{
     collections::HashMap,
@@ -25,7 +24,11 @@ use std::{
 use serde_json::{json, Value};
 use tokio::io::AsyncBufReadExt;
 
-use super::{namespace_of, Shared};
+use super::{
+    container_spec, namespace_of,
+    runtime::{Api, Runtime},
+    Shared,
+};
 use crate::lab::{Lab, NODES};
 
 /// A pod's log so far, and whether its process has ended.
@@ -46,22 +49,21 @@ pub struct LabNode {
 }
 
 pub struct Kubelet {
-    podtrace: PathBuf,
     /// Lab node name → where it is.
     nodes: HashMap<String, LabNode>,
     pub state_dir: PathBuf,
-    kubeconfig: Mutex<Option<PathBuf>>,
-    /// (namespace, name) → its log, and its process while it runs.
+    runtime: Runtime,
+    /// (namespace, name) → its log, and `runc run`'s process while its
+    /// container runs.
     pods: Mutex<HashMap<PodKey, (SharedLog, Option<u32>)>>,
 }
 
 impl Kubelet {
     pub fn new(podtrace: &Path, nodes: HashMap<String, LabNode>, state_dir: &Path) -> Self {
         Self {
-            podtrace: podtrace.into(),
             nodes,
             state_dir: state_dir.into(),
-            kubeconfig: Mutex::new(None),
+            runtime: Runtime::new(podtrace, &state_dir.join("runtime")),
             pods: Mutex::new(HashMap::new()),
         }
     }
@@ -80,8 +82,22 @@ impl Kubelet {
         Self::new(podtrace, nodes, state_dir)
     }
 
-    pub(crate) fn set_kubeconfig(&self, path: PathBuf) {
-        *self.kubeconfig.lock().unwrap() = Some(path);
+    /// Where containers reach the API, with the service account's token.
+    pub(crate) fn set_api(&self, addr: std::net::SocketAddr, ca_pem: &str, token: &str) {
+        *self.runtime.api.lock().unwrap() = Some(Api {
+            addr,
+            ca_pem: ca_pem.into(),
+            token: token.into(),
+        });
+    }
+
+    /// Fails unless containers can run (runc, the image): the stub says
+    /// so before any pod does.
+    pub fn check_runtime(&self) -> anyhow::Result<()> {
+        self.runtime
+            .images()
+            .map(|_| ())
+            .map_err(anyhow::Error::msg)
     }
 
     /// The pod's log, once its container was started.
@@ -98,48 +114,59 @@ impl Kubelet {
         else {
             return;
         };
-        let container = &pod["spec"]["containers"][0];
-        if container["command"][0] != "podtrace" {
-            set_phase(
-                shared,
-                pod,
-                "Failed",
-                Some("the lab's kubelet only runs podtrace"),
-            );
-            return;
-        }
-        let args: Vec<String> = container["args"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|a| a.as_str().map(String::from))
-            .collect();
-        let mut command = tokio::process::Command::new(&self.podtrace);
-        command
-            .args(&args)
-            .env("PODTRACE_NETNS", &node.netns)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if mounts_host_path(pod, container, "/") {
-            command.env("PODTRACE_HOST_ROOT", &node.root);
-        }
-        if let Some(kubeconfig) = self.kubeconfig.lock().unwrap().clone() {
-            command.env("KUBECONFIG", kubeconfig);
-        }
-        let mut child = match command.spawn() {
-            Ok(child) => child,
-            Err(e) => {
-                set_phase(shared, pod, "Failed", Some(&format!("cannot start: {e}")));
+        let spec = match container_spec::from_pod(pod, &node.root) {
+            Ok(spec) => spec,
+            Err(why) => {
+                set_phase(shared, pod, "Failed", Some(&why));
                 return;
             }
         };
+        let (kubelet, shared, pod) = (self.clone(), shared.clone(), pod.clone());
+        let netns = node.netns.clone();
+        tokio::spawn(async move {
+            if let Err(why) = kubelet.start(&shared, &pod, spec, netns).await {
+                eprintln!("kubelet: pod {}: {why}", pod["metadata"]["name"]);
+                set_phase(&shared, &pod, "Failed", Some(&why));
+            }
+        });
+    }
+
+    /// Creates the container (off the runtime's threads: the first one
+    /// unpacks the image) and runs it; its output becomes the log.
+    async fn start(
+        self: &Arc<Self>,
+        shared: &Shared,
+        pod: &Value,
+        mut spec: container_spec::ContainerSpec,
+        netns: String,
+    ) -> Result<(), String> {
+        let id = container_id(&key(pod));
+        let host_network = spec.host_network;
+        let (kubelet, made_id, made_netns) = (self.clone(), id.clone(), netns.clone());
+        let mut command = tokio::task::spawn_blocking(move || {
+            kubelet.runtime.create(&made_id, &mut spec, &made_netns)
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        if host_network {
+            self.runtime.open_api_in(&netns).await?;
+        }
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command
+            .spawn()
+            .map_err(|e| format!("cannot run runc: {e}"))?;
         let log = Arc::new(Mutex::new(LogBuffer::default()));
         self.pods
             .lock()
             .unwrap()
             .insert(key(pod), (log.clone(), child.id()));
         let running = set_phase(shared, pod, "Running", None);
+        if let Some(deadline) = pod["spec"]["activeDeadlineSeconds"].as_u64() {
+            self.deadline(&id, Duration::from_secs(deadline));
+        }
         let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
         let (kubelet, shared) = (self.clone(), shared.clone());
         tokio::spawn(async move {
@@ -148,17 +175,32 @@ impl Kubelet {
             let status = child.wait().await;
             let _ = (out.await, err.await);
             log.lock().unwrap().done = true;
+            if let Err(e) = kubelet.runtime.remove(&id) {
+                eprintln!("kubelet: cannot remove container {id}: {e:#}");
+            }
+            let why = runc_error(&log.lock().unwrap().data);
             kubelet.ended(
                 &shared,
                 &running,
                 status.map(|s| s.success()).unwrap_or(false),
+                why.as_deref(),
             );
+        });
+        Ok(())
+    }
+
+    /// activeDeadlineSeconds: the container is killed once it is past.
+    fn deadline(self: &Arc<Self>, id: &str, after: Duration) {
+        let (kubelet, id) = (self.clone(), id.to_string());
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            kubelet.runtime.kill(&id, "KILL");
         });
     }
 
     /// The process has ended: the pod's phase, or its removal if it was
     /// being deleted.
-    fn ended(&self, shared: &Shared, pod: &Value, success: bool) {
+    fn ended(&self, shared: &Shared, pod: &Value, success: bool, why: Option<&str>) {
         let k = key(pod);
         if let Some(entry) = self.pods.lock().unwrap().get_mut(&k) {
             entry.1 = None;
@@ -178,7 +220,7 @@ impl Kubelet {
                 shared,
                 &current,
                 if success { "Succeeded" } else { "Failed" },
-                None,
+                why,
             );
         }
     }
@@ -187,14 +229,12 @@ impl Kubelet {
     /// pod, marked terminating, while its process lives; `None` when it
     /// has none.
     pub(crate) fn stop(self: &Arc<Self>, shared: &Shared, pod: &Value) -> Option<Value> {
-        let pid = self
-            .pods
+        self.pods
             .lock()
             .unwrap()
             .get(&key(pod))
             .and_then(|(_, pid)| *pid)?;
-        // SAFETY: a process this kubelet started and has not reaped.
-        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        self.runtime.kill(&container_id(&key(pod)), "TERM");
         let mut terminating = pod.clone();
         terminating["metadata"]["deletionTimestamp"] = now().into();
         let grace = pod["spec"]["terminationGracePeriodSeconds"]
@@ -209,52 +249,57 @@ impl Kubelet {
                 .unwrap()
                 .get(&k)
                 .and_then(|(_, pid)| *pid);
-            if let Some(pid) = alive {
-                // SAFETY: as above; the process is still ours.
-                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            if alive.is_some() {
+                kubelet.runtime.kill(&container_id(&k), "KILL");
             }
         });
         Some(shared.change("pods", "MODIFIED", terminating))
     }
 
     /// The stub is going: every container is stopped (SIGTERM, then
-    /// SIGKILL after 10 s), and waited for.
+    /// SIGKILL after 10 s), waited for, and removed with its bundle.
     pub(crate) fn stop_all(&self) {
-        let pids: Vec<u32> = self
-            .pods
-            .lock()
-            .unwrap()
-            .values()
-            .filter_map(|(_, pid)| *pid)
-            .collect();
-        for pid in &pids {
-            // SAFETY: processes this kubelet started.
-            unsafe { libc::kill(*pid as i32, libc::SIGTERM) };
-        }
-        for _ in 0..100 {
-            if pids
-                .iter()
+        let (ids, pids): (Vec<String>, Vec<u32>) = {
+            let pods = self.pods.lock().unwrap();
+            let ids = pods.keys().map(container_id).collect();
+            (ids, pods.values().filter_map(|(_, pid)| *pid).collect())
+        };
+        let gone = || {
+            pids.iter()
                 .all(|pid| !Path::new(&format!("/proc/{pid}")).exists() || zombie(*pid))
-            {
-                return;
+        };
+        for signal in ["TERM", "KILL"] {
+            for id in &ids {
+                self.runtime.kill(id, signal);
             }
-            std::thread::sleep(Duration::from_millis(100));
+            for _ in 0..100 {
+                if gone() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
         }
-        for pid in &pids {
-            // SAFETY: as above.
-            unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+        for id in &ids {
+            if let Err(e) = self.runtime.remove(id) {
+                eprintln!("kubelet: cannot remove container {id}: {e:#}");
+            }
         }
+        self.runtime.remove_all();
     }
 }
 
-/// Whether `container` mounts the pod's hostPath volume of `path`.
-fn mounts_host_path(pod: &Value, container: &Value, path: &str) -> bool {
-    let volumes = pod["spec"]["volumes"].as_array().into_iter().flatten();
-    let mut names = volumes
-        .filter(|v| v["hostPath"]["path"] == path)
-        .filter_map(|v| v["name"].as_str());
-    let mounts = container["volumeMounts"].as_array();
-    names.any(|name| mounts.into_iter().flatten().any(|m| m["name"] == name))
+/// runc's name for a pod's container.
+fn container_id((namespace, name): &PodKey) -> String {
+    format!("{namespace}_{name}")
+}
+
+/// runc's own error, when it failed before or instead of the container
+/// (`level=error msg="…"` in its stderr, which is the log).
+fn runc_error(log: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(log);
+    let line = text.lines().rev().find(|l| l.contains("level=error"))?;
+    let message = line.split_once("msg=")?.1.trim_matches('"');
+    Some(format!("runc: {message}"))
 }
 
 fn zombie(pid: u32) -> bool {
@@ -315,26 +360,4 @@ fn set_phase(shared: &Shared, pod: &Value, phase: &str, message: Option<&str>) -
 /// Now, as the API writes times (RFC 3339, UTC).
 pub(crate) fn now() -> String {
     humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_a_container_that_mounts_the_nodes_root_is_told_where_it_is() {
-        let pod = json!({"spec": {
-            "volumes": [{"name": "btf", "hostPath": {"path": "/sys/kernel/btf"}},
-                        {"name": "host", "hostPath": {"path": "/"}}],
-            "containers": [
-                {"volumeMounts": [{"name": "host", "mountPath": "/host", "readOnly": true}]},
-                {"volumeMounts": [{"name": "btf", "mountPath": "/sys/kernel/btf"}]},
-                {}
-            ]
-        }});
-        let told: Vec<bool> = (0..3)
-            .map(|c| mounts_host_path(&pod, &pod["spec"]["containers"][c], "/"))
-            .collect();
-        assert_eq!(told, [true, false, false]);
-    }
 }

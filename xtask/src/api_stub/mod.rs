@@ -14,10 +14,12 @@
 //! `xtask api-stub` runs it as a standalone server (`lab up --api`); the
 //! tests start it in-process.
 
+mod container_spec;
 mod discovery;
 mod events;
 mod kubelet;
 mod routes;
+mod runtime;
 mod selectors;
 mod services;
 mod tables;
@@ -36,6 +38,7 @@ use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
 pub use kubelet::Kubelet;
+pub use runtime::lab_image;
 
 pub const TOKEN: &str = "podtrace-test-token";
 
@@ -208,8 +211,7 @@ impl Stub {
             _shutdown: shutdown,
         };
         if let Some(kubelet) = &stub.shared.kubelet {
-            let agents = stub.kubeconfig_at(&kubelet.state_dir.join("agent-kubeconfig"), TOKEN);
-            kubelet.set_kubeconfig(agents);
+            kubelet.set_api(stub.addr, &stub.ca_pem, TOKEN);
         }
         stub
     }
@@ -378,6 +380,7 @@ pub fn serve_lab(
     kubeconfig: &Path,
 ) -> anyhow::Result<()> {
     let kubelet = Kubelet::for_lab(podtrace, lab, &lab.state_dir());
+    kubelet.check_runtime()?;
     let stub = Stub::serve(&lab.pod_list(), &lab.node_list(), Some(kubelet), port);
     if lab.services_file().exists() {
         stub.add_services(&lab.service_list());
