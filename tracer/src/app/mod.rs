@@ -74,6 +74,7 @@ const JOURNEY_PATIENCE: Duration = Duration::from_millis(1500);
 const ARP_PATIENCE: Duration = Duration::from_millis(6500);
 
 pub async fn run(args: Args) -> Result<()> {
+    probing::check(&args)?;
     require_root()?;
     // Before anything is attached: a signal from here on ends the trace
     // through the normal drop path.

@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use super::values::parse_duration;
+use super::{
+    filter::{FilterArgs, Proto},
+    values::parse_duration,
+};
 use crate::model::ProbeKind;
 
 /// How often probes may go out at most: a probe is a question, not load.
@@ -61,6 +64,37 @@ impl ProbeArgs {
     }
 }
 
+impl ProbeArgs {
+    /// Whether the probe can be told at all with the other flags: one
+    /// that `--proto`/`--port` leave out, or aimed at another port than
+    /// DST names, would end with a ✓ or ✗ and no story of its own.
+    /// `dst_port`: the port DST names (`ip:port`), if any.
+    pub fn check(&self, filter: &FilterArgs, dst_port: Option<u16>) -> anyhow::Result<()> {
+        let Some(probe) = self.probe else {
+            return Ok(());
+        };
+        let protocol = match probe {
+            ProbeKind::Icmp => Proto::Icmp,
+            ProbeKind::Tcp(_) => Proto::Tcp,
+            ProbeKind::Udp(_) => Proto::Udp,
+        };
+        if !filter.protos.is_empty() && !filter.protos.contains(&protocol) {
+            anyhow::bail!("--probe {probe} sends {}, which --proto leaves out: its stories would not be told (add --proto {}, or drop --proto)", probe.protocol(), probe.protocol());
+        }
+        if let (Some(port), false) = (probe.port(), filter.ports.is_empty()) {
+            if !filter.ports.contains(&port) {
+                anyhow::bail!("--probe {probe} goes to port {port}, which --port leaves out: its stories would not be told (add --port {port})");
+            }
+        }
+        if let (Some(port), Some(asked)) = (probe.port(), dst_port) {
+            if port != asked {
+                anyhow::bail!("--probe {probe} goes to port {port}, but DST names port {asked}: give one port (--probe {}:{asked})", probe.protocol());
+            }
+        }
+        Ok(())
+    }
+}
+
 fn parse_probe(text: &str) -> Result<ProbeKind, String> {
     text.parse()
 }
@@ -82,4 +116,47 @@ fn parse_timeout(text: &str) -> Result<Duration, String> {
         return Err(format!("{text}: a probe waits from 1 ms to 60 s"));
     }
     Ok(timeout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn probe(kind: &str) -> ProbeArgs {
+        ProbeArgs {
+            probe: Some(kind.parse().unwrap()),
+            ..ProbeArgs::default()
+        }
+    }
+
+    #[test]
+    fn a_probe_the_other_flags_would_leave_untold_is_refused() {
+        let udp_only = FilterArgs {
+            protos: vec![Proto::Udp],
+            ports: vec![],
+        };
+        let e = probe("tcp:8080")
+            .check(&udp_only, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--proto leaves out"), "{e}");
+        let port_53 = FilterArgs {
+            protos: vec![],
+            ports: vec![53],
+        };
+        let e = probe("tcp:80")
+            .check(&port_53, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--port leaves out"), "{e}");
+        let e = probe("tcp:80")
+            .check(&FilterArgs::default(), Some(53))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("DST names port 53"), "{e}");
+        assert!(probe("udp:53").check(&port_53, Some(53)).is_ok());
+        assert!(probe("icmp")
+            .check(&FilterArgs::default(), Some(53))
+            .is_ok());
+    }
 }

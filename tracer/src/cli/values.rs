@@ -35,7 +35,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     // tokio's timer cannot sleep past about 2 years from now.
     const LONGEST: Duration = Duration::from_secs(365 * 24 * 3600);
     if duration > LONGEST {
-        return Err(format!("--duration {text} is longer than a year"));
+        return Err(format!("{text} is longer than a year"));
     }
     Ok(duration)
 }

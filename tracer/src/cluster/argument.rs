@@ -99,6 +99,42 @@ impl Target {
 /// a port: `ip:port`, `[ip]:port`), or why it is not one (an octet over
 /// 255, a CIDR, a zone).
 fn address(arg: &str) -> Result<Option<Target>> {
+    let target = address_of_any_kind(arg)?;
+    if let Some(ip) = target.as_ref().and_then(Target::address) {
+        one_hosts(ip, arg)?;
+    }
+    Ok(target)
+}
+
+/// `ip` can be one pod's or Service's own: not an address every namespace
+/// has (loopback, unspecified) nor one that reaches many (multicast,
+/// broadcast), nor an IPv4 address written as IPv6.
+fn one_hosts(ip: IpAddr, arg: &str) -> Result<()> {
+    let what = match ip {
+        IpAddr::V4(v4) if v4.is_loopback() => {
+            "a loopback address: every network namespace has its own"
+        }
+        IpAddr::V4(v4) if v4.is_unspecified() => "the unspecified address",
+        IpAddr::V4(v4) if v4.is_multicast() => "a multicast address",
+        IpAddr::V4(v4) if v4.is_broadcast() => "the broadcast address",
+        IpAddr::V6(v6) if v6.is_loopback() => {
+            "a loopback address: every network namespace has its own"
+        }
+        IpAddr::V6(v6) if v6.is_unspecified() => "the unspecified address",
+        IpAddr::V6(v6) if v6.is_multicast() => "a multicast address",
+        IpAddr::V6(v6) if v6.is_unicast_link_local() => {
+            "a link-local address: every interface has its own"
+        }
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => bail!("{arg} is an IPv4 address written as IPv6: give {v4}"),
+            None => return Ok(()),
+        },
+        IpAddr::V4(_) => return Ok(()),
+    };
+    bail!("{arg} is {what}, not one pod's or Service's: give the pod's own address, namespace/name, or svc/name")
+}
+
+fn address_of_any_kind(arg: &str) -> Result<Option<Target>> {
     if let Ok(ip) = arg.parse::<Ipv4Addr>() {
         return Ok(Some(Target::Ip(ip)));
     }
@@ -123,10 +159,13 @@ fn address(arg: &str) -> Result<Option<Target>> {
         bail!("{arg} is not an IPv6 address (as in fd00:10:244:1::2, or [fd00:10:96::a]:80 with a port)");
     }
     if let Some((ip, port)) = arg.rsplit_once(':') {
-        if let (Ok(ip), Ok(port)) = (ip.parse::<Ipv4Addr>(), port.parse::<u16>()) {
-            // A Service's ClusterIP:port; whether it is one is checked
-            // against the Services (`targets`).
-            return Ok(Some(Target::IpPort(ip, port)));
+        if let Ok(ip) = ip.parse::<Ipv4Addr>() {
+            return match port.parse::<u16>() {
+                // A Service's ClusterIP:port; whether it is one is checked
+                // against the Services (`targets`).
+                Ok(port) if port > 0 => Ok(Some(Target::IpPort(ip, port))),
+                _ => bail!("{arg}: {port:?} is not a port (1 to 65535)"),
+            };
         }
     }
     let dotted_digits = arg.contains('.') && arg.chars().all(|c| c.is_ascii_digit() || c == '.');
@@ -181,6 +220,28 @@ mod tests {
 
     fn error(arg: &str) -> String {
         Target::parse(arg, "default").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn addresses_no_pod_can_own_are_refused_in_one_line() {
+        for (arg, says) in [
+            ("127.0.0.1", "loopback"),
+            ("0.0.0.0", "unspecified"),
+            ("224.0.0.1", "multicast"),
+            ("255.255.255.255", "broadcast"),
+            ("::", "unspecified"),
+            ("::1", "loopback"),
+            ("ff02::1", "multicast"),
+            ("fe80::1", "link-local"),
+            ("::ffff:10.244.1.2", "give 10.244.1.2"),
+            ("127.0.0.1:80", "loopback"),
+            ("10.244.2.3:65536", "\"65536\" is not a port"),
+            ("10.244.2.3:0", "\"0\" is not a port"),
+        ] {
+            let e = error(arg);
+            assert!(e.contains(says) && e.lines().count() == 1, "{arg}: {e}");
+        }
+        assert!(Target::parse("10.244.2.3:8080", "default").is_ok());
     }
 
     #[test]

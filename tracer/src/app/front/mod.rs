@@ -57,6 +57,7 @@ use crate::{
 const END_PATIENCE: Duration = Duration::from_secs(15);
 
 pub async fn run(args: Args) -> Result<()> {
+    super::probing::check(&args)?;
     // Agents keep no header bytes, and no pcapng is written from them.
     if args.write.is_some() {
         bail!("--write works in node mode only (--netns, or on the node): cluster mode writes no pcapng");

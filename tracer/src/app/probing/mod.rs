@@ -26,6 +26,7 @@ use about::Sent;
 use super::targets::Targets;
 use crate::{
     cli::Args,
+    cluster::argument::Target,
     model::{ProbeKind, ProbeResult},
     node::{
         netns::{self, Namespace},
@@ -51,6 +52,15 @@ pub(super) enum ProbeEvent {
     /// A probe goes out on this flow (source port, or echo identifier).
     Sending(u16),
     Done(ProbeResult),
+}
+
+/// Whether `--probe` can be told with the other flags (bad input, before
+/// anything is resolved or attached, in every mode).
+pub(in crate::app) fn check(args: &Args) -> Result<()> {
+    let dst_port = Target::parse(&args.dst, &args.kube.namespace)
+        .ok()
+        .and_then(|t| t.port());
+    args.probe.check(&args.filter, dst_port)
 }
 
 /// The probes `args` ask for, once it is known they can be sent: the
