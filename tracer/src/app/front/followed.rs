@@ -29,6 +29,9 @@ pub(super) struct Followed {
     /// What became of it when it was lost mid-trace (its log ended before
     /// its summary).
     pub lost: Option<String>,
+    /// Why its log ended before it began tracing (its pod refused, its
+    /// image not pulled, …), if it said.
+    pub never_started: Option<String>,
 }
 
 impl Followed {
