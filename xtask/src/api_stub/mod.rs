@@ -14,8 +14,10 @@
 //! `xtask api-stub` runs it as a standalone server (`lab up --api`); the
 //! tests start it in-process.
 
+mod admission;
 mod discovery;
 mod events;
+mod images;
 mod kubelet;
 mod routes;
 mod selectors;
@@ -35,6 +37,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
+pub use images::LAB_IMAGE;
 pub use kubelet::Kubelet;
 
 pub const TOKEN: &str = "podtrace-test-token";
@@ -52,6 +55,10 @@ pub(crate) struct State {
     pub events: Vec<Change>,
     /// (verb, resource) pairs RBAC denies.
     pub forbidden: HashSet<(String, String)>,
+    /// The Pod Security level enforced where a namespace's label names
+    /// none (`admission`); privileged when `None`, as kube-apiserver's
+    /// default is.
+    pub pod_security_default: Option<String>,
 }
 
 /// What the server's handlers share.
@@ -175,6 +182,19 @@ impl Stub {
                 record(&mut state, resource, "ADDED", item);
             }
         }
+        // The namespaces every cluster has, and podtrace's as deploy/
+        // creates it; where it plays kubelet, the podtrace DaemonSet of
+        // deploy/ names the image its nodes hold.
+        for (name, level) in [
+            ("default", None),
+            ("kube-system", None),
+            ("podtrace", Some("privileged")),
+        ] {
+            record(&mut state, "namespaces", "ADDED", namespace(name, level));
+        }
+        if kubelet.is_some() {
+            record(&mut state, "daemonsets", "ADDED", images::lab_daemonset());
+        }
         state.events.clear();
         state.oldest_watchable = state.resource_version;
         let (changes, _) = broadcast::channel(1024);
@@ -263,6 +283,19 @@ impl Stub {
             .insert((verb.into(), resource.into()));
     }
 
+    /// Enforces Pod Security `level` ("baseline", "restricted") where a
+    /// namespace's label names none, as a cluster configured so does.
+    pub fn set_pod_security_default(&self, level: &str) {
+        self.shared.state.lock().unwrap().pod_security_default = Some(level.into());
+    }
+
+    /// Adds (or replaces) namespace `name`, its Pod Security label
+    /// enforcing `level` if given.
+    pub fn add_namespace(&self, name: &str, level: Option<&str>) {
+        self.shared
+            .change("namespaces", "ADDED", namespace(name, level));
+    }
+
     /// Adds a pod object (`v1.Pod` JSON).
     pub fn add_pod(&self, mut pod: Value) {
         pod["kind"] = "Pod".into();
@@ -341,6 +374,22 @@ async fn accept(
             }
         });
     }
+}
+
+/// A Namespace, labelled as deploy/ labels podtrace's when `level` is
+/// given (enforce, audit and warn).
+fn namespace(name: &str, level: Option<&str>) -> Value {
+    let labels: serde_json::Map<String, Value> = level
+        .into_iter()
+        .flat_map(|level| {
+            ["enforce", "audit", "warn"]
+                .map(|mode| (format!("pod-security.kubernetes.io/{mode}"), level.into()))
+        })
+        .chain([("kubernetes.io/metadata.name".to_string(), name.into())])
+        .collect();
+    json!({"apiVersion": "v1", "kind": "Namespace",
+           "metadata": {"name": name, "labels": labels, "creationTimestamp": kubelet::now()},
+           "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}})
 }
 
 fn kubeconfig_text(token: &str, ca_pem: &str, server: &str) -> String {
