@@ -804,3 +804,40 @@ fn without_an_image_it_says_how_to_get_one() {
     );
     assert!(stub.objects("leases").is_empty());
 }
+
+/// An agent OOM-killed mid-trace (its kubelet records the kill, then the
+/// kernel's OOM killer's SIGKILL ends it) is said as such, with its
+/// memory limit, not as a log that broke off.
+#[test]
+fn an_oom_killed_agent_is_told_as_such() {
+    let lab = lab(Topology::FlannelVxlan);
+    let stub = api_for(&lab);
+    let started = kubectl_podtrace_json(&stub, "4", "8s");
+    let pod = agent_pods(&stub)
+        .into_iter()
+        .find(|p| p["spec"]["nodeName"] == "node-2")
+        .expect("node-2's agent");
+    let name = pod["metadata"]["name"].as_str().unwrap().to_string();
+    let pids = agent_pids(std::slice::from_ref(&name));
+    assert_eq!(pids.len(), 1, "node-2's agent process: {pids:?}");
+    let oom = serde_json::json!({"containerStatuses": [{"name": "agent", "image": LAB_IMAGE, "imageID": "",
+        "ready": false, "restartCount": 0,
+        "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]});
+    stub.merge_pod_status("podtrace", &name, &oom);
+    // SAFETY: a process this test's kubelet started.
+    unsafe { libc::kill(pids[0], libc::SIGKILL) };
+    let done = finish(started);
+    assert!(!done.status.success());
+    let told = format!(
+        "agent pod {name} was OOM-killed (exit code 137): the agent used more than its memory limit 256Mi"
+    );
+    let line = done
+        .stderr
+        .lines()
+        .find(|l| l.contains("node-2's agent was lost"));
+    assert!(
+        line.is_some_and(|l| l.ends_with(&told) || l.contains(&format!("{told};"))),
+        "{}",
+        done.stderr
+    );
+}

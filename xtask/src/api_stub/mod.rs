@@ -309,16 +309,24 @@ impl Stub {
         state.objects.get(resource).cloned().unwrap_or_default()
     }
 
-    /// Sets a pod's podIP, as a recreated pod would get a new one.
-    pub fn set_pod_ip(&self, namespace: &str, name: &str, ip: &str) {
+    /// Merges `status` into a pod's status, as its kubelet records what
+    /// became of it (an eviction, an OOM kill).
+    pub fn merge_pod_status(&self, namespace: &str, name: &str, status: &Value) {
         let mut pod = self
             .objects("pods")
             .into_iter()
             .find(|p| matches_name(p, namespace, name))
             .expect("a stub pod");
-        pod["status"]["podIP"] = ip.into();
-        pod["status"]["podIPs"] = json!([{ "ip": ip }]);
+        for (field, value) in status.as_object().into_iter().flatten() {
+            pod["status"][field] = value.clone();
+        }
         self.shared.change("pods", "MODIFIED", pod);
+    }
+
+    /// Sets a pod's podIP, as a recreated pod would get a new one.
+    pub fn set_pod_ip(&self, namespace: &str, name: &str, ip: &str) {
+        let status = json!({"podIP": ip, "podIPs": [{ "ip": ip }]});
+        self.merge_pod_status(namespace, name, &status);
     }
 
     /// Forgets history up to now: a watch from an older resourceVersion

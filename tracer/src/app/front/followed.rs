@@ -89,7 +89,9 @@ impl Followed {
     /// missing (its last progress mark, in its kernel time).
     pub(super) fn lose(&mut self, node: &str, why: Option<&str>, now: SystemTime) -> (String, u64) {
         let how = match why {
-            Some(why) => format!("its log broke off ({why})"),
+            // Said by the follower: the log broke off, or the node killed
+            // the agent (evicted, OOM-killed).
+            Some(why) => why.to_string(),
             None => "its log ended without its summary".to_string(),
         };
         let mut what = format!("{node}'s agent was lost at {}: {how}", wall(now));
