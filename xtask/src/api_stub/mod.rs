@@ -41,6 +41,9 @@ pub use images::LAB_IMAGE;
 pub use kubelet::Kubelet;
 
 pub const TOKEN: &str = "podtrace-test-token";
+/// The environment variable that sets the lab API's default Pod Security
+/// level (`baseline`, `restricted`) where a namespace's label names none.
+pub const POD_SECURITY_DEFAULT: &str = "POD_SECURITY_DEFAULT";
 
 /// A change: (resourceVersion, resource, ADDED|MODIFIED|DELETED, object).
 pub(crate) type Change = (u64, String, String, Value);
@@ -436,6 +439,11 @@ pub fn serve_lab(
 ) -> anyhow::Result<()> {
     let kubelet = Kubelet::for_lab(podtrace, lab, &lab.state_dir());
     let stub = Stub::serve(&lab.pod_list(), &lab.node_list(), Some(kubelet), port);
+    // A cluster that enforces a stricter Pod Security level by default, as
+    // many do (`POD_SECURITY_DEFAULT=baseline cargo xtask lab up --api`).
+    if let Ok(level) = std::env::var(POD_SECURITY_DEFAULT) {
+        stub.set_pod_security_default(&level);
+    }
     if lab.services_file().exists() {
         stub.add_services(&lab.service_list());
     }
