@@ -16,7 +16,7 @@ use std::{
 use serde_json::Value;
 use support::*;
 use xtask::{
-    api_stub::{Kubelet, Stub, TOKEN},
+    api_stub::{Kubelet, Stub, LAB_IMAGE, TOKEN},
     faults::Fault,
     lab::{kube_proxy::ProxyMode, LabGuard, Topology},
     podtrace_run,
@@ -40,6 +40,13 @@ fn scratch() -> PathBuf {
 /// `kubectl podtrace ARGS` as nobody, with only a kubeconfig of its own
 /// and `kubectl-podtrace` on its PATH; started once it traces.
 fn kubectl_podtrace(stub: &Stub, args: &[&str]) -> podtrace_run::Started {
+    let command = kubectl_as_nobody(stub, &[&["podtrace"], args].concat());
+    podtrace_run::start(command, Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// `kubectl ARGS` as nobody, with only a kubeconfig of its own and
+/// `kubectl-podtrace` on its PATH.
+fn kubectl_as_nobody(stub: &Stub, args: &[&str]) -> Command {
     let home = scratch().join(format!("home-{}", rand()));
     let bin = home.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
@@ -60,7 +67,6 @@ fn kubectl_podtrace(stub: &Stub, args: &[&str]) -> podtrace_run::Started {
             "--regid=65534",
             "--clear-groups",
             "kubectl",
-            "podtrace",
         ])
         .args(args)
         .env_clear()
@@ -71,7 +77,28 @@ fn kubectl_podtrace(stub: &Stub, args: &[&str]) -> podtrace_run::Started {
         .env("HOME", &home)
         .env("KUBECONFIG", &kubeconfig)
         .stdout(Stdio::piped());
-    podtrace_run::start(command, Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e:#}"))
+    command
+}
+
+/// A command that must end by itself: its exit status and stderr, or a
+/// failure if it is still running after `patience` (then killed).
+fn ended_within(mut command: Command, patience: Duration) -> (std::process::ExitStatus, String) {
+    let mut child = command.stderr(Stdio::piped()).spawn().unwrap();
+    let stderr = podtrace_run::lines_of(child.stderr.take().unwrap());
+    let until = Instant::now() + patience;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > until {
+            let _ = child.kill();
+            let said: Vec<String> = stderr.try_iter().collect();
+            panic!("still running after {} s: {said:?}", patience.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let said: Vec<String> = stderr.iter().collect();
+    (status, said.join("\n"))
 }
 
 /// `kubectl podtrace web-0 db-0` in JSON, for `count` stories at most
@@ -167,6 +194,17 @@ fn kubectl_podtrace_tells_the_cross_node_stories_node_mode_tells() {
         .map(|p| p["spec"]["nodeName"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(running, ["node-1", "node-2"], "one agent per node involved");
+    for pod in agent_pods(&stub) {
+        let spec = &pod["spec"];
+        // Their own account, which cannot create pods; Linux nodes only;
+        // sized, so that they are neither BestEffort nor unbounded.
+        assert_eq!(spec["serviceAccountName"], "podtrace-agent");
+        assert_eq!(spec["nodeSelector"]["kubernetes.io/os"], "linux");
+        let resources = &spec["containers"][0]["resources"];
+        assert!(resources["requests"]["memory"].is_string(), "{resources}");
+        assert!(resources["limits"]["memory"].is_string(), "{resources}");
+        assert_eq!(spec["containers"][0]["image"], LAB_IMAGE, "the DaemonSet's");
+    }
     assert!(ping(&lab.0, "web-0", "db-0"));
     assert!(ping(&lab.0, "web-0", "db-0"));
     let done = finish(started);
@@ -697,4 +735,122 @@ fn kubectl_podtrace_probe_is_sent_by_the_sources_agent_and_answered() {
         assert_eq!(story["verdict"]["outcome"], "delivered", "{story}");
     }
     assert_eq!(stories[0]["transport"]["flags"], 0x02, "the SYN first");
+}
+
+/// A namespace that enforces baseline (here the cluster's default, the
+/// namespace created without a label) refuses agent pods: said in one
+/// line, as PodSecurity with the API's words and the `kubectl label` that
+/// fixes it, not as missing RBAC. Run as said, real kubectl's label lets
+/// the trace run.
+#[test]
+fn a_pod_security_refusal_is_told_with_the_label_that_fixes_it() {
+    let lab = lab(Topology::FlannelVxlan);
+    let stub = api_for(&lab);
+    stub.set_pod_security_default("baseline");
+    stub.add_namespace("podtrace", None);
+    let pair = ["podtrace", "default/web-0", "default/db-0", "--count", "1"];
+    let (status, stderr) = ended_within(kubectl_as_nobody(&stub, &pair), Duration::from_secs(60));
+    assert!(!status.success());
+    let fix = "kubectl label namespace podtrace pod-security.kubernetes.io/enforce=privileged --overwrite";
+    let told: Vec<&str> = stderr.lines().filter(|l| l.contains(fix)).collect();
+    assert_eq!(told.len(), 1, "{stderr}");
+    assert!(
+        told[0].contains("violates PodSecurity \"baseline:latest\": non-default capabilities (container \"agent\" must not include \"BPF\""),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("RBAC"), "{stderr}");
+    assert!(agent_pods(&stub).is_empty());
+    let fix_args: Vec<&str> = fix.split(' ').skip(1).collect();
+    let (labelled, said) =
+        ended_within(kubectl_as_nobody(&stub, &fix_args), Duration::from_secs(30));
+    assert!(labelled.success(), "{said}");
+    let started = kubectl_podtrace_json(&stub, "1", "20s");
+    assert!(ping(&lab.0, "web-0", "db-0"));
+    let done = finish(started);
+    assert!(done.status.success(), "{}", done.stderr);
+    assert_eq!(done.ping_stories()[0]["verdict"]["outcome"], "delivered");
+}
+
+/// An image the nodes cannot pull (named by the persisted setting,
+/// PODTRACE_IMAGE) is told with the image and the kubelet's reason and
+/// message as soon as the kubelet says them, long before the agents'
+/// 120 s of patience; nothing is left behind.
+#[test]
+fn an_image_pull_failure_is_told_with_the_image_and_the_kubelets_message() {
+    let lab = lab(Topology::FlannelVxlan);
+    let stub = api_for(&lab);
+    let image = "registry.example/podtrace:missing";
+    let mut command = kubectl_as_nobody(&stub, &["podtrace", "default/web-0", "default/db-0"]);
+    command.env("PODTRACE_IMAGE", image);
+    let (status, stderr) = ended_within(command, Duration::from_secs(60));
+    assert!(!status.success());
+    let told: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains(&format!("cannot pull its image {image}: ")))
+        .collect();
+    assert_eq!(told.len(), 1, "{stderr}");
+    assert!(
+        told[0].contains(&format!("ErrImagePull: rpc error: code = NotFound desc = failed to pull and unpack image \"{image}\""))
+            || told[0].contains(&format!("ImagePullBackOff: Back-off pulling image \"{image}\"")),
+        "{stderr}"
+    );
+    assert!(agent_pods(&stub).is_empty(), "{:?}", agent_pods(&stub));
+    assert!(stub.objects("leases").is_empty());
+}
+
+/// No --image, no PODTRACE_IMAGE and no podtrace DaemonSet: one line that
+/// says how to get an image, before anything is created.
+#[test]
+fn without_an_image_it_says_how_to_get_one() {
+    let lab = lab(Topology::FlannelVxlan);
+    // An API without the lab's kubelet: no DaemonSet names an image.
+    let stub = Stub::start(&lab.0.pod_list(), &lab.0.node_list());
+    let pair = ["podtrace", "default/web-0", "default/db-0"];
+    let (status, stderr) = ended_within(kubectl_as_nobody(&stub, &pair), Duration::from_secs(60));
+    assert!(!status.success());
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("no agent image: "), "{stderr}");
+    assert!(stderr.contains("cargo xtask image"), "{stderr}");
+    assert!(
+        stderr.contains("--image REF, or set PODTRACE_IMAGE=REF"),
+        "{stderr}"
+    );
+    assert!(stub.objects("leases").is_empty());
+}
+
+/// An agent OOM-killed mid-trace (its kubelet records the kill, then the
+/// kernel's OOM killer's SIGKILL ends it) is said as such, with its
+/// memory limit, not as a log that broke off.
+#[test]
+fn an_oom_killed_agent_is_told_as_such() {
+    let lab = lab(Topology::FlannelVxlan);
+    let stub = api_for(&lab);
+    let started = kubectl_podtrace_json(&stub, "4", "8s");
+    let pod = agent_pods(&stub)
+        .into_iter()
+        .find(|p| p["spec"]["nodeName"] == "node-2")
+        .expect("node-2's agent");
+    let name = pod["metadata"]["name"].as_str().unwrap().to_string();
+    let pids = agent_pids(std::slice::from_ref(&name));
+    assert_eq!(pids.len(), 1, "node-2's agent process: {pids:?}");
+    let oom = serde_json::json!({"containerStatuses": [{"name": "agent", "image": LAB_IMAGE, "imageID": "",
+        "ready": false, "restartCount": 0,
+        "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]});
+    stub.merge_pod_status("podtrace", &name, &oom);
+    // SAFETY: a process this test's kubelet started.
+    unsafe { libc::kill(pids[0], libc::SIGKILL) };
+    let done = finish(started);
+    assert!(!done.status.success());
+    let told = format!(
+        "agent pod {name} was OOM-killed (exit code 137): the agent used more than its memory limit 256Mi"
+    );
+    let line = done
+        .stderr
+        .lines()
+        .find(|l| l.contains("node-2's agent was lost"));
+    assert!(
+        line.is_some_and(|l| l.ends_with(&told) || l.contains(&format!("{told};"))),
+        "{}",
+        done.stderr
+    );
 }

@@ -1,5 +1,5 @@
 //! podtrace as the agent pod runs it, not as full root: the capability set
-//! the agent's pod spec asks for (cluster/agents.rs), with the memlock
+//! the agent's pod spec asks for (cluster/agent_pod.rs), with the memlock
 //! limit a container runtime gives (systemd's 8 MiB). Each capability is
 //! also taken away in turn: podtrace refuses in one line naming it and
 //! what it is for, or traces and says what it does without.
@@ -17,8 +17,8 @@ use serde_json::Value;
 use support::*;
 use xtask::{faults::Fault, lab::LabGuard};
 
-/// The agent pod's capabilities, as setpriv names them. Kept beside
-/// `cluster::agents`' list by `the_agents_set_is_the_one_tested`.
+/// The agent pod's capabilities, as setpriv names them: the same as
+/// `cluster::agent_pod::CAPABILITIES` (`the_agents_set_is_the_one_tested`).
 const AGENT_CAPABILITIES: [&str; 6] = [
     "net_admin",
     "sys_admin",
@@ -206,15 +206,9 @@ fn each_capability_taken_away_is_named_or_its_loss_said() {
 
 #[test]
 fn the_agents_set_is_the_one_tested() {
-    let source = include_str!("../tracer/src/cluster/agents.rs");
-    for capability in AGENT_CAPABILITIES {
-        assert!(
-            source.contains(&format!("\"{}\"", capability.to_uppercase())),
-            "{capability} is not in the agent's pod spec"
-        );
-    }
-    assert!(
-        !source.contains("\"BPF\""),
-        "CAP_SYS_ADMIN already grants CAP_BPF"
-    );
+    let tested: Vec<String> = AGENT_CAPABILITIES
+        .iter()
+        .map(|c| c.to_uppercase())
+        .collect();
+    assert_eq!(tested, podtrace::cluster::agent_pod::CAPABILITIES);
 }

@@ -204,7 +204,8 @@ pub struct Args {
     /// Namespace of the agent pods and the lease.
     #[arg(long, default_value = "podtrace", value_name = "NAMESPACE")]
     pub agent_namespace: String,
-    /// Agent image (default: the podtrace DaemonSet's, else the release's).
+    /// Agent image (else $PODTRACE_IMAGE, else the podtrace DaemonSet's;
+    /// `cargo xtask image` builds one).
     #[arg(long)]
     pub image: Option<String>,
     /// More nodes to trace: `all`, or names separated by commas.

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use futures::{AsyncBufReadExt, StreamExt};
-use k8s_openapi::api::{apps::v1::DaemonSet, coordination::v1::Lease, core::v1::Pod as KubePod};
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::Pod as KubePod};
 use kube::{
     api::{DeleteParams, LogParams, Patch, PatchParams, PostParams},
     Api, Client,
@@ -28,23 +28,21 @@ use kube::{
 use serde_json::json;
 use tokio::sync::mpsc;
 
+pub use super::agent_pod::{image, HOST_ROOT};
+pub use super::agent_status::START_PATIENCE;
+use super::{
+    agent_pod::agent_pod,
+    agent_status::{how_it_ended, refused, wait_started},
+};
 use crate::cli::AgentArgs;
 
 /// How often the front-end renews its lease.
 pub const RENEW_EVERY: Duration = Duration::from_secs(10);
 /// An agent whose lease was not renewed for this long stops.
 pub const STALE_AFTER: Duration = Duration::from_secs(30);
-/// How long agents may take to start (image pull, attach).
-pub const START_PATIENCE: Duration = Duration::from_secs(120);
 /// How long the front-end keeps trying to delete its agent pods while the
 /// API fails.
 pub const DELETE_PATIENCE: Duration = Duration::from_secs(20);
-/// Where an agent's pod mounts its node's root filesystem, read-only (as
-/// `kubectl debug node/…` does): the doctor reads the node's CNI config,
-/// plugins and flannel's subnet.env there.
-pub const HOST_ROOT: &str = "/host";
-/// The image when neither `--image` nor a podtrace DaemonSet names one.
-pub const DEFAULT_IMAGE: &str = concat!("ghcr.io/podtrace/podtrace:", env!("CARGO_PKG_VERSION"));
 
 /// A skew for testing: `[-]DURATION` in ns.
 pub fn parse_skew(text: &str) -> Result<i64> {
@@ -83,7 +81,7 @@ impl Agents {
         leases
             .create(&PostParams::default(), &object)
             .await
-            .map_err(|e| forbidden_or(e, "create leases", namespace))?;
+            .map_err(|e| refused(e, "create leases", namespace))?;
         Ok(Self {
             namespace: namespace.into(),
             run,
@@ -123,7 +121,7 @@ impl Agents {
         self.pods
             .create(&PostParams::default(), &pod)
             .await
-            .map_err(|e| forbidden_or(e, "create pods", &self.namespace))?;
+            .map_err(|e| refused(e, "create pods", &self.namespace))?;
         self.started.push((node.into(), name.clone()));
         Ok(name)
     }
@@ -290,51 +288,14 @@ async fn follow_log(
     while let Some(line) = lines.next().await {
         let line = line.with_context(|| format!("the log of agent pod {pod} broke off"))?;
         if tx.send(Heard::Line(node.to_string(), line)).is_err() {
-            break;
+            return Ok(());
         }
     }
-    Ok(())
-}
-
-/// Waits until the pod's container has started: its phase then.
-async fn wait_started(pods: &Api<KubePod>, pod: &str) -> Result<String> {
-    let until = tokio::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        let object = pods
-            .get(pod)
-            .await
-            .with_context(|| format!("agent pod {pod}"))?;
-        let phase = object.status.and_then(|s| s.phase).unwrap_or_default();
-        if matches!(phase.as_str(), "Running" | "Succeeded" | "Failed") {
-            return Ok(phase);
-        }
-        if tokio::time::Instant::now() > until {
-            anyhow::bail!("agent pod {pod} did not start within 120 s (phase {phase})");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    // The log ends as the container does: killed by its node, it is said.
+    match how_it_ended(pods, pod).await {
+        Some(why) => Err(anyhow!("agent pod {pod} {why}")),
+        None => Ok(()),
     }
-}
-
-/// The image: `--image`, else the podtrace DaemonSet's (deploy/), else
-/// the release's.
-pub async fn image(client: Client, given: Option<&String>, agent_namespace: &str) -> String {
-    if let Some(image) = given {
-        return image.clone();
-    }
-    for ns in [agent_namespace, "kube-system"] {
-        let sets: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
-        if let Ok(Some(ds)) = sets.get_opt("podtrace").await {
-            let image = ds
-                .spec
-                .and_then(|s| s.template.spec)
-                .and_then(|s| s.containers.into_iter().next())
-                .and_then(|c| c.image);
-            if let Some(image) = image {
-                return image;
-            }
-        }
-    }
-    DEFAULT_IMAGE.to_string()
 }
 
 /// Removes an agent's own pod, and the run's lease when the front-end is
@@ -365,38 +326,6 @@ fn agent_argv(
     agent.trace.agent_namespace = namespace.into();
     agent.trace.kube.host_root = vec![HOST_ROOT.into()];
     agent.argv()
-}
-
-fn agent_pod(
-    name: &str,
-    node: &str,
-    image: &str,
-    argv: &[String],
-    lease: &str,
-    owner: Option<String>,
-    deadline: Option<Duration>,
-) -> serde_json::Value {
-    let owners = owner.map(|uid| json!([{"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "name": lease, "uid": uid}]));
-    json!({
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "podtrace-agent", "podtrace/lease": lease},
-                     "ownerReferences": owners.unwrap_or(json!([]))},
-        "spec": {
-            "nodeName": node, "hostNetwork": true, "hostPID": true, "restartPolicy": "Never",
-            "serviceAccountName": "podtrace", "terminationGracePeriodSeconds": 10,
-            "activeDeadlineSeconds": deadline.map(|d| d.as_secs() + 300),
-            "tolerations": [{"operator": "Exists"}],
-            "containers": [{
-                "name": "agent", "image": image, "command": ["podtrace"], "args": argv,
-                "securityContext": {"capabilities": {"add": ["NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE", "NET_RAW", "SYSLOG", "SYS_RESOURCE"], "drop": ["ALL"]}},
-                "volumeMounts": [{"name": "btf", "mountPath": "/sys/kernel/btf", "readOnly": true},
-                                 {"name": "runs", "mountPath": "/run/podtrace"},
-                                 {"name": "host", "mountPath": HOST_ROOT, "readOnly": true}]
-            }],
-            "volumes": [{"name": "btf", "hostPath": {"path": "/sys/kernel/btf"}},
-                        {"name": "runs", "hostPath": {"path": "/run/podtrace", "type": "DirectoryOrCreate"}},
-                        {"name": "host", "hostPath": {"path": "/"}}]
-        }
-    })
 }
 
 /// A pod name for the run's agent on `node` (DNS-1123, at most 63).
@@ -450,14 +379,6 @@ fn rand_u32() -> u32 {
 
 fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
-}
-
-fn forbidden_or(e: kube::Error, what: &str, namespace: &str) -> anyhow::Error {
-    match &e {
-        kube::Error::Api(s) if s.code == 403 => anyhow!("the Kubernetes API forbids this: cluster mode needs RBAC permission to {what} in namespace {namespace} (deploy/rbac-cluster.yaml): {}", s.message),
-        kube::Error::Api(s) if s.code == 404 => anyhow!("cannot {what} in namespace {namespace}: {} (create it, or pass --agent-namespace)", s.message),
-        _ => anyhow!("cannot {what} in namespace {namespace}: {e}"),
-    }
 }
 
 #[cfg(test)]

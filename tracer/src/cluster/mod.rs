@@ -2,10 +2,13 @@
 //! inventory files that stand in for it (`inventory`, `nodes`), Services
 //! (`services`, or a node's kube-proxy rules in their place:
 //! `kube_proxy_rules`), the endpoint arguments checked (`argument`), and
-//! cluster mode's agent pods (`agents`) and their side of its lease
+//! cluster mode's agent pods (`agents`: their Pod in `agent_pod`, what
+//! their status says in `agent_status`) and their side of its lease
 //! (`lease`). Resolving the arguments into
 //! traced endpoints is a phase of the run: `app::targets`.
 
+pub mod agent_pod;
+pub mod agent_status;
 pub mod agents;
 pub mod api;
 pub mod argument;

@@ -52,6 +52,14 @@ const RESOURCES: &[Resource] = &[
     },
     Resource {
         group_version: "v1",
+        name: "namespaces",
+        kind: "Namespace",
+        namespaced: false,
+        verbs: READ_WRITE,
+        short_names: &["ns"],
+    },
+    Resource {
+        group_version: "v1",
         name: "services",
         kind: "Service",
         namespaced: true,
@@ -154,6 +162,7 @@ pub(crate) fn list_kind(resource: &str) -> &'static str {
         "endpointslices" => "EndpointSliceList",
         "events" => "EventList",
         "endpoints" => "EndpointsList",
+        "namespaces" => "NamespaceList",
         _ => "ServiceList",
     }
 }

@@ -108,6 +108,9 @@ impl Kubelet {
 
     /// Starts a new pod's container, if it is for a lab node.
     pub(crate) fn run(self: &Arc<Self>, shared: &Shared, pod: &Value) {
+        if !super::images::pulled(shared, pod) {
+            return;
+        }
         let Some(node) = pod["spec"]["nodeName"]
             .as_str()
             .and_then(|n| self.nodes.get(n))

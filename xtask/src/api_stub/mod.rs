@@ -14,9 +14,11 @@
 //! `xtask api-stub` runs it as a standalone server (`lab up --api`); the
 //! tests start it in-process.
 
+mod admission;
 mod container_spec;
 mod discovery;
 mod events;
+mod images;
 mod kubelet;
 mod routes;
 mod runtime;
@@ -37,10 +39,14 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
+pub use images::LAB_IMAGE;
 pub use kubelet::Kubelet;
 pub use runtime::lab_image;
 
 pub const TOKEN: &str = "podtrace-test-token";
+/// The environment variable that sets the lab API's default Pod Security
+/// level (`baseline`, `restricted`) where a namespace's label names none.
+pub const POD_SECURITY_DEFAULT: &str = "POD_SECURITY_DEFAULT";
 
 /// A change: (resourceVersion, resource, ADDED|MODIFIED|DELETED, object).
 pub(crate) type Change = (u64, String, String, Value);
@@ -55,6 +61,10 @@ pub(crate) struct State {
     pub events: Vec<Change>,
     /// (verb, resource) pairs RBAC denies.
     pub forbidden: HashSet<(String, String)>,
+    /// The Pod Security level enforced where a namespace's label names
+    /// none (`admission`); privileged when `None`, as kube-apiserver's
+    /// default is.
+    pub pod_security_default: Option<String>,
 }
 
 /// What the server's handlers share.
@@ -178,6 +188,19 @@ impl Stub {
                 record(&mut state, resource, "ADDED", item);
             }
         }
+        // The namespaces every cluster has, and podtrace's as deploy/
+        // creates it; where it plays kubelet, the podtrace DaemonSet of
+        // deploy/ names the image its nodes hold.
+        for (name, level) in [
+            ("default", None),
+            ("kube-system", None),
+            ("podtrace", Some("privileged")),
+        ] {
+            record(&mut state, "namespaces", "ADDED", namespace(name, level));
+        }
+        if kubelet.is_some() {
+            record(&mut state, "daemonsets", "ADDED", images::lab_daemonset());
+        }
         state.events.clear();
         state.oldest_watchable = state.resource_version;
         let (changes, _) = broadcast::channel(1024);
@@ -265,6 +288,19 @@ impl Stub {
             .insert((verb.into(), resource.into()));
     }
 
+    /// Enforces Pod Security `level` ("baseline", "restricted") where a
+    /// namespace's label names none, as a cluster configured so does.
+    pub fn set_pod_security_default(&self, level: &str) {
+        self.shared.state.lock().unwrap().pod_security_default = Some(level.into());
+    }
+
+    /// Adds (or replaces) namespace `name`, its Pod Security label
+    /// enforcing `level` if given.
+    pub fn add_namespace(&self, name: &str, level: Option<&str>) {
+        self.shared
+            .change("namespaces", "ADDED", namespace(name, level));
+    }
+
     /// Adds a pod object (`v1.Pod` JSON).
     pub fn add_pod(&self, mut pod: Value) {
         pod["kind"] = "Pod".into();
@@ -278,16 +314,24 @@ impl Stub {
         state.objects.get(resource).cloned().unwrap_or_default()
     }
 
-    /// Sets a pod's podIP, as a recreated pod would get a new one.
-    pub fn set_pod_ip(&self, namespace: &str, name: &str, ip: &str) {
+    /// Merges `status` into a pod's status, as its kubelet records what
+    /// became of it (an eviction, an OOM kill).
+    pub fn merge_pod_status(&self, namespace: &str, name: &str, status: &Value) {
         let mut pod = self
             .objects("pods")
             .into_iter()
             .find(|p| matches_name(p, namespace, name))
             .expect("a stub pod");
-        pod["status"]["podIP"] = ip.into();
-        pod["status"]["podIPs"] = json!([{ "ip": ip }]);
+        for (field, value) in status.as_object().into_iter().flatten() {
+            pod["status"][field] = value.clone();
+        }
         self.shared.change("pods", "MODIFIED", pod);
+    }
+
+    /// Sets a pod's podIP, as a recreated pod would get a new one.
+    pub fn set_pod_ip(&self, namespace: &str, name: &str, ip: &str) {
+        let status = json!({"podIP": ip, "podIPs": [{ "ip": ip }]});
+        self.merge_pod_status(namespace, name, &status);
     }
 
     /// Forgets history up to now: a watch from an older resourceVersion
@@ -345,6 +389,22 @@ async fn accept(
     }
 }
 
+/// A Namespace, labelled as deploy/ labels podtrace's when `level` is
+/// given (enforce, audit and warn).
+fn namespace(name: &str, level: Option<&str>) -> Value {
+    let labels: serde_json::Map<String, Value> = level
+        .into_iter()
+        .flat_map(|level| {
+            ["enforce", "audit", "warn"]
+                .map(|mode| (format!("pod-security.kubernetes.io/{mode}"), level.into()))
+        })
+        .chain([("kubernetes.io/metadata.name".to_string(), name.into())])
+        .collect();
+    json!({"apiVersion": "v1", "kind": "Namespace",
+           "metadata": {"name": name, "labels": labels, "creationTimestamp": kubelet::now()},
+           "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}})
+}
+
 fn kubeconfig_text(token: &str, ca_pem: &str, server: &str) -> String {
     let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
     format!(
@@ -382,6 +442,11 @@ pub fn serve_lab(
     let kubelet = Kubelet::for_lab(podtrace, lab, &lab.state_dir());
     kubelet.check_runtime()?;
     let stub = Stub::serve(&lab.pod_list(), &lab.node_list(), Some(kubelet), port);
+    // A cluster that enforces a stricter Pod Security level by default, as
+    // many do (`POD_SECURITY_DEFAULT=baseline cargo xtask lab up --api`).
+    if let Ok(level) = std::env::var(POD_SECURITY_DEFAULT) {
+        stub.set_pod_security_default(&level);
+    }
     if lab.services_file().exists() {
         stub.add_services(&lab.service_list());
     }

@@ -183,6 +183,11 @@ async fn create(shared: &Shared, t: &Target<'_>, body: &[u8]) -> Response<Body> 
     if let Some(ns) = t.namespace {
         object["metadata"]["namespace"] = ns.into();
     }
+    if let (Some(ns), "pods") = (t.namespace, t.resource) {
+        if let Some(refused) = super::admission::refuse_pod(shared, ns, &object) {
+            return refused;
+        }
+    }
     let probe = Target {
         name: object["metadata"]["name"].as_str(),
         ..*t

@@ -123,10 +123,23 @@ pub(crate) fn since(timestamp: &Value) -> Value {
 /// A pod's row: ready, status (Terminating once deleted), restarts, age; IP and node with `-o wide`.
 fn pod_cells(p: &Value) -> Vec<Value> {
     let phase = p["status"]["phase"].as_str().unwrap_or("Pending");
+    // As the API's printer says it: the pod's reason (Evicted), else a
+    // container's waiting or terminated reason (ErrImagePull, OOMKilled).
+    let container = p["status"]["containerStatuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|c| {
+            let state = &c["state"];
+            state["waiting"]["reason"]
+                .as_str()
+                .or(state["terminated"]["reason"].as_str())
+        });
+    let reason = p["status"]["reason"].as_str().or(container);
     let status = if p["metadata"]["deletionTimestamp"].is_string() {
         "Terminating"
     } else {
-        phase
+        reason.unwrap_or(phase)
     };
     let ready = if phase == "Running" { "1/1" } else { "0/1" };
     vec![

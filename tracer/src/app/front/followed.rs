@@ -29,6 +29,9 @@ pub(super) struct Followed {
     /// What became of it when it was lost mid-trace (its log ended before
     /// its summary).
     pub lost: Option<String>,
+    /// Why its log ended before it began tracing (its pod refused, its
+    /// image not pulled, …), if it said.
+    pub never_started: Option<String>,
 }
 
 impl Followed {
@@ -87,7 +90,9 @@ impl Followed {
     /// missing (its last progress mark, in its kernel time).
     pub(super) fn lose(&mut self, node: &str, why: Option<&str>, now: SystemTime) -> (String, u64) {
         let how = match why {
-            Some(why) => format!("its log broke off ({why})"),
+            // Said by the follower: the log broke off, or the node killed
+            // the agent (evicted, OOM-killed).
+            Some(why) => why.to_string(),
             None => "its log ended without its summary".to_string(),
         };
         let mut what = format!("{node}'s agent was lost at {}: {how}", wall(now));

@@ -23,7 +23,10 @@ impl Session {
             return;
         };
         agent.ended = true;
-        if agent.summary.is_some() || agent.start.is_none() {
+        if agent.start.is_none() {
+            // Said as the run's error, by the wait for the agents' starts.
+            agent.never_started = why;
+        } else if agent.summary.is_some() {
             if let Some(why) = why {
                 eprintln!("podtrace: {node}: {why}");
             }

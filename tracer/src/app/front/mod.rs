@@ -81,7 +81,7 @@ pub async fn run(args: Args) -> Result<()> {
             bail!("--probe {probe}: the source is not a pod on a traced node, whose agent would send it");
         }
     }
-    let image = agents::image(client.clone(), args.image.as_ref(), &args.agent_namespace).await;
+    let image = agents::image(client.clone(), args.image.as_ref(), &args.agent_namespace).await?;
     let mut agents = Agents::new(client.clone(), &args.agent_namespace).await?;
     let renewing = agents.renew();
     let mut session = Session::new(front_context(&args, &targets), untraced);
@@ -221,8 +221,11 @@ impl Session {
             tokio::select! {
                 heard = self.heard.recv() => {
                     if let Some(heard) = heard { self.hear(heard)?; }
-                    if let Some(node) = self.agents.iter().find(|(_, a)| a.ended && a.start.is_none()).map(|(n, _)| n) {
-                        bail!("the agent on {node} ended before it began tracing (what it said, if anything, is above)");
+                    if let Some((node, agent)) = self.agents.iter().find(|(_, a)| a.ended && a.start.is_none()) {
+                        match &agent.never_started {
+                            Some(why) => bail!("the agent on {node} did not start: {why}"),
+                            None => bail!("the agent on {node} ended before it began tracing (what it said, if anything, is above)"),
+                        }
                     }
                 }
                 () = stop.recv() => return Ok(false),
