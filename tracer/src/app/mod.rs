@@ -52,11 +52,8 @@ use crate::{
     node::{netns::Namespace, pod_netns::OtherNamespaces},
     output::pcapng,
     probe::{
-        clock::monotonic_ns,
-        conntrack,
-        link_watch::LinkChange,
-        netfilter::{Backend, TracedRule},
-        Batch, Kernel, ReadThrough, BATCHES_QUEUED,
+        clock::monotonic_ns, conntrack, iptables::NodeIptables, link_watch::LinkChange,
+        netfilter::TracedRule, Batch, Kernel, ReadThrough, BATCHES_QUEUED,
     },
     story::Context,
 };
@@ -128,6 +125,8 @@ struct Resolved {
     namespaces: Vec<Namespace>,
     ctx: Context,
     why_rule_unnamed: Option<&'static str>,
+    /// What each --netns node's iptables hold, in order.
+    iptables: Vec<NodeIptables>,
     /// The doctor's failing checks per --netns, in order.
     doctor: Vec<Vec<crate::model::Finding>>,
     /// Each traced namespace's own addresses, in order, read once: they
@@ -152,13 +151,18 @@ async fn resolve(args: &Args) -> Result<Resolved> {
     let targets = Targets::resolve(args, &traced_addresses).await?;
     let namespaces = namespaces?;
     let mut ctx = context_of(args, &targets);
-    let why_rule_unnamed = match (args.no_ruleset_changes, Backend::detect()) {
-        (true, _) => Some("rule tracing is off (--no-ruleset-changes)"),
-        (false, Backend::Legacy) => {
-            Some("this node uses iptables-legacy, which has no rule tracing")
-        }
-        (false, Backend::Missing) => Some("iptables is not installed here"),
-        (false, Backend::Nft) => None,
+    // Each node's iptables, asked in its own namespace (not from this
+    // process's `iptables`, which may be a container's).
+    let iptables: Vec<NodeIptables> = namespaces
+        .iter()
+        .map(|ns| ns.run(|| Ok(NodeIptables::detect())))
+        .collect::<Result<_>>()?;
+    let why_rule_unnamed = if args.no_ruleset_changes {
+        Some("rule tracing is off (--no-ruleset-changes)")
+    } else if iptables.iter().all(|n| n.why_untraceable().is_some()) {
+        Some("rule tracing cannot see the traced nodes' rules")
+    } else {
+        None
     };
     ctx.why_rule_unnamed = why_rule_unnamed.unwrap_or(crate::probe::netfilter::UNTRACED_DROP);
     Ok(Resolved {
@@ -166,6 +170,7 @@ async fn resolve(args: &Args) -> Result<Resolved> {
         namespaces,
         ctx,
         why_rule_unnamed,
+        iptables,
         // Profile mode tells no verdict for findings to join: not asked.
         doctor: if args.in_kernel_profile {
             Vec::new()
@@ -290,6 +295,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         namespaces,
         mut ctx,
         why_rule_unnamed,
+        iptables,
         doctor,
         addresses,
     } = resolved;
@@ -331,7 +337,13 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         traced_addresses: addresses?,
         single_node: namespaces.len() == 1,
     };
-    let (nodes, read_through) = trace_nodes(&namespaces, &shared, &tx, &mut ctx, &doctor).await?;
+    let unseen: Vec<Option<String>> = iptables
+        .iter()
+        .map(|n| n.why_untraceable().or_else(|| n.legacy_beside_nft()))
+        .map(|why| why.filter(|_| !args.no_ruleset_changes))
+        .collect();
+    let (nodes, read_through) =
+        trace_nodes(&namespaces, &shared, &tx, &mut ctx, &doctor, &unseen).await?;
     let armed_ns = monotonic_ns();
     drop(shared);
     drop(typed_btf);
@@ -372,13 +384,15 @@ fn netns_inums(namespaces: &[Namespace]) -> [u32; MAX_NODES] {
 }
 
 /// Sets up every node, each streaming its records into `tx`; what each
-/// is (and the doctor's failing checks there) goes into `ctx`.
+/// is (and the doctor's failing checks there, and why its rules may be
+/// unseen) goes into `ctx`.
 async fn trace_nodes(
     namespaces: &[Namespace],
     shared: &Shared<'_>,
     tx: &mpsc::Sender<Batch>,
     ctx: &mut Context,
     doctor: &[Vec<crate::model::Finding>],
+    unseen: &[Option<String>],
 ) -> Result<(Vec<TracedNode>, Vec<ReadThrough>)> {
     let mut nodes = Vec::new();
     let mut read_through = Vec::new();
@@ -395,6 +409,9 @@ async fn trace_nodes(
         ctx.nodes.insert(node.name.to_string(), facts);
         if let Some(findings) = doctor.get(id) {
             ctx.doctor.insert(node.name.to_string(), findings.clone());
+        }
+        if let Some(Some(why)) = unseen.get(id) {
+            ctx.rules_unseen.insert(node.name.to_string(), why.clone());
         }
         nodes.push(node);
     }
