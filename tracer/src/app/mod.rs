@@ -52,7 +52,7 @@ use crate::{
     node::{netns::Namespace, pod_netns::OtherNamespaces},
     output::pcapng,
     probe::{
-        clock::monotonic_ns, conntrack, iptables::NodeIptables, link_watch::LinkChange,
+        clock::monotonic_ns, conntrack, iptables::RuleSight, link_watch::LinkChange,
         netfilter::TracedRule, Batch, Kernel, ReadThrough, BATCHES_QUEUED,
     },
     story::Context,
@@ -124,9 +124,8 @@ struct Resolved {
     targets: Targets,
     namespaces: Vec<Namespace>,
     ctx: Context,
-    why_rule_unnamed: Option<&'static str>,
-    /// What each --netns node's iptables hold, in order.
-    iptables: Vec<NodeIptables>,
+    /// What rule tracing can see on each --netns node.
+    sight: RuleSight,
     /// The doctor's failing checks per --netns, in order.
     doctor: Vec<Vec<crate::model::Finding>>,
     /// Each traced namespace's own addresses, in order, read once: they
@@ -151,26 +150,13 @@ async fn resolve(args: &Args) -> Result<Resolved> {
     let targets = Targets::resolve(args, &traced_addresses).await?;
     let namespaces = namespaces?;
     let mut ctx = context_of(args, &targets);
-    // Each node's iptables, asked in its own namespace (not from this
-    // process's `iptables`, which may be a container's).
-    let iptables: Vec<NodeIptables> = namespaces
-        .iter()
-        .map(|ns| ns.run(|| Ok(NodeIptables::detect())))
-        .collect::<Result<_>>()?;
-    let why_rule_unnamed = if args.no_ruleset_changes {
-        Some("rule tracing is off (--no-ruleset-changes)")
-    } else if iptables.iter().all(|n| n.why_untraceable().is_some()) {
-        Some("rule tracing cannot see the traced nodes' rules")
-    } else {
-        None
-    };
-    ctx.why_rule_unnamed = why_rule_unnamed.unwrap_or(crate::probe::netfilter::UNTRACED_DROP);
+    let sight = RuleSight::of(&namespaces, args.no_ruleset_changes)?;
+    ctx.why_rule_unnamed = sight.off.unwrap_or(crate::probe::netfilter::UNTRACED_DROP);
     Ok(Resolved {
         targets,
         namespaces,
         ctx,
-        why_rule_unnamed,
-        iptables,
+        sight,
         // Profile mode tells no verdict for findings to join: not asked.
         doctor: if args.in_kernel_profile {
             Vec::new()
@@ -294,8 +280,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         targets,
         namespaces,
         mut ctx,
-        why_rule_unnamed,
-        iptables,
+        sight,
         doctor,
         addresses,
     } = resolved;
@@ -330,20 +315,15 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         l4_filter,
         link_tx,
         conntrack_tx,
-        netfilter_tx: why_rule_unnamed.is_none().then_some(netfilter_tx),
+        netfilter_tx: sight.off.is_none().then_some(netfilter_tx),
         pairs,
         endpoint_nodes: endpoint_nodes(&targets),
         node_ips: &args.node_ip,
         traced_addresses: addresses?,
         single_node: namespaces.len() == 1,
     };
-    let unseen: Vec<Option<String>> = iptables
-        .iter()
-        .map(|n| n.why_untraceable().or_else(|| n.legacy_beside_nft()))
-        .map(|why| why.filter(|_| !args.no_ruleset_changes))
-        .collect();
     let (nodes, read_through) =
-        trace_nodes(&namespaces, &shared, &tx, &mut ctx, &doctor, &unseen).await?;
+        trace_nodes(&namespaces, &shared, &tx, &mut ctx, &doctor, &sight.unseen).await?;
     let armed_ns = monotonic_ns();
     drop(shared);
     drop(typed_btf);
@@ -359,7 +339,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         nodes,
         kernel,
         ctx,
-        rules_traced: why_rule_unnamed.is_none(),
+        rules_traced: sight.off.is_none(),
         keep_snapshots: args.write.is_some(),
         sightings,
         read_through,

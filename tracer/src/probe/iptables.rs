@@ -18,9 +18,11 @@
 
 use std::process::Command;
 
+use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use super::rule_text::output;
+use crate::node::netns::Namespace;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Backend {
@@ -156,6 +158,41 @@ impl NodeIptables {
                 "no nft rule was traced dropping it, and this node also has {} iptables-legacy rule(s), which rule tracing cannot see; the doctor's firewall findings name the legacy DROP rules that match the pair, if any",
                 self.legacy_rules
             )
+        })
+    }
+}
+
+/// What rule tracing can see on the traced nodes, each asked in its own
+/// namespace (not through this process's `iptables`, which may be a
+/// container's).
+#[derive(Clone, Debug)]
+pub struct RuleSight {
+    /// Why no rule is named on any node (tracing off, or no node's rules
+    /// visible to it); None: rule tracing runs.
+    pub off: Option<&'static str>,
+    /// Each node's reason, in order, why a drop there may have no traced
+    /// rule (its legacy rules); None where that is not so.
+    pub unseen: Vec<Option<String>>,
+}
+
+impl RuleSight {
+    pub fn of(namespaces: &[Namespace], tracing_off: bool) -> Result<Self> {
+        if tracing_off {
+            return Ok(Self {
+                off: Some("rule tracing is off (--no-ruleset-changes)"),
+                unseen: vec![None; namespaces.len()],
+            });
+        }
+        let nodes: Vec<NodeIptables> = namespaces
+            .iter()
+            .map(|ns| ns.run(|| Ok(NodeIptables::detect())))
+            .collect::<Result<_>>()?;
+        let untraceable = nodes.iter().all(|n| n.why_untraceable().is_some());
+        Ok(Self {
+            off: untraceable.then_some("rule tracing cannot see the traced nodes' rules"),
+            unseen: (nodes.iter())
+                .map(|n| n.why_untraceable().or_else(|| n.legacy_beside_nft()))
+                .collect(),
         })
     }
 }
