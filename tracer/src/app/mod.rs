@@ -49,7 +49,7 @@ use crate::{
     decode::hop::{place, Hop, Unplaced},
     doctor,
     model::{KernelSummary, Summary},
-    node::{netns::Namespace, pod_netns::OtherNamespaces},
+    node::{host_root::HostRoot, netns::Namespace, pod_netns::OtherNamespaces},
     output::pcapng,
     probe::{
         clock::monotonic_ns, conntrack, iptables::RuleSight, link_watch::LinkChange,
@@ -201,7 +201,10 @@ fn context_of(args: &Args, targets: &Targets) -> Context {
     ctx.nat = targets.nat.clone();
     ctx.subnets = targets.subnets.clone();
     ctx.pod_cidrs = args.pod_cidr.clone();
-    ctx.pod_cidrs.extend(cni::subnet_env_network());
+    // The node's file, not the container's (an agent's --host-root).
+    let root = args.kube.host_root.first().cloned();
+    let root = HostRoot::new(root.unwrap_or_else(|| "/".into()));
+    ctx.pod_cidrs.extend(cni::subnet_env_network(&root));
     ctx
 }
 
