@@ -13,7 +13,7 @@ use support::*;
 use xtask::{
     api_stub::{Stub, TOKEN},
     faults::Fault,
-    lab::{cni_plugins, ip, sysctl, LabGuard, Topology},
+    lab::{cni_plugins, host_root, ip, sysctl, LabGuard, Topology},
 };
 
 /// `podtrace doctor` on both lab nodes (files as the inventory): the JSON
@@ -284,6 +284,7 @@ fn every_fault_of_the_catalogue_has_a_doctor_test() {
     // The tests below, by fault: adding a fault without one fails here.
     let tested = [
         "iptables-forward-drop",
+        "legacy-forward-drop",
         "calico-profile-drop",
         "kube-firewall-mark-drop",
         "flannel-route-missing",
@@ -325,6 +326,10 @@ macro_rules! names_the_fault {
 
 names_the_fault! {
     iptables_forward_drop: IptablesForwardDrop on "node-1", "firewall" "DROP rules" says "-A FORWARD -s";
+    // Beside the node's iptables-nft rules: named after its backend, never
+    // `✓ no DROP rule`.
+    legacy_forward_drop: LegacyForwardDrop on "node-1", "firewall" "DROP rules (iptables-legacy)"
+        says "drops pod traffic (default/web-0) [iptables-legacy, beside the backend the node runs]";
     calico_profile_drop: CalicoProfileDrop on "node-2", "firewall" "Calico policy of cali" says "Drop if no profiles matched";
     kube_firewall_mark_drop: KubeFirewallMarkDrop on "node-1", "firewall" "KUBE-FIREWALL" says "KUBE-MARK-DROP";
     flannel_route_missing: FlannelRouteMissing on "node-1", "flannel" "route to node-2" says "no route to";
@@ -849,4 +854,141 @@ fn a_no_route_verdict_names_the_bgp_session() {
             "listed {listed}: {summary}"
         );
     }
+}
+
+/// A node root shaped as a distribution lays it out, beside the lab's:
+/// `files` written as given (the runtime's config), Flannel's conflist in
+/// `conf` and its plugins in `bins[0]` (all but `missing`), `links` made
+/// (absolute, as the node names them), /var/run a link to /run, and
+/// node-1's subnet.env.
+fn shaped_root(
+    lab: &LabGuard,
+    shape: &str,
+    files: &[(&str, &str)],
+    (conf, bins): (&str, &[&str]),
+    links: &[(&str, &str)],
+    missing: &str,
+) -> PathBuf {
+    let root = scratch().join(shape);
+    let _ = std::fs::remove_dir_all(&root);
+    let under = |path: &str| root.join(path.trim_start_matches('/'));
+    for (path, text) in files {
+        std::fs::create_dir_all(under(path).parent().unwrap()).unwrap();
+        std::fs::write(under(path), text).unwrap();
+    }
+    std::fs::create_dir_all(under(conf)).unwrap();
+    std::fs::write(
+        under(conf).join("10-flannel.conflist"),
+        host_root::FLANNEL_CONFLIST,
+    )
+    .unwrap();
+    for bin in bins {
+        std::fs::create_dir_all(under(bin)).unwrap();
+    }
+    for plugin in host_root::FLANNEL_PLUGINS.iter().filter(|p| **p != missing) {
+        host_root::plugin_stub(&under(bins[0]), plugin).unwrap();
+    }
+    for (link, target) in links.iter().chain(&[("/var/run", "/run")]) {
+        std::fs::create_dir_all(under(link).parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(target, under(link)).unwrap();
+    }
+    std::fs::create_dir_all(under("/run/flannel")).unwrap();
+    let env = lab.0.host_root(1).join("run/flannel/subnet.env");
+    std::fs::copy(env, under("/run/flannel/subnet.env")).unwrap();
+    root
+}
+
+/// `podtrace doctor` on node-1 with `root` as its host root.
+fn doctor_on_node1(lab: &LabGuard, root: &std::path::Path) -> Value {
+    let mut argv: Vec<String> = ["doctor", "-o", "json", "--pods-file"]
+        .map(String::from)
+        .into();
+    argv.push(lab.0.pods_file().display().to_string());
+    argv.extend([
+        "--nodes-file".into(),
+        lab.0.nodes_file().display().to_string(),
+    ]);
+    argv.extend(["--netns".into(), lab.0.node_netns(1)]);
+    argv.extend(["--host-root".into(), root.display().to_string()]);
+    run(&argv).0
+}
+
+/// The check named `name` on node-1 passes, with `evidence` in its words.
+fn passes(report: &Value, name: &str, evidence: &str) {
+    let check = check_on(report, "node-1", name);
+    assert_eq!(check["ok"], true, "{check}");
+    let said = check["evidence"].as_str().unwrap();
+    assert!(said.contains(evidence), "{said}");
+}
+
+/// k3s keeps CNI under /var/lib/rancher, named by the config of its own
+/// containerd, its plugins behind the absolute link data/current.
+#[test]
+fn a_k3s_node_is_read_where_its_containerd_keeps_cni() {
+    let lab = lab(Topology::FlannelVxlan);
+    let config = "/var/lib/rancher/k3s/agent/etc/containerd/config.toml";
+    let conf = "/var/lib/rancher/k3s/agent/etc/cni/net.d";
+    let root = shaped_root(
+        &lab,
+        "k3s",
+        &[(config, &format!("version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".cni]\n  bin_dir = \"/var/lib/rancher/k3s/data/current/bin\"\n  conf_dir = \"{conf}\"\n"))],
+        (conf, &["/var/lib/rancher/k3s/data/9f2c41/bin"]),
+        &[("/var/lib/rancher/k3s/data/current", "/var/lib/rancher/k3s/data/9f2c41")],
+        "",
+    );
+    let report = doctor_on_node1(&lab, &root);
+    passes(&report, "config the runtime uses", &format!("the runtime uses {conf}/10-flannel.conflist (plugins: flannel, portmap) (from {config})"));
+    passes(
+        &report,
+        "plugin flannel",
+        "/var/lib/rancher/k3s/data/current/bin/flannel is executable",
+    );
+}
+
+/// GKE's containerd runs plugins from /home/kubernetes/bin: a plugin
+/// missing there is named there, in kubelet's words.
+#[test]
+fn a_gke_node_is_read_in_home_kubernetes_bin() {
+    let lab = lab(Topology::FlannelVxlan);
+    let config = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".cni]\n  bin_dir = \"/home/kubernetes/bin\"\n  conf_dir = \"/etc/cni/net.d\"\n";
+    let root = shaped_root(
+        &lab,
+        "gke",
+        &[("/etc/containerd/config.toml", config)],
+        ("/etc/cni/net.d", &["/home/kubernetes/bin"]),
+        &[],
+        "flannel",
+    );
+    let report = doctor_on_node1(&lab, &root);
+    passes(
+        &report,
+        "plugin bridge",
+        "/home/kubernetes/bin/bridge is executable",
+    );
+    let missing = check_on(&report, "node-1", "plugin flannel");
+    assert_eq!(missing["ok"], false, "{missing}");
+    let said = missing["evidence"].as_str().unwrap();
+    assert!(said.contains("/home/kubernetes/bin has no flannel binary (from /etc/containerd/config.toml): kubelet says failed to find plugin \"flannel\" in path [/home/kubernetes/bin]"), "{said}");
+}
+
+/// containerd 2.x lists its plugin directories (`bin_dirs`): a plugin is
+/// found in any of them, in order.
+#[test]
+fn a_containerd_2_node_searches_every_bin_dir() {
+    let lab = lab(Topology::FlannelVxlan);
+    let config = "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.cni]\n  bin_dirs = ['/opt/cni/bin', '/usr/libexec/cni']\n  conf_dir = '/etc/cni/net.d'\n";
+    let root = shaped_root(
+        &lab,
+        "containerd2",
+        &[("/etc/containerd/config.toml", config)],
+        ("/etc/cni/net.d", &["/usr/libexec/cni", "/opt/cni/bin"]),
+        &[],
+        "",
+    );
+    let report = doctor_on_node1(&lab, &root);
+    passes(
+        &report,
+        "plugin flannel",
+        "/usr/libexec/cni/flannel is executable",
+    );
 }

@@ -162,6 +162,70 @@ fn without_ruleset_changes_the_drop_names_the_hook_but_not_the_rule() {
     );
 }
 
+/// The doctor's finding of the story's verdict whose check is `check`.
+fn finding<'a>(story: &'a Value, check: &str) -> &'a Value {
+    let findings = story["verdict"]["doctor"].as_array();
+    let found = findings.and_then(|f| f.iter().find(|f| f["check"] == check));
+    found.unwrap_or_else(|| panic!("no finding {check:?}: {story}"))
+}
+
+/// An iptables-legacy DROP beside the node's nft rules: rule tracing
+/// cannot see it, and the verdict says so (never the rate limit), with
+/// the doctor's candidate rule from iptables-legacy-save.
+#[test]
+fn a_legacy_drop_beside_nft_rules_is_said_and_its_rule_is_the_candidate() {
+    let lab = faulty(Fault::LegacyForwardDrop);
+    let (story, human) = trace_once(&lab, false);
+    assert_dropped(&story, "node-1", "NETFILTER_DROP");
+    assert!(story["verdict"]["netfilter"].is_null(), "{story}");
+    let summary = story["verdict"]["summary"].as_str().unwrap();
+    assert!(
+        summary.ends_with("the rule is not named: no nft rule was traced dropping it, and this node also has 1 iptables-legacy rule(s), which rule tracing cannot see; the doctor's firewall findings name the legacy DROP rules that match the pair, if any"),
+        "{summary}"
+    );
+    assert!(!summary.contains("packets/s"), "{summary}");
+    let rule = format!("-A FORWARD -s {}/32 -j DROP", lab.0.pod("web-0").ip);
+    let candidate = finding(&story, "DROP rules (iptables-legacy)");
+    assert!(
+        candidate["evidence"].as_str().unwrap().starts_with(&rule),
+        "{candidate}"
+    );
+    assert!(human.contains("iptables-legacy"), "{human}");
+}
+
+/// A node whose kubelet made its KUBE-IPTABLES-HINT chain in legacy's
+/// mangle table runs iptables-legacy, as kube-proxy's iptables-wrapper
+/// decides it: its drop says why rule tracing cannot name it, and the
+/// doctor names the legacy rule under the plain check.
+#[test]
+fn an_iptables_legacy_node_is_told_as_one() {
+    let lab = faulty(Fault::LegacyForwardDrop);
+    lab.0
+        .run_iptables_legacy(1)
+        .expect("node-1 on iptables-legacy");
+    let (story, _) = trace_once(&lab, false);
+    assert_dropped(&story, "node-1", "NETFILTER_DROP");
+    let summary = story["verdict"]["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("the rule is not named: this node runs iptables-legacy (kubelet's KUBE-IPTABLES-HINT chain is in iptables-legacy's mangle table), whose rules nft's rule tracing cannot see"),
+        "{summary}"
+    );
+    let candidate = finding(&story, "DROP rules");
+    let rule = format!("-A FORWARD -s {}/32 -j DROP", lab.0.pod("web-0").ip);
+    let evidence = candidate["evidence"].as_str().unwrap();
+    assert!(
+        evidence.starts_with(&rule) && evidence.ends_with("[iptables-legacy]"),
+        "{evidence}"
+    );
+    assert!(
+        candidate["fix"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("iptables-legacy {}", rule.replacen("-A", "-D", 1))),
+        "{candidate}"
+    );
+}
+
 #[test]
 fn calico_profile_drop_names_the_rule_with_its_comments() {
     let lab = faulty(Fault::CalicoProfileDrop);

@@ -470,7 +470,7 @@ fn an_ipv6_service_is_followed_through_kube_proxys_dnat(mode: ProxyMode) {
     let mut answer = None;
     let front = format!("[{cluster_ip}]:80");
     let (dst, family) = match mode {
-        ProxyMode::Iptables => ("svc/db", "-6"),
+        ProxyMode::Iptables | ProxyMode::IptablesLegacy => ("svc/db", "-6"),
         // The address alone asks for IPv6.
         ProxyMode::Nftables => (front.as_str(), "--count"),
     };
@@ -521,6 +521,8 @@ fn an_ipv6_service_is_followed_through_kube_proxys_dnat(mode: ProxyMode) {
             rule.starts_with("ip6 kube-proxy endpoint-") && rule.contains(&format!("dnat to {to}")),
             "the ip6 table's endpoint chain: {rule}"
         ),
+        // nft's rule tracing cannot see legacy rules.
+        ProxyMode::IptablesLegacy => assert!(rule.contains("iptables-legacy"), "{rule}"),
     }
     let verdict = &syn["verdict"];
     assert_eq!(verdict["outcome"], "delivered", "{verdict}");

@@ -16,6 +16,10 @@ pub const GONE_GATEWAY: &str = "192.0.2.254";
 pub enum Fault {
     /// `-A FORWARD -s <web-0>/32 -j DROP` on node-1.
     IptablesForwardDrop,
+    /// The same rule written with `iptables-legacy` on node-1, beside its
+    /// iptables-nft rules (a tool or an image that links the other
+    /// backend): the kernel runs it, nft's rule tracing cannot see it.
+    LegacyForwardDrop,
     /// Calico's per-workload chains on node-2 ending in "Drop if no profiles matched".
     CalicoProfileDrop,
     /// KUBE-MARK-DROP marks 0x8000, KUBE-FIREWALL drops marked packets (node-1).
@@ -68,6 +72,7 @@ impl Fault {
     pub fn name(self) -> &'static str {
         match self {
             Self::IptablesForwardDrop => "iptables-forward-drop",
+            Self::LegacyForwardDrop => "legacy-forward-drop",
             Self::CalicoProfileDrop => "calico-profile-drop",
             Self::KubeFirewallMarkDrop => "kube-firewall-mark-drop",
             Self::FlannelRouteMissing => "flannel-route-missing",
@@ -114,6 +119,14 @@ impl Fault {
             Self::IptablesForwardDrop => {
                 iptables(&node1, &format!("-A FORWARD -s {}/32 -j DROP", web.ip))?
             }
+            Self::LegacyForwardDrop => run(in_netns(&node1, "iptables-legacy").args([
+                "-A",
+                "FORWARD",
+                "-s",
+                &format!("{}/32", web.ip),
+                "-j",
+                "DROP",
+            ]))?,
             Self::CalicoProfileDrop => calico_profile_drop(&node2, &lab.pod("db-0"))?,
             Self::KubeFirewallMarkDrop => kube_firewall_mark_drop(&node1, &web)?,
             Self::FlannelRouteMissing => {

@@ -83,6 +83,7 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
         reports_read_through: true,
         doctor,
         kernel: Some(trace.kernel_summary.clone()),
+        rules_unseen: trace.ctx.rules_unseen.values().next().cloned(),
     })));
     trace.probes = probes_once_all_trace(&args, agent.lease.as_ref(), &trace).await;
     let gone = lease_watch(&args, agent.lease.as_ref()).await;

@@ -49,15 +49,11 @@ use crate::{
     decode::hop::{place, Hop, Unplaced},
     doctor,
     model::{KernelSummary, Summary},
-    node::{netns::Namespace, pod_netns::OtherNamespaces},
+    node::{host_root::HostRoot, netns::Namespace, pod_netns::OtherNamespaces},
     output::pcapng,
     probe::{
-        capabilities::Capabilities,
-        clock::monotonic_ns,
-        conntrack,
-        link_watch::LinkChange,
-        netfilter::{Backend, TracedRule},
-        Batch, Kernel, ReadThrough, BATCHES_QUEUED,
+        capabilities::Capabilities, clock::monotonic_ns, conntrack, iptables::RuleSight,
+        link_watch::LinkChange, netfilter::TracedRule, Batch, Kernel, ReadThrough, BATCHES_QUEUED,
     },
     story::Context,
 };
@@ -135,7 +131,8 @@ struct Resolved {
     targets: Targets,
     namespaces: Vec<Namespace>,
     ctx: Context,
-    why_rule_unnamed: Option<&'static str>,
+    /// What rule tracing can see on each --netns node.
+    sight: RuleSight,
     /// The doctor's failing checks per --netns, in order.
     doctor: Vec<Vec<crate::model::Finding>>,
     /// Each traced namespace's own addresses, in order, read once: they
@@ -160,20 +157,13 @@ async fn resolve(args: &Args) -> Result<Resolved> {
     let targets = Targets::resolve(args, &traced_addresses).await?;
     let namespaces = namespaces?;
     let mut ctx = context_of(args, &targets);
-    let why_rule_unnamed = match (args.no_ruleset_changes, Backend::detect()) {
-        (true, _) => Some("rule tracing is off (--no-ruleset-changes)"),
-        (false, Backend::Legacy) => {
-            Some("this node uses iptables-legacy, which has no rule tracing")
-        }
-        (false, Backend::Missing) => Some("iptables is not installed here"),
-        (false, Backend::Nft) => None,
-    };
-    ctx.why_rule_unnamed = why_rule_unnamed.unwrap_or(crate::probe::netfilter::UNTRACED_DROP);
+    let sight = RuleSight::of(&namespaces, args.no_ruleset_changes)?;
+    ctx.why_rule_unnamed = sight.off.unwrap_or(crate::probe::netfilter::UNTRACED_DROP);
     Ok(Resolved {
         targets,
         namespaces,
         ctx,
-        why_rule_unnamed,
+        sight,
         // Profile mode tells no verdict for findings to join: not asked.
         doctor: if args.in_kernel_profile {
             Vec::new()
@@ -218,7 +208,10 @@ fn context_of(args: &Args, targets: &Targets) -> Context {
     ctx.nat = targets.nat.clone();
     ctx.subnets = targets.subnets.clone();
     ctx.pod_cidrs = args.pod_cidr.clone();
-    ctx.pod_cidrs.extend(cni::subnet_env_network());
+    // The node's file, not the container's (an agent's --host-root).
+    let root = args.kube.host_root.first().cloned();
+    let root = HostRoot::new(root.unwrap_or_else(|| "/".into()));
+    ctx.pod_cidrs.extend(cni::subnet_env_network(&root));
     ctx
 }
 
@@ -302,7 +295,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         targets,
         namespaces,
         mut ctx,
-        why_rule_unnamed,
+        sight,
         doctor,
         addresses,
     } = resolved;
@@ -337,14 +330,15 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         l4_filter,
         link_tx,
         conntrack_tx,
-        netfilter_tx: why_rule_unnamed.is_none().then_some(netfilter_tx),
+        netfilter_tx: sight.off.is_none().then_some(netfilter_tx),
         pairs,
         endpoint_nodes: endpoint_nodes(&targets),
         node_ips: &args.node_ip,
         traced_addresses: addresses?,
         single_node: namespaces.len() == 1,
     };
-    let (nodes, read_through) = trace_nodes(&namespaces, &shared, &tx, &mut ctx, &doctor).await?;
+    let (nodes, read_through) =
+        trace_nodes(&namespaces, &shared, &tx, &mut ctx, &doctor, &sight.unseen).await?;
     let armed_ns = monotonic_ns();
     drop(shared);
     drop(typed_btf);
@@ -360,7 +354,7 @@ async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
         nodes,
         kernel,
         ctx,
-        rules_traced: why_rule_unnamed.is_none(),
+        rules_traced: sight.off.is_none(),
         keep_snapshots: args.write.is_some(),
         sightings,
         read_through,
@@ -385,13 +379,15 @@ fn netns_inums(namespaces: &[Namespace]) -> [u32; MAX_NODES] {
 }
 
 /// Sets up every node, each streaming its records into `tx`; what each
-/// is (and the doctor's failing checks there) goes into `ctx`.
+/// is (and the doctor's failing checks there, and why its rules may be
+/// unseen) goes into `ctx`.
 async fn trace_nodes(
     namespaces: &[Namespace],
     shared: &Shared<'_>,
     tx: &mpsc::Sender<Batch>,
     ctx: &mut Context,
     doctor: &[Vec<crate::model::Finding>],
+    unseen: &[Option<String>],
 ) -> Result<(Vec<TracedNode>, Vec<ReadThrough>)> {
     let mut nodes = Vec::new();
     let mut read_through = Vec::new();
@@ -408,6 +404,9 @@ async fn trace_nodes(
         ctx.nodes.insert(node.name.to_string(), facts);
         if let Some(findings) = doctor.get(id) {
             ctx.doctor.insert(node.name.to_string(), findings.clone());
+        }
+        if let Some(Some(why)) = unseen.get(id) {
+            ctx.rules_unseen.insert(node.name.to_string(), why.clone());
         }
         nodes.push(node);
     }

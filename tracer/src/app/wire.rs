@@ -98,6 +98,10 @@ pub struct Start {
     /// agents send none.
     #[serde(default)]
     pub kernel: Option<KernelSummary>,
+    /// Why a netfilter drop on the node may have no traced rule (its
+    /// iptables-legacy rules), where rule tracing cannot see them all.
+    #[serde(default)]
+    pub rules_unseen: Option<String>,
 }
 
 /// [`NodeFacts`] as they travel (the CNI by its name).
@@ -228,6 +232,7 @@ mod tests {
                 release: "5.10.0-32-amd64".into(),
                 degraded: vec!["clsact instead of TCX (needs 6.6)".into()],
             }),
+            rules_unseen: None,
         };
         let line = Numbering::default().line(Record::Start(Box::new(start.clone())));
         let mut reader = Reader::default();

@@ -35,7 +35,11 @@ use std::{
 };
 
 use super::services::{Backend, Catalog, Service, ServicePort};
-use crate::{model::text::shell_words, node::netns::Namespace, probe::rule_text::output};
+use crate::{
+    model::text::shell_words,
+    node::netns::Namespace,
+    probe::{iptables::NodeIptables, rule_text::output},
+};
 
 /// Where kube-proxy sends one frontend: a Service port's ClusterIP or
 /// NodePort, and the chain that picks its backend.
@@ -85,9 +89,13 @@ pub fn read_nodes(namespaces: &[Namespace]) -> Option<Catalog> {
 /// of both families' proxiers.
 fn read_here() -> Option<ProxyRules> {
     let mut rules = ProxyRules::default();
-    for save in ["iptables-save", "ip6tables-save"] {
-        if let Some(text) = output(Command::new(save).args(["-t", "nat"])) {
-            rules.extend(parse_iptables_save(&text));
+    // The backend the node runs (a container's own `iptables-save` may
+    // be the other one).
+    if let Some(backend) = NodeIptables::detect().backend {
+        for ipv6 in [false, true] {
+            if let Some(text) = backend.save_table(ipv6, "nat") {
+                rules.extend(parse_iptables_save(&text));
+            }
         }
     }
     for family in ["ip", "ip6"] {

@@ -3,12 +3,12 @@
 //! route `<subnet> via <subnet>.0 dev flannel.1 onlink`, a neighbour entry
 //! with the remote VTEP MAC and an FDB entry to the remote node IP.
 
-use std::{net::IpAddr, path::Path};
+use std::net::IpAddr;
 
 use super::{annotation, vxlan_device, Backend, TunnelSpec};
 use crate::{
     model::{bounded, NodeSubnet},
-    node::{Link, NodeView, RouteOrigin},
+    node::{host_root::HostRoot, Link, NodeView, RouteOrigin},
 };
 
 pub struct FlannelVxlan;
@@ -65,12 +65,14 @@ impl Backend for FlannelVxlan {
     }
 }
 
-/// FLANNEL_NETWORK from /run/flannel/subnet.env, where Flannel runs: the
-/// cluster's pod CIDR, written by flanneld on every node.
-pub fn subnet_env_network() -> Option<ipnet::Ipv4Net> {
+/// FLANNEL_NETWORK from the node's /run/flannel/subnet.env (under its
+/// host root), where Flannel runs: the cluster's pod CIDR, written by
+/// flanneld on every node.
+pub fn subnet_env_network(root: &HostRoot) -> Option<ipnet::Ipv4Net> {
     // Non-blocking, regular files only, and capped: a FIFO or /dev/zero
     // there must not wedge the trace.
-    let env = bounded::read_regular_text(Path::new("/run/flannel/subnet.env"), 64 << 10).ok()?;
+    let path = root.path("/run/flannel/subnet.env").ok()?;
+    let env = bounded::read_regular_text(&path, 64 << 10).ok()?;
     env.lines()
         .find_map(|l| l.strip_prefix("FLANNEL_NETWORK=")?.trim().parse().ok())
 }

@@ -15,6 +15,7 @@ use std::{
     time::Duration,
 };
 
+use crate::node::host_root::HostRoot;
 use tokio::{
     io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader},
     net::UnixStream,
@@ -88,22 +89,23 @@ pub enum Asked {
 }
 
 /// Asks the BIRD whose socket is under `root`, each step time-bound.
-pub async fn ask(root: &Path) -> Asked {
+pub async fn ask(root: &HostRoot) -> Asked {
     ask_at(root, SOCKETS).await
 }
 
 /// Asks calico-node's bird6, where it runs (a dual-stack node).
-pub async fn ask6(root: &Path) -> Asked {
+pub async fn ask6(root: &HostRoot) -> Asked {
     ask_at(root, SOCKETS6).await
 }
 
 /// Asks the BIRD of the first of `sockets` under `root` that exists.
-async fn ask_at(root: &Path, sockets: &[&str]) -> Asked {
-    let Some(relative) = sockets.iter().find(|s| root.join(s).exists()) else {
+async fn ask_at(root: &HostRoot, sockets: &[&str]) -> Asked {
+    let found = (sockets.iter()).find_map(|s| Some((s, root.path(s).ok().filter(|p| p.exists())?)));
+    let Some((relative, path)) = found else {
         return Asked::NoSocket;
     };
     let socket = format!("/{relative}");
-    match tokio::time::timeout(TIME_BOUND * 2, converse(&root.join(relative))).await {
+    match tokio::time::timeout(TIME_BOUND * 2, converse(&path)).await {
         Ok(Ok((router_id, sessions))) => Asked::Answered(Bird {
             socket,
             router_id,
@@ -383,8 +385,14 @@ mod tests {
     /// greeting, both commands, as birdc sends them.
     #[tokio::test]
     async fn ask_talks_birds_protocol_over_the_socket() {
-        let root = std::env::temp_dir().join(format!("podtrace-bird-{}", std::process::id()));
-        let dir = root.join("var/run/calico");
+        // A node whose /var/run is Debian's absolute link to /run: the
+        // socket is found in the node's /run, not this machine's.
+        let dir = std::env::temp_dir().join(format!("podtrace-bird-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("var")).unwrap();
+        std::os::unix::fs::symlink("/run", dir.join("var/run")).unwrap();
+        let root = HostRoot::new(&dir);
+        let dir = dir.join("run/calico");
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("bird.ctl");
         let _ = std::fs::remove_file(&path);
@@ -421,7 +429,7 @@ mod tests {
             panic!("an answer from a closed socket")
         };
         assert!(why.contains("Connection refused"), "{why}");
-        let _ = std::fs::remove_dir_all(&root);
+        let _ = std::fs::remove_dir_all(root.dir());
         assert_eq!(ask(&root).await, Asked::NoSocket);
     }
 }

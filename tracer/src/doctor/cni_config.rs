@@ -1,5 +1,6 @@
 //! Which CNI config the container runtime uses: the lexically first valid
-//! `.conflist` / `.conf` / `.json` in `/etc/cni/net.d`. A leftover file of
+//! `.conflist` / `.conf` / `.json` in its CNI config directory
+//! (`/etc/cni/net.d` unless its config names another: `cni_dirs`). A leftover file of
 //! a CNI that no longer runs (`10-calico.conflist` after a move to
 //! Flannel) shadows the one that does, and every new sandbox fails.
 
@@ -11,7 +12,6 @@ use super::{node::NodeFacts, Check};
 use crate::model::bounded;
 
 const FAMILY: &str = "cni-config";
-pub const NET_D: &str = "etc/cni/net.d";
 
 /// One config file: its plugin chain, or why it is not valid.
 #[derive(Clone, Debug)]
@@ -59,11 +59,12 @@ const CONFIG_MAX: u64 = 1 << 20;
 /// The config files, sorted as libcni sorts them; none where the folder
 /// is missing, and why not where it cannot be read.
 pub fn files(facts: &NodeFacts) -> Result<Vec<ConfigFile>, String> {
-    let dir = facts.path(NET_D);
+    let cannot = |e: std::io::Error| format!("{} cannot be read: {e}", facts.cni_dirs.conf);
+    let dir = facts.path(&facts.cni_dirs.conf).map_err(cannot)?;
     let entries = match fs::read_dir(&dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(format!("{} cannot be read: {e}", NodeFacts::shown(NET_D))),
+        Err(e) => return Err(cannot(e)),
     };
     let mut names: Vec<String> = entries
         .flatten()
@@ -76,10 +77,12 @@ pub fn files(facts: &NodeFacts) -> Result<Vec<ConfigFile>, String> {
         .map(|file| {
             // Non-blocking, regular files only, and capped: a FIFO or a
             // link to /dev/zero there must not wedge the doctor or an agent.
-            let text = bounded::read_regular_text(&dir.join(&file), CONFIG_MAX);
-            let parsed = text
-                .map_err(|e| e.to_string())
-                .and_then(|t| parse(&file, &t));
+            // Through the root too: a link there is the node's.
+            let path = facts.path(&format!("{}/{file}", facts.cni_dirs.conf));
+            let text = path.map_err(|e| e.to_string()).and_then(|path| {
+                bounded::read_regular_text(&path, CONFIG_MAX).map_err(|e| e.to_string())
+            });
+            let parsed = text.and_then(|t| parse(&file, &t));
             ConfigFile { file, parsed }
         })
         .collect())
@@ -132,6 +135,7 @@ pub fn checks(facts: &NodeFacts) -> Vec<Check> {
         return Vec::new();
     }
     let node = facts.name.as_str();
+    let dir = facts.cni_dirs.conf.as_str();
     let all = match files(facts) {
         Ok(all) => all,
         Err(why) => {
@@ -140,10 +144,7 @@ pub fn checks(facts: &NodeFacts) -> Vec<Check> {
                 node,
                 "config the runtime uses",
                 format!("{why}: which config the runtime uses cannot be told"),
-                format!(
-                    "make {} a readable directory holding the CNI's config",
-                    NodeFacts::shown(NET_D)
-                ),
+                format!("make {dir} a readable directory holding the CNI's config"),
             )]
         }
     };
@@ -155,18 +156,14 @@ pub fn checks(facts: &NodeFacts) -> Vec<Check> {
                 FAMILY,
                 node,
                 "config file parses",
-                format!("{}/{}: {e}", NodeFacts::shown(NET_D), f.file),
-                format!(
-                    "fix or remove {}/{}: the runtime skips it",
-                    NodeFacts::shown(NET_D),
-                    f.file
-                ),
+                format!("{dir}/{}: {e}", f.file),
+                format!("fix or remove {dir}/{}: the runtime skips it", f.file),
             )
         })
         .collect();
     let Some(chosen) = all.iter().find(|f| f.parsed.is_ok()) else {
         checks.push(Check::fail(FAMILY, node, "config the runtime uses",
-            format!("{} has no valid .conflist or .conf: the runtime reports \"cni plugin not initialized\" and no pod gets a sandbox", NodeFacts::shown(NET_D)),
+            format!("{dir}{} has no valid .conflist or .conf: the runtime reports \"cni plugin not initialized\" and no pod gets a sandbox", facts.cni_dirs.said_from()),
             "start the CNI's DaemonSet pod on this node: it installs its config".into()));
         return checks;
     };
@@ -177,13 +174,14 @@ pub fn checks(facts: &NodeFacts) -> Vec<Check> {
 /// The chosen file belongs to a CNI that runs here, or it shadows one.
 fn judge_chosen(facts: &NodeFacts, chosen: &ConfigFile, all: &[ConfigFile]) -> Check {
     let node = facts.name.as_str();
-    let dir = NodeFacts::shown(NET_D);
+    let dir = &facts.cni_dirs.conf;
     let owner = chosen.cni();
     let alive = owner.is_none_or(|cni| running(facts, cni));
     let evidence = format!(
-        "the runtime uses {dir}/{} (plugins: {})",
+        "the runtime uses {dir}/{} (plugins: {}){}",
         chosen.file,
-        chosen.types().join(", ")
+        chosen.types().join(", "),
+        facts.cni_dirs.said_from()
     );
     if alive {
         return Check::pass(FAMILY, node, "config the runtime uses", evidence);
@@ -211,7 +209,10 @@ mod tests {
     };
 
     use super::*;
-    use crate::model::bounded::testing::mkfifo;
+    use crate::model::bounded::testing::{mkfifo, mkzero};
+
+    /// The default config directory, under a test root.
+    const NET_D: &str = "etc/cni/net.d";
 
     /// A node root of its own, with an empty etc/cni/net.d.
     fn root(name: &str) -> PathBuf {
@@ -246,9 +247,9 @@ mod tests {
     }
 
     #[test]
-    fn a_config_linked_to_dev_zero_is_not_read() {
+    fn a_config_that_is_a_dev_zero_is_not_read() {
         let root = root("zero");
-        std::os::unix::fs::symlink("/dev/zero", root.join(NET_D).join("00-zero.conflist")).unwrap();
+        mkzero(&root.join(NET_D).join("00-zero.conflist"));
         let started = Instant::now();
         let seen = evidence(&root);
         assert!(started.elapsed() < Duration::from_secs(2), "it read on");
@@ -275,7 +276,8 @@ mod tests {
         let root = root("loop");
         let net_d = root.join(NET_D);
         fs::remove_dir(&net_d).unwrap();
-        std::os::unix::fs::symlink(&net_d, &net_d).unwrap();
+        // A loop as the node sees it: links resolve inside its root.
+        std::os::unix::fs::symlink("/etc/cni/net.d", &net_d).unwrap();
         let seen = evidence(&root);
         assert_eq!(seen.len(), 1, "{seen:?}");
         assert!(

@@ -1,15 +1,13 @@
 //! Calico's CNI credential, checked offline first. The token in
-//! `/etc/cni/net.d/calico-kubeconfig` is a JWT: its `exp` says, with no API
+//! `calico-kubeconfig`, which install-cni writes into the runtime's CNI
+//! config directory (`/etc/cni/net.d`), is a JWT: its `exp` says, with no API
 //! at all, whether it has expired (install-cni writes one that lasts a
 //! day or so and calico-node renews it). The CA in the file must parse, or
 //! the plugin cannot even start TLS. Only then is the API asked, with the
 //! plugin's own credentials: a 401 is a rejected token; an API that does
 //! not answer says nothing about the token (it was never judged).
 
-use std::{
-    path::Path,
-    time::{Duration, SystemTime, UNIX_EPOCH},
-};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
 use serde_json::Value;
@@ -17,8 +15,8 @@ use serde_json::Value;
 use super::node::NodeFacts;
 use crate::model::bounded;
 
-/// Calico's CNI kubeconfig, as the plugin uses it.
-pub const CNI_KUBECONFIG: &str = "etc/cni/net.d/calico-kubeconfig";
+/// Calico's CNI kubeconfig, in the CNI config directory.
+pub const CNI_KUBECONFIG: &str = "calico-kubeconfig";
 /// A kubeconfig is kilobytes: a larger file is not one.
 const KUBECONFIG_MAX: u64 = 1 << 20;
 /// How long the API gets to answer.
@@ -53,12 +51,11 @@ pub enum State {
     Accepted { server: String },
 }
 
-/// Reads and judges the CNI kubeconfig under `root`, when there is one.
-pub async fn probe(root: &Path) -> Option<Credentials> {
-    let path = root.join(CNI_KUBECONFIG);
-    if !path.exists() {
-        return None;
-    }
+/// Reads and judges the CNI kubeconfig in the node's CNI config
+/// directory, when there is one.
+pub async fn probe(facts: &NodeFacts) -> Option<Credentials> {
+    let file = format!("{}/{CNI_KUBECONFIG}", facts.cni_dirs.conf);
+    let path = facts.path(&file).ok().filter(|p| p.exists())?;
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -66,10 +63,7 @@ pub async fn probe(root: &Path) -> Option<Credentials> {
         Ok(text) => judge(&text, now).await,
         Err(e) => State::Unusable(e.to_string()),
     };
-    Some(Credentials {
-        file: NodeFacts::shown(CNI_KUBECONFIG),
-        state,
-    })
+    Some(Credentials { file, state })
 }
 
 /// Offline first (the file, the token's expiry, the CA), then the API.
@@ -240,7 +234,7 @@ mod tests {
     }
 
     fn told(state: State) -> Check {
-        let file = NodeFacts::shown(CNI_KUBECONFIG);
+        let file = format!("/etc/cni/net.d/{CNI_KUBECONFIG}");
         check_credentials("node-2", &Credentials { file, state })
     }
 

@@ -1,5 +1,7 @@
-//! The node's firewall for forwarded pod traffic (`iptables -S` inside the
-//! node's netns, iptables-nft or legacy alike): the FORWARD policy and
+//! The node's firewall for forwarded pod traffic (the filter table of
+//! `iptables-save` inside the node's netns, of the backend the node runs,
+//! and of the other one too where it holds rules: the kernel runs both
+//! on every packet): the FORWARD policy and
 //! whether something accepts the pod CIDRs (Docker sets DROP), DROP rules
 //! that match a pod pair, kube-proxy's KUBE-FIREWALL mark drop reached by
 //! pod traffic, and Calico workload chains with no profile.
@@ -8,8 +10,11 @@ use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use ipnet::Ipv4Net;
 
-use super::{node::NodeFacts, Check};
-use crate::model::text::shell_words;
+use super::{
+    node::{FilterTable, NodeFacts},
+    Check,
+};
+use crate::{model::text::shell_words, probe::iptables::Backend};
 
 const FAMILY: &str = "firewall";
 
@@ -47,7 +52,8 @@ fn parse_net(text: &str) -> Option<Ipv4Net> {
         .or_else(|| text.parse::<Ipv4Addr>().ok().map(Ipv4Net::from))
 }
 
-/// `iptables -S`: policies and rules by chain.
+/// A filter table (`iptables -S`, or `iptables-save`'s `:CHAIN POLICY`
+/// lines): policies and rules by chain.
 pub struct Table {
     pub policies: BTreeMap<String, String>,
     pub rules: Vec<Rule>,
@@ -63,6 +69,12 @@ pub fn parse(text: &str) -> Table {
         match words.first().map(|w| w.as_str()) {
             Some("-P") if words.len() >= 3 => {
                 table.policies.insert(words[1].clone(), words[2].clone());
+            }
+            // `:FORWARD DROP [0:0]`; a user chain's policy is `-`.
+            Some(chain) if chain.starts_with(':') && words.len() >= 2 && words[1] != "-" => {
+                table
+                    .policies
+                    .insert(chain[1..].to_string(), words[1].clone());
             }
             Some("-A") if words.len() >= 2 => table.rules.push(Rule {
                 chain: words[1].clone(),
@@ -92,14 +104,36 @@ impl Table {
 }
 
 pub fn checks(facts: &NodeFacts) -> Vec<Check> {
+    match &facts.iptables {
+        Ok(tables) => tables.iter().flat_map(|t| checks_of(facts, t)).collect(),
+        Err(e) => vec![Check::not_checked(
+            FAMILY,
+            &facts.name,
+            "iptables",
+            &format!("the rules could not be read: {e}"),
+        )],
+    }
+}
+
+/// One backend's filter table. The checks of a backend the node does not
+/// run (legacy rules beside nft ones) are named after it.
+fn checks_of(facts: &NodeFacts, filter: &FilterTable) -> Vec<Check> {
     let node = facts.name.as_str();
-    let text = match &facts.iptables {
+    let (name_suffix, said) = match (filter.decided, filter.backend) {
+        (true, Backend::Nft) => (String::new(), String::new()),
+        (true, Backend::Legacy) => (String::new(), " [iptables-legacy]".into()),
+        (false, backend) => (
+            format!(" ({})", backend.name()),
+            format!(" [{}, beside the backend the node runs]", backend.name()),
+        ),
+    };
+    let text = match &filter.text {
         Ok(text) => text,
         Err(e) => {
             return vec![Check::not_checked(
                 FAMILY,
                 node,
-                "iptables",
+                &format!("iptables{name_suffix}"),
                 &format!("the rules could not be read: {e}"),
             )]
         }
@@ -107,10 +141,18 @@ pub fn checks(facts: &NodeFacts) -> Vec<Check> {
     let table = parse(text);
     let forward = table.reachable("FORWARD", 0);
     let pods = &facts.pair;
-    let mut checks = vec![check_policy(facts, &table, &forward)];
-    checks.push(check_drops(facts, &forward, pods));
-    checks.push(check_mark_drop(facts, &table, &forward, pods));
+    let program = match filter.backend {
+        Backend::Nft => "iptables".to_string(),
+        Backend::Legacy => filter.backend.program(false),
+    };
+    let mut checks = vec![check_policy(facts, &table, &forward, &program)];
+    checks.push(check_drops(facts, &forward, pods, &program));
+    checks.push(check_mark_drop(facts, &table, &forward, pods, &program));
     checks.extend(check_calico_profiles(facts, &table));
+    for check in &mut checks {
+        check.name.push_str(&name_suffix);
+        check.evidence.push_str(&said);
+    }
     checks
 }
 
@@ -129,7 +171,7 @@ fn cluster_cidrs(facts: &NodeFacts) -> Vec<Ipv4Net> {
     }
 }
 
-fn check_policy(facts: &NodeFacts, table: &Table, forward: &[&Rule]) -> Check {
+fn check_policy(facts: &NodeFacts, table: &Table, forward: &[&Rule], program: &str) -> Check {
     let policy = table
         .policies
         .get("FORWARD")
@@ -155,13 +197,13 @@ fn check_policy(facts: &NodeFacts, table: &Table, forward: &[&Rule]) -> Check {
             .first()
             .cloned()
             .unwrap_or_else(|| "<pod CIDR>".into());
-        format!("iptables -A FORWARD -s {cidr} -j ACCEPT; iptables -A FORWARD -d {cidr} -j ACCEPT (what flanneld's FLANNEL-FWD chain does)")
+        format!("{program} -A FORWARD -s {cidr} -j ACCEPT; {program} -A FORWARD -d {cidr} -j ACCEPT (what flanneld's FLANNEL-FWD chain does)")
     })
 }
 
 /// A DROP or REJECT that a pod pair's packets can hit, not behind a mark
 /// or conntrack state, nor a Calico workload chain (judged below).
-fn check_drops(facts: &NodeFacts, forward: &[&Rule], pods: &[Ipv4Addr]) -> Check {
+fn check_drops(facts: &NodeFacts, forward: &[&Rule], pods: &[Ipv4Addr], program: &str) -> Check {
     let hit = forward.iter().find(|r| {
         matches!(r.target(), Some("DROP" | "REJECT"))
             && !r.text.contains("--mark")
@@ -185,7 +227,7 @@ fn check_drops(facts: &NodeFacts, forward: &[&Rule], pods: &[Ipv4Addr]) -> Check
             let rule = hit
                 .map(|r| r.text.replacen("-A ", "-D ", 1))
                 .unwrap_or_default();
-            format!("remove it if it is not wanted: iptables {rule}")
+            format!("remove it if it is not wanted: {program} {rule}")
         },
     )
 }
@@ -216,6 +258,7 @@ fn check_mark_drop(
     table: &Table,
     forward: &[&Rule],
     pods: &[Ipv4Addr],
+    program: &str,
 ) -> Check {
     let firewall = table.rules.iter().find(|r| {
         r.chain == "KUBE-FIREWALL" && r.target() == Some("DROP") && r.text.contains("0x8000")
@@ -242,7 +285,7 @@ fn check_mark_drop(
         let rule = marking
             .map(|r| r.text.replacen("-A ", "-D ", 1))
             .unwrap_or_default();
-        format!("find who jumps pod traffic to KUBE-MARK-DROP (a Service with no endpoints, a loadBalancerSourceRanges) or remove it: iptables {rule}")
+        format!("find who jumps pod traffic to KUBE-MARK-DROP (a Service with no endpoints, a loadBalancerSourceRanges) or remove it: {program} {rule}")
     })
 }
 

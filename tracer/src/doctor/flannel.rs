@@ -26,7 +26,8 @@ pub fn subnet_env(facts: &NodeFacts) -> Option<BTreeMap<String, String>> {
 /// regular files only, and capped (a FIFO or /dev/zero there must not
 /// wedge the doctor or an agent).
 fn read_subnet_env(facts: &NodeFacts) -> Result<BTreeMap<String, String>, ReadError> {
-    let text = bounded::read_regular_text(&facts.path(SUBNET_ENV), SUBNET_ENV_MAX)?;
+    let path = facts.path(SUBNET_ENV).map_err(ReadError::Io)?;
+    let text = bounded::read_regular_text(&path, SUBNET_ENV_MAX)?;
     Ok(text
         .lines()
         .filter_map(|l| l.split_once('='))
@@ -43,7 +44,7 @@ pub fn backend(facts: &NodeFacts) -> Option<String> {
     match annotated {
         Some(kind) => Some(kind.to_string()),
         None if facts.view.link_named("flannel.1").is_some() => Some("vxlan".into()),
-        None if facts.path(SUBNET_ENV).exists() => Some("host-gw".into()),
+        None if facts.path(SUBNET_ENV).is_ok_and(|p| p.exists()) => Some("host-gw".into()),
         None => None,
     }
 }
@@ -408,7 +409,7 @@ mod tests {
             "/run/flannel/subnet.env is a FIFO, not a regular file"
         );
         let zero = subnet_env_check("zero", |path| {
-            std::os::unix::fs::symlink("/dev/zero", path).unwrap();
+            crate::model::bounded::testing::mkzero(path);
         });
         assert_eq!(
             zero.evidence,

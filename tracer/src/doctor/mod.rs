@@ -16,6 +16,7 @@ pub mod bird;
 pub mod calico;
 pub mod cluster;
 pub mod cni_config;
+pub mod cni_dirs;
 pub mod credentials;
 pub mod firewall;
 pub mod flannel;

@@ -18,23 +18,36 @@ use super::{
 };
 use crate::{
     cluster::inventory::Pod,
-    node::{netns, NodeView},
+    node::{host_root::HostRoot, netns, NodeView},
+    probe::iptables::{Backend, NodeIptables},
 };
+
+/// One iptables backend's filter table (`iptables-save` text).
+#[derive(Clone, Debug)]
+pub struct FilterTable {
+    pub backend: Backend,
+    /// Whether it is the backend the node runs (kube-proxy's choice).
+    pub decided: bool,
+    pub text: Result<String, String>,
+}
 
 /// Everything the checks of one node read.
 #[derive(Clone, Debug)]
 pub struct NodeFacts {
     /// Its name (the Node it is), or the namespace it was read in.
     pub name: String,
-    pub root: PathBuf,
+    pub root: HostRoot,
     /// Whether the node's files can be read: a node in another netns
     /// without its --host-root has none here (this machine's are not its).
     pub files: bool,
     pub view: NodeView,
     /// `/proc/sys/…` values read inside its netns, by path below /proc/sys.
     pub sysctls: BTreeMap<String, String>,
-    /// `iptables -S` (filter table), or why it could not be read.
-    pub iptables: Result<String, String>,
+    /// The filter table of the iptables backend the node runs, then of
+    /// the other where it holds anything; or why none could be read.
+    pub iptables: Result<Vec<FilterTable>, String>,
+    /// Where its runtime keeps the CNI config and plugins.
+    pub cni_dirs: super::cni_dirs::CniDirs,
     /// `ip -o link show`: flags (UP) by interface.
     pub links_up: BTreeMap<String, bool>,
     /// `bridge fdb show` lines.
@@ -74,7 +87,8 @@ impl NodeFacts {
     pub fn of_root(root: &Path) -> Self {
         Self {
             name: "node-1".into(),
-            root: root.to_path_buf(),
+            root: HostRoot::new(root),
+            cni_dirs: super::cni_dirs::of_node(&HostRoot::new(root)),
             files: true,
             view: NodeView::default(),
             sysctls: BTreeMap::new(),
@@ -101,18 +115,20 @@ impl NodeFacts {
         self.sysctls.get(key).map(|v| v.trim())
     }
 
-    /// A path under the node's root (`etc/cni/net.d` → `<root>/etc/cni/net.d`).
-    pub fn path(&self, relative: &str) -> PathBuf {
+    /// Where a path of the node is here (`/etc/cni/net.d` →
+    /// `<root>/etc/cni/net.d`), its links followed inside the node's root.
+    /// An error for a loop of links.
+    pub fn path(&self, node_path: &str) -> std::io::Result<PathBuf> {
         if self.files {
-            self.root.join(relative)
+            self.root.path(node_path)
         } else {
-            PathBuf::from("/nonexistent/no-host-root").join(relative)
+            Ok(PathBuf::from("/nonexistent/no-host-root").join(node_path.trim_start_matches('/')))
         }
     }
 
     /// The path as the node itself names it (`/opt/cni/bin`).
     pub fn shown(relative: &str) -> String {
-        format!("/{relative}")
+        format!("/{}", relative.trim_start_matches('/'))
     }
 
     pub fn pod_cidr(&self) -> Option<ipnet::Ipv4Net> {
@@ -156,17 +172,20 @@ pub async fn gather_all(args: &DoctorArgs, cluster: &ClusterState) -> Result<Vec
     for (i, ns) in netns.iter().enumerate() {
         let given = args.kube.host_root.get(i).cloned();
         let files = given.is_some() || ns.is_none();
-        let root = given.unwrap_or_else(|| PathBuf::from("/"));
+        let root = HostRoot::new(given.unwrap_or_else(|| PathBuf::from("/")));
         let name = args.node.get(i).cloned();
         let path = ns.as_deref().map(netns::resolve);
         let mut facts = read(path.as_deref(), root).await?;
         facts.files = files;
+        if files {
+            facts.cni_dirs = super::cni_dirs::of_node(&facts.root);
+        }
         identify(&mut facts, name, ns.as_deref(), cluster);
         facts.conntrack_max_override = args.conntrack_max_for_testing;
         // From here, outside the node's netns: the API is reached as the
         // CNI plugin reaches it, from the host.
         if files {
-            facts.cni_credentials = super::credentials::probe(&facts.root).await;
+            facts.cni_credentials = super::credentials::probe(&facts).await;
             facts.bird = Some(super::bird::ask(&facts.root).await);
             facts.bird6 = Some(super::bird::ask6(&facts.root).await);
         }
@@ -246,7 +265,7 @@ fn identify(facts: &mut NodeFacts, name: Option<String>, ns: Option<&str>, clust
 }
 
 /// Reads a node from inside its network namespace.
-async fn read(netns_path: Option<&Path>, root: PathBuf) -> Result<NodeFacts> {
+async fn read(netns_path: Option<&Path>, root: HostRoot) -> Result<NodeFacts> {
     let _inside = netns_path.map(netns::enter).transpose()?;
     let view = NodeView::read().await?;
     let mut sysctls = BTreeMap::new();
@@ -278,7 +297,8 @@ async fn read(netns_path: Option<&Path>, root: PathBuf) -> Result<NodeFacts> {
         files: false,
         view,
         sysctls,
-        iptables: output("iptables", &["-w", "-S"]),
+        iptables: filter_tables(),
+        cni_dirs: Default::default(),
         links_up: links_up(),
         fdb: output("bridge", &["fdb", "show"])
             .map(|t| t.lines().map(String::from).collect())
@@ -302,6 +322,37 @@ async fn read(netns_path: Option<&Path>, root: PathBuf) -> Result<NodeFacts> {
             &output("ip", &["-6", "route", "show", "default"]).unwrap_or_default(),
         ),
     })
+}
+
+/// The filter tables of this thread's namespace: of the backend the node
+/// runs, then of the other where it holds rules or a policy that drops
+/// (the kernel runs both on every packet).
+fn filter_tables() -> Result<Vec<FilterTable>, String> {
+    let node = NodeIptables::detect();
+    let decided = node.backend.ok_or(node.decided_by)?;
+    let other = match decided {
+        Backend::Nft => Backend::Legacy,
+        Backend::Legacy => Backend::Nft,
+    };
+    let mut tables = vec![FilterTable {
+        backend: decided,
+        decided: true,
+        text: decided
+            .save_table(false, "filter")
+            .ok_or_else(|| format!("{} -t filter failed", decided.save_program(false))),
+    }];
+    let holds_anything = |text: &String| {
+        let table = super::firewall::parse(text);
+        !table.rules.is_empty() || table.policies.values().any(|p| p != "ACCEPT")
+    };
+    if let Some(text) = other.save_table(false, "filter").filter(holds_anything) {
+        tables.push(FilterTable {
+            backend: other,
+            decided: false,
+            text: Ok(text),
+        });
+    }
+    Ok(tables)
 }
 
 /// A command's stdout, run in this thread's namespace, or why not.

@@ -1,14 +1,14 @@
-//! The plugins the chosen CNI config names must be executables in
-//! `/opt/cni/bin`: kubelet's `failed to find plugin "flannel" in path
-//! [/opt/cni/bin]` otherwise. An empty directory (a volume mounted over
-//! it) hides them all.
+//! The plugins the chosen CNI config names must be executables in the
+//! runtime's plugin directories (`/opt/cni/bin` unless its config names
+//! others: `cni_dirs`), searched in order: kubelet's `failed to find
+//! plugin "flannel" in path [/opt/cni/bin]` otherwise. Empty directories
+//! (a volume mounted over one) hide them all.
 
 use std::{fs, os::unix::fs::PermissionsExt};
 
 use super::{cni_config, node::NodeFacts, Check};
 
 const FAMILY: &str = "plugins";
-pub const BIN: &str = "opt/cni/bin";
 
 /// Every executable the chain runs: the plugins, their IPAM, and
 /// Flannel's delegate (bridge, with host-local).
@@ -37,28 +37,39 @@ pub fn checks(facts: &NodeFacts) -> Vec<Check> {
     let Some(config) = cni_config::chosen(facts).filter(|_| facts.files) else {
         return Vec::new();
     };
-    let bin = facts.path(BIN);
-    let shown = NodeFacts::shown(BIN);
-    let present = fs::read_dir(&bin).map(|d| d.count()).unwrap_or(0);
+    let dirs = &facts.cni_dirs;
+    let path = dirs.bin_path();
+    let present: usize = (dirs.bins.iter())
+        .map(|bin| {
+            facts
+                .path(bin)
+                .and_then(fs::read_dir)
+                .map_or(0, |d| d.count())
+        })
+        .sum();
     if present == 0 {
+        let shown = dirs.bins.join(", ");
         return vec![Check::fail(FAMILY, node, "plugin directory",
-            format!("{shown} is empty or missing: kubelet says failed to find plugin \"{}\" in path [{shown}] (a volume mounted over it hides the plugins)", config.types().first().cloned().unwrap_or_default()),
-            format!("check the mounts on {shown} (findmnt {shown}) and reinstall the CNI plugins (restart the CNI DaemonSet pod on this node)"))];
+            format!("{shown} is empty or missing{}: kubelet says failed to find plugin \"{}\" in path {path} (a volume mounted over it hides the plugins)", dirs.said_from(), config.types().first().cloned().unwrap_or_default()),
+            format!("check the mounts on {shown} (findmnt {}) and reinstall the CNI plugins (restart the CNI DaemonSet pod on this node)", dirs.bins[0]))];
     }
     needed(&config)
         .into_iter()
         .map(|name| {
-            let path = bin.join(&name);
-            let executable = fs::metadata(&path)
-                .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-                .ok();
-            let evidence = match executable {
-                Some(true) => format!("{shown}/{name} is executable ({} names it)", config.file),
-                Some(false) => format!("{shown}/{name} is not executable"),
-                None => format!("{shown} has no {name} binary: kubelet says failed to find plugin \"{name}\" in path [{shown}]"),
+            // The first directory that has it, as libcni searches.
+            let found = (dirs.bins.iter())
+                .map(|bin| (bin, facts.path(&format!("{bin}/{name}")).and_then(fs::metadata)))
+                .find_map(|(bin, meta)| Some((bin, meta.ok()?)));
+            let executable = found
+                .as_ref()
+                .map(|(_, m)| m.is_file() && m.permissions().mode() & 0o111 != 0);
+            let evidence = match (executable, &found) {
+                (Some(true), Some((bin, _))) => format!("{bin}/{name} is executable ({} names it)", config.file),
+                (_, Some((bin, _))) => format!("{bin}/{name} is not executable"),
+                _ => format!("{} has no {name} binary{}: kubelet says failed to find plugin \"{name}\" in path {path}", dirs.bins.join(", "), dirs.said_from()),
             };
             Check::judge(FAMILY, node, &format!("plugin {name}"), executable == Some(true), evidence, || {
-                format!("install {name} into {shown} (the CNI's DaemonSet init container copies it; restart that pod on this node)")
+                format!("install {name} into {} (the CNI's DaemonSet init container copies it; restart that pod on this node)", dirs.bins[0])
             })
         })
         .collect()

@@ -269,6 +269,20 @@ pub mod testing {
         assert!(Command::new("mkfifo").arg(path).status().unwrap().success());
     }
 
+    /// A /dev/zero of a node's own at `path` (a link to /dev/zero would
+    /// be the node's, resolved inside its root). Needs CAP_MKNOD.
+    pub fn mkzero(path: &std::path::Path) {
+        let made = Command::new("mknod")
+            .arg(path)
+            .args(["c", "1", "5"])
+            .status();
+        assert!(
+            made.is_ok_and(|s| s.success()),
+            "mknod {} c 1 5 failed: this test needs CAP_MKNOD (root)",
+            path.display()
+        );
+    }
+
     /// A thread that opens the FIFO at `path` for writing (which waits
     /// for a reader) and hands it to `write`.
     pub fn writer(

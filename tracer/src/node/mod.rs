@@ -1,8 +1,10 @@
 //! What a node looks like: its links, addresses, routes and neighbours of
 //! both families, and bridge FDB, read over rtnetlink; which of its interfaces podtrace
 //! watches (`interfaces`); the namespaces of traced nodes (`netns`), of
-//! pods (`pod_netns`); its tunnels (`tunnels`).
+//! pods (`pod_netns`); its tunnels (`tunnels`); its root filesystem as
+//! seen from a container (`host_root`).
 
+pub mod host_root;
 pub mod interfaces;
 pub mod netlink;
 pub mod netns;

@@ -5,6 +5,8 @@
 //! - `drops`: the kfree_skb tracepoint (the kernel's drop reasons);
 //! - `conntrack`: ctnetlink's translated entries (DNAT, SNAT), to follow a
 //!   packet across them without a list of Services;
+//! - `iptables`: which iptables backend a node runs, decided as
+//!   kube-proxy's iptables-wrapper decides it;
 //! - `netfilter`: nftables packet tracing (which rule dropped a packet),
 //!   `nft_trace`: its events read into named rules;
 //! - `link_watch`: interfaces that come and go during a trace;
@@ -28,6 +30,7 @@ pub mod clock;
 pub mod conntrack;
 pub mod drops;
 pub mod features;
+pub mod iptables;
 pub mod link_watch;
 mod load;
 mod memlock;

@@ -58,24 +58,6 @@ pub struct TracedRule {
     pub rule: NetfilterRule,
 }
 
-/// Which iptables is in use on this machine.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
-    Nft,
-    Legacy,
-    Missing,
-}
-
-impl Backend {
-    pub fn detect() -> Self {
-        match Command::new("iptables").arg("--version").output() {
-            Ok(out) if String::from_utf8_lossy(&out.stdout).contains("nf_tables") => Self::Nft,
-            Ok(out) if out.status.success() => Self::Legacy,
-            _ => Self::Missing,
-        }
-    }
-}
-
 /// How a packet is known across signals: source, destination, IP ID.
 pub type PacketId = (std::net::IpAddr, std::net::IpAddr, u16);
 

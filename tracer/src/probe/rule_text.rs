@@ -1,5 +1,5 @@
 //! The text of a traced rule, read from the node's kernel: iptables
-//! syntax for iptables-nft's tables (`iptables-save`, paired with
+//! syntax for iptables-nft's tables (`iptables-nft-save`, paired with
 //! `nft -a list table` by position), and `nft -a list` text for rules the
 //! monitor does not know.
 //!
@@ -19,7 +19,10 @@
 
 use std::{collections::HashMap, process::Command};
 
-use super::nft_trace::{is_iptables_table, RuleLookup};
+use super::{
+    iptables::Backend,
+    nft_trace::{is_iptables_table, RuleLookup},
+};
 
 /// Asks the node's kernel (through `nft` and `iptables-save`, run in the
 /// calling thread's network namespace).
@@ -139,14 +142,11 @@ impl RuleLookup for KernelRules {
 /// iptables-save line: the handles listed before and after the save, and
 /// only chains the same in both kept.
 fn iptables_table(family: &str, table: &str) -> Option<Listed> {
-    let save = if family == "ip6" {
-        "ip6tables-save"
-    } else {
-        "iptables-save"
-    };
+    // iptables-nft's own save: a plain `iptables-save` may be the
+    // legacy one, whose lines are not these handles' rules.
     let list = || output(Command::new("nft").args(["-a", "list", "table", family, table]));
     let before = list()?;
-    let saved = output(Command::new(save).args(["-t", table]))?;
+    let saved = Backend::Nft.save_table(family == "ip6", table)?;
     let after = list()?;
     Some(pair_by_position(&saved, &before, &after))
 }

@@ -44,6 +44,11 @@ pub struct Context {
     /// a verdict without a packet to blame adds.
     #[serde(default)]
     pub doctor: HashMap<String, Vec<crate::model::Finding>>,
+    /// Why a netfilter drop on a node may have no traced rule, by node
+    /// name, where rule tracing cannot see all of its rules (an
+    /// iptables-legacy node, or legacy rules beside nft ones).
+    #[serde(default)]
+    pub rules_unseen: HashMap<String, String>,
     /// Cluster mode: traced nodes whose agent was lost mid-trace.
     #[serde(default)]
     pub lost_agents: Vec<super::lost_agents::LostAgent>,

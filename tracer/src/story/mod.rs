@@ -105,7 +105,7 @@ pub fn tell(journey: &Journey, ctx: &Context) -> Story {
         .enumerate()
         .map(|(i, hop)| {
             let prev = i.checked_sub(1).map(|p| &journey.hops[p]);
-            let nat = prev.map_or_else(Vec::new, |p| {
+            let mut nat = prev.map_or_else(Vec::new, |p| {
                 nat_steps::steps(
                     &p.packet.packet,
                     &hop.packet.packet,
@@ -113,6 +113,9 @@ pub fn tell(journey: &Journey, ctx: &Context) -> Story {
                     &ctx.nat,
                 )
             });
+            if ctx.rules_unseen.contains_key(&*hop.node) {
+                nat_steps::unseen_by_tracing(&mut nat);
+            }
             let mut note = notes::note(hop, prev, ctx);
             for step in &nat {
                 note.push_str(&format!("; {}", step.text()));

@@ -196,6 +196,18 @@ pub fn steps(
 pub const RULE_NOT_SEEN: &str =
     "a nat rule not seen (rule tracing is off, rate-limited, or lagged past the wait)";
 
+/// What `rule` says instead on a node whose iptables-legacy rules rule
+/// tracing cannot see: why, not a guess at the rate limit.
+pub const RULE_UNSEEN_LEGACY: &str =
+    "a nat rule not seen: rule tracing cannot see this node's iptables-legacy rules";
+
+/// Steps whose rule was not seen, on such a node.
+pub fn unseen_by_tracing(steps: &mut [NatStep]) {
+    for step in steps.iter_mut().filter(|s| s.rule == RULE_NOT_SEEN) {
+        step.rule = RULE_UNSEEN_LEGACY.to_string();
+    }
+}
+
 fn step(
     kind: NatKind,
     before: String,

@@ -34,9 +34,13 @@ impl Story {
             }
             None => {
                 let hook = self.netfilter_hook(ctx);
+                let node = match &self.verdict.outcome {
+                    Outcome::Dropped { node, .. } => ctx.rules_unseen.get(node),
+                    _ => None,
+                };
                 self.verdict.summary.push_str(&format!(
                     "; dropped by netfilter at hook {hook}; the rule is not named: {}",
-                    ctx.why_rule_unnamed
+                    node.map_or(ctx.why_rule_unnamed, String::as_str)
                 ));
                 self.verdict.netfilter_hook = Some(hook.to_string());
             }

@@ -3,7 +3,9 @@
 //! node's block blackholed, `protocol kernel` exporting (so its routes
 //! are `proto bird`), and a full iBGP mesh in AS 64512. Its control
 //! socket is where `calicoctl node status` looks on a calico-node host,
-//! `<host root>/var/run/calico/bird.ctl`, so the doctor finds it there.
+//! `/var/run/calico/bird.ctl`, which on the lab's host roots (as on
+//! Debian's and Ubuntu's) is `/run/calico/bird.ctl` through the absolute
+//! link `/var/run` → `/run`: the doctor must follow it inside the root.
 
 use std::{
     fs,
@@ -39,13 +41,14 @@ impl Daemon {
     }
 }
 
-/// The daemon's files under the node's host root.
+/// The daemon's files under the node's host root (`run/`, never through
+/// its `var/run` link, which points at this machine's own /run from here).
 pub(super) fn control_socket(lab: &Lab, node: u8, daemon: Daemon) -> PathBuf {
-    (lab.host_root(node)).join(format!("var/run/calico/{}.ctl", daemon.name()))
+    (lab.host_root(node)).join(format!("run/calico/{}.ctl", daemon.name()))
 }
 
 fn pid_file(lab: &Lab, node: u8, daemon: Daemon) -> PathBuf {
-    (lab.host_root(node)).join(format!("var/run/calico/{}.pid", daemon.name()))
+    (lab.host_root(node)).join(format!("run/calico/{}.pid", daemon.name()))
 }
 
 pub(super) fn log_file(lab: &Lab, node: u8, daemon: Daemon) -> PathBuf {

@@ -35,9 +35,11 @@ pub const REAL: &[&str] = &["bridge", "host-local", "loopback", "portmap"];
 const NETWORK: &str = "cbr0";
 const CNI_VERSION: &str = "0.3.1";
 
-/// Links the reference plugins into a node's plugin directory. Links, not
-/// copies: the lab's host roots live in /run (memory), and a missing link
-/// is as missing to a runtime as a missing file.
+/// Copies the reference plugins into a node's plugin directory (a few MB
+/// each), files of the node's own. Not symlinks: an absolute link is the
+/// node's `/usr/lib/cni`, resolved inside its root, which the lab's host
+/// roots do not have. Not hard links: a fault that changed one would
+/// change the system's.
 pub fn install(bin: &Path) -> Result<()> {
     for plugin in REAL {
         let system = Path::new(SYSTEM_DIR).join(plugin);
@@ -47,10 +49,10 @@ pub fn install(bin: &Path) -> Result<()> {
                 system.display()
             );
         }
-        let link = bin.join(plugin);
-        let _ = fs::remove_file(&link);
-        std::os::unix::fs::symlink(&system, &link)
-            .with_context(|| format!("cannot link {}", link.display()))?;
+        let file = bin.join(plugin);
+        let _ = fs::remove_file(&file);
+        fs::copy(&system, &file)
+            .with_context(|| format!("cannot copy {} to {}", system.display(), file.display()))?;
     }
     Ok(())
 }

@@ -1,9 +1,13 @@
 //! Each lab node's root filesystem, as `podtrace doctor --host-root` reads
-//! a real node's (`/host` in a debug pod): the CNI config the runtime
-//! picks from `etc/cni/net.d`, the plugins in `opt/cni/bin` (Debian's
-//! reference plugins, which make the pods, and a stub for the CNI's own
-//! plugin, which Debian does not package), and flanneld's `run/flannel/subnet.env`. Faults that break
-//! a node's files break these, never the machine's own.
+//! a real node's (`/host` in a debug pod), shaped like one: `/var/run` an
+//! absolute link to `/run` (Debian, Ubuntu, Amazon Linux), containerd's
+//! `etc/containerd/config.toml` naming the CNI directories, the CNI
+//! config the runtime picks from `etc/cni/net.d`, the plugins in
+//! `opt/cni/bin` (Debian's reference plugins, which make the pods, and a
+//! stub for the CNI's own plugin, which Debian does not package), and
+//! flanneld's `run/flannel/subnet.env`. Faults that break a node's files
+//! break these, never the machine's own. Nothing here writes through
+//! `var/run`: from this machine that link leads to its own /run.
 
 use std::{fs, os::unix::fs::PermissionsExt, path::Path};
 
@@ -43,6 +47,16 @@ pub const CALICO_PLUGINS: &[&str] = &["calico", "calico-ipam", "portmap", "loopb
 /// Where a node's CNI plugins are, under its root.
 pub const PLUGIN_DIR: &str = "opt/cni/bin";
 
+/// containerd's config as kubeadm's guides write it (version 2), with the
+/// CRI plugin's CNI directories.
+pub const CONTAINERD_CONFIG: &str = r#"version = 2
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  default_runtime_name = "runc"
+[plugins."io.containerd.grpc.v1.cri".cni]
+  bin_dir = "/opt/cni/bin"
+  conf_dir = "/etc/cni/net.d"
+"#;
+
 /// Lays out `node`'s root directory for the lab's CNI, before its pods
 /// are made (their plugins run from it).
 pub fn lay_out(lab: &Lab, node: u8) -> Result<()> {
@@ -51,6 +65,14 @@ pub fn lay_out(lab: &Lab, node: u8) -> Result<()> {
     let bin = root.join(PLUGIN_DIR);
     fs::create_dir_all(&net_d)?;
     fs::create_dir_all(&bin)?;
+    fs::create_dir_all(root.join("run"))?;
+    fs::create_dir_all(root.join("var"))?;
+    let var_run = root.join("var/run");
+    if fs::symlink_metadata(&var_run).is_err() {
+        std::os::unix::fs::symlink("/run", &var_run)?;
+    }
+    fs::create_dir_all(root.join("etc/containerd"))?;
+    fs::write(root.join("etc/containerd/config.toml"), CONTAINERD_CONFIG)?;
     let (conflist, name, plugins) = match lab.topology {
         Topology::Calico => (CALICO_CONFLIST, "10-calico.conflist", CALICO_PLUGINS),
         _ => (FLANNEL_CONFLIST, "10-flannel.conflist", FLANNEL_PLUGINS),

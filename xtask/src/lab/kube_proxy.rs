@@ -53,6 +53,23 @@ const MASQ_MARK: &str = "0x4000/0x4000";
 pub enum ProxyMode {
     Iptables,
     Nftables,
+    /// iptables mode on iptables-legacy nodes (kube-proxy's image picks
+    /// legacy where kubelet's chains are in legacy's tables): the same
+    /// rules through iptables-legacy-restore, kubelet's chains moved to
+    /// legacy's mangle table.
+    IptablesLegacy,
+}
+
+impl ProxyMode {
+    /// The `iptables-restore` (`ip6tables-restore`) it writes with.
+    pub(super) fn restore_program(self, ipv6: bool) -> &'static str {
+        match (self, ipv6) {
+            (Self::IptablesLegacy, false) => "iptables-legacy-restore",
+            (Self::IptablesLegacy, true) => "ip6tables-legacy-restore",
+            (_, false) => "iptables-restore",
+            (_, true) => "ip6tables-restore",
+        }
+    }
 }
 
 /// One port of a lab Service.
@@ -191,6 +208,11 @@ impl Lab {
             }
             match mode {
                 ProxyMode::Iptables => restore(&ns, &self.iptables_rules(node))?,
+                ProxyMode::IptablesLegacy => {
+                    self.run_iptables_legacy(node)?;
+                    let program = mode.restore_program(false);
+                    cmd::feed(&ns, program, &["--noflush"], &self.iptables_rules(node))?;
+                }
                 ProxyMode::Nftables => super::kube_proxy_nft::install(self, &ns)?,
             }
             if self.is_dual_stack() {

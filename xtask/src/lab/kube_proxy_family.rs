@@ -120,6 +120,12 @@ impl Lab {
     pub(super) fn install_services6(&self, ns: &str, mode: ProxyMode) -> Result<()> {
         match mode {
             ProxyMode::Iptables => restore6(ns, &self.proxier_rules(Family::Ipv6)),
+            ProxyMode::IptablesLegacy => super::cmd::feed(
+                ns,
+                mode.restore_program(true),
+                &["--noflush"],
+                &self.proxier_rules(Family::Ipv6),
+            ),
             ProxyMode::Nftables => super::cmd::feed(
                 ns,
                 "nft",

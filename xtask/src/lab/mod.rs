@@ -403,10 +403,33 @@ impl Lab {
                 &format!("route add default via {UNDERLAY_GATEWAY} dev eth0"),
             )?;
             sysctl(&ns, "net.ipv4.ip_forward", "1")?;
+            kubelet_chains(&ns, "iptables-nft", "-N")?;
             host_root::lay_out(self, node)?;
             self.topology.cni().build_node(self, node)?;
         }
         self.topology.cni().settle(self)
+    }
+}
+
+/// kubelet's chains in the mangle table of the iptables it runs (1.17 and
+/// later), by which kube-proxy's iptables-wrapper (and podtrace) tell the
+/// node's backend: `-N` makes them with `iptables` (`iptables-nft` or
+/// `iptables-legacy`), `-X` removes them.
+pub fn kubelet_chains(ns: &str, iptables: &str, verb: &str) -> Result<()> {
+    for chain in ["KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"] {
+        run(in_netns(ns, iptables).args(["-t", "mangle", verb, chain]))?;
+    }
+    Ok(())
+}
+
+impl Lab {
+    /// Makes `node` an iptables-legacy node, as kubelet on a node whose
+    /// `iptables` is legacy leaves it: its chains in legacy's mangle table
+    /// and not in nft's.
+    pub fn run_iptables_legacy(&self, node: u8) -> Result<()> {
+        let ns = self.node_netns(node);
+        kubelet_chains(&ns, "iptables-nft", "-X")?;
+        kubelet_chains(&ns, "iptables-legacy", "-N")
     }
 }
 

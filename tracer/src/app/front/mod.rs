@@ -250,6 +250,9 @@ impl Session {
                 if !start.doctor.is_empty() {
                     ctx.doctor.insert(start.node.clone(), start.doctor.clone());
                 }
+                if let Some(why) = &start.rules_unseen {
+                    ctx.rules_unseen.insert(start.node.clone(), why.clone());
+                }
             }
         }
         self.correlator = correlator_for(&ctx, !args.no_ruleset_changes);
@@ -546,6 +549,7 @@ mod tests {
                 reports_read_through,
                 doctor: Vec::new(),
                 kernel: None,
+                rules_unseen: None,
             };
             agent.says(&mut session, Record::Start(Box::new(start)));
             session.clocks.start(agent.node, 0);
