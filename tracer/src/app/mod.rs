@@ -15,10 +15,12 @@ pub mod kernel;
 mod losses;
 mod masquerade;
 mod pairs;
+mod pod_interfaces;
 mod probing;
 pub mod profile;
 mod replay;
 mod service_target;
+mod sightings;
 mod stop;
 mod stream;
 pub mod targets;
@@ -36,7 +38,7 @@ use std::{
 };
 
 use anyhow::{bail, Result};
-use podtrace_common::{filter::L4Filter, Sighting, MAX_NODES, NODE_OTHER_NETNS};
+use podtrace_common::{filter::L4Filter, MAX_NODES};
 use tokio::sync::mpsc;
 
 use follow::{follow_connection, follow_move, learn_connection, of_the_traced_pair, watch_moves};
@@ -45,9 +47,7 @@ use traced::{LinkOutcome, Shared, TracedNode};
 
 use crate::{
     cli::Args,
-    cni,
-    decode::hop::{place, Hop, Unplaced},
-    doctor,
+    cni, doctor,
     model::{KernelSummary, Summary},
     node::{host_root::HostRoot, netns::Namespace, pod_netns::OtherNamespaces},
     output::pcapng,
@@ -483,37 +483,4 @@ fn finish(trace: Trace, (mut summary, teller): (Summary, Teller<'static>)) -> Re
     drop(trace);
     teller.finish(summary)?;
     Ok(())
-}
-
-/// A sighting as a hop on its node and interface (a pod's namespace is
-/// named on first sight), or counted in the summary as why not.
-async fn to_hop(s: &Sighting, trace: &mut Trace, summary: &mut Summary) -> Option<Hop> {
-    // Before every hook was attached: not part of the trace.
-    if s.ktime_ns < trace.armed_ns {
-        return None;
-    }
-    summary.sightings += 1;
-    if s.node_id == NODE_OTHER_NETNS {
-        let a_traced_pods = trace
-            .nodes
-            .iter()
-            .any(|n| n.pod_namespaces.contains(&s.netns_inum));
-        if !a_traced_pods {
-            summary.drops_elsewhere += 1;
-            return None;
-        }
-        trace.others.learn(s.netns_inum).await;
-    }
-    let keep = trace.keep_snapshots;
-    match place(s, &trace.nodes, &trace.others, &trace.kernel, keep) {
-        Ok(hop) => Some(hop),
-        Err(Unplaced::UnknownInterface) => {
-            summary.unknown_interface += 1;
-            None
-        }
-        Err(Unplaced::Undecodable) => {
-            summary.undecodable += 1;
-            None
-        }
-    }
 }

@@ -20,9 +20,10 @@ use super::{
     follow_move, learn_connection, link_changed,
     losses::LossWatch,
     probing::ProbeEvent,
+    sightings::to_hop,
     stop::Stop,
     teller::{new_teller, pcap_writer, Teller},
-    to_hop, until, watch_moves, Trace, ARP_PATIENCE, JOURNEY_IDLE, JOURNEY_PATIENCE,
+    until, watch_moves, Trace, ARP_PATIENCE, JOURNEY_IDLE, JOURNEY_PATIENCE,
 };
 use crate::{
     cli::Args,

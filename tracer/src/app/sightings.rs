@@ -1,0 +1,44 @@
+//! A sighting as a hop: placed on its node and interface, or counted in
+//! the summary as why not (before the trace was armed, in a namespace
+//! that is not the pair's, on an unknown interface, undecodable).
+
+use podtrace_common::{Sighting, NODE_OTHER_NETNS};
+
+use super::Trace;
+use crate::{
+    decode::hop::{place, Hop, Unplaced},
+    model::Summary,
+};
+
+/// A sighting as a hop on its node and interface (a pod's namespace is
+/// named on first sight), or counted in the summary as why not.
+pub(super) async fn to_hop(s: &Sighting, trace: &mut Trace, summary: &mut Summary) -> Option<Hop> {
+    // Before every hook was attached: not part of the trace.
+    if s.ktime_ns < trace.armed_ns {
+        return None;
+    }
+    summary.sightings += 1;
+    if s.node_id == NODE_OTHER_NETNS {
+        let a_traced_pods = trace
+            .nodes
+            .iter()
+            .any(|n| n.pod_namespaces.contains(&s.netns_inum));
+        if !a_traced_pods {
+            summary.drops_elsewhere += 1;
+            return None;
+        }
+        trace.others.learn(s.netns_inum).await;
+    }
+    let keep = trace.keep_snapshots;
+    match place(s, &trace.nodes, &trace.others, &trace.kernel, keep) {
+        Ok(hop) => Some(hop),
+        Err(Unplaced::UnknownInterface) => {
+            summary.unknown_interface += 1;
+            None
+        }
+        Err(Unplaced::Undecodable) => {
+            summary.undecodable += 1;
+            None
+        }
+    }
+}
