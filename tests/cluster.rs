@@ -755,7 +755,7 @@ fn a_pod_security_refusal_is_told_with_the_label_that_fixes_it() {
     let told: Vec<&str> = stderr.lines().filter(|l| l.contains(fix)).collect();
     assert_eq!(told.len(), 1, "{stderr}");
     assert!(
-        told[0].contains("violates PodSecurity \"baseline:latest\": non-default capabilities (container \"agent\" must not include \"BPF\""),
+        told[0].contains("violates PodSecurity \"baseline:latest\": non-default capabilities (container \"agent\" must not include \"NET_ADMIN\""),
         "{stderr}"
     );
     assert!(!stderr.contains("RBAC"), "{stderr}");

@@ -344,7 +344,9 @@ pub fn lab_image(podtrace: &Path) -> Result<PathBuf> {
             &image::Request {
                 podtrace,
                 output: &archive,
-                name: None,
+                // The name the stub's nodes have it under, and the
+                // DaemonSet it serves names (images.rs).
+                name: Some(super::images::LAB_IMAGE),
                 fresh_base: false,
             },
         )?;
