@@ -41,6 +41,9 @@ enum Task {
         #[arg(long)]
         kernel: Option<String>,
     },
+    /// The house checks `test` starts with (fmt, layers, sizes, clippy on
+    /// host and eBPF crates), alone: what a commit must pass, in a minute.
+    Check,
     /// Set up, then measure podtrace on the lab.
     Bench,
     /// Build the agent image (release podtrace on a Debian userland) as an
@@ -128,6 +131,7 @@ fn main() -> std::process::ExitCode {
         Task::Test {
             kernel: Some(kernel),
         } => kernel_suite(Some(&kernel)),
+        Task::Check => house_checks(),
         Task::Bench => bench(),
         Task::Image {
             output,
@@ -403,6 +407,23 @@ fn test() -> Result<()> {
     require_root()?;
     let started = Instant::now();
     setup()?;
+    house_checks()?;
+    // Unit tests, then the kernel integration tests in tests/ (as root).
+    cargo(&["test"])?;
+    // The README's other command must stay true.
+    demo()?;
+    // The host's kernel ran every test above; the others run the suite.
+    kernel_suite(None)?;
+    eprintln!(
+        "xtask test: all passed in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Formatting, the import layers, file and function sizes, and clippy
+/// with warnings as errors on the host crates and the eBPF crate.
+fn house_checks() -> Result<()> {
     cargo(&["fmt", "--all", "--check"])?;
     xtask::layers::check()?;
     xtask::sizes::check()?;
@@ -427,16 +448,6 @@ fn test() -> Result<()> {
             "warnings",
         ],
     )?;
-    // Unit tests, then the kernel integration tests in tests/ (as root).
-    cargo(&["test"])?;
-    // The README's other command must stay true.
-    demo()?;
-    // The host's kernel ran every test above; the others run the suite.
-    kernel_suite(None)?;
-    eprintln!(
-        "xtask test: all passed in {:.0} s",
-        started.elapsed().as_secs_f64()
-    );
     Ok(())
 }
 

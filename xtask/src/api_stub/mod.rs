@@ -15,6 +15,7 @@
 //! tests start it in-process.
 
 mod admission;
+mod capability_sets;
 mod container_spec;
 mod discovery;
 mod events;
