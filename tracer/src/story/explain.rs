@@ -28,6 +28,9 @@ pub struct RouteCheck {
     pub node: String,
     pub expected: String,
     pub used: String,
+    /// The used route's gateway: where a packet that left by it went.
+    #[serde(skip)]
+    pub used_gateway: Option<IpAddr>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -115,10 +118,8 @@ fn missing_route(
         _ => return None,
     };
     let facts = nodes.get(&*routing_hop.node)?;
-    let used = facts
-        .view
-        .route_to(dst)
-        .map_or("no route at all".to_string(), |r| facts.view.describe(r));
+    let used_route = facts.view.route_to(dst);
+    let used = used_route.map_or("no route at all".to_string(), |r| facts.view.describe(r));
     Some(RouteCheck {
         node: routing_hop.node.to_string(),
         expected: match dst {
@@ -126,6 +127,7 @@ fn missing_route(
             IpAddr::V6(_) => expected_route6(dst, nodes, &routing_hop.node),
         },
         used,
+        used_gateway: used_route.and_then(|r| r.gateway),
     })
 }
 

@@ -346,6 +346,53 @@ pub(crate) mod tests {
             .contains("last seen on node-1 eth0 egress"));
     }
 
+    #[test]
+    fn a_packet_a_missing_route_sent_to_the_default_gateway_left_the_node_there() {
+        // node-1 lost its route to node-2's pods: the packet left by the
+        // default route, plain, toward the underlay's gateway, which is no
+        // traced node. node-2 expected it, but it never went there.
+        let at_src = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 64, 1);
+        let routed = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 63, 1);
+        let journey = Journey::new(vec![
+            hop(1_000, "node-1", "vethA", Role::PodVeth, Ingress, &at_src),
+            hop(2_000, "node-1", "cni0", Role::Bridge, Ingress, &at_src),
+            hop(3_000, "node-1", "eth0", Role::Underlay, Egress, &routed),
+        ]);
+        let mut view = crate::node::fixtures::flannel_node();
+        view.routes
+            .retain(|r| r.destination.to_string() != "10.244.2.0/24");
+        let mut ctx = ctx();
+        ctx.nodes.insert(
+            "node-1".into(),
+            crate::node::NodeFacts {
+                view,
+                local_pod_subnets: vec!["10.244.1.0/24".parse().unwrap()],
+                ..Default::default()
+            },
+        );
+        let story = tell(&journey, &ctx);
+        let Outcome::NoRoute { check, then } = &story.verdict.outcome else {
+            panic!("{}", story.verdict.summary);
+        };
+        assert!(check.used.starts_with("default via 192.0.2.1 dev eth0"));
+        assert_eq!(
+            **then,
+            Outcome::LeftNode {
+                node: "node-1".into(),
+                iface: "eth0".into(),
+                toward: "192.0.2.1".parse().unwrap()
+            }
+        );
+        assert!(
+            story
+                .verdict
+                .summary
+                .ends_with("(the packet left node-1 by eth0)"),
+            "{}",
+            story.verdict.summary
+        );
+    }
+
     fn drop_hop(t: u64, node: &str, iface: &str, frame: &[u8], reason: &str) -> Hop {
         crate::decode::hop::tests::drop_hop(t, node, iface, Role::Other, frame, reason)
     }

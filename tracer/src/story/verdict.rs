@@ -116,8 +116,8 @@ pub(super) fn judge(journey: &Journey, ctx: &Context) -> Verdict {
     let explanation = explain(hops, &ctx.nodes, &ctx.subnets, &ctx.pod_cidrs);
     let outcome = match explanation.no_route {
         Some(check) => Outcome::NoRoute {
+            then: Box::new(left_by_the_used_route(outcome, &check, last, ctx)),
             check,
-            then: Box::new(outcome),
         },
         None => outcome,
     };
@@ -292,6 +292,34 @@ fn toward_a_traced_node<'a>(hop: &Hop, ctx: &'a Context) -> Option<(&'a str, IpA
         .tunnel
         .map_or(hop.packet.packet.dst, |t| t.outer.dst);
     Some((ctx.node_holding(toward)?, toward))
+}
+
+/// After a missing route, a packet last seen leaving the node plainly by
+/// the route the kernel used instead went to that route's gateway, not to
+/// the node whose pods it was for: when the gateway is no traced node,
+/// the packet left what podtrace sees there, rather than vanished.
+fn left_by_the_used_route(
+    outcome: Outcome,
+    check: &RouteCheck,
+    last: &Hop,
+    ctx: &Context,
+) -> Outcome {
+    let leaves_plain = last.role == Role::Underlay
+        && last.direction == Direction::Egress
+        && last.packet.tunnel.is_none()
+        && *last.node == *check.node;
+    match (&outcome, check.used_gateway) {
+        (Outcome::Vanished { .. }, Some(gateway))
+            if leaves_plain && ctx.node_holding(gateway).is_none() =>
+        {
+            Outcome::LeftNode {
+                node: last.node.to_string(),
+                iface: last.iface.to_string(),
+                toward: gateway,
+            }
+        }
+        _ => outcome,
+    }
 }
 
 /// The packet arrived at a traced node addressed to that node itself: no
