@@ -189,10 +189,12 @@ fn kubectl_podtrace_tells_the_cross_node_stories_node_mode_tells() {
     let lab = lab(Topology::FlannelVxlan);
     let stub = api_for(&lab);
     let started = kubectl_podtrace_json(&stub, "4", "30s");
-    let running: Vec<String> = agent_pods(&stub)
+    let mut running: Vec<String> = agent_pods(&stub)
         .iter()
         .map(|p| p["spec"]["nodeName"].as_str().unwrap().to_string())
         .collect();
+    // In whichever order the API stored them.
+    running.sort();
     assert_eq!(running, ["node-1", "node-2"], "one agent per node involved");
     for pod in agent_pods(&stub) {
         let spec = &pod["spec"];

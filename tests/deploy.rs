@@ -135,14 +135,27 @@ fn the_debug_pod_and_the_daemonset_have_what_podtrace_needs() {
 
 #[test]
 fn the_image_ships_podtrace_and_its_kubectl_plugin_name() {
-    let path = format!("{}/../deploy/Dockerfile", env!("CARGO_MANIFEST_DIR"));
-    let dockerfile = std::fs::read_to_string(path).unwrap();
-    assert!(dockerfile.contains("cargo build --release --package podtrace"));
-    assert!(dockerfile.contains("kubectl-podtrace"));
-    assert!(
-        dockerfile.contains("nftables"),
-        "rule tracing needs nft and iptables-save"
-    );
+    let deploy = format!("{}/../deploy", env!("CARGO_MANIFEST_DIR"));
+    let dockerfile = std::fs::read_to_string(format!("{deploy}/Dockerfile")).unwrap();
+    let build = dockerfile
+        .lines()
+        .find(|l| l.contains("cargo build"))
+        .expect("a cargo build");
+    assert!(build.contains("--release") && build.contains("--package podtrace"));
+    assert!(dockerfile.contains("ln -s podtrace /usr/local/bin/kubectl-podtrace"));
+    // The runtime stage installs the list `cargo xtask image` installs.
+    assert!(dockerfile.contains("COPY deploy/image-packages.txt"));
+    let packages = std::fs::read_to_string(format!("{deploy}/image-packages.txt")).unwrap();
+    let listed: Vec<&str> = packages
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or_default().trim())
+        .collect();
+    for needed in ["nftables", "iptables", "iproute2"] {
+        assert!(
+            listed.contains(&needed),
+            "image-packages.txt lacks {needed}"
+        );
+    }
 }
 
 #[test]
