@@ -378,3 +378,66 @@ fn a_podtrace_in_its_own_pid_namespace_leaves_live_runs_alone() {
     start_and_stop(&lab.0);
     assert!(!nft_tables(&node1).contains(legacy));
 }
+
+/// A clsact podtrace in a mount namespace with a /run/podtrace of its own
+/// (a container that mounts none of the host's): while it lives, a run
+/// with the host's leaves its filters alone; once it is killed, the next
+/// run removes its filters, its qdisc and its nft table, and says so,
+/// although no run file it can read tells of them.
+#[test]
+fn what_a_killed_run_with_its_own_run_directory_left_goes_and_is_said() {
+    let _sweepers = no_other_sweeper();
+    let lab = lab(Topology::FlannelVxlan);
+    let node1 = lab.0.node_netns(1);
+    std::fs::create_dir_all("/run/podtrace").unwrap();
+    let mut command = Command::new("unshare");
+    command
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg("mount -t tmpfs private-runs /run/podtrace && exec \"$0\" \"$@\"")
+        .arg(PODTRACE)
+        .args(clsact_args(&lab.0, &[]))
+        .stdout(Stdio::piped());
+    let private = xtask::podtrace_run::start(command, Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("start with a private /run/podtrace: {e:#}"));
+    assert_eq!(our_filters(&node1, "cni0", "ingress"), 1);
+    let table = nft_tables(&node1)
+        .lines()
+        .find_map(|l| l.strip_prefix("table inet "))
+        .filter(|t| t.starts_with("podtrace_r"))
+        .map(str::to_string)
+        .expect("the private run's table");
+
+    let alongside = Trace::start(&clsact_args(&lab.0, &[]));
+    assert_eq!(
+        our_filters(&node1, "cni0", "ingress"),
+        2,
+        "the live private run's filter stays beside the new one"
+    );
+    alongside.signal(libc::SIGINT);
+    let done = alongside.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    assert!(!done.stderr.contains("killed podtrace"), "{}", done.stderr);
+    assert_eq!(our_filters(&node1, "cni0", "ingress"), 1);
+    assert!(nft_tables(&node1).contains(&table));
+
+    let mut child = private.child;
+    child.kill().expect("kill -9 the private run");
+    child.wait().expect("wait");
+    assert_eq!(our_filters(&node1, "cni0", "egress"), 1, "left by the kill");
+    let stderr = start_and_stop(&lab.0);
+    assert!(
+        stderr.contains("removed the clsact filters a killed podtrace left on")
+            && stderr.contains("cni0"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("removing nft table {table}")),
+        "{stderr}"
+    );
+    for hook in ["ingress", "egress"] {
+        assert_eq!(our_filters(&node1, "cni0", hook), 0, "{hook}");
+        assert_eq!(our_filters(&node1, "eth0", hook), 0, "{hook}");
+    }
+    assert!(!has_clsact(&node1, "cni0"), "the emptied qdisc goes too");
+    assert!(!nft_tables(&node1).contains(&table));
+}

@@ -33,7 +33,7 @@ use super::{
     clock::monotonic_ns,
     drops,
     features::DropHook,
-    memlock,
+    memlock, orphans,
     run_registry::{self, Record},
     tc::{self, AttachMode},
     uninterrupted::SignalsHeld,
@@ -154,6 +154,7 @@ impl NodeProbe {
     pub fn attach(spec: &ProbeSpec<'_>, watched: &[Watched]) -> Result<Self> {
         // Whatever killed runs left goes first, in every mode.
         run_registry::sweep_dead_runs()?;
+        orphans::sweep_in(spec.netns);
         let _held = SignalsHeld::now();
         let mut ebpf = load_fitting_memlock(spec)?;
         flow_filter(&mut ebpf)?.replace(&[], spec.flows)?;

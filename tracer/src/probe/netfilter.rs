@@ -366,7 +366,21 @@ fn table_is_stale(name: &str) -> bool {
         .strip_prefix('r')
         .and_then(|h| u64::from_str_radix(h, 16).ok())
     {
-        return run_registry::liveness(id) == Liveness::Dead;
+        return match run_registry::liveness(id) {
+            Liveness::Dead => true,
+            Liveness::Alive => false,
+            // No run file here: a run with another /run/podtrace (another
+            // container's), judged by its sign of life in this namespace.
+            Liveness::Unknown => {
+                let dead = !super::run_liveness::alive(run_registry::handle_of(id));
+                if dead {
+                    eprintln!(
+                        "podtrace: removing nft table {name}, left by a killed podtrace whose run file is not in this podtrace's /run/podtrace"
+                    );
+                }
+                dead
+            }
+        };
     }
     match owner.parse::<u32>() {
         Ok(pid) => in_initial_pid_namespace() && !Path::new(&format!("/proc/{pid}")).exists(),

@@ -15,7 +15,9 @@
 //! (`podtrace_r<id>`). Every run, in every attach mode, first sweeps the
 //! files of dead runs, removes exactly what they recorded, and deletes
 //! them. Nothing is removed by name alone, so a live run's filters and
-//! tables are never touched.
+//! tables are never touched. A run also holds a sign of life in each
+//! namespace it attaches in (`run_liveness`), for podtraces that cannot
+//! see its file (`orphans`).
 //!
 //! A clsact qdisc podtrace added is marked by a file `qdisc-<netns>-<ifindex>`;
 //! whoever removes the last filter from such a qdisc removes it too. A
@@ -129,6 +131,9 @@ struct Run {
     path: PathBuf,
     file: File,
     records: Vec<Record>,
+    /// This run's sign of life in each namespace it attaches in, by inode
+    /// (`run_liveness`).
+    alive_in: Vec<(u32, std::os::unix::net::UnixDatagram)>,
 }
 
 static RUN: Mutex<Option<Run>> = Mutex::new(None);
@@ -163,6 +168,7 @@ impl Run {
             path,
             file,
             records: Vec::new(),
+            alive_in: Vec::new(),
         })
     }
 
@@ -206,15 +212,47 @@ pub fn id() -> Result<u64> {
 /// removing them by (priority, handle) removes nobody else's. Below
 /// 0x8000_0000, where the kernel hands out handles of its own choosing.
 pub fn filter_handle() -> Result<u32> {
-    Ok((id()? as u32 & 0x7fff_ffff).max(1))
+    Ok(handle_of(id()?))
 }
 
-/// Records what this run is about to attach, before it attaches it.
+/// The filter handle of the run with this id, which also names its sign
+/// of life (`run_liveness`).
+pub fn handle_of(id: u64) -> u32 {
+    (id as u32 & 0x7fff_ffff).max(1)
+}
+
+/// Records what this run is about to attach, before it attaches it, and
+/// says this run lives in the record's namespace (once per namespace), so
+/// that a podtrace that cannot see this run's file can still tell.
 pub fn claim(record: Record) -> Result<()> {
     with_run(|run| {
+        if !run.alive_in.iter().any(|(n, _)| *n == record.netns_inum) {
+            let mut held = None;
+            reach(&record, || {
+                held = Some(super::run_liveness::hold(handle_of(run.id))?);
+                Ok(())
+            })?;
+            run.alive_in.extend(held.map(|h| (record.netns_inum, h)));
+        }
         run.records.push(record);
         run.write()
     })
+}
+
+/// The filter handles of the runs whose files are in /run/podtrace, live
+/// or not: those runs are judged by their files, not by their sign of
+/// life.
+pub fn handles_with_files() -> HashSet<u32> {
+    let Ok(dir) = fs::read_dir(DIR) else {
+        return HashSet::new();
+    };
+    dir.flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let hex = name.strip_suffix(".run")?;
+            u64::from_str_radix(hex, 16).ok().map(handle_of)
+        })
+        .collect()
 }
 
 /// Forgets what this run has detached.
