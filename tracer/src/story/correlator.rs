@@ -18,8 +18,9 @@ use std::{
 };
 
 use crate::{
-    decode::hop::Hop,
+    decode::hop::{Direction, Hop},
     model::Translation,
+    node::interfaces::Role,
     probe::netfilter::{NetfilterRule, PacketId},
     story::{
         journey::{Journey, PacketKey},
@@ -78,6 +79,9 @@ pub struct Correlator {
     /// between them (a node's own, other clients' masqueraded alike) is
     /// not the traced pair's, and its journeys are not told.
     joining_only: HashSet<(IpAddr, IpAddr)>,
+    /// Journeys closed because their pod sent the same packet again:
+    /// whole, waiting only for their turn to be told.
+    sent_again: Vec<(Journey, u64)>,
 }
 
 impl Correlator {
@@ -91,6 +95,7 @@ impl Correlator {
             open_in_pieces: 0,
             nat: NatBook::default(),
             joining_only: HashSet::new(),
+            sent_again: Vec::new(),
         }
     }
 
@@ -178,8 +183,14 @@ impl Correlator {
         if may_be_pieces && !self.open.contains_key(&key) {
             if let Some(whole) = self.open.keys().find(|k| k.same_packet_in_pieces(&key)) {
                 key = *whole;
+            } else if let Some(pieces) = self.reassembled_from(&key, &hop) {
+                key = pieces;
             }
         }
+        let Some(hop) = self.joined_sent_again(&key, hop) else {
+            return;
+        };
+        self.close_if_sent_again(&key, &hop);
         if let Some(before) = self.translated(&key) {
             key = before;
         }
@@ -221,6 +232,72 @@ impl Correlator {
                 .losses
                 .iter()
                 .any(|(from, to)| *from <= last && first <= *to);
+        }
+    }
+
+    /// The open fragments an IPv6 packet seen whole was reassembled from:
+    /// the same addresses and protocol, and the transport header their
+    /// first fragment carried (an echo's id and sequence, ports).
+    fn reassembled_from(&self, key: &PacketKey, hop: &Hop) -> Option<PacketKey> {
+        let transport = hop.packet.packet.transport;
+        self.open
+            .iter()
+            .filter(|(pieces, _)| key.may_be_reassembled_from(pieces))
+            .filter(|(_, journey)| {
+                (journey.hops.iter()).any(|h| h.packet.packet.transport == transport)
+            })
+            .min_by_key(|(_, journey)| journey.first_seen())
+            .map(|(pieces, _)| *pieces)
+    }
+
+    /// A pod sent the same bytes again (identical datagrams: IPv6 ones
+    /// carry no ID): the earlier packet's journey ends where this sighting
+    /// starts another. A packet leaves its sender's veth once; a hairpin
+    /// comes back out of it, the other way. Nodes' sightings arrive in
+    /// their own order, so the journey is split by kernel time: its hops
+    /// from this one on are the new packet's.
+    fn close_if_sent_again(&mut self, key: &PacketKey, hop: &Hop) {
+        if hop.role != Role::PodVeth || hop.direction != Direction::Ingress {
+            return;
+        }
+        let sent_again = self.open.get(key).is_some_and(|journey| {
+            journey.hops.iter().any(|h| {
+                (&h.node, &h.iface, h.direction) == (&hop.node, &hop.iface, hop.direction)
+                    && h.packet.packet.transport == hop.packet.packet.transport
+                    && h.ktime_ns < hop.ktime_ns
+            })
+        });
+        if !sent_again {
+            return;
+        }
+        let Some(mut earlier) = self.open.remove(key) else {
+            return;
+        };
+        self.by_first_seen.remove(&(earlier.first_seen(), *key));
+        if key.in_pieces() {
+            self.open_in_pieces -= 1;
+        }
+        let at = earlier.hops.partition_point(|h| h.ktime_ns < hop.ktime_ns);
+        let later = earlier.hops.split_off(at);
+        self.sent_again.push((earlier, hop.ktime_ns));
+        for hop in later {
+            self.observe(hop);
+        }
+    }
+
+    /// A sighting that arrived late for a packet sent before its pod sent
+    /// the same bytes again: it joins that earlier packet's journey.
+    fn joined_sent_again(&mut self, key: &PacketKey, hop: Hop) -> Option<Hop> {
+        let earlier = (self.sent_again.iter_mut())
+            .filter(|(j, until)| j.key == *key && hop.ktime_ns < *until)
+            .min_by_key(|(_, until)| *until);
+        match earlier {
+            Some((journey, _)) => {
+                let at = journey.hops.partition_point(|h| h.ktime_ns <= hop.ktime_ns);
+                journey.hops.insert(at, hop);
+                None
+            }
+            None => Some(hop),
         }
     }
 
@@ -281,7 +358,12 @@ impl Correlator {
                 oldest_under_way.get_or_insert(first);
             }
         }
-        self.drain(keys)
+        let turn = oldest_under_way.unwrap_or(u64::MAX);
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.sent_again)
+            .into_iter()
+            .partition(|(j, _)| j.first_seen() < turn && self.is_done(j, now_ns));
+        self.sent_again = later;
+        self.drain_with(keys, due.into_iter().map(|(j, _)| j).collect())
     }
 
     fn is_done(&self, journey: &Journey, now_ns: u64) -> bool {
@@ -325,11 +407,12 @@ impl Correlator {
     /// Every open journey, oldest first (at exit).
     pub fn take_all(&mut self) -> Vec<Journey> {
         let keys: Vec<_> = self.open.keys().copied().collect();
-        self.drain(keys)
+        let closed = std::mem::take(&mut self.sent_again);
+        self.drain_with(keys, closed.into_iter().map(|(j, _)| j).collect())
     }
 
     pub fn pending(&self) -> usize {
-        self.open.len()
+        self.open.len() + self.sent_again.len()
     }
 
     /// Rules still waiting for their journey.
@@ -337,13 +420,16 @@ impl Correlator {
         self.waiting_rules.len()
     }
 
-    fn drain(&mut self, keys: Vec<PacketKey>) -> Vec<Journey> {
+    /// The open journeys of `keys`, with `closed` ones (no longer open),
+    /// in the order their packets were sent.
+    fn drain_with(&mut self, keys: Vec<PacketKey>, closed: Vec<Journey>) -> Vec<Journey> {
         let mut out: Vec<_> = keys.iter().filter_map(|k| self.open.remove(k)).collect();
         for journey in &out {
             self.by_first_seen
                 .remove(&(journey.first_seen(), journey.key));
         }
         self.open_in_pieces -= out.iter().filter(|j| j.key.in_pieces()).count();
+        out.extend(closed);
         out.retain(|j| !self.only_for_joining(j));
         out.sort_by_key(Journey::first_seen);
         out
@@ -1011,6 +1097,116 @@ pub(crate) mod tests {
         ));
         let lost: Vec<bool> = c.take_all().iter().map(|j| j.records_lost).collect();
         assert_eq!(lost, [true, true, false]);
+    }
+
+    /// Ethernet + IPv6 from fd00::`src` to fd00::`dst`, `next` header.
+    fn ipv6(src: u8, dst: u8, next: u8, payload: &[u8]) -> Vec<u8> {
+        let mut f = vec![0u8; 14 + 40];
+        f[12..14].copy_from_slice(&[0x86, 0xdd]);
+        f[14] = 0x60;
+        f[18..20].copy_from_slice(&(payload.len() as u16).to_be_bytes());
+        f[20] = next;
+        f[21] = 64;
+        f[22..24].copy_from_slice(&[0xfd, 0x00]);
+        f[37] = src;
+        f[38..40].copy_from_slice(&[0xfd, 0x00]);
+        f[53] = dst;
+        f.extend_from_slice(payload);
+        f
+    }
+
+    /// An IPv6 fragment of an ICMPv6 message: `at` bytes in, fragment ID 7.
+    fn fragment6(src: u8, dst: u8, at: u16, more: bool, data: &[u8]) -> Vec<u8> {
+        let mut payload = vec![58, 0];
+        payload.extend_from_slice(&((at / 8) << 3 | u16::from(more)).to_be_bytes());
+        payload.extend_from_slice(&7u32.to_be_bytes());
+        payload.extend_from_slice(data);
+        ipv6(src, dst, 44, &payload)
+    }
+
+    #[test]
+    fn an_ipv6_reply_freed_after_reassembly_is_its_fragments_story_and_delivered() {
+        // ping -6 -s 3000: the echo reply arrives in fragments and is
+        // reassembled in web-0, which loses the fragment header and its
+        // ID; ping_rcv then frees it (NO_SOCKET) although ping got it.
+        let mut reply = vec![129, 0, 0, 0, 0x4a, 0x1d, 0, 2];
+        reply.resize(3008, 0xab);
+        let first = fragment6(2, 1, 0, true, &reply[..1448]);
+        let last = fragment6(2, 1, 1448, false, &reply[1448..]);
+        let whole = ipv6(2, 1, 58, &reply);
+        let mut c = Correlator::new(waits(1_000, 50_000));
+        let to_web_0 =
+            |t: u64, frame: &[u8]| hop(t, "n1", "veth1", Role::PodVeth, Direction::Egress, frame);
+        c.observe(to_web_0(10, &first));
+        c.observe(to_web_0(11, &last));
+        let mut freed = drop_hop(20, "n1", "eth0", Role::Other, &whole, "NO_SOCKET");
+        freed.drop.as_mut().unwrap().location = "ping_rcv+0xb3".into();
+        c.observe(freed);
+        // Another echo reply of the pair, whole: not the same packet.
+        let mut other = reply[..64].to_vec();
+        other[7] = 3;
+        c.observe(to_web_0(30, &ipv6(2, 1, 58, &other)));
+        let journeys = c.take_all();
+        assert_eq!(journeys.len(), 2, "{journeys:#?}");
+        assert_eq!(journeys[0].hops.len(), 3);
+        assert!(journeys[0].freed_by_receiver().is_some());
+        assert_eq!(journeys[1].hops.len(), 1);
+    }
+
+    #[test]
+    fn identical_ipv6_packets_sent_apart_are_a_story_each() {
+        // Three identical datagrams (here echo requests, as a client's
+        // repeated UDP query alike), 300 ms apart: IPv6 gives them no ID,
+        // so only their sender's veth tells them apart. Each node has its
+        // own ring: node-2's sightings of one packet may arrive after
+        // node-1 saw the next one sent, and node-1's after node-2's.
+        let datagram = ipv6(1, 2, 58, &[128, 0, 0, 0, 0, 9, 0, 1, 0xab, 0xcd]);
+        let sent = [0u64, 300_000_000, 600_000_000];
+        let at_node = |t: u64, node: &str, iface: &str, role: Role, dir: Direction| {
+            hop(t, node, iface, role, dir, &datagram)
+        };
+        let mut c = Correlator::new(waits(1_000_000_000, 2_000_000_000));
+        for (i, t) in sent.iter().enumerate() {
+            c.observe(at_node(
+                *t,
+                "n1",
+                "veth1",
+                Role::PodVeth,
+                Direction::Ingress,
+            ));
+            if i > 0 {
+                let before = sent[i - 1];
+                c.observe(at_node(
+                    before + 9_000,
+                    "n2",
+                    "veth2",
+                    Role::PodVeth,
+                    Direction::Egress,
+                ));
+            }
+            c.observe(at_node(
+                *t + 5_000,
+                "n1",
+                "eth0",
+                Role::Underlay,
+                Direction::Egress,
+            ));
+        }
+        c.observe(at_node(
+            sent[2] + 9_000,
+            "n2",
+            "veth2",
+            Role::PodVeth,
+            Direction::Egress,
+        ));
+        // The first two are whole and in order before the third is done.
+        let told = c.take_finished(700_000_000 + 1_000_000_000);
+        let all: Vec<_> = told.into_iter().chain(c.take_all()).collect();
+        assert_eq!(all.len(), 3, "{all:#?}");
+        for (journey, sent) in all.iter().zip(sent) {
+            let times: Vec<u64> = journey.hops.iter().map(|h| h.ktime_ns - sent).collect();
+            assert_eq!(times, [0, 5_000, 9_000]);
+        }
     }
 
     /// `frame` (Ethernet + IPv4) as a fragment at `offset` bytes, with

@@ -43,6 +43,7 @@ const AFTER_TEARDOWN: &str =
 /// Why an echo reply freed by `ping_rcv` is no drop on the path.
 const NO_PING_SOCKET: &str = "no unprivileged ping socket waited for it; a raw socket, as ping(8) opens, gets its own copy first: not a drop on the path";
 const ICMP_ECHO_REPLY: u8 = 0;
+const ICMPV6_ECHO_REPLY: u8 = 129;
 
 /// TCP's local-delivery functions, for a kernel that names no reason
 /// (NOT_SPECIFIED in tcp_v4_rcv, or before 5.17).
@@ -120,6 +121,19 @@ impl PacketKey {
         self.id() == other.id()
             && self.transport.protocol() == other.transport.protocol()
             && self.in_pieces() != other.in_pieces()
+    }
+
+    /// An IPv6 packet whole (no fragment header, so no ID) that may be
+    /// the reassembly of the fragments keyed `pieces`: same addresses and
+    /// protocol. Reassembly drops the fragment header and its ID, which
+    /// IPv4 keeps; the caller matches the transport header too.
+    pub(super) fn may_be_reassembled_from(&self, pieces: &Self) -> bool {
+        self.src.is_ipv6()
+            && self.ip_id == 0
+            && !self.in_pieces()
+            && pieces.in_pieces()
+            && (self.src, self.dst) == (pieces.src, pieces.dst)
+            && self.transport.protocol() == pieces.transport.protocol()
     }
 
     pub(super) fn in_pieces(&self) -> bool {
@@ -282,6 +296,10 @@ impl Journey {
             // unprivileged ping socket waits for it.
             Transport::Icmp {
                 icmp_type: ICMP_ECHO_REPLY,
+                ..
+            }
+            | Transport::Icmpv6 {
+                icmp_type: ICMPV6_ECHO_REPLY,
                 ..
             } => {
                 let no_ping_socket = drop.reason == "NO_SOCKET" || unnamed;
