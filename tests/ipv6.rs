@@ -824,3 +824,67 @@ fn an_ipv6_service_backend_is_learnt_from_conntrack_alone() {
         done.stdout
     );
 }
+
+/// `ping -6 -s 3000`: each reply arrives in fragments and is reassembled
+/// in web-0, where ping_rcv frees it after ping got it. The replies are
+/// told delivered, never a NO_SOCKET drop of their own.
+#[test]
+fn fragmented_ipv6_echo_replies_are_delivered_not_dropped_after_reassembly() {
+    let (_alone, lab) = dual_stack_lab(Topology::FlannelVxlan);
+    let db = ipv6(&lab.0, "db-0");
+    let done = traced(
+        &lab.0,
+        "web-0",
+        "db-0",
+        &["-6", "--duration", "10s"],
+        || {
+            // The first may meet the tunnel's MTU before the path's is known.
+            let big = ["-s", "3000", "-c", "3", "-i", "0.3"];
+            let _ = lab.0.ping6("web-0", db, &big);
+        },
+    );
+    let stories = done.stories();
+    let replies: Vec<&Value> = (stories.iter())
+        .filter(|s| s["transport"]["icmp_type"] == 129)
+        .collect();
+    assert!(replies.len() >= 2, "{}", done.stdout);
+    for reply in replies {
+        assert_eq!(reply["verdict"]["outcome"], "delivered", "{reply}");
+    }
+    assert!(!done.stdout.contains("ping_rcv\"") && !done.stdout.contains("NO_SOCKET in ping_rcv"));
+}
+
+/// Three identical UDP datagrams 300 ms apart: IPv6 gives them no ID, yet
+/// each is a story of its own, sent once.
+#[test]
+fn identical_ipv6_datagrams_are_a_story_each() {
+    let (_alone, lab) = dual_stack_lab(Topology::FlannelVxlan);
+    let db = ipv6(&lab.0, "db-0");
+    let send = format!(
+        "import socket, time\ns = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\ns.bind(('', 40000))\nfor _ in range(3):\n    s.sendto(b'same bytes', ('{db}', 9999))\n    time.sleep(0.3)\n"
+    );
+    let done = traced(
+        &lab.0,
+        "web-0",
+        "db-0",
+        &["-6", "--proto", "udp", "--duration", "8s"],
+        || {
+            let sent = in_netns(&lab.0.pod("web-0").netns, "python3")
+                .args(["-c", &send])
+                .status()
+                .expect("python3");
+            assert!(sent.success());
+        },
+    );
+    let datagrams: Vec<Value> = (done.stories().into_iter())
+        .filter(|s| s["transport"]["proto"] == "udp" && s["transport"]["dport"] == 9999)
+        .collect();
+    assert_eq!(datagrams.len(), 3, "{}", done.stdout);
+    for story in &datagrams {
+        let sent_by = path(story)
+            .iter()
+            .filter(|h| *h == "node-1 pod_veth ingress")
+            .count();
+        assert_eq!(sent_by, 1, "{story}");
+    }
+}
