@@ -38,6 +38,10 @@ fn garbage_arguments_say_what_is_wrong_with_them() {
         ),
         (with_lab("", "10.244.2.2"), "an empty pod argument"),
         (
+            with_lab("10.244.1.2:5000", "10.244.2.2"),
+            "10.244.1.2:5000: a port on SRC is not used (a client's socket picks its own); to trace one port's traffic, give --port 5000",
+        ),
+        (
             with_lab("10.244.1.2", "fd00::2"),
             "10.244.1.2 is an IPv4 address and fd00::2 an IPv6 one: a packet has both ends in one family",
         ),

@@ -225,6 +225,7 @@ impl Targets {
         // Garbage in an argument is said before anything else is tried.
         let src_target = Target::parse(&args.src, &args.kube.namespace)?;
         let dst_target = Target::parse(&args.dst, &args.kube.namespace)?;
+        refuse_source_port(&args.src, &src_target)?;
         let mut listed = match &args.kube.nodes_file {
             Some(path) => nodes::load_nodes(path)?,
             None => nodes::Nodes::default(),
@@ -421,6 +422,16 @@ pub fn vantage(ends: [(&str, Option<&str>); 2], traced: &[String]) -> Option<Str
             "neither {src} ({src_node}) nor {dst} ({dst_node}) runs on {here}: run podtrace on {src_node} or {dst_node}"
         ),
     })
+}
+
+/// A port on SRC: nothing podtrace could use, so said rather than dropped.
+fn refuse_source_port(arg: &str, src: &Target) -> Result<()> {
+    match src.port() {
+        Some(port) => bail!(
+            "{arg}: a port on SRC is not used (a client's socket picks its own); to trace one port's traffic, give --port {port}"
+        ),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]
