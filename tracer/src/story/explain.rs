@@ -157,6 +157,14 @@ fn hint(hops: &[Hop], nodes: &HashMap<String, NodeFacts>) -> Option<String> {
             };
             Some(format!("IP forwarding is off on {} ({evidence}): it does not route pod traffic", last.node))
         }
+        // ip_forward's IP_INHDR is also its verdict on a TTL run out.
+        (Some("IP_INHDR"), _) if ttl_ran_out(last) => {
+            let ttl = if dst.is_ipv6() { "hop limit" } else { "TTL" };
+            Some(format!(
+                "the packet reached {} with {ttl} {}: no router forwards it further (the kernel answers ICMP time exceeded, as traceroute expects); the sender set it that low, or a routing loop used it up",
+                last.node, last.packet.packet.ttl
+            ))
+        }
         // A netfilter drop is the rule's, whatever the veth hangs off.
         (Some(r), Some(facts)) if last.role == Role::PodVeth && r != journey::NETFILTER_DROP => {
             let veth = facts.view.link_named(&last.iface);
@@ -180,13 +188,23 @@ fn hint(hops: &[Hop], nodes: &HashMap<String, NodeFacts>) -> Option<String> {
             ))
         }
         (Some("PKT_TOO_BIG"), Some(facts)) => facts.view.route_to(dst).and_then(|r| r.oif).and_then(|oif| facts.view.link(oif)).map(|dev| {
+            // IPv6 has no DF bit: no router fragments it, only its sender.
+            let unfragmentable = if dst.is_ipv6() { "IPv6, which routers never fragment" } else { "with DF set" };
             format!(
-                "the packet is {} B with DF set; the route to {dst} leaves by {} with MTU {}",
+                "the packet is {} B {unfragmentable}; the route to {dst} leaves by {} with MTU {}",
                 last.packet.packet.total_len, dev.name, dev.mtu
             )
         }),
         _ => None,
     }
+}
+
+/// Dropped by the forwarding path with a TTL (hop limit) of 1 or 0.
+fn ttl_ran_out(hop: &Hop) -> bool {
+    let in_forward = hop.drop.as_ref().is_some_and(|d| {
+        d.location.starts_with("ip_forward") || d.location.starts_with("ip6_forward")
+    });
+    in_forward && hop.packet.packet.ttl <= 1
 }
 
 /// The bridge this node's pod veths hang off, where its CNI bridges them:
@@ -426,6 +444,24 @@ mod tests {
 
     fn dropped(iface: &str, role: Role, reason: &str, frame: &[u8]) -> Hop {
         drop_hop(9, "node-1", iface, role, frame, reason)
+    }
+
+    #[test]
+    fn a_ttl_run_out_in_ip_forward_is_said_as_such() {
+        let frame = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 1, 1);
+        let mut last = dropped("cni0", Role::Bridge, "IP_INHDR", &frame);
+        last.drop.as_mut().unwrap().location = "ip_forward+0x1c5".into();
+        let node = &node_1(flannel_node(), true);
+        let hint = explain(&[last.clone()], node, &subnets(), &[])
+            .hint
+            .unwrap();
+        assert!(
+            hint.starts_with("the packet reached node-1 with TTL 1: no router forwards it further"),
+            "{hint}"
+        );
+        // A header the kernel found broken elsewhere is not a TTL.
+        last.drop.as_mut().unwrap().location = "ip_rcv_core+0x2a0".into();
+        assert_eq!(explain(&[last], node, &subnets(), &[]).hint, None);
     }
 
     #[test]

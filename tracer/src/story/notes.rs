@@ -120,7 +120,9 @@ fn larger_than_mtu(out: &mut String, hop: &Hop, dev: &str, ctx: &Context) -> fmt
         .get(&*hop.node)
         .and_then(|facts| facts.view.link_named(dev))
         .map(|link| link.mtu);
-    let then = if p.dont_fragment {
+    let then = if p.dst.is_ipv6() {
+        "IPv6 routers never fragment: the kernel drops it and answers ICMPv6 packet too big"
+    } else if p.dont_fragment {
         "DF is set: the kernel drops it and answers ICMP fragmentation needed"
     } else {
         "the kernel fragments it"
