@@ -210,6 +210,7 @@ mod tests {
             target: "10.244.2.2:5354".into(),
             seq: 1,
             answered: false,
+            silent: false,
             rtt_ms: Some(0.4321),
             result: "ICMP port unreachable: nothing listens there".into(),
             flow_id: 40000,

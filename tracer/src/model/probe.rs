@@ -75,6 +75,10 @@ pub struct ProbeResult {
     /// Which probe of `--probe-count`, from 1.
     pub seq: u32,
     pub answered: bool,
+    /// Nothing came back at all (no answer, no refusal) before the probe's
+    /// timeout.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub silent: bool,
     /// From sending to the answer (SYN → SYN-ACK, echo → reply).
     pub rtt_ms: Option<f64>,
     /// `connected in 0.41 ms (SYN → SYN-ACK)`, `refused (RST)`, `no

@@ -18,6 +18,8 @@ use crate::model::ProbeKind;
 #[derive(Debug)]
 pub(super) struct Answer {
     pub answered: bool,
+    /// Nothing came back at all: no answer, no refusal.
+    pub silent: bool,
     pub rtt: Option<Duration>,
     pub result: String,
 }
@@ -70,11 +72,13 @@ pub(super) fn send(socket: Socket, sent: &Sent, timeout: Duration) -> Answer {
         Ok(answer) => answer,
         Err(e) if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock) => Answer {
             answered: false,
+            silent: true,
             rtt: None,
             result: format!("no answer in {waited}"),
         },
         Err(e) => Answer {
             answered: false,
+            silent: false,
             rtt: None,
             result: refusal(&e, kind),
         },
@@ -105,6 +109,7 @@ fn connect(socket: &Socket, to: SocketAddrV4, timeout: Duration) -> std::io::Res
     let rtt = sent.elapsed();
     Ok(Answer {
         answered: true,
+        silent: false,
         rtt: Some(rtt),
         result: format!("connected in {} (SYN → SYN-ACK)", millis(rtt)),
     })
@@ -120,6 +125,7 @@ fn datagram(socket: &Socket, to: SocketAddrV4, timeout: Duration) -> std::io::Re
     let rtt = sent.elapsed();
     Ok(Answer {
         answered: true,
+        silent: false,
         rtt: Some(rtt),
         result: format!("answered in {}", millis(rtt)),
     })
@@ -159,11 +165,13 @@ fn echo(socket: &Socket, probe: &Sent, timeout: Duration) -> std::io::Result<Ans
         return Ok(match reply {
             super::icmp::Reply::Echo => Answer {
                 answered: true,
+                silent: false,
                 rtt: Some(rtt),
                 result: format!("echo reply in {}", millis(rtt)),
             },
             super::icmp::Reply::Error(what) => Answer {
                 answered: false,
+                silent: false,
                 rtt: Some(rtt),
                 result: what,
             },

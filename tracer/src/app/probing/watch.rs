@@ -2,7 +2,10 @@
 //! pair's other traffic as skipped, and keeps the verdict of each probe
 //! packet that failed, for the probe's result.
 
-use std::{collections::HashMap, net::Ipv4Addr};
+use std::{
+    collections::{HashMap, HashSet},
+    net::Ipv4Addr,
+};
 
 use super::about::{is_about, Sent};
 use crate::{
@@ -22,6 +25,9 @@ pub(in crate::app) struct ProbeWatch {
     /// its flow and ICMP sequence number (0 for TCP, UDP): a raw socket's
     /// echoes share one identifier.
     failed: HashMap<(u16, u16), String>,
+    /// Probes a packet of which was delivered (by flow and sequence, as
+    /// `failed`).
+    delivered: HashSet<(u16, u16)>,
     /// Stories of the pair that were not the probes'.
     pub skipped: u64,
 }
@@ -34,6 +40,7 @@ impl ProbeWatch {
             ends,
             sent: Vec::new(),
             failed: HashMap::new(),
+            delivered: HashSet::new(),
             skipped: 0,
         }
     }
@@ -100,7 +107,9 @@ impl ProbeWatch {
 
     /// `story` of probe `flow` (and ICMP sequence number) was told.
     pub fn told(&mut self, flow: (u16, u16), story: &Story) {
-        if !matches!(story.verdict.outcome, Outcome::Delivered { .. }) {
+        if matches!(story.verdict.outcome, Outcome::Delivered { .. }) {
+            self.delivered.insert(flow);
+        } else {
             self.failed.insert(flow, story.verdict.summary.clone());
         }
     }
@@ -131,6 +140,15 @@ impl ProbeWatch {
                 .or_else(|| self.failed.get(&(result.flow_id, 0)));
             if let Some(verdict) = verdict {
                 result.result = format!("{}: {verdict}", result.result);
+            } else if matches!(self.kind, ProbeKind::Udp(_))
+                && result.silent
+                && self.delivered.contains(&(result.flow_id, 0))
+            {
+                // UDP has no answer of its own: the silence is the port's.
+                result.result = format!(
+                    "{}, but the datagram was delivered to {}: a closed port's ICMP port unreachable is rate-limited by the kernel (net.ipv4.icmp_ratelimit, icmp_msgs_per_sec), and a listening one need not reply",
+                    result.result, self.ends.1
+                );
             }
         }
         result
@@ -210,5 +228,54 @@ mod tests {
             watch.flow_of(&icmp_journey(WEB, DB, &request[34..])),
             Some((7, 1))
         );
+    }
+
+    #[test]
+    fn a_udp_probe_without_answer_whose_datagram_was_delivered_says_so() {
+        let mut watch = ProbeWatch::new(ProbeKind::Udp(5354), (WEB.into(), DB.into()));
+        watch.sending(40000);
+        watch.sending(40002);
+        // A delivered story of the first probe (its packet's transport
+        // does not matter to the watch).
+        let frame = icmp_echo(WEB, DB, 64, 1);
+        let delivered = crate::story::tell(
+            &Journey::new(vec![
+                hop(
+                    1,
+                    "node-1",
+                    "vethA",
+                    Role::PodVeth,
+                    Direction::Ingress,
+                    &frame,
+                ),
+                hop(
+                    2,
+                    "node-1",
+                    "vethB",
+                    Role::PodVeth,
+                    Direction::Egress,
+                    &frame,
+                ),
+            ]),
+            &Default::default(),
+        );
+        watch.told((40000, 0), &delivered);
+        let silent = |flow_id| ProbeResult {
+            kind: "udp:5354".into(),
+            target: "10.0.2.2:5354".into(),
+            seq: 1,
+            answered: false,
+            silent: true,
+            rtt_ms: None,
+            result: "no answer in 1s".into(),
+            flow_id,
+        };
+        let told = watch.explained(silent(40000)).result;
+        assert!(
+            told.starts_with("no answer in 1s, but the datagram was delivered to 10.0.2.2: a closed port's ICMP port unreachable is rate-limited"),
+            "{told}"
+        );
+        // Nothing seen of the other: nothing more is claimed.
+        assert_eq!(watch.explained(silent(40002)).result, "no answer in 1s");
     }
 }
