@@ -171,3 +171,52 @@ fn a_probe_from_the_loopback_address_is_refused_and_nothing_is_sent() {
         assert!(tcx_programs(&lab.0.node_netns(node)).is_empty());
     }
 }
+
+/// A UDP reply that reached web-0's socket, which closed without reading
+/// it: freed with the socket, where no network namespace is known. The
+/// exchange is two delivered stories, not a third "dropped" one.
+#[test]
+fn a_udp_reply_freed_unread_with_its_socket_is_no_drop_story() {
+    let lab = lab(Topology::FlannelVxlan);
+    let (web, db) = (lab.0.pod("web-0"), lab.0.pod("db-0"));
+    let server = "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\ns.bind(('', 7777))\ns.settimeout(15)\ndata, peer = s.recvfrom(100)\ns.sendto(b'answer', peer)\n";
+    let mut listening = in_netns(&db.netns, "python3")
+        .args(["-c", server])
+        .spawn()
+        .expect("python3 in db-0");
+    let trace = Trace::start(&argv(
+        &[
+            "web-0",
+            "db-0",
+            "-o",
+            "json",
+            "--proto",
+            "udp",
+            "--duration",
+            "8s",
+        ],
+        lab_args(&lab.0, &[1, 2]),
+    ));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // The reply lands in the socket's queue; the socket closes unread.
+    let client = format!(
+        "import socket, time\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\ns.sendto(b'question', ('{}', 7777))\ntime.sleep(0.5)\ns.close()\n",
+        db.ip
+    );
+    run(in_netns(&web.netns, "python3").args(["-c", &client]));
+    let _ = listening.wait();
+    let done = trace.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    let verdicts = verdicts(&done);
+    assert_eq!(verdicts.len(), 2, "{}", done.stdout);
+    for verdict in verdicts {
+        assert_eq!(verdict["outcome"], "delivered", "{verdict}");
+    }
+    let summary = (done.json().into_iter())
+        .find(|v| v["type"] == "summary")
+        .expect("a summary");
+    assert!(
+        summary["drops_without_netns"].as_u64() >= Some(1),
+        "the unread reply's free is counted: {summary}"
+    );
+}

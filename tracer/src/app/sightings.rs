@@ -23,6 +23,10 @@ pub(super) async fn to_hop(s: &Sighting, trace: &mut Trace, summary: &mut Summar
             .nodes
             .iter()
             .any(|n| n.pod_namespaces.contains(&s.netns_inum));
+        if s.netns_inum == 0 {
+            summary.drops_without_netns += 1;
+            return None;
+        }
         if !a_traced_pods {
             summary.drops_elsewhere += 1;
             return None;

@@ -29,6 +29,11 @@ pub struct Summary {
     /// another cluster or lab on the host): not the pair's, left out.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub drops_elsewhere: u64,
+    /// Drops of the traced addresses where the kernel knew no network
+    /// namespace (no device: a socket's queue freed as it closed, a reply
+    /// it never read): no hop of a path, left out.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub drops_without_netns: u64,
     /// Traced interfaces that vanished during the trace.
     pub interfaces_vanished: u64,
     /// Interfaces that appeared during the trace and were attached.

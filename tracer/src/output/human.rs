@@ -204,6 +204,12 @@ fn node_mode_summary(s: &Summary) -> String {
             s.drops_elsewhere
         ));
     }
+    if s.drops_without_netns > 0 {
+        text.push_str(&format!(
+            "podtrace: {} drops of the traced addresses with no network namespace left out: freed off any path (a socket's unread queue as it closed)\n",
+            s.drops_without_netns
+        ));
+    }
     text
 }
 

@@ -60,6 +60,7 @@ impl Followed {
         summary.other_pairs_encapsulated += own.other_pairs_encapsulated;
         summary.unknown_interface += own.unknown_interface;
         summary.drops_elsewhere += own.drops_elsewhere;
+        summary.drops_without_netns += own.drops_without_netns;
         summary.interfaces_vanished += own.interfaces_vanished;
         summary.interfaces_added += own.interfaces_added;
         summary.lost_agent += lost_agent;
