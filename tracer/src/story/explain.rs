@@ -650,6 +650,35 @@ mod tests {
             hint(dropped("cni0", Role::Bridge, "PKT_TOO_BIG", &frame), true)
                 .ends_with("leaves by flannel.1 with MTU 1450")
         );
+        // IPv6 has no DF bit: its routers never fragment.
+        let mut frame6 = Vec::new();
+        etherparse::PacketBuilder::ethernet2([2; 6], [4; 6])
+            .ipv6(
+                "fd00:10:244:1::2"
+                    .parse::<std::net::Ipv6Addr>()
+                    .unwrap()
+                    .octets(),
+                "fd00:10:244:2::2"
+                    .parse::<std::net::Ipv6Addr>()
+                    .unwrap()
+                    .octets(),
+                64,
+            )
+            .icmpv6_echo_request(1, 1)
+            .write(&mut frame6, &[0; 1460])
+            .unwrap();
+        let mut view = flannel_node();
+        let tunnel = view.link_named("flannel.1").unwrap().index;
+        view.routes
+            .push(crate::node::fixtures::route("fd00:10:244:2::/64", tunnel));
+        let too_big = dropped("cni0", Role::Bridge, "PKT_TOO_BIG", &frame6);
+        let text = explain(&[too_big], &node_1(view, true), &subnets(), &[])
+            .hint
+            .unwrap_or_default();
+        assert!(
+            text.starts_with("the packet is 1508 B IPv6, which routers never fragment; the route to fd00:10:244:2::2 leaves by flannel.1 with MTU 1450"),
+            "{text}"
+        );
         // The fixture's veth is on cni0: no hint. Off the bridge: one.
         assert_eq!(
             hint(
