@@ -67,13 +67,15 @@ fn sweep(lock: &Exclusive, netns: &Namespace, own: u32) -> Result<()> {
                 handle: filter.handle,
             },
         );
+        // Its qdisc stays: whether podtrace added it was in the lost run
+        // file, and a podtrace in another container, which this one's
+        // lock does not exclude, may be attaching to it right now.
         tc::remove_filter(lock, &record).with_context(|| {
             format!(
                 "cannot remove a dead podtrace's filter on {}",
                 filter.ifname
             )
         })?;
-        tc::remove_clsact_left_empty(&filter.ifname);
         if !removed.contains(&filter.ifname) {
             removed.push(filter.ifname);
         }

@@ -269,7 +269,7 @@ fn tidy_qdisc(lock: &Exclusive, netns_inum: u32, ifindex: u32) {
 
 /// Removes the clsact qdisc of `ifname` (in the current thread's
 /// namespace) if no filter at all is left on it; whether none was.
-pub(super) fn remove_clsact_left_empty(ifname: &str) -> bool {
+fn remove_clsact_left_empty(ifname: &str) -> bool {
     let empty = |hook: &str| {
         Command::new("tc")
             .args(["filter", "show", "dev", ifname, hook])

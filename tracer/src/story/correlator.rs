@@ -236,15 +236,17 @@ impl Correlator {
     }
 
     /// The open fragments an IPv6 packet seen whole was reassembled from:
-    /// the same addresses and protocol, and the transport header their
-    /// first fragment carried (an echo's id and sequence, ports).
+    /// the same addresses and protocol, the transport header their first
+    /// fragment carried (an echo's id and sequence, ports), and larger than
+    /// any of them (a small datagram on the same socket is another one).
     fn reassembled_from(&self, key: &PacketKey, hop: &Hop) -> Option<PacketKey> {
-        let transport = hop.packet.packet.transport;
+        let (transport, whole_len) = (hop.packet.packet.transport, hop.packet.packet.total_len);
         self.open
             .iter()
             .filter(|(pieces, _)| key.may_be_reassembled_from(pieces))
             .filter(|(_, journey)| {
                 (journey.hops.iter()).any(|h| h.packet.packet.transport == transport)
+                    && (journey.hops.iter()).all(|h| h.packet.packet.total_len < whole_len)
             })
             .min_by_key(|(_, journey)| journey.first_seen())
             .map(|(pieces, _)| *pieces)
@@ -343,7 +345,12 @@ impl Correlator {
         let mut keys = Vec::new();
         // Done ones up to the oldest still under way, and those first seen
         // at that same instant.
-        let mut oldest_under_way = None;
+        // A journey closed because its pod sent the same bytes again holds
+        // back later ones too while it still waits.
+        let mut oldest_under_way = (self.sent_again.iter())
+            .filter(|(j, _)| !self.is_done(j, now_ns))
+            .map(|(j, _)| j.first_seen())
+            .min();
         for &(first, key) in &self.by_first_seen {
             if oldest_under_way.is_some_and(|t| first > t) {
                 break;
@@ -355,7 +362,7 @@ impl Correlator {
             if self.is_done(journey, now_ns) {
                 keys.push(key);
             } else {
-                oldest_under_way.get_or_insert(first);
+                oldest_under_way = Some(oldest_under_way.map_or(first, |t| t.min(first)));
             }
         }
         let turn = oldest_under_way.unwrap_or(u64::MAX);
@@ -1142,15 +1149,19 @@ pub(crate) mod tests {
         let mut freed = drop_hop(20, "n1", "eth0", Role::Other, &whole, "NO_SOCKET");
         freed.drop.as_mut().unwrap().location = "ping_rcv+0xb3".into();
         c.observe(freed);
+        // The same echo header in a packet no larger than a fragment: not
+        // their reassembly.
+        let mut small = reply[..64].to_vec();
+        c.observe(to_web_0(25, &ipv6(2, 1, 58, &small)));
         // Another echo reply of the pair, whole: not the same packet.
-        let mut other = reply[..64].to_vec();
-        other[7] = 3;
+        small[7] = 3;
+        let other = small;
         c.observe(to_web_0(30, &ipv6(2, 1, 58, &other)));
         let journeys = c.take_all();
-        assert_eq!(journeys.len(), 2, "{journeys:#?}");
+        assert_eq!(journeys.len(), 3, "{journeys:#?}");
         assert_eq!(journeys[0].hops.len(), 3);
         assert!(journeys[0].freed_by_receiver().is_some());
-        assert_eq!(journeys[1].hops.len(), 1);
+        assert_eq!((journeys[1].hops.len(), journeys[2].hops.len()), (1, 1));
     }
 
     #[test]
@@ -1207,6 +1218,55 @@ pub(crate) mod tests {
             let times: Vec<u64> = journey.hops.iter().map(|h| h.ktime_ns - sent).collect();
             assert_eq!(times, [0, 5_000, 9_000]);
         }
+    }
+
+    #[test]
+    fn a_packet_sent_again_still_waiting_holds_back_later_stories() {
+        // Sent at 0 and again at 100 (same bytes): the first is closed but
+        // still under way (last seen leaving its veth). Another packet,
+        // sent at 50 and delivered, is done first, but is told after it.
+        let same = ipv6(1, 2, 58, &[128, 0, 0, 0, 0, 9, 0, 1]);
+        let other = ipv6(1, 2, 58, &[128, 0, 0, 0, 0, 9, 0, 2]);
+        let mut c = Correlator::new(waits(1_000, 1_000_000));
+        c.observe(hop(
+            0,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &same,
+        ));
+        c.observe(hop(
+            50,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &other,
+        ));
+        c.observe(hop(
+            60,
+            "n1",
+            "veth2",
+            Role::PodVeth,
+            Direction::Egress,
+            &other,
+        ));
+        c.observe(hop(
+            100,
+            "n1",
+            "veth1",
+            Role::PodVeth,
+            Direction::Ingress,
+            &same,
+        ));
+        assert!(c.take_finished(10_000).is_empty());
+        let told: Vec<u64> = c
+            .take_finished(2_000_000)
+            .iter()
+            .map(|j| j.first_seen())
+            .collect();
+        assert_eq!(told, [0, 50, 100]);
     }
 
     /// `frame` (Ethernet + IPv4) as a fragment at `offset` bytes, with

@@ -108,7 +108,10 @@ impl ProbeWatch {
     /// `story` of probe `flow` (and ICMP sequence number) was told.
     pub fn told(&mut self, flow: (u16, u16), story: &Story) {
         if matches!(story.verdict.outcome, Outcome::Delivered { .. }) {
-            self.delivered.insert(flow);
+            // The probe's own packet, not an answer to it.
+            if story.src == std::net::IpAddr::V4(self.ends.0) {
+                self.delivered.insert(flow);
+            }
         } else {
             self.failed.insert(flow, story.verdict.summary.clone());
         }
