@@ -1228,38 +1228,13 @@ pub(crate) mod tests {
         let same = ipv6(1, 2, 58, &[128, 0, 0, 0, 0, 9, 0, 1]);
         let other = ipv6(1, 2, 58, &[128, 0, 0, 0, 0, 9, 0, 2]);
         let mut c = Correlator::new(waits(1_000, 1_000_000));
-        c.observe(hop(
-            0,
-            "n1",
-            "veth1",
-            Role::PodVeth,
-            Direction::Ingress,
-            &same,
-        ));
-        c.observe(hop(
-            50,
-            "n1",
-            "veth1",
-            Role::PodVeth,
-            Direction::Ingress,
-            &other,
-        ));
-        c.observe(hop(
-            60,
-            "n1",
-            "veth2",
-            Role::PodVeth,
-            Direction::Egress,
-            &other,
-        ));
-        c.observe(hop(
-            100,
-            "n1",
-            "veth1",
-            Role::PodVeth,
-            Direction::Ingress,
-            &same,
-        ));
+        let at = |t: u64, iface: &str, dir: Direction, frame: &[u8]| {
+            hop(t, "n1", iface, Role::PodVeth, dir, frame)
+        };
+        c.observe(at(0, "veth1", Direction::Ingress, &same));
+        c.observe(at(50, "veth1", Direction::Ingress, &other));
+        c.observe(at(60, "veth2", Direction::Egress, &other));
+        c.observe(at(100, "veth1", Direction::Ingress, &same));
         assert!(c.take_finished(10_000).is_empty());
         let told: Vec<u64> = c
             .take_finished(2_000_000)
