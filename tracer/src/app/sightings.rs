@@ -19,14 +19,14 @@ pub(super) async fn to_hop(s: &Sighting, trace: &mut Trace, summary: &mut Summar
     }
     summary.sightings += 1;
     if s.node_id == NODE_OTHER_NETNS {
-        let a_traced_pods = trace
-            .nodes
-            .iter()
-            .any(|n| n.pod_namespaces.contains(&s.netns_inum));
         if s.netns_inum == 0 {
             summary.drops_without_netns += 1;
             return None;
         }
+        let a_traced_pods = trace
+            .nodes
+            .iter()
+            .any(|n| n.pod_namespaces.contains(&s.netns_inum));
         if !a_traced_pods {
             summary.drops_elsewhere += 1;
             return None;

@@ -262,29 +262,20 @@ fn tidy_qdisc(lock: &Exclusive, netns_inum: u32, ifindex: u32) {
         run_registry::unmark_qdisc(lock, netns_inum, ifindex);
         return;
     };
-    if remove_clsact_left_empty(&ifname) {
-        run_registry::unmark_qdisc(lock, netns_inum, ifindex);
-    }
-}
-
-/// Removes the clsact qdisc of `ifname` (in the current thread's
-/// namespace) if no filter at all is left on it; whether none was.
-fn remove_clsact_left_empty(ifname: &str) -> bool {
     let empty = |hook: &str| {
         Command::new("tc")
-            .args(["filter", "show", "dev", ifname, hook])
+            .args(["filter", "show", "dev", &ifname, hook])
             .stderr(Stdio::null())
             .output()
             .is_ok_and(|out| out.status.success() && out.stdout.is_empty())
     };
-    if !(empty("ingress") && empty("egress")) {
-        return false;
+    if empty("ingress") && empty("egress") {
+        let _ = Command::new("tc")
+            .args(["qdisc", "del", "dev", &ifname, "clsact"])
+            .stderr(Stdio::null())
+            .status();
+        run_registry::unmark_qdisc(lock, netns_inum, ifindex);
     }
-    let _ = Command::new("tc")
-        .args(["qdisc", "del", "dev", ifname, "clsact"])
-        .stderr(Stdio::null())
-        .status();
-    true
 }
 
 /// The name of an interface of the current thread's namespace.
