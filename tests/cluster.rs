@@ -488,10 +488,11 @@ fn agents_running(pods: &[String]) -> bool {
     !agent_pids(pods).is_empty()
 }
 
-/// The `podtrace agent` processes of these agent pods.
+/// The `podtrace agent` processes of these agent pods (not a child one
+/// has forked a moment before it execs: `nft monitor`, its pre_exec).
 fn agent_pids(pods: &[String]) -> Vec<i32> {
     let processes = std::fs::read_dir("/proc").unwrap().flatten();
-    processes
+    let agents: Vec<i32> = processes
         .filter(|entry| {
             let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
             let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
@@ -503,7 +504,25 @@ fn agent_pids(pods: &[String]) -> Vec<i32> {
                 && is_descendant(&entry.path())
         })
         .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+        .collect();
+    let forked_by_an_agent =
+        |pid: &i32| parent_of(format!("/proc/{pid}")).is_some_and(|p| agents.contains(&(p as i32)));
+    agents
+        .iter()
+        .copied()
+        .filter(|pid| !forked_by_an_agent(pid))
         .collect()
+}
+
+/// The parent process of `/proc/<pid>`.
+fn parent_of(dir: impl AsRef<std::path::Path>) -> Option<u32> {
+    let stat = std::fs::read_to_string(dir.as_ref().join("stat")).unwrap_or_default();
+    stat.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// node-2's agent is SIGKILLed mid-trace. Its loss is said at once, the
@@ -580,15 +599,8 @@ fn a_killed_agent_is_said_and_the_packets_sent_to_its_node_are_incomplete() {
 /// A process of this test: this process is among its ancestors (its
 /// kubelet's `runc run` is the container's parent).
 fn is_descendant(proc_dir: &std::path::Path) -> bool {
-    let parent = |dir: &std::path::Path| {
-        let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
-        stat.rsplit(')')
-            .next()
-            .and_then(|r| r.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok())
-    };
     let mut at = proc_dir.to_path_buf();
-    while let Some(ppid) = parent(&at) {
+    while let Some(ppid) = parent_of(&at) {
         if ppid == std::process::id() {
             return true;
         }

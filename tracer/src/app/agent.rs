@@ -51,6 +51,7 @@ const QUEUE: usize = 65_536;
 pub async fn run(agent: AgentArgs) -> Result<()> {
     super::require_root()?;
     let mut args = agent.trace;
+    args.kube.agent_on = agent.node.clone();
     let findings_are_the_nodes = where_the_node_is(&mut args);
     let skew = match &args.clock_skew_for_testing {
         Some(text) => parse_skew(text.rsplit('=').next().unwrap_or(text))?,

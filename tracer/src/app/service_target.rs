@@ -9,7 +9,7 @@ use anyhow::{bail, Result};
 use crate::{
     cli::Args,
     cluster::{
-        api::Access,
+        api::{Access, Cluster},
         argument::Target,
         inventory::{Endpoint, Inventory},
         kube_proxy_rules,
@@ -95,6 +95,41 @@ pub(super) fn service_destination(
         pod: None,
         label: Some(format!("svc/{}", service.qualified())),
     }))
+}
+
+/// DST through the API, with the Services it involves: those `known`
+/// (a services file, kube-proxy's rules) where there are; else a pod, by
+/// name or by an address a pod holds, asks for no Service at all; else
+/// the Service it names (by name or ClusterIP), else the node it may be,
+/// with the Services that have NodePorts.
+pub(super) async fn api_destination(
+    cluster: &Cluster,
+    target: &Target,
+    known: Option<Catalog>,
+) -> Result<(Endpoint, Catalog)> {
+    if let Some(catalog) = known {
+        let dst = match service_destination(target, Some(&catalog))? {
+            Some(dst) => dst,
+            None => cluster.resolve(target).await?,
+        };
+        return Ok((dst, catalog));
+    }
+    // (An address with a port names a Service's port, not a pod.)
+    let pod_first = matches!(target, Target::Pod { .. } | Target::Ip(_) | Target::Ip6(_));
+    let endpoint = match pod_first {
+        true => Some(cluster.resolve(target).await?),
+        false => None,
+    };
+    if let Some(endpoint) = endpoint.as_ref().filter(|e| e.pod.is_some()) {
+        return Ok((endpoint.clone(), Catalog::default()));
+    }
+    let catalog = cluster.services_for(target).await?;
+    let dst = match (service_destination(target, Some(&catalog))?, endpoint) {
+        (Some(service), _) => service,
+        (None, Some(endpoint)) => endpoint,
+        (None, None) => cluster.resolve(target).await?,
+    };
+    Ok((dst, catalog))
 }
 
 /// The Services known before any API is asked: the `--services-file`,

@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use anyhow::{bail, Result};
 
-use super::service_target::{known_services, name_backends, service_destination};
+use super::service_target::{api_destination, known_services, name_backends, service_destination};
 use crate::{
     cli::Args,
     cluster::{
@@ -254,16 +254,12 @@ impl Targets {
             (src, dst, Inventory::default(), None)
         } else {
             let cluster = Cluster::connect(&access).await?;
-            if catalog.is_none() {
-                catalog = Some(cluster.services().await?);
-            }
             let src = cluster.resolve(&src_target).await?;
-            let dst = match service_destination(&dst_target, catalog.as_ref())? {
-                Some(dst) => dst,
-                None => cluster.resolve(&dst_target).await?,
-            };
+            let (dst, found) = api_destination(&cluster, &dst_target, catalog.take()).await?;
+            catalog = Some(found);
             if args.kube.nodes_file.is_none() {
-                listed = cluster.nodes().await?;
+                let (names, every) = nodes_involved(args, [&src, &dst], catalog.as_ref());
+                listed = cluster.nodes_for(&names, every).await?;
             }
             let inventory = Inventory {
                 pods: [&src, &dst].iter().filter_map(|e| e.pod.clone()).collect(),
@@ -424,6 +420,44 @@ pub fn vantage(ends: [(&str, Option<&str>); 2], traced: &[String]) -> Option<Str
     })
 }
 
+/// The nodes a trace asks the API for, by name: the pods', the
+/// destination Service's backends', a node named as an end or by
+/// `--nodes`, and the agent's own; and whether every node is asked for
+/// instead (`--nodes all`, or an end that is a bare address, of no pod,
+/// Service or named node: it may be any node's).
+fn nodes_involved(
+    args: &Args,
+    ends: [&Endpoint; 2],
+    catalog: Option<&Catalog>,
+) -> (Vec<String>, bool) {
+    let service = catalog.and_then(|c| match ends[1].ip {
+        IpAddr::V4(ip) => c.by_cluster_ip(ip),
+        IpAddr::V6(ip) => c.by_cluster_ipv6(ip),
+    });
+    let backends = service
+        .into_iter()
+        .flat_map(|s| &s.backends)
+        .filter_map(|b| b.node.clone());
+    let named_nodes =
+        (ends.iter()).filter_map(|e| e.label.as_deref()?.strip_prefix("node/").map(String::from));
+    let asked = (args.nodes.as_deref().filter(|n| *n != "all").into_iter())
+        .flat_map(|list| list.split(','))
+        .map(|n| n.trim().to_string())
+        .filter(|n| !n.is_empty());
+    let mut names: Vec<String> = (ends
+        .iter()
+        .filter_map(|e| Targets::node_of(e).map(String::from)))
+    .chain(backends)
+    .chain(named_nodes)
+    .chain(asked)
+    .chain(args.kube.agent_on.clone())
+    .collect();
+    names.sort();
+    names.dedup();
+    let bare_address = ends.iter().any(|e| e.pod.is_none() && e.label.is_none());
+    (names, bare_address || args.nodes.as_deref() == Some("all"))
+}
+
 /// A port on SRC: nothing podtrace could use, so said rather than dropped.
 fn refuse_source_port(arg: &str, src: &Target) -> Result<()> {
     match src.port() {
@@ -463,6 +497,66 @@ mod tests {
             .translations
             .iter()
             .all(|t| t.front.ip == node && t.front.port == 30080));
+    }
+
+    /// A pod on `node`, with `ip`.
+    fn pod_on(node: &str, ip: &str) -> Endpoint {
+        let pod = crate::cluster::inventory::pod_from_json(serde_json::json!({
+            "metadata": {"name": format!("pod-{ip}"), "namespace": "default"},
+            "spec": {"nodeName": node},
+            "status": {"podIP": ip, "phase": "Running"}
+        }))
+        .unwrap();
+        Endpoint::of_pod(pod).unwrap()
+    }
+
+    /// A pod→pod trace asks the API for the two pods' nodes by name (and
+    /// an agent's own), never for every node; a Service's backends' nodes
+    /// are asked too; a bare address, or `--nodes all`, asks for all.
+    #[test]
+    fn the_nodes_asked_of_the_api_are_the_traced_ones() {
+        use clap::Parser;
+        let mut args = Args::try_parse_from(["podtrace", "a", "b"]).unwrap();
+        args.kube.agent_on = Some("node-9".into());
+        let (src, dst) = (
+            pod_on("node-1", "10.244.1.2"),
+            pod_on("node-2", "10.244.2.3"),
+        );
+        let (names, every) = nodes_involved(&args, [&src, &dst], None);
+        assert_eq!(
+            (names, every),
+            (
+                vec!["node-1".into(), "node-2".into(), "node-9".into()],
+                false
+            )
+        );
+
+        let catalog = Catalog::parse(crate::cluster::services::tests::LIST).unwrap();
+        let service = &catalog.services[0];
+        let front = Endpoint {
+            ip: service.cluster_address().unwrap(),
+            pod: None,
+            label: Some(format!("svc/{}", service.qualified())),
+        };
+        let (names, every) = nodes_involved(&args, [&src, &front], Some(&catalog));
+        let backends: Vec<&str> = service
+            .backends
+            .iter()
+            .filter_map(|b| b.node.as_deref())
+            .collect();
+        assert!(!backends.is_empty() && !every);
+        assert!(
+            backends.iter().all(|b| names.iter().any(|n| n == b)),
+            "{names:?}"
+        );
+
+        let bare = Endpoint::of_ip("192.0.2.7".parse::<IpAddr>().unwrap(), vec![]).unwrap();
+        assert!(
+            nodes_involved(&args, [&src, &bare], None).1,
+            "a bare address may be any node's"
+        );
+        args.nodes = Some("all".into());
+        assert!(nodes_involved(&args, [&src, &dst], None).1);
     }
 
     /// The targets of two pods with `addresses` each (podIPs), tracing

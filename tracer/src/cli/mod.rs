@@ -253,6 +253,10 @@ pub struct KubeArgs {
     // say what it does for them (`HOST_ROOT_*`, with `mut_arg`).
     #[arg(long, value_name = "DIR")]
     pub host_root: Vec<PathBuf>,
+    /// The node an agent runs on (its `--node`): the API is asked for
+    /// it by name, and the agent names itself by it to the API.
+    #[arg(skip)]
+    pub agent_on: Option<String>,
 }
 
 /// `podtrace agent`: a trace of one node, for a cluster-mode front-end.
@@ -294,6 +298,10 @@ pub struct DoctorArgs {
     /// kernel's nf_conntrack_max is read-only outside the initial netns).
     #[arg(long, hide = true, value_name = "N")]
     pub conntrack_max_for_testing: Option<u64>,
+    /// The doctor inside a trace: the API is asked for the traced pods and
+    /// their nodes alone, never for the whole cluster.
+    #[arg(skip)]
+    pub within_trace: bool,
 }
 
 impl Args {
@@ -313,6 +321,8 @@ impl Args {
                 nodes_file: None,
                 netns: Vec::new(),
                 host_root: Vec::new(),
+                // The agent sets its own (`--node`).
+                agent_on: None,
             },
             services_file: None,
             pod_cidr: self.pod_cidr.clone(),

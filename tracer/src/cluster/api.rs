@@ -1,5 +1,7 @@
 //! The Kubernetes API: pods and nodes by name, and watching the traced
 //! pods while podtrace runs (kube-rs over the real REST wire format).
+//! A trace asks for what it traces, by name, field selector or label
+//! (`scoped`); a list that remains is paged, as kubectl pages it.
 
 use std::{
     net::{Ipv4Addr, Ipv6Addr},
@@ -8,10 +10,7 @@ use std::{
 
 use anyhow::{anyhow, bail, Context, Result};
 use futures::StreamExt;
-use k8s_openapi::api::{
-    core::v1::{Node, Pod as KubePod, Service},
-    discovery::v1::EndpointSlice,
-};
+use k8s_openapi::api::core::v1::{Node, Pod as KubePod, Service};
 use kube::{
     api::ListParams,
     config::{KubeConfigOptions, Kubeconfig},
@@ -26,7 +25,6 @@ use super::{
     argument::Target,
     inventory::{not_found, pod_from_json, Endpoint, Pod},
     nodes::nodes_from_items,
-    services::Catalog,
 };
 
 /// How to reach the API, as kubectl takes it.
@@ -34,6 +32,9 @@ use super::{
 pub struct Access {
     pub kubeconfig: Option<PathBuf>,
     pub context: Option<String>,
+    /// The node an agent runs on: named in the requests' User-Agent, so
+    /// that the API server's audit log tells the agents apart.
+    pub agent_on: Option<String>,
 }
 
 impl Access {
@@ -42,7 +43,21 @@ impl Access {
         Self {
             kubeconfig: kube.kubeconfig.clone(),
             context: kube.context.clone(),
+            agent_on: kube.agent_on.clone(),
         }
+    }
+
+    /// `podtrace/<version> (linux/<arch>)`, as kubectl names itself, and
+    /// `agent/<node>` for an agent.
+    fn user_agent(&self) -> String {
+        let agent =
+            (self.agent_on.as_deref()).map_or(String::new(), |node| format!(" agent/{node}"));
+        format!(
+            "podtrace/{} ({}/{}){agent}",
+            env!("CARGO_PKG_VERSION"),
+            std::env::consts::OS,
+            std::env::consts::ARCH
+        )
     }
 
     /// Whether any way to the API is configured: a kubeconfig (flag,
@@ -63,6 +78,9 @@ pub struct Cluster {
     client: Client,
     url: String,
 }
+
+/// Items per page of a list that remains (kubectl's default chunk).
+const PAGE: u32 = 500;
 
 /// A traced pod changed its IP (it was recreated).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,6 +111,10 @@ impl Cluster {
             }
             None => Config::incluster().context("no kubeconfig, and not running in a pod")?,
         };
+        let mut config = config;
+        if let Ok(agent) = access.user_agent().parse() {
+            config.headers.push((http::header::USER_AGENT, agent));
+        }
         let url = config.cluster_url.to_string();
         let client = Client::try_from(config).context("cannot set up the Kubernetes client")?;
         let cluster = Self { client, url };
@@ -109,39 +131,6 @@ impl Cluster {
     /// The client, for what cluster mode asks of the API.
     pub fn client(&self) -> Client {
         self.client.clone()
-    }
-
-    /// Every Service and EndpointSlice (discovery.k8s.io/v1), as one
-    /// catalog: what kube-proxy translates a ClusterIP or NodePort to.
-    pub async fn services(&self) -> Result<Catalog> {
-        let services: Api<Service> = Api::all(self.client.clone());
-        let slices: Api<EndpointSlice> = Api::all(self.client.clone());
-        let mut objects = Vec::new();
-        let listed = services
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| self.explain(e, "list", "services", None))?;
-        for svc in listed.items {
-            objects.push(serde_json::to_value(svc)?);
-        }
-        let listed = slices
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| self.explain(e, "list", "endpointslices", None))?;
-        for slice in listed.items {
-            objects.push(serde_json::to_value(slice)?);
-        }
-        // Typed objects serialize without their kind.
-        for o in &mut objects {
-            if o["kind"].is_null() {
-                o["kind"] = if o.get("endpoints").is_some() || o.get("addressType").is_some() {
-                    "EndpointSlice".into()
-                } else {
-                    "Service".into()
-                };
-            }
-        }
-        Ok(Catalog::from_objects(&objects))
     }
 
     /// An endpoint argument, through the API.
@@ -210,7 +199,14 @@ impl Cluster {
         if !found.is_empty() {
             return Endpoint::of_ip(ip, found);
         }
-        let sample = self.list_pods(&ListParams::default().limit(1)).await?;
+        let pods: Api<KubePod> = Api::all(self.client.clone());
+        let sample = (pods.list(&ListParams::default().limit(1)).await)
+            .map_err(|e| self.explain(e, "list", "pods", None))?;
+        let sample: Vec<Pod> = sample
+            .items
+            .into_iter()
+            .map(convert)
+            .collect::<Result<_>>()?;
         let ipv6_primary = sample.first().is_some_and(|p| p.ip_is_secondary);
         if !ipv6_primary {
             return Endpoint::of_ip(ip, found);
@@ -237,11 +233,44 @@ impl Cluster {
     /// The pods of every namespace `params` selects, as podtrace keeps them.
     async fn list_pods(&self, params: &ListParams) -> Result<Vec<Pod>> {
         let pods: Api<KubePod> = Api::all(self.client.clone());
-        let list = pods
-            .list(params)
-            .await
-            .map_err(|e| self.explain(e, "list", "pods", None))?;
-        list.items.into_iter().map(convert).collect()
+        let listed = self.list_paged(&pods, params, "pods", None).await?;
+        listed.into_iter().map(convert).collect()
+    }
+
+    /// Every object `params` selects, a page at a time (`limit` and
+    /// `continue`, as kubectl asks): the API server answers each page
+    /// from its cache instead of building one answer of the whole list.
+    pub async fn list_paged<K>(
+        &self,
+        api: &Api<K>,
+        params: &ListParams,
+        resource: &str,
+        namespace: Option<&str>,
+    ) -> Result<Vec<K>>
+    where
+        K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        (list_pages(api, params).await).map_err(|e| self.explain(e, "list", resource, namespace))
+    }
+
+    /// The objects of every namespace that field selector `fields`
+    /// selects, a page at a time; `None` where the API server does not
+    /// take that selector (400: the field is not one it selects by, as on
+    /// servers older than the selector).
+    pub(super) async fn selected<K>(
+        &self,
+        api: &Api<K>,
+        fields: &str,
+        resource: &str,
+    ) -> Result<Option<Vec<K>>>
+    where
+        K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        match list_pages(api, &ListParams::default().fields(fields)).await {
+            Ok(items) => Ok(Some(items)),
+            Err(kube::Error::Api(status)) if status.code == 400 => Ok(None),
+            Err(e) => Err(self.explain(e, "list", resource, None)),
+        }
     }
 
     async fn pod(&self, ns: &str, name: &str) -> Result<Endpoint> {
@@ -253,8 +282,9 @@ impl Cluster {
         {
             Some(pod) => Endpoint::of_pod(convert(pod)?),
             None => {
+                // A page of them is enough to name the likely one.
                 let others = in_ns
-                    .list(&ListParams::default())
+                    .list(&ListParams::default().limit(PAGE))
                     .await
                     .map_err(|e| self.explain(e, "list", "pods", Some(ns)))?;
                 let candidates: Vec<Pod> = others
@@ -265,21 +295,6 @@ impl Cluster {
                 bail!(not_found(ns, name, &candidates))
             }
         }
-    }
-
-    /// Every node's pod subnet, IP and CNI backend.
-    pub async fn nodes(&self) -> Result<super::nodes::Nodes> {
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let list = nodes
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| self.explain(e, "list", "nodes", None))?;
-        let items: Vec<serde_json::Value> = list
-            .items
-            .iter()
-            .map(serde_json::to_value)
-            .collect::<Result<_, _>>()?;
-        super::nodes::nodes_of(&items)
     }
 
     /// Watches `pod`; when it comes back with another IP, says so on `tx`.
@@ -322,7 +337,7 @@ impl Cluster {
     }
 
     /// One line for an API error: what failed, why, and what to do.
-    fn explain(
+    pub(super) fn explain(
         &self,
         error: kube::Error,
         verb: &str,
@@ -354,6 +369,23 @@ impl Cluster {
                     )
                 }
             }
+        }
+    }
+}
+
+/// Every object `params` selects, following `continue` page by page.
+pub async fn list_pages<K>(api: &Api<K>, params: &ListParams) -> Result<Vec<K>, kube::Error>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut page = params.clone().limit(params.limit.unwrap_or(PAGE));
+    let mut items = Vec::new();
+    loop {
+        let listed = api.list(&page).await?;
+        items.extend(listed.items);
+        match listed.metadata.continue_.filter(|token| !token.is_empty()) {
+            Some(token) => page = page.continue_token(&token),
+            None => return Ok(items),
         }
     }
 }

@@ -16,6 +16,7 @@ pub mod inventory;
 pub mod kube_proxy_rules;
 pub mod lease;
 pub mod nodes;
+pub mod scoped;
 pub mod services;
 
 use std::{io::BufReader, path::Path, time::Duration};

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::DoctorArgs;
 use crate::cluster::{
-    api::{Access, Cluster},
+    api::{list_pages, Access, Cluster},
     inventory::{pod_from_json, Inventory, Pod},
 };
 
@@ -98,7 +98,7 @@ pub struct ClusterState {
 
 impl ClusterState {
     pub async fn load(args: &DoctorArgs) -> Result<Self> {
-        let asked = args
+        let asked: Vec<String> = args
             .pods
             .iter()
             .map(|p| match p.split_once('/') {
@@ -111,7 +111,7 @@ impl ClusterState {
         let mut state = if files || !access.configured() {
             Self::from_files(args)?
         } else {
-            Self::from_api(&access).await?
+            Self::from_api(args, &access, &asked).await?
         };
         state.asked = asked;
         Ok(state)
@@ -164,18 +164,29 @@ impl ClusterState {
         Ok(state)
     }
 
-    async fn from_api(access: &Access) -> Result<Self> {
-        let client = Cluster::connect(access).await?.client();
-        let nodes: Api<Node> = Api::all(client.clone());
-        let nodes = nodes
-            .list(&ListParams::default())
-            .await
-            .context("cannot list nodes")?;
-        let pods: Api<KubePod> = Api::all(client.clone());
-        let pods = pods
-            .list(&ListParams::default())
-            .await
-            .context("cannot list pods")?;
+    /// The pods asked about and their nodes, each by name (`--node` and
+    /// an agent's own node too); with no pod asked, outside a trace (the
+    /// `doctor` command on its own), every node and pod, a page at a time.
+    async fn from_api(args: &DoctorArgs, access: &Access, asked: &[String]) -> Result<Self> {
+        let cluster = Cluster::connect(access).await?;
+        let client = cluster.client();
+        let (nodes, pods) = if asked.is_empty() && !args.within_trace {
+            let nodes: Api<Node> = Api::all(client.clone());
+            let pods: Api<KubePod> = Api::all(client.clone());
+            let params = ListParams::default();
+            (
+                cluster.list_paged(&nodes, &params, "nodes", None).await?,
+                cluster.list_paged(&pods, &params, "pods", None).await?,
+            )
+        } else {
+            let pods = pods_named(&cluster, asked).await?;
+            let names: Vec<String> = (pods.iter())
+                .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+                .chain(args.node.iter().cloned())
+                .chain(args.kube.agent_on.clone())
+                .collect();
+            (nodes_named(&cluster, names).await?, pods)
+        };
         let mut state = Self {
             known: true,
             pods_listed: true,
@@ -186,32 +197,21 @@ impl ClusterState {
                 .nodes
                 .push(ClusterNode::from_json(&serde_json::to_value(node)?));
         }
-        // Once the API refuses events (RBAC), it refuses them for every
-        // pod: asked once, the refusal stands for the rest.
-        let mut refused: Option<String> = None;
-        for pod in pods {
-            let pod = pod_from_json(serde_json::to_value(pod)?)?;
-            let (events, events_unread) = match (needs_events(&pod), &refused) {
-                (false, _) => (Vec::new(), None),
-                (true, Some(why)) => (Vec::new(), Some(why.clone())),
-                (true, None) => match events_of(&client, &pod).await {
-                    Ok(events) => (events, None),
-                    // One pod's events are not worth every other check.
-                    Err(e) => {
-                        let why = format!("{e:#}");
-                        if is_forbidden(&e) {
-                            refused = Some(why.clone());
-                        }
-                        (Vec::new(), Some(why))
-                    }
-                },
-            };
-            state.pods.push(PodState {
-                pod,
-                events,
-                events_unread,
-            });
-        }
+        let pods: Vec<Pod> = (pods.into_iter())
+            .map(|p| pod_from_json(serde_json::to_value(p)?))
+            .collect::<Result<_>>()?;
+        let needing: Vec<&Pod> = pods.iter().filter(|p| needs_events(p)).collect();
+        let mut events = SandboxEvents::of(&cluster, &needing).await;
+        state.pods = (pods.into_iter())
+            .map(|pod| {
+                let (events, events_unread) = events.take(&pod);
+                PodState {
+                    pod,
+                    events,
+                    events_unread,
+                }
+            })
+            .collect();
         Ok(state)
     }
 
@@ -253,42 +253,116 @@ pub fn needs_events(pod: &Pod) -> bool {
     !pod.host_network && (pod.ip.is_none() || pod.phase.as_deref().is_some_and(|p| p != "Running"))
 }
 
-/// Whether the API refused the call (403).
-fn is_forbidden(e: &anyhow::Error) -> bool {
-    matches!(e.downcast_ref::<kube::Error>(), Some(kube::Error::Api(status)) if status.code == 403)
+/// The pods `asked` (`namespace/name`), each by name; one the API does
+/// not have is left out (the doctor says so).
+async fn pods_named(cluster: &Cluster, asked: &[String]) -> Result<Vec<KubePod>> {
+    let mut found = Vec::new();
+    for qualified in asked {
+        let (namespace, name) = qualified.split_once('/').unwrap_or(("default", qualified));
+        let pods: Api<KubePod> = Api::namespaced(cluster.client(), namespace);
+        let pod = (pods.get_opt(name).await)
+            .with_context(|| format!("cannot get pod {qualified} from the API"))?;
+        found.extend(pod);
+    }
+    Ok(found)
 }
 
-/// `kubectl get events --field-selector involvedObject.name=<pod>`.
-async fn events_of(client: &kube::Client, pod: &Pod) -> Result<Vec<(String, String)>> {
-    let events: Api<Event> = Api::namespaced(client.clone(), &pod.namespace);
-    let selector = format!("involvedObject.name={}", pod.name);
-    let list = events
-        .list(&ListParams::default().fields(&selector))
-        .await
-        .with_context(|| format!("cannot list the events of {}", pod.qualified()))?;
-    Ok(list
-        .items
-        .into_iter()
-        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
-        .collect())
+/// The nodes `names`, each by name, once.
+async fn nodes_named(cluster: &Cluster, mut names: Vec<String>) -> Result<Vec<Node>> {
+    names.sort();
+    names.dedup();
+    let nodes: Api<Node> = Api::all(cluster.client());
+    let mut found = Vec::new();
+    for name in names {
+        let node = (nodes.get_opt(&name).await)
+            .with_context(|| format!("cannot get node {name} from the API"))?;
+        found.extend(node);
+    }
+    Ok(found)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The pods' kubelet events that the checks read (sandbox failures):
+/// each pod's own, asked pod by pod; for more pods than that is worth,
+/// every such event of the cluster in one list, a page at a time.
+struct SandboxEvents {
+    /// (reason, message) by `namespace/name` of the pod, oldest first.
+    by_pod: std::collections::HashMap<String, Vec<(String, String)>>,
+    /// Why they could not be read, for every pod (RBAC refused them).
+    unread: Option<String>,
+}
 
-    #[test]
-    fn a_refusal_is_told_apart_through_the_context_added_to_it() {
-        let refused = |code| {
-            let status = kube::core::Status {
-                code,
-                ..Default::default()
-            };
-            anyhow::Error::new(kube::Error::Api(Box::new(status)))
-                .context("cannot list the events of default/db-0")
+/// Pods whose events are asked one by one at most.
+const EVENTS_POD_BY_POD: usize = 10;
+/// The only events the checks read.
+const SANDBOX_FAILURE: &str = "FailedCreatePodSandBox";
+
+impl SandboxEvents {
+    async fn of(cluster: &Cluster, pods: &[&Pod]) -> Self {
+        let mut events = Self {
+            by_pod: Default::default(),
+            unread: None,
         };
-        assert!(is_forbidden(&refused(403)));
-        assert!(!is_forbidden(&refused(500)));
-        assert!(!is_forbidden(&anyhow::anyhow!("connection reset")));
+        let lists: Vec<(Option<&str>, String)> = if pods.len() > EVENTS_POD_BY_POD {
+            vec![(
+                None,
+                format!("involvedObject.kind=Pod,reason={SANDBOX_FAILURE}"),
+            )]
+        } else {
+            (pods.iter())
+                .map(|p| {
+                    let selector =
+                        format!("involvedObject.name={},reason={SANDBOX_FAILURE}", p.name);
+                    (Some(p.namespace.as_str()), selector)
+                })
+                .collect()
+        };
+        for (namespace, selector) in lists {
+            let api: Api<Event> = match namespace {
+                Some(ns) => Api::namespaced(cluster.client(), ns),
+                None => Api::all(cluster.client()),
+            };
+            let params = ListParams::default().fields(&selector);
+            match list_pages(&api, &params).await {
+                Ok(listed) => events.add(listed),
+                // Once the API refuses events (RBAC), it refuses them for
+                // every pod: asked once, the refusal stands for the rest.
+                Err(e) => {
+                    let refused = matches!(&e, kube::Error::Api(status) if status.code == 403);
+                    let whose =
+                        namespace.map_or("the pods".to_string(), |ns| format!("pods in {ns}"));
+                    events.unread = Some(format!("cannot list the events of {whose}: {e}"));
+                    if refused || namespace.is_none() {
+                        break;
+                    }
+                }
+            }
+        }
+        events
+    }
+
+    fn add(&mut self, listed: Vec<Event>) {
+        for event in listed {
+            let object = &event.involved_object;
+            let pod = format!(
+                "{}/{}",
+                object.namespace.as_deref().unwrap_or_default(),
+                object.name.as_deref().unwrap_or_default()
+            );
+            let said = (
+                event.reason.unwrap_or_default(),
+                event.message.unwrap_or_default(),
+            );
+            self.by_pod.entry(pod).or_default().push(said);
+        }
+    }
+
+    /// A pod's events, or why they are unread.
+    fn take(&mut self, pod: &Pod) -> (Vec<(String, String)>, Option<String>) {
+        if !needs_events(pod) {
+            return (Vec::new(), None);
+        }
+        let events = self.by_pod.remove(&pod.qualified()).unwrap_or_default();
+        let unread = events.is_empty().then(|| self.unread.clone()).flatten();
+        (events, unread)
     }
 }

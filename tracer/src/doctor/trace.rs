@@ -40,6 +40,7 @@ fn doctor_args(args: &Args) -> DoctorArgs {
         output: Format::Json,
         api_only: false,
         conntrack_max_for_testing: None,
+        within_trace: true,
     }
 }
 

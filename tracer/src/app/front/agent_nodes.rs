@@ -9,7 +9,8 @@ use crate::{
 };
 
 /// The nodes to trace (the pods' own, a Service's backends', then
-/// `--nodes`), and the cluster's other nodes.
+/// `--nodes`), and the other nodes known (all of the cluster's only
+/// where they were all asked for).
 pub(super) fn pick_nodes(args: &Args, targets: &Targets) -> Result<(Vec<String>, Vec<String>)> {
     let all: Vec<String> = targets.subnets.iter().map(|s| s.node.clone()).collect();
     let mut nodes: Vec<String> = Vec::new();
@@ -37,12 +38,12 @@ pub(super) fn pick_nodes(args: &Args, targets: &Targets) -> Result<(Vec<String>,
             .collect(),
         None => Vec::new(),
     };
+    // The nodes named were asked of the API by name (with a nodes file,
+    // every node is known).
+    let known = !all.is_empty() || args.kube.nodes_file.is_some();
     for node in extra {
-        if !all.is_empty() && !all.contains(&node) {
-            bail!(
-                "node {node} is not in the cluster (it has {})",
-                all.join(", ")
-            );
+        if known && !all.contains(&node) {
+            bail!("--nodes {node}: no such node in the cluster (kubectl get nodes lists them)");
         }
         if !nodes.contains(&node) {
             nodes.push(node);
