@@ -8,7 +8,10 @@ use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
 use hyper::{body::Frame, Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 
-use super::{discovery, namespace_of, selectors::object_matches, tables, Shared, TOKEN};
+use super::{
+    discovery, fields, paging, request_log::ApiRequest, selectors::object_matches, tables, Shared,
+    State, TOKEN,
+};
 
 pub(crate) type Body = BoxBody<Bytes, Infallible>;
 
@@ -55,52 +58,72 @@ fn target<'a>(parts: &[&'a str]) -> Option<Target<'a>> {
 }
 
 pub(crate) async fn handle(req: Request<hyper::body::Incoming>, shared: &Shared) -> Response<Body> {
-    let authorized = req
-        .headers()
+    let (head, body) = req.into_parts();
+    let path = head.uri.path().trim_matches('/').to_string();
+    let parts: Vec<&str> = path.split('/').collect();
+    let q = query(head.uri.query().unwrap_or(""));
+    let t = target(&parts);
+    let verb = verb_of(&head.method, t.as_ref(), &q);
+    let request = ApiRequest::new(&head, t.as_ref(), verb, &q);
+    let authorized = head
+        .headers
         .get("authorization")
         .and_then(|h| h.to_str().ok())
         .is_some_and(|h| h == format!("Bearer {TOKEN}"));
-    if !authorized {
-        return status(
+    let response = if authorized {
+        let body = body
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        answer(shared, &head, &body, (&parts, t), verb, &q).await
+    } else {
+        status(
             StatusCode::UNAUTHORIZED,
             "Unauthorized",
             "Unauthorized".into(),
             json!({}),
-        );
-    }
-    let (head, body) = req.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
-    let path = head.uri.path().trim_matches('/').to_string();
-    let parts: Vec<&str> = path.split('/').collect();
-    let q = query(head.uri.query().unwrap_or(""));
-    let accept = head
-        .headers
-        .get("accept")
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("")
-        .to_string();
-    if let Some(answer) = discovery::answer(&parts, &accept) {
-        return answer;
-    }
-    let Some(t) = target(&parts) else {
-        return not_found(
-            "the server could not find the requested resource".into(),
-            json!({}),
-        );
+        )
     };
+    shared.requests.answered(request, response)
+}
+
+/// The verb, as RBAC names it, of a request to `t` (get for a path that
+/// names no resource).
+fn verb_of(method: &Method, t: Option<&Target>, q: &HashMap<String, String>) -> &'static str {
     let watch = matches!(q.get("watch").map(String::as_str), Some("1" | "true"));
-    let verb = match (&head.method, t.name, watch) {
+    match (method, t.map(|t| t.name), watch) {
         (&Method::POST, _, _) => "create",
         (&Method::DELETE, _, _) => "delete",
         (&Method::PATCH, _, _) => "patch",
         (&Method::PUT, _, _) => "update",
-        (_, Some(_), _) => "get",
-        (_, None, true) => "watch",
-        (_, None, false) => "list",
+        (_, None | Some(Some(_)), _) => "get",
+        (_, Some(None), true) => "watch",
+        (_, Some(None), false) => "list",
+    }
+}
+
+async fn answer(
+    shared: &Shared,
+    head: &hyper::http::request::Parts,
+    body: &[u8],
+    (parts, t): (&[&str], Option<Target<'_>>),
+    verb: &str,
+    q: &HashMap<String, String>,
+) -> Response<Body> {
+    let accept = head
+        .headers
+        .get("accept")
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    if let Some(answer) = discovery::answer(parts, accept) {
+        return answer;
+    }
+    let Some(t) = t else {
+        return not_found(
+            "the server could not find the requested resource".into(),
+            json!({}),
+        );
     };
     let resource_name = match t.subresource {
         Some(sub) => format!("{}/{sub}", t.resource),
@@ -110,13 +133,13 @@ pub(crate) async fn handle(req: Request<hyper::body::Incoming>, shared: &Shared)
         return denied;
     }
     match verb {
-        "create" => create(shared, &t, &body).await,
+        "create" => create(shared, &t, body).await,
         "delete" => delete(shared, &t),
-        "patch" | "update" => modify(shared, &t, &body, verb == "patch"),
-        "get" if t.subresource == Some("log") => log(shared, &t, &q),
+        "patch" | "update" => modify(shared, &t, body, verb == "patch"),
+        "get" if t.subresource == Some("log") => log(shared, &t, q),
         "get" => get(shared, &t),
-        "list" => list(shared, &t, &q, &accept),
-        _ => watch_stream(shared, &t, &q),
+        "list" => list(shared, &t, q, accept),
+        _ => watch_stream(shared, &t, q),
     }
 }
 
@@ -146,14 +169,16 @@ fn forbidden(
 
 fn find(shared: &Shared, t: &Target) -> Option<Value> {
     let st = shared.state.lock().unwrap();
-    st.objects
-        .get(t.resource)?
-        .iter()
-        .find(|o| {
-            o["metadata"]["name"] == t.name.unwrap_or_default()
-                && t.namespace.is_none_or(|ns| namespace_of(o) == ns)
-        })
-        .cloned()
+    let objects = st.objects.get(t.resource)?;
+    let name = t.name.unwrap_or_default();
+    match t.namespace {
+        Some(ns) => objects.get(ns, name).cloned(),
+        // Cluster-scoped: few, and keyed by whatever namespace they lack.
+        None => objects
+            .values()
+            .find(|o| o["metadata"]["name"] == name)
+            .cloned(),
+    }
 }
 
 fn missing(t: &Target) -> Response<Body> {
@@ -311,32 +336,46 @@ fn log(shared: &Shared, t: &Target, q: &HashMap<String, String>) -> Response<Bod
 
 fn list(shared: &Shared, t: &Target, q: &HashMap<String, String>, accept: &str) -> Response<Body> {
     let st = shared.state.lock().unwrap();
-    let items: Vec<Value> = st
-        .objects
-        .get(t.resource)
-        .map(|all| {
-            all.iter()
-                .filter(|o| object_matches(o, t.namespace, q))
-                .cloned()
-                .collect()
-        })
-        .unwrap_or_default();
-    let version = st.resource_version.to_string();
+    if let Some(refused) = refused_fields(&st, t, q) {
+        return refused;
+    }
+    let page = match paging::page(&st, t.resource, t.namespace, q) {
+        Ok(page) => page,
+        Err((code, reason, message)) => return status(code, reason, message, json!({})),
+    };
     drop(st);
     if accept.contains("as=Table") {
-        return json_response(StatusCode::OK, &tables::table(t.resource, &items, &version));
+        return json_response(
+            StatusCode::OK,
+            &tables::table(t.resource, &page.items, page.metadata),
+        );
     }
     let kind = discovery::list_kind(t.resource);
     let api_version = discovery::group_version(t.resource);
     json_response(
         StatusCode::OK,
-        &json!({"kind": kind, "apiVersion": api_version, "metadata": {"resourceVersion": version}, "items": items}),
+        &json!({"kind": kind, "apiVersion": api_version, "metadata": page.metadata, "items": page.items}),
     )
+}
+
+/// The 400 for a field selector the resource does not take.
+fn refused_fields(st: &State, t: &Target, q: &HashMap<String, String>) -> Option<Response<Body>> {
+    let selector = q.get("fieldSelector")?;
+    let message = fields::refusal(t.resource, selector, &st.refused_fields)?;
+    Some(status(
+        StatusCode::BAD_REQUEST,
+        "BadRequest",
+        message,
+        json!({}),
+    ))
 }
 
 /// A watch: history after resourceVersion, then live changes.
 fn watch_stream(shared: &Shared, t: &Target, q: &HashMap<String, String>) -> Response<Body> {
     let st = shared.state.lock().unwrap();
+    if let Some(refused) = refused_fields(&st, t, q) {
+        return refused;
+    }
     let since: u64 = q
         .get("resourceVersion")
         .and_then(|v| v.parse().ok())
@@ -357,7 +396,7 @@ fn watch_stream(shared: &Shared, t: &Target, q: &HashMap<String, String>) -> Res
             .events
             .iter()
             .filter(|(rv, r, _, o)| {
-                *rv > since && *r == resource && object_matches(o, ns.as_deref(), &q2)
+                *rv > since && *r == resource && object_matches(r, o, ns.as_deref(), &q2)
             })
             .map(|(_, _, kind, o)| (kind.clone(), o.clone()))
             .collect();
@@ -389,7 +428,7 @@ fn watch_stream(shared: &Shared, t: &Target, q: &HashMap<String, String>) -> Res
                 tokio::select! {
                     change = live.recv() => {
                         let Ok((_, r, kind, object)) = change else { return };
-                        if r == resource && object_matches(&object, ns.as_deref(), &q2)
+                        if r == resource && object_matches(&r, &object, ns.as_deref(), &q2)
                             && tx.send(line(json!({"type": kind, "object": object}))).await.is_err()
                         {
                             return;
