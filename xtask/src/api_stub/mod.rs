@@ -3,13 +3,15 @@
 //!
 //! It speaks the real wire format over HTTPS on a real socket, so kube-rs
 //! and the real `kubectl` talk to it as to a cluster: bearer-token auth,
-//! discovery (`discovery`), `GET` / `LIST` (label and field selectors, a
-//! resourceVersion, server-side tables for kubectl) / `?watch=1` streams
-//! (ADDED / MODIFIED / DELETED / BOOKMARK, 410 Gone for a stale
-//! resourceVersion), `POST`, merge `PATCH`, `PUT` and `DELETE`, for pods,
+//! discovery (`discovery`), `GET` / `LIST` (label selectors, field
+//! selectors on the fields each resource registers (`fields`), pages
+//! (`paging`), server-side tables for kubectl) / `?watch=1` streams
+//! (`watches`), `POST`, merge `PATCH`, `PUT` and `DELETE`, for pods,
 //! nodes, services and coordination.k8s.io leases, and `Status` objects
-//! for 401, 403 and 404. It plays kubelet too (`kubelet`): a pod created
-//! on a lab node runs, and its output is its log.
+//! for 400, 401, 403, 404 and 410. It plays kubelet too (`kubelet`): a
+//! pod created on a lab node runs, and its output is its log. It records
+//! every request it answers (`request_log`), and can hold a busy
+//! cluster's crowd of pods and Services (`crowd`).
 //!
 //! `xtask api-stub` runs it as a standalone server (`lab up --api`); the
 //! tests start it in-process.
@@ -17,6 +19,7 @@
 mod admission;
 mod capability_sets;
 mod container_spec;
+mod crowd;
 mod discovery;
 mod events;
 mod fields;
@@ -30,6 +33,7 @@ mod selectors;
 mod services;
 mod store;
 mod tables;
+mod watches;
 
 use std::{
     collections::{BTreeMap, HashSet},
@@ -44,6 +48,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
+pub use crowd::{POD_RANGE, SERVICE_RANGE};
 pub use images::LAB_IMAGE;
 pub use kubelet::Kubelet;
 pub use request_log::ApiRequest;
@@ -55,8 +60,9 @@ pub const TOKEN: &str = "podtrace-test-token";
 /// level (`baseline`, `restricted`) where a namespace's label names none.
 pub const POD_SECURITY_DEFAULT: &str = "POD_SECURITY_DEFAULT";
 
-/// A change: (resourceVersion, resource, ADDED|MODIFIED|DELETED, object).
-pub(crate) type Change = (u64, String, String, Value);
+/// A change: (resourceVersion, resource, ADDED|MODIFIED|DELETED, object),
+/// the object shared with the store.
+pub(crate) type Change = (u64, String, String, Arc<Value>);
 
 #[derive(Default)]
 pub(crate) struct State {
@@ -95,8 +101,9 @@ impl Shared {
     pub fn change(&self, resource: &str, kind: &str, object: Value) -> Value {
         let mut state = self.state.lock().unwrap();
         let change = record(&mut state, resource, kind, object);
-        let _ = self.changes.send(change.clone());
-        change.3
+        let object = Value::clone(&change.3);
+        let _ = self.changes.send(change);
+        object
     }
 }
 
@@ -108,6 +115,7 @@ pub(crate) fn record(state: &mut State, resource: &str, kind: &str, mut object: 
     if object["metadata"]["uid"].is_null() {
         object["metadata"]["uid"] = format!("uid-{rv}").into();
     }
+    let object = Arc::new(object);
     let objects = state.objects.entry(resource.to_string()).or_default();
     if kind == "DELETED" {
         objects.remove(&Objects::key_of(&object));

@@ -7,7 +7,7 @@
 //! it is compacted, the token is 410 Expired. kubectl pages with
 //! `--chunk-size` (500 by default), client-go's and kube-rs' lists too.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::Arc};
 
 use base64::Engine;
 use hyper::StatusCode;
@@ -17,7 +17,7 @@ use super::{selectors::object_matches, store::Key, State};
 
 /// One page: its items and the list's metadata.
 pub(crate) struct Page {
-    pub items: Vec<Value>,
+    pub items: Vec<Arc<Value>>,
     /// resourceVersion, and continue (and remainingItemCount) when more remain.
     pub metadata: Value,
 }
@@ -126,7 +126,7 @@ mod tests {
     }
 
     fn names(page: &Page) -> Vec<String> {
-        let name = |p: &Value| {
+        let name = |p: &Arc<Value>| {
             format!(
                 "{}/{}",
                 p["metadata"]["namespace"].as_str().unwrap(),

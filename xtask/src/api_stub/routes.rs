@@ -1,17 +1,14 @@
 //! The stub's REST routes: which object a path names, the verbs on it,
 //! and their answers in the API's wire format.
 
-use std::{collections::HashMap, convert::Infallible, time::Duration};
+use std::{collections::HashMap, convert::Infallible, fmt::Write, time::Duration};
 
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
 use hyper::{body::Frame, Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 
-use super::{
-    discovery, fields, paging, request_log::ApiRequest, selectors::object_matches, tables, Shared,
-    State, TOKEN,
-};
+use super::{discovery, fields, paging, request_log::ApiRequest, tables, Shared, State, TOKEN};
 
 pub(crate) type Body = BoxBody<Bytes, Infallible>;
 
@@ -139,7 +136,7 @@ async fn answer(
         "get" if t.subresource == Some("log") => log(shared, &t, q),
         "get" => get(shared, &t),
         "list" => list(shared, &t, q, accept),
-        _ => watch_stream(shared, &t, q),
+        _ => super::watches::watch(shared, &t, q),
     }
 }
 
@@ -350,16 +347,28 @@ fn list(shared: &Shared, t: &Target, q: &HashMap<String, String>, accept: &str) 
             &tables::table(t.resource, &page.items, page.metadata),
         );
     }
+    // Written item by item from the store: a list of ten thousand pods
+    // is not copied first.
     let kind = discovery::list_kind(t.resource);
     let api_version = discovery::group_version(t.resource);
-    json_response(
-        StatusCode::OK,
-        &json!({"kind": kind, "apiVersion": api_version, "metadata": page.metadata, "items": page.items}),
-    )
+    let mut text = format!(
+        "{{\"kind\":\"{kind}\",\"apiVersion\":\"{api_version}\",\"metadata\":{},\"items\":[",
+        page.metadata
+    );
+    for (i, item) in page.items.iter().enumerate() {
+        let comma = if i == 0 { "" } else { "," };
+        let _ = write!(text, "{comma}{item}");
+    }
+    text.push_str("]}");
+    json_text(StatusCode::OK, text)
 }
 
 /// The 400 for a field selector the resource does not take.
-fn refused_fields(st: &State, t: &Target, q: &HashMap<String, String>) -> Option<Response<Body>> {
+pub(crate) fn refused_fields(
+    st: &State,
+    t: &Target,
+    q: &HashMap<String, String>,
+) -> Option<Response<Body>> {
     let selector = q.get("fieldSelector")?;
     let message = fields::refusal(t.resource, selector, &st.refused_fields)?;
     Some(status(
@@ -368,82 +377,6 @@ fn refused_fields(st: &State, t: &Target, q: &HashMap<String, String>) -> Option
         message,
         json!({}),
     ))
-}
-
-/// A watch: history after resourceVersion, then live changes.
-fn watch_stream(shared: &Shared, t: &Target, q: &HashMap<String, String>) -> Response<Body> {
-    let st = shared.state.lock().unwrap();
-    if let Some(refused) = refused_fields(&st, t, q) {
-        return refused;
-    }
-    let since: u64 = q
-        .get("resourceVersion")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(st.resource_version);
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(64);
-    let line = |v: Value| Ok(Frame::data(Bytes::from(format!("{v}\n"))));
-    if since < st.oldest_watchable {
-        let gone = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": format!("too old resource version: {since} ({})", st.oldest_watchable), "reason": "Expired", "code": 410}});
-        let _ = tx.try_send(line(gone));
-    } else {
-        let (resource, ns, q2) = (
-            t.resource.to_string(),
-            t.namespace.map(str::to_string),
-            q.clone(),
-        );
-        let backlog: Vec<(String, Value)> = st
-            .events
-            .iter()
-            .filter(|(rv, r, _, o)| {
-                *rv > since && *r == resource && object_matches(r, o, ns.as_deref(), &q2)
-            })
-            .map(|(_, _, kind, o)| (kind.clone(), o.clone()))
-            .collect();
-        let mut live = shared.changes.subscribe();
-        let bookmarks = q.get("allowWatchBookmarks").is_some_and(|v| v == "true");
-        let timeout = q
-            .get("timeoutSeconds")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(60u64)
-            .min(60);
-        let current = st.resource_version;
-        tokio::spawn(async move {
-            for (kind, object) in backlog {
-                if tx
-                    .send(line(json!({"type": kind, "object": object})))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-            }
-            if bookmarks {
-                let mark = json!({"type": "BOOKMARK", "object": {"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": current.to_string()}}});
-                let _ = tx.send(line(mark)).await;
-            }
-            let deadline = tokio::time::sleep(Duration::from_secs(timeout));
-            tokio::pin!(deadline);
-            loop {
-                tokio::select! {
-                    change = live.recv() => {
-                        let Ok((_, r, kind, object)) = change else { return };
-                        if r == resource && object_matches(&r, &object, ns.as_deref(), &q2)
-                            && tx.send(line(json!({"type": kind, "object": object}))).await.is_err()
-                        {
-                            return;
-                        }
-                    }
-                    _ = &mut deadline => return,
-                }
-            }
-        });
-    }
-    Response::builder()
-        .status(StatusCode::OK)
-        .header("content-type", "application/json")
-        .body(BodyExt::boxed(StreamBody::new(stream_of(rx))))
-        .unwrap()
 }
 
 pub(crate) fn status(
@@ -466,10 +399,14 @@ fn not_found(message: String, details: Value) -> Response<Body> {
 }
 
 pub(crate) fn json_response(code: StatusCode, body: &Value) -> Response<Body> {
+    json_text(code, body.to_string())
+}
+
+fn json_text(code: StatusCode, text: String) -> Response<Body> {
     Response::builder()
         .status(code)
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())).boxed())
+        .body(Full::new(Bytes::from(text)).boxed())
         .unwrap()
 }
 
@@ -480,7 +417,7 @@ fn query(text: &str) -> HashMap<String, String> {
 }
 
 /// An mpsc receiver as a Stream of body frames.
-fn stream_of(
+pub(crate) fn stream_of(
     mut rx: tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, Infallible>>,
 ) -> impl futures::Stream<Item = Result<Frame<Bytes>, Infallible>> {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))

@@ -1,9 +1,11 @@
 //! One resource's objects, kept by key (namespace, name) as etcd keeps
 //! them under `/registry/<resource>/<namespace>/<name>`: a list comes out
 //! in key order, a page resumes after a key, and replacing one object
-//! among ten thousand costs a lookup, not a scan.
+//! among ten thousand costs a lookup, not a scan. An object is shared
+//! (`Arc`) with the history watches replay and the lists that send it,
+//! not copied for each.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 use serde_json::Value;
 
@@ -14,7 +16,7 @@ use super::namespace_of;
 pub(crate) type Key = (String, String);
 
 #[derive(Default)]
-pub(crate) struct Objects(BTreeMap<Key, Value>);
+pub(crate) struct Objects(BTreeMap<Key, Arc<Value>>);
 
 impl Objects {
     pub fn key_of(object: &Value) -> Key {
@@ -23,7 +25,7 @@ impl Objects {
     }
 
     /// Adds `object`, or replaces the one of the same key.
-    pub fn put(&mut self, object: Value) {
+    pub fn put(&mut self, object: Arc<Value>) {
         self.0.insert(Self::key_of(&object), object);
     }
 
@@ -32,17 +34,21 @@ impl Objects {
     }
 
     pub fn get(&self, namespace: &str, name: &str) -> Option<&Value> {
-        self.0.get(&(namespace.to_string(), name.to_string()))
+        let object = self.0.get(&(namespace.to_string(), name.to_string()))?;
+        Some(object)
     }
 
     /// Every object, in key order.
     pub fn values(&self) -> impl Iterator<Item = &Value> {
-        self.0.values()
+        self.0.values().map(|object| &**object)
     }
 
     /// The objects whose key is past `key` (all of them when `None`), in
     /// key order, with their keys.
-    pub fn after<'a>(&'a self, key: Option<&Key>) -> impl Iterator<Item = (&'a Key, &'a Value)> {
+    pub fn after<'a>(
+        &'a self,
+        key: Option<&Key>,
+    ) -> impl Iterator<Item = (&'a Key, &'a Arc<Value>)> {
         use std::ops::Bound::{Excluded, Unbounded};
         let start = key.map_or(Unbounded, Excluded);
         self.0.range((start, Unbounded))
@@ -71,11 +77,11 @@ mod tests {
             ("default", "web-1"),
             ("default", "db-0"),
         ] {
-            objects.put(object(ns, name));
+            objects.put(Arc::new(object(ns, name)));
         }
         let mut again = object("default", "web-1");
         again["spec"] = json!({"nodeName": "node-2"});
-        objects.put(again);
+        objects.put(Arc::new(again));
         let keys: Vec<String> = objects
             .values()
             .map(|o| format!("{}/{}", namespace_of(o), o["metadata"]["name"]))

@@ -1,7 +1,7 @@
 //! Server-side tables for `kubectl get`: the columns it prints for each
 //! resource (priority 1: `-o wide`) and each object's row of cells.
 
-use std::time::SystemTime;
+use std::{sync::Arc, time::SystemTime};
 
 use serde_json::{json, Value};
 
@@ -10,7 +10,7 @@ type Cells = fn(&Value) -> Vec<Value>;
 
 /// `kubectl get`'s table: the columns it prints (priority 1: `-o wide`),
 /// with the list's `metadata` (its page's continue token among them).
-pub(crate) fn table(resource: &str, items: &[Value], metadata: Value) -> Value {
+pub(crate) fn table(resource: &str, items: &[Arc<Value>], metadata: Value) -> Value {
     // The Name column has format "name": kubectl prefixes it with the
     // kind (`pod/web-0`) when several kinds are listed.
     let column = |name: &str, priority: u8| {
