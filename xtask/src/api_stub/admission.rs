@@ -73,7 +73,7 @@ fn level_of(shared: &Shared, namespace: &str) -> (String, String) {
     let labels = state
         .objects
         .get("namespaces")
-        .and_then(|all| all.iter().find(|n| n["metadata"]["name"] == namespace))
+        .and_then(|all| all.values().find(|n| n["metadata"]["name"] == namespace))
         .map(|n| n["metadata"]["labels"].clone())
         .unwrap_or_default();
     let level = labels[ENFORCE]

@@ -13,9 +13,7 @@ impl Stub {
     /// as in `failed to find plugin "flannel" in path [/opt/cni/bin]`).
     pub fn fail_sandbox(&self, namespace: &str, name: &str, message: &str) {
         let pod = self
-            .objects("pods")
-            .into_iter()
-            .find(|p| p["metadata"]["name"] == name && p["metadata"]["namespace"] == namespace)
+            .object("pods", namespace, name)
             .expect("the pod is in the stub");
         let mut pending = pod.clone();
         pending["status"] = json!({"phase": "Pending", "hostIP": pod["status"]["hostIP"],
@@ -33,7 +31,7 @@ impl Stub {
         let name = format!(
             "{}.{:x}",
             meta["name"].as_str().unwrap_or("x"),
-            self.objects("events").len() + 0x17e0
+            self.count("events") + 0x17e0
         );
         let event = json!({
             "kind": "Event",

@@ -78,7 +78,7 @@ fn set_waiting(
     let current = {
         let state = shared.state.lock().unwrap();
         state.objects.get("pods").and_then(|all| {
-            all.iter()
+            all.values()
                 .find(|o| o["metadata"]["uid"] == pod["metadata"]["uid"])
                 .cloned()
         })

@@ -25,8 +25,9 @@ use serde_json::{json, Value};
 use tokio::io::AsyncBufReadExt;
 
 use super::{
-    container_spec, namespace_of,
+    container_spec,
     runtime::{Api, Runtime},
+    store::Objects,
     Shared,
 };
 use crate::lab::{Lab, NODES};
@@ -103,7 +104,7 @@ impl Kubelet {
     /// The pod's log, once its container was started.
     pub(crate) fn log(&self, pod: &Value) -> Option<Arc<Mutex<LogBuffer>>> {
         let pods = self.pods.lock().unwrap();
-        pods.get(&key(pod)).map(|(log, _)| log.clone())
+        pods.get(&Objects::key_of(pod)).map(|(log, _)| log.clone())
     }
 
     /// Starts a new pod's container, if it is for a lab node.
@@ -143,7 +144,7 @@ impl Kubelet {
         mut spec: container_spec::ContainerSpec,
         netns: String,
     ) -> Result<(), String> {
-        let id = container_id(&key(pod));
+        let id = container_id(&Objects::key_of(pod));
         let host_network = spec.host_network;
         let (kubelet, made_id, made_netns) = (self.clone(), id.clone(), netns.clone());
         let mut command = tokio::task::spawn_blocking(move || {
@@ -165,7 +166,7 @@ impl Kubelet {
         self.pods
             .lock()
             .unwrap()
-            .insert(key(pod), (log.clone(), child.id()));
+            .insert(Objects::key_of(pod), (log.clone(), child.id()));
         let running = set_phase(shared, pod, "Running", None);
         if let Some(deadline) = pod["spec"]["activeDeadlineSeconds"].as_u64() {
             self.deadline(&id, Duration::from_secs(deadline));
@@ -204,7 +205,7 @@ impl Kubelet {
     /// The process has ended: the pod's phase, or its removal if it was
     /// being deleted.
     fn ended(&self, shared: &Shared, pod: &Value, success: bool, why: Option<&str>) {
-        let k = key(pod);
+        let k = Objects::key_of(pod);
         if let Some(entry) = self.pods.lock().unwrap().get_mut(&k) {
             entry.1 = None;
         }
@@ -212,7 +213,7 @@ impl Kubelet {
             let st = shared.state.lock().unwrap();
             st.objects
                 .get("pods")
-                .and_then(|all| all.iter().find(|o| key(o) == k).cloned())
+                .and_then(|all| all.get(&k.0, &k.1).cloned())
         };
         let Some(current) = current else { return };
         if current["metadata"]["deletionTimestamp"].is_string() {
@@ -235,15 +236,16 @@ impl Kubelet {
         self.pods
             .lock()
             .unwrap()
-            .get(&key(pod))
+            .get(&Objects::key_of(pod))
             .and_then(|(_, pid)| *pid)?;
-        self.runtime.kill(&container_id(&key(pod)), "TERM");
+        self.runtime
+            .kill(&container_id(&Objects::key_of(pod)), "TERM");
         let mut terminating = pod.clone();
         terminating["metadata"]["deletionTimestamp"] = now().into();
         let grace = pod["spec"]["terminationGracePeriodSeconds"]
             .as_u64()
             .unwrap_or(30);
-        let (kubelet, k) = (self.clone(), key(pod));
+        let (kubelet, k) = (self.clone(), Objects::key_of(pod));
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs(grace)).await;
             let alive = kubelet
@@ -326,16 +328,6 @@ async fn copy<R: tokio::io::AsyncRead + Unpin>(from: Option<R>, log: Arc<Mutex<L
             Ok(_) => log.lock().unwrap().data.extend_from_slice(&line),
         }
     }
-}
-
-fn key(pod: &Value) -> (String, String) {
-    (
-        namespace_of(pod).to_string(),
-        pod["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
-    )
 }
 
 fn set_phase(shared: &Shared, pod: &Value, phase: &str, message: Option<&str>) -> Value {

@@ -3,13 +3,15 @@
 //!
 //! It speaks the real wire format over HTTPS on a real socket, so kube-rs
 //! and the real `kubectl` talk to it as to a cluster: bearer-token auth,
-//! discovery (`discovery`), `GET` / `LIST` (label and field selectors, a
-//! resourceVersion, server-side tables for kubectl) / `?watch=1` streams
-//! (ADDED / MODIFIED / DELETED / BOOKMARK, 410 Gone for a stale
-//! resourceVersion), `POST`, merge `PATCH`, `PUT` and `DELETE`, for pods,
+//! discovery (`discovery`), `GET` / `LIST` (label selectors, field
+//! selectors on the fields each resource registers (`fields`), pages
+//! (`paging`), server-side tables for kubectl) / `?watch=1` streams
+//! (`watches`), `POST`, merge `PATCH`, `PUT` and `DELETE`, for pods,
 //! nodes, services and coordination.k8s.io leases, and `Status` objects
-//! for 401, 403 and 404. It plays kubelet too (`kubelet`): a pod created
-//! on a lab node runs, and its output is its log.
+//! for 400, 401, 403, 404 and 410. It plays kubelet too (`kubelet`): a
+//! pod created on a lab node runs, and its output is its log. It records
+//! every request it answers (`request_log`), and can hold a busy
+//! cluster's crowd of pods and Services (`crowd`).
 //!
 //! `xtask api-stub` runs it as a standalone server (`lab up --api`); the
 //! tests start it in-process.
@@ -17,15 +19,21 @@
 mod admission;
 mod capability_sets;
 mod container_spec;
+mod crowd;
 mod discovery;
 mod events;
+mod fields;
 mod images;
 mod kubelet;
+mod paging;
+mod request_log;
 mod routes;
 mod runtime;
 mod selectors;
 mod services;
+mod store;
 mod tables;
+mod watches;
 
 use std::{
     collections::{BTreeMap, HashSet},
@@ -40,22 +48,26 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
+pub use crowd::{POD_RANGE, SERVICE_RANGE};
 pub use images::LAB_IMAGE;
 pub use kubelet::Kubelet;
+pub use request_log::ApiRequest;
 pub use runtime::lab_image;
+use store::Objects;
 
 pub const TOKEN: &str = "podtrace-test-token";
 /// The environment variable that sets the lab API's default Pod Security
 /// level (`baseline`, `restricted`) where a namespace's label names none.
 pub const POD_SECURITY_DEFAULT: &str = "POD_SECURITY_DEFAULT";
 
-/// A change: (resourceVersion, resource, ADDED|MODIFIED|DELETED, object).
-pub(crate) type Change = (u64, String, String, Value);
+/// A change: (resourceVersion, resource, ADDED|MODIFIED|DELETED, object),
+/// the object shared with the store.
+pub(crate) type Change = (u64, String, String, Arc<Value>);
 
 #[derive(Default)]
 pub(crate) struct State {
     /// Objects by resource ("pods", "nodes", "services", "leases").
-    pub objects: BTreeMap<String, Vec<Value>>,
+    pub objects: BTreeMap<String, Objects>,
     pub resource_version: u64,
     /// Oldest resourceVersion a watch may start from; older ones get 410.
     pub oldest_watchable: u64,
@@ -66,6 +78,9 @@ pub(crate) struct State {
     /// none (`admission`); privileged when `None`, as kube-apiserver's
     /// default is.
     pub pod_security_default: Option<String>,
+    /// (resource, field label) pairs whose field selectors are refused,
+    /// as by a server older than the label ([`Stub::refuse_field_selector`]).
+    pub refused_fields: HashSet<(String, String)>,
 }
 
 /// What the server's handlers share.
@@ -77,6 +92,8 @@ pub(crate) struct Shared {
     /// The API is lost ([`Stub::go_dark`]): every connection is cut, and
     /// new ones are closed at once. Its kubelet's agents run on.
     pub dark: Arc<tokio::sync::watch::Sender<bool>>,
+    /// Every request answered ([`Stub::requests`]).
+    pub requests: Arc<request_log::RequestLog>,
 }
 
 impl Shared {
@@ -84,8 +101,9 @@ impl Shared {
     pub fn change(&self, resource: &str, kind: &str, object: Value) -> Value {
         let mut state = self.state.lock().unwrap();
         let change = record(&mut state, resource, kind, object);
-        let _ = self.changes.send(change.clone());
-        change.3
+        let object = Value::clone(&change.3);
+        let _ = self.changes.send(change);
+        object
     }
 }
 
@@ -97,17 +115,12 @@ pub(crate) fn record(state: &mut State, resource: &str, kind: &str, mut object: 
     if object["metadata"]["uid"].is_null() {
         object["metadata"]["uid"] = format!("uid-{rv}").into();
     }
-    let (ns, name) = (
-        namespace_of(&object).to_string(),
-        object["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
-    );
-    let list = state.objects.entry(resource.to_string()).or_default();
-    list.retain(|o| !matches_name(o, &ns, &name));
-    if kind != "DELETED" {
-        list.push(object.clone());
+    let object = Arc::new(object);
+    let objects = state.objects.entry(resource.to_string()).or_default();
+    if kind == "DELETED" {
+        objects.remove(&Objects::key_of(&object));
+    } else {
+        objects.put(object.clone());
     }
     let change = (rv, resource.to_string(), kind.to_string(), object);
     state.events.push(change.clone());
@@ -210,6 +223,7 @@ impl Stub {
             changes,
             kubelet: kubelet.map(Arc::new),
             dark: Arc::new(tokio::sync::watch::Sender::new(false)),
+            requests: Default::default(),
         };
         let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
         listener.set_nonblocking(true).unwrap();
@@ -312,17 +326,30 @@ impl Stub {
     /// The objects of a resource now ("pods", "leases", …).
     pub fn objects(&self, resource: &str) -> Vec<Value> {
         let state = self.shared.state.lock().unwrap();
-        state.objects.get(resource).cloned().unwrap_or_default()
+        let objects = state.objects.get(resource);
+        objects
+            .into_iter()
+            .flat_map(Objects::values)
+            .cloned()
+            .collect()
+    }
+
+    /// How many objects of a resource there are now.
+    pub fn count(&self, resource: &str) -> usize {
+        let state = self.shared.state.lock().unwrap();
+        state.objects.get(resource).map_or(0, Objects::len)
+    }
+
+    /// One object of a resource now, by namespace and name.
+    pub fn object(&self, resource: &str, namespace: &str, name: &str) -> Option<Value> {
+        let state = self.shared.state.lock().unwrap();
+        state.objects.get(resource)?.get(namespace, name).cloned()
     }
 
     /// Merges `status` into a pod's status, as its kubelet records what
     /// became of it (an eviction, an OOM kill).
     pub fn merge_pod_status(&self, namespace: &str, name: &str, status: &Value) {
-        let mut pod = self
-            .objects("pods")
-            .into_iter()
-            .find(|p| matches_name(p, namespace, name))
-            .expect("a stub pod");
+        let mut pod = self.object("pods", namespace, name).expect("a stub pod");
         for (field, value) in status.as_object().into_iter().flatten() {
             pod["status"][field] = value.clone();
         }
@@ -425,10 +452,6 @@ fn rand_suffix() -> String {
 
 pub(crate) fn namespace_of(v: &Value) -> &str {
     v["metadata"]["namespace"].as_str().unwrap_or("default")
-}
-
-pub(crate) fn matches_name(v: &Value, namespace: &str, name: &str) -> bool {
-    namespace_of(v) == namespace && v["metadata"]["name"] == name
 }
 
 /// Runs the stub as a server until SIGTERM or SIGINT (`xtask api-stub`):

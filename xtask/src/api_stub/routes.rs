@@ -1,14 +1,14 @@
 //! The stub's REST routes: which object a path names, the verbs on it,
 //! and their answers in the API's wire format.
 
-use std::{collections::HashMap, convert::Infallible, time::Duration};
+use std::{collections::HashMap, convert::Infallible, fmt::Write, time::Duration};
 
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
 use hyper::{body::Frame, Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 
-use super::{discovery, namespace_of, selectors::object_matches, tables, Shared, TOKEN};
+use super::{discovery, fields, paging, request_log::ApiRequest, tables, Shared, State, TOKEN};
 
 pub(crate) type Body = BoxBody<Bytes, Infallible>;
 
@@ -55,52 +55,72 @@ fn target<'a>(parts: &[&'a str]) -> Option<Target<'a>> {
 }
 
 pub(crate) async fn handle(req: Request<hyper::body::Incoming>, shared: &Shared) -> Response<Body> {
-    let authorized = req
-        .headers()
+    let (head, body) = req.into_parts();
+    let path = head.uri.path().trim_matches('/').to_string();
+    let parts: Vec<&str> = path.split('/').collect();
+    let q = query(head.uri.query().unwrap_or(""));
+    let t = target(&parts);
+    let verb = verb_of(&head.method, t.as_ref(), &q);
+    let request = ApiRequest::new(&head, t.as_ref(), verb, &q);
+    let authorized = head
+        .headers
         .get("authorization")
         .and_then(|h| h.to_str().ok())
         .is_some_and(|h| h == format!("Bearer {TOKEN}"));
-    if !authorized {
-        return status(
+    let response = if authorized {
+        let body = body
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        answer(shared, &head, &body, (&parts, t), verb, &q).await
+    } else {
+        status(
             StatusCode::UNAUTHORIZED,
             "Unauthorized",
             "Unauthorized".into(),
             json!({}),
-        );
-    }
-    let (head, body) = req.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
-    let path = head.uri.path().trim_matches('/').to_string();
-    let parts: Vec<&str> = path.split('/').collect();
-    let q = query(head.uri.query().unwrap_or(""));
-    let accept = head
-        .headers
-        .get("accept")
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("")
-        .to_string();
-    if let Some(answer) = discovery::answer(&parts, &accept) {
-        return answer;
-    }
-    let Some(t) = target(&parts) else {
-        return not_found(
-            "the server could not find the requested resource".into(),
-            json!({}),
-        );
+        )
     };
+    shared.requests.answered(request, response)
+}
+
+/// The verb, as RBAC names it, of a request to `t` (get for a path that
+/// names no resource).
+fn verb_of(method: &Method, t: Option<&Target>, q: &HashMap<String, String>) -> &'static str {
     let watch = matches!(q.get("watch").map(String::as_str), Some("1" | "true"));
-    let verb = match (&head.method, t.name, watch) {
+    match (method, t.map(|t| t.name), watch) {
         (&Method::POST, _, _) => "create",
         (&Method::DELETE, _, _) => "delete",
         (&Method::PATCH, _, _) => "patch",
         (&Method::PUT, _, _) => "update",
-        (_, Some(_), _) => "get",
-        (_, None, true) => "watch",
-        (_, None, false) => "list",
+        (_, None | Some(Some(_)), _) => "get",
+        (_, Some(None), true) => "watch",
+        (_, Some(None), false) => "list",
+    }
+}
+
+async fn answer(
+    shared: &Shared,
+    head: &hyper::http::request::Parts,
+    body: &[u8],
+    (parts, t): (&[&str], Option<Target<'_>>),
+    verb: &str,
+    q: &HashMap<String, String>,
+) -> Response<Body> {
+    let accept = head
+        .headers
+        .get("accept")
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    if let Some(answer) = discovery::answer(parts, accept) {
+        return answer;
+    }
+    let Some(t) = t else {
+        return not_found(
+            "the server could not find the requested resource".into(),
+            json!({}),
+        );
     };
     let resource_name = match t.subresource {
         Some(sub) => format!("{}/{sub}", t.resource),
@@ -110,13 +130,13 @@ pub(crate) async fn handle(req: Request<hyper::body::Incoming>, shared: &Shared)
         return denied;
     }
     match verb {
-        "create" => create(shared, &t, &body).await,
+        "create" => create(shared, &t, body).await,
         "delete" => delete(shared, &t),
-        "patch" | "update" => modify(shared, &t, &body, verb == "patch"),
-        "get" if t.subresource == Some("log") => log(shared, &t, &q),
+        "patch" | "update" => modify(shared, &t, body, verb == "patch"),
+        "get" if t.subresource == Some("log") => log(shared, &t, q),
         "get" => get(shared, &t),
-        "list" => list(shared, &t, &q, &accept),
-        _ => watch_stream(shared, &t, &q),
+        "list" => list(shared, &t, q, accept),
+        _ => super::watches::watch(shared, &t, q),
     }
 }
 
@@ -146,14 +166,16 @@ fn forbidden(
 
 fn find(shared: &Shared, t: &Target) -> Option<Value> {
     let st = shared.state.lock().unwrap();
-    st.objects
-        .get(t.resource)?
-        .iter()
-        .find(|o| {
-            o["metadata"]["name"] == t.name.unwrap_or_default()
-                && t.namespace.is_none_or(|ns| namespace_of(o) == ns)
-        })
-        .cloned()
+    let objects = st.objects.get(t.resource)?;
+    let name = t.name.unwrap_or_default();
+    match t.namespace {
+        Some(ns) => objects.get(ns, name).cloned(),
+        // Cluster-scoped: few, and keyed by whatever namespace they lack.
+        None => objects
+            .values()
+            .find(|o| o["metadata"]["name"] == name)
+            .cloned(),
+    }
 }
 
 fn missing(t: &Target) -> Response<Body> {
@@ -311,100 +333,50 @@ fn log(shared: &Shared, t: &Target, q: &HashMap<String, String>) -> Response<Bod
 
 fn list(shared: &Shared, t: &Target, q: &HashMap<String, String>, accept: &str) -> Response<Body> {
     let st = shared.state.lock().unwrap();
-    let items: Vec<Value> = st
-        .objects
-        .get(t.resource)
-        .map(|all| {
-            all.iter()
-                .filter(|o| object_matches(o, t.namespace, q))
-                .cloned()
-                .collect()
-        })
-        .unwrap_or_default();
-    let version = st.resource_version.to_string();
+    if let Some(refused) = refused_fields(&st, t, q) {
+        return refused;
+    }
+    let page = match paging::page(&st, t.resource, t.namespace, q) {
+        Ok(page) => page,
+        Err((code, reason, message)) => return status(code, reason, message, json!({})),
+    };
     drop(st);
     if accept.contains("as=Table") {
-        return json_response(StatusCode::OK, &tables::table(t.resource, &items, &version));
+        return json_response(
+            StatusCode::OK,
+            &tables::table(t.resource, &page.items, page.metadata),
+        );
     }
+    // Written item by item from the store: a list of ten thousand pods
+    // is not copied first.
     let kind = discovery::list_kind(t.resource);
     let api_version = discovery::group_version(t.resource);
-    json_response(
-        StatusCode::OK,
-        &json!({"kind": kind, "apiVersion": api_version, "metadata": {"resourceVersion": version}, "items": items}),
-    )
+    let mut text = format!(
+        "{{\"kind\":\"{kind}\",\"apiVersion\":\"{api_version}\",\"metadata\":{},\"items\":[",
+        page.metadata
+    );
+    for (i, item) in page.items.iter().enumerate() {
+        let comma = if i == 0 { "" } else { "," };
+        let _ = write!(text, "{comma}{item}");
+    }
+    text.push_str("]}");
+    json_text(StatusCode::OK, text)
 }
 
-/// A watch: history after resourceVersion, then live changes.
-fn watch_stream(shared: &Shared, t: &Target, q: &HashMap<String, String>) -> Response<Body> {
-    let st = shared.state.lock().unwrap();
-    let since: u64 = q
-        .get("resourceVersion")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(st.resource_version);
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(64);
-    let line = |v: Value| Ok(Frame::data(Bytes::from(format!("{v}\n"))));
-    if since < st.oldest_watchable {
-        let gone = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": format!("too old resource version: {since} ({})", st.oldest_watchable), "reason": "Expired", "code": 410}});
-        let _ = tx.try_send(line(gone));
-    } else {
-        let (resource, ns, q2) = (
-            t.resource.to_string(),
-            t.namespace.map(str::to_string),
-            q.clone(),
-        );
-        let backlog: Vec<(String, Value)> = st
-            .events
-            .iter()
-            .filter(|(rv, r, _, o)| {
-                *rv > since && *r == resource && object_matches(o, ns.as_deref(), &q2)
-            })
-            .map(|(_, _, kind, o)| (kind.clone(), o.clone()))
-            .collect();
-        let mut live = shared.changes.subscribe();
-        let bookmarks = q.get("allowWatchBookmarks").is_some_and(|v| v == "true");
-        let timeout = q
-            .get("timeoutSeconds")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(60u64)
-            .min(60);
-        let current = st.resource_version;
-        tokio::spawn(async move {
-            for (kind, object) in backlog {
-                if tx
-                    .send(line(json!({"type": kind, "object": object})))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-            }
-            if bookmarks {
-                let mark = json!({"type": "BOOKMARK", "object": {"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": current.to_string()}}});
-                let _ = tx.send(line(mark)).await;
-            }
-            let deadline = tokio::time::sleep(Duration::from_secs(timeout));
-            tokio::pin!(deadline);
-            loop {
-                tokio::select! {
-                    change = live.recv() => {
-                        let Ok((_, r, kind, object)) = change else { return };
-                        if r == resource && object_matches(&object, ns.as_deref(), &q2)
-                            && tx.send(line(json!({"type": kind, "object": object}))).await.is_err()
-                        {
-                            return;
-                        }
-                    }
-                    _ = &mut deadline => return,
-                }
-            }
-        });
-    }
-    Response::builder()
-        .status(StatusCode::OK)
-        .header("content-type", "application/json")
-        .body(BodyExt::boxed(StreamBody::new(stream_of(rx))))
-        .unwrap()
+/// The 400 for a field selector the resource does not take.
+pub(crate) fn refused_fields(
+    st: &State,
+    t: &Target,
+    q: &HashMap<String, String>,
+) -> Option<Response<Body>> {
+    let selector = q.get("fieldSelector")?;
+    let message = fields::refusal(t.resource, selector, &st.refused_fields)?;
+    Some(status(
+        StatusCode::BAD_REQUEST,
+        "BadRequest",
+        message,
+        json!({}),
+    ))
 }
 
 pub(crate) fn status(
@@ -427,10 +399,14 @@ fn not_found(message: String, details: Value) -> Response<Body> {
 }
 
 pub(crate) fn json_response(code: StatusCode, body: &Value) -> Response<Body> {
+    json_text(code, body.to_string())
+}
+
+fn json_text(code: StatusCode, text: String) -> Response<Body> {
     Response::builder()
         .status(code)
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())).boxed())
+        .body(Full::new(Bytes::from(text)).boxed())
         .unwrap()
 }
 
@@ -441,7 +417,7 @@ fn query(text: &str) -> HashMap<String, String> {
 }
 
 /// An mpsc receiver as a Stream of body frames.
-fn stream_of(
+pub(crate) fn stream_of(
     mut rx: tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, Infallible>>,
 ) -> impl futures::Stream<Item = Result<Frame<Bytes>, Infallible>> {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))

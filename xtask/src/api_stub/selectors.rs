@@ -5,11 +5,13 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
-use super::namespace_of;
+use super::{fields, namespace_of};
 
-/// Whether an object is in `namespace` (any, when `None`) and matches the
-/// query's label and field selectors.
+/// Whether an object of `resource` is in `namespace` (any, when `None`)
+/// and matches the query's label and field selectors (which
+/// `fields::refusal` has checked).
 pub(crate) fn object_matches(
+    resource: &str,
     v: &Value,
     namespace: Option<&str>,
     q: &HashMap<String, String>,
@@ -19,9 +21,8 @@ pub(crate) fn object_matches(
         && selector_matches(q.get("labelSelector"), |k| {
             v["metadata"]["labels"][k].as_str().map(str::to_string)
         })
-        && selector_matches(q.get("fieldSelector"), |k| match k {
-            "metadata.namespace" => Some(namespace_of(v).to_string()),
-            other => field(v, other),
+        && selector_matches(q.get("fieldSelector"), |k| {
+            Some(fields::value(resource, v, k))
         })
 }
 
@@ -79,18 +80,6 @@ fn term_matches(term: &str, get: &impl Fn(&str) -> Option<String>) -> bool {
     match term.strip_prefix('!') {
         Some(k) => get(k.trim()).is_none(),
         None => get(term).is_some(),
-    }
-}
-
-fn field(v: &Value, path: &str) -> Option<String> {
-    let mut at = v;
-    for part in path.split('.') {
-        at = &at[part];
-    }
-    match at {
-        Value::String(s) => Some(s.clone()),
-        Value::Null => None,
-        other => Some(other.to_string()),
     }
 }
 

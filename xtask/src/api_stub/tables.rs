@@ -1,15 +1,16 @@
 //! Server-side tables for `kubectl get`: the columns it prints for each
 //! resource (priority 1: `-o wide`) and each object's row of cells.
 
-use std::time::SystemTime;
+use std::{sync::Arc, time::SystemTime};
 
 use serde_json::{json, Value};
 
 /// A row's cells, from its object.
 type Cells = fn(&Value) -> Vec<Value>;
 
-/// `kubectl get`'s table: the columns it prints (priority 1: `-o wide`).
-pub(crate) fn table(resource: &str, items: &[Value], version: &str) -> Value {
+/// `kubectl get`'s table: the columns it prints (priority 1: `-o wide`),
+/// with the list's `metadata` (its page's continue token among them).
+pub(crate) fn table(resource: &str, items: &[Arc<Value>], metadata: Value) -> Value {
     // The Name column has format "name": kubectl prefixes it with the
     // kind (`pod/web-0`) when several kinds are listed.
     let column = |name: &str, priority: u8| {
@@ -80,7 +81,7 @@ pub(crate) fn table(resource: &str, items: &[Value], version: &str) -> Value {
         .iter()
         .map(|o| json!({"cells": cells(o), "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]}}))
         .collect();
-    json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": version}, "columnDefinitions": columns, "rows": rows})
+    json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": metadata, "columnDefinitions": columns, "rows": rows})
 }
 
 fn or_none(v: &Value) -> Value {
