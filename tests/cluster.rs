@@ -7,6 +7,7 @@
 mod support;
 
 use std::{
+    collections::BTreeMap,
     os::unix::fs::{chown, symlink},
     path::PathBuf,
     process::{Command, Stdio},
@@ -16,7 +17,7 @@ use std::{
 use serde_json::Value;
 use support::*;
 use xtask::{
-    api_stub::{Kubelet, Stub, LAB_IMAGE, TOKEN},
+    api_stub::{ApiRequest, Kubelet, Stub, LAB_IMAGE, TOKEN},
     faults::Fault,
     lab::{kube_proxy::ProxyMode, LabGuard, Topology},
     podtrace_run,
@@ -867,4 +868,100 @@ fn an_oom_killed_agent_is_told_as_such() {
         "{}",
         done.stderr
     );
+}
+
+/// Each client of the API in `requests`, by its User-Agent (podtrace
+/// names an agent by its node), with its requests and bytes received.
+fn load_by_client(requests: &[ApiRequest]) -> BTreeMap<String, (usize, u64)> {
+    let mut by_client: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+    for request in requests {
+        let agent = (request.user_agent.as_deref()).map(|ua| ua.split(" agent/").nth(1));
+        let client = match agent {
+            Some(Some(node)) => format!("agent {node}"),
+            Some(None) => "front-end".to_string(),
+            None => "(no user agent)".to_string(),
+        };
+        let entry = by_client.entry(client).or_default();
+        entry.0 += 1;
+        entry.1 += request.bytes;
+    }
+    by_client
+}
+
+/// On a cluster of 10,000 pods and 2,000 Services, `kubectl podtrace` of
+/// two pods asks the API for what it traces: the front-end and each
+/// agent list nothing cluster-wide (no pods, Services, EndpointSlices,
+/// nodes or events of the whole cluster), and each gets a few KB, not the
+/// tens of MB a list of the cluster's pods is. The requests and bytes of
+/// each are printed.
+#[test]
+fn a_pod_to_pod_trace_on_a_crowded_cluster_asks_for_what_it_traces() {
+    let lab = lab(Topology::FlannelVxlan);
+    let stub = api_for(&lab);
+    stub.add_crowd(10_000, 2_000);
+    stub.clear_requests();
+    let started = kubectl_podtrace_json(&stub, "2", "30s");
+    assert!(ping(&lab.0, "web-0", "db-0"));
+    let done = finish(started);
+    assert!(done.status.success(), "{}", done.stderr);
+    assert_eq!(done.ping_stories().len(), 2, "{}", done.stdout);
+    let requests = stub.requests();
+    let cluster_wide: Vec<&ApiRequest> = (requests.iter())
+        .filter(|r| r.verb == "list" && r.namespace.is_none())
+        .filter(|r| r.field_selector.is_none() && r.label_selector.is_none())
+        .collect();
+    assert!(cluster_wide.is_empty(), "{cluster_wide:#?}");
+    let by_client = load_by_client(&requests);
+    eprintln!("API load of a pod→pod trace among 10,000 pods and 2,000 Services:");
+    for (client, (count, bytes)) in &by_client {
+        eprintln!("  {client}: {count} requests, {bytes} bytes");
+    }
+    let clients: Vec<&str> = by_client.keys().map(String::as_str).collect();
+    assert_eq!(clients, ["agent node-1", "agent node-2", "front-end"]);
+    // A list of the crowd's pods alone is some 40 MB; what a pair needs,
+    // a few KB per object asked for.
+    for (client, (_, bytes)) in &by_client {
+        assert!(*bytes < 1 << 20, "{client} received {bytes} bytes");
+    }
+}
+
+/// A ClusterIP given by address, on an API server older than the
+/// Services' `spec.clusterIP` field selector (before 1.30): the Services
+/// are looked through a page at a time, and the trace follows kube-proxy's
+/// DNAT to a backend named by its EndpointSlice.
+#[test]
+fn a_cluster_ip_is_found_on_an_api_server_without_the_cluster_ip_selector() {
+    let lab = lab(Topology::FlannelVxlan);
+    lab.0
+        .install_services(ProxyMode::Iptables)
+        .expect("install services");
+    let stub = api_for(&lab);
+    stub.add_services(&lab.0.service_list());
+    stub.add_crowd(0, 1_200);
+    stub.refuse_field_selector("services", "spec.clusterIP");
+    let db = lab.0.service("db");
+    let front = format!("{}:80", db.cluster_ip);
+    let args = ["default/web-0", &front, "--count", "2", "--duration", "30s"];
+    let started = kubectl_podtrace(&stub, &[&args[..], &["-o", "json"]].concat());
+    let answer = lab.0.tcp_request("web-0", db.cluster_ip, 80);
+    assert_eq!(answer.as_deref(), Ok("ok"), "the lab's Service");
+    let done = finish(started);
+    assert!(done.status.success(), "{}", done.stderr);
+    let syn = (done.stories().into_iter())
+        .find(|s| s["transport"]["flags"] == 0x02)
+        .unwrap_or_else(|| panic!("no SYN story: {}", done.stdout));
+    let dnat = (syn["hops"].as_array().into_iter().flatten())
+        .flat_map(|h| h["nat"].as_array().into_iter().flatten())
+        .find(|n| n["kind"] == "DNAT")
+        .cloned()
+        .unwrap_or_else(|| panic!("no DNAT step: {syn}"));
+    assert_eq!(dnat["before"], front, "{dnat}");
+    let named = |b: &xtask::lab::LabPod| dnat["backend"] == format!("default/{}", b.name);
+    assert!(db.backends.iter().any(named), "a backend by name: {dnat}");
+    // Looked through page by page: 1,200 Services and more, 500 a page.
+    let pages = (stub.requests().into_iter())
+        .filter(|r| r.resource == "services" && r.verb == "list" && r.field_selector.is_none())
+        .filter(|r| r.limit == Some(500))
+        .count();
+    assert!(pages >= 3, "{pages} pages");
 }
