@@ -261,6 +261,22 @@ fn bad_input_through_the_api_is_one_line_and_nothing_is_attached() {
         "{}",
         done.stderr
     );
+    // A pod named without a namespace is in the context's, as kubectl's;
+    // `-n` wins over it.
+    let in_monitoring = dir.join("kubeconfig-in-monitoring");
+    let text = std::fs::read_to_string(&good).unwrap();
+    std::fs::write(
+        &in_monitoring,
+        text.replace("namespace: default", "namespace: monitoring"),
+    )
+    .unwrap();
+    let in_monitoring = in_monitoring.display().to_string();
+    let args = ["node-exporter-0", "web-0", "--kubeconfig", &in_monitoring];
+    check(args.to_vec(), "pod monitoring/web-0 not found");
+    check(
+        [&args[..], &["-n", "default"]].concat(),
+        "pod default/node-exporter-0 not found",
+    );
 
     stub.forbid("get", "pods");
     check(

@@ -1,10 +1,24 @@
 use clap::{error::ErrorKind, Parser};
 use podtrace::cli::{Cli, Command};
 
+/// A pod named without a namespace is in the kubeconfig context's, as
+/// kubectl's (an agent is told its front-end's).
+fn settle_namespace(cli: &mut Cli) {
+    let kube = match &mut cli.command {
+        Some(Command::Doctor(doctor)) => Some(&mut doctor.kube),
+        Some(Command::Profile(profile)) => Some(&mut profile.trace.kube),
+        Some(_) => None,
+        None => cli.trace.as_mut().map(|trace| &mut trace.kube),
+    };
+    if let Some(kube) = kube {
+        podtrace::cluster::api::settle_namespace(kube);
+    }
+}
+
 fn main() -> std::process::ExitCode {
     // Before the runtime and anything attached; `app::run` catches them.
     podtrace::app::block_signals();
-    let cli = match Cli::try_parse() {
+    let mut cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
             e.exit()
@@ -17,6 +31,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
+    settle_namespace(&mut cli);
     // Offline: no root, no runtime, nothing attached.
     if let Some(Command::Read(read)) = &cli.command {
         podtrace::app::die_saying(

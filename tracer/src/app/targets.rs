@@ -223,8 +223,8 @@ impl Targets {
     pub async fn resolve(args: &Args, traced_addresses: &[Ipv4Addr]) -> Result<Self> {
         let access = Access::of(&args.kube);
         // Garbage in an argument is said before anything else is tried.
-        let src_target = Target::parse(&args.src, &args.kube.namespace)?;
-        let dst_target = Target::parse(&args.dst, &args.kube.namespace)?;
+        let src_target = Target::parse(&args.src, args.kube.namespace())?;
+        let dst_target = Target::parse(&args.dst, args.kube.namespace())?;
         refuse_source_port(&args.src, &src_target)?;
         let mut listed = match &args.kube.nodes_file {
             Some(path) => nodes::load_nodes(path)?,

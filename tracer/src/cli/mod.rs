@@ -222,9 +222,10 @@ pub struct Args {
 /// namespace and root filesystem.
 #[derive(Clone, Debug, clap::Args)]
 pub struct KubeArgs {
-    /// Namespace for pod names given without one.
-    #[arg(short = 'n', long, default_value = "default")]
-    pub namespace: String,
+    /// Namespace for pod names given without one (default: the
+    /// kubeconfig context's, as kubectl's; else `default`).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
     /// Kubeconfig to reach the API (default: KUBECONFIG, ~/.kube/config,
     /// then the in-cluster service account).
     #[arg(long, value_name = "FILE")]
@@ -257,6 +258,15 @@ pub struct KubeArgs {
     /// it by name, and the agent names itself by it to the API.
     #[arg(skip)]
     pub agent_on: Option<String>,
+}
+
+impl KubeArgs {
+    /// The namespace of pod names given without one: `-n`, else the
+    /// kubeconfig context's once it is settled (`cluster::api`), else
+    /// `default`.
+    pub fn namespace(&self) -> &str {
+        self.namespace.as_deref().unwrap_or("default")
+    }
 }
 
 /// `podtrace agent`: a trace of one node, for a cluster-mode front-end.
@@ -314,7 +324,7 @@ impl Args {
             src,
             dst,
             kube: KubeArgs {
-                namespace: self.kube.namespace.clone(),
+                namespace: Some(self.kube.namespace().to_string()),
                 kubeconfig: None,
                 context: None,
                 pods_file: None,
@@ -371,7 +381,7 @@ impl AgentArgs {
             trace.src.clone(),
             trace.dst.clone(),
             "-n".into(),
-            trace.kube.namespace.clone(),
+            trace.kube.namespace().to_string(),
         ];
         for cidr in &trace.pod_cidr {
             argv.extend(["--pod-cidr".into(), cidr.to_string()]);
@@ -440,7 +450,7 @@ mod tests {
         let trace = cli.trace.expect("a trace");
         assert!(cli.command.is_none());
         assert_eq!((trace.src.as_str(), trace.dst.as_str()), ("a", "b"));
-        assert_eq!(trace.kube.namespace, "ns");
+        assert_eq!(trace.kube.namespace(), "ns");
         assert_eq!(trace.kube.netns, ["n1"]);
 
         let cli = Cli::try_parse_from(["podtrace", "doctor", "p", "--host-root", "/h"]).unwrap();
@@ -449,7 +459,7 @@ mod tests {
             panic!("not the doctor: {:?}", cli.command);
         };
         assert_eq!(doctor.pods, ["p"]);
-        assert_eq!(doctor.kube.namespace, "default");
+        assert_eq!(doctor.kube.namespace(), "default");
         assert_eq!(doctor.kube.host_root, [PathBuf::from("/h")]);
     }
 

@@ -70,6 +70,42 @@ impl Access {
     }
 }
 
+impl Access {
+    /// The namespace kubectl would use: the kubeconfig context's
+    /// (`--context`, else the current one); in a pod with no kubeconfig,
+    /// the pod's own (its service account's namespace file).
+    pub fn context_namespace(&self) -> Option<String> {
+        let kubeconfig = match &self.kubeconfig {
+            Some(path) => Kubeconfig::read_from(path).ok(),
+            None => Kubeconfig::read().ok(),
+        };
+        match kubeconfig {
+            Some(config) => {
+                let name = (self.context.clone()).or(config.current_context.clone())?;
+                let named = config.contexts.iter().find(|c| c.name == name)?;
+                named.context.as_ref()?.namespace.clone()
+            }
+            None if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => {
+                let file = std::fs::read_to_string(IN_CLUSTER_NAMESPACE).ok()?;
+                Some(file.trim().to_string()).filter(|ns| !ns.is_empty())
+            }
+            None => None,
+        }
+    }
+}
+
+/// Where a pod's service account says its namespace.
+const IN_CLUSTER_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+/// `-n` where none was given, as kubectl takes it: the context's
+/// namespace, where names are resolved through the API (a pods file
+/// names its own namespaces, and `default` stays its default).
+pub fn settle_namespace(kube: &mut KubeArgs) {
+    if kube.namespace.is_none() && kube.pods_file.is_none() {
+        kube.namespace = Access::of(kube).context_namespace();
+    }
+}
+
 fn home_kubeconfig() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".kube/config"))
 }

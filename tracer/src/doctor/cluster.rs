@@ -103,7 +103,7 @@ impl ClusterState {
             .iter()
             .map(|p| match p.split_once('/') {
                 Some(_) => p.clone(),
-                None => format!("{}/{p}", args.kube.namespace),
+                None => format!("{}/{p}", args.kube.namespace()),
             })
             .collect();
         let access = Access::of(&args.kube);

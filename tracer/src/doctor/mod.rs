@@ -169,7 +169,7 @@ pub async fn run(args: DoctorArgs) -> Result<bool> {
         bail!("--host-root {}: no such directory", root.display());
     }
     for pod in &args.pods {
-        check_pod_arg(pod, &args.kube.namespace)?;
+        check_pod_arg(pod, args.kube.namespace())?;
     }
     let cluster = cluster::ClusterState::load(&args).await?;
     cluster.check_asked(&args)?;

@@ -29,7 +29,7 @@ fn doctor_args(args: &Args) -> DoctorArgs {
             // Pods only: not an address, a Service or a node.
             .filter(|a| {
                 matches!(
-                    Target::parse(a, &args.kube.namespace),
+                    Target::parse(a, args.kube.namespace()),
                     Ok(Target::Pod { .. })
                 )
             })

@@ -57,7 +57,7 @@ pub(super) enum ProbeEvent {
 /// Whether `--probe` can be told with the other flags (bad input, before
 /// anything is resolved or attached, in every mode).
 pub(in crate::app) fn check(args: &Args) -> Result<()> {
-    let dst_port = Target::parse(&args.dst, &args.kube.namespace)
+    let dst_port = Target::parse(&args.dst, args.kube.namespace())
         .ok()
         .and_then(|t| t.port());
     args.probe.check(&args.filter, dst_port)
