@@ -59,6 +59,13 @@ fn garbage_arguments_say_what_is_wrong_with_them() {
             "not a duration",
         ),
         (vec!["10.244.1.2", "10.244.2.2", "--count", "0"], "--count"),
+        // clap's usage errors say all they know: the missing argument,
+        // the values an option takes.
+        (vec!["10.244.1.2"], "<DST>"),
+        (
+            vec!["10.244.1.2", "10.244.2.2", "-o", "xml"],
+            "[possible values: human, json]",
+        ),
         (
             vec![
                 "web-0",

@@ -277,12 +277,20 @@ pub fn assert_refused(argv: &[&str], expected: &str, node_netns: &str) {
         "{argv:?} panicked: {}",
         done.stderr
     );
-    assert_eq!(
-        done.stderr.lines().count(),
-        1,
-        "one line for {argv:?}: {}",
-        done.stderr
-    );
+    // clap's usage errors come whole (what is wrong first, then its
+    // values or tip and the usage); podtrace's own are one line.
+    let usage_error = done.stderr.trim_end().ends_with("try '--help'.");
+    if usage_error {
+        assert_eq!(done.status.code(), Some(2), "{argv:?}: {}", done.stderr);
+    } else {
+        assert_eq!(
+            done.stderr.lines().count(),
+            1,
+            "one line for {argv:?}: {}",
+            done.stderr
+        );
+    }
+    assert!(done.stderr.starts_with("podtrace: "), "{}", done.stderr);
     assert!(done.stderr.contains(expected), "{argv:?}: {}", done.stderr);
     assert!(
         tcx_programs(node_netns).is_empty(),

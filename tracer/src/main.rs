@@ -24,10 +24,12 @@ fn main() -> std::process::ExitCode {
             e.exit()
         }
         Err(e) => {
-            // Bad input is one line, like every other podtrace error.
+            // clap's usage error whole: what is wrong on its first line,
+            // then the missing argument or the values it takes, its tip
+            // and the usage. podtrace's own errors stay one line.
             let rendered = e.render().to_string();
-            let first = rendered.lines().next().unwrap_or_default();
-            eprintln!("podtrace: {}", first.trim_start_matches("error: "));
+            let said = rendered.trim_end().trim_start_matches("error: ");
+            eprintln!("podtrace: {said}");
             return std::process::ExitCode::from(2);
         }
     };
