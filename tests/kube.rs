@@ -261,6 +261,48 @@ fn bad_input_through_the_api_is_one_line_and_nothing_is_attached() {
         "{}",
         done.stderr
     );
+    // kubectl's global flags over the kubeconfig: its context names an
+    // unreachable cluster, `--cluster` the stub; `--token` over the
+    // user's; `--server` over the cluster's address.
+    let two_clusters = dir.join("kubeconfig-two-clusters");
+    let closed_port = {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        closed.local_addr().unwrap().port()
+    };
+    let dead = format!("clusters:\n- name: dead\n  cluster:\n    server: https://127.0.0.1:{closed_port}\n    insecure-skip-tls-verify: true\n");
+    let text = std::fs::read_to_string(&good).unwrap();
+    let text = (text.replacen("clusters:\n", &dead, 1))
+        .replace("    cluster: stub\n", "    cluster: dead\n");
+    std::fs::write(&two_clusters, text).unwrap();
+    let two_clusters = two_clusters.display().to_string();
+    let stub_url = format!("https://{}", stub.addr);
+    let found_nothing = "pod default/web-9 not found";
+    let pair = ["web-0", "web-9"];
+    for (flags, expected) in [
+        (
+            vec!["--kubeconfig", &two_clusters],
+            "cannot reach the Kubernetes API",
+        ),
+        (
+            vec!["--kubeconfig", &two_clusters, "--cluster", "stub"],
+            found_nothing,
+        ),
+        (
+            vec!["--kubeconfig", &two_clusters, "--server", &stub_url],
+            found_nothing,
+        ),
+        (
+            vec!["--kubeconfig", &wrong_token, "--token", TOKEN],
+            found_nothing,
+        ),
+        (
+            vec!["--kubeconfig", &good, "--token", "not-the-token"],
+            "(401 Unauthorized)",
+        ),
+    ] {
+        check([&pair[..], &flags].concat(), expected);
+    }
+
     // A pod named without a namespace is in the context's, as kubectl's;
     // `-n` wins over it.
     let in_monitoring = dir.join("kubeconfig-in-monitoring");

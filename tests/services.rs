@@ -1140,7 +1140,7 @@ fn case_invalid_reply_dropped(mode: ProxyMode) {
     assert_invalid_drop_rule(mode, &dropped["verdict"]["netfilter"], summary(dropped));
 }
 
-/// `podtrace --cluster SRC DST` through the API stub, which plays kubelet
+/// `podtrace --cluster-mode SRC DST` through the API stub, which plays kubelet
 /// for both nodes (the agents are this podtrace), while `act` runs.
 fn cluster_trace_while<T>(
     lab: &Lab,
@@ -1157,7 +1157,7 @@ fn cluster_trace_while<T>(
     let args = [
         src,
         dst,
-        "--cluster",
+        "--cluster-mode",
         "--kubeconfig",
         &kubeconfig,
         "-o",

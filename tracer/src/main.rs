@@ -11,7 +11,7 @@ fn settle_namespace(cli: &mut Cli) {
         None => cli.trace.as_mut().map(|trace| &mut trace.kube),
     };
     if let Some(kube) = kube {
-        podtrace::cluster::api::settle_namespace(kube);
+        podtrace::cluster::access::settle_namespace(kube);
     }
 }
 
@@ -76,7 +76,7 @@ fn main() -> std::process::ExitCode {
         // kubectl's plugin dispatch runs `kubectl-podtrace`: cluster mode,
         // unless node-mode inputs (--netns, --pods-file) say otherwise.
         (None, Some(trace))
-            if trace.cluster
+            if trace.cluster_mode
                 || (invoked_as_kubectl_plugin()
                     && trace.kube.netns.is_empty()
                     && trace.kube.pods_file.is_none()) =>

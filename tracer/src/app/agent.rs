@@ -33,8 +33,9 @@ use super::{
 use crate::{
     cli::{AgentArgs, Args},
     cluster::{
+        access::Access,
         agents::{self, parse_skew, STALE_AFTER},
-        api::{Access, Cluster, PodMoved},
+        api::{Cluster, PodMoved},
     },
     decode::hop::Hop,
     model::Summary,

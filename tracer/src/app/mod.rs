@@ -121,7 +121,7 @@ async fn resolve_and_attach(args: &Args, stop: &mut Stop) -> Result<Option<Trace
 fn require_root() -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        bail!("podtrace needs root (CAP_BPF and CAP_NET_ADMIN) to load eBPF programs: run it with sudo, or use cluster mode (--cluster, or kubectl podtrace)");
+        bail!("podtrace needs root (CAP_BPF and CAP_NET_ADMIN) to load eBPF programs: run it with sudo, or use cluster mode (--cluster-mode, or kubectl podtrace)");
     }
     Capabilities::of_this_process().require()
 }

@@ -9,7 +9,8 @@ use anyhow::{bail, Result};
 use crate::{
     cli::Args,
     cluster::{
-        api::{Access, Cluster},
+        access::Access,
+        api::Cluster,
         argument::Target,
         inventory::{Endpoint, Inventory},
         kube_proxy_rules,

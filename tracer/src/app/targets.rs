@@ -11,7 +11,8 @@ use super::service_target::{api_destination, known_services, name_backends, serv
 use crate::{
     cli::Args,
     cluster::{
-        api::{Access, Cluster},
+        access::Access,
+        api::Cluster,
         argument::Target,
         inventory::{Endpoint, Inventory},
         nodes,

@@ -199,8 +199,9 @@ pub struct Args {
 
     /// Cluster mode: start an agent pod on each node involved and merge
     /// their records (the default as `kubectl podtrace`). Needs no root.
+    /// (`--cluster NAME` is kubectl's: the kubeconfig cluster.)
     #[arg(long)]
-    pub cluster: bool,
+    pub cluster_mode: bool,
     /// Namespace of the agent pods and the lease.
     #[arg(long, default_value = "podtrace", value_name = "NAMESPACE")]
     pub agent_namespace: String,
@@ -233,6 +234,28 @@ pub struct KubeArgs {
     /// Kubeconfig context to use.
     #[arg(long)]
     pub context: Option<String>,
+    /// Kubeconfig cluster to use (kubectl's `--cluster`).
+    #[arg(long, value_name = "NAME")]
+    pub cluster: Option<String>,
+    /// Kubeconfig user to use (kubectl's `--user`).
+    #[arg(long, value_name = "NAME")]
+    pub user: Option<String>,
+    /// User to impersonate (kubectl's `--as`).
+    #[arg(long = "as", value_name = "USER")]
+    pub impersonate: Option<String>,
+    /// Group to impersonate, repeatable (kubectl's `--as-group`).
+    #[arg(long = "as-group", value_name = "GROUP")]
+    pub impersonate_groups: Vec<String>,
+    /// Bearer token for the API (kubectl's `--token`).
+    #[arg(long, value_name = "TOKEN")]
+    pub token: Option<String>,
+    /// The API server's address (kubectl's `--server`, `-s`).
+    #[arg(long, short = 's', value_name = "URL")]
+    pub server: Option<String>,
+    /// How long one API request may take (kubectl's `--request-timeout`:
+    /// `30s`, `1m`; 0 for no limit).
+    #[arg(long, value_name = "DURATION", value_parser = values::parse_duration)]
+    pub request_timeout: Option<std::time::Duration>,
     /// Pod inventory in `kubectl get pods -A -o json` format, instead of
     /// the API.
     #[arg(long, value_name = "FILE")]
@@ -327,6 +350,14 @@ impl Args {
                 namespace: Some(self.kube.namespace().to_string()),
                 kubeconfig: None,
                 context: None,
+                // An agent reaches the API as its own service account.
+                cluster: None,
+                user: None,
+                impersonate: None,
+                impersonate_groups: Vec::new(),
+                token: None,
+                server: None,
+                request_timeout: None,
                 pods_file: None,
                 nodes_file: None,
                 netns: Vec::new(),
@@ -359,7 +390,7 @@ impl Args {
             probe: ProbeArgs::default(),
             // Chosen in each node's kernel.
             filter: self.filter.clone(),
-            cluster: false,
+            cluster_mode: false,
             agent_namespace: self.agent_namespace.clone(),
             image: None,
             nodes: None,

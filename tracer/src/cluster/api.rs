@@ -3,10 +3,7 @@
 //! A trace asks for what it traces, by name, field selector or label
 //! (`scoped`); a list that remains is paged, as kubectl pages it.
 
-use std::{
-    net::{Ipv4Addr, Ipv6Addr},
-    path::PathBuf,
-};
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use anyhow::{anyhow, bail, Context, Result};
 use futures::StreamExt;
@@ -19,96 +16,12 @@ use kube::{
 };
 use tokio::sync::mpsc;
 
-use crate::cli::KubeArgs;
-
 use super::{
+    access::{home_kubeconfig, Access},
     argument::Target,
     inventory::{not_found, pod_from_json, Endpoint, Pod},
     nodes::nodes_from_items,
 };
-
-/// How to reach the API, as kubectl takes it.
-#[derive(Clone, Debug, Default)]
-pub struct Access {
-    pub kubeconfig: Option<PathBuf>,
-    pub context: Option<String>,
-    /// The node an agent runs on: named in the requests' User-Agent, so
-    /// that the API server's audit log tells the agents apart.
-    pub agent_on: Option<String>,
-}
-
-impl Access {
-    /// The way to the API that the flags (of a trace or the doctor) give.
-    pub fn of(kube: &KubeArgs) -> Self {
-        Self {
-            kubeconfig: kube.kubeconfig.clone(),
-            context: kube.context.clone(),
-            agent_on: kube.agent_on.clone(),
-        }
-    }
-
-    /// `podtrace/<version> (linux/<arch>)`, as kubectl names itself, and
-    /// `agent/<node>` for an agent.
-    fn user_agent(&self) -> String {
-        let agent =
-            (self.agent_on.as_deref()).map_or(String::new(), |node| format!(" agent/{node}"));
-        format!(
-            "podtrace/{} ({}/{}){agent}",
-            env!("CARGO_PKG_VERSION"),
-            std::env::consts::OS,
-            std::env::consts::ARCH
-        )
-    }
-
-    /// Whether any way to the API is configured: a kubeconfig (flag,
-    /// KUBECONFIG, ~/.kube/config) or the in-cluster service account.
-    pub fn configured(&self) -> bool {
-        self.kubeconfig.is_some()
-            || std::env::var_os("KUBECONFIG").is_some()
-            || home_kubeconfig().is_some_and(|p| p.exists())
-            || std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
-    }
-}
-
-impl Access {
-    /// The namespace kubectl would use: the kubeconfig context's
-    /// (`--context`, else the current one); in a pod with no kubeconfig,
-    /// the pod's own (its service account's namespace file).
-    pub fn context_namespace(&self) -> Option<String> {
-        let kubeconfig = match &self.kubeconfig {
-            Some(path) => Kubeconfig::read_from(path).ok(),
-            None => Kubeconfig::read().ok(),
-        };
-        match kubeconfig {
-            Some(config) => {
-                let name = (self.context.clone()).or(config.current_context.clone())?;
-                let named = config.contexts.iter().find(|c| c.name == name)?;
-                named.context.as_ref()?.namespace.clone()
-            }
-            None if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => {
-                let file = std::fs::read_to_string(IN_CLUSTER_NAMESPACE).ok()?;
-                Some(file.trim().to_string()).filter(|ns| !ns.is_empty())
-            }
-            None => None,
-        }
-    }
-}
-
-/// Where a pod's service account says its namespace.
-const IN_CLUSTER_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
-
-/// `-n` where none was given, as kubectl takes it: the context's
-/// namespace, where names are resolved through the API (a pods file
-/// names its own namespaces, and `default` stays its default).
-pub fn settle_namespace(kube: &mut KubeArgs) {
-    if kube.namespace.is_none() && kube.pods_file.is_none() {
-        kube.namespace = Access::of(kube).context_namespace();
-    }
-}
-
-fn home_kubeconfig() -> Option<PathBuf> {
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".kube/config"))
-}
 
 pub struct Cluster {
     client: Client,
@@ -132,7 +45,8 @@ impl Cluster {
     pub async fn connect(access: &Access) -> Result<Self> {
         let options = KubeConfigOptions {
             context: access.context.clone(),
-            ..Default::default()
+            cluster: access.cluster.clone(),
+            user: access.user.clone(),
         };
         let config = match &access.kubeconfig {
             Some(path) => {
@@ -145,9 +59,15 @@ impl Cluster {
             {
                 Config::from_kubeconfig(&options).await?
             }
+            // `--server` alone, as kubectl takes it with no kubeconfig.
+            None if access.server.is_some()
+                && std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() =>
+            {
+                Config::new(http::Uri::from_static("https://localhost"))
+            }
             None => Config::incluster().context("no kubeconfig, and not running in a pod")?,
         };
-        let mut config = config;
+        let mut config = access.overridden(config)?;
         if let Ok(agent) = access.user_agent().parse() {
             config.headers.push((http::header::USER_AGENT, agent));
         }

@@ -1,4 +1,4 @@
-//! What podtrace knows of the cluster: the Kubernetes API (`api`), the
+//! What podtrace knows of the cluster: the Kubernetes API (`api`; how it is reached: `access`), the
 //! inventory files that stand in for it (`inventory`, `nodes`), Services
 //! (`services`, or a node's kube-proxy rules in their place:
 //! `kube_proxy_rules`), the endpoint arguments checked (`argument`), and
@@ -7,6 +7,7 @@
 //! (`lease`). Resolving the arguments into
 //! traced endpoints is a phase of the run: `app::targets`.
 
+pub mod access;
 pub mod agent_pod;
 pub mod agent_status;
 pub mod agents;

@@ -13,7 +13,8 @@ use serde_json::Value;
 
 use super::DoctorArgs;
 use crate::cluster::{
-    api::{list_pages, Access, Cluster},
+    access::Access,
+    api::{list_pages, Cluster},
     inventory::{pod_from_json, Inventory, Pod},
 };
 

@@ -1,4 +1,4 @@
-//! Cluster mode's front-end (`kubectl podtrace`, `podtrace --cluster`):
+//! Cluster mode's front-end (`kubectl podtrace`, `podtrace --cluster-mode`):
 //! no root, no node access, only the API.
 //!
 //! It resolves the pods as node mode does, starts an agent pod on each
