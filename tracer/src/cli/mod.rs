@@ -18,14 +18,41 @@ use crate::{
     probe::AttachMode,
 };
 
+/// `podtrace --version`: the release and the commit it was built from.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("PODTRACE_COMMIT"),
+    ")"
+);
+/// `--version` in full: where cluster mode's agent image comes from too.
+const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("PODTRACE_COMMIT"),
+    ")\nagent image: no default; --image, else $PODTRACE_IMAGE, else the podtrace DaemonSet's (cargo xtask image builds one)"
+);
+
+/// What `--help` ends with: the commands people start from.
+const EXAMPLES: &str = "\
+Examples:
+  podtrace default/web-0 default/db-0 --count 4   trace two pods from their node (root)
+  kubectl podtrace web-0 db-0 --count 4           from a laptop: an agent pod per node involved
+  podtrace web-0 svc/db --probe tcp:80            send a probe and tell its story
+  podtrace web-0 db-0 -w /tmp/pair.pcapng         keep the packets for Wireshark too
+  podtrace doctor web-0                           why a pod has no IP, or its node cannot route
+  podtrace profile web-0 db-0                     per-step latency of the encapsulation path";
+
 /// Traces packets between two pods through every hook of the node(s) and
 /// tells, per packet, where it went and what happened to it.
 // The command line: a trace (`podtrace SRC DST`), or a subcommand.
 #[derive(Debug, Parser)]
 #[command(
     name = "podtrace",
-    version,
+    version = VERSION,
+    long_version = LONG_VERSION,
     about,
+    after_help = EXAMPLES,
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true
 )]
@@ -46,7 +73,8 @@ pub enum Command {
     /// Tell the stories of a file written with --write again, offline.
     Read(ReadArgs),
     /// Trace one node for a cluster-mode front-end (run as a pod on that
-    /// node): JSON lines on stdout.
+    /// node): JSON lines on stdout. Started by the front-end, not by hand.
+    #[command(hide = true)]
     Agent(AgentArgs),
     /// Check a node and the API for the failures that leave no packet to
     /// trace (CNI config and plugins, flannel/calico state, kernel and
@@ -473,6 +501,24 @@ mod tests {
     use clap::CommandFactory;
 
     use super::*;
+
+    /// `--version` names the commit and where the agent image comes
+    /// from; `--help` ends with examples and leaves out `agent`, which
+    /// only a front-end starts (and which still parses).
+    #[test]
+    fn version_and_help_say_what_a_user_needs() {
+        let mut command = Cli::command();
+        let version = command.render_long_version();
+        assert!(version.contains(" (commit "), "{version}");
+        assert!(version.contains("agent image: no default"), "{version}");
+        let help = command.render_long_help().to_string();
+        assert!(
+            help.contains("Examples:\n  podtrace default/web-0"),
+            "{help}"
+        );
+        assert!(!help.contains("\n  agent "), "{help}");
+        assert!(Cli::try_parse_from(["podtrace", "agent", "a", "b"]).is_ok());
+    }
 
     #[test]
     fn the_shared_flags_reach_a_trace_and_the_doctor() {

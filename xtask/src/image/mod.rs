@@ -264,7 +264,7 @@ pub fn build(root: &Path, request: &Request) -> Result<Built> {
     })
 }
 
-/// podtrace's version, as the binary says it (`podtrace 0.1.0`).
+/// podtrace's version, as the binary says it (`podtrace 0.1.0 (commit …)`).
 fn version_of(podtrace: &Path) -> Result<String> {
     let out = Command::new(podtrace)
         .arg("--version")
