@@ -23,7 +23,10 @@ fn probe(lab: &LabGuard, dst: &str, probe: &str, extra: &[&str]) -> Finished {
     rest.push("--services-file".into());
     rest.push(lab.0.services_file().display().to_string());
     let done = Trace::start(&argv(&first, rest)).finish();
-    assert!(done.status.success(), "{}", done.stderr);
+    // (--fail's own status is the test's to check.)
+    if !extra.contains(&"--fail") {
+        assert!(done.status.success(), "{}", done.stderr);
+    }
     done
 }
 
@@ -44,8 +47,9 @@ fn outcomes(done: &Finished) -> Vec<String> {
 #[test]
 fn a_tcp_probe_connects_and_its_syn_and_syn_ack_are_told() {
     let lab = services_lab();
-    let done = probe(&lab, "default/db-0", "tcp:8080", &[]);
+    let done = probe(&lab, "default/db-0", "tcp:8080", &["--fail"]);
     assert!(result(&done).starts_with("connected in"), "{}", done.stdout);
+    assert_eq!(done.status.code(), Some(0), "--fail: {}", done.stderr);
     let stories = done.stories();
     let flags: Vec<&Value> = stories.iter().map(|s| &s["transport"]["flags"]).collect();
     assert!(stories.len() >= 2, "{}", done.stdout);
@@ -70,10 +74,12 @@ fn a_tcp_probe_to_a_port_nobody_listens_on_is_refused() {
 fn a_dropped_probe_says_no_answer_and_names_the_rule() {
     let lab = services_lab();
     Fault::IptablesForwardDrop.apply(&lab.0).unwrap();
-    let done = probe(&lab, "default/db-0", "tcp:8080", &[]);
+    let done = probe(&lab, "default/db-0", "tcp:8080", &["--fail"]);
     let said = result(&done);
     assert!(said.starts_with("no answer in 1s: dropped on"), "{said}");
     assert!(said.contains("-j DROP"), "the rule is named: {said}");
+    // A script can tell: --fail's status for a probe that failed.
+    assert_eq!(done.status.code(), Some(4), "{}", done.stderr);
 }
 
 #[test]
@@ -277,11 +283,7 @@ fn a_probe_that_cannot_be_sent_is_bad_input_and_nothing_is_sent() {
             ))
             .output()
             .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            !out.status.success() && stderr.lines().count() == 1 && stderr.contains(says),
-            "{probe}: {stderr}"
-        );
+        said_bad_input(out.status, &String::from_utf8_lossy(&out.stderr), says);
     }
     // A source behind no pod veth of the traced nodes: nothing attached.
     let out = std::process::Command::new(PODTRACE)

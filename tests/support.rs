@@ -266,8 +266,23 @@ pub fn run_podtrace(args: &[&str]) -> Finished {
     }
 }
 
-/// Runs podtrace with `argv` and checks the failure: one line on stderr
-/// that says `expected`, no panic, and nothing attached on `node_netns`.
+/// Bad input said as podtrace says it: its own errors in one line;
+/// clap's usage errors whole (what is wrong on the first line, then the
+/// values a flag takes or the missing argument, the usage and the tip),
+/// exit 2. Either way `expected` is said, and the exit is not 0.
+pub fn said_bad_input(status: std::process::ExitStatus, stderr: &str, expected: &str) {
+    assert!(!status.success(), "succeeded: {stderr}");
+    assert!(stderr.starts_with("podtrace: "), "{stderr}");
+    if stderr.trim_end().ends_with("try '--help'.") {
+        assert_eq!(status.code(), Some(2), "{stderr}");
+    } else {
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    }
+    assert!(stderr.contains(expected), "{expected:?} not said: {stderr}");
+}
+
+/// Runs podtrace with `argv` and checks the failure: said as bad input
+/// (`said_bad_input`), no panic, and nothing attached on `node_netns`.
 pub fn assert_refused(argv: &[&str], expected: &str, node_netns: &str) {
     let done = run_podtrace(argv);
     assert!(!done.status.success(), "{argv:?} succeeded");
@@ -277,21 +292,7 @@ pub fn assert_refused(argv: &[&str], expected: &str, node_netns: &str) {
         "{argv:?} panicked: {}",
         done.stderr
     );
-    // clap's usage errors come whole (what is wrong first, then its
-    // values or tip and the usage); podtrace's own are one line.
-    let usage_error = done.stderr.trim_end().ends_with("try '--help'.");
-    if usage_error {
-        assert_eq!(done.status.code(), Some(2), "{argv:?}: {}", done.stderr);
-    } else {
-        assert_eq!(
-            done.stderr.lines().count(),
-            1,
-            "one line for {argv:?}: {}",
-            done.stderr
-        );
-    }
-    assert!(done.stderr.starts_with("podtrace: "), "{}", done.stderr);
-    assert!(done.stderr.contains(expected), "{argv:?}: {}", done.stderr);
+    said_bad_input(done.status, &done.stderr, expected);
     assert!(
         tcx_programs(node_netns).is_empty(),
         "{argv:?} left programs attached"

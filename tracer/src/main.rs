@@ -1,5 +1,5 @@
 use clap::{error::ErrorKind, Parser};
-use podtrace::cli::{Cli, Command};
+use podtrace::cli::{Args, Cli, Command};
 
 /// A pod named without a namespace is in the kubeconfig context's, as
 /// kubectl's (an agent is told its front-end's).
@@ -73,17 +73,7 @@ fn main() -> std::process::ExitCode {
         (Some(Command::Profile(profile)), _) => {
             runtime.block_on(podtrace::app::profile::run(profile))
         }
-        // kubectl's plugin dispatch runs `kubectl-podtrace`: cluster mode,
-        // unless node-mode inputs (--netns, --pods-file) say otherwise.
-        (None, Some(trace))
-            if trace.cluster_mode
-                || (invoked_as_kubectl_plugin()
-                    && trace.kube.netns.is_empty()
-                    && trace.kube.pods_file.is_none()) =>
-        {
-            runtime.block_on(podtrace::app::front::run(trace))
-        }
-        (None, Some(trace)) => runtime.block_on(podtrace::app::run(trace)),
+        (None, Some(trace)) => return trace_and_exit(&runtime, trace),
         (Some(Command::Read(_)), _) => unreachable!("told above, without a runtime"),
         // clap asks for SRC and DST first; this is a guard.
         (None, None) => {
@@ -94,6 +84,34 @@ fn main() -> std::process::ExitCode {
     // Everything attached is dropped by now: this run's file can go.
     podtrace::probe::run_registry::close();
     exit(outcome)
+}
+
+/// A trace, in cluster mode or on this node; its exit status.
+fn trace_and_exit(runtime: &tokio::runtime::Runtime, trace: Args) -> std::process::ExitCode {
+    let fail = trace.fail;
+    // kubectl's plugin dispatch runs `kubectl-podtrace`: cluster mode,
+    // unless node-mode inputs (--netns, --pods-file) say otherwise.
+    let cluster_mode = trace.cluster_mode
+        || (invoked_as_kubectl_plugin()
+            && trace.kube.netns.is_empty()
+            && trace.kube.pods_file.is_none());
+    let seen = match cluster_mode {
+        true => runtime.block_on(podtrace::app::front::run(trace)),
+        false => runtime.block_on(podtrace::app::run(trace)),
+    };
+    // Everything attached is dropped by now: this run's file can go.
+    podtrace::probe::run_registry::close();
+    exit_seen(seen, fail)
+}
+
+/// A trace's exit status: with `--fail`, what went wrong in its stories
+/// (3 a drop or no route, 4 a probe unanswered).
+fn exit_seen(outcome: anyhow::Result<podtrace::app::Seen>, fail: bool) -> std::process::ExitCode {
+    match outcome {
+        Ok(seen) if fail => std::process::ExitCode::from(seen.exit_status()),
+        Ok(_) => std::process::ExitCode::SUCCESS,
+        Err(e) => exit(Err(e)),
+    }
 }
 
 fn exit(outcome: anyhow::Result<()>) -> std::process::ExitCode {

@@ -43,6 +43,7 @@ use tokio::sync::mpsc;
 
 use follow::{follow_connection, follow_move, learn_connection, of_the_traced_pair, watch_moves};
 use targets::{vantage, Targets};
+pub use teller::Seen;
 use traced::{LinkOutcome, Shared, TracedNode};
 
 use crate::{
@@ -69,7 +70,8 @@ const JOURNEY_PATIENCE: Duration = Duration::from_millis(1500);
 /// NEIGH_FAILED after its probes (ucast 3 + mcast 3, 1 s apart).
 const ARP_PATIENCE: Duration = Duration::from_millis(6500);
 
-pub async fn run(args: Args) -> Result<()> {
+/// A trace on this node; what went wrong in the stories told (`--fail`).
+pub async fn run(args: Args) -> Result<Seen> {
     probing::check(&args)?;
     require_root()?;
     // Before anything is attached: a signal from here on ends the trace
@@ -79,7 +81,7 @@ pub async fn run(args: Args) -> Result<()> {
     let write = args.write.as_deref().map(pcapng::open).transpose()?;
     let Some(resolved) = resolve_unless_stopped(&args, &mut stop).await else {
         stop::stopped_before_tracing(new_teller(&args, Context::default(), None))?;
-        return Ok(());
+        return Ok(Seen::default());
     };
     let resolved = match resolved {
         Err(e) if format!("{e}").contains("has no IP") => match doctor::trace::no_ip(&args).await {
@@ -477,10 +479,10 @@ fn add_kernel_losses(nodes: &[TracedNode], summary: &mut Summary) -> Result<()> 
     Ok(())
 }
 
-/// Adds the kernel's loss counters, detaches, and prints the summary.
-fn finish(trace: Trace, (mut summary, teller): (Summary, Teller<'static>)) -> Result<()> {
+/// Adds the kernel's loss counters, detaches, and prints the summary;
+/// what went wrong in what was told.
+fn finish(trace: Trace, (mut summary, teller): (Summary, Teller<'static>)) -> Result<Seen> {
     add_kernel_losses(&trace.nodes, &mut summary)?;
     drop(trace);
-    teller.finish(summary)?;
-    Ok(())
+    Ok(teller.finish(summary)?)
 }

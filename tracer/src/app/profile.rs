@@ -36,6 +36,7 @@ fn refuse_trace_only_flags(args: &Args) -> Result<()> {
         (args.snaplen != MAX_SNAPLEN, "--snaplen"),
         (args.sample != 1, "--sample"),
         (args.profile, "--profile"),
+        (args.fail, "--fail"),
         // The doctor's findings join verdicts, and profile mode has none.
         (!args.kube.host_root.is_empty(), "--host-root"),
     ];

@@ -80,7 +80,7 @@ pub(super) async fn unless_stopped<T>(
 /// Node mode stopped before tracing: its summary still ends the output
 /// (0 stories), as every stop's does.
 pub(super) fn stopped_before_tracing(teller: Teller<'_>) -> std::io::Result<()> {
-    teller.finish(Summary::default())
+    teller.finish(Summary::default()).map(|_| ())
 }
 
 /// The line [`die_saying`] writes, as the handler needs it: a pointer

@@ -16,7 +16,7 @@ use crate::{
         pcapng::{Announced, PcapWriter},
         Sink,
     },
-    story::{self, journey::Journey, profile::Profile, Context, Story},
+    story::{self, journey::Journey, profile::Profile, Context, Outcome, Story},
 };
 
 pub(super) struct Teller<'a> {
@@ -32,6 +32,30 @@ pub(super) struct Teller<'a> {
     /// the results are known, so that each result goes on the comment of
     /// its probe's last packet (a few stories, for a second or so).
     held: Vec<HeldStory>,
+    /// What went wrong in what was told, for `--fail`'s exit status.
+    seen: Seen,
+}
+
+/// What went wrong in the stories and probe results told.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Seen {
+    /// Stories whose verdict is dropped or no_route.
+    pub failed_verdicts: u64,
+    /// Probes that failed: no answer came back, or a refusal (a UDP
+    /// probe delivered to a silent socket went as far as it could).
+    pub unanswered_probes: u64,
+}
+
+impl Seen {
+    /// `--fail`'s exit status: 4 for a failed probe (what was asked
+    /// first), else 3 for a drop or a missing route, else 0.
+    pub fn exit_status(&self) -> u8 {
+        match (self.unanswered_probes, self.failed_verdicts) {
+            (1.., _) => 4,
+            (0, 1..) => 3,
+            (0, 0) => 0,
+        }
+    }
 }
 
 /// A story told, not yet written to the pcapng.
@@ -57,6 +81,7 @@ impl<'a> Teller<'a> {
             pcap: None,
             probe: None,
             held: Vec::new(),
+            seen: Seen::default(),
         }
     }
 
@@ -96,6 +121,12 @@ impl<'a> Teller<'a> {
             None => None,
         };
         let story = story::tell(journey, &self.ctx);
+        if matches!(
+            story.verdict.outcome,
+            Outcome::Dropped { .. } | Outcome::NoRoute { .. }
+        ) {
+            self.seen.failed_verdicts += 1;
+        }
         if let (Some(watch), Some(flow)) = (&mut self.probe, probe_flow) {
             watch.told(flow, &story);
         }
@@ -135,6 +166,9 @@ impl<'a> Teller<'a> {
             None => results,
         };
         for result in &results {
+            let went_through =
+                (self.probe.as_ref()).is_some_and(|w| w.delivered_to_silence(result));
+            self.seen.unanswered_probes += u64::from(!result.answered && !went_through);
             self.sink.probe(result)?;
         }
         self.write_held(&results)?;
@@ -169,7 +203,8 @@ impl<'a> Teller<'a> {
         }
     }
 
-    pub fn finish(mut self, mut summary: Summary) -> std::io::Result<()> {
+    /// Prints the summary; what went wrong in what was told.
+    pub fn finish(mut self, mut summary: Summary) -> std::io::Result<Seen> {
         if let Some(profile) = &self.profile {
             self.sink.profile(&profile.latencies())?;
         }
@@ -185,7 +220,8 @@ impl<'a> Teller<'a> {
                 summary.sightings.saturating_sub(pcap.packets)
             );
         }
-        self.sink.summary(&summary)
+        self.sink.summary(&summary)?;
+        Ok(self.seen)
     }
 }
 
@@ -220,6 +256,7 @@ pub(super) fn new_teller(
             .zip(ends)
             .map(|(kind, ends)| ProbeWatch::new(kind, ends)),
         held: Vec::new(),
+        seen: Seen::default(),
     }
 }
 
@@ -252,4 +289,21 @@ pub(super) fn pcap_writer(
         ctx.label(trace.targets.dst.ip)
     );
     PcapWriter::create(out, args.snaplen, title, &watched, ctx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Seen;
+
+    #[test]
+    fn fails_exit_status_puts_a_failed_probe_before_a_drop() {
+        let seen = |unanswered_probes, failed_verdicts| Seen {
+            failed_verdicts,
+            unanswered_probes,
+        };
+        assert_eq!(seen(0, 0).exit_status(), 0);
+        assert_eq!(seen(0, 2).exit_status(), 3);
+        assert_eq!(seen(1, 0).exit_status(), 4);
+        assert_eq!(seen(1, 5).exit_status(), 4);
+    }
 }

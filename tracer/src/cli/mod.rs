@@ -5,10 +5,12 @@ use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
 use clap::{Parser, Subcommand, ValueEnum};
 
 mod filter;
+mod kube;
 mod probe;
 mod values;
 
 pub use filter::{widen, FilterArgs, Proto};
+pub use kube::KubeArgs;
 pub use probe::ProbeArgs;
 use values::parse_snaplen;
 pub use values::{parse_duration, parse_ring_size};
@@ -216,6 +218,12 @@ pub struct Args {
     /// `-` for stdout (the stories then go to stderr).
     #[arg(short, long, value_name = "FILE.pcapng")]
     pub write: Option<String>,
+    /// Exit with a status a script can test, as ping and curl --fail do:
+    /// 3 when a story's verdict is dropped or no_route, 4 when a --probe
+    /// failed (no answer, or refused) (0 otherwise; 1 an error, 2 a usage
+    /// error).
+    #[arg(long)]
+    pub fail: bool,
     /// Bytes of each packet to write with --write (at most 128: what the
     /// kernel copies).
     #[arg(long, value_name = "BYTES", default_value_t = MAX_SNAPLEN, value_parser = parse_snaplen)]
@@ -244,80 +252,6 @@ pub struct Args {
     /// (default node: the destination's); e.g. `node-2=3s`, `-2s`.
     #[arg(long, hide = true, value_name = "[NODE=]DURATION")]
     pub clock_skew_for_testing: Option<String>,
-}
-
-/// Where the cluster is and which nodes to look at, for a trace and the
-/// doctor alike: the API (or files in its place) and each node's network
-/// namespace and root filesystem.
-#[derive(Clone, Debug, clap::Args)]
-pub struct KubeArgs {
-    /// Namespace for pod names given without one (default: the
-    /// kubeconfig context's, as kubectl's; else `default`).
-    #[arg(short = 'n', long)]
-    pub namespace: Option<String>,
-    /// Kubeconfig to reach the API (default: KUBECONFIG, ~/.kube/config,
-    /// then the in-cluster service account).
-    #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
-    /// Kubeconfig context to use.
-    #[arg(long)]
-    pub context: Option<String>,
-    /// Kubeconfig cluster to use (kubectl's `--cluster`).
-    #[arg(long, value_name = "NAME")]
-    pub cluster: Option<String>,
-    /// Kubeconfig user to use (kubectl's `--user`).
-    #[arg(long, value_name = "NAME")]
-    pub user: Option<String>,
-    /// User to impersonate (kubectl's `--as`).
-    #[arg(long = "as", value_name = "USER")]
-    pub impersonate: Option<String>,
-    /// Group to impersonate, repeatable (kubectl's `--as-group`).
-    #[arg(long = "as-group", value_name = "GROUP")]
-    pub impersonate_groups: Vec<String>,
-    /// Bearer token for the API (kubectl's `--token`).
-    #[arg(long, value_name = "TOKEN")]
-    pub token: Option<String>,
-    /// The API server's address (kubectl's `--server`, `-s`).
-    #[arg(long, short = 's', value_name = "URL")]
-    pub server: Option<String>,
-    /// How long one API request may take (kubectl's `--request-timeout`:
-    /// `30s`, `1m`; 0 for no limit).
-    #[arg(long, value_name = "DURATION", value_parser = values::parse_duration)]
-    pub request_timeout: Option<std::time::Duration>,
-    /// Pod inventory in `kubectl get pods -A -o json` format, instead of
-    /// the API.
-    #[arg(long, value_name = "FILE")]
-    pub pods_file: Option<PathBuf>,
-    /// Node list in `kubectl get nodes -o json` format, instead of the
-    /// API: each node's pod subnet, CNI annotations and conditions.
-    #[arg(long, value_name = "FILE")]
-    pub nodes_file: Option<PathBuf>,
-    /// Trace (or examine) the node inside this network namespace: a name
-    /// from `ip netns` or a path such as /proc/PID/ns/net. Repeat it for
-    /// several nodes in one run.
-    #[arg(long, value_name = "NETNS")]
-    pub netns: Vec<String>,
-    /// Each node's root filesystem, in --netns order (`/host` in a debug
-    /// pod), for its etc/cni/net.d, opt/cni/bin and run/flannel; without
-    /// it a --netns node's files are not examined (this host's are read
-    /// from /).
-    // The doctor's wording: the commands that flatten a trace's `Args`
-    // say what it does for them (`HOST_ROOT_*`, with `mut_arg`).
-    #[arg(long, value_name = "DIR")]
-    pub host_root: Vec<PathBuf>,
-    /// The node an agent runs on (its `--node`): the API is asked for
-    /// it by name, and the agent names itself by it to the API.
-    #[arg(skip)]
-    pub agent_on: Option<String>,
-}
-
-impl KubeArgs {
-    /// The namespace of pod names given without one: `-n`, else the
-    /// kubeconfig context's once it is settled (`cluster::api`), else
-    /// `default`.
-    pub fn namespace(&self) -> &str {
-        self.namespace.as_deref().unwrap_or("default")
-    }
 }
 
 /// `podtrace agent`: a trace of one node, for a cluster-mode front-end.
@@ -413,6 +347,8 @@ impl Args {
             attach: self.attach,
             color: "auto".into(),
             write: None,
+            // The front-end decides the exit status from the stories.
+            fail: false,
             snaplen: MAX_SNAPLEN,
             // The front-end's: an agent sends none.
             probe: ProbeArgs::default(),

@@ -38,7 +38,7 @@ use super::{
     stop::Stop,
     stream::{drive, ends_with_probes, Ended, Source},
     targets::{vantage, Targets},
-    teller::Teller,
+    teller::{Seen, Teller},
     wire::Read,
 };
 use crate::{
@@ -56,7 +56,9 @@ use crate::{
 /// How long stopped agents may take to say their summary.
 const END_PATIENCE: Duration = Duration::from_secs(15);
 
-pub async fn run(args: Args) -> Result<()> {
+/// A trace through agent pods; what went wrong in the stories told
+/// (`--fail`).
+pub async fn run(args: Args) -> Result<Seen> {
     super::probing::check(&args)?;
     // Agents keep no header bytes, and no pcapng is written from them.
     if args.write.is_some() {
@@ -66,7 +68,7 @@ pub async fn run(args: Args) -> Result<()> {
     let Some(targets) =
         super::stop::unless_stopped(Targets::resolve(&args, &[]), stop.recv()).await
     else {
-        return Ok(());
+        return Ok(Seen::default());
     };
     let targets = targets?;
     let Some(cluster) = &targets.cluster else {
@@ -96,8 +98,8 @@ pub async fn run(args: Args) -> Result<()> {
     agents.release().await;
     outcome?;
     ended?;
-    session.finish(&agents)?;
-    stopped
+    let seen = session.finish(&agents)?;
+    stopped.map(|()| seen)
 }
 
 /// Everything one cluster-mode trace holds while it runs.
@@ -405,10 +407,11 @@ impl Session {
         self.lag_ns.map_or(0, |lag| (local + lag).max(0) as u64)
     }
 
-    /// The summary: the agents' counts, per node and in all.
-    fn finish(self, agents: &Agents) -> Result<()> {
+    /// The summary: the agents' counts, per node and in all; what went
+    /// wrong in the stories told.
+    fn finish(self, agents: &Agents) -> Result<Seen> {
         let Some(mut teller) = self.teller else {
-            return Ok(());
+            return Ok(Seen::default());
         };
         let mut summary = self.summary;
         let placed = self.clocks.placements();
@@ -416,8 +419,8 @@ impl Session {
             agent.add_counts(node, &agents.namespace, placed.get(node), &mut summary);
         }
         teller.tell_probes(self.probe_results, &mut summary)?;
-        teller.finish(summary)?;
-        lost::unless_agents_lost(&self.agents)
+        let seen = teller.finish(summary)?;
+        lost::unless_agents_lost(&self.agents).map(|()| seen)
     }
 }
 

@@ -130,6 +130,14 @@ impl ProbeWatch {
         of_the_probe(true).or_else(|| of_the_probe(false))
     }
 
+    /// Whether `result` is a UDP probe's silence after its datagram was
+    /// delivered: as far as the network goes, it went through.
+    pub fn delivered_to_silence(&self, result: &ProbeResult) -> bool {
+        matches!(self.kind, ProbeKind::Udp(_))
+            && result.silent
+            && self.delivered.contains(&(result.flow_id, 0))
+    }
+
     /// `result`, with the verdict of its packet that failed beside it.
     pub fn explained(&self, mut result: ProbeResult) -> ProbeResult {
         if !result.answered {
@@ -143,10 +151,7 @@ impl ProbeWatch {
                 .or_else(|| self.failed.get(&(result.flow_id, 0)));
             if let Some(verdict) = verdict {
                 result.result = format!("{}: {verdict}", result.result);
-            } else if matches!(self.kind, ProbeKind::Udp(_))
-                && result.silent
-                && self.delivered.contains(&(result.flow_id, 0))
-            {
+            } else if self.delivered_to_silence(&result) {
                 // UDP has no answer of its own: the silence is the port's.
                 result.result = format!(
                     "{}, but the datagram was delivered to {}: a closed port's ICMP port unreachable is rate-limited by the kernel (net.ipv4.icmp_ratelimit, icmp_msgs_per_sec), and a listening one need not reply",
