@@ -1,5 +1,6 @@
-//! Bad input on the command line: each case gets one line on stderr that
-//! names what was wrong, a non-zero exit, and nothing attached.
+//! Bad input on the command line: each case is said (podtrace's own errors
+//! in one line, clap's usage errors whole), with a non-zero exit, and
+//! nothing attached.
 
 // The helpers are shared with the other kernel tests.
 #[allow(dead_code)]

@@ -890,10 +890,10 @@ fn load_by_client(requests: &[ApiRequest]) -> BTreeMap<String, (usize, u64)> {
 
 /// On a cluster of 10,000 pods and 2,000 Services, `kubectl podtrace` of
 /// two pods asks the API for what it traces: the front-end and each
-/// agent list nothing cluster-wide (no pods, Services, EndpointSlices,
-/// nodes or events of the whole cluster), and each gets a few KB, not the
-/// tens of MB a list of the cluster's pods is. The requests and bytes of
-/// each are printed.
+/// agent list nothing cluster-wide without a selector, and each gets a
+/// few KB in all (a selector that still matched much of the cluster would
+/// show there), not the tens of MB a list of the cluster's pods is. The
+/// requests and bytes of each are printed.
 #[test]
 fn a_pod_to_pod_trace_on_a_crowded_cluster_asks_for_what_it_traces() {
     let lab = lab(Topology::FlannelVxlan);

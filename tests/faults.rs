@@ -448,3 +448,19 @@ fn the_nft_table_is_gone_after_sigint_sigterm_and_sigkill() {
 fn lab_args_with(lab: &LabGuard, first: &[&str]) -> Vec<String> {
     argv(first, lab_args(&lab.0, &[1, 2]))
 }
+
+/// `--fail`, for a script: a story told dropped is exit status 3.
+#[test]
+fn with_fail_a_dropped_story_is_exit_status_3() {
+    let lab = faulty(Fault::IptablesForwardDrop);
+    let trace = Trace::start(&one_story(&lab, "web-0", "db-0", &["--fail"]));
+    let _answered = lab.0.ping("web-0", lab.0.pod("db-0").ip, &[]);
+    let done = trace.finish();
+    let stories = done.stories();
+    assert_eq!(
+        stories[0]["verdict"]["outcome"], "dropped",
+        "{}",
+        done.stdout
+    );
+    assert_eq!(done.status.code(), Some(3), "{}", done.stderr);
+}

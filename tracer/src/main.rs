@@ -88,7 +88,7 @@ fn main() -> std::process::ExitCode {
 
 /// A trace, in cluster mode or on this node; its exit status.
 fn trace_and_exit(runtime: &tokio::runtime::Runtime, trace: Args) -> std::process::ExitCode {
-    let fail = trace.fail;
+    let (fail, probe_asked) = (trace.fail, trace.probe.probe.is_some());
     // kubectl's plugin dispatch runs `kubectl-podtrace`: cluster mode,
     // unless node-mode inputs (--netns, --pods-file) say otherwise.
     let cluster_mode = trace.cluster_mode
@@ -101,16 +101,21 @@ fn trace_and_exit(runtime: &tokio::runtime::Runtime, trace: Args) -> std::proces
     };
     // Everything attached is dropped by now: this run's file can go.
     podtrace::probe::run_registry::close();
-    exit_seen(seen, fail)
+    exit_seen(seen, fail.then_some(probe_asked))
 }
 
-/// A trace's exit status: with `--fail`, what went wrong in its stories
-/// (3 a drop or no route, 4 a probe unanswered).
-fn exit_seen(outcome: anyhow::Result<podtrace::app::Seen>, fail: bool) -> std::process::ExitCode {
-    match outcome {
-        Ok(seen) if fail => std::process::ExitCode::from(seen.exit_status()),
-        Ok(_) => std::process::ExitCode::SUCCESS,
-        Err(e) => exit(Err(e)),
+/// A trace's exit status: with `--fail` (`Some(probe asked)`), what went
+/// wrong in its stories (3 a drop or no route, 4 a probe failed).
+fn exit_seen(
+    outcome: anyhow::Result<podtrace::app::Seen>,
+    fail: Option<bool>,
+) -> std::process::ExitCode {
+    match (outcome, fail) {
+        (Ok(seen), Some(probe_asked)) => {
+            std::process::ExitCode::from(seen.exit_status(probe_asked))
+        }
+        (Ok(_), None) => std::process::ExitCode::SUCCESS,
+        (Err(e), _) => exit(Err(e)),
     }
 }
 

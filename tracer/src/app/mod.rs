@@ -161,17 +161,27 @@ async fn resolve(args: &Args) -> Result<Resolved> {
     let mut ctx = context_of(args, &targets);
     let sight = RuleSight::of(&namespaces, args.no_ruleset_changes)?;
     ctx.why_rule_unnamed = sight.off.unwrap_or(crate::probe::netfilter::UNTRACED_DROP);
+    // Profile mode tells no verdict for findings to join: not asked.
+    let doctor = if args.in_kernel_profile {
+        Vec::new()
+    } else {
+        let ends = [&targets.src, &targets.dst];
+        let pods = (ends.iter().filter_map(|e| e.pod.as_ref()))
+            .map(|p| p.qualified())
+            .collect();
+        let nodes = targets
+            .known_nodes()
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect();
+        doctor::trace::node_findings(args, pods, nodes).await
+    };
     Ok(Resolved {
         targets,
         namespaces,
         ctx,
         sight,
-        // Profile mode tells no verdict for findings to join: not asked.
-        doctor: if args.in_kernel_profile {
-            Vec::new()
-        } else {
-            doctor::trace::node_findings(args).await
-        },
+        doctor,
         addresses,
     })
 }

@@ -44,16 +44,20 @@ pub struct Seen {
     /// Probes that failed: no answer came back, or a refusal (a UDP
     /// probe delivered to a silent socket went as far as it could).
     pub unanswered_probes: u64,
+    /// Probe results told at all (none when a stop came first).
+    pub probes_told: u64,
 }
 
 impl Seen {
-    /// `--fail`'s exit status: 4 for a failed probe (what was asked
-    /// first), else 3 for a drop or a missing route, else 0.
-    pub fn exit_status(&self) -> u8 {
-        match (self.unanswered_probes, self.failed_verdicts) {
-            (1.., _) => 4,
-            (0, 1..) => 3,
-            (0, 0) => 0,
+    /// `--fail`'s exit status: 4 for a failed probe, or one asked for
+    /// (`probe_asked`) with no result (a stop came first): what was asked
+    /// first; else 3 for a drop or a missing route; else 0.
+    pub fn exit_status(&self, probe_asked: bool) -> u8 {
+        let probe_failed = self.unanswered_probes > 0 || probe_asked && self.probes_told == 0;
+        match (probe_failed, self.failed_verdicts) {
+            (true, _) => 4,
+            (false, 1..) => 3,
+            (false, 0) => 0,
         }
     }
 }
@@ -169,6 +173,7 @@ impl<'a> Teller<'a> {
             let went_through =
                 (self.probe.as_ref()).is_some_and(|w| w.delivered_to_silence(result));
             self.seen.unanswered_probes += u64::from(!result.answered && !went_through);
+            self.seen.probes_told += 1;
             self.sink.probe(result)?;
         }
         self.write_held(&results)?;
@@ -300,10 +305,14 @@ mod tests {
         let seen = |unanswered_probes, failed_verdicts| Seen {
             failed_verdicts,
             unanswered_probes,
+            probes_told: 1,
         };
-        assert_eq!(seen(0, 0).exit_status(), 0);
-        assert_eq!(seen(0, 2).exit_status(), 3);
-        assert_eq!(seen(1, 0).exit_status(), 4);
-        assert_eq!(seen(1, 5).exit_status(), 4);
+        assert_eq!(seen(0, 0).exit_status(true), 0);
+        assert_eq!(seen(0, 2).exit_status(false), 3);
+        assert_eq!(seen(1, 0).exit_status(true), 4);
+        assert_eq!(seen(1, 5).exit_status(true), 4);
+        // A probe asked for and a stop before its result: not a success.
+        assert_eq!(Seen::default().exit_status(true), 4);
+        assert_eq!(Seen::default().exit_status(false), 0);
     }
 }

@@ -32,7 +32,7 @@ pub struct KubeArgs {
     #[arg(long = "as", value_name = "USER")]
     pub impersonate: Option<String>,
     /// Group to impersonate, repeatable (kubectl's `--as-group`).
-    #[arg(long = "as-group", value_name = "GROUP")]
+    #[arg(long = "as-group", value_name = "GROUP", requires = "impersonate")]
     pub impersonate_groups: Vec<String>,
     /// Bearer token for the API (kubectl's `--token`).
     #[arg(long, value_name = "TOKEN")]
@@ -40,8 +40,8 @@ pub struct KubeArgs {
     /// The API server's address (kubectl's `--server`, `-s`).
     #[arg(long, short = 's', value_name = "URL")]
     pub server: Option<String>,
-    /// How long one API request may take (kubectl's `--request-timeout`:
-    /// `30s`, `1m`; 0 for no limit).
+    /// How long reaching the API may take, its first answer included
+    /// (kubectl's `--request-timeout`: `30s`, `1m`; 0 for no limit).
     #[arg(long, value_name = "DURATION", value_parser = values::parse_duration)]
     pub request_timeout: Option<Duration>,
     /// Pod inventory in `kubectl get pods -A -o json` format, instead of

@@ -293,10 +293,11 @@ pub struct DoctorArgs {
     /// kernel's nf_conntrack_max is read-only outside the initial netns).
     #[arg(long, hide = true, value_name = "N")]
     pub conntrack_max_for_testing: Option<u64>,
-    /// The doctor inside a trace: the API is asked for the traced pods and
-    /// their nodes alone, never for the whole cluster.
+    /// The doctor inside a trace: the nodes the trace involves. The API
+    /// is then asked for the traced pods and these nodes by name, never
+    /// for the whole cluster.
     #[arg(skip)]
-    pub within_trace: bool,
+    pub trace_nodes: Option<Vec<String>>,
 }
 
 impl Args {

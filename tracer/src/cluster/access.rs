@@ -46,6 +46,11 @@ impl Access {
         }
     }
 
+    /// `--request-timeout`, where it sets a limit (0 is none, as kubectl's).
+    pub(super) fn request_limit(&self) -> Option<std::time::Duration> {
+        self.request_timeout.filter(|t| !t.is_zero())
+    }
+
     /// The kubeconfig's (or the pod's) configuration with kubectl's global
     /// flags over it, as kubectl applies them.
     pub(super) fn overridden(&self, mut config: Config) -> Result<Config> {
@@ -67,10 +72,10 @@ impl Access {
         if !self.impersonate_groups.is_empty() {
             auth.impersonate_groups = Some(self.impersonate_groups.clone());
         }
-        if let Some(timeout) = self.request_timeout {
-            // 0 is no limit, as kubectl's.
-            let limit = (!timeout.is_zero()).then_some(timeout);
-            (config.read_timeout, config.write_timeout) = (limit, limit);
+        // Connecting only: a read timeout would be an idle one, and end the
+        // watches and the agents' followed logs that are quiet for longer.
+        if let Some(limit) = self.request_limit() {
+            config.connect_timeout = Some(limit);
         }
         Ok(config)
     }

@@ -76,11 +76,18 @@ impl Cluster {
         let cluster = Self { client, url };
         // One cheap request, so that an unreachable API, TLS or credentials
         // fail here, in one line, before anything is attached.
-        cluster
-            .client
-            .apiserver_version()
-            .await
-            .map_err(|e| cluster.explain(e, "get", "version", None))?;
+        let asked = cluster.client.apiserver_version();
+        let answered = match access.request_limit() {
+            Some(limit) => tokio::time::timeout(limit, asked).await.map_err(|_| {
+                anyhow!(
+                    "the Kubernetes API at {} did not answer within --request-timeout {}",
+                    cluster.url,
+                    humantime::format_duration(limit)
+                )
+            })?,
+            None => asked.await,
+        };
+        answered.map_err(|e| cluster.explain(e, "get", "version", None))?;
         Ok(cluster)
     }
 

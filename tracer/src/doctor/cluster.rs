@@ -165,28 +165,35 @@ impl ClusterState {
         Ok(state)
     }
 
-    /// The pods asked about and their nodes, each by name (`--node` and
-    /// an agent's own node too); with no pod asked, outside a trace (the
-    /// `doctor` command on its own), every node and pod, a page at a time.
+    /// The pods asked about, each by name (every pod, a page at a time,
+    /// when none is); every node, a page at a time, for the peer checks
+    /// between them. Inside a trace, only the nodes it involves, by name
+    /// (with the pods' own, `--node`'s and an agent's), never the whole
+    /// cluster.
     async fn from_api(args: &DoctorArgs, access: &Access, asked: &[String]) -> Result<Self> {
         let cluster = Cluster::connect(access).await?;
         let client = cluster.client();
-        let (nodes, pods) = if asked.is_empty() && !args.within_trace {
-            let nodes: Api<Node> = Api::all(client.clone());
+        let params = ListParams::default();
+        let pods = if asked.is_empty() && args.trace_nodes.is_none() {
             let pods: Api<KubePod> = Api::all(client.clone());
-            let params = ListParams::default();
-            (
-                cluster.list_paged(&nodes, &params, "nodes", None).await?,
-                cluster.list_paged(&pods, &params, "pods", None).await?,
-            )
+            cluster.list_paged(&pods, &params, "pods", None).await?
         } else {
-            let pods = pods_named(&cluster, asked).await?;
-            let names: Vec<String> = (pods.iter())
-                .filter_map(|p| p.spec.as_ref()?.node_name.clone())
-                .chain(args.node.iter().cloned())
-                .chain(args.kube.agent_on.clone())
-                .collect();
-            (nodes_named(&cluster, names).await?, pods)
+            pods_named(&cluster, asked).await?
+        };
+        let nodes = match &args.trace_nodes {
+            None => {
+                let nodes: Api<Node> = Api::all(client.clone());
+                cluster.list_paged(&nodes, &params, "nodes", None).await?
+            }
+            Some(involved) => {
+                let names: Vec<String> = (pods.iter())
+                    .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+                    .chain(involved.iter().cloned())
+                    .chain(args.node.iter().cloned())
+                    .chain(args.kube.agent_on.clone())
+                    .collect();
+                nodes_named(&cluster, names).await?
+            }
         };
         let mut state = Self {
             known: true,

@@ -21,8 +21,10 @@ impl From<Check> for Finding {
     }
 }
 
-/// The doctor's arguments for a trace's: the same pods, API and nodes.
-fn doctor_args(args: &Args) -> DoctorArgs {
+/// The doctor's arguments for a trace's: the same pods, API and nodes;
+/// `involved`, the nodes the trace involves (the API is asked for them
+/// by name).
+fn doctor_args(args: &Args, involved: Vec<String>) -> DoctorArgs {
     DoctorArgs {
         pods: [&args.src, &args.dst]
             .into_iter()
@@ -40,14 +42,22 @@ fn doctor_args(args: &Args) -> DoctorArgs {
         output: Format::Json,
         api_only: false,
         conntrack_max_for_testing: None,
-        within_trace: true,
+        trace_nodes: Some(involved),
     }
 }
 
 /// Each traced node's failing checks, in --netns order (none where the
-/// doctor cannot look: it never stops a trace).
-pub async fn node_findings(args: &Args) -> Vec<Vec<Finding>> {
-    let doctor = doctor_args(args);
+/// doctor cannot look: it never stops a trace). `pods` and `nodes`: those
+/// the trace resolved (pods named by address too).
+pub async fn node_findings(
+    args: &Args,
+    pods: Vec<String>,
+    nodes: Vec<String>,
+) -> Vec<Vec<Finding>> {
+    let mut doctor = doctor_args(args, nodes);
+    if !pods.is_empty() {
+        doctor.pods = pods;
+    }
     let Ok(cluster) = ClusterState::load(&doctor).await else {
         return Vec::new();
     };
@@ -69,7 +79,7 @@ pub async fn node_findings(args: &Args) -> Vec<Vec<Finding>> {
 /// Why a pod argument has no IP: its sandbox failure and the node check
 /// that confirms it, or the node's failing CNI checks.
 pub async fn no_ip(args: &Args) -> Option<String> {
-    let doctor = doctor_args(args);
+    let doctor = doctor_args(args, Vec::new());
     let cluster = ClusterState::load(&doctor).await.ok()?;
     let pod = cluster
         .pods
