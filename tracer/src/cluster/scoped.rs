@@ -145,16 +145,26 @@ impl Cluster {
             self.list_paged(&nodes, &ListParams::default(), "nodes", None)
                 .await?
         } else {
-            let mut found = Vec::new();
-            for name in names {
-                let node = (nodes.get_opt(name).await)
-                    .map_err(|e| self.explain(e, "get", "nodes", None))?;
-                found.extend(node);
-            }
-            found
+            self.nodes_named(names).await?
         };
         let items: Vec<Value> =
             (found.iter().map(serde_json::to_value)).collect::<Result<_, _>>()?;
         nodes_of(&items)
+    }
+
+    /// The nodes `names`, each by name, once; one the API does not have
+    /// is left out.
+    pub async fn nodes_named(&self, names: &[String]) -> Result<Vec<Node>> {
+        let mut names = names.to_vec();
+        names.sort();
+        names.dedup();
+        let nodes: Api<Node> = Api::all(self.client());
+        let mut found = Vec::new();
+        for name in names {
+            let node =
+                (nodes.get_opt(&name).await).map_err(|e| self.explain(e, "get", "nodes", None))?;
+            found.extend(node);
+        }
+        Ok(found)
     }
 }

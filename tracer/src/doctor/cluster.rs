@@ -192,7 +192,7 @@ impl ClusterState {
                     .chain(args.node.iter().cloned())
                     .chain(args.kube.agent_on.clone())
                     .collect();
-                nodes_named(&cluster, names).await?
+                cluster.nodes_named(&names).await?
             }
         };
         let mut state = Self {
@@ -271,20 +271,6 @@ async fn pods_named(cluster: &Cluster, asked: &[String]) -> Result<Vec<KubePod>>
         let pod = (pods.get_opt(name).await)
             .with_context(|| format!("cannot get pod {qualified} from the API"))?;
         found.extend(pod);
-    }
-    Ok(found)
-}
-
-/// The nodes `names`, each by name, once.
-async fn nodes_named(cluster: &Cluster, mut names: Vec<String>) -> Result<Vec<Node>> {
-    names.sort();
-    names.dedup();
-    let nodes: Api<Node> = Api::all(cluster.client());
-    let mut found = Vec::new();
-    for name in names {
-        let node = (nodes.get_opt(&name).await)
-            .with_context(|| format!("cannot get node {name} from the API"))?;
-        found.extend(node);
     }
     Ok(found)
 }
