@@ -378,3 +378,67 @@ pub fn map_values(id: u64) -> Vec<Vec<u8>> {
         .filter_map(|entry| entry["value"].as_array()?.iter().map(byte).collect())
         .collect()
 }
+
+/// A full-size TCP segment (1400 B of payload) from pod `from` to port
+/// `port` of pod `to`, as the sending pod's veth carries it.
+pub fn tcp_frame(lab: &Lab, from: &str, to: &str, port: u16) -> Vec<u8> {
+    let (src, dst) = (lab.pod(from).ip.octets(), lab.pod(to).ip.octets());
+    let mut out = Vec::new();
+    etherparse::PacketBuilder::ethernet2([2; 6], [4; 6])
+        .ipv4(src, dst, 64)
+        .tcp(40_000, port, 1, 64_000)
+        .write(&mut out, &[0; 1400])
+        .expect("a frame");
+    out
+}
+
+/// `inner` as flannel sends it from node 1 to node 2 (VXLAN, VNI 1).
+pub fn vxlan_frame(inner: Vec<u8>) -> Vec<u8> {
+    let mut vxlan = vec![0x08, 0, 0, 0, 0, 0, 1, 0];
+    vxlan.extend(inner);
+    let mut out = Vec::new();
+    etherparse::PacketBuilder::ethernet2([2; 6], [4; 6])
+        .ipv4(Lab::node_ip(1).octets(), Lab::node_ip(2).octets(), 64)
+        .udp(50_000, 8472)
+        .write(&mut out, &vxlan)
+        .expect("a frame");
+    out
+}
+
+/// Bytes of program `id`'s JIT-compiled code (what runs per packet).
+pub fn jited_bytes(id: u64) -> u64 {
+    let out = Command::new("bpftool")
+        .args(["prog", "show", "id", &id.to_string(), "-j"])
+        .output()
+        .expect("bpftool");
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    shown["bytes_jited"].as_u64().unwrap_or(0)
+}
+
+/// Which way a bench figure improves.
+#[derive(Clone, Copy)]
+pub enum Better {
+    Lower,
+    Higher,
+}
+
+/// Hands a figure to `cargo xtask bench`, which compares it with the
+/// baseline committed in the repository: one JSON line appended to the
+/// file `PODTRACE_BENCH_FIGURES` names (nothing when run otherwise).
+pub fn figure(name: &str, value: f64, unit: &str, better: Better) {
+    let Some(path) = std::env::var_os("PODTRACE_BENCH_FIGURES") else {
+        return;
+    };
+    let better = match better {
+        Better::Lower => "lower",
+        Better::Higher => "higher",
+    };
+    let line = serde_json::json!({"name": name, "value": value, "unit": unit, "better": better});
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .expect("bench figures file");
+    use std::io::Write;
+    writeln!(file, "{line}").expect("bench figures file");
+}

@@ -361,8 +361,14 @@ fn untraced_cost() {
     );
     stats.set(false);
     let packets = [
-        ("plain TCP", untraced_tcp(&lab.0)),
-        ("VXLAN", untraced_vxlan(&lab.0)),
+        (
+            "plain TCP",
+            datapath::tcp_frame(&lab.0, "web-0", "db-0", 5201),
+        ),
+        (
+            "VXLAN",
+            datapath::vxlan_frame(datapath::tcp_frame(&lab.0, "web-0", "db-0", 5201)),
+        ),
     ];
     let floor_id = floor.ids.first().copied();
     for (what, packet) in &packets {
@@ -391,29 +397,4 @@ fn since(
             (name.clone(), (runs - r0, ns - n0))
         })
         .collect()
-}
-
-/// A full-size TCP segment of iperf3's pair, which is not traced.
-fn untraced_tcp(lab: &Lab) -> Vec<u8> {
-    let (from, to) = (lab.pod("web-0").ip.octets(), lab.pod("db-0").ip.octets());
-    let mut out = Vec::new();
-    etherparse::PacketBuilder::ethernet2([2; 6], [4; 6])
-        .ipv4(from, to, 64)
-        .tcp(40_000, 5201, 1, 64_000)
-        .write(&mut out, &[0; 1400])
-        .expect("a frame");
-    out
-}
-
-/// The same segment as flannel sends it between the nodes.
-fn untraced_vxlan(lab: &Lab) -> Vec<u8> {
-    let mut vxlan = vec![0x08, 0, 0, 0, 0, 0, 1, 0];
-    vxlan.extend(untraced_tcp(lab));
-    let mut out = Vec::new();
-    etherparse::PacketBuilder::ethernet2([2; 6], [4; 6])
-        .ipv4(Lab::node_ip(1).octets(), Lab::node_ip(2).octets(), 64)
-        .udp(50_000, 8472)
-        .write(&mut out, &vxlan)
-        .expect("a frame");
-    out
 }

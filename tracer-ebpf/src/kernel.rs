@@ -33,7 +33,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use podtrace_common::{
-    headers::IPV4_SADDR, packet::Bytes, FlowKey, Histogram, FIB_NOT_LOOKED_UP, SNAPSHOT_LEN,
+    glance::Fixed, headers::IPV4_SADDR, packet::Bytes, FlowKey, Histogram, FIB_NOT_LOOKED_UP,
+    SNAPSHOT_LEN,
 };
 
 /// The kernel's route for a packet: (BPF_FIB_LKUP_RET_*, output ifindex,
@@ -308,6 +309,20 @@ impl Linear {
             return None;
         }
         Some(start as *const u8)
+    }
+}
+
+/// One check against `data_end` for a whole span at a constant offset
+/// (inlined, `at` is a constant in every caller): the verifier then knows
+/// every byte of it, and reads cost no check each.
+impl Fixed for Linear {
+    #[inline(always)]
+    fn fixed<const N: usize>(&self, at: usize) -> Option<&[u8; N]> {
+        let start = self.data + at;
+        if start + N > self.end {
+            return None;
+        }
+        Some(unsafe { &*(start as *const [u8; N]) })
     }
 }
 

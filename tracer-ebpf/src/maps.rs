@@ -149,6 +149,15 @@ pub fn is_traced(key: &FlowKey) -> bool {
     }
 }
 
+/// The IPv4 pre-filter's entry (`None`: there is none, and then no pair
+/// is traced). Looked up once by a caller that asks it of several pairs,
+/// before it reads them: the lookup is a call to LLVM, which would
+/// otherwise keep the packet's bytes on the stack across it.
+#[inline(always)]
+pub fn traced_pairs() -> Option<&'static TracedPairs> {
+    TRACED_PAIRS.get(0)
+}
+
 /// Whether an IPv6 pair is traced: the address bits turn most untraced
 /// packets away, and FLOWS6 decides the rest (its exact list is left to
 /// IPv4: comparing 32-byte keys in place cost more stack than the eBPF

@@ -9,6 +9,7 @@ use aya_ebpf::{
 use podtrace_common::{
     counter,
     filter::{self, L4Filter},
+    glance,
     headers::{IPV4_PROTOCOL, IPV4_TOS, IPV4_VERSION, IPV6_DADDR, IPV6_NEXT_HEADER, IPV6_SADDR},
     hook_id, ipv6_program, match_kind,
     packet::{classify4, classify6, classify6_in4, ethernet_payload, ip_version, packet_id, Bytes},
@@ -21,8 +22,8 @@ use podtrace_common::{
 use crate::{
     kernel::{submit_with, Linear, Route, Skb, NO_ROUTE_ASKED},
     maps::{
-        bump, filter_keeps, filtering, node_id, sample, tunnel_ports, wake_bytes, NodeFlows,
-        NodeFlows4, SIGHTINGS,
+        bump, filter_keeps, filtering, node_id, sample, traced_pairs, tunnel_ports, wake_bytes,
+        NodeFlows, NodeFlows4, SIGHTINGS,
     },
     profile,
     sighting::Meta,
@@ -43,38 +44,64 @@ const AF_INET6: u8 = 10;
 // million instructions processed), and an IPv4 packet pays for no IPv6
 // code on its way.
 
+// Each IPv4 program is a glance at the packet in the entry itself (no
+// call for the packets it turns away, most of a node's), then a call to
+// the rest of its hook (`look_closer`), in a frame of its own as the
+// verifiers took it before the glance.
+
 #[classifier]
+#[inline(always)]
 pub fn podtrace_ingress(ctx: TcContext) -> i32 {
-    to_ipv6(&ctx, true, ipv6_program::INGRESS);
-    observe::<false>(&ctx, Direction::Ingress, true, false)
+    hook::<true, true, false>(ctx)
 }
 
 #[classifier]
+#[inline(always)]
 pub fn podtrace_egress(ctx: TcContext) -> i32 {
-    to_ipv6(&ctx, true, ipv6_program::EGRESS);
-    observe::<false>(&ctx, Direction::Egress, true, false)
+    hook::<true, false, false>(ctx)
 }
 
 /// Egress of a pod's own interface (the host side of its veth): the
 /// packet is handed to the pod, the last hook of its path. (A program
 /// name has 15 characters at most.)
 #[classifier]
+#[inline(always)]
 pub fn podtrace_to_pod(ctx: TcContext) -> i32 {
-    to_ipv6(&ctx, true, ipv6_program::TO_POD);
-    observe::<false>(&ctx, Direction::Egress, true, true)
+    hook::<true, false, true>(ctx)
 }
 
 /// For devices without an Ethernet header (tunl0, wireguard).
 #[classifier]
+#[inline(always)]
 pub fn podtrace_ingress_l3(ctx: TcContext) -> i32 {
-    to_ipv6(&ctx, false, ipv6_program::INGRESS_L3);
-    observe::<false>(&ctx, Direction::Ingress, false, false)
+    hook::<false, true, false>(ctx)
 }
 
 #[classifier]
+#[inline(always)]
 pub fn podtrace_egress_l3(ctx: TcContext) -> i32 {
-    to_ipv6(&ctx, false, ipv6_program::EGRESS_L3);
-    observe::<false>(&ctx, Direction::Egress, false, false)
+    hook::<false, false, false>(ctx)
+}
+
+/// An IPv4 program's body: `HAS_L2`, an Ethernet header; `INGRESS`, the
+/// hook's direction; `TO_POD`, the egress that hands packets to a pod.
+#[inline(always)]
+fn hook<const HAS_L2: bool, const INGRESS: bool, const TO_POD: bool>(ctx: TcContext) -> i32 {
+    if untraced_at_a_glance(&ctx, HAS_L2) {
+        return TC_ACT_UNSPEC;
+    }
+    look_closer::<HAS_L2, INGRESS, TO_POD>(ctx)
+}
+
+#[inline(never)]
+fn look_closer<const HAS_L2: bool, const INGRESS: bool, const TO_POD: bool>(ctx: TcContext) -> i32 {
+    let direction = if INGRESS {
+        Direction::Ingress
+    } else {
+        Direction::Egress
+    };
+    to_ipv6(&ctx, HAS_L2, ipv6_twin(direction, HAS_L2, TO_POD));
+    observe::<false>(&ctx, direction, HAS_L2, TO_POD)
 }
 
 // The IPv6 programs' bodies are inlined into the entry the macro writes:
@@ -110,6 +137,20 @@ pub fn podtrace_in_l3_6(ctx: TcContext) -> i32 {
 #[inline(always)]
 pub fn podtrace_eg_l3_6(ctx: TcContext) -> i32 {
     observe::<true>(&ctx, Direction::Egress, false, false)
+}
+
+/// Whether the packet is certainly not traced, nor carrying a traced pair,
+/// by its fixed-offset headers alone (`glance`): most packets on a node,
+/// turned away with a few checks before the classifier reads them.
+#[inline(always)]
+fn untraced_at_a_glance(ctx: &TcContext, has_l2: bool) -> bool {
+    // No entry: nothing is traced, but the classifier says so as ever.
+    let Some(pairs) = traced_pairs() else {
+        return false;
+    };
+    glance::untraced(&Linear::new(ctx), has_l2, tunnel_ports, |pair| {
+        pairs.maybe(pair)
+    })
 }
 
 /// Hands an IPv6 packet to the hook's IPv6 program (`index`); returns

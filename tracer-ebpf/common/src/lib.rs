@@ -5,6 +5,7 @@
 #![no_std]
 
 pub mod filter;
+pub mod glance;
 pub mod headers;
 pub mod packet;
 pub mod packet6;

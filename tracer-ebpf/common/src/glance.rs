@@ -1,0 +1,261 @@
+//! A first glance at a packet, before the classifier reads it: most
+//! packets on a node are IPv4 with a plain 20-byte header, between
+//! untraced addresses, in no tunnel or in a VXLAN one whose inner pair is
+//! untraced too. Their headers sit at fixed offsets, so the glance reads
+//! each header with one bounds check (`Fixed`) where the classifier,
+//! which follows any layout (VLAN tags, IP options, Geneve options, IPv6),
+//! checks every field it reads.
+//!
+//! The glance only ever turns a packet away that the classifier would
+//! turn away too (`classify4` answers `None`): anything it cannot judge
+//! from its fixed offsets it hands on whole. The pair test is the
+//! pre-filter's address bits (`TracedPairs::maybe`), which the
+//! classifier's own first test is.
+
+use crate::{
+    headers::{
+        ETH_HLEN, ETH_P_IP, ETH_TYPE, IPPROTO_IPIP, IPPROTO_UDP, IPV4_HLEN, IPV4_PROTOCOL,
+        IPV4_SADDR, IPV4_VERSION, IPV4_VER_IHL, IPV4_VER_IHL_PLAIN, L4_DPORT, UDP_HLEN, VXLAN_HLEN,
+    },
+    tunnel::{TunnelPorts, UdpTunnel},
+    FlowKey,
+};
+
+/// Reads a fixed-size span of a packet with one bounds check.
+pub trait Fixed {
+    /// The `N` bytes at `at`, if the packet (its linear head, in the
+    /// kernel) holds them.
+    fn fixed<const N: usize>(&self, at: usize) -> Option<&[u8; N]>;
+}
+
+impl Fixed for [u8] {
+    #[inline(always)]
+    fn fixed<const N: usize>(&self, at: usize) -> Option<&[u8; N]> {
+        self.get(at..at.checked_add(N)?)?.try_into().ok()
+    }
+}
+
+/// The inner Ethernet and IPv4 headers of a VXLAN packet, read as one.
+const INNER_SPAN: usize = ETH_HLEN + IPV4_HLEN;
+
+/// Whether the packet whose IP header would be at `l3` (behind an
+/// Ethernet header where `has_l2`) is certainly neither a traced pair's
+/// nor carrying one: `maybe_traced` is false for its pair, and for the
+/// inner pair of a VXLAN packet. `false` means only "look closer".
+/// `ports` is asked only for a UDP packet's.
+#[inline(always)]
+pub fn untraced<B: Fixed + ?Sized>(
+    b: &B,
+    has_l2: bool,
+    ports: impl FnOnce() -> TunnelPorts,
+    maybe_traced: impl Fn(&FlowKey) -> bool,
+) -> bool {
+    let l3 = if has_l2 { ETH_HLEN } else { 0 };
+    if has_l2 && b.fixed::<2>(ETH_TYPE) != Some(&ETH_P_IP.to_be_bytes()) {
+        return false;
+    }
+    let Some(ip) = b.fixed::<IPV4_HLEN>(l3) else {
+        return false;
+    };
+    // Options move every later header: the classifier's to read.
+    if ip[IPV4_VER_IHL] != IPV4_VER_IHL_PLAIN || maybe_traced(&pair(ip, 0)) {
+        return false;
+    }
+    match ip[IPV4_PROTOCOL] {
+        IPPROTO_UDP => {}
+        // IPIP carries a pair the glance does not read.
+        IPPROTO_IPIP => return false,
+        _ => return true,
+    }
+    let l4 = l3 + IPV4_HLEN;
+    let Some(udp) = b.fixed::<UDP_HLEN>(l4) else {
+        return false;
+    };
+    let port = u16::from_be_bytes([udp[L4_DPORT], udp[L4_DPORT + 1]]);
+    match ports().udp_tunnel(port) {
+        None => true,
+        // Geneve's options move its inner header: the classifier's.
+        Some(UdpTunnel::Geneve) => false,
+        Some(UdpTunnel::Vxlan) => {
+            let inner = l4 + UDP_HLEN + VXLAN_HLEN;
+            b.fixed::<INNER_SPAN>(inner)
+                .is_some_and(|eth_ip| inner_untraced(eth_ip, &maybe_traced))
+        }
+    }
+}
+
+/// Whether a VXLAN packet's inner Ethernet and IP headers are an IPv4
+/// pair's that is not traced (an IPv6 or tagged one: look closer).
+#[inline(always)]
+fn inner_untraced(eth_ip: &[u8; INNER_SPAN], maybe_traced: impl Fn(&FlowKey) -> bool) -> bool {
+    let ethertype = u16::from_be_bytes([eth_ip[ETH_TYPE], eth_ip[ETH_TYPE + 1]]);
+    ethertype == ETH_P_IP
+        && eth_ip[ETH_HLEN + IPV4_VER_IHL] >> 4 == IPV4_VERSION
+        && !maybe_traced(&pair(eth_ip, ETH_HLEN))
+}
+
+/// The (source, destination) pair of the IPv4 header at `l3` of `span`.
+#[inline(always)]
+fn pair<const N: usize>(span: &[u8; N], l3: usize) -> FlowKey {
+    let at = l3 + IPV4_SADDR;
+    FlowKey {
+        src: [span[at], span[at + 1], span[at + 2], span[at + 3]],
+        dst: [span[at + 4], span[at + 5], span[at + 6], span[at + 7]],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use std::{vec, vec::Vec};
+
+    use super::*;
+    use crate::{
+        packet::{classify4, Flows},
+        packet6::FlowKey6,
+        prefilter::TracedPairs,
+        TunnelKey,
+    };
+
+    const WEB: [u8; 4] = [10, 244, 1, 2];
+    const DB: [u8; 4] = [10, 244, 2, 2];
+    const OTHER: [u8; 4] = [10, 244, 1, 9];
+    const NODE1: [u8; 4] = [192, 0, 2, 11];
+    const NODE2: [u8; 4] = [192, 0, 2, 12];
+
+    /// The classifier at its most willing: the traced pairs, every tunnel
+    /// trusted, every IPv6 pair traced, and IPv6 handed on as the IPv4
+    /// programs do.
+    struct Willing(Vec<FlowKey>);
+
+    impl Flows for Willing {
+        const IPV6_ELSEWHERE: bool = true;
+        fn traced(&self, key: &FlowKey) -> bool {
+            self.0.contains(key)
+        }
+        fn traced6(&self, _: &FlowKey6) -> bool {
+            true
+        }
+        fn trusted(&self, _: &FlowKey, _: &TunnelKey) -> bool {
+            true
+        }
+        fn trusted6(&self, _: &FlowKey6, _: &TunnelKey) -> bool {
+            true
+        }
+    }
+
+    fn ipv4(src: [u8; 4], dst: [u8; 4], protocol: u8, payload: &[u8]) -> Vec<u8> {
+        let mut ip = vec![0x45, 0, 0, 0, 0, 1, 0x40, 0, 64, protocol, 0, 0];
+        ip.extend(src);
+        ip.extend(dst);
+        ip.extend(payload);
+        ip
+    }
+
+    fn ethernet(ethertype: u16, payload: Vec<u8>) -> Vec<u8> {
+        let mut frame = vec![2; 12];
+        frame.extend(ethertype.to_be_bytes());
+        frame.extend(payload);
+        frame
+    }
+
+    fn tcp(src: [u8; 4], dst: [u8; 4]) -> Vec<u8> {
+        ethernet(
+            ETH_P_IP,
+            ipv4(src, dst, 6, &[0x9c, 0x40, 0x14, 0x51, 0, 0, 0, 1]),
+        )
+    }
+
+    fn udp_to(port: u16, payload: Vec<u8>) -> Vec<u8> {
+        let mut udp = vec![0xc3, 0x50];
+        udp.extend(port.to_be_bytes());
+        udp.extend([0, 0, 0, 0]);
+        udp.extend(payload);
+        ethernet(ETH_P_IP, ipv4(NODE1, NODE2, IPPROTO_UDP, &udp))
+    }
+
+    fn vxlan(inner: Vec<u8>) -> Vec<u8> {
+        let mut payload = vec![0x08, 0, 0, 0, 0, 0, 1, 0];
+        payload.extend(inner);
+        udp_to(8472, payload)
+    }
+
+    /// Every shape the glance meets, with traced and untraced pairs.
+    fn shapes() -> Vec<Vec<u8>> {
+        let mut shapes = Vec::new();
+        for (src, dst) in [(WEB, DB), (DB, WEB), (WEB, OTHER), (OTHER, DB)] {
+            shapes.push(tcp(src, dst));
+            shapes.push(vxlan(tcp(src, dst)));
+            shapes.push(udp_to(
+                6081,
+                [vec![0, 0, 0x65, 0x58, 0, 0, 1, 0], tcp(src, dst)].concat(),
+            ));
+            shapes.push(udp_to(4789, tcp(src, dst)));
+            shapes.push(udp_to(53, tcp(src, dst)));
+            shapes.push(ethernet(
+                ETH_P_IP,
+                ipv4(NODE1, NODE2, IPPROTO_IPIP, &tcp(src, dst)[14..]),
+            ));
+            let mut tagged = tcp(src, dst);
+            tagged.splice(12..12, [0x81, 0, 0, 1]);
+            shapes.push(tagged);
+        }
+        shapes.push(vxlan(ethernet(0x86dd, vec![0x60; 60])));
+        shapes
+    }
+
+    /// A small deterministic generator (xorshift), for mutations.
+    fn next(state: &mut u64) -> u64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    }
+
+    #[test]
+    fn the_glance_turns_away_only_what_the_classifier_would() {
+        let traced = vec![FlowKey { src: WEB, dst: DB }, FlowKey { src: DB, dst: WEB }];
+        let bits = TracedPairs::of(&traced);
+        let flows = Willing(traced);
+        let ports = TunnelPorts::with_vxlan([8999]);
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut judged = 0;
+        for shape in shapes() {
+            for _ in 0..20_000 {
+                let mut packet = shape.clone();
+                for _ in 0..next(&mut state) % 4 {
+                    let at = (next(&mut state) % packet.len() as u64) as usize;
+                    packet[at] = next(&mut state) as u8;
+                }
+                packet.truncate((next(&mut state) % (packet.len() as u64 + 8)) as usize);
+                for has_l2 in [true, false] {
+                    let b: &[u8] = if has_l2 {
+                        &packet
+                    } else {
+                        packet.get(14..).unwrap_or(&[])
+                    };
+                    if untraced(b, has_l2, || ports, |k| bits.maybe(k)) {
+                        judged += 1;
+                        let l3 = if has_l2 { ETH_HLEN } else { 0 };
+                        assert_eq!(classify4(b, l3, &ports, &flows), None, "{b:02x?}");
+                    }
+                }
+            }
+        }
+        assert!(judged > 100_000, "only {judged} packets judged at a glance");
+    }
+
+    #[test]
+    fn untraced_tcp_and_vxlan_are_judged_at_a_glance() {
+        let bits = TracedPairs::of(&[FlowKey { src: WEB, dst: DB }]);
+        let ports = || TunnelPorts::WELL_KNOWN;
+        let maybe = |k: &FlowKey| bits.maybe(k);
+        assert!(untraced(&tcp(WEB, OTHER)[..], true, ports, maybe));
+        assert!(untraced(&tcp(WEB, OTHER)[14..], false, ports, maybe));
+        assert!(untraced(&vxlan(tcp(OTHER, DB))[..], true, ports, maybe));
+        assert!(untraced(&udp_to(53, vec![0; 40])[..], true, ports, maybe));
+        // The traced pair, inside a tunnel or not, is the classifier's.
+        assert!(!untraced(&tcp(WEB, DB)[..], true, ports, maybe));
+        assert!(!untraced(&vxlan(tcp(WEB, DB))[..], true, ports, maybe));
+    }
+}
