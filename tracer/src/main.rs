@@ -1,5 +1,5 @@
 use clap::{error::ErrorKind, Parser};
-use podtrace::cli::{Args, Cli, Command};
+use podtrace::cli::{shell, Args, Cli, Command};
 
 /// A pod named without a namespace is in the kubeconfig context's, as
 /// kubectl's (an agent is told its front-end's).
@@ -18,6 +18,10 @@ fn settle_namespace(cli: &mut Cli) {
 fn main() -> std::process::ExitCode {
     // Before the runtime and anything attached; `app::run` catches them.
     podtrace::app::block_signals();
+    if let Some(words) = completion_request() {
+        print!("{}", shell::complete_words(&words));
+        return std::process::ExitCode::SUCCESS;
+    }
     let mut cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
@@ -34,12 +38,8 @@ fn main() -> std::process::ExitCode {
         }
     };
     settle_namespace(&mut cli);
-    // Offline: no root, no runtime, nothing attached.
-    if let Some(Command::Read(read)) = &cli.command {
-        podtrace::app::die_saying(
-            "podtrace: read stopped by a signal: the stories above are those told so far\n",
-        );
-        return exit(podtrace::app::replay(read));
+    if let Some(done) = offline(&cli) {
+        return done;
     }
     // One thread: setns(2) is per thread, and every netlink socket and tc
     // attachment must be made inside the namespace podtrace entered.
@@ -74,7 +74,9 @@ fn main() -> std::process::ExitCode {
             runtime.block_on(podtrace::app::profile::run(profile))
         }
         (None, Some(trace)) => return trace_and_exit(&runtime, trace),
-        (Some(Command::Read(_)), _) => unreachable!("told above, without a runtime"),
+        (Some(Command::Read(_) | Command::Completions(_) | Command::Man(_)), _) => {
+            unreachable!("told above, without a runtime")
+        }
         // clap asks for SRC and DST first; this is a guard.
         (None, None) => {
             eprintln!("podtrace: give SRC and DST, or a subcommand (podtrace --help)");
@@ -86,10 +88,29 @@ fn main() -> std::process::ExitCode {
     exit(outcome)
 }
 
+/// The commands that need no root, no runtime and nothing attached: their
+/// exit status, or `None` for the others.
+fn offline(cli: &Cli) -> Option<std::process::ExitCode> {
+    match &cli.command {
+        Some(Command::Read(read)) => {
+            podtrace::app::die_saying(
+                "podtrace: read stopped by a signal: the stories above are those told so far\n",
+            );
+            Some(exit(podtrace::app::replay(read)))
+        }
+        Some(Command::Completions(completions)) => {
+            shell::completions(completions.shell, &mut std::io::stdout());
+            Some(std::process::ExitCode::SUCCESS)
+        }
+        Some(Command::Man(man)) => Some(exit(write_man_pages(&man.dir))),
+        _ => None,
+    }
+}
+
 /// A trace, in cluster mode or on this node; its exit status.
 fn trace_and_exit(runtime: &tokio::runtime::Runtime, trace: Args) -> std::process::ExitCode {
     let (fail, probe_asked) = (trace.fail, trace.probe.probe.is_some());
-    // kubectl's plugin dispatch runs `kubectl-podtrace`: cluster mode,
+    // kubectl's plugin dispatch runs `kubectl-<plugin>`: cluster mode,
     // unless node-mode inputs (--netns, --pods-file) say otherwise.
     let cluster_mode = trace.cluster_mode
         || (invoked_as_kubectl_plugin()
@@ -129,13 +150,36 @@ fn exit(outcome: anyhow::Result<()>) -> std::process::ExitCode {
     }
 }
 
+/// The name this program was run as (argv[0]'s file name).
+fn invoked_as() -> Option<String> {
+    let argv0 = std::env::args_os().next()?;
+    let name = std::path::Path::new(&argv0).file_name()?;
+    Some(name.to_string_lossy().into_owned())
+}
+
 fn invoked_as_kubectl_plugin() -> bool {
-    std::env::args_os()
-        .next()
-        .and_then(|a| {
-            std::path::Path::new(&a)
-                .file_name()
-                .map(|n| n == "kubectl-podtrace")
-        })
-        .unwrap_or(false)
+    invoked_as().is_some_and(|name| shell::is_kubectl_plugin_name(&name))
+}
+
+/// The words to complete when kubectl's plugin completion asks: run as
+/// `kubectl_complete-<name>`, or as `podtrace __complete WORD…`.
+fn completion_request() -> Option<Vec<std::ffi::OsString>> {
+    let mut args = std::env::args_os().skip(1);
+    if invoked_as().is_some_and(|name| name.starts_with(shell::KUBECTL_COMPLETE_PREFIX)) {
+        return Some(args.collect());
+    }
+    match args.next() {
+        Some(first) if first == shell::COMPLETE => Some(args.collect()),
+        _ => None,
+    }
+}
+
+/// `podtrace man DIR`, saying which pages it wrote.
+fn write_man_pages(dir: &std::path::Path) -> anyhow::Result<()> {
+    let pages = shell::man_pages(dir)
+        .map_err(|e| anyhow::anyhow!("cannot write man pages in {}: {e}", dir.display()))?;
+    for page in pages {
+        println!("{}", page.display());
+    }
+    Ok(())
 }

@@ -2,6 +2,7 @@
 //! tests share with `cargo xtask lab`.
 
 pub mod api_stub;
+pub mod dist;
 pub mod faults;
 pub mod image;
 pub mod lab;
@@ -47,6 +48,24 @@ pub fn target_dir(root: &Path) -> PathBuf {
         Some(dir) => std::env::current_dir().unwrap_or_default().join(dir),
         None => root.join("target"),
     }
+}
+
+/// The podtrace already built in this checkout: release if there is one,
+/// else debug.
+pub fn built_podtrace() -> anyhow::Result<PathBuf> {
+    let target = target_dir(&workspace_root()?);
+    let release = target.join("release/podtrace");
+    if release.exists() {
+        return Ok(release);
+    }
+    let debug = target.join("debug/podtrace");
+    if debug.exists() {
+        return Ok(debug);
+    }
+    anyhow::bail!(
+        "no podtrace built in {}: run cargo build --release first, or give --podtrace",
+        target.display()
+    )
 }
 
 #[cfg(test)]

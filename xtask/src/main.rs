@@ -61,6 +61,10 @@ enum Task {
         #[arg(long)]
         fresh: bool,
     },
+    /// A release: the tarball (podtrace, kubectl-podpath, completions, man
+    /// pages), its .sha256, the krew manifest podpath.yaml and the agent
+    /// image archive, in target/dist.
+    Dist(xtask::dist::Args),
     /// The lab's API stub as a server (started by `lab up --api`).
     #[command(hide = true)]
     ApiStub {
@@ -138,6 +142,9 @@ fn main() -> std::process::ExitCode {
             name,
             fresh,
         } => image(output, name, fresh),
+        Task::Dist(args) => {
+            podtrace_binary().and_then(|podtrace| xtask::dist::run(&podtrace, args))
+        }
         Task::ApiStub {
             prefix,
             podtrace,
@@ -183,7 +190,7 @@ fn lab(action: LabAction) -> Result<()> {
             if api {
                 let podtrace = match podtrace {
                     Some(podtrace) => podtrace,
-                    None => built_podtrace()?,
+                    None => xtask::built_podtrace()?,
                 };
                 // The agent image first: the stub must start within seconds.
                 xtask::api_stub::lab_image(&podtrace)?;
@@ -245,24 +252,6 @@ fn cargo(args: &[&str]) -> Result<()> {
     run(env!("CARGO"), args)
 }
 
-/// The podtrace already built in this checkout: release if there is one,
-/// else debug.
-fn built_podtrace() -> Result<PathBuf> {
-    let target = xtask::target_dir(&xtask::workspace_root()?);
-    let release = target.join("release/podtrace");
-    if release.exists() {
-        return Ok(release);
-    }
-    let debug = target.join("debug/podtrace");
-    if debug.exists() {
-        return Ok(debug);
-    }
-    bail!(
-        "no podtrace built in {}: run cargo build --release first, or give --podtrace",
-        target.display()
-    )
-}
-
 fn podtrace_binary() -> Result<PathBuf> {
     cargo(&["build", "--release", "--package", "podtrace"])?;
     Ok(xtask::target_dir(&xtask::workspace_root()?).join("release/podtrace"))
@@ -275,7 +264,7 @@ fn image(output: Option<PathBuf>, name: Option<String>, fresh: bool) -> Result<(
         Some(output) => output,
         None => xtask::image::image_dir(&root).join("podtrace.oci.tar"),
     };
-    let built = xtask::image::build(
+    xtask::image::build(
         &root,
         &xtask::image::Request {
             podtrace: &podtrace,
@@ -283,22 +272,8 @@ fn image(output: Option<PathBuf>, name: Option<String>, fresh: bool) -> Result<(
             name: name.as_deref(),
             fresh_base: fresh,
         },
-    )?;
-    let size = std::fs::metadata(&built.archive)?.len();
-    println!(
-        "image {} ({}, {:.1} MB, podtrace {} at {})",
-        built.name,
-        built.manifest_digest,
-        size as f64 / 1e6,
-        built.version,
-        built.revision
-    );
-    println!("  archive: {}", built.archive.display());
-    println!("  load it: podman load -i <archive> | docker load -i <archive>");
-    println!(
-        "           ctr -n k8s.io images import <archive> | kind load image-archive <archive>"
-    );
-    Ok(())
+    )?
+    .tell()
 }
 
 fn demo() -> Result<()> {
@@ -410,6 +385,8 @@ fn test() -> Result<()> {
     house_checks()?;
     // Unit tests, then the kernel integration tests in tests/ (as root).
     cargo(&["test"])?;
+    // A release as a user or krew gets it (the image is the lab's).
+    xtask::dist::run(&podtrace_binary()?, xtask::dist::Args::without_image())?;
     // The README's other command must stay true.
     demo()?;
     // The host's kernel ran every test above; the others run the suite.

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 mod filter;
 mod kube;
 mod probe;
+pub mod shell;
 mod values;
 
 pub use filter::{widen, FilterArgs, Proto};
@@ -89,6 +90,27 @@ pub enum Command {
     /// does without it, and whether every program loads (they are loaded
     /// for a moment; nothing stays attached).
     Kernel(KernelArgs),
+    /// Print the completion script of a shell: `source <(podtrace
+    /// completions bash)`, or save it where the shell loads completions.
+    Completions(CompletionsArgs),
+    /// Write podtrace.1 and a man page per subcommand into DIR (what a
+    /// release's tarball ships).
+    #[command(hide = true)]
+    Man(ManArgs),
+}
+
+/// `podtrace completions SHELL`.
+#[derive(Debug, clap::Args)]
+pub struct CompletionsArgs {
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+/// `podtrace man DIR`.
+#[derive(Debug, clap::Args)]
+pub struct ManArgs {
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
 }
 
 /// `podtrace kernel`.

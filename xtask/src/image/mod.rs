@@ -53,6 +53,27 @@ pub struct Built {
     pub revision: String,
 }
 
+impl Built {
+    /// Says what was built and how to load it.
+    pub fn tell(&self) -> Result<()> {
+        let size = std::fs::metadata(&self.archive)?.len();
+        println!(
+            "image {} ({}, {:.1} MB, podtrace {} at {})",
+            self.name,
+            self.manifest_digest,
+            size as f64 / 1e6,
+            self.version,
+            self.revision
+        );
+        println!("  archive: {}", self.archive.display());
+        println!("  load it: podman load -i <archive> | docker load -i <archive>");
+        println!(
+            "           ctr -n k8s.io images import <archive> | kind load image-archive <archive>"
+        );
+        Ok(())
+    }
+}
+
 /// The packages of [`PACKAGES_FILE`] under `root`.
 pub fn packages(root: &Path) -> Result<Vec<String>> {
     let path = root.join(PACKAGES_FILE);
@@ -265,7 +286,7 @@ pub fn build(root: &Path, request: &Request) -> Result<Built> {
 }
 
 /// podtrace's version, as the binary says it (`podtrace 0.1.0 (commit …)`).
-fn version_of(podtrace: &Path) -> Result<String> {
+pub fn version_of(podtrace: &Path) -> Result<String> {
     let out = Command::new(podtrace)
         .arg("--version")
         .output()
