@@ -80,7 +80,7 @@ fn line_rate_cases() {
     let stats = datapath::BpfStats::enable();
     // A node with no netfilter rule at all first: podtrace's rule-tracing
     // table is then the only netfilter hook, so what it costs shows.
-    interleaved_rounds(&lab.0, &stats, "a bare node: no netfilter rule");
+    interleaved_rounds(&lab.0, &stats, "bare", "a bare node: no netfilter rule");
     // Then the node as a cluster has it: kube-proxy's Services (iptables
     // mode) and flannel's MASQUERADE, so conntrack and iptables already
     // see every packet.
@@ -90,13 +90,15 @@ fn line_rate_cases() {
     interleaved_rounds(
         &lab.0,
         &stats,
+        "cluster",
         "a cluster's node: kube-proxy (iptables) and flannel's rules",
     );
 }
 
 /// Every case in [`ROUNDS`] interleaved rounds on `lab` as it is now,
 /// printed as medians against the untraced run.
-fn interleaved_rounds(lab: &Lab, stats: &datapath::BpfStats, node: &str) {
+/// `key` names the node's shape in the bench's figures.
+fn interleaved_rounds(lab: &Lab, stats: &datapath::BpfStats, key: &str, node: &str) {
     // Throughput with bpf_stats off: its two clock reads per program run
     // would be charged to podtrace's cases alone.
     stats.set(false);
@@ -128,6 +130,14 @@ fn interleaved_rounds(lab: &Lab, stats: &datapath::BpfStats, node: &str) {
         let cpu = datapath::median(r.iter().map(|r| r.cpu_percent));
         let rss = r.iter().map(|r| r.rss_kib).max().unwrap_or(0);
         let progs = timed.get(case).map(|run| &run.prog_ns);
+        figures(
+            &format!("line-rate/{key}/{case:?}"),
+            bits / bare,
+            cpu,
+            rss,
+            lost,
+            progs,
+        );
         println!(
             "  {case:?}: {:.2} Gbit/s ({:.2}× untraced); lost {lost}; CPU {cpu:.0}%, RSS {rss} KiB{}",
             bits / 1e9,
@@ -137,6 +147,44 @@ fn interleaved_rounds(lab: &Lab, stats: &datapath::BpfStats, node: &str) {
                 datapath::format_stats(progs)
             ))
         );
+    }
+}
+
+/// A case's figures for the bench's baseline: its throughput as a share
+/// of untraced, its CPU, RSS and losses, and its programs' ns/run.
+fn figures(
+    name: &str,
+    ratio: f64,
+    cpu: f64,
+    rss_kib: u64,
+    lost: u64,
+    progs: Option<&BTreeMap<String, (u64, u64)>>,
+) {
+    use datapath::{figure, Better};
+    figure(
+        &format!("{name} throughput"),
+        ratio,
+        "× untraced",
+        Better::Higher,
+    );
+    figure(&format!("{name} CPU"), cpu, "%", Better::Lower);
+    figure(&format!("{name} RSS"), rss_kib as f64, "KiB", Better::Lower);
+    figure(
+        &format!("{name} lost"),
+        lost as f64,
+        "packets",
+        Better::Lower,
+    );
+    for (program, (runs, ns)) in progs.into_iter().flatten() {
+        if *runs > 0 {
+            let per_run = *ns as f64 / *runs as f64;
+            figure(
+                &format!("{name} {program}"),
+                per_run,
+                "ns/run",
+                Better::Lower,
+            );
+        }
     }
 }
 

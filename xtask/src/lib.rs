@@ -2,11 +2,13 @@
 //! tests share with `cargo xtask lab`.
 
 pub mod api_stub;
+pub mod bench;
 pub mod dist;
 pub mod faults;
 pub mod image;
 pub mod lab;
 pub mod layers;
+pub mod phases;
 pub mod podtrace_run;
 mod rust_tokens;
 pub mod setup;

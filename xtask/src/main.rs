@@ -44,8 +44,17 @@ enum Task {
     /// The house checks `test` starts with (fmt, layers, sizes, clippy on
     /// host and eBPF crates), alone: what a commit must pass, in a minute.
     Check,
-    /// Set up, then measure podtrace on the lab.
-    Bench,
+    /// Set up, then measure podtrace on the lab, and compare the figures
+    /// with the committed baseline (xtask/bench-baseline.jsonl).
+    Bench {
+        /// Write this run's figures as the new baseline.
+        #[arg(long)]
+        save_baseline: bool,
+        /// Only the kernel's cost per program and path (BPF_PROG_TEST_RUN,
+        /// a minute), not the line-rate, cluster and churn runs.
+        #[arg(long)]
+        kernel_only: bool,
+    },
     /// Build the agent image (release podtrace on a Debian userland) as an
     /// OCI archive for `podman load`, `docker load`, `ctr images import`
     /// or `kind load image-archive`.
@@ -136,7 +145,10 @@ fn main() -> std::process::ExitCode {
             kernel: Some(kernel),
         } => kernel_suite(Some(&kernel)),
         Task::Check => house_checks(),
-        Task::Bench => bench(),
+        Task::Bench {
+            save_baseline,
+            kernel_only,
+        } => bench(save_baseline, kernel_only),
         Task::Image {
             output,
             name,
@@ -380,22 +392,28 @@ fn demo_trace(podtrace: &Path, lab: &Lab) -> Result<()> {
 
 fn test() -> Result<()> {
     require_root()?;
-    let started = Instant::now();
-    setup()?;
-    house_checks()?;
-    // Unit tests, then the kernel integration tests in tests/ (as root).
-    cargo(&["test"])?;
-    // A release as a user or krew gets it (the image is the lab's).
-    xtask::dist::run(&podtrace_binary()?, xtask::dist::Args::without_image())?;
-    // The README's other command must stay true.
-    demo()?;
-    // The host's kernel ran every test above; the others run the suite.
-    kernel_suite(None)?;
-    eprintln!(
-        "xtask test: all passed in {:.0} s",
-        started.elapsed().as_secs_f64()
-    );
+    let mut phases = xtask::phases::Phases::default();
+    let passed = test_phases(&mut phases);
+    eprintln!("\nxtask test: phases\n{}", phases.table());
+    passed?;
+    eprintln!("xtask test: all passed");
     Ok(())
+}
+
+fn test_phases(phases: &mut xtask::phases::Phases) -> Result<()> {
+    phases.run("setup", setup)?;
+    phases.run("house checks", house_checks)?;
+    // Unit tests, then the kernel integration tests in tests/ (as root).
+    phases.run("cargo test (host kernel)", || cargo(&["test"]))?;
+    // A release as a user or krew gets it (the image is the lab's).
+    phases.run("dist", || {
+        xtask::dist::run(&podtrace_binary()?, xtask::dist::Args::without_image())
+    })?;
+    // The README's other command must stay true.
+    phases.run("demo", demo)?;
+    // The host's kernel ran every test above; the others run the suite
+    // (each kernel's time is in the matrix's own table).
+    phases.run("kernel matrix (VMs)", || kernel_suite(None))
 }
 
 /// Formatting, the import layers, file and function sizes, and clippy
@@ -436,28 +454,34 @@ fn kernel_suite(kernel: Option<&str>) -> Result<()> {
     xtask::vm::matrix(&xtask::workspace_root()?, kernel)
 }
 
-fn bench() -> Result<()> {
+fn bench(save_baseline: bool, kernel_only: bool) -> Result<()> {
     require_root()?;
     setup()?;
-    // The userspace pipeline (criterion: sightings/s as "thrpt").
-    cargo(&["bench", "--package", "podtrace", "--bench", "pipeline"])?;
-    cargo(&[
-        "test",
-        "--release",
-        "--package",
-        "podtrace",
-        "--test",
-        "bench",
-        "--test",
-        "line_rate",
-        "--test",
-        "cluster",
-        "--test",
-        "churn",
-        "--",
-        "--ignored",
-        "--nocapture",
-        "--test-threads",
-        "1",
-    ])
+    let root = xtask::workspace_root()?;
+    let figures = root.join("target/bench/figures.jsonl");
+    std::fs::create_dir_all(root.join("target/bench"))?;
+    let _ = std::fs::remove_file(&figures);
+    // The bench's tests hand their figures over through this file.
+    std::env::set_var("PODTRACE_BENCH_FIGURES", &figures);
+    let mut tests = vec!["kernel_cost"];
+    if !kernel_only {
+        // The userspace pipeline (criterion: sightings/s as "thrpt").
+        cargo(&["bench", "--package", "podtrace", "--bench", "pipeline"])?;
+        tests.extend(["bench", "line_rate", "cluster", "churn"]);
+    }
+    let mut args = vec!["test", "--release", "--package", "podtrace"];
+    for test in &tests {
+        args.extend(["--test", test]);
+    }
+    args.extend(["--", "--ignored", "--nocapture", "--test-threads", "1"]);
+    cargo(&args)?;
+    let now = xtask::bench::read(&figures)?;
+    let baseline_path = root.join(xtask::bench::BASELINE);
+    let baseline = xtask::bench::read(&baseline_path)?;
+    println!("\n{}", xtask::bench::render(&baseline, &now));
+    if save_baseline {
+        xtask::bench::write(&baseline_path, &now)?;
+        println!("baseline written: {}", baseline_path.display());
+    }
+    Ok(())
 }
