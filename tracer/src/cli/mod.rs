@@ -246,8 +246,8 @@ pub struct Args {
     /// error).
     #[arg(long)]
     pub fail: bool,
-    /// Bytes of each packet to write with --write (at most 128: what the
-    /// kernel copies).
+    /// Bytes of each packet to write with --write (at most the default:
+    /// what the kernel copies of each packet).
     #[arg(long, value_name = "BYTES", default_value_t = MAX_SNAPLEN, value_parser = parse_snaplen)]
     pub snaplen: u32,
     #[command(flatten)]
