@@ -392,6 +392,21 @@ pub fn tcp_frame(lab: &Lab, from: &str, to: &str, port: u16) -> Vec<u8> {
     out
 }
 
+/// A full-size IPv6 TCP segment between two addresses no lab pod holds.
+pub fn tcp6_frame() -> Vec<u8> {
+    let (src, dst) = (
+        [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+        [0xfd; 16],
+    );
+    let mut out = Vec::new();
+    etherparse::PacketBuilder::ethernet2([2; 6], [4; 6])
+        .ipv6(src, dst, 64)
+        .tcp(40_000, 5201, 1, 64_000)
+        .write(&mut out, &[0; 1400])
+        .expect("a frame");
+    out
+}
+
 /// `inner` as flannel sends it from node 1 to node 2 (VXLAN, VNI 1).
 pub fn vxlan_frame(inner: Vec<u8>) -> Vec<u8> {
     let mut vxlan = vec![0x08, 0, 0, 0, 0, 0, 1, 0];

@@ -60,6 +60,12 @@ fn kernel_cost_per_path() {
                 datapath::vxlan_frame(frame("web-0", "db-0", 5201)),
                 REPEAT,
             ),
+            (
+                "untraced-ipv6",
+                "untraced IPv6 TCP",
+                datapath::tcp6_frame(),
+                REPEAT,
+            ),
         ]
     };
     let with = |mut paths: Vec<_>, more| {

@@ -158,6 +158,12 @@ pub fn traced_pairs() -> Option<&'static TracedPairs> {
     TRACED_PAIRS.get(0)
 }
 
+/// The IPv6 pre-filter's entry, as [`traced_pairs`].
+#[inline(always)]
+pub fn traced_pairs6() -> Option<&'static TracedPairs6> {
+    TRACED_PAIRS6.get(0)
+}
+
 /// Whether an IPv6 pair is traced: the address bits turn most untraced
 /// packets away, and FLOWS6 decides the rest (its exact list is left to
 /// IPv4: comparing 32-byte keys in place cost more stack than the eBPF

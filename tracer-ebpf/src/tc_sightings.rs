@@ -22,8 +22,8 @@ use podtrace_common::{
 use crate::{
     kernel::{submit_with, Linear, Route, Skb, NO_ROUTE_ASKED},
     maps::{
-        bump, filter_keeps, filtering, node_id, sample, traced_pairs, tunnel_ports, wake_bytes,
-        NodeFlows, NodeFlows4, SIGHTINGS,
+        bump, filter_keeps, filtering, node_id, sample, traced_pairs, traced_pairs6, tunnel_ports,
+        wake_bytes, NodeFlows, NodeFlows4, SIGHTINGS,
     },
     profile,
     sighting::Meta,
@@ -141,16 +141,19 @@ pub fn podtrace_eg_l3_6(ctx: TcContext) -> i32 {
 
 /// Whether the packet is certainly not traced, nor carrying a traced pair,
 /// by its fixed-offset headers alone (`glance`): most packets on a node,
-/// turned away with a few checks before the classifier reads them.
+/// turned away with a few checks before the classifier reads them (and,
+/// for IPv6, before the tail call to the IPv6 program).
 #[inline(always)]
 fn untraced_at_a_glance(ctx: &TcContext, has_l2: bool) -> bool {
+    let linear = Linear::new(ctx);
     // No entry: nothing is traced, but the classifier says so as ever.
-    let Some(pairs) = traced_pairs() else {
-        return false;
-    };
-    glance::untraced(&Linear::new(ctx), has_l2, tunnel_ports, |pair| {
-        pairs.maybe(pair)
-    })
+    let untraced4 = traced_pairs().is_some_and(|pairs| {
+        glance::untraced(&linear, has_l2, tunnel_ports, |pair| pairs.maybe(pair))
+    });
+    untraced4
+        || traced_pairs6().is_some_and(|pairs| {
+            glance::untraced6(&linear, has_l2, tunnel_ports, |pair| pairs.maybe(pair))
+        })
 }
 
 /// Hands an IPv6 packet to the hook's IPv6 program (`index`); returns

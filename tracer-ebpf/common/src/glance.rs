@@ -14,9 +14,11 @@
 
 use crate::{
     headers::{
-        ETH_HLEN, ETH_P_IP, ETH_TYPE, IPPROTO_IPIP, IPPROTO_UDP, IPV4_HLEN, IPV4_PROTOCOL,
-        IPV4_SADDR, IPV4_VERSION, IPV4_VER_IHL, IPV4_VER_IHL_PLAIN, L4_DPORT, UDP_HLEN, VXLAN_HLEN,
+        ETH_HLEN, ETH_P_IP, ETH_P_IPV6, ETH_TYPE, IPPROTO_IPIP, IPPROTO_UDP, IPV4_HLEN,
+        IPV4_PROTOCOL, IPV4_SADDR, IPV4_VERSION, IPV4_VER_IHL, IPV4_VER_IHL_PLAIN, IPV6_DADDR,
+        IPV6_HLEN, IPV6_NEXT_HEADER, IPV6_SADDR, IPV6_VERSION, L4_DPORT, UDP_HLEN, VXLAN_HLEN,
     },
+    packet6::FlowKey6,
     tunnel::{TunnelPorts, UdpTunnel},
     FlowKey,
 };
@@ -50,11 +52,7 @@ pub fn untraced<B: Fixed + ?Sized>(
     ports: impl FnOnce() -> TunnelPorts,
     maybe_traced: impl Fn(&FlowKey) -> bool,
 ) -> bool {
-    let l3 = if has_l2 { ETH_HLEN } else { 0 };
-    if has_l2 && b.fixed::<2>(ETH_TYPE) != Some(&ETH_P_IP.to_be_bytes()) {
-        return false;
-    }
-    let Some(ip) = b.fixed::<IPV4_HLEN>(l3) else {
+    let Some((ip, l3)) = ip_header::<IPV4_HLEN, _>(b, has_l2, ETH_P_IP) else {
         return false;
     };
     // Options move every later header: the classifier's to read.
@@ -71,8 +69,7 @@ pub fn untraced<B: Fixed + ?Sized>(
     let Some(udp) = b.fixed::<UDP_HLEN>(l4) else {
         return false;
     };
-    let port = u16::from_be_bytes([udp[L4_DPORT], udp[L4_DPORT + 1]]);
-    match ports().udp_tunnel(port) {
+    match ports().udp_tunnel(dport(udp)) {
         None => true,
         // Geneve's options move its inner header: the classifier's.
         Some(UdpTunnel::Geneve) => false,
@@ -82,6 +79,65 @@ pub fn untraced<B: Fixed + ?Sized>(
                 .is_some_and(|eth_ip| inner_untraced(eth_ip, &maybe_traced))
         }
     }
+}
+
+/// [`untraced`] of an IPv6 packet (`maybe_traced` of IPv6 pairs): its
+/// pair not traced, and in no tunnel (a UDP tunnel's port, or IPIP). A
+/// tunnel's inner header, and any extension header, is the classifier's
+/// (which reads no tunnel past one: nothing to look closer at there).
+#[inline(always)]
+pub fn untraced6<B: Fixed + ?Sized>(
+    b: &B,
+    has_l2: bool,
+    ports: impl FnOnce() -> TunnelPorts,
+    maybe_traced: impl Fn(&FlowKey6) -> bool,
+) -> bool {
+    let Some((ip, l3)) = ip_header::<IPV6_HLEN, _>(b, has_l2, ETH_P_IPV6) else {
+        return false;
+    };
+    if ip[0] >> 4 != IPV6_VERSION || maybe_traced(&pair6(ip)) {
+        return false;
+    }
+    match ip[IPV6_NEXT_HEADER] {
+        IPPROTO_UDP => b
+            .fixed::<UDP_HLEN>(l3 + IPV6_HLEN)
+            .is_some_and(|udp| ports().udp_tunnel(dport(udp)).is_none()),
+        IPPROTO_IPIP => false,
+        _ => true,
+    }
+}
+
+/// The IP header (`N` bytes) of a packet whose Ethernet header, where it
+/// has one, says `ethertype`; and its offset.
+#[inline(always)]
+fn ip_header<const N: usize, B: Fixed + ?Sized>(
+    b: &B,
+    has_l2: bool,
+    ethertype: u16,
+) -> Option<(&[u8; N], usize)> {
+    let l3 = if has_l2 { ETH_HLEN } else { 0 };
+    if has_l2 && b.fixed::<2>(ETH_TYPE) != Some(&ethertype.to_be_bytes()) {
+        return None;
+    }
+    Some((b.fixed::<N>(l3)?, l3))
+}
+
+/// The destination port of a UDP header.
+#[inline(always)]
+fn dport(udp: &[u8; UDP_HLEN]) -> u16 {
+    u16::from_be_bytes([udp[L4_DPORT], udp[L4_DPORT + 1]])
+}
+
+/// The pair of an IPv6 header.
+#[inline(always)]
+fn pair6(ip: &[u8; IPV6_HLEN]) -> FlowKey6 {
+    let mut key = FlowKey6 {
+        src: [0; 16],
+        dst: [0; 16],
+    };
+    key.src.copy_from_slice(&ip[IPV6_SADDR..IPV6_SADDR + 16]);
+    key.dst.copy_from_slice(&ip[IPV6_DADDR..IPV6_DADDR + 16]);
+    key
 }
 
 /// Whether a VXLAN packet's inner Ethernet and IP headers are an IPv4
@@ -111,7 +167,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        packet::{classify4, Flows},
+        packet::{classify4, classify6, Flows},
         packet6::FlowKey6,
         prefilter::TracedPairs,
         TunnelKey,
@@ -124,17 +180,17 @@ mod tests {
     const NODE2: [u8; 4] = [192, 0, 2, 12];
 
     /// The classifier at its most willing: the traced pairs, every tunnel
-    /// trusted, every IPv6 pair traced, and IPv6 handed on as the IPv4
-    /// programs do.
-    struct Willing(Vec<FlowKey>);
+    /// trusted, every IPv6 pair traced unless they are listed, and IPv6
+    /// handed on as the IPv4 programs do.
+    struct Willing(Vec<FlowKey>, Option<Vec<FlowKey6>>);
 
     impl Flows for Willing {
         const IPV6_ELSEWHERE: bool = true;
         fn traced(&self, key: &FlowKey) -> bool {
             self.0.contains(key)
         }
-        fn traced6(&self, _: &FlowKey6) -> bool {
-            true
+        fn traced6(&self, key: &FlowKey6) -> bool {
+            self.1.as_ref().is_none_or(|listed| listed.contains(key))
         }
         fn trusted(&self, _: &FlowKey, _: &TunnelKey) -> bool {
             true
@@ -212,37 +268,115 @@ mod tests {
         *state
     }
 
-    #[test]
-    fn the_glance_turns_away_only_what_the_classifier_would() {
-        let traced = vec![FlowKey { src: WEB, dst: DB }, FlowKey { src: DB, dst: WEB }];
-        let bits = TracedPairs::of(&traced);
-        let flows = Willing(traced);
-        let ports = TunnelPorts::with_vxlan([8999]);
+    /// Runs `judge` on `per_shape` mutations of each shape (up to three
+    /// bytes changed, then cut anywhere), with and without its Ethernet
+    /// header (`has_l2`, the IP header at `l3`); counts the packets it
+    /// judged (`Some`).
+    fn mutated(
+        shapes: Vec<Vec<u8>>,
+        per_shape: usize,
+        mut judge: impl FnMut(&[u8], bool, usize) -> Option<()>,
+    ) -> usize {
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
         let mut judged = 0;
-        for shape in shapes() {
-            for _ in 0..20_000 {
+        for shape in shapes {
+            for _ in 0..per_shape {
                 let mut packet = shape.clone();
                 for _ in 0..next(&mut state) % 4 {
                     let at = (next(&mut state) % packet.len() as u64) as usize;
                     packet[at] = next(&mut state) as u8;
                 }
                 packet.truncate((next(&mut state) % (packet.len() as u64 + 8)) as usize);
-                for has_l2 in [true, false] {
-                    let b: &[u8] = if has_l2 {
-                        &packet
-                    } else {
-                        packet.get(14..).unwrap_or(&[])
-                    };
-                    if untraced(b, has_l2, || ports, |k| bits.maybe(k)) {
-                        judged += 1;
-                        let l3 = if has_l2 { ETH_HLEN } else { 0 };
-                        assert_eq!(classify4(b, l3, &ports, &flows), None, "{b:02x?}");
-                    }
-                }
+                judged += usize::from(judge(&packet, true, ETH_HLEN).is_some());
+                let bare = packet.get(ETH_HLEN..).unwrap_or(&[]);
+                judged += usize::from(judge(bare, false, 0).is_some());
             }
         }
+        judged
+    }
+
+    #[test]
+    fn the_glance_turns_away_only_what_the_classifier_would() {
+        let traced = vec![FlowKey { src: WEB, dst: DB }, FlowKey { src: DB, dst: WEB }];
+        let bits = TracedPairs::of(&traced);
+        let flows = Willing(traced, None);
+        let ports = TunnelPorts::with_vxlan([8999]);
+        let judged = mutated(shapes(), 20_000, |b, has_l2, l3| {
+            untraced(b, has_l2, || ports, |k| bits.maybe(k)).then(|| {
+                assert_eq!(classify4(b, l3, &ports, &flows), None, "{b:02x?}");
+            })
+        });
         assert!(judged > 100_000, "only {judged} packets judged at a glance");
+    }
+
+    const WEB6: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2];
+    const DB6: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2];
+    const OTHER6: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 9];
+
+    fn ipv6(src: [u8; 16], dst: [u8; 16], next: u8, payload: &[u8]) -> Vec<u8> {
+        let mut ip = vec![0x60, 0, 0, 0, 0, payload.len() as u8, next, 64];
+        ip.extend(src);
+        ip.extend(dst);
+        ip.extend(payload);
+        ethernet(ETH_P_IPV6, ip)
+    }
+
+    /// IPv6 packets of every shape the IPv6 glance meets.
+    fn shapes6() -> Vec<Vec<u8>> {
+        let mut shapes = Vec::new();
+        let ports = [0x9c, 0x40, 0x14, 0x51, 0, 0, 0, 1];
+        for (src, dst) in [(WEB6, DB6), (DB6, WEB6), (WEB6, OTHER6), (OTHER6, DB6)] {
+            shapes.push(ipv6(src, dst, 6, &ports));
+            shapes.push(ipv6(src, dst, 0, &[6, 0, 0, 0, 0, 0, 0, 0, 0x9c, 0x40]));
+            for port in [8472u16, 6081, 53] {
+                let mut udp = vec![0xc3, 0x50];
+                udp.extend(port.to_be_bytes());
+                udp.extend([0, 0, 0, 0, 0x08, 0, 0, 0, 0, 0, 1, 0]);
+                udp.extend(tcp(WEB, DB));
+                shapes.push(ipv6(src, dst, IPPROTO_UDP, &udp));
+            }
+            shapes.push(ipv6(src, dst, IPPROTO_IPIP, &tcp(WEB, DB)[14..]));
+        }
+        shapes
+    }
+
+    #[test]
+    fn the_ipv6_glance_turns_away_only_what_the_classifier_would() {
+        let traced = vec![
+            FlowKey6 {
+                src: WEB6,
+                dst: DB6,
+            },
+            FlowKey6 {
+                src: DB6,
+                dst: WEB6,
+            },
+        ];
+        let bits = crate::prefilter::TracedPairs6::of(&traced);
+        let flows = Willing(vec![FlowKey { src: WEB, dst: DB }], Some(traced));
+        let ports = TunnelPorts::with_vxlan([8999]);
+        let judged = mutated(shapes6(), 10_000, |b, has_l2, l3| {
+            untraced6(b, has_l2, || ports, |k| bits.maybe(k)).then(|| {
+                assert_eq!(classify6(b, l3, &ports, &flows), None, "{b:02x?}");
+            })
+        });
+        assert!(
+            judged > 50_000,
+            "only {judged} IPv6 packets judged at a glance"
+        );
+        let maybe = |k: &FlowKey6| bits.maybe(k);
+        assert!(untraced6(
+            &ipv6(WEB6, OTHER6, 6, &[0; 20])[..],
+            true,
+            || ports,
+            maybe
+        ));
+        assert!(!untraced6(
+            &ipv6(WEB6, DB6, 6, &[0; 20])[..],
+            true,
+            || ports,
+            maybe
+        ));
     }
 
     #[test]
