@@ -162,6 +162,12 @@ fn measure(lab: &xtask::lab::Lab, mode: &Mode, floor_id: u64) {
         }
         let median = |id| datapath::median(times[&id].iter().copied());
         let floor = median(floor_id);
+        datapath::figure(
+            &format!("kernel/{}/{key}/empty program", mode.key),
+            floor,
+            "ns/run",
+            Better::Lower,
+        );
         let cells: Vec<String> = ids
             .iter()
             .map(|&(name, id)| {
