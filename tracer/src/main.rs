@@ -60,7 +60,6 @@ fn main() -> std::process::ExitCode {
         (None, Some(trace)) => return trace_and_exit(&runtime, trace),
         #[cfg(target_os = "linux")]
         (Some(Command::Agent(agent)), _) => runtime.block_on(podtrace::app::agent::run(agent)),
-        #[cfg(target_os = "linux")]
         (Some(Command::Doctor(doctor)), _) => {
             // Nothing is attached: a signal ends it, saying so.
             podtrace::app::die_saying(

@@ -12,7 +12,11 @@ use crate::cli::{Args, Cli, Command};
 pub fn needs_the_kernel(cli: &Cli, cluster_mode: impl Fn(&Args) -> bool) -> Option<&'static str> {
     match &cli.command {
         Some(Command::Agent(_)) => Some("podtrace agent"),
-        Some(Command::Doctor(_)) => Some("podtrace doctor"),
+        // --api-only examines no node: the API's checks work from here.
+        Some(Command::Doctor(doctor)) if !doctor.api_only => {
+            Some("podtrace doctor without --api-only")
+        }
+        Some(Command::Doctor(_)) => None,
         Some(Command::Profile(_)) => Some("podtrace profile"),
         Some(Command::Kernel(_)) => Some("podtrace kernel"),
         Some(Command::Read(_) | Command::Completions(_) | Command::Man(_)) => None,
@@ -47,6 +51,7 @@ mod tests {
         assert_eq!(needs(&["podtrace", "default/a", "default/b"], true), None);
         assert_eq!(needs(&["podtrace", "read", "x.pcapng"], false), None);
         assert_eq!(needs(&["podtrace", "completions", "zsh"], false), None);
+        assert_eq!(needs(&["podtrace", "doctor", "--api-only"], false), None);
     }
 
     #[test]
@@ -61,7 +66,7 @@ mod tests {
         );
         assert_eq!(
             needs(&["podtrace", "doctor"], true),
-            Some("podtrace doctor")
+            Some("podtrace doctor without --api-only")
         );
         let line = refusal("node mode");
         assert!(
