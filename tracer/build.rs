@@ -1,8 +1,14 @@
 //! Builds the eBPF object (tracer-ebpf) for bpfel-unknown-none with the
 //! nightly toolchain and bpf-linker, as aya-template does; the userspace
-//! binary embeds it.
+//! binary embeds it. Built for another OS (macOS, for `kubectl podtrace`
+//! from a laptop) there is no kernel half to embed: that build is the
+//! cluster-mode front-end only (app/elsewhere.rs).
 fn main() -> anyhow::Result<()> {
     commit();
+    // The target's OS, not the host's: this script runs on the host.
+    if std::env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("linux") {
+        return Ok(());
+    }
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../tracer-ebpf");
     println!("cargo:rerun-if-changed={root}");
     aya_build::build_ebpf(

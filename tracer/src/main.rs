@@ -1,3 +1,6 @@
+// Off Linux every arm that runs a node's trace is compiled out.
+#![cfg_attr(not(target_os = "linux"), allow(unreachable_code, unused_variables))]
+
 use clap::{error::ErrorKind, Parser};
 use podtrace::cli::{shell, Args, Cli, Command};
 
@@ -38,7 +41,7 @@ fn main() -> std::process::ExitCode {
         }
     };
     settle_namespace(&mut cli);
-    if let Some(done) = offline(&cli) {
+    if let Some(done) = offline(&cli).or_else(|| refused_off_linux(&cli)) {
         return done;
     }
     // One thread: setns(2) is per thread, and every netlink socket and tc
@@ -54,6 +57,8 @@ fn main() -> std::process::ExitCode {
         }
     };
     let outcome = match (cli.command, cli.trace) {
+        (None, Some(trace)) => return trace_and_exit(&runtime, trace),
+        #[cfg(target_os = "linux")]
         (Some(Command::Agent(agent)), _) => runtime.block_on(podtrace::app::agent::run(agent)),
         (Some(Command::Doctor(doctor)), _) => {
             // Nothing is attached: a signal ends it, saying so.
@@ -69,14 +74,15 @@ fn main() -> std::process::ExitCode {
                 }
             };
         }
+        #[cfg(target_os = "linux")]
         (Some(Command::Kernel(kernel)), _) => podtrace::app::kernel::run(&kernel),
+        #[cfg(target_os = "linux")]
         (Some(Command::Profile(profile)), _) => {
             runtime.block_on(podtrace::app::profile::run(profile))
         }
-        (None, Some(trace)) => return trace_and_exit(&runtime, trace),
-        (Some(Command::Read(_) | Command::Completions(_) | Command::Man(_)), _) => {
-            unreachable!("told above, without a runtime")
-        }
+        // Read, completions and man are told above, without a runtime;
+        // off Linux, so are the refusals.
+        (Some(_), _) => unreachable!("told above"),
         // clap asks for SRC and DST first; this is a guard.
         (None, None) => {
             eprintln!("podtrace: give SRC and DST, or a subcommand (podtrace --help)");
@@ -84,6 +90,7 @@ fn main() -> std::process::ExitCode {
         }
     };
     // Everything attached is dropped by now: this run's file can go.
+    #[cfg(target_os = "linux")]
     podtrace::probe::run_registry::close();
     exit(outcome)
 }
@@ -107,22 +114,40 @@ fn offline(cli: &Cli) -> Option<std::process::ExitCode> {
     }
 }
 
+/// Off Linux (the cluster-mode front-end alone), what needs this
+/// machine's kernel is refused in one line.
+fn refused_off_linux(cli: &Cli) -> Option<std::process::ExitCode> {
+    if cfg!(target_os = "linux") {
+        return None;
+    }
+    let what = podtrace::app::elsewhere::needs_the_kernel(cli, cluster_mode)?;
+    eprintln!("{}", podtrace::app::elsewhere::refusal(what));
+    Some(std::process::ExitCode::from(2))
+}
+
 /// A trace, in cluster mode or on this node; its exit status.
 fn trace_and_exit(runtime: &tokio::runtime::Runtime, trace: Args) -> std::process::ExitCode {
     let (fail, probe_asked) = (trace.fail, trace.probe.probe.is_some());
-    // kubectl's plugin dispatch runs `kubectl-<plugin>`: cluster mode,
-    // unless node-mode inputs (--netns, --pods-file) say otherwise.
-    let cluster_mode = trace.cluster_mode
-        || (invoked_as_kubectl_plugin()
-            && trace.kube.netns.is_empty()
-            && trace.kube.pods_file.is_none());
-    let seen = match cluster_mode {
+    let seen = match cluster_mode(&trace) {
         true => runtime.block_on(podtrace::app::front::run(trace)),
+        #[cfg(target_os = "linux")]
         false => runtime.block_on(podtrace::app::run(trace)),
+        #[cfg(not(target_os = "linux"))]
+        false => unreachable!("node mode is refused off Linux"),
     };
     // Everything attached is dropped by now: this run's file can go.
+    #[cfg(target_os = "linux")]
     podtrace::probe::run_registry::close();
     exit_seen(seen, fail.then_some(probe_asked))
+}
+
+/// kubectl's plugin dispatch runs `kubectl-<plugin>`: cluster mode,
+/// unless node-mode inputs (--netns, --pods-file) say otherwise.
+fn cluster_mode(trace: &Args) -> bool {
+    trace.cluster_mode
+        || (invoked_as_kubectl_plugin()
+            && trace.kube.netns.is_empty()
+            && trace.kube.pods_file.is_none())
 }
 
 /// A trace's exit status: with `--fail` (`Some(probe asked)`), what went

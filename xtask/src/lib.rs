@@ -8,6 +8,7 @@ pub mod faults;
 pub mod image;
 pub mod lab;
 pub mod layers;
+pub mod macos;
 pub mod phases;
 pub mod podtrace_run;
 mod rust_tokens;

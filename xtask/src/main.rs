@@ -403,6 +403,10 @@ fn test() -> Result<()> {
 fn test_phases(phases: &mut xtask::phases::Phases) -> Result<()> {
     phases.run("setup", setup)?;
     phases.run("house checks", house_checks)?;
+    // kubectl podtrace from a laptop: the front-end without the kernel half.
+    phases.run("front-end for macOS (cargo check)", || {
+        xtask::macos::check(&xtask::workspace_root()?)
+    })?;
     // Unit tests, then the kernel integration tests in tests/ (as root).
     phases.run("cargo test (host kernel)", || cargo(&["test"]))?;
     // A release as a user or krew gets it (the image is the lab's).

@@ -22,11 +22,12 @@ use anyhow::Result;
 use tokio::sync::mpsc;
 
 use super::{
-    add_kernel_losses, follow_connection, of_the_traced_pair,
+    add_kernel_losses, follow_connection,
+    node_stream::{stream, Consumer},
+    of_the_traced_pair,
     probing::{self, ProbeEvent},
     resolve_and_attach,
     stop::Stop,
-    stream::{stream, Consumer},
     wire::{Numbering, Record, Start, WireFacts},
     Trace,
 };

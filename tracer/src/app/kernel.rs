@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::{
     cli::KernelArgs,
     model::Format,
-    probe::{features::DropHook, tc::AttachMode, try_load, Kernel},
+    probe::{features::DropHook, try_load, AttachMode, Kernel},
 };
 
 /// The kernel's report, as `-o json` prints it.

@@ -1,66 +1,69 @@
-//! One trace, from arguments to stories, in four phases:
-//! - `resolve`: the pod arguments, names of addresses, the namespaces;
-//! - `attach`: every traced node set up (`node::traced`);
-//! - `stream`: sightings, rules and link changes into journeys, told as
-//!   they finish (`teller`);
-//! - `finish`: what is still open, the loss counters, the summary; then
-//!   everything attached is dropped.
+//! One trace, from arguments to stories: on this node (`on_node`, in four
+//! phases: `resolve`: the pod arguments, names of addresses, the
+//! namespaces; `attach`: every traced node set up (`traced`); `stream`:
+//! sightings, rules and link changes into journeys, told as they finish
+//! (`teller`); `finish`: what is still open, the loss counters, the
+//! summary, then everything attached is dropped), or through agent pods
+//! (`front`, cluster mode, the only one off Linux).
 //!
+//! `elsewhere`: what a build for another OS than Linux refuses.
 //! `replay` tells the stories of a `--write` file again (`podtrace read`).
 
+#[cfg(target_os = "linux")]
 pub mod agent;
+mod connections;
+pub mod elsewhere;
+#[cfg(target_os = "linux")]
 mod follow;
 pub mod front;
+#[cfg(target_os = "linux")]
 pub mod kernel;
+#[cfg(target_os = "linux")]
 mod losses;
+#[cfg(target_os = "linux")]
 mod masquerade;
+#[cfg(target_os = "linux")]
+mod node_stream;
+#[cfg(target_os = "linux")]
+mod on_node;
 mod pairs;
+#[cfg(target_os = "linux")]
 mod pod_interfaces;
 mod probing;
+#[cfg(target_os = "linux")]
 pub mod profile;
 mod replay;
 mod service_target;
+#[cfg(target_os = "linux")]
 mod sightings;
 mod stop;
 mod stream;
 pub mod targets;
 mod teller;
+#[cfg(target_os = "linux")]
 pub mod traced;
 pub mod wire;
 
-use pairs::{flow_keys, traced_pairs};
+#[cfg(target_os = "linux")]
+pub use on_node::run;
+#[cfg(target_os = "linux")]
+use on_node::{add_kernel_losses, link_changed, require_root, resolve_and_attach, Trace};
 pub use replay::replay;
 pub use stop::{block_signals, die_saying, STOPPED_BEFORE_TRACING};
 
-use std::{
-    net::{IpAddr, Ipv4Addr},
-    time::Duration,
-};
+use std::{net::IpAddr, time::Duration};
 
-use anyhow::{bail, Result};
-use podtrace_common::{filter::L4Filter, MAX_NODES};
-use tokio::sync::mpsc;
-
-use follow::{follow_connection, follow_move, learn_connection, of_the_traced_pair, watch_moves};
-use targets::{vantage, Targets};
-pub use teller::Seen;
-use traced::{LinkOutcome, Shared, TracedNode};
-
-use crate::{
-    cli::Args,
-    cni, doctor,
-    model::{KernelSummary, Summary},
-    node::{host_root::HostRoot, netns::Namespace, pod_netns::OtherNamespaces},
-    output::pcapng,
-    probe::{
-        capabilities::Capabilities, clock::monotonic_ns, conntrack, iptables::RuleSight,
-        link_watch::LinkChange, netfilter::TracedRule, Batch, Kernel, ReadThrough, BATCHES_QUEUED,
-    },
-    story::Context,
-};
-use stop::Stop;
 use stream::correlator_for;
-use teller::{new_teller, Teller};
+use targets::Targets;
+use teller::new_teller;
+pub use teller::Seen;
+#[cfg(target_os = "linux")]
+use {
+    connections::of_the_traced_pair,
+    follow::{follow_connection, follow_move, learn_connection, watch_moves},
+};
+
+use crate::{cli::Args, cni, node::host_root::HostRoot, story::Context};
 
 /// A journey is done once nothing joined it for this long.
 const JOURNEY_IDLE: Duration = Duration::from_millis(250);
@@ -69,122 +72,6 @@ const JOURNEY_PATIENCE: Duration = Duration::from_millis(1500);
 /// …or this long, while it waits for ARP: the kernel frees it with
 /// NEIGH_FAILED after its probes (ucast 3 + mcast 3, 1 s apart).
 const ARP_PATIENCE: Duration = Duration::from_millis(6500);
-
-/// A trace on this node; what went wrong in the stories told (`--fail`).
-pub async fn run(args: Args) -> Result<Seen> {
-    probing::check(&args)?;
-    require_root()?;
-    // Before anything is attached: a signal from here on ends the trace
-    // through the normal drop path.
-    let mut stop = Stop::catch()?;
-    // Before anything is attached: a path that cannot be written is bad input.
-    let write = args.write.as_deref().map(pcapng::open).transpose()?;
-    let Some(resolved) = resolve_unless_stopped(&args, &mut stop).await else {
-        stop::stopped_before_tracing(new_teller(&args, Context::default(), None))?;
-        return Ok(Seen::default());
-    };
-    let resolved = match resolved {
-        Err(e) if format!("{e}").contains("has no IP") => match doctor::trace::no_ip(&args).await {
-            Some(finding) => bail!("{finding}"),
-            None => return Err(e),
-        },
-        other => other?,
-    };
-    let probing = probing::prepare(
-        &args,
-        &resolved.targets,
-        &resolved.ctx,
-        &resolved.namespaces,
-    )
-    .await?;
-    let mut trace = attach(&args, resolved).await?;
-    masquerade::trace_masquerade_sources(&mut trace)?;
-    // Only now that every hook is attached: each probe is seen whole.
-    trace.probes = probing.map(probing::start);
-    let summary = stream::here(&args, &mut trace, &mut stop, write).await?;
-    finish(trace, summary)
-}
-
-/// The resolve phase, or `None` on a stop meanwhile: nothing is attached
-/// yet, so a stop there ends the run, saying so.
-async fn resolve_unless_stopped(args: &Args, stop: &mut Stop) -> Option<Result<Resolved>> {
-    stop::unless_stopped(resolve(args), stop.recv()).await
-}
-
-/// The resolve and attach phases, as the agent and profile mode run them;
-/// `None` on a stop while resolving.
-async fn resolve_and_attach(args: &Args, stop: &mut Stop) -> Result<Option<Trace>> {
-    match resolve_unless_stopped(args, stop).await {
-        Some(resolved) => Ok(Some(attach(args, resolved?).await?)),
-        None => Ok(None),
-    }
-}
-
-fn require_root() -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        bail!("podtrace needs root (CAP_BPF and CAP_NET_ADMIN) to load eBPF programs: run it with sudo, or use cluster mode (--cluster-mode, or kubectl podtrace)");
-    }
-    Capabilities::of_this_process().require()
-}
-
-/// What the resolve phase learnt: who is traced, where, and the names.
-struct Resolved {
-    targets: Targets,
-    namespaces: Vec<Namespace>,
-    ctx: Context,
-    /// What rule tracing can see on each --netns node.
-    sight: RuleSight,
-    /// The doctor's failing checks per --netns, in order.
-    doctor: Vec<Vec<crate::model::Finding>>,
-    /// Each traced namespace's own addresses, in order, read once: they
-    /// resolve a NodePort's node, and find the nodes' underlays at attach
-    /// (where a failure to read them is said).
-    addresses: Result<Vec<Vec<Ipv4Addr>>>,
-}
-
-async fn resolve(args: &Args) -> Result<Resolved> {
-    // A NodePort given as `nodeIP:port` needs no node list to name the
-    // node when it is one traced here. (A bad --netns is said after a bad
-    // argument, as before.)
-    let namespaces = Namespace::all(&args.kube.netns);
-    let addresses = match &namespaces {
-        Ok(namespaces) => traced::addresses_of(namespaces).await,
-        Err(_) => Ok(Vec::new()),
-    };
-    let traced_addresses: Vec<Ipv4Addr> = match &addresses {
-        Ok(addresses) => addresses.iter().flatten().copied().collect(),
-        Err(_) => Vec::new(),
-    };
-    let targets = Targets::resolve(args, &traced_addresses).await?;
-    let namespaces = namespaces?;
-    let mut ctx = context_of(args, &targets);
-    let sight = RuleSight::of(&namespaces, args.no_ruleset_changes)?;
-    ctx.why_rule_unnamed = sight.off.unwrap_or(crate::probe::netfilter::UNTRACED_DROP);
-    // Profile mode tells no verdict for findings to join: not asked.
-    let doctor = if args.in_kernel_profile {
-        Vec::new()
-    } else {
-        let ends = [&targets.src, &targets.dst];
-        let pods = (ends.iter().filter_map(|e| e.pod.as_ref()))
-            .map(|p| p.qualified())
-            .collect();
-        let nodes = targets
-            .known_nodes()
-            .into_iter()
-            .map(|(name, _)| name)
-            .collect();
-        doctor::trace::node_findings(args, pods, nodes).await
-    };
-    Ok(Resolved {
-        targets,
-        namespaces,
-        ctx,
-        sight,
-        doctor,
-        addresses,
-    })
-}
 
 /// What the targets tell of names and subnets, for the stories.
 fn context_of(args: &Args, targets: &Targets) -> Context {
@@ -237,262 +124,4 @@ fn endpoint_nodes(targets: &Targets) -> Vec<(IpAddr, String)> {
         .filter_map(|e| Some((addresses(e), Targets::node_of(e)?)))
         .flat_map(|(ips, node)| ips.into_iter().flatten().map(|ip| (ip, node.to_string())))
         .collect()
-}
-
-/// A trace under way: the attached nodes and the channels they feed.
-struct Trace {
-    /// The kernel, and what this run does without (the summary says it).
-    kernel_summary: KernelSummary,
-    targets: Targets,
-    nodes: Vec<TracedNode>,
-    kernel: Kernel,
-    ctx: Context,
-    rules_traced: bool,
-    /// `--write`: hops keep the header bytes the kernel copied.
-    keep_snapshots: bool,
-    sightings: mpsc::Receiver<Batch>,
-    /// How far each node's ring reader has read.
-    read_through: Vec<ReadThrough>,
-    links: mpsc::UnboundedReceiver<(u32, LinkChange)>,
-    rules: mpsc::UnboundedReceiver<(u32, TracedRule)>,
-    conntrack: mpsc::UnboundedReceiver<(u32, conntrack::Entry)>,
-    /// Pairs traced because conntrack translated the traced pair to them,
-    /// or because a MASQUERADE may (`trace_masquerade_sources`).
-    learnt_pairs: Vec<(IpAddr, IpAddr)>,
-    /// Pairs traced only to join the traced pair's packets across a
-    /// source translation: no story of their own.
-    joining_only: Vec<(Ipv4Addr, Ipv4Addr)>,
-    /// Namespaces no traced node owns (pods), named on first sight.
-    others: OtherNamespaces,
-    /// `--proto`/`--port` as every node's kernel has it (widened as
-    /// Services' ports are learnt).
-    l4_filter: Option<L4Filter>,
-    /// `--probe`: what the sending thread says, until it is done.
-    probes: Option<mpsc::UnboundedReceiver<probing::ProbeEvent>>,
-    /// When the last traced node was attached (kernel time): a packet
-    /// seen before then may have crossed hooks not attached yet, and
-    /// would be told as vanished where it went on unseen.
-    armed_ns: u64,
-}
-
-impl Trace {
-    /// The traced nodes' namespaces, in node id order.
-    fn namespaces(&self) -> Vec<Namespace> {
-        self.nodes.iter().map(|n| n.netns.clone()).collect()
-    }
-
-    /// The batches queued now, not those the readers send meanwhile:
-    /// under a flow faster than stories can be told, emptying the queue
-    /// would never end (and Ctrl-C would wait for it).
-    fn take_queued(&mut self) -> Vec<Batch> {
-        let queued = self.sightings.len();
-        (0..queued)
-            .map_while(|_| self.sightings.try_recv().ok())
-            .collect()
-    }
-
-    /// The slowest ring reader's progress: records stamped before it are
-    /// all sent (see `ReadThrough`).
-    fn read_through(&self) -> u64 {
-        self.read_through
-            .iter()
-            .map(ReadThrough::get)
-            .min()
-            .unwrap_or(u64::MAX)
-    }
-}
-
-async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
-    let Resolved {
-        targets,
-        namespaces,
-        mut ctx,
-        sight,
-        doctor,
-        addresses,
-    } = resolved;
-    let pairs = traced_pairs(&targets);
-    let flows = flow_keys(&pairs);
-    let flows6 = pairs::flow_keys6(&pairs);
-    let kernel = Kernel::read()?;
-    let traced_netns = netns_inums(&namespaces);
-    let (tx, sightings) = mpsc::channel(BATCHES_QUEUED);
-    let (link_tx, links) = mpsc::unbounded_channel();
-    let (netfilter_tx, rules) = mpsc::unbounded_channel();
-    let (conntrack_tx, conntrack) = mpsc::unbounded_channel();
-    let typed_btf = Kernel::typed_btf()?;
-    let known_nodes = targets.known_nodes();
-    let known_nodes6 = targets.known_nodes6();
-    let mode = kernel.features.attach_mode(args.attach)?;
-    let l4_filter = args.filter.kernel_filter(&targets.nat.translations)?;
-    let shared = Shared {
-        kernel: &kernel,
-        btf: &typed_btf,
-        known_nodes: &known_nodes,
-        known_nodes6: &known_nodes6,
-        subnets: &targets.subnets,
-        flows: &flows,
-        flows6: &flows6,
-        traced_netns,
-        mode,
-        ring_bytes: args.ring_buffer,
-        profile: args.in_kernel_profile,
-        shared_stamps: args.shared_stamps.as_deref(),
-        sample: args.sample,
-        l4_filter,
-        link_tx,
-        conntrack_tx,
-        netfilter_tx: sight.off.is_none().then_some(netfilter_tx),
-        pairs,
-        endpoint_nodes: endpoint_nodes(&targets),
-        node_ips: &args.node_ip,
-        traced_addresses: addresses?,
-        single_node: namespaces.len() == 1,
-    };
-    let (nodes, read_through) =
-        trace_nodes(&namespaces, &shared, &tx, &mut ctx, &doctor, &sight.unseen).await?;
-    let armed_ns = monotonic_ns();
-    drop(shared);
-    drop(typed_btf);
-    // Hand the parsed BTF's memory back: podtrace may run for hours.
-    // SAFETY: no preconditions.
-    unsafe { libc::malloc_trim(0) };
-    let kernel_summary = kernel.say_degraded(mode, nodes.first().map(|n| n.probe.drop_hook));
-    announce(&targets, &nodes, &ctx);
-    Ok(Trace {
-        kernel_summary,
-        others: OtherNamespaces::new(ctx.names.clone()),
-        targets,
-        nodes,
-        kernel,
-        ctx,
-        rules_traced: sight.off.is_none(),
-        keep_snapshots: args.write.is_some(),
-        sightings,
-        read_through,
-        armed_ns,
-        l4_filter,
-        probes: None,
-        links,
-        rules,
-        conntrack,
-        learnt_pairs: Vec::new(),
-        joining_only: Vec::new(),
-    })
-}
-
-/// The traced namespaces' inode numbers, in node id order.
-fn netns_inums(namespaces: &[Namespace]) -> [u32; MAX_NODES] {
-    let mut traced_netns = [0; MAX_NODES];
-    for (slot, ns) in traced_netns.iter_mut().zip(namespaces) {
-        *slot = ns.inum;
-    }
-    traced_netns
-}
-
-/// Sets up every node, each streaming its records into `tx`; what each
-/// is (and the doctor's failing checks there, and why its rules may be
-/// unseen) goes into `ctx`.
-async fn trace_nodes(
-    namespaces: &[Namespace],
-    shared: &Shared<'_>,
-    tx: &mpsc::Sender<Batch>,
-    ctx: &mut Context,
-    doctor: &[Vec<crate::model::Finding>],
-    unseen: &[Option<String>],
-) -> Result<(Vec<TracedNode>, Vec<ReadThrough>)> {
-    let mut nodes = Vec::new();
-    let mut read_through = Vec::new();
-    for (id, ns) in namespaces.iter().enumerate() {
-        let (mut node, facts) = TracedNode::trace(id as u32, ns, shared).await?;
-        for (ip, iface) in &facts.pod_interfaces {
-            eprintln!(
-                "podtrace: {}: {} is behind {iface}",
-                node.name,
-                ctx.label(*ip)
-            );
-        }
-        read_through.push(node.probe.stream(tx.clone())?);
-        ctx.nodes.insert(node.name.to_string(), facts);
-        if let Some(findings) = doctor.get(id) {
-            ctx.doctor.insert(node.name.to_string(), findings.clone());
-        }
-        if let Some(Some(why)) = unseen.get(id) {
-            ctx.rules_unseen.insert(node.name.to_string(), why.clone());
-        }
-        nodes.push(node);
-    }
-    Ok((nodes, read_through))
-}
-
-/// Says what the traced nodes can see, and that the trace has started.
-fn announce(targets: &Targets, nodes: &[TracedNode], ctx: &Context) {
-    let traced_names: Vec<String> = nodes.iter().map(|n| n.name.to_string()).collect();
-    let ends = [&targets.src, &targets.dst].map(|e| {
-        (
-            e.name().unwrap_or_else(|| e.ip.to_string()),
-            Targets::node_of(e),
-        )
-    });
-    if let Some(view) = vantage(
-        [(&ends[0].0, ends[0].1), (&ends[1].0, ends[1].1)],
-        &traced_names,
-    ) {
-        eprintln!("podtrace: {view}");
-    }
-    if let Some(untraced) = targets.untraced_ipv6() {
-        eprintln!("podtrace: {untraced}");
-    }
-    eprintln!(
-        "podtrace: tracing {} on {}; Ctrl-C to stop",
-        targets.named_pairs(ctx),
-        nodes
-            .iter()
-            .map(|n| format!("{} ({})", n.name, n.watched_list()))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-}
-
-/// Resolves after `--duration`, or never.
-async fn until(duration: Option<Duration>) {
-    match duration {
-        Some(d) => tokio::time::sleep(d).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// An interface came or went on a node: attach to it, and keep the
-/// summary's hook count current.
-fn link_changed(trace: &mut Trace, node: u32, change: LinkChange, summary: &mut Summary) {
-    let Some(node) = trace.nodes.get_mut(node as usize) else {
-        return;
-    };
-    match node.link_changed(change) {
-        LinkOutcome::Added => summary.interfaces_added += 1,
-        LinkOutcome::Vanished => summary.interfaces_vanished += 1,
-        LinkOutcome::Ignored => {}
-    }
-    summary.hooks_attached = trace.nodes.iter().map(TracedNode::hooks).sum();
-}
-
-/// Adds what every node's probe could not report to the summary.
-fn add_kernel_losses(nodes: &[TracedNode], summary: &mut Summary) -> Result<()> {
-    for node in nodes {
-        let (ringbuf_full, snapshot) = node.probe.losses()?;
-        summary.lost_ringbuf_full += ringbuf_full;
-        summary.lost_snapshot += snapshot;
-        let (filtered, carriers) = node.probe.left_out()?;
-        summary.filtered_in_kernel += filtered;
-        summary.other_pairs_encapsulated += carriers;
-    }
-    Ok(())
-}
-
-/// Adds the kernel's loss counters, detaches, and prints the summary;
-/// what went wrong in what was told.
-fn finish(trace: Trace, (mut summary, teller): (Summary, Teller<'static>)) -> Result<Seen> {
-    add_kernel_losses(&trace.nodes, &mut summary)?;
-    drop(trace);
-    Ok(teller.finish(summary)?)
 }

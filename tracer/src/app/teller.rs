@@ -7,7 +7,9 @@ use std::{
     net::Ipv4Addr,
 };
 
-use super::{probing::ProbeWatch, Trace};
+use super::probing::ProbeWatch;
+#[cfg(target_os = "linux")]
+use super::Trace;
 use crate::{
     cli::Args,
     model::{ProbeResult, Summary},
@@ -271,6 +273,7 @@ fn buffered(out: impl Write + 'static) -> Box<dyn Write> {
 }
 
 /// The `--write` file, with every watched interface announced.
+#[cfg(target_os = "linux")]
 pub(super) fn pcap_writer(
     out: Box<dyn Write>,
     args: &Args,

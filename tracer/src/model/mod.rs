@@ -15,6 +15,12 @@ pub mod summary;
 pub mod text;
 pub mod translation;
 
+/// What this build cannot do off Linux (a macOS build is the cluster-mode
+/// front-end: namespaces, netlink and loaded programs are Linux's).
+pub fn needs_linux(what: &str) -> anyhow::Error {
+    anyhow::anyhow!("{what} needs Linux")
+}
+
 pub use finding::Finding;
 pub use format::{Format, MAX_SNAPLEN};
 pub use name::Name;

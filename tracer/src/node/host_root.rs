@@ -59,6 +59,12 @@ impl HostRoot {
     }
 }
 
+/// Off Linux there is no openat2: the walk resolves the path itself.
+#[cfg(not(target_os = "linux"))]
+fn in_root_by_kernel(_: &Path, _: &Path) -> io::Result<PathBuf> {
+    Err(io::ErrorKind::Unsupported.into())
+}
+
 /// `node_path` without its root, `..` and `.` kept for the lookup.
 fn relative(node_path: &Path) -> PathBuf {
     node_path
@@ -71,6 +77,7 @@ fn relative(node_path: &Path) -> PathBuf {
 /// /proc/self/fd. An error where it does not (the walk then says where it
 /// would be: a dangling link must not be appended to) or where openat2
 /// cannot be used (no such syscall, or refused by seccomp).
+#[cfg(target_os = "linux")]
 fn in_root_by_kernel(root: &Path, relative: &Path) -> io::Result<PathBuf> {
     let root_fd = open_path(libc::AT_FDCWD, root.as_os_str(), 0)?;
     let fd = open_path(
@@ -81,6 +88,7 @@ fn in_root_by_kernel(root: &Path, relative: &Path) -> io::Result<PathBuf> {
     std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
 }
 
+#[cfg(target_os = "linux")]
 /// openat2(dirfd, path, O_PATH) with `resolve` flags.
 fn open_path(dirfd: libc::c_int, path: &OsStr, resolve: u64) -> io::Result<OwnedFd> {
     let path = CString::new(path.as_bytes()).map_err(|_| io::ErrorKind::InvalidInput)?;

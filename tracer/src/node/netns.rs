@@ -107,12 +107,18 @@ pub fn enter(path: &Path) -> Result<Entered> {
     Ok(Entered { original })
 }
 
+#[cfg(target_os = "linux")]
 fn setns(ns: &File) -> Result<()> {
     // SAFETY: plain syscall on a valid fd.
     if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
         bail!(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn setns(_: &File) -> Result<()> {
+    Err(crate::model::needs_linux("entering a network namespace"))
 }
 
 impl Drop for Entered {

@@ -14,6 +14,7 @@
 use std::{net::IpAddr, time::Duration};
 
 use anyhow::{Context, Result};
+#[cfg(target_os = "linux")]
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
@@ -85,6 +86,7 @@ const NLMSG_DONE: u16 = 3;
 const NLM_F_REQUEST: u16 = 1;
 const NLM_F_DUMP: u16 = 0x300;
 
+#[cfg(target_os = "linux")]
 /// Forwards the translated conntrack entries of the calling thread's
 /// namespace, tagged with `node_id`: those already there, then each new
 /// one.
@@ -128,6 +130,7 @@ pub fn watch(node_id: u32, tx: mpsc::UnboundedSender<(u32, Entry)>) -> Result<()
     Ok(())
 }
 
+#[cfg(target_os = "linux")]
 /// Reads a dump's answers up to NLMSG_DONE.
 fn read_until_done(socket: &Socket, node_id: u32, tx: &mpsc::UnboundedSender<(u32, Entry)>) {
     let mut buf = vec![0u8; 1 << 16];
@@ -148,6 +151,7 @@ fn read_until_done(socket: &Socket, node_id: u32, tx: &mpsc::UnboundedSender<(u3
     }
 }
 
+#[cfg(target_os = "linux")]
 fn set_timeout(socket: &Socket, timeout: Duration) -> Result<()> {
     use std::os::fd::AsRawFd;
     let tv = libc::timeval {

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use anyhow::{anyhow, Context, Result};
+#[cfg(target_os = "linux")]
 use aya::{
     programs::{BtfTracePoint, RawTracePoint},
     Ebpf,
@@ -14,6 +15,7 @@ use podtrace_common::{names, KernelLayout};
 
 use super::{btf::Btf, features::DropHook};
 
+#[cfg(target_os = "linux")]
 /// kfree_skb as a BTF-typed tracepoint, else as a raw one (the classic
 /// tracepoint would need tracefs), in the variant that reads a reason
 /// only where the kernel passes one.

@@ -11,7 +11,7 @@ use std::fmt;
 
 use anyhow::{bail, Result};
 
-use super::{btf::Btf, tc::AttachMode};
+use super::{btf::Btf, AttachMode};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Features {

@@ -35,8 +35,9 @@ use super::{
     features::DropHook,
     memlock, orphans,
     run_registry::{self, Record},
-    tc::{self, AttachMode},
+    tc,
     uninterrupted::SignalsHeld,
+    AttachMode,
 };
 use crate::node::{interfaces::Watched, netns::Namespace, tunnels::TunnelTrust};
 

@@ -10,6 +10,7 @@
 //! - `netfilter`: nftables packet tracing (which rule dropped a packet),
 //!   `nft_trace`: its events read into named rules;
 //! - `link_watch`: interfaces that come and go during a trace;
+//! - `attach_mode`: TCX links or clsact filters (`--attach`);
 //! - `btf`: the running kernel's struct layout, since Rust eBPF has no CO-RE;
 //! - `capabilities`: the ones podtrace runs with, and what each missing one costs;
 //! - `features`: what the running kernel can do, and what podtrace does
@@ -22,8 +23,10 @@
 //! - `shared_maps`: a bpffs private to the process, for maps its probes
 //!   share;
 //! - `uninterrupted`: stop signals held back while programs load;
+//! - `kernel`: what the running kernel says about itself, read once;
 //! - `memlock`: the locked-memory limit kernels before 5.11 charge maps to.
 
+mod attach_mode;
 pub mod btf;
 pub mod capabilities;
 pub mod clock;
@@ -31,85 +34,34 @@ pub mod conntrack;
 pub mod drops;
 pub mod features;
 pub mod iptables;
+mod kernel;
+#[cfg(target_os = "linux")]
 pub mod link_watch;
+#[cfg(target_os = "linux")]
 mod load;
+#[cfg(target_os = "linux")]
 mod memlock;
 pub mod netfilter;
 pub mod nft_trace;
+#[cfg(target_os = "linux")]
 mod orphans;
 pub mod profile;
 pub mod rule_text;
 mod run_liveness;
 pub mod run_registry;
+#[cfg(target_os = "linux")]
 pub mod shared_maps;
+#[cfg(target_os = "linux")]
 pub mod tc;
+#[cfg(target_os = "linux")]
 mod try_load;
+#[cfg(target_os = "linux")]
 mod uninterrupted;
 
-use anyhow::{Context as _, Result};
-use podtrace_common::KernelLayout;
-
-use crate::model::KernelSummary;
-
+pub use attach_mode::AttachMode;
+#[cfg(target_os = "linux")]
 pub use load::{Batch, NodeProbe, ProbeSpec, ReadThrough, BATCHES_QUEUED, RING_HANDOVER};
-pub use tc::AttachMode;
+#[cfg(target_os = "linux")]
 pub use try_load::{first_line, try_load, Loaded};
 
-use self::{
-    btf::Btf,
-    capabilities::Capabilities,
-    drops::{ReasonNames, Symbols},
-    features::Features,
-};
-
-/// What the running kernel says about itself, read once.
-pub struct Kernel {
-    pub layout: KernelLayout,
-    pub features: Features,
-    pub reasons: ReasonNames,
-    pub symbols: Symbols,
-}
-
-impl Kernel {
-    pub fn read() -> Result<Self> {
-        let btf = Btf::from_sys_fs()?;
-        let features = Features::probe(&btf)?;
-        Ok(Self {
-            layout: drops::kernel_layout(&btf)?,
-            reasons: ReasonNames::from_btf(&btf, features.drop_reasons),
-            features,
-            symbols: Symbols::from_kallsyms()?,
-        })
-    }
-
-    /// Says on stderr what this kernel cannot do for the trace, and keeps
-    /// it for the summary.
-    pub fn say_degraded(
-        &self,
-        mode: AttachMode,
-        drops: Option<features::DropHook>,
-    ) -> KernelSummary {
-        let degraded = self.features.degraded(mode, drops);
-        if let Some(line) = features::banner(&self.features.release, &degraded) {
-            eprintln!("podtrace: {line}");
-        }
-        let without_privileges = Capabilities::of_this_process().degraded(self.symbols.is_empty());
-        for lost in &without_privileges {
-            eprintln!("podtrace: {lost}");
-        }
-        KernelSummary {
-            release: self.features.release.clone(),
-            degraded: degraded
-                .iter()
-                .map(ToString::to_string)
-                .chain(without_privileges)
-                .collect(),
-        }
-    }
-
-    /// The kernel's BTF as aya loads BTF-typed programs with it; only
-    /// needed while attaching (it is large: drop it after).
-    pub fn typed_btf() -> Result<aya::Btf> {
-        aya::Btf::from_sys_fs().context("aya cannot read the kernel's BTF")
-    }
-}
+pub use kernel::Kernel;

@@ -126,6 +126,7 @@ impl NodeTrace {
                 .stderr(Stdio::null());
             // SAFETY: prctl is async-signal-safe. The monitor must not
             // outlive podtrace, even after SIGKILL.
+            #[cfg(target_os = "linux")]
             unsafe {
                 command.pre_exec(|| {
                     libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);

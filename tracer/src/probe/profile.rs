@@ -2,12 +2,14 @@
 //! node's probe (`tracer-ebpf/src/profile.rs` writes them), summed.
 
 use anyhow::{anyhow, Result};
+#[cfg(target_os = "linux")]
 use aya::{
     maps::{MapData, PerCpuHashMap},
     Ebpf,
 };
 use podtrace_common::{names, Histogram, StepKey};
 
+#[cfg(target_os = "linux")]
 /// Every step of the node and its histogram, all CPUs added up.
 pub fn read_steps(ebpf: &Ebpf) -> Result<Vec<(StepKey, Histogram)>> {
     let map = ebpf

@@ -17,7 +17,7 @@
 
 use std::{
     io,
-    os::{linux::net::SocketAddrExt, unix::net::SocketAddr, unix::net::UnixDatagram},
+    os::unix::net::{SocketAddr, UnixDatagram},
     time::Duration,
 };
 
@@ -28,8 +28,19 @@ fn name(handle: u32) -> String {
 }
 
 fn bind(handle: u32) -> io::Result<UnixDatagram> {
-    let address = SocketAddr::from_abstract_name(name(handle).as_bytes())?;
-    UnixDatagram::bind_addr(&address)
+    UnixDatagram::bind_addr(&abstract_address(&name(handle))?)
+}
+
+#[cfg(target_os = "linux")]
+fn abstract_address(name: &str) -> io::Result<SocketAddr> {
+    use std::os::linux::net::SocketAddrExt;
+    SocketAddr::from_abstract_name(name.as_bytes())
+}
+
+/// Abstract names are Linux's (so is everything a run attaches).
+#[cfg(not(target_os = "linux"))]
+fn abstract_address(_: &str) -> io::Result<SocketAddr> {
+    Err(io::ErrorKind::Unsupported.into())
 }
 
 /// Binds this run's name in the current thread's network namespace; the

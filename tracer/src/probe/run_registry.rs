@@ -185,6 +185,7 @@ fn run_path(id: u64) -> PathBuf {
     Path::new(DIR).join(format!("{id:016x}.run"))
 }
 
+#[cfg(target_os = "linux")]
 fn random_id() -> Result<u64> {
     let mut bytes = [0u8; 8];
     // SAFETY: writes at most 8 bytes into a buffer of 8.
@@ -193,6 +194,11 @@ fn random_id() -> Result<u64> {
         bail!("getrandom: {}", std::io::Error::last_os_error());
     }
     Ok(u64::from_ne_bytes(bytes))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn random_id() -> Result<u64> {
+    Err(crate::model::needs_linux("a run's registry"))
 }
 
 fn flock(file: &File, how: i32) -> std::io::Result<()> {
@@ -380,7 +386,10 @@ fn sweep_one(lock: &Exclusive, id: u64, path: &Path) {
 
 fn remove_dead(lock: &Exclusive, record: &Record) -> Result<()> {
     match &record.held {
+        #[cfg(target_os = "linux")]
         Held::Filter { .. } => super::tc::remove_filter(lock, record),
+        #[cfg(not(target_os = "linux"))]
+        Held::Filter { .. } => Err(crate::model::needs_linux("removing a tc filter")),
         Held::Table { name } => super::netfilter::delete_table(name),
     }
 }

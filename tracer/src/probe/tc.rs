@@ -26,23 +26,14 @@ use aya::{
 };
 use podtrace_common::names;
 
-use super::run_registry::{self, Exclusive, Held, Record};
+use super::{
+    run_registry::{self, Exclusive, Held, Record},
+    AttachMode,
+};
 use crate::node::{
     interfaces::{Role, Watched},
     netns::Namespace,
 };
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum AttachMode {
-    /// TCX links where the kernel has them (≥ 6.6), clsact otherwise.
-    Auto,
-    /// TCX links (kernel ≥ 6.6): the kernel removes them when podtrace's
-    /// fds close, even after kill -9.
-    Tcx,
-    /// A clsact qdisc and tc filters (older kernels): after a kill -9 they
-    /// stay until the next podtrace start removes them.
-    Clsact,
-}
 
 /// Every tc program, loaded once per node before any attachment.
 pub(super) const PROGRAMS: [&str; 5] = [

@@ -99,7 +99,7 @@ impl Session {
         // Before every agent has started, into the context the
         // correlator will be made from.
         if let Some(ctx) = stories_context(&mut self.teller, &mut self.ctx) {
-            crate::app::follow::learn_translations(
+            crate::app::connections::learn_translations(
                 entry,
                 untraced_until_ns,
                 ctx,
