@@ -52,3 +52,90 @@ fn mentions(doc: &str, name: &str) -> bool {
         !next.is_some_and(|c| c.is_alphanumeric() || c == '-' || c == '_')
     })
 }
+
+/// The crates whose every source file docs/how-it-works.md names.
+const SOURCE_ROOTS: [&str; 3] = ["tracer/src", "tracer-ebpf/src", "tracer-ebpf/common/src"];
+
+#[test]
+fn every_source_file_is_in_how_it_works() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let doc = std::fs::read_to_string(format!("{root}/docs/how-it-works.md"))
+        .expect("docs/how-it-works.md");
+    let named = files_the_table_names(&doc);
+    let mut on_disk = std::collections::BTreeSet::new();
+    for source_root in SOURCE_ROOTS {
+        rust_files(std::path::Path::new(root), source_root, &mut on_disk);
+    }
+    let unnamed: Vec<&String> = on_disk.difference(&named).collect();
+    let gone: Vec<&String> = named.difference(&on_disk).collect();
+    assert!(
+        unnamed.is_empty() && gone.is_empty(),
+        "docs/how-it-works.md's table lacks {unnamed:?} and names {gone:?}, which do not exist \
+         (of {} source files)",
+        on_disk.len()
+    );
+}
+
+/// Every `.rs` file under `dir` (relative to `root`), as `dir/.../name.rs`.
+fn rust_files(root: &std::path::Path, dir: &str, files: &mut std::collections::BTreeSet<String>) {
+    for entry in std::fs::read_dir(root.join(dir)).expect(dir) {
+        let entry = entry.expect(dir);
+        let name = entry.file_name().into_string().expect("a UTF-8 file name");
+        let path = format!("{dir}/{name}");
+        if entry.file_type().expect(&path).is_dir() {
+            rust_files(root, &path, files);
+        } else if name.ends_with(".rs") {
+            files.insert(path);
+        }
+    }
+}
+
+/// The files the table names, as paths from the repository's root. The
+/// rule: a table row's second column is one folder (`tracer/src/probe/`);
+/// its third names that folder's files in backticks, relative to it
+/// (`tc.rs`); a subfolder is named in backticks with its trailing slash
+/// and its files follow it in parentheses (`front/` (`arrivals.rs`: …)).
+/// So `mod.rs` or `profile.rs` in several folders is never ambiguous: its
+/// row says which.
+fn files_the_table_names(doc: &str) -> std::collections::BTreeSet<String> {
+    let mut files = std::collections::BTreeSet::new();
+    for row in doc.lines().filter(|line| line.starts_with("| ")) {
+        let columns: Vec<&str> = row.split('|').map(str::trim).collect();
+        let (Some(folder), Some(what)) = (columns.get(2), columns.get(3)) else {
+            continue;
+        };
+        let Some(folder) = folder.strip_prefix('`').and_then(|f| f.strip_suffix("/`")) else {
+            continue; // the header row and its rule
+        };
+        // Each open parenthesis gets the folder its names are relative
+        // to: a subfolder named just before it, else the enclosing one.
+        let mut folders = vec![folder.to_string()];
+        let mut subfolder: Option<String> = None;
+        let mut rest: &str = what;
+        while let Some(c) = rest.chars().next() {
+            let here = folders.last().expect("the row's folder").clone();
+            if c == '`' {
+                let end = rest[1..].find('`').expect("a closed backtick") + 1;
+                let name = &rest[1..end];
+                subfolder = None;
+                if name.ends_with('/') {
+                    subfolder = Some(format!("{here}/{}", name.trim_end_matches('/')));
+                } else if name.ends_with(".rs") {
+                    files.insert(format!("{here}/{name}"));
+                }
+                rest = &rest[end + 1..];
+                continue;
+            }
+            match c {
+                '(' => folders.push(subfolder.take().unwrap_or(here)),
+                ')' if folders.len() > 1 => {
+                    folders.pop();
+                }
+                c if !c.is_whitespace() => subfolder = None,
+                _ => {}
+            }
+            rest = &rest[c.len_utf8()..];
+        }
+    }
+    files
+}
