@@ -166,6 +166,10 @@ impl Route {
         if let Some(dev) = dev {
             ip_route.push_str(&format!(" dev {dev}"));
         }
+        // As `ip route show table all` names a table other than main.
+        if self.table != RT_TABLE_MAIN {
+            ip_route.push_str(&format!(" table {}", rules::table_name(self.table)));
+        }
         if self.protocol == RouteOrigin::Bird {
             ip_route.push_str(" proto bird");
         }

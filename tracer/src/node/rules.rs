@@ -59,6 +59,8 @@ pub struct Flow<'a> {
     pub dst: IpAddr,
     /// The interface it arrived by; None: sent by the node itself.
     pub iif: Option<&'a str>,
+    /// Its mark (`fwmark` rules select by it).
+    pub mark: u32,
 }
 
 impl Flow<'_> {
@@ -68,6 +70,7 @@ impl Flow<'_> {
             src: None,
             dst,
             iif: None,
+            mark: 0,
         }
     }
 }
@@ -139,7 +142,7 @@ impl Rule {
             && within(&self.to, Some(flow.dst))
             && self.iif.as_deref().is_none_or(|name| name == iif)
             && self.oif.is_none()
-            && self.fwmark.is_none_or(|(mark, mask)| mark & mask == 0);
+            && (self.fwmark).is_none_or(|(mark, mask)| (mark ^ flow.mark) & mask == 0);
         matched != self.invert
     }
 
@@ -264,6 +267,29 @@ impl NodeView {
     }
 }
 
+impl NodeView {
+    /// The links that routes via a gateway leave by in the tables the
+    /// node's own rules look up (not local, main or default): uplinks
+    /// policy routing sends traffic out of, as the AWS VPC CNI sends a
+    /// secondary ENI's pods' packets out of that ENI.
+    pub fn policy_uplinks(&self) -> Vec<u32> {
+        let tables: Vec<u32> = (self.rules.iter())
+            .filter(|r| !r.is_default())
+            .filter_map(|r| match r.action {
+                RuleAction::Lookup(table) if table != RT_TABLE_MAIN => Some(table),
+                _ => None,
+            })
+            .collect();
+        let mut links: Vec<u32> = (self.routes.iter())
+            .filter(|r| tables.contains(&r.table) && r.gateway.is_some())
+            .filter_map(|r| r.oif)
+            .collect();
+        links.sort_unstable();
+        links.dedup();
+        links
+    }
+}
+
 impl Decision<'_> {
     /// The reject the lookup ended with: a reject route, or a rule's own
     /// action. None where a route was found, or none at all.
@@ -283,10 +309,11 @@ impl Decision<'_> {
         }
     }
 
-    /// Where policy routing took the lookup, for a route that is not the
-    /// main table's by the kernel's own rule: ` table 100 (rule 1536:
-    /// from 10.245.1.0/24 lookup 100)`; the rules whose tables had no
-    /// route, and those podtrace passed over, are named after it.
+    /// Which rule took the lookup where it was not the kernel's own:
+    /// ` (rule 1536: from 10.245.1.0/24 lookup 100)`; the rules whose
+    /// tables had no route, and those podtrace passed over, are named
+    /// after it. The table itself is the route's to name (`ip route`
+    /// prints `table 100`).
     pub fn policy(&self) -> String {
         let custom = |rules: &[Rule]| {
             (rules.iter())
@@ -295,16 +322,10 @@ impl Decision<'_> {
                 .collect::<Vec<_>>()
         };
         let lacking = custom(&self.fell_through);
-        let mut said = String::new();
-        match (&self.rule, self.route) {
-            (Some(rule), Some(route))
-                if !rule.is_default() || route.table != RT_TABLE_MAIN || !lacking.is_empty() =>
-            {
-                said = format!(" table {} (rule {rule})", table_name(route.table));
-            }
-            (Some(rule), None) => said = format!(" (rule {rule})"),
-            _ => {}
-        }
+        let mut said = match &self.rule {
+            Some(rule) if !rule.is_default() || !lacking.is_empty() => format!(" (rule {rule})"),
+            _ => String::new(),
+        };
         if !lacking.is_empty() {
             said.push_str(&format!(
                 "; no route in the table of {}",
@@ -373,6 +394,7 @@ mod tests {
             src: Some("10.245.1.5".parse().unwrap()),
             dst: dst.parse().unwrap(),
             iif: Some("eni1a2b3c4d5e6"),
+            mark: 0,
         }
     }
 
@@ -384,7 +406,7 @@ mod tests {
         assert_eq!(decision.rule.as_ref().unwrap().priority, 1536);
         assert_eq!(
             decision.policy(),
-            " table 100 (rule 1536: from 10.245.1.0/24 lookup 100)"
+            " (rule 1536: from 10.245.1.0/24 lookup 100)"
         );
         // The node's own packet, and a reply to the pod, use main.
         let own = node.decide(&Flow::to("10.245.2.7".parse().unwrap()));
@@ -396,6 +418,8 @@ mod tests {
         // The local table comes first.
         let local = node.decide(&from_pod("192.0.2.11"));
         assert_eq!(local.route.unwrap().kind, RouteKind::Local);
+        // eth1, where table 100 leads, is an uplink to watch.
+        assert_eq!(node.policy_uplinks(), vec![3]);
     }
 
     #[test]
@@ -410,14 +434,14 @@ mod tests {
         let decision = node.decide(&from_pod("10.245.2.7"));
         assert_eq!(decision.route, Some(&unreachable));
         assert_eq!(decision.rejected(), Some(RouteKind::Unreachable));
-        assert!(decision.policy().contains("table 100 (rule 1536"));
+        assert!(decision.policy().starts_with(" (rule 1536: "));
         // Table 100 holds nothing for this one: main's default takes it.
         let fell = node.decide(&from_pod("10.9.0.1"));
         assert_eq!(fell.route.unwrap().table, RT_TABLE_MAIN);
         assert_eq!(fell.rule.as_ref().unwrap().priority, 32766);
         assert_eq!(
             fell.policy(),
-            " table main (rule 32766: from all lookup main); no route in the table of rule 1536: from 10.245.1.0/24 lookup 100"
+            " (rule 32766: from all lookup main); no route in the table of rule 1536: from 10.245.1.0/24 lookup 100"
         );
         assert_eq!(fell.rejected(), None);
     }
