@@ -168,11 +168,11 @@ impl fmt::Display for Rule {
             f.write_str(" not")?;
         }
         match self.from {
-            Some(net) => write!(f, " from {net}")?,
+            Some(net) => write!(f, " from {}", Prefix(net))?,
             None => f.write_str(" from all")?,
         }
         if let Some(net) = self.to {
-            write!(f, " to {net}")?;
+            write!(f, " to {}", Prefix(net))?;
         }
         if let Some((mark, mask)) = self.fwmark {
             write!(f, " fwmark {mark:#x}")?;
@@ -201,6 +201,18 @@ impl fmt::Display for Rule {
             write!(f, " suppress_prefixlength {len}")?;
         }
         Ok(())
+    }
+}
+
+/// A rule's prefix as `ip rule` prints it: a single address bare.
+struct Prefix(IpNet);
+
+impl fmt::Display for Prefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            net if net.prefix_len() == net.max_prefix_len() => write!(f, "{}", net.addr()),
+            net => write!(f, "{net}"),
+        }
     }
 }
 
@@ -414,7 +426,12 @@ mod tests {
         assert_eq!(own.policy(), "");
         let to_pod = node.decide(&from_pod("10.245.1.5"));
         assert_eq!(to_pod.route.unwrap().oif, Some(7));
-        assert_eq!(to_pod.rule.unwrap().priority, 512);
+        let to_pod_rule = to_pod.rule.unwrap();
+        assert_eq!(to_pod_rule.priority, 512);
+        assert_eq!(
+            to_pod_rule.to_string(),
+            "512: from all to 10.245.1.5 lookup main"
+        );
         // The local table comes first.
         let local = node.decide(&from_pod("192.0.2.11"));
         assert_eq!(local.route.unwrap().kind, RouteKind::Local);

@@ -100,8 +100,13 @@ fn missing_route(
         let leaves_plain = h.role == Role::Underlay
             && h.direction == Direction::Egress
             && h.packet.tunnel.is_none();
-        let route = facts.view.decide(&h.flow()).route?;
-        (leaves_plain && route.destination.prefix_len() == 0).then_some(h)
+        // A default route a rule of the CNI's chose (the AWS VPC CNI's
+        // per-ENI table) is how it reaches other nodes' pods: the VPC
+        // routes them.
+        let decision = facts.view.decide(&h.flow());
+        let by_main = decision.rule.as_ref().is_some_and(|r| r.is_default());
+        let route = decision.route?;
+        (leaves_plain && by_main && route.destination.prefix_len() == 0).then_some(h)
     });
     // ip_error frees a packet its route rejects (NOT_SPECIFIED, where no
     // reason is named): a no-route where the node's rules and tables
