@@ -356,14 +356,14 @@ impl Decision<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::node::fixtures::route;
 
     /// An EKS node as the AWS VPC CNI leaves it: the kernel's three rules,
     /// `to <pod> lookup main` at 512, `from <pod subnet> lookup 100` at
     /// 1536; table 100's default route via the VPC router over eth1.
-    fn eks_node(table_100: Route) -> NodeView {
+    pub(crate) fn eks_node(table_100: Route) -> NodeView {
         let rule = |priority, from: Option<&str>, to: Option<&str>, table| Rule {
             from: from.map(|n| n.parse().unwrap()),
             to: to.map(|n| n.parse().unwrap()),
@@ -393,7 +393,7 @@ mod tests {
         }
     }
 
-    fn via_eth1() -> Route {
+    pub(crate) fn via_eth1() -> Route {
         Route {
             gateway: Some("192.0.2.22".parse().unwrap()),
             table: 100,
