@@ -287,7 +287,7 @@ impl TracedNode {
         match change {
             LinkChange::Added(link) if !self.interfaces.contains_key(&link.index) => {
                 self.link_names.insert(link.index, link.name.clone());
-                let Some(iface) = watch(&link, self.underlay, self.cni) else {
+                let Some(iface) = watch(&link, &[self.underlay], self.cni) else {
                     return LinkOutcome::Ignored;
                 };
                 match self.probe.attach_interface(&iface) {

@@ -9,16 +9,20 @@ use crate::node::{
 
 /// Picks the interfaces to attach to: the underlay, CNI bridges, overlay
 /// devices, and every pod-facing veth.
+/// Where policy routing sends pod traffic out of another uplink (the AWS
+/// VPC CNI's secondary ENIs), that one is an underlay too.
 pub fn select(view: &NodeView, underlay: u32, cni: &dyn Backend) -> Vec<Watched> {
+    let mut underlays = view.policy_uplinks();
+    underlays.push(underlay);
     view.links
         .iter()
-        .filter_map(|link| watch(link, underlay, cni))
+        .filter_map(|link| watch(link, &underlays, cni))
         .collect()
 }
 
 /// The link as a watched interface, if it plays a part on the node.
-pub fn watch(link: &Link, underlay: u32, cni: &dyn Backend) -> Option<Watched> {
-    let role = if link.index == underlay {
+pub fn watch(link: &Link, underlays: &[u32], cni: &dyn Backend) -> Option<Watched> {
+    let role = if underlays.contains(&link.index) {
         Role::Underlay
     } else {
         cni.role(link)?

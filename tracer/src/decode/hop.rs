@@ -17,6 +17,7 @@ use crate::{
         interfaces::{Role, Watched},
         netns::describe_inode,
         pod_netns::OtherNamespaces,
+        rules::Flow,
     },
     probe::Kernel,
 };
@@ -128,6 +129,20 @@ pub struct Snapshot {
     pub bytes: Vec<u8>,
     /// They start at an Ethernet header (else at the IPv4 header).
     pub has_l2: bool,
+}
+
+impl Hop {
+    /// The packet as policy rules select it where this hook saw it: by
+    /// its addresses, mark, and the device it arrived by (a drop's
+    /// device, on the input path, is the one it came in on).
+    pub fn flow(&self) -> Flow<'_> {
+        Flow {
+            src: Some(self.packet.packet.src),
+            dst: self.packet.packet.dst,
+            iif: (self.direction != Direction::Egress).then_some(&*self.iface),
+            mark: self.mark,
+        }
+    }
 }
 
 impl Snapshot {

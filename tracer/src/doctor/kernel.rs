@@ -35,6 +35,7 @@ pub fn checks(facts: &NodeFacts) -> Vec<Check> {
     }
     checks.extend(check_conntrack(facts));
     checks.push(check_mtu(facts));
+    checks.extend(super::policy_routing::check(facts));
     checks
 }
 

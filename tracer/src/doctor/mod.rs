@@ -24,6 +24,7 @@ pub mod ipv6;
 pub mod kernel;
 pub mod node;
 pub mod plugins;
+pub mod policy_routing;
 pub mod render;
 pub mod trace;
 

@@ -11,6 +11,7 @@ pub mod interfaces;
 pub mod netlink;
 pub mod netns;
 pub mod pod_netns;
+pub mod rules;
 pub mod tunnels;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -97,8 +98,11 @@ pub struct NodeView {
     /// link-local: no packet of a pod pair is addressed to one).
     #[serde(default)]
     pub addresses6: Vec<(u32, Ipv6Addr)>,
-    /// Routes of both families.
+    /// Routes of both families, of every table.
     pub routes: Vec<Route>,
+    /// Policy routing rules of both families (`ip rule`).
+    #[serde(default)]
+    pub rules: Vec<rules::Rule>,
     /// Neighbours of both families (ARP and NDP): (link index, address,
     /// MAC).
     pub neighbours: Vec<(u32, IpAddr, [u8; 6])>,
@@ -163,6 +167,10 @@ impl Route {
         }
         if let Some(dev) = dev {
             ip_route.push_str(&format!(" dev {dev}"));
+        }
+        // As `ip route show table all` names a table other than main.
+        if self.table != RT_TABLE_MAIN {
+            ip_route.push_str(&format!(" table {}", rules::table_name(self.table)));
         }
         if self.protocol == RouteOrigin::Bird {
             ip_route.push_str(" proto bird");
@@ -436,6 +444,7 @@ pub(crate) mod fixtures {
             fdb: vec![([2, 0, 0, 0, 1, 2], 5), ([2, 0, 0, 0, 1, 2], 3)],
             fdb_remotes: vec![(4, "192.0.2.12".parse().unwrap())],
             addresses6: Vec::new(),
+            rules: Vec::new(),
             routes: vec![
                 Route {
                     gateway: Some("192.0.2.1".parse().unwrap()),

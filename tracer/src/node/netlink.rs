@@ -14,12 +14,16 @@ use rtnetlink::{
         },
         neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage},
         route::{RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol, RouteType},
+        rule::{self as rtrule, RuleAttribute, RuleFlags, RuleMessage},
         AddressFamily,
     },
-    Handle, RouteMessageBuilder,
+    Handle, IpVersion, RouteMessageBuilder,
 };
 
-use super::{Link, NodeView, Route, RouteKind, RouteOrigin, VxlanDevice};
+use super::{
+    rules::{Rule, RuleAction},
+    Link, NodeView, Route, RouteKind, RouteOrigin, VxlanDevice,
+};
 
 impl NodeView {
     /// Only the IPv4 addresses of the calling thread's namespace: the
@@ -67,7 +71,9 @@ impl NodeView {
                 .unwrap_or_default();
             routes.extend(routes6);
             let (neighbours, fdb, fdb_remotes) = read_neighbours(&handle).await?;
+            let rules = read_rules(&handle).await?;
             Ok(NodeView {
+                rules,
                 neighbours,
                 fdb,
                 fdb_remotes,
@@ -379,4 +385,96 @@ fn route_from(msg: RouteMessage) -> Option<Route> {
             _ => RouteKind::Unicast,
         },
     })
+}
+
+/// The policy rules of both families (`ip rule`, `ip -6 rule`); a kernel
+/// without IPv6 has none of its own to list.
+async fn read_rules(handle: &Handle) -> Result<Vec<Rule>> {
+    let mut rules: Vec<Rule> = handle
+        .rule()
+        .get(IpVersion::V4)
+        .execute()
+        .try_filter_map(|msg| async move { Ok(rule_from(msg)) })
+        .try_collect()
+        .await
+        .context("cannot list policy rules")?;
+    let rules6: Vec<Rule> = handle
+        .rule()
+        .get(IpVersion::V6)
+        .execute()
+        .try_filter_map(|msg| async move { Ok(rule_from(msg)) })
+        .try_collect()
+        .await
+        .unwrap_or_default();
+    rules.extend(rules6);
+    Ok(rules)
+}
+
+fn rule_from(msg: RuleMessage) -> Option<Rule> {
+    let header = &msg.header;
+    let ipv6 = match header.family {
+        AddressFamily::Inet => false,
+        AddressFamily::Inet6 => true,
+        _ => return None,
+    };
+    let mut rule = Rule {
+        priority: 0,
+        ipv6,
+        from: None,
+        to: None,
+        iif: None,
+        oif: None,
+        fwmark: None,
+        invert: header.flags.contains(RuleFlags::Invert),
+        action: RuleAction::Nop,
+        suppress_prefixlen: None,
+        unsupported: (header.tos != 0).then(|| format!("tos {:#x}", header.tos)),
+    };
+    let mut table = u32::from(header.table);
+    let mut goto = None;
+    let (mut mark, mut mask) = (None, None);
+    let mut unevaluated = Vec::new();
+    for attr in &msg.attributes {
+        match attr {
+            RuleAttribute::Priority(p) => rule.priority = *p,
+            RuleAttribute::Source(ip) => rule.from = IpNet::new(*ip, header.src_len).ok(),
+            RuleAttribute::Destination(ip) => rule.to = IpNet::new(*ip, header.dst_len).ok(),
+            RuleAttribute::Iifname(name) => rule.iif = Some(name.clone()),
+            RuleAttribute::Oifname(name) => rule.oif = Some(name.clone()),
+            RuleAttribute::FwMark(m) => mark = Some(*m),
+            RuleAttribute::FwMask(m) => mask = Some(*m),
+            RuleAttribute::Table(t) => table = *t,
+            RuleAttribute::Goto(p) => goto = Some(*p),
+            // The kernel says u32::MAX for none.
+            RuleAttribute::SuppressPrefixLen(len) => {
+                rule.suppress_prefixlen = u8::try_from(*len).ok()
+            }
+            RuleAttribute::SuppressIfGroup(group) if *group != u32::MAX => {
+                unevaluated.push(format!("suppress_ifgroup {group}"))
+            }
+            RuleAttribute::L3MDev(true) => unevaluated.push("l3mdev".into()),
+            RuleAttribute::UidRange(range) => {
+                unevaluated.push(format!("uidrange {}-{}", range.start, range.end))
+            }
+            RuleAttribute::IpProtocol(proto) => unevaluated.push(format!("ipproto {proto:?}")),
+            RuleAttribute::SourcePortRange(_) => unevaluated.push("sport".into()),
+            RuleAttribute::DestinationPortRange(_) => unevaluated.push("dport".into()),
+            RuleAttribute::TunId(id) => unevaluated.push(format!("tun_id {id}")),
+            _ => {}
+        }
+    }
+    if !unevaluated.is_empty() {
+        rule.unsupported.get_or_insert(unevaluated.join(" "));
+    }
+    // An unmasked mark matches all its bits.
+    rule.fwmark = mark.map(|mark| (mark, mask.unwrap_or(u32::MAX)));
+    rule.action = match header.action {
+        rtrule::RuleAction::ToTable => RuleAction::Lookup(table),
+        rtrule::RuleAction::Goto => RuleAction::Goto(goto.unwrap_or(0)),
+        rtrule::RuleAction::Blackhole => RuleAction::Blackhole,
+        rtrule::RuleAction::Unreachable => RuleAction::Unreachable,
+        rtrule::RuleAction::Prohibit => RuleAction::Prohibit,
+        _ => RuleAction::Nop,
+    };
+    Some(rule)
 }

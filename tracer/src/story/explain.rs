@@ -18,7 +18,11 @@ use crate::{
         Transport,
     },
     model::NodeSubnet,
-    node::{interfaces::Role, NodeFacts, RouteKind, RouteOrigin},
+    node::{
+        interfaces::Role,
+        rules::{table_name, Decision, RuleAction},
+        NodeFacts, RouteKind, RouteOrigin,
+    },
     story::journey,
 };
 
@@ -96,9 +100,27 @@ fn missing_route(
         let leaves_plain = h.role == Role::Underlay
             && h.direction == Direction::Egress
             && h.packet.tunnel.is_none();
-        let route = facts.view.route_to(dst)?;
-        (leaves_plain && route.destination.prefix_len() == 0).then_some(h)
+        // A default route a rule of the CNI's chose (the AWS VPC CNI's
+        // per-ENI table) is how it reaches other nodes' pods: the VPC
+        // routes them.
+        let decision = facts.view.decide(&h.flow());
+        let by_main = decision.rule.as_ref().is_some_and(|r| r.is_default());
+        let route = decision.route?;
+        (leaves_plain && by_main && route.destination.prefix_len() == 0).then_some(h)
     });
+    // ip_error frees a packet its route rejects (NOT_SPECIFIED, where no
+    // reason is named): a no-route where the node's rules and tables
+    // give it a reject route, or none.
+    let rejected_here = || {
+        let facts = nodes.get(&*last.node)?;
+        let in_ip_error = ["ip_error", "ip6_pkt_"].iter().any(|f| {
+            last.drop
+                .as_ref()
+                .is_some_and(|d| d.location.starts_with(f))
+        });
+        let decision = facts.view.decide(&last.flow());
+        (in_ip_error && (decision.route.is_none() || decision.rejected().is_some())).then_some(last)
+    };
     let dst_v4 = ipv4_of(dst);
     let dst_is_pod = dst_v4.is_some_and(|dst| {
         subnets.iter().any(|s| s.subnet.contains(&dst))
@@ -114,21 +136,42 @@ fn missing_route(
     });
     let routing_hop = match (reason, left_by_default) {
         (Some(r), _) if NO_ROUTE_REASONS.contains(&r) => last,
+        _ if rejected_here().is_some() => last,
         (_, Some(h)) if dst_is_pod => h,
         _ => return None,
     };
     let facts = nodes.get(&*routing_hop.node)?;
-    let used_route = facts.view.route_to(dst);
-    let used = used_route.map_or("no route at all".to_string(), |r| facts.view.describe(r));
+    let decision = facts.view.decide(&routing_hop.flow());
+    let used_route = decision.route;
+    let used = used_route.map_or("no route at all".to_string(), |r| facts.view.describe(r))
+        + &decision.policy();
     Some(RouteCheck {
         node: routing_hop.node.to_string(),
-        expected: match dst {
-            IpAddr::V4(dst) => expected_route(dst, subnets, pod_cidrs, nodes, &routing_hop.node),
-            IpAddr::V6(_) => expected_route6(dst, nodes, &routing_hop.node),
+        expected: match (policy_table(&decision), dst) {
+            (Some((table, rule)), _) => format!(
+                "a route to {dst} in table {}, where rule {rule} sends the packet",
+                table_name(table)
+            ),
+            (None, IpAddr::V4(dst)) => {
+                expected_route(dst, subnets, pod_cidrs, nodes, &routing_hop.node)
+            }
+            (None, IpAddr::V6(_)) => expected_route6(dst, nodes, &routing_hop.node),
         },
         used,
         used_gateway: used_route.and_then(|r| r.gateway),
     })
+}
+
+/// The table a rule other than the kernel's own sent the packet to, and
+/// that rule, where the lookup ended there without a usable route.
+fn policy_table(decision: &Decision) -> Option<(u32, String)> {
+    let rule = decision.rule.as_ref().filter(|r| !r.is_default())?;
+    match rule.action {
+        RuleAction::Lookup(table) if decision.rejected().is_some() => {
+            Some((table, rule.to_string()))
+        }
+        _ => None,
+    }
 }
 
 /// What on the dropping node explains the drop.

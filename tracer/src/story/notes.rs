@@ -7,7 +7,11 @@ use crate::decode::{
     hop::{Direction, Hop, KernelRoute},
     Decoded, Transport, Tunnel, TunnelKind,
 };
-use crate::node::{interfaces::Role, Route, RouteKind, RouteOrigin};
+use crate::node::{
+    interfaces::Role,
+    rules::{table_name, Decision},
+    Route, RouteKind, RouteOrigin, RT_TABLE_MAIN,
+};
 
 use super::{context::Shown, Context};
 
@@ -216,7 +220,10 @@ fn write_route(out: &mut String, hop: &Hop, ctx: &Context) -> fmt::Result {
     };
     let dst = hop.packet.packet.dst;
     let view = ctx.nodes.get(&*hop.node).map(|facts| &facts.view);
-    let table_route = view.and_then(|v| v.route_to(dst));
+    // The route the node's rules and tables give this packet, as the
+    // kernel's lookup (which follows `ip rule`) found it.
+    let decision = view.map(|v| v.decide(&hop.flow()));
+    let table_route = decision.as_ref().and_then(|d| d.route);
     if route.found() {
         out.push_str("; kernel route");
         if let Some(via) = route.via {
@@ -231,11 +238,14 @@ fn write_route(out: &mut String, hop: &Hop, ctx: &Context) -> fmt::Result {
                 .and_then(|i| view?.link(i))
                 .is_some_and(|l| l.name == dev)
         };
-        if table_route
-            .filter(took)
-            .is_some_and(|r| r.protocol == RouteOrigin::Bird)
-        {
-            out.push_str(" proto bird");
+        if let Some(taken) = table_route.filter(took) {
+            if taken.protocol == RouteOrigin::Bird {
+                out.push_str(" proto bird");
+            }
+            if taken.table != RT_TABLE_MAIN {
+                write!(out, " table {}", table_name(taken.table))?;
+            }
+            out.push_str(&decision.as_ref().map(Decision::policy).unwrap_or_default());
         }
         if route.result == KernelRoute::FRAG_NEEDED {
             larger_than_mtu(out, hop, dev, ctx)?;
@@ -250,9 +260,14 @@ fn write_route(out: &mut String, hop: &Hop, ctx: &Context) -> fmt::Result {
         "prohibit" => Some(RouteKind::Prohibit),
         _ => None,
     };
-    let said_by = table_route.filter(|r| kind == Some(r.kind));
+    let said_by = decision
+        .as_ref()
+        .filter(|d| kind.is_some() && d.rejected() == kind);
     match (said_by, view) {
-        (Some(r), Some(view)) => write!(out, "; kernel route lookup: {}", view.describe(r)),
+        (Some(decision), Some(view)) => {
+            let route = (decision.route).map_or(route.result.clone(), |r| view.describe(r));
+            write!(out, "; kernel route lookup: {route}{}", decision.policy())
+        }
         // Its own address is not forwarded either: delivered to itself.
         _ if route.result == KernelRoute::NOT_FORWARDED && view.is_some_and(|v| v.holds(dst)) => {
             write!(out, "; addressed to {} itself", hop.node)

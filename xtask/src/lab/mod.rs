@@ -12,6 +12,7 @@
 //! backend implements `flannel::Backend`). A new topology is that file
 //! plus one [`Topology`] variant.
 
+pub mod aws_vpc;
 pub mod bird;
 pub mod bird6;
 mod calico;
@@ -49,6 +50,7 @@ pub enum Topology {
     FlannelHostGw,
     Calico,
     CalicoVxlan,
+    AwsVpc,
 }
 
 /// What one CNI decides about a lab: names, addresses and node wiring.
@@ -80,6 +82,7 @@ impl Topology {
             Self::FlannelHostGw => &flannel::Flannel(flannel_host_gw::HostGw),
             Self::Calico => &calico::Calico,
             Self::CalicoVxlan => &calico_vxlan::CalicoVxlan,
+            Self::AwsVpc => &aws_vpc::AwsVpc,
         }
     }
 
