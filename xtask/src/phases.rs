@@ -27,17 +27,17 @@ impl Phases {
     /// A line per phase that ran, with its share of the whole.
     pub fn table(&self) -> String {
         let total: Duration = self.took.iter().map(|(_, took, _)| *took).sum();
-        let mut out = String::from("phase                          time     share\n");
+        let mut out = format!("{:<36} {:>7}  {:>7}\n", "phase", "time", "share");
         for (name, took, passed) in &self.took {
             let share = took.as_secs_f64() / total.as_secs_f64().max(f64::EPSILON) * 100.0;
             let failed = if *passed { "" } else { "  FAILED" };
             let _ = writeln!(
                 out,
-                "{name:<30} {:>5.0} s  {share:>5.1} %{failed}",
+                "{name:<36} {:>5.0} s  {share:>5.1} %{failed}",
                 took.as_secs_f64()
             );
         }
-        let _ = write!(out, "{:<30} {:>5.0} s", "total", total.as_secs_f64());
+        let _ = write!(out, "{:<36} {:>5.0} s", "total", total.as_secs_f64());
         out
     }
 }
