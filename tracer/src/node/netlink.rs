@@ -418,17 +418,9 @@ fn rule_from(msg: RuleMessage) -> Option<Rule> {
         _ => return None,
     };
     let mut rule = Rule {
-        priority: 0,
-        ipv6,
-        from: None,
-        to: None,
-        iif: None,
-        oif: None,
-        fwmark: None,
         invert: header.flags.contains(RuleFlags::Invert),
-        action: RuleAction::Nop,
-        suppress_prefixlen: None,
         unsupported: (header.tos != 0).then(|| format!("tos {:#x}", header.tos)),
+        ..Rule::selecting_all(0, ipv6, RuleAction::Nop)
     };
     let mut table = u32::from(header.table);
     let mut goto = None;

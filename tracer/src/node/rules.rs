@@ -100,19 +100,7 @@ pub fn default_rules(ipv6: bool) -> Vec<Rule> {
     ]
     .into_iter()
     .filter(|(priority, _)| !ipv6 || *priority != 32767)
-    .map(|(priority, table)| Rule {
-        priority,
-        ipv6,
-        from: None,
-        to: None,
-        iif: None,
-        oif: None,
-        fwmark: None,
-        invert: false,
-        action: RuleAction::Lookup(table),
-        suppress_prefixlen: None,
-        unsupported: None,
-    })
+    .map(|(priority, table)| Rule::selecting_all(priority, ipv6, RuleAction::Lookup(table)))
     .collect()
 }
 
@@ -127,6 +115,25 @@ pub fn table_name(table: u32) -> String {
 }
 
 impl Rule {
+    /// A rule with no selector (it matches every packet of its family)
+    /// that does `action`: the kernel's own rules, and where a dumped rule
+    /// starts before its attributes are read.
+    pub fn selecting_all(priority: u32, ipv6: bool, action: RuleAction) -> Self {
+        Rule {
+            priority,
+            ipv6,
+            from: None,
+            to: None,
+            iif: None,
+            oif: None,
+            fwmark: None,
+            invert: false,
+            action,
+            suppress_prefixlen: None,
+            unsupported: None,
+        }
+    }
+
     /// Whether the rule selects the flow, as fib_rule_match does (a
     /// rule's oif selects only packets sent to a given device, which
     /// a forwarded or unbound packet is not).
