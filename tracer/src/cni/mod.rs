@@ -139,7 +139,9 @@ pub fn by_tunnel_port(port: u16) -> Option<&'static dyn Backend> {
 pub fn role_by_kind(link: &Link) -> Option<Role> {
     match link.kind.as_str() {
         "bridge" => Some(Role::Bridge),
-        _ if link.is_tunnel() => Some(Role::Tunnel),
+        // A tunnel that is down carries nothing (a CNI brings its own up):
+        // once it goes up, the link watch sees it again.
+        _ if link.is_tunnel() && link.up => Some(Role::Tunnel),
         "veth" if link.peer_in_other_netns => Some(Role::PodVeth),
         _ => None,
     }

@@ -70,9 +70,19 @@ mod tests {
             ("cni0", Role::Bridge),
             ("flannel.1", Role::Tunnel),
             ("veth1a2b", Role::PodVeth),
-            ("tunl0", Role::Tunnel),
         ];
         assert_eq!(watched, expected.map(|(n, r)| (n.to_string(), r)).to_vec());
+    }
+
+    #[test]
+    fn a_tunnel_is_watched_once_it_is_up() {
+        // The fixture's tunl0 is down, as ipip.ko leaves it in every
+        // namespace; Calico in IPIP mode brings it up.
+        let mut view = flannel_node();
+        let tunl0 = view.links.iter_mut().find(|l| l.name == "tunl0").unwrap();
+        tunl0.up = true;
+        let watched = roles(&view, Some("192.0.2.11".parse().unwrap()));
+        assert!(watched.contains(&("tunl0".to_string(), Role::Tunnel)));
         assert!(!view.link_named("tunl0").unwrap().has_ethernet_header);
     }
 

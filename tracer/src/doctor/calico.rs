@@ -188,6 +188,7 @@ mod tests {
             controller: None,
             has_ethernet_header: true,
             mtu: 1500,
+            up: true,
             peer_in_other_netns: true,
             peer_netns_id: None,
             peer_index: None,

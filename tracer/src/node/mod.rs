@@ -19,6 +19,11 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use ipnet::{IpNet, Ipv4Net};
 use serde::{Deserialize, Serialize};
 
+/// A link recorded before `up` was read was taken as up.
+fn up_by_default() -> bool {
+    true
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Link {
     pub index: u32,
@@ -29,6 +34,11 @@ pub struct Link {
     pub controller: Option<u32>,
     pub has_ethernet_header: bool,
     pub mtu: u32,
+    /// Administratively up (IFF_UP). A device that is down carries no
+    /// packet: the fallback `tunl0` every namespace gets once ipip.ko is
+    /// loaded stays down on a node whose CNI does not use it.
+    #[serde(default = "up_by_default")]
+    pub up: bool,
     /// The other end lives in another network namespace (a veth whose peer
     /// is a pod's eth0, unlike cilium_host/cilium_net, both on the host).
     pub peer_in_other_netns: bool,
@@ -354,6 +364,7 @@ pub(crate) mod fixtures {
             controller: None,
             has_ethernet_header: kind != "ipip",
             mtu: if kind == "vxlan" { 1450 } else { 1500 },
+            up: true,
             peer_in_other_netns: kind == "veth",
             peer_netns_id: None,
             peer_index: None,
@@ -389,7 +400,10 @@ pub(crate) mod fixtures {
             links: vec![
                 link(1, "lo", ""),
                 link(2, "ens3", ""),
-                link(3, "tunl0", "ipip"),
+                Link {
+                    up: false,
+                    ..link(3, "tunl0", "ipip")
+                },
                 link(7, "cali1f2e3d4c5b6", "veth"),
             ],
             addresses: vec![
@@ -434,7 +448,11 @@ pub(crate) mod fixtures {
                     ..link(4, "flannel.1", "vxlan")
                 },
                 veth,
-                link(6, "tunl0", "ipip"),
+                // Down, as ipip.ko leaves it where no CNI uses it.
+                Link {
+                    up: false,
+                    ..link(6, "tunl0", "ipip")
+                },
             ],
             addresses: vec![
                 (2, "192.0.2.11".parse().unwrap()),
@@ -475,6 +493,7 @@ mod tests {
                 controller: None,
                 has_ethernet_header: true,
                 mtu: 1450,
+                up: true,
                 peer_in_other_netns: false,
                 peer_netns_id: None,
                 peer_index: None,

@@ -10,7 +10,8 @@ use rtnetlink::{
     packet_route::{
         address::AddressAttribute,
         link::{
-            InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkInfo, LinkLayerType, LinkMessage,
+            InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo, LinkLayerType,
+            LinkMessage,
         },
         neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage},
         route::{RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol, RouteType},
@@ -274,6 +275,7 @@ impl From<LinkMessage> for Link {
             controller: None,
             has_ethernet_header: msg.header.link_layer_type == LinkLayerType::Ether,
             mtu: 0,
+            up: msg.header.flags.contains(LinkFlags::Up),
             peer_in_other_netns: false,
             peer_netns_id: None,
             peer_index: None,
