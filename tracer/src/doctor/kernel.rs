@@ -1,7 +1,8 @@
 //! The kernel settings pod traffic needs on a node: forwarding, reverse
 //! path filtering that does not drop tunnel traffic, bridged traffic
 //! through iptables where br_netfilter is loaded, room in the conntrack
-//! table, and MTUs that fit inside each other (VXLAN takes 50 bytes).
+//! table, and MTUs that fit inside each other (VXLAN takes 50 bytes,
+//! IPIP 20, WireGuard 60).
 
 use super::{flannel, node::NodeFacts, Check};
 use crate::node::Link;
@@ -58,7 +59,8 @@ fn check_rp_filter(facts: &NodeFacts) -> Check {
         .view
         .links
         .iter()
-        .filter(|l| l.is_tunnel() || is_underlay(facts, l))
+        // A tunnel that is down (tunl0 where no CNI uses it) carries nothing.
+        .filter(|l| (l.is_tunnel() && l.up) || is_underlay(facts, l))
         .collect();
     if watched.is_empty() {
         return Check::not_checked(FAMILY, &facts.name, NAME, "no tunnel and no underlay link found (the underlay is the link with the node's InternalIP, which needs the node list, or the one a VXLAN device sends through)");
@@ -135,21 +137,47 @@ fn check_conntrack(facts: &NodeFacts) -> Option<Check> {
     ))
 }
 
-/// Pod veths, cni0 and the tunnel all at the pod MTU; the tunnel at most
-/// the underlay's less 50 bytes for VXLAN.
+/// Bytes a tunnel device's encapsulation adds to what it sends, and its
+/// name: an outer IPv4 header (20), plus UDP, VXLAN or Geneve and the inner
+/// Ethernet header (30), or WireGuard's UDP, header and tag (40); 20 more
+/// over an IPv6 underlay.
+fn overhead(link: &Link) -> Option<(u32, &'static str)> {
+    let (bytes, name) = match link.kind.as_str() {
+        "vxlan" => (50, "VXLAN"),
+        "geneve" => (50, "Geneve"),
+        "ipip" => (20, "IPIP"),
+        "wireguard" => (60, "WireGuard"),
+        _ => return None,
+    };
+    let over_ipv6 = link
+        .vxlan
+        .and_then(|v| v.local)
+        .is_some_and(|ip| ip.is_ipv6());
+    Some((bytes + if over_ipv6 { 20 } else { 0 }, name))
+}
+
+/// Pod veths, cni0 and the tunnels all at the pod MTU; each tunnel that
+/// is up at most the underlay's less its encapsulation's overhead.
 fn check_mtu(facts: &NodeFacts) -> Check {
     let view = &facts.view;
     let underlay = view.links.iter().find(|l| is_underlay(facts, l));
-    let tunnel = view.links.iter().find(|l| l.kind == "vxlan");
+    let carries = |l: &Link| view.routes.iter().any(|r| r.oif == Some(l.index));
+    let mut tunnels: Vec<&Link> = (view.links.iter())
+        .filter(|l| l.up && overhead(l).is_some())
+        .collect();
+    // The one pods' cross-node traffic takes first: a route leaves by it.
+    tunnels.sort_by_key(|l| !carries(l));
+    let tunnel = tunnels.first().copied();
     let expected = flannel::subnet_env(facts)
         .and_then(|e| e.get("FLANNEL_MTU")?.parse::<u32>().ok())
         .or_else(|| tunnel.map(|t| t.mtu))
         .or_else(|| underlay.map(|u| u.mtu));
     let mut wrong = Vec::new();
-    if let (Some(t), Some(u)) = (tunnel, underlay) {
-        if t.mtu + 50 > u.mtu {
+    for (t, u) in tunnels.iter().filter_map(|t| Some((t, underlay?))) {
+        let (bytes, name) = overhead(t).expect("tunnels have an overhead");
+        if t.mtu + bytes > u.mtu {
             wrong.push(format!(
-                "{} MTU {} does not fit the underlay {} MTU {} less 50 B of VXLAN",
+                "{} MTU {} does not fit the underlay {} MTU {} less {bytes} B of {name}",
                 t.name, t.mtu, u.name, u.mtu
             ));
         }
@@ -189,6 +217,7 @@ fn check_mtu(facts: &NodeFacts) -> Check {
     } else {
         wrong.join("; ")
     };
+    let (bytes, name) = tunnel.and_then(overhead).unwrap_or((50, "VXLAN"));
     Check::judge(
         FAMILY,
         &facts.name,
@@ -196,7 +225,8 @@ fn check_mtu(facts: &NodeFacts) -> Check {
         wrong.is_empty(),
         evidence,
         || {
-            format!("set every pod veth, cni0 and the tunnel to the pod MTU {} (FLANNEL_MTU; underlay less 50 for VXLAN); pods get it at sandbox creation, so recreate the pods", expected.unwrap_or(1450))
+            let pod_mtu = (underlay.map(|u| u.mtu - bytes).or(expected)).unwrap_or(1500 - bytes);
+            format!("set every pod veth, cni0 and the tunnel to the pod MTU {pod_mtu} (FLANNEL_MTU, or Calico's veth_mtu: the underlay less {bytes} for {name}); pods get it at sandbox creation, so recreate the pods")
         },
     )
 }
@@ -243,6 +273,7 @@ mod tests {
                 controller: None,
                 has_ethernet_header: true,
                 mtu,
+                up: true,
                 peer_in_other_netns: false,
                 peer_netns_id: None,
                 peer_index: None,
@@ -282,6 +313,44 @@ mod tests {
         assert_eq!(rp.evidence, "rp_filter is off or loose on eth0, flannel.1");
         let mtu = named(&checks, "MTU");
         assert_eq!(mtu.evidence, "pod MTU 1450, tunnel 1450, underlay 1500");
+    }
+
+    #[test]
+    fn an_ipip_tunnel_leaves_20_bytes_and_a_tunnel_that_is_down_is_not_judged() {
+        let mut facts = node(true);
+        let ipip = |mtu, up| Link {
+            mtu,
+            up,
+            ..crate::node::fixtures::link(4, "tunl0", "ipip")
+        };
+        // Calico in IPIP mode: the underlay is the link with the InternalIP.
+        facts.me = Some(crate::doctor::cluster::ClusterNode {
+            ip: Some("192.0.2.11".parse().unwrap()),
+            ..Default::default()
+        });
+        facts.view.addresses = vec![(2, "192.0.2.11".parse().unwrap())];
+        facts.view.links = vec![facts.view.links[0].clone(), ipip(1480, true)];
+        facts.view.routes = vec![crate::node::fixtures::route("10.248.2.0/24", 4)];
+        let mtu = named(&checks(&facts), "MTU").clone();
+        assert!(mtu.ok(), "{mtu:?}");
+        assert_eq!(mtu.evidence, "pod MTU 1480, tunnel 1480, underlay 1500");
+        facts.view.links[1] = ipip(1500, true);
+        let mtu = named(&checks(&facts), "MTU").clone();
+        assert!(!mtu.ok(), "{mtu:?}");
+        assert_eq!(
+            mtu.evidence,
+            "tunl0 MTU 1500 does not fit the underlay eth0 MTU 1500 less 20 B of IPIP"
+        );
+        assert!(mtu.fix.unwrap().contains("pod MTU 1480"));
+        // Flannel's node with the ipip module loaded: tunl0 is down.
+        let mut flannel = node(true);
+        flannel.view.links.push(ipip(1500, false));
+        let checks = checks(&flannel);
+        assert!(named(&checks, "MTU").ok());
+        assert_eq!(
+            named(&checks, "rp_filter").evidence,
+            "rp_filter is off or loose on eth0, flannel.1"
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod api;
 pub mod bgp;
 pub mod bird;
 pub mod calico;
+pub mod calico_tunnel;
 pub mod cluster;
 pub mod cni_config;
 pub mod cni_dirs;
@@ -140,6 +141,7 @@ pub fn node_checks(facts: &node::NodeFacts) -> Vec<Check> {
     checks.extend(plugins::checks(facts));
     checks.extend(flannel::checks(facts));
     checks.extend(calico::checks(facts));
+    checks.extend(calico_tunnel::checks(facts));
     checks.extend(bgp::checks(facts));
     checks.extend(kernel::checks(facts));
     checks.extend(ipv6::checks(facts));
