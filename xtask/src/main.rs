@@ -40,6 +40,10 @@ enum Task {
         /// Only the kernel suite, on this kernel alone: 5.10, 6.1, 6.12 or host.
         #[arg(long)]
         kernel: Option<String>,
+        /// With --kernel: only the suite's tests whose names contain one of
+        /// these (comma-separated), while a test is being written.
+        #[arg(long, requires = "kernel", value_delimiter = ',')]
+        tests: Vec<String>,
     },
     /// The house checks `test` starts with (fmt, layers, sizes, clippy on
     /// host and eBPF crates), alone: what a commit must pass, in a minute.
@@ -140,10 +144,11 @@ fn main() -> std::process::ExitCode {
         Task::Setup => setup(),
         Task::Lab { action } => lab(action),
         Task::Demo => demo(),
-        Task::Test { kernel: None } => test(),
+        Task::Test { kernel: None, .. } => test(),
         Task::Test {
             kernel: Some(kernel),
-        } => kernel_suite(Some(&kernel)),
+            tests,
+        } => kernel_suite(Some(&kernel), &tests),
         Task::Check => house_checks(),
         Task::Bench {
             save_baseline,
@@ -417,7 +422,7 @@ fn test_phases(phases: &mut xtask::phases::Phases) -> Result<()> {
     phases.run("demo", demo)?;
     // The host's kernel ran every test above; the others run the suite
     // (each kernel's time is in the matrix's own table).
-    phases.run("kernel matrix (VMs)", || kernel_suite(None))
+    phases.run("kernel matrix (VMs)", || kernel_suite(None, &[]))
 }
 
 /// Formatting, the import layers, file and function sizes, and clippy
@@ -452,10 +457,10 @@ fn house_checks() -> Result<()> {
 
 /// The kernel suite on one kernel (`--kernel`; in a VM unless it is the
 /// host's), or on every kernel of the matrix in VMs.
-fn kernel_suite(kernel: Option<&str>) -> Result<()> {
+fn kernel_suite(kernel: Option<&str>, tests: &[String]) -> Result<()> {
     require_root()?;
     setup()?;
-    xtask::vm::matrix(&xtask::workspace_root()?, kernel)
+    xtask::vm::matrix(&xtask::workspace_root()?, kernel, tests)
 }
 
 fn bench(save_baseline: bool, kernel_only: bool) -> Result<()> {
