@@ -403,19 +403,7 @@ fn a_vxlan_packet_with_no_vtep_to_take_it_is_dropped_with_the_kernels_reason() {
     let lab = lab(Topology::FlannelVxlan);
     // node-2 cannot decapsulate: its VXLAN device is down.
     xtask::lab::ip(&lab.0.node_netns(2), "link set flannel.1 down").expect("flannel.1 down");
-    let trace = Trace::start(&argv(
-        &[
-            "web-0",
-            "db-0",
-            "--count",
-            "1",
-            "--duration",
-            "20s",
-            "-o",
-            "json",
-        ],
-        lab_args(&lab.0, &[1, 2]),
-    ));
+    let trace = Trace::start(&one_packet(&lab.0, "web-0", "db-0", "json"));
     assert!(
         !ping(&lab.0, "web-0", "db-0"),
         "the ping must fail with flannel.1 down"

@@ -167,6 +167,13 @@ pub fn argv(first: &[&str], rest: Vec<String>) -> Vec<String> {
     first.iter().map(|s| s.to_string()).chain(rest).collect()
 }
 
+/// podtrace's arguments for one packet `src` → `dst` traced on both nodes
+/// of `lab` for at most 20 s, told as `output` (json, human).
+pub fn one_packet(lab: &Lab, src: &str, dst: &str, output: &str) -> Vec<String> {
+    let first = [src, dst, "--count", "1", "--duration", "20s", "-o", output];
+    argv(&first, lab_args(lab, &[1, 2]))
+}
+
 /// `--netns` and `--pods-file` arguments for the given nodes of `lab`.
 pub fn lab_args(lab: &Lab, nodes: &[u8]) -> Vec<String> {
     let mut args = vec![

@@ -87,6 +87,7 @@ pub fn config(lab: &Lab, node: u8, announced: &[Ipv4Addr]) -> String {
         peers,
         block: lab.node_subnet(node).into(),
         pods: lab.pod_cidr.into(),
+        tunnel: (lab.topology == crate::lab::Topology::CalicoIpip).then_some("tunl0"),
     })
 }
 
@@ -101,6 +102,9 @@ pub(super) struct Plan {
     /// The node's IPAM block, and the pool's network.
     pub block: ipnet::IpNet,
     pub pods: ipnet::IpNet,
+    /// The device remote blocks are routed over, onlink via the peer
+    /// (Calico's IPIP mode: tunl0); None routes them via the peer directly.
+    pub tunnel: Option<&'static str>,
 }
 
 /// The config confd writes for `plan` (bird.cfg, bird6.cfg), in BIRD 2's
@@ -126,6 +130,24 @@ pub(super) fn render(plan: &Plan) -> String {
     text
 }
 
+/// What BIRD writes into the kernel's table: never device routes (BIRD 1,
+/// Calico's, does not export them; bird2 would add a second route to
+/// the underlay), and in IPIP mode the pool's routes through the tunnel.
+fn kernel_filter(plan: &Plan) -> String {
+    // Calico's BIRD sets krt_tunnel for the pool's routes; BIRD 2 says
+    // the same with the route's device, onlink, and the peer as gateway.
+    let tunnel = match plan.tunnel {
+        Some(device) => format!(
+            "  if ( source = RTS_BGP && net ~ {} ) then {{\n    ifname = \"{device}\";\n    onlink = true;\n    gw = from;\n  }}\n",
+            plan.pods
+        ),
+        None => String::new(),
+    };
+    format!(
+        "# BIRD 1 (Calico's) never exports device routes to the kernel; bird2\n# would add a second route to the underlay.\nfilter calico_kernel_programming {{\n  if ( source = RTS_DEVICE ) then reject;\n{tunnel}  accept;\n}}\n"
+    )
+}
+
 /// Everything of the config but the mesh's peers.
 fn common(plan: &Plan) -> String {
     let Plan {
@@ -138,6 +160,7 @@ fn common(plan: &Plan) -> String {
     } = plan;
     let channel = if me.is_ipv6() { "ipv6" } else { "ipv4" };
     let log = plan.log.display();
+    let kernel_filter = kernel_filter(plan);
     let daemon = daemon.name();
     format!(
         r#"# Calico's confd {daemon}.cfg, in BIRD 2's syntax.
@@ -147,13 +170,7 @@ router id {router_id};
 # whoever started the lab.
 log "{log}" all;
 
-# BIRD 1 (Calico's) never exports device routes to the kernel; bird2
-# would add a second route to the underlay.
-filter calico_kernel_programming {{
-  if ( source = RTS_DEVICE ) then reject;
-  accept;
-}}
-
+{kernel_filter}
 # The node's block goes to its peers, never its pods' host routes within it.
 filter calico_export_to_bgp_peers {{
   if ( net = {block} ) then accept;
@@ -424,6 +441,11 @@ mod tests {
         }
         let node2 = config(&lab, 2, &announced());
         assert!(node2.contains("protocol bgp Mesh_192_0_2_11 from bgp_template {\n  neighbor 192.0.2.11 as 64512;\n}"), "{node2}");
+        assert!(!node1.contains("tunl0"), "{node1}");
+        let ipip = Lab::new("t", Topology::CalicoIpip, None).unwrap();
+        let node1 = config(&ipip, 1, &announced());
+        let tunnel = "  if ( source = RTS_BGP && net ~ 10.248.0.0/16 ) then {\n    ifname = \"tunl0\";\n    onlink = true;\n    gw = from;\n  }\n  accept;";
+        assert!(node1.contains(tunnel), "{node1}");
         let wrong = config(&lab, 2, &["192.0.2.99".parse().unwrap(), Lab::node_ip(2)]);
         assert!(
             wrong.contains("neighbor 192.0.2.99 as 64512;\n  passive on;"),

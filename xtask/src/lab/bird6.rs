@@ -47,6 +47,8 @@ pub fn config(lab: &Lab, node: u8) -> String {
             .collect(),
         block: Lab::node_subnet6(node).into(),
         pods: Lab::pod_network6().into(),
+        // Calico has no IPv6 IPIP: an IPv6 pool is routed or VXLAN.
+        tunnel: None,
     })
 }
 

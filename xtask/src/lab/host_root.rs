@@ -74,7 +74,9 @@ pub fn lay_out(lab: &Lab, node: u8) -> Result<()> {
     fs::create_dir_all(root.join("etc/containerd"))?;
     fs::write(root.join("etc/containerd/config.toml"), CONTAINERD_CONFIG)?;
     let (conflist, name, plugins) = match lab.topology {
-        Topology::Calico => (CALICO_CONFLIST, "10-calico.conflist", CALICO_PLUGINS),
+        Topology::Calico | Topology::CalicoIpip => {
+            (CALICO_CONFLIST, "10-calico.conflist", CALICO_PLUGINS)
+        }
         _ => (FLANNEL_CONFLIST, "10-flannel.conflist", FLANNEL_PLUGINS),
     };
     fs::write(net_d.join(name), conflist)?;
@@ -82,7 +84,7 @@ pub fn lay_out(lab: &Lab, node: u8) -> Result<()> {
         plugin_stub(&bin, plugin)?;
     }
     cni_plugins::install(&bin)?;
-    if lab.topology != Topology::Calico {
+    if !matches!(lab.topology, Topology::Calico | Topology::CalicoIpip) {
         write_subnet_env(lab, node)?;
     }
     Ok(())

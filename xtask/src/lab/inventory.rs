@@ -37,7 +37,7 @@ impl Lab {
     /// (NetworkUnavailable False, as Flannel and Calico set it).
     fn node_conditions(&self) -> Value {
         let reason = match self.topology {
-            Topology::Calico => "CalicoIsUp",
+            Topology::Calico | Topology::CalicoIpip => "CalicoIsUp",
             _ => "FlannelIsUp",
         };
         json!([

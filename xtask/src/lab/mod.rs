@@ -16,6 +16,7 @@ pub mod aws_vpc;
 pub mod bird;
 pub mod bird6;
 mod calico;
+mod calico_ipip;
 mod calico_vxlan;
 mod cmd;
 pub mod cni_plugins;
@@ -50,6 +51,8 @@ pub enum Topology {
     FlannelHostGw,
     Calico,
     CalicoVxlan,
+    /// Calico in IPIP mode: needs ipip.ko (the VM matrix's kernels).
+    CalicoIpip,
     AwsVpc,
 }
 
@@ -82,6 +85,7 @@ impl Topology {
             Self::FlannelHostGw => &flannel::Flannel(flannel_host_gw::HostGw),
             Self::Calico => &calico::Calico,
             Self::CalicoVxlan => &calico_vxlan::CalicoVxlan,
+            Self::CalicoIpip => &calico_ipip::CalicoIpip,
             Self::AwsVpc => &aws_vpc::AwsVpc,
         }
     }
