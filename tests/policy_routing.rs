@@ -13,21 +13,9 @@ use xtask::lab::{aws_vpc::ENI_TABLE, ip, LabGuard, Topology};
 
 /// The JSON story of one ping web-0 → db-0, traced on both nodes.
 fn one_ping(lab: &LabGuard) -> (Value, bool) {
-    let first = [
-        "web-0",
-        "db-0",
-        "--count",
-        "1",
-        "--duration",
-        "20s",
-        "-o",
-        "json",
-    ];
-    let trace = Trace::start(&argv(&first, lab_args(&lab.0, &[1, 2])));
+    let trace = Trace::start(&first_story_args(&lab.0));
     let answered = lab.0.ping("web-0", lab.0.pod("db-0").ip, &[]);
-    let done = trace.finish();
-    assert!(done.status.success(), "{}", done.stderr);
-    let story = done.stories().into_iter().next().expect("a story");
+    let story = trace.finish().first_story();
     (story, answered)
 }
 

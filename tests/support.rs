@@ -126,6 +126,12 @@ impl Finished {
             .collect()
     }
 
+    /// The first story of a run that must have succeeded.
+    pub fn first_story(&self) -> Value {
+        assert!(self.status.success(), "{}", self.stderr);
+        self.stories().into_iter().next().expect("a story")
+    }
+
     pub fn stories(&self) -> Vec<Value> {
         self.json()
             .into_iter()
@@ -165,6 +171,16 @@ impl Finished {
 /// Arguments: `first`, then `rest`.
 pub fn argv(first: &[&str], rest: Vec<String>) -> Vec<String> {
     first.iter().map(|s| s.to_string()).chain(rest).collect()
+}
+
+/// podtrace's arguments for the JSON story of web-0's first packet to
+/// db-0, traced on both nodes of `lab`.
+pub fn first_story_args(lab: &Lab) -> Vec<String> {
+    let first = "web-0 db-0 --count 1 --duration 20s -o json";
+    argv(
+        &first.split(' ').collect::<Vec<_>>(),
+        lab_args(lab, &[1, 2]),
+    )
 }
 
 /// `--netns` and `--pods-file` arguments for the given nodes of `lab`.
