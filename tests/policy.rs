@@ -96,7 +96,7 @@ fn calico_nftables_mode_names_the_policy_behind_the_end_of_tier_drop() {
 
 #[test]
 fn kube_router_names_the_policy_behind_the_pod_chains_reject() {
-    let (_lab, story) = story_with(Fault::KubeRouterPolicyDeny, Probe::Tcp(8080));
+    let (lab, story) = story_with(Fault::KubeRouterPolicyDeny, Probe::Tcp(8080));
     let policy = assert_backend_deny_ingress(&story, "kube-router");
     assert_eq!(
         policy["policies"][0]["chain"],
@@ -109,4 +109,7 @@ fn kube_router_names_the_policy_behind_the_pod_chains_reject() {
         "{}",
         story["verdict"]
     );
+    // kube-router's common chain accepts ICMP echo requests before any
+    // policy: the same pods still ping.
+    assert!(lab.0.ping("web-0", lab.0.pod("db-0").ip, &[]));
 }
