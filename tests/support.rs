@@ -126,6 +126,12 @@ impl Finished {
             .collect()
     }
 
+    /// The first story of a run that must have succeeded.
+    pub fn first_story(&self) -> Value {
+        assert!(self.status.success(), "{}", self.stderr);
+        self.stories().into_iter().next().expect("a story")
+    }
+
     pub fn stories(&self) -> Vec<Value> {
         self.json()
             .into_iter()

@@ -8,6 +8,7 @@ use anyhow::{bail, Result};
 use crate::lab::{fdb, in_netns, ip, run, sysctl, Lab, LabPod, Topology};
 
 mod node_files;
+mod policy;
 
 /// An address on the underlay that no node holds.
 pub const GONE_GATEWAY: &str = "192.0.2.254";
@@ -22,6 +23,15 @@ pub enum Fault {
     LegacyForwardDrop,
     /// Calico's per-workload chains on node-2 ending in "Drop if no profiles matched".
     CalicoProfileDrop,
+    /// Felix's iptables-mode chains on node-2: db-0's ingress selected by
+    /// the NetworkPolicy default/backend-deny-ingress, which allows nothing.
+    CalicoPolicyDeny,
+    /// The same policy in Felix's nftables mode (table `ip calico`).
+    CalicoNftPolicyDeny,
+    /// The same policy as kube-router renders it (KUBE-ROUTER-FORWARD,
+    /// KUBE-POD-FW-*, KUBE-NWPLCY-*): TCP to db-0 is rejected, ICMP echo
+    /// passes.
+    KubeRouterPolicyDeny,
     /// KUBE-MARK-DROP marks 0x8000, KUBE-FIREWALL drops marked packets (node-1).
     KubeFirewallMarkDrop,
     /// node-1 loses `<node-2 subnet> via … dev flannel.1` (the default route stays).
@@ -74,6 +84,9 @@ impl Fault {
             Self::IptablesForwardDrop => "iptables-forward-drop",
             Self::LegacyForwardDrop => "legacy-forward-drop",
             Self::CalicoProfileDrop => "calico-profile-drop",
+            Self::CalicoPolicyDeny => "calico-policy-deny",
+            Self::CalicoNftPolicyDeny => "calico-nft-policy-deny",
+            Self::KubeRouterPolicyDeny => "kube-router-policy-deny",
             Self::KubeFirewallMarkDrop => "kube-firewall-mark-drop",
             Self::FlannelRouteMissing => "flannel-route-missing",
             Self::FlannelRouteMissingNoDefault => "flannel-route-missing-no-default",
@@ -97,9 +110,11 @@ impl Fault {
     /// The topology the fault belongs to.
     pub fn topology(self) -> Topology {
         match self {
-            Self::CalicoProfileDrop | Self::CalicoWrongPeerIp | Self::CalicoBirdStopped => {
-                Topology::Calico
-            }
+            Self::CalicoProfileDrop
+            | Self::CalicoPolicyDeny
+            | Self::CalicoNftPolicyDeny
+            | Self::CalicoWrongPeerIp
+            | Self::CalicoBirdStopped => Topology::Calico,
             _ => Topology::FlannelVxlan,
         }
     }
@@ -128,6 +143,9 @@ impl Fault {
                 "DROP",
             ]))?,
             Self::CalicoProfileDrop => calico_profile_drop(&node2, &lab.pod("db-0"))?,
+            Self::CalicoPolicyDeny => policy::calico_iptables(&node2, &lab.pod("db-0"))?,
+            Self::CalicoNftPolicyDeny => policy::calico_nftables(&node2, &lab.pod("db-0"))?,
+            Self::KubeRouterPolicyDeny => policy::kube_router(&node2, &lab.pod("db-0"))?,
             Self::KubeFirewallMarkDrop => kube_firewall_mark_drop(&node1, &web)?,
             Self::FlannelRouteMissing => {
                 ip(&node1, &format!("route del {}", lab.node_subnet(2)))?;

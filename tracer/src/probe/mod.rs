@@ -46,6 +46,7 @@ pub mod nft_trace;
 #[cfg(target_os = "linux")]
 mod orphans;
 pub mod profile;
+pub mod rule_path;
 pub mod rule_text;
 mod run_liveness;
 pub mod run_registry;

@@ -46,6 +46,11 @@ pub struct NetfilterRule {
     /// tables; in native nft tables as `nft -a list` prints it
     /// (`meta l4proto tcp dnat to 10.244.2.3:8080 # handle 58`).
     pub rule: String,
+    /// For a drop: every rule the packet matched from the base chain it
+    /// was dropped in (nft traces each hook's pass through a table on its
+    /// own), first to last, the drop's own rule last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub path: Vec<super::rule_path::PathRule>,
 }
 
 /// A DROP verdict or a nat rule from the trace, and the packet it was for

@@ -21,7 +21,10 @@ use std::{
     net::{Ipv4Addr, Ipv6Addr},
 };
 
-use super::netfilter::{NetfilterRule, PacketId, TracedRule};
+use super::{
+    netfilter::{NetfilterRule, PacketId, TracedRule},
+    rule_path::{name_path, PathRule},
+};
 
 /// What the parser asks the node about rules it cannot name from the
 /// trace alone (real: [`KernelRules`]; tests: canned answers).
@@ -37,6 +40,10 @@ pub trait RuleLookup {
     /// A native rule's text as `nft -a list chain` prints it, for a rule
     /// the monitor does not know (added after it started).
     fn nft_rule(&mut self, family: &str, table: &str, chain: &str, handle: u64) -> Option<String>;
+    /// The first rule of a chain (as [`Self::iptables_rule`] or
+    /// [`Self::nft_rule`] name it): where Calico writes which policy a
+    /// chain is, whether the packet matched it or not.
+    fn chain_head(&mut self, family: &str, table: &str, chain: &str) -> Option<String>;
     /// The comment of a verdict map's element (`key`: `a . b . c` as nft
     /// prints it).
     fn element_comment(
@@ -53,19 +60,20 @@ const IPTABLES_TABLES: [&str; 5] = ["filter", "nat", "mangle", "raw", "security"
 
 /// A rule event of the trace.
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct RuleEvent {
-    family: String,
-    table: String,
-    chain: String,
+pub(super) struct RuleEvent {
+    pub(super) family: String,
+    pub(super) table: String,
+    pub(super) chain: String,
     /// As nft prints it, without the handle.
-    text: String,
-    handle: u64,
+    pub(super) text: String,
+    pub(super) handle: u64,
     /// `accept`, `drop`, `jump X`, `goto X`, `continue`, `return`.
-    verdict: String,
+    pub(super) verdict: String,
 }
 
-/// One traced packet: its identity, the base chain it is in, and the last
-/// rule that sent it into another chain.
+/// One traced packet: its identity, the base chain it is in, the last
+/// rule that sent it into another chain, and every rule it matched on
+/// its way (named only if it is dropped: the path a policy is read from).
 #[derive(Clone, Debug, Default)]
 struct TracedPacket {
     id: Option<PacketId>,
@@ -73,7 +81,12 @@ struct TracedPacket {
     dport: Option<(String, u16)>,
     hook: String,
     via: Option<RuleEvent>,
+    path: Vec<RuleEvent>,
 }
+
+/// The most rules of one packet's path kept: a path longer than that is
+/// a loop, or a ruleset no reader would follow either.
+const PATH_KEPT: usize = 512;
 
 /// Parses `nft -a monitor trace` lines.
 #[derive(Default)]
@@ -104,6 +117,7 @@ impl TraceParser {
                     dport: dport(packet),
                     hook: chain.to_string(),
                     via: None,
+                    path: Vec::new(),
                 },
             );
             return None;
@@ -114,12 +128,16 @@ impl TraceParser {
                 return None;
             }
             let policy = format!("the policy of chain {chain} (DROP)");
-            return traced(packet, family, table, chain, policy);
+            let path = name_path(&packet.path, rules);
+            return traced(packet, family, table, chain, policy, path);
         }
         let rule = match event.strip_prefix("rule ") {
             Some(rest) => rule_event(family, table, chain, rest)?,
             None => unknown_rule(family, table, chain, event, rules)?,
         };
+        if packet.path.len() < PATH_KEPT {
+            packet.path.push(rule.clone());
+        }
         if rule.verdict.starts_with("jump ") || rule.verdict.starts_with("goto ") {
             packet.via = Some(rule);
             return None;
@@ -128,7 +146,12 @@ impl TraceParser {
             return None;
         }
         let named = name_rule(&rule, packet, rules);
-        traced(packet, family, table, chain, named)
+        let path = if rule.verdict == "drop" {
+            name_path(&packet.path, rules)
+        } else {
+            Vec::new()
+        };
+        traced(packet, family, table, chain, named, path)
     }
 }
 
@@ -139,6 +162,7 @@ fn traced(
     table: &str,
     chain: &str,
     rule: String,
+    path: Vec<PathRule>,
 ) -> Option<TracedRule> {
     let (src, dst, ip_id) = packet.id?;
     Some(TracedRule {
@@ -150,13 +174,14 @@ fn traced(
             chain: chain.into(),
             hook: packet.hook.clone(),
             rule,
+            path,
         },
     })
 }
 
 /// `nat` for iptables' tables (as iptables names them), `ip kube-proxy`
 /// for native ones (as `nft list table` does).
-fn table_name(family: &str, table: &str) -> String {
+pub(super) fn table_name(family: &str, table: &str) -> String {
     if is_iptables_table(family, table) {
         table.to_string()
     } else {
@@ -295,15 +320,17 @@ fn dport(packet: &str) -> Option<(String, u16)> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// Canned answers, as the lab's node gives them.
     #[derive(Default)]
-    struct Canned {
-        iptables: HashMap<(String, u64), String>,
-        native: HashMap<(String, u64), String>,
-        comments: HashMap<String, String>,
+    pub(in crate::probe) struct Canned {
+        pub(in crate::probe) iptables: HashMap<(String, u64), String>,
+        pub(in crate::probe) native: HashMap<(String, u64), String>,
+        pub(in crate::probe) comments: HashMap<String, String>,
+        /// chain → its first rule
+        pub(in crate::probe) heads: HashMap<String, String>,
     }
 
     impl RuleLookup for Canned {
@@ -313,13 +340,16 @@ mod tests {
         fn nft_rule(&mut self, _: &str, _: &str, chain: &str, handle: u64) -> Option<String> {
             self.native.get(&(chain.to_string(), handle)).cloned()
         }
+        fn chain_head(&mut self, _: &str, _: &str, chain: &str) -> Option<String> {
+            self.heads.get(chain).cloned()
+        }
         fn element_comment(&mut self, _: &str, _: &str, map: &str, key: &str) -> Option<String> {
             self.comments.get(&format!("{map} {key}")).cloned()
         }
     }
 
     /// The rules a recorded `nft monitor trace` names, given `canned`.
-    fn rules_of(trace: &str, canned: &mut Canned) -> Vec<TracedRule> {
+    pub(in crate::probe) fn rules_of(trace: &str, canned: &mut Canned) -> Vec<TracedRule> {
         let mut parser = TraceParser::default();
         trace
             .lines()

@@ -31,6 +31,9 @@ pub struct KernelRules {
     iptables: HashMap<(String, String), Listed>,
     /// (family, table, chain) → handle → nft text
     native: HashMap<(String, String, String), HashMap<u64, String>>,
+    /// (family, table, chain) → its first rule, and when it was read: a
+    /// dropped packet's path asks for several, and drops come in bursts.
+    native_heads: HashMap<(String, String, String), (std::time::Instant, Option<String>)>,
 }
 
 /// One iptables-nft table as last listed.
@@ -38,6 +41,8 @@ pub struct KernelRules {
 struct Listed {
     /// handle → (chain, iptables-save line)
     rules: HashMap<u64, (String, String)>,
+    /// chain → the handle of its first rule
+    first: HashMap<String, u64>,
     /// The highest handle the listing had: a handle above it is a rule
     /// added since.
     highest: u64,
@@ -126,6 +131,30 @@ impl RuleLookup for KernelRules {
         text
     }
 
+    fn chain_head(&mut self, family: &str, table: &str, chain: &str) -> Option<String> {
+        if is_iptables_table(family, table) {
+            let key = (family.to_string(), table.to_string());
+            if !self.iptables.contains_key(&key) {
+                self.list_iptables_table(family, table);
+            }
+            let listed = self.iptables.get(&key)?;
+            let handle = listed.first.get(chain)?;
+            return listed.rules.get(handle).map(|(_, line)| line.clone());
+        }
+        let key = (family.to_string(), table.to_string(), chain.to_string());
+        if let Some((at, head)) = self.native_heads.get(&key) {
+            if at.elapsed() < RELIST_AFTER {
+                return head.clone();
+            }
+        }
+        let head = output(Command::new("nft").args(["-a", "list", "chain", family, table, chain]))
+            .and_then(|listing| rule_lines(&listing).into_iter().next())
+            .map(|(handle, text)| format!("{text} # handle {handle}"));
+        self.native_heads
+            .insert(key, (std::time::Instant::now(), head.clone()));
+        head
+    }
+
     fn element_comment(
         &mut self,
         family: &str,
@@ -177,6 +206,9 @@ fn pair_by_position(saved: &str, before: &str, after: &str) -> Listed {
         };
         if chain_lines.len() != handles.len() {
             continue;
+        }
+        if let Some(first) = handles.first() {
+            listed.first.insert(chain.clone(), *first);
         }
         for (handle, line) in handles.into_iter().zip(chain_lines.iter()) {
             listed

@@ -589,6 +589,7 @@ pub(crate) mod tests {
             chain: "KUBE-SEP-X".into(),
             hook: "PREROUTING".into(),
             rule: "-A KUBE-SEP-X -p tcp -j DNAT --to-destination [fd00:10:244::3]:8080".into(),
+            path: Vec::new(),
         };
         c.observe_rule(id, dnat.clone(), 400);
         // A second connection's SYN, while the first's ACK is still open:
@@ -652,6 +653,7 @@ pub(crate) mod tests {
             chain: "KUBE-SEP-X".into(),
             hook: "PREROUTING".into(),
             rule: "-A KUBE-SEP-X -p tcp -j DNAT --to-destination 10.244.2.3:8080".into(),
+            path: Vec::new(),
         };
         c.observe_rule(id, dnat.clone(), 5_000);
         let done = c.take_finished(5_000);
@@ -862,6 +864,7 @@ pub(crate) mod tests {
             chain: "FORWARD".into(),
             hook: "FORWARD".into(),
             rule: "-A FORWARD -j DROP".into(),
+            path: Vec::new(),
         }
     }
 

@@ -353,6 +353,7 @@ pub(crate) mod tests {
             chain: "KUBE-SEP-ABC".into(),
             hook: "PREROUTING".into(),
             rule: "-A KUBE-SEP-ABC -p tcp -m comment --comment default/db -m tcp -j DNAT --to-destination 10.244.2.3:8080".into(),
+            path: Vec::new(),
         }
     }
 
@@ -405,6 +406,7 @@ pub(crate) mod tests {
             chain: "KUBE-POSTROUTING".into(),
             hook: "POSTROUTING".into(),
             rule: "-A KUBE-POSTROUTING -j MASQUERADE --random-fully".into(),
+            path: Vec::new(),
         };
         let out = packet([10, 244, 1, 2], [192, 0, 2, 1], 40000, 80);
         let masqueraded = packet([192, 0, 2, 11], [192, 0, 2, 1], 40000, 80);

@@ -93,6 +93,10 @@ pub struct Verdict {
     pub summary: String,
     /// For a netfilter drop: the rule, from nftables tracing.
     pub netfilter: Option<NetfilterRule>,
+    /// For a netfilter drop by a NetworkPolicy enforcer's rules: the
+    /// policies behind it, read from the rules the packet went through.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<super::policy::PolicyVerdict>,
     /// For a netfilter drop whose rule is not named: the hook, as far as
     /// the packet tells (FORWARD when the node had routed it).
     pub netfilter_hook: Option<String>,
@@ -159,6 +163,7 @@ pub(super) fn judge(journey: &Journey, ctx: &Context) -> Verdict {
         latency_us,
         summary,
         netfilter: None,
+        policy: None,
         netfilter_hook: None,
         hint: explanation.hint,
         doctor,

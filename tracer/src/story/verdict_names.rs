@@ -4,6 +4,7 @@
 
 use super::{
     nat_steps::NatKind,
+    policy::{read_policy, PolicyDirection},
     rule_text::{invalid, rejection},
     verdict::Outcome,
     Context, Story,
@@ -31,6 +32,7 @@ impl Story {
                     rule.table, rule.chain, rule.hook, rule.rule
                 ));
                 self.verdict.netfilter = Some(rule.clone());
+                self.name_policy(rule);
             }
             None => {
                 let hook = self.netfilter_hook(ctx);
@@ -45,6 +47,25 @@ impl Story {
                 self.verdict.netfilter_hook = Some(hook.to_string());
             }
         }
+    }
+
+    /// Names the NetworkPolicy behind the drop, when the rules the packet
+    /// went through are a policy enforcer's. The pod is the one the rules
+    /// name, or else the packet's destination (ingress) or source (egress).
+    fn name_policy(&mut self, rule: &NetfilterRule) {
+        let Some(mut policy) = read_policy(&rule.path) else {
+            return;
+        };
+        if policy.pod.is_none() {
+            policy.pod = match policy.direction {
+                PolicyDirection::Ingress => self.dst_name.clone(),
+                PolicyDirection::Egress => self.src_name.clone(),
+            };
+        }
+        self.verdict
+            .summary
+            .push_str(&format!("; {}", policy.text()));
+        self.verdict.policy = Some(policy);
     }
 
     /// Says which Service the packet went through, and where its

@@ -42,7 +42,7 @@ use anyhow::{bail, Context, Result};
 use ipnet::Ipv4Net;
 use serde_json::Value;
 
-pub use cmd::{fdb, in_netns, ip, netns_exists, run, sh, sysctl, veth};
+pub use cmd::{fdb, feed, in_netns, ip, netns_exists, run, sh, sysctl, veth};
 pub use ipv6::address_pod6;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

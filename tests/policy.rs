@@ -1,0 +1,115 @@
+//! The NetworkPolicy behind a drop, against the real kernel: each
+//! enforcer's rules for `default/backend-deny-ingress` selecting db-0 on
+//! node-2 (Felix in iptables and nftables mode, kube-router), and the
+//! verdict must name the policy, the pod, the direction and the outcome,
+//! in JSON and in words.
+
+#[allow(dead_code)]
+mod support;
+
+use serde_json::Value;
+use support::*;
+use xtask::{faults::Fault, lab::LabGuard};
+
+/// How web-0 reaches db-0 in a test.
+#[derive(Clone, Copy)]
+enum Probe {
+    Ping,
+    /// A TCP connection to this port (kube-router lets ICMP echo pass).
+    Tcp(u16),
+}
+
+/// The JSON story of web-0's first packet to db-0 on a lab with `fault`,
+/// traced on both nodes.
+fn story_with(fault: Fault, probe: Probe) -> (LabGuard, Value) {
+    let lab = lab(fault.topology());
+    fault.apply(&lab.0).expect("apply the fault");
+    let trace = Trace::start(&one_packet(&lab.0, "web-0", "db-0", "json"));
+    let db = lab.0.pod("db-0");
+    // The policy drops it: the story is what matters.
+    match probe {
+        Probe::Ping => {
+            let _answered = lab.0.ping("web-0", db.ip, &[]);
+        }
+        Probe::Tcp(port) => {
+            let _answered = lab.0.tcp_request("web-0", db.ip, port);
+        }
+    }
+    (lab, trace.finish().first_story())
+}
+
+/// The verdict is a netfilter drop on node-2 whose policy is
+/// `default/backend-deny-ingress`, selecting default/db-0 for ingress
+/// and allowing nothing; returns the verdict's policy.
+fn assert_backend_deny_ingress(story: &Value, enforcer: &str) -> Value {
+    let verdict = &story["verdict"];
+    assert_eq!(verdict["outcome"], "dropped", "{verdict}");
+    assert_eq!(verdict["node"], "node-2", "{verdict}");
+    assert_eq!(verdict["reason"], "NETFILTER_DROP", "{verdict}");
+    let policy = &verdict["policy"];
+    assert_eq!(policy["enforcer"], enforcer, "{verdict}");
+    assert_eq!(policy["direction"], "ingress", "{verdict}");
+    assert_eq!(policy["pod"], "default/db-0", "{verdict}");
+    assert_eq!(policy["outcome"], "no_policy_allowed", "{verdict}");
+    assert_eq!(
+        policy["policies"][0]["name"], "default/backend-deny-ingress",
+        "{verdict}"
+    );
+    let summary = verdict["summary"].as_str().unwrap_or_default();
+    assert!(
+        summary.contains(
+            "NetworkPolicy: default/backend-deny-ingress selects default/db-0 for ingress and allows nothing this packet matches"
+        ),
+        "{summary}"
+    );
+    policy.clone()
+}
+
+#[test]
+fn calico_iptables_mode_names_the_policy_behind_the_end_of_tier_drop() {
+    let (lab, story) = story_with(Fault::CalicoPolicyDeny, Probe::Ping);
+    let policy = assert_backend_deny_ingress(&story, "calico");
+    assert_eq!(policy["tier"], "default", "{policy}");
+    assert_eq!(policy["policies"][0]["kind"], "KubernetesNetworkPolicy");
+    assert_eq!(
+        policy["policies"][0]["chain"],
+        "cali-pi-_3SjGCfk6HPOX91Gip1T"
+    );
+    let chain = format!("cali-tw-{}", lab.0.pod("db-0").host_iface);
+    assert_eq!(story["verdict"]["netfilter"]["chain"], chain.as_str());
+}
+
+#[test]
+fn calico_nftables_mode_names_the_policy_behind_the_end_of_tier_drop() {
+    let (lab, story) = story_with(Fault::CalicoNftPolicyDeny, Probe::Ping);
+    let policy = assert_backend_deny_ingress(&story, "calico");
+    assert_eq!(policy["tier"], "default", "{policy}");
+    assert_eq!(
+        policy["policies"][0]["chain"],
+        "filter-cali-pi-knp/default/backend-deny-ingress"
+    );
+    let rule = &story["verdict"]["netfilter"];
+    assert_eq!(rule["table"], "ip calico", "{rule}");
+    let chain = format!("filter-cali-tw-{}", lab.0.pod("db-0").host_iface);
+    assert_eq!(rule["chain"], chain.as_str(), "{rule}");
+}
+
+#[test]
+fn kube_router_names_the_policy_behind_the_pod_chains_reject() {
+    let (lab, story) = story_with(Fault::KubeRouterPolicyDeny, Probe::Tcp(8080));
+    let policy = assert_backend_deny_ingress(&story, "kube-router");
+    assert_eq!(
+        policy["policies"][0]["chain"],
+        "KUBE-NWPLCY-OVTRZAMGLOZSOSLQ"
+    );
+    assert!(
+        story["verdict"]["netfilter"]["rule"]
+            .as_str()
+            .is_some_and(|r| r.contains("rule to REJECT traffic destined for POD name:db-0")),
+        "{}",
+        story["verdict"]
+    );
+    // kube-router's common chain accepts ICMP echo requests before any
+    // policy: the same pods still ping.
+    assert!(lab.0.ping("web-0", lab.0.pod("db-0").ip, &[]));
+}

@@ -1,0 +1,256 @@
+//! The NetworkPolicy behind a netfilter drop, read from the rules the
+//! dropped packet matched (its traced path): which enforcer wrote the
+//! rules, which policies selected the pod in that direction, and whether
+//! a deny rule matched or nothing allowed the packet. One reader per
+//! enforcer, each knowing how its renderer names chains and writes
+//! comments (`policy_calico`, `policy_kube_router`); a drop whose path
+//! none recognises names no policy.
+
+use serde::Serialize;
+
+use crate::probe::rule_path::PathRule;
+
+/// What a policy enforcer's rules say about a drop.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PolicyVerdict {
+    pub enforcer: Enforcer,
+    pub direction: PolicyDirection,
+    /// The pod the policies selected (`namespace/name`), as the rules name
+    /// it or, when they do not, as podtrace knows the packet's pod.
+    pub pod: Option<String>,
+    /// The policies that selected the pod in that direction and that the
+    /// packet went through, in order (profiles, for `no_profile_allowed`).
+    pub policies: Vec<PolicyRef>,
+    /// Calico's tier of the drop.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
+    pub outcome: PolicyOutcome,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Enforcer {
+    Calico,
+    KubeRouter,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyDirection {
+    Ingress,
+    Egress,
+}
+
+/// One policy (or Calico profile) and the chain it was rendered to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PolicyRef {
+    /// `KubernetesNetworkPolicy`, `NetworkPolicy`, `GlobalNetworkPolicy`,
+    /// `Profile`, … as the enforcer names it.
+    pub kind: String,
+    /// `namespace/name`, or the name alone for a cluster-wide one.
+    pub name: String,
+    pub chain: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyOutcome {
+    /// Policies selected the pod; none allowed the packet.
+    NoPolicyAllowed,
+    /// A deny rule of a policy matched the packet.
+    DeniedByRule,
+    /// No policy selected the pod; its profiles allowed nothing that
+    /// matched (Calico).
+    NoProfileAllowed,
+}
+
+/// The policy story of a drop whose path an enforcer's rules explain.
+pub fn read_policy(path: &[PathRule]) -> Option<PolicyVerdict> {
+    super::policy_calico::read(path).or_else(|| super::policy_kube_router::read(path))
+}
+
+impl PolicyDirection {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Ingress => "ingress",
+            Self::Egress => "egress",
+        }
+    }
+}
+
+impl PolicyVerdict {
+    /// The verdict in words, for the summary.
+    pub fn text(&self) -> String {
+        let pod = self.pod.as_deref().unwrap_or("the pod");
+        let dir = self.direction.label();
+        let names = self
+            .policies
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let by = match self.enforcer {
+            Enforcer::Calico => match &self.tier {
+                Some(tier) => format!("Calico, tier {tier}"),
+                None => "Calico".to_string(),
+            },
+            Enforcer::KubeRouter => "kube-router".to_string(),
+        };
+        let said = match (self.outcome, self.policies.len()) {
+            (PolicyOutcome::NoPolicyAllowed, 0) => {
+                format!("policies select {pod} for {dir} and none allowed this packet")
+            }
+            (PolicyOutcome::NoPolicyAllowed, 1) => {
+                format!("{names} selects {pod} for {dir} and allows nothing this packet matches")
+            }
+            (PolicyOutcome::NoPolicyAllowed, _) => {
+                format!("{names} select {pod} for {dir} and none allows this packet")
+            }
+            (PolicyOutcome::DeniedByRule, _) => {
+                let policy = self.policies.last().map_or("a policy", |p| p.name.as_str());
+                format!("a deny rule of {policy} (selecting {pod} for {dir}) matched this packet")
+            }
+            (PolicyOutcome::NoProfileAllowed, 0) => {
+                format!("no policy selects {pod} for {dir}, and no profile allowed this packet")
+            }
+            (PolicyOutcome::NoProfileAllowed, _) => format!(
+                "no policy selects {pod} for {dir}, and its profiles ({names}) allow nothing this packet matches"
+            ),
+        };
+        format!("NetworkPolicy: {said} ({by})")
+    }
+}
+
+/// Every comment of a rule, in either syntax: iptables' `-m comment
+/// --comment "…"` (one per match) and nft's `comment "…"` (one per rule;
+/// Felix joins its hash and comments there with `; `).
+pub(super) fn comments(rule: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut rest = rule;
+    while let Some(at) = rest.find("comment ") {
+        rest = &rest[at + "comment ".len()..];
+        // `-m comment --comment "…"`: the match's name, not its text.
+        if rest.starts_with("--comment ") {
+            continue;
+        }
+        let text = match rest.strip_prefix('"') {
+            Some(quoted) => {
+                let end = quoted.find('"').unwrap_or(quoted.len());
+                let text = &quoted[..end];
+                rest = &quoted[(end + 1).min(quoted.len())..];
+                text
+            }
+            None => {
+                let end = rest.find(' ').unwrap_or(rest.len());
+                let text = &rest[..end];
+                rest = &rest[end..];
+                text
+            }
+        };
+        found.extend(
+            text.split("; ")
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .map(str::to_string),
+        );
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn comments_are_read_in_iptables_and_nft_syntax() {
+        assert_eq!(
+            comments(
+                r#"-A cali-tw-x -m comment --comment "cali:s4tX" -m comment --comment "End of tier default. Drop if no policies passed packet" -j DROP"#
+            ),
+            [
+                "cali:s4tX",
+                "End of tier default. Drop if no policies passed packet"
+            ]
+        );
+        assert_eq!(
+            comments(
+                r#"meta mark & 0x20000 == 0 counter drop comment "cali:abc; End of tier default. Drop if no policies passed packet" # handle 17"#
+            ),
+            [
+                "cali:abc",
+                "End of tier default. Drop if no policies passed packet"
+            ]
+        );
+        assert_eq!(
+            comments("-A X -m comment --comment cali:abc -j DROP"),
+            ["cali:abc"]
+        );
+    }
+
+    /// A ping to db-0 dropped on node-2 by Felix's end of tier: the
+    /// story names the policy, with the pod the packet was for.
+    #[test]
+    fn a_story_of_a_policy_drop_names_the_policy_and_the_pod() {
+        use crate::{
+            decode::{hop::tests::drop_hop, tests as frames},
+            node::interfaces::Role,
+            probe::netfilter::NetfilterRule,
+            story::{journey::NETFILTER_DROP, tell, tests::sample_journey, Context},
+        };
+        let mut journey = sample_journey();
+        journey.hops.truncate(6);
+        let routed = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 62, 1);
+        let dropped = drop_hop(
+            11_000,
+            "node-2",
+            "cni0",
+            Role::Bridge,
+            &routed,
+            NETFILTER_DROP,
+        );
+        journey.hops.push(dropped);
+        let path = super::super::policy_calico::tests::iptables_path();
+        journey.rule = Some(NetfilterRule {
+            table: "filter".into(),
+            chain: "cali-tw-cali76f017e6feb".into(),
+            hook: "FORWARD".into(),
+            rule: path.last().unwrap().rule.clone(),
+            path,
+        });
+        let mut ctx = Context::default();
+        ctx.names
+            .insert("10.244.2.2".parse().unwrap(), "default/db-0".into());
+        let story = tell(&journey, &ctx);
+        let policy = story.verdict.policy.expect("the policy");
+        assert_eq!(policy.pod.as_deref(), Some("default/db-0"));
+        assert!(
+            story.verdict.summary.ends_with("; NetworkPolicy: default/backend-deny-ingress selects default/db-0 for ingress and allows nothing this packet matches (Calico, tier default)"),
+            "{}",
+            story.verdict.summary
+        );
+    }
+
+    #[test]
+    fn the_text_names_policy_pod_direction_and_enforcer() {
+        let verdict = PolicyVerdict {
+            enforcer: Enforcer::Calico,
+            direction: PolicyDirection::Ingress,
+            pod: Some("default/db-0".into()),
+            policies: vec![PolicyRef {
+                kind: "KubernetesNetworkPolicy".into(),
+                name: "default/backend-deny-ingress".into(),
+                chain: "cali-pi-_3SjGCfk6HPOX91Gip1T".into(),
+            }],
+            tier: Some("default".into()),
+            outcome: PolicyOutcome::NoPolicyAllowed,
+        };
+        assert_eq!(
+            verdict.text(),
+            "NetworkPolicy: default/backend-deny-ingress selects default/db-0 for ingress and allows nothing this packet matches (Calico, tier default)"
+        );
+        let json = serde_json::to_value(&verdict).unwrap();
+        assert_eq!(json["enforcer"], "calico");
+        assert_eq!(json["outcome"], "no_policy_allowed");
+        assert_eq!(json["policies"][0]["chain"], "cali-pi-_3SjGCfk6HPOX91Gip1T");
+    }
+}
