@@ -9,40 +9,15 @@ mod support;
 
 use serde_json::Value;
 use support::*;
-use xtask::lab::{bird, in_netns, Lab, LabGuard, Topology};
+use xtask::lab::{bird, in_netns, Lab, Topology};
 
 const NEEDS_IPIP: &str = "needs ipip.ko: runs in the VM matrix (cargo xtask test --kernel 6.1)";
-
-/// The story of one ping web-0 → db-0 traced on both nodes, as JSON and
-/// as text.
-fn one_ping(lab: &LabGuard) -> (Value, String) {
-    let mut told = Vec::new();
-    for output in ["json", "human"] {
-        let trace = Trace::start(&one_packet(&lab.0, "web-0", "db-0", output));
-        // Most breakages make the ping fail; the story is what matters.
-        let _answered = ping(&lab.0, "web-0", "db-0");
-        let done = trace.finish();
-        assert!(done.status.success(), "{}", done.stderr);
-        told.push(done);
-    }
-    let story = told[0].ping_stories().into_iter().next().expect("a story");
-    (story, told[1].stdout.clone())
-}
-
-/// The hop of `story` on `node`'s `iface` in `direction`, if any.
-fn hop<'a>(story: &'a Value, node: &str, iface: &str, direction: &str) -> Option<&'a Value> {
-    story["hops"]
-        .as_array()
-        .expect("hops")
-        .iter()
-        .find(|h| h["node"] == node && h["iface"] == iface && h["direction"] == direction)
-}
 
 /// The encapsulated hops: node-1's eth0 egress and node-2's eth0 ingress
 /// each carry the inner packet paired with its outer IPIP header.
 fn assert_paired_over_ipip(story: &Value) {
     for (node, direction) in [("node-1", "egress"), ("node-2", "ingress")] {
-        let encap = hop(story, node, "eth0", direction)
+        let encap = hop_on(story, node, "eth0", direction)
             .unwrap_or_else(|| panic!("no {node} eth0 {direction} hop in {story}"));
         let tunnel = &encap["tunnel"];
         assert_eq!(tunnel["kind"], "ipip", "{encap}");
@@ -75,16 +50,16 @@ fn sees_tunl0_ingress() -> bool {
 #[ignore = "needs ipip.ko: runs in the VM matrix (cargo xtask test --kernel 6.1)"]
 fn calico_ipip_cross_node_ping_is_delivered_with_inner_and_outer_paired() {
     let lab = lab(Topology::CalicoIpip);
-    let (story, human) = one_ping(&lab);
+    let (story, human) = one_ping_told(&lab);
     assert_eq!(story["verdict"]["outcome"], "delivered", "{story}");
     assert!(
-        hop(&story, "node-1", "tunl0", "egress").is_some(),
+        hop_on(&story, "node-1", "tunl0", "egress").is_some(),
         "the inner packet enters tunl0 on node-1: {story}"
     );
     assert_paired_over_ipip(&story);
     if sees_tunl0_ingress() {
         assert!(
-            hop(&story, "node-2", "tunl0", "ingress").is_some(),
+            hop_on(&story, "node-2", "tunl0", "ingress").is_some(),
             "node-2's tunl0 hands the inner packet on: {story}"
         );
     }
@@ -112,7 +87,7 @@ fn an_iptables_drop_after_ipip_decapsulation_names_the_rule() {
         .status()
         .expect("iptables");
     assert!(added.success(), "cannot add {rule}");
-    let (story, human) = one_ping(&lab);
+    let (story, human) = one_ping_told(&lab);
     let verdict = &story["verdict"];
     assert_eq!(verdict["outcome"], "dropped", "{verdict}");
     assert_eq!(verdict["node"], "node-2", "{verdict}");
@@ -131,7 +106,7 @@ fn a_block_withdrawn_by_bgp_is_no_route_naming_birds_ipip_route() {
     // packet leaves by the underlay's default route, unencapsulated.
     bird::stop(&lab.0, 2).expect("stop node-2's BIRD");
     bird::wait_routes(&lab.0, |node, _| node == 2).expect("node-1 withdraws node-2's block");
-    let (story, human) = one_ping(&lab);
+    let (story, human) = one_ping_told(&lab);
     let verdict = &story["verdict"];
     assert_eq!(verdict["outcome"], "no_route", "{verdict}");
     assert_eq!(verdict["check"]["node"], "node-1", "{verdict}");

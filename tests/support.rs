@@ -180,6 +180,31 @@ pub fn one_packet(lab: &Lab, src: &str, dst: &str, output: &str) -> Vec<String> 
     argv(&first, lab_args(lab, &[1, 2]))
 }
 
+/// The story of one ping web-0 → db-0 traced on both nodes of `lab`, as
+/// JSON and as text (a broken path makes the ping fail; the story is
+/// what matters).
+pub fn one_ping_told(lab: &LabGuard) -> (Value, String) {
+    let mut told = Vec::new();
+    for output in ["json", "human"] {
+        let trace = Trace::start(&one_packet(&lab.0, "web-0", "db-0", output));
+        let _answered = ping(&lab.0, "web-0", "db-0");
+        let done = trace.finish();
+        assert!(done.status.success(), "{}", done.stderr);
+        told.push(done);
+    }
+    let story = told[0].ping_stories().into_iter().next().expect("a story");
+    (story, told[1].stdout.clone())
+}
+
+/// The hop of `story` on `node`'s `iface` in `direction`, if any.
+pub fn hop_on<'a>(story: &'a Value, node: &str, iface: &str, direction: &str) -> Option<&'a Value> {
+    story["hops"]
+        .as_array()
+        .expect("hops")
+        .iter()
+        .find(|h| h["node"] == node && h["iface"] == iface && h["direction"] == direction)
+}
+
 /// `--netns` and `--pods-file` arguments for the given nodes of `lab`.
 pub fn lab_args(lab: &Lab, nodes: &[u8]) -> Vec<String> {
     let mut args = vec![

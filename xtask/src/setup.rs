@@ -27,6 +27,9 @@ const APT_PACKAGES: &[&str] = &[
     "tcpdump",
     // The Calico lab's BGP daemon, one per node (xtask/src/lab/bird.rs).
     "bird2",
+    // `wg`, which sets the flannel-wireguard lab's keys and peers
+    // (xtask/src/lab/flannel_wireguard.rs; the VMs run that lab).
+    "wireguard-tools",
     // The reference CNI plugins (bridge, host-local, loopback, portmap in
     // /usr/lib/cni) that make the lab's pods (xtask/src/lab/cni_plugins.rs).
     "containernetworking-plugins",

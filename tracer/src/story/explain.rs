@@ -80,7 +80,9 @@ pub fn explain(
     }
     Explanation {
         no_route: None,
-        hint: hint(hops, nodes).or_else(|| tunnel_nobody_took(hops)),
+        hint: hint(hops, nodes)
+            .or_else(|| tunnel_nobody_took(hops))
+            .or_else(|| super::wireguard::lost_after_encryption(hops, nodes, subnets)),
     }
 }
 

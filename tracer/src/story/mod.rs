@@ -32,6 +32,7 @@ mod rule_text;
 pub mod steps;
 mod verdict;
 mod verdict_names;
+mod wireguard;
 
 use std::{borrow::Cow, net::IpAddr};
 

@@ -106,10 +106,12 @@ pub fn plugin_stub(bin: &Path, name: &str) -> Result<()> {
 fn write_subnet_env(lab: &Lab, node: u8) -> Result<()> {
     let dir = lab.host_root(node).join("run/flannel");
     fs::create_dir_all(&dir)?;
-    // The vxlan backend lowers the pods' MTU by the 50 B of VXLAN;
-    // host-gw does not encapsulate, so pods keep the underlay's.
+    // The vxlan backend lowers the pods' MTU by the 50 B of VXLAN, the
+    // wireguard backend by 80; host-gw does not encapsulate, so pods keep
+    // the underlay's.
     let mtu = match lab.topology {
         Topology::FlannelVxlan => 1450,
+        Topology::FlannelWireguard => super::flannel_wireguard::MTU,
         _ => 1500,
     };
     fs::write(

@@ -23,6 +23,7 @@ pub mod cni_plugins;
 pub mod flannel;
 mod flannel_host_gw;
 pub mod flannel_vxlan;
+pub mod flannel_wireguard;
 pub mod host_root;
 mod inventory;
 mod ipv6;
@@ -49,6 +50,8 @@ pub use ipv6::address_pod6;
 pub enum Topology {
     FlannelVxlan,
     FlannelHostGw,
+    /// Flannel's wireguard backend: needs wireguard.ko (the VM matrix's kernels).
+    FlannelWireguard,
     Calico,
     CalicoVxlan,
     /// Calico in IPIP mode: needs ipip.ko (the VM matrix's kernels).
@@ -83,6 +86,7 @@ impl Topology {
         match self {
             Self::FlannelVxlan => &flannel::Flannel(flannel_vxlan::Vxlan),
             Self::FlannelHostGw => &flannel::Flannel(flannel_host_gw::HostGw),
+            Self::FlannelWireguard => &flannel::Flannel(flannel_wireguard::Wireguard),
             Self::Calico => &calico::Calico,
             Self::CalicoVxlan => &calico_vxlan::CalicoVxlan,
             Self::CalicoIpip => &calico_ipip::CalicoIpip,

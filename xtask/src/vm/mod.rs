@@ -84,6 +84,13 @@ pub const SUITE: &[(&str, &[&str])] = &[
             "a_block_withdrawn_by_bgp_is_no_route_naming_birds_ipip_route",
         ],
     ),
+    (
+        "wireguard",
+        &[
+            "a_ping_through_flannel_wireguard_is_delivered_with_both_plaintext_legs",
+            "a_packet_wireguard_frees_after_decryption_names_the_allowed_ips_to_read",
+        ],
+    ),
 ];
 
 /// What kernels with TCX links (6.6) also run.
