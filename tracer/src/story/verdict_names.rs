@@ -2,12 +2,7 @@
 //! rule that dropped it (or, unnamed, the hook it dropped it at), and the
 //! Service and translations on its way.
 
-use super::{
-    nat_steps::NatKind,
-    rule_text::{invalid, rejection},
-    verdict::Outcome,
-    Context, Story,
-};
+use super::{nat_steps::NatKind, rule_text::rejection, verdict::Outcome, Context, Story};
 use crate::{
     decode::hop::Direction, probe::netfilter::NetfilterRule, story::journey::NETFILTER_DROP,
 };
@@ -23,7 +18,8 @@ impl Story {
     pub(super) fn name_rule(&mut self, rule: Option<&NetfilterRule>, ctx: &Context) {
         match rule {
             Some(rule) => {
-                if let Some(why) = rejection(&rule.rule).or_else(|| invalid(&rule.rule)) {
+                // An INVALID rule's drop is told by `conntrack`.
+                if let Some(why) = rejection(&rule.rule) {
                     self.verdict.summary = format!("{why}; {}", self.verdict.summary);
                 }
                 self.verdict.summary.push_str(&format!(
@@ -45,6 +41,16 @@ impl Story {
                 self.verdict.netfilter_hook = Some(hook.to_string());
             }
         }
+    }
+
+    /// A drop that was conntrack's own verdict (no rule): the hook, as
+    /// far as the packet tells.
+    pub(super) fn name_conntrack_verdict(&mut self, ctx: &Context) {
+        let hook = self.netfilter_hook(ctx);
+        self.verdict.summary.push_str(&format!(
+            "; dropped by conntrack at hook {hook}, by no rule"
+        ));
+        self.verdict.netfilter_hook = Some(hook.to_string());
     }
 
     /// Says which Service the packet went through, and where its
