@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::Value;
 use support::*;
 use xtask::{
-    faults::Fault,
+    faults::{Fault, SNAT_PORT},
     lab::{in_netns, Lab, LabGuard},
 };
 
@@ -111,11 +111,12 @@ for _ in range(2):
 }
 
 /// The second flow is dropped at confirm on node-1 (insert_failed; the
-/// clash also counts as drop). On 6.18 podtrace's kfree_skb program does
-/// not see that free, so the story cannot name it yet: the counters in
-/// the summary are the evidence the run gives, on node-1 alone.
+/// clash also counts as drop), masqueraded to the port the first holds:
+/// its story joins the drop under the translated source, names the
+/// mechanism, the first flow's entry and the fix; the summary's counters
+/// grew on node-1 alone.
 #[test]
-fn a_second_flow_with_no_snat_port_left_grows_insert_failed_on_its_node() {
+fn a_second_flow_with_no_snat_port_left_is_told_snat_exhausted() {
     let lab = faulty(Fault::SnatExhausted);
     let done = trace_while(&lab.0, 4, || two_udp_flows(&lab.0, 9999));
     assert_eq!(grew(&done, "node-1", "insert_failed"), 1, "{}", done.stdout);
@@ -126,5 +127,17 @@ fn a_second_flow_with_no_snat_port_left_grows_insert_failed_on_its_node() {
         .filter(|s| s["transport"]["proto"] == "udp")
         .nth(1)
         .unwrap_or_else(|| panic!("two UDP stories: {}", done.stdout));
-    assert_ne!(second["verdict"]["outcome"], "delivered", "{second}");
+    assert_eq!(second["verdict"]["outcome"], "dropped", "{second}");
+    let conntrack = &second["verdict"]["conntrack"];
+    assert_eq!(conntrack["mechanism"], "snat_exhausted", "{second}");
+    assert!(
+        conntrack["colliding"]
+            .as_str()
+            .is_some_and(|c| c.ends_with(&format!(":{SNAT_PORT})"))),
+        "the entry holding the one port: {conntrack}"
+    );
+    assert!(
+        conntrack["fix"].as_str().unwrap().contains("--to-ports"),
+        "{conntrack}"
+    );
 }
