@@ -174,7 +174,7 @@ pub fn tell(journey: &Journey, ctx: &Context) -> Story {
 fn name_netfilter_drop(story: &mut Story, journey: &Journey, ctx: &Context) {
     let failure = conntrack::diagnose(journey, &story.verdict.outcome, ctx);
     match &failure {
-        Some(_) if journey.rule.is_none() => story.name_conntrack_verdict(ctx),
+        Some(failure) if journey.rule.is_none() => story.name_conntrack_verdict(failure.mechanism),
         _ => story.name_rule(journey.rule.as_ref(), ctx),
     }
     if let Some(failure) = failure {

@@ -2,7 +2,10 @@
 //! rule that dropped it (or, unnamed, the hook it dropped it at), and the
 //! Service and translations on its way.
 
-use super::{nat_steps::NatKind, rule_text::rejection, verdict::Outcome, Context, Story};
+use super::{
+    conntrack::Mechanism, nat_steps::NatKind, rule_text::rejection, verdict::Outcome, Context,
+    Story,
+};
 use crate::{
     decode::hop::Direction, probe::netfilter::NetfilterRule, story::journey::NETFILTER_DROP,
 };
@@ -43,10 +46,15 @@ impl Story {
         }
     }
 
-    /// A drop that was conntrack's own verdict (no rule): the hook, as
-    /// far as the packet tells.
-    pub(super) fn name_conntrack_verdict(&mut self, ctx: &Context) {
-        let hook = self.netfilter_hook(ctx);
+    /// A drop that was conntrack's own verdict (no rule): the hook it
+    /// runs at for that failure.
+    pub(super) fn name_conntrack_verdict(&mut self, mechanism: Mechanism) {
+        let hook = match mechanism {
+            // Entries are confirmed at a packet's last hook.
+            Mechanism::InsertFailed | Mechanism::SnatExhausted => "POSTROUTING or INPUT",
+            // An entry is made at a packet's first hook.
+            Mechanism::TableFull | Mechanism::Invalid => "PREROUTING or OUTPUT",
+        };
         self.verdict.summary.push_str(&format!(
             "; dropped by conntrack at hook {hook}, by no rule"
         ));
