@@ -1071,34 +1071,6 @@ fn case_outside_masquerade(mode: ProxyMode) {
     assert_eq!(reply["verdict"]["outcome"], "delivered", "{reply}");
 }
 
-/// A server in `pod` that answers a request only after `delay`: its
-/// connection idles meanwhile.
-fn slow_server(lab: &Lab, pod: &str, port: u16, delay: Duration) -> std::process::Child {
-    const SERVER: &str = r#"
-import socket, sys, time
-t = socket.socket()
-t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-t.bind(("0.0.0.0", int(sys.argv[1])))
-t.listen(4)
-c, _ = t.accept()
-c.recv(64)
-time.sleep(float(sys.argv[2]))
-c.sendall(b"late\n")
-time.sleep(1)
-"#;
-    let child = xtask::lab::in_netns(&lab.pod(pod).netns, "python3")
-        .args([
-            "-c",
-            SERVER,
-            &port.to_string(),
-            &delay.as_secs_f64().to_string(),
-        ])
-        .spawn()
-        .expect("python3");
-    std::thread::sleep(Duration::from_millis(500));
-    child
-}
-
 fn case_invalid_reply_dropped(mode: ProxyMode) {
     let lab = services_lab(mode);
     let lab = &lab.0;

@@ -421,3 +421,31 @@ pub fn send_vxlan_payload(lab: &Lab, from: &str, to: std::net::IpAddr, frame: &s
         .expect("python3");
     assert!(sent.success(), "the forged datagrams were not sent");
 }
+
+/// A server in `pod` that answers a request only after `delay`: its
+/// connection idles meanwhile.
+pub fn slow_server(lab: &Lab, pod: &str, port: u16, delay: Duration) -> Child {
+    const SERVER: &str = r#"
+import socket, sys, time
+t = socket.socket()
+t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+t.bind(("0.0.0.0", int(sys.argv[1])))
+t.listen(4)
+c, _ = t.accept()
+c.recv(64)
+time.sleep(float(sys.argv[2]))
+c.sendall(b"late\n")
+time.sleep(1)
+"#;
+    let child = xtask::lab::in_netns(&lab.pod(pod).netns, "python3")
+        .args([
+            "-c",
+            SERVER,
+            &port.to_string(),
+            &delay.as_secs_f64().to_string(),
+        ])
+        .spawn()
+        .expect("python3");
+    std::thread::sleep(Duration::from_millis(500));
+    child
+}

@@ -7,8 +7,11 @@ use anyhow::{bail, Result};
 
 use crate::lab::{fdb, in_netns, ip, run, sysctl, Lab, LabPod, Topology};
 
+mod conntrack;
 mod node_files;
 mod policy;
+
+pub use conntrack::SNAT_PORT;
 
 /// An address on the underlay that no node holds.
 pub const GONE_GATEWAY: &str = "192.0.2.254";
@@ -73,6 +76,14 @@ pub enum Fault {
     /// flows). nf_conntrack_max is read-only outside the initial netns, so
     /// the tests judge it against a small --conntrack-max-for-testing.
     ConntrackFull,
+    /// kube-proxy's `--ctstate INVALID -j DROP` on node-1, with
+    /// nf_conntrack_tcp_loose=0 and established connections forgotten
+    /// after a second idle: a late answer of a connection is INVALID.
+    ConntrackInvalid,
+    /// node-1 masquerades web-0's UDP to db-0 to one source port
+    /// (`--to-ports 40000`): a second flow finds no free tuple and is
+    /// dropped at confirm (insert_failed).
+    SnatExhausted,
     /// node-1's underlay at MTU 1400 (a VPN, an OpenStack network) under a
     /// flannel.1 of 1450: VXLAN packets no longer fit.
     MtuMismatch,
@@ -104,6 +115,8 @@ impl Fault {
             Self::ForwardPolicyDrop => "forward-policy-drop",
             Self::ConntrackFull => "conntrack-full",
             Self::MtuMismatch => "mtu-mismatch",
+            Self::ConntrackInvalid => "conntrack-invalid",
+            Self::SnatExhausted => "snat-exhausted",
         }
     }
 
@@ -188,6 +201,7 @@ impl Fault {
                 ip(&node1, &format!("link set {} mtu 1500", web.host_iface))?;
                 ip(&web.netns, "link set eth0 mtu 1500")?;
             }
+            Self::ConntrackInvalid | Self::SnatExhausted => conntrack::apply(self, lab)?,
             _ => node_files::apply(self, lab)?,
         }
         Ok(())

@@ -21,7 +21,7 @@ use super::{
     sightings::to_hop,
     stop::Stop,
     stream::{correlator_for, drive, ends_with_probes, Source},
-    teller::{new_teller, pcap_writer, Teller},
+    teller::{new_teller, pcap_writer, ConntrackReader, Teller},
     watch_moves, Trace, JOURNEY_IDLE,
 };
 use crate::{
@@ -30,8 +30,8 @@ use crate::{
     decode::hop::Hop,
     model::{ProbeResult, Summary},
     probe::{
-        clock::monotonic_ns, conntrack, link_watch::LinkChange, netfilter::TracedRule, Batch,
-        RING_HANDOVER,
+        clock::monotonic_ns, conntrack, conntrack_stats::ConntrackStats, link_watch::LinkChange,
+        netfilter::TracedRule, Batch, RING_HANDOVER,
     },
     story::correlator::Correlator,
 };
@@ -46,6 +46,7 @@ pub(super) async fn here(
 ) -> Result<(Summary, Teller<'static>)> {
     let ends = trace.targets.traced_ipv4_pair();
     let mut teller = new_teller(args, std::mem::take(&mut trace.ctx), ends);
+    teller.conntrack_now = conntrack_reader(trace);
     if let Some(out) = write {
         teller.pcap = Some(pcap_writer(out, args, trace, &teller.ctx)?);
     }
@@ -273,6 +274,23 @@ async fn hand_over_queued(trace: &mut Trace, summary: &mut Summary, consumer: &m
             }
         }
     }
+}
+
+/// Reads the traced nodes' conntrack counters (each socket bound to its
+/// node's namespace), taken from the nodes for the teller; none when no
+/// node's could be read.
+fn conntrack_reader(trace: &mut Trace) -> Option<ConntrackReader> {
+    let mut readers: Vec<ConntrackStats> = (trace.nodes.iter_mut())
+        .filter_map(|node| node.conntrack_stats.take())
+        .collect();
+    if readers.is_empty() {
+        return None;
+    }
+    Some(Box::new(move || {
+        (readers.iter_mut())
+            .filter_map(|r| r.read().ok().cloned())
+            .collect()
+    }))
 }
 
 /// Node mode's consumer: journeys correlated here and told.

@@ -12,7 +12,10 @@ use super::probing::ProbeWatch;
 use super::Trace;
 use crate::{
     cli::Args,
-    model::{ProbeResult, Summary},
+    model::{
+        conntrack::{ConntrackRun, ConntrackTable},
+        ProbeResult, Summary,
+    },
     output::{
         self,
         pcapng::{Announced, PcapWriter},
@@ -36,7 +39,13 @@ pub(super) struct Teller<'a> {
     held: Vec<HeldStory>,
     /// What went wrong in what was told, for `--fail`'s exit status.
     seen: Seen,
+    /// Node mode: reads every traced node's conntrack table again, before
+    /// a netfilter drop is told and at the end.
+    pub conntrack_now: Option<ConntrackReader>,
 }
+
+/// Reads the traced nodes' conntrack tables as they are now.
+pub(super) type ConntrackReader = Box<dyn FnMut() -> Vec<ConntrackTable>>;
 
 /// What went wrong in the stories and probe results told.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -88,6 +97,16 @@ impl<'a> Teller<'a> {
             probe: None,
             held: Vec::new(),
             seen: Seen::default(),
+            conntrack_now: None,
+        }
+    }
+
+    /// The traced nodes' conntrack tables read again into the context.
+    fn read_conntrack(&mut self) {
+        if let Some(read) = &mut self.conntrack_now {
+            for table in read() {
+                self.ctx.conntrack.insert(table.node.clone(), table);
+            }
         }
     }
 
@@ -126,6 +145,9 @@ impl<'a> Teller<'a> {
             },
             None => None,
         };
+        if journey.ends_in_a_netfilter_drop() {
+            self.read_conntrack();
+        }
         let story = story::tell(journey, &self.ctx);
         if matches!(
             story.verdict.outcome,
@@ -216,6 +238,15 @@ impl<'a> Teller<'a> {
             self.sink.profile(&profile.latencies())?;
         }
         summary.stories = self.told;
+        self.read_conntrack();
+        let mut runs: Vec<ConntrackRun> = self
+            .ctx
+            .conntrack
+            .values()
+            .map(ConntrackRun::from)
+            .collect();
+        runs.sort_by(|a, b| a.node.cmp(&b.node));
+        summary.conntrack = runs;
         // A run stopped before the probes' results: their stories as told.
         self.write_held(&[])?;
         if let Some(pcap) = &mut self.pcap {
@@ -264,6 +295,7 @@ pub(super) fn new_teller(
             .map(|(kind, ends)| ProbeWatch::new(kind, ends)),
         held: Vec::new(),
         seen: Seen::default(),
+        conntrack_now: None,
     }
 }
 

@@ -33,6 +33,7 @@ use crate::{
     },
     probe::{
         conntrack,
+        conntrack_stats::ConntrackStats,
         link_watch::{self, LinkChange},
         netfilter::{NodeTrace, SentHere, TracedRule},
         AttachMode, Kernel, NodeProbe, ProbeSpec,
@@ -97,6 +98,9 @@ pub struct TracedNode {
     /// veths: a drop in any other namespace is not the pair's, whatever
     /// addresses it holds.
     pub pod_namespaces: Vec<u32>,
+    /// Conntrack's counters in its namespace, read again at a drop and at
+    /// the end (node mode).
+    pub conntrack_stats: Option<ConntrackStats>,
 }
 
 /// Where the traced source is one of the node's own addresses and the
@@ -204,6 +208,9 @@ impl TracedNode {
         if let Err(e) = conntrack::watch(id, shared.conntrack_tx.clone()) {
             eprintln!("podtrace: {name}: conntrack is not read ({e:#}); translations are known only from the Services");
         }
+        let conntrack_stats = ConntrackStats::open(&name)
+            .inspect_err(|e| eprintln!("podtrace: {name}: conntrack's counters are not read ({e:#}): its own drops are told as netfilter's"))
+            .ok();
         let netfilter = match &shared.netfilter_tx {
             Some(tx) => Some(
                 NodeTrace::start(ns, id, &shared.pairs, sent_here(&view), tx.clone())
@@ -231,6 +238,7 @@ impl TracedNode {
             netfilter,
             netns: ns.clone(),
             pod_namespaces: pods.namespaces,
+            conntrack_stats,
         };
         Ok((node, facts))
     }

@@ -1,7 +1,8 @@
 //! The kernel settings pod traffic needs on a node: forwarding, reverse
 //! path filtering that does not drop tunnel traffic, bridged traffic
 //! through iptables where br_netfilter is loaded, room in the conntrack
-//! table, and MTUs that fit inside each other (VXLAN takes 50 bytes,
+//! table, conntrack not strict enough about TCP to find live connections
+//! INVALID, and MTUs that fit inside each other (VXLAN takes 50 bytes,
 //! IPIP 20, WireGuard 60).
 
 use super::{flannel, node::NodeFacts, Check};
@@ -35,6 +36,7 @@ pub fn checks(facts: &NodeFacts) -> Vec<Check> {
             || "sysctl -w net.bridge.bridge-nf-call-iptables=1: kube-proxy's rules must see bridged pod traffic".into()));
     }
     checks.extend(check_conntrack(facts));
+    checks.extend(check_conntrack_tcp(facts));
     checks.push(check_mtu(facts));
     checks.extend(super::policy_routing::check(facts));
     checks
@@ -134,6 +136,31 @@ fn check_conntrack(facts: &NodeFacts) -> Option<Check> {
         || {
             "raise net.netfilter.nf_conntrack_max (kube-proxy's conntrack.maxPerCore), or find what opens so many connections (conntrack -L | sort)".into()
         },
+    ))
+}
+
+/// Conntrack strict about TCP: with nf_conntrack_tcp_loose=0 a connection
+/// whose entry expired (idle past nf_conntrack_tcp_timeout_established)
+/// or was flushed is INVALID at its next segment, which kube-proxy's
+/// `--ctstate INVALID -j DROP` drops. Said only when strict and not
+/// liberal (nf_conntrack_tcp_be_liberal lets such segments through).
+fn check_conntrack_tcp(facts: &NodeFacts) -> Option<Check> {
+    let loose = facts.sysctl("net/netfilter/nf_conntrack_tcp_loose")?;
+    let liberal = facts.sysctl("net/netfilter/nf_conntrack_tcp_be_liberal");
+    if loose != "0" || liberal == Some("1") {
+        return None;
+    }
+    let timeout = facts
+        .sysctl("net/netfilter/nf_conntrack_tcp_timeout_established")
+        .map_or(String::new(), |t| {
+            format!(", nf_conntrack_tcp_timeout_established = {t}s")
+        });
+    Some(Check::fail(
+        FAMILY,
+        &facts.name,
+        "conntrack TCP tracking",
+        format!("nf_conntrack_tcp_loose = 0{timeout}: a connection whose entry expired or was flushed is INVALID at its next segment (kube-proxy's --ctstate INVALID rule drops it)"),
+        "sysctl -w net.netfilter.nf_conntrack_tcp_loose=1, or nf_conntrack_tcp_be_liberal=1 (kube-proxy's conntrack.tcpBeLiberal)".into(),
     ))
 }
 

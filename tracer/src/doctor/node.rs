@@ -275,6 +275,9 @@ async fn read(netns_path: Option<&Path>, root: HostRoot) -> Result<NodeFacts> {
         "net/bridge/bridge-nf-call-iptables",
         "net/netfilter/nf_conntrack_count",
         "net/netfilter/nf_conntrack_max",
+        "net/netfilter/nf_conntrack_tcp_loose",
+        "net/netfilter/nf_conntrack_tcp_be_liberal",
+        "net/netfilter/nf_conntrack_tcp_timeout_established",
     ]
     .iter()
     .map(|k| k.to_string())

@@ -1,10 +1,11 @@
 //! The nouns every layer shares, at the bottom of the tree: names, the
 //! interned strings, node subnets, address translations, the output
-//! format and summary, the doctor's findings, `--probe`'s traffic, text
+//! format and summary, conntrack's counters, the doctor's findings, `--probe`'s traffic, text
 //! helpers, bounded reads of files. Nothing here
 //! imports another folder of podtrace.
 
 pub mod bounded;
+pub mod conntrack;
 pub mod finding;
 pub mod format;
 pub mod interned;

@@ -61,6 +61,10 @@ pub struct Summary {
     /// mode; cluster mode has each node's in `nodes`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel: Option<KernelSummary>,
+    /// Node mode: each traced node's conntrack over the run (its failure
+    /// counters' growth, its table's fill at the end).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conntrack: Vec<super::conntrack::ConntrackRun>,
     /// Cluster mode: the cluster's nodes that were not traced.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub untraced_nodes: Vec<String>,

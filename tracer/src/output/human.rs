@@ -176,6 +176,9 @@ pub fn human_summary(s: &Summary) -> String {
             text.push_str(&format!("podtrace: {}: incomplete: {lost}\n", n.node));
         }
     }
+    for run in &s.conntrack {
+        text.push_str(&conntrack_line(run));
+    }
     if !s.untraced_nodes.is_empty() {
         text.push_str(&format!(
             "podtrace: not traced: {} (add them with --nodes)\n",
@@ -183,6 +186,25 @@ pub fn human_summary(s: &Summary) -> String {
         ));
     }
     text
+}
+
+/// A node's conntrack over the run: the failure counters that grew, and
+/// the table's fill.
+fn conntrack_line(run: &crate::model::conntrack::ConntrackRun) -> String {
+    let failures = run.grew.failures();
+    let grew = if failures.is_empty() {
+        "no failure counter grew".to_string()
+    } else {
+        let each: Vec<String> = failures
+            .iter()
+            .map(|(name, n)| format!("{name} +{n}"))
+            .collect();
+        each.join(", ")
+    };
+    format!(
+        "podtrace: conntrack on {} over the run: {grew}; {} of nf_conntrack_max {} entries in use\n",
+        run.node, run.entries, run.max
+    )
 }
 
 fn node_mode_summary(s: &Summary) -> String {

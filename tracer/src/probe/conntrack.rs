@@ -61,7 +61,7 @@ impl Entry {
 }
 
 // linux/netfilter/nfnetlink.h, nfnetlink_conntrack.h.
-const NFNL_SUBSYS_CTNETLINK: u16 = 1;
+pub(super) const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_NEW: u16 = 0;
 const IPCTNL_MSG_CT_GET: u16 = 1;
 const NFNLGRP_CONNTRACK_NEW: u32 = 1;
@@ -80,11 +80,11 @@ const CTA_IP_V6_DST: u16 = 4;
 const CTA_PROTO_NUM: u16 = 1;
 const CTA_PROTO_SRC_PORT: u16 = 2;
 const CTA_PROTO_DST_PORT: u16 = 3;
-const NLMSG_HDR: usize = 16;
-const NFGEN_HDR: usize = 4;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 1;
-const NLM_F_DUMP: u16 = 0x300;
+pub(super) const NLMSG_HDR: usize = 16;
+pub(super) const NFGEN_HDR: usize = 4;
+pub(super) const NLMSG_DONE: u16 = 3;
+pub(super) const NLM_F_REQUEST: u16 = 1;
+pub(super) const NLM_F_DUMP: u16 = 0x300;
 
 #[cfg(target_os = "linux")]
 /// Forwards the translated conntrack entries of the calling thread's
@@ -152,7 +152,7 @@ fn read_until_done(socket: &Socket, node_id: u32, tx: &mpsc::UnboundedSender<(u3
 }
 
 #[cfg(target_os = "linux")]
-fn set_timeout(socket: &Socket, timeout: Duration) -> Result<()> {
+pub(super) fn set_timeout(socket: &Socket, timeout: Duration) -> Result<()> {
     use std::os::fd::AsRawFd;
     let tv = libc::timeval {
         tv_sec: timeout.as_secs() as _,
@@ -176,24 +176,29 @@ fn set_timeout(socket: &Socket, timeout: Duration) -> Result<()> {
 
 /// IPCTNL_MSG_CT_GET with NLM_F_DUMP, for every family (AF_UNSPEC).
 fn dump_request() -> Vec<u8> {
+    request(IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP)
+}
+
+/// A ctnetlink request `message` with `flags`, for every family (AF_UNSPEC).
+pub(super) fn request(message: u16, flags: u16) -> Vec<u8> {
     let len = (NLMSG_HDR + NFGEN_HDR) as u32;
     let mut out = Vec::with_capacity(len as usize);
     out.extend_from_slice(&len.to_ne_bytes());
-    out.extend_from_slice(&(NFNL_SUBSYS_CTNETLINK << 8 | IPCTNL_MSG_CT_GET).to_ne_bytes());
-    out.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
+    out.extend_from_slice(&(NFNL_SUBSYS_CTNETLINK << 8 | message).to_ne_bytes());
+    out.extend_from_slice(&flags.to_ne_bytes());
     out.extend_from_slice(&1u32.to_ne_bytes());
     out.extend_from_slice(&0u32.to_ne_bytes());
     out.extend_from_slice(&[libc::AF_UNSPEC as u8, 0, 0, 0]);
     out
 }
 
-struct Message<'a> {
-    kind: u16,
-    body: &'a [u8],
+pub(super) struct Message<'a> {
+    pub(super) kind: u16,
+    pub(super) body: &'a [u8],
 }
 
 /// The netlink messages of one datagram.
-fn split(mut buf: &[u8]) -> Vec<Message<'_>> {
+pub(super) fn split(mut buf: &[u8]) -> Vec<Message<'_>> {
     let mut out = Vec::new();
     while buf.len() >= NLMSG_HDR {
         let len = u32::from_ne_bytes(buf[0..4].try_into().expect("4 bytes")) as usize;
@@ -217,12 +222,12 @@ fn messages(buf: &[u8]) -> Vec<Option<Entry>> {
         .collect()
 }
 
-fn align(len: usize) -> usize {
+pub(super) fn align(len: usize) -> usize {
     (len + 3) & !3
 }
 
 /// Netlink attributes: (type without flags, payload).
-fn attrs(mut buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+pub(super) fn attrs(mut buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
     std::iter::from_fn(move || {
         if buf.len() < 4 {
             return None;
@@ -242,7 +247,7 @@ fn be16(b: &[u8]) -> Option<u16> {
     Some(u16::from_be_bytes(b.get(..2)?.try_into().ok()?))
 }
 
-fn be32(b: &[u8]) -> Option<u32> {
+pub(super) fn be32(b: &[u8]) -> Option<u32> {
     Some(u32::from_be_bytes(b.get(..4)?.try_into().ok()?))
 }
 

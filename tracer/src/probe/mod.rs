@@ -4,7 +4,8 @@
 //!   hook a traced packet crosses);
 //! - `drops`: the kfree_skb tracepoint (the kernel's drop reasons);
 //! - `conntrack`: ctnetlink's translated entries (DNAT, SNAT), to follow a
-//!   packet across them without a list of Services;
+//!   packet across them without a list of Services; `conntrack_stats`:
+//!   its counters and fill, which tell conntrack's own drops apart;
 //! - `iptables`: which iptables backend a node runs, decided as
 //!   kube-proxy's iptables-wrapper decides it;
 //! - `netfilter`: nftables packet tracing (which rule dropped a packet),
@@ -31,6 +32,8 @@ pub mod btf;
 pub mod capabilities;
 pub mod clock;
 pub mod conntrack;
+#[cfg(target_os = "linux")]
+pub mod conntrack_stats;
 pub mod drops;
 pub mod features;
 pub mod iptables;

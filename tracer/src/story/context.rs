@@ -49,6 +49,10 @@ pub struct Context {
     /// iptables-legacy node, or legacy rules beside nft ones).
     #[serde(default)]
     pub rules_unseen: HashMap<String, String>,
+    /// Each traced node's conntrack counters and fill (node mode), read
+    /// again before a netfilter drop is told.
+    #[serde(default)]
+    pub conntrack: HashMap<String, crate::model::conntrack::ConntrackTable>,
     /// Cluster mode: traced nodes whose agent was lost mid-trace.
     #[serde(default)]
     pub lost_agents: Vec<super::lost_agents::LostAgent>,

@@ -157,10 +157,42 @@ impl Correlator {
     /// The open journey a sighting keyed `key` belongs to, through a known
     /// translation, if its own key opens none.
     fn translated(&self, key: &PacketKey) -> Option<PacketKey> {
-        if self.nat.translations.is_empty() || self.open.contains_key(key) {
+        if self.open.contains_key(key) {
             return None;
         }
-        self.other_side(key)
+        let known = (!self.nat.translations.is_empty()).then(|| self.other_side(key));
+        known.flatten().or_else(|| self.source_translated_anew(key))
+    }
+
+    /// A sighting under a pair traced only to join a source translation,
+    /// of a translation the book does not know yet (a new source port,
+    /// or one conntrack never confirmed: a SNAT that found no free tuple
+    /// is dropped at confirm): the open IPv4 journey of the same packet
+    /// before it, by IP ID, destination and destination port, whose
+    /// source differs.
+    fn source_translated_anew(&self, key: &PacketKey) -> Option<PacketKey> {
+        if self.joining_only.is_empty()
+            || !key.src.is_ipv4()
+            || !self.joining_only.contains(&(key.src, key.dst))
+        {
+            return None;
+        }
+        let dport = |t: &crate::decode::Transport| match *t {
+            crate::decode::Transport::Tcp { dport, .. }
+            | crate::decode::Transport::Udp { dport, .. } => Some(dport),
+            _ => None,
+        };
+        let mut same = self.open.keys().filter(|k| {
+            k.ip_id == key.ip_id
+                && k.dst == key.dst
+                && k.src != key.src
+                && k.transport.protocol() == key.transport.protocol()
+                && dport(&k.transport) == dport(&key.transport)
+                && !self.joining_only.contains(&(k.src, k.dst))
+        });
+        // Only when one journey fits: two would be a guess.
+        let found = *same.next()?;
+        same.next().is_none().then_some(found)
     }
 
     /// The open journey of the same packet on the other side of known
@@ -488,6 +520,44 @@ pub(crate) mod tests {
             // The tests' pods are all on traced nodes.
             traced_destinations: vec!["10.244.0.0/16".parse().unwrap()],
         }
+    }
+
+    #[test]
+    fn a_drop_after_a_source_nat_the_book_does_not_know_joins_its_packet() {
+        // web-0:41001's SYN, masqueraded to node-1's 10.244.1.0:40000 (a
+        // port another connection holds) and dropped at confirm: conntrack
+        // never reports that translation.
+        let sent = frames::tcp_syn([10, 244, 1, 2], [10, 244, 2, 2], 41001, 8080);
+        let masqueraded = frames::tcp_syn([10, 244, 1, 0], [10, 244, 2, 2], 40000, 8080);
+        let elsewhere = frames::tcp_syn([10, 244, 1, 0], [10, 244, 2, 2], 40000, 9090);
+        let mut c = Correlator::new(waits(1_000_000, 1_000_000));
+        c.trace_for_joining([10, 244, 1, 0].into(), [10, 244, 2, 2].into());
+        let at = |t, frame: &[u8]| hop(t, "n1", "vethA", Role::PodVeth, Direction::Ingress, frame);
+        c.observe(at(100, &sent));
+        c.observe(drop_hop(
+            300,
+            "n1",
+            "flannel.1",
+            Role::Tunnel,
+            &masqueraded,
+            NETFILTER_DROP,
+        ));
+        // Another destination port: not this packet, and told nowhere.
+        c.observe(drop_hop(
+            400,
+            "n1",
+            "flannel.1",
+            Role::Tunnel,
+            &elsewhere,
+            NETFILTER_DROP,
+        ));
+        let told = c.take_all();
+        assert_eq!(told.len(), 1, "{told:?}");
+        assert_eq!(told[0].hops.len(), 2);
+        assert_eq!(
+            told[0].hops[1].packet.packet.src,
+            Ipv4Addr::new(10, 244, 1, 0)
+        );
     }
 
     #[test]

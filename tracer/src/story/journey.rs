@@ -332,13 +332,16 @@ impl Journey {
             && (!sent_from_here || sent_back)
     }
 
+    /// Ended in a netfilter drop (a rule's, or conntrack's own verdict).
+    pub fn ends_in_a_netfilter_drop(&self) -> bool {
+        self.hops
+            .last()
+            .is_some_and(|h| h.drop.as_ref().is_some_and(|d| d.reason == NETFILTER_DROP))
+    }
+
     /// Ended in a netfilter drop whose rule has not arrived yet.
     pub(super) fn awaits_rule(&self) -> bool {
-        let dropped_by_a_rule = self.rule.is_none()
-            && self
-                .hops
-                .last()
-                .is_some_and(|h| h.drop.as_ref().is_some_and(|d| d.reason == NETFILTER_DROP));
+        let dropped_by_a_rule = self.rule.is_none() && self.ends_in_a_netfilter_drop();
         dropped_by_a_rule || self.awaits_nat_rule()
     }
 

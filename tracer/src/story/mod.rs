@@ -9,11 +9,14 @@
 //! - `verdict`: how the packet travelled and where it ended;
 //! - `verdict_names`, `rule_text`: the rule that dropped it, read, and the
 //!   translations on its way;
+//! - `conntrack`: a drop that was conntrack's doing (INVALID, an insert
+//!   that failed, a full table, SNAT ports exhausted), told from evidence;
 //! - `explain`: why, in the operator's terms (route -n, hints);
 //! - `lost_agents`: cluster mode's nodes that stopped being heard;
 //! - `profile`: per-step latency over many stories.
 
 pub mod clock;
+pub mod conntrack;
 pub(crate) mod context;
 pub mod correlator;
 pub mod explain;
@@ -157,7 +160,7 @@ pub fn tell(journey: &Journey, ctx: &Context) -> Story {
         records_lost: journey.records_lost,
     };
     if story.netfilter_drop() {
-        story.name_rule(journey.rule.as_ref(), ctx);
+        name_netfilter_drop(&mut story, journey, ctx);
     }
     story.name_translations();
     if story.hops.iter().all(|h| h.nat.is_empty()) {
@@ -168,6 +171,21 @@ pub fn tell(journey: &Journey, ctx: &Context) -> Story {
         }
     }
     story
+}
+
+/// A netfilter drop: conntrack's doing when the evidence shows it (its
+/// mechanism first, what shows it and the fix after), else the rule.
+fn name_netfilter_drop(story: &mut Story, journey: &Journey, ctx: &Context) {
+    let failure = conntrack::diagnose(journey, &story.verdict.outcome, ctx);
+    match &failure {
+        Some(failure) if journey.rule.is_none() => story.name_conntrack_verdict(failure.mechanism),
+        _ => story.name_rule(journey.rule.as_ref(), ctx),
+    }
+    if let Some(failure) = failure {
+        let (what, tail) = conntrack::said(&failure);
+        story.verdict.summary = format!("{what}; {}{tail}", story.verdict.summary);
+        story.verdict.conntrack = Some(failure);
+    }
 }
 
 /// A cross-node step's clock uncertainty: both nodes' against the

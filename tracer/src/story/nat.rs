@@ -54,7 +54,7 @@ pub struct Connection {
     pub untraced_until_ns: u64,
 }
 
-fn reversed(t: &Tuple) -> Tuple {
+pub(super) fn reversed(t: &Tuple) -> Tuple {
     Tuple {
         protocol: t.protocol,
         src: t.dst,
@@ -64,7 +64,7 @@ fn reversed(t: &Tuple) -> Tuple {
     }
 }
 
-fn tuple_of(p: &IpPacket) -> Option<Tuple> {
+pub(super) fn tuple_of(p: &IpPacket) -> Option<Tuple> {
     let (sport, dport) = ports(&p.transport)?;
     Some(Tuple {
         protocol: p.transport.protocol(),

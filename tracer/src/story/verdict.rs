@@ -100,6 +100,11 @@ pub struct Verdict {
     /// For a netfilter drop whose rule is not named: the hook, as far as
     /// the packet tells (FORWARD when the node had routed it).
     pub netfilter_hook: Option<String>,
+    /// For a netfilter drop that was conntrack's doing: which failure
+    /// (INVALID, insert_failed, table full, SNAT ports exhausted), what
+    /// shows it, and the fix.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conntrack: Option<super::conntrack::ConntrackFailure>,
     /// What on the node explains the outcome (forwarding off, a veth
     /// without its bridge, an MTU too small, …).
     pub hint: Option<String>,
@@ -165,6 +170,7 @@ pub(super) fn judge(journey: &Journey, ctx: &Context) -> Verdict {
         netfilter: None,
         policy: None,
         netfilter_hook: None,
+        conntrack: None,
         hint: explanation.hint,
         doctor,
     }

@@ -3,9 +3,10 @@
 //! Service and translations on its way.
 
 use super::{
+    conntrack::Mechanism,
     nat_steps::NatKind,
     policy::{read_policy, PolicyDirection},
-    rule_text::{invalid, rejection},
+    rule_text::rejection,
     verdict::Outcome,
     Context, Story,
 };
@@ -24,7 +25,8 @@ impl Story {
     pub(super) fn name_rule(&mut self, rule: Option<&NetfilterRule>, ctx: &Context) {
         match rule {
             Some(rule) => {
-                if let Some(why) = rejection(&rule.rule).or_else(|| invalid(&rule.rule)) {
+                // An INVALID rule's drop is told by `conntrack`.
+                if let Some(why) = rejection(&rule.rule) {
                     self.verdict.summary = format!("{why}; {}", self.verdict.summary);
                 }
                 self.verdict.summary.push_str(&format!(
@@ -66,6 +68,21 @@ impl Story {
             .summary
             .push_str(&format!("; {}", policy.text()));
         self.verdict.policy = Some(policy);
+    }
+
+    /// A drop that was conntrack's own verdict (no rule): the hook it
+    /// runs at for that failure.
+    pub(super) fn name_conntrack_verdict(&mut self, mechanism: Mechanism) {
+        let hook = match mechanism {
+            // Entries are confirmed at a packet's last hook.
+            Mechanism::InsertFailed | Mechanism::SnatExhausted => "POSTROUTING or INPUT",
+            // An entry is made at a packet's first hook.
+            Mechanism::TableFull | Mechanism::Invalid => "PREROUTING or OUTPUT",
+        };
+        self.verdict.summary.push_str(&format!(
+            "; dropped by conntrack at hook {hook}, by no rule"
+        ));
+        self.verdict.netfilter_hook = Some(hook.to_string());
     }
 
     /// Says which Service the packet went through, and where its
