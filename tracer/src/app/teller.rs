@@ -246,7 +246,11 @@ impl<'a> Teller<'a> {
             .map(ConntrackRun::from)
             .collect();
         runs.sort_by(|a, b| a.node.cmp(&b.node));
-        summary.conntrack = runs;
+        // A replayed trace read no counters: its summary keeps the
+        // recorded ones.
+        if !runs.is_empty() {
+            summary.conntrack = runs;
+        }
         // A run stopped before the probes' results: their stories as told.
         self.write_held(&[])?;
         if let Some(pcap) = &mut self.pcap {
