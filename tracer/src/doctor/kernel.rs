@@ -189,19 +189,20 @@ fn check_mtu(facts: &NodeFacts) -> Check {
     let view = &facts.view;
     let underlay = view.links.iter().find(|l| is_underlay(facts, l));
     let carries = |l: &Link| view.routes.iter().any(|r| r.oif == Some(l.index));
-    let mut tunnels: Vec<&Link> = (view.links.iter())
-        .filter(|l| l.up && overhead(l).is_some())
+    // Each tunnel that is up, with the bytes its encapsulation adds.
+    let mut tunnels: Vec<(&Link, (u32, &str))> = (view.links.iter())
+        .filter(|l| l.up)
+        .filter_map(|l| Some((l, overhead(l)?)))
         .collect();
     // The one pods' cross-node traffic takes first: a route leaves by it.
-    tunnels.sort_by_key(|l| !carries(l));
-    let tunnel = tunnels.first().copied();
+    tunnels.sort_by_key(|(l, _)| !carries(l));
+    let tunnel = tunnels.first().map(|(l, _)| *l);
     let expected = flannel::subnet_env(facts)
         .and_then(|e| e.get("FLANNEL_MTU")?.parse::<u32>().ok())
         .or_else(|| tunnel.map(|t| t.mtu))
         .or_else(|| underlay.map(|u| u.mtu));
     let mut wrong = Vec::new();
-    for (t, u) in tunnels.iter().filter_map(|t| Some((t, underlay?))) {
-        let (bytes, name) = overhead(t).expect("tunnels have an overhead");
+    for (t, (bytes, name), u) in tunnels.iter().filter_map(|&(t, o)| Some((t, o, underlay?))) {
         if t.mtu + bytes > u.mtu {
             wrong.push(format!(
                 "{} MTU {} does not fit the underlay {} MTU {} less {bytes} B of {name}",
@@ -244,7 +245,7 @@ fn check_mtu(facts: &NodeFacts) -> Check {
     } else {
         wrong.join("; ")
     };
-    let (bytes, name) = tunnel.and_then(overhead).unwrap_or((50, "VXLAN"));
+    let (bytes, name) = tunnels.first().map_or((50, "VXLAN"), |&(_, o)| o);
     Check::judge(
         FAMILY,
         &facts.name,
