@@ -4,16 +4,19 @@
 //! the local podtrace binary), compared with node mode on the same lab.
 
 #[allow(dead_code)]
+mod capture_checks;
+#[allow(dead_code)]
 mod support;
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     os::unix::fs::{chown, symlink},
     path::PathBuf,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
+use capture_checks::{assert_read_back, assert_written, tshark};
 use serde_json::Value;
 use support::*;
 use xtask::{
@@ -243,6 +246,49 @@ fn kubectl_podtrace_tells_the_cross_node_stories_node_mode_tells() {
         "{}",
         cluster[0]["hops"][4]
     );
+}
+
+/// ksniff's use: `kubectl podtrace … -w FILE` writes every node's packets
+/// into one pcapng where kubectl runs, which tshark reads as node mode's
+/// (a frame per hop on its node's interface, the story in its comments,
+/// VXLAN inside and out from the agents' header bytes), and from which
+/// `podtrace read` tells the live stories again, word for word.
+#[test]
+fn kubectl_podtrace_writes_every_nodes_packets_into_one_pcapng() {
+    let lab = lab(Topology::FlannelVxlan);
+    let stub = api_for(&lab);
+    let dir = scratch().join(format!("write-{}", rand()));
+    std::fs::create_dir_all(&dir).unwrap();
+    chown(&dir, Some(NOBODY), Some(NOBODY)).unwrap();
+    let file = dir.join("trace.pcapng");
+    let path = file.display().to_string();
+    let pair = ["default/web-0", "default/db-0"];
+    let till = ["--count", "2", "--duration", "30s", "-o", "json"];
+    let started = kubectl_podtrace(&stub, &[&pair[..], &till[..], &["-w", &path]].concat());
+    assert!(ping(&lab.0, "web-0", "db-0"));
+    let done = finish(started);
+    assert!(done.status.success(), "{}", done.stderr);
+    assert!(done.stderr.contains("podtrace: wrote"), "{}", done.stderr);
+    let frames = assert_written(&done, &file);
+    // Both agents' packets (and a free inside a pod, named by the pod).
+    let nodes: BTreeSet<&str> = frames
+        .iter()
+        .filter_map(|f| f[0].split('/').next())
+        .collect();
+    assert!(
+        nodes.is_superset(&BTreeSet::from(["node-1", "node-2"])),
+        "{frames:?}"
+    );
+    let (web, db) = (lab.0.pod("web-0").ip, lab.0.pod("db-0").ip);
+    let inner = tshark(&file, "vxlan && icmp", &["ip.src", "ip.dst"]);
+    assert!(
+        inner
+            .iter()
+            .any(|f| f.iter().any(|a| a.contains(&web.to_string()))
+                && f.iter().any(|a| a.contains(&db.to_string()))),
+        "{inner:?}"
+    );
+    assert_read_back(&done, &file);
 }
 
 /// A dual-stack pair through kubectl: `-6` reaches every agent, and the

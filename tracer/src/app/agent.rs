@@ -67,7 +67,9 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
         .node
         .clone()
         .unwrap_or_else(|| trace.nodes[0].name.to_string());
-    let mut out = Output::start();
+    // `--write` on the front-end: the header bytes go with each hop.
+    trace.keep_snapshots = agent.send_headers;
+    let mut out = Output::start(args.snaplen);
     let facts = trace.ctx.nodes.values().next().map(WireFacts::from);
     // The doctor's failing checks, as node mode joins them to its verdicts.
     let doctor = trace
@@ -227,6 +229,8 @@ struct Output {
     writer: Option<JoinHandle<()>>,
     lost: u64,
     lost_total: u64,
+    /// What is sent of each hop's header bytes, when they are kept.
+    snaplen: u32,
 }
 
 /// An agent's consumer: every event onto the wire, for the front-end's
@@ -236,7 +240,8 @@ impl Consumer for Output {
         Duration::from_millis(100)
     }
 
-    fn hop(&mut self, hop: Hop) {
+    fn hop(&mut self, mut hop: Hop) {
+        hop.snapshot.truncate(self.snaplen);
         self.send(Record::Hop(Box::new(hop)));
     }
 
@@ -305,7 +310,7 @@ impl Consumer for Output {
 }
 
 impl Output {
-    fn start() -> Self {
+    fn start(snaplen: u32) -> Self {
         let (queue, lines) = sync_channel::<String>(QUEUE);
         let writer = std::thread::spawn(move || {
             let mut stdout = std::io::stdout().lock();
@@ -330,6 +335,7 @@ impl Output {
             writer: Some(writer),
             lost: 0,
             lost_total: 0,
+            snaplen,
         }
     }
 

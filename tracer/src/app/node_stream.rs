@@ -29,6 +29,7 @@ use crate::{
     cluster::api::PodMoved,
     decode::hop::Hop,
     model::{ProbeResult, Summary},
+    output::pcapng::Announced,
     probe::{
         clock::monotonic_ns, conntrack, conntrack_stats::ConntrackStats, link_watch::LinkChange,
         netfilter::TracedRule, Batch, RING_HANDOVER,
@@ -48,7 +49,9 @@ pub(super) async fn here(
     let mut teller = new_teller(args, std::mem::take(&mut trace.ctx), ends);
     teller.conntrack_now = conntrack_reader(trace);
     if let Some(out) = write {
-        teller.pcap = Some(pcap_writer(out, args, trace, &teller.ctx)?);
+        let watched = announced(trace);
+        let ends = (trace.targets.src.ip, trace.targets.dst.ip);
+        teller.pcap = Some(pcap_writer(out, args, &watched, ends, &teller.ctx)?);
     }
     let mut summary = Summary {
         hooks_attached: trace.nodes.iter().map(TracedNode::hooks).sum(),
@@ -274,6 +277,23 @@ async fn hand_over_queued(trace: &mut Trace, summary: &mut Summary, consumer: &m
             }
         }
     }
+}
+
+/// Every interface the trace watches, announced in the `--write` file
+/// before any packet (by node, in ifindex order).
+fn announced(trace: &Trace) -> Vec<Announced<'_>> {
+    let mut watched = Vec::new();
+    for node in &trace.nodes {
+        let mut ifaces: Vec<_> = node.interfaces.values().collect();
+        ifaces.sort_by_key(|w| w.index);
+        watched.extend(ifaces.into_iter().map(|w| Announced {
+            node: &node.name,
+            iface: &w.name,
+            role: w.role,
+            has_l2: w.has_ethernet_header,
+        }));
+    }
+    watched
 }
 
 /// Reads the traced nodes' conntrack counters (each socket bound to its

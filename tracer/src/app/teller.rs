@@ -4,12 +4,10 @@
 
 use std::{
     io::{IsTerminal, Write},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
 };
 
 use super::probing::ProbeWatch;
-#[cfg(target_os = "linux")]
-use super::Trace;
 use crate::{
     cli::Args,
     model::{
@@ -161,6 +159,7 @@ impl<'a> Teller<'a> {
         self.told += 1;
         self.sink.story(self.told, &story)?;
         if let Some(pcap) = &mut self.pcap {
+            pcap.clocks(&self.ctx.clock_uncertainty_ns);
             match probe_flow {
                 Some(flow) => self.held.push(HeldStory {
                     n: self.told,
@@ -308,31 +307,18 @@ fn buffered(out: impl Write + 'static) -> Box<dyn Write> {
     Box::new(std::io::BufWriter::with_capacity(1 << 16, out))
 }
 
-/// The `--write` file, with every watched interface announced.
-#[cfg(target_os = "linux")]
+/// The `--write` file: `watched`, the interfaces announced before any
+/// packet (others are announced as their first packet comes); `ends`,
+/// the traced pair, for its title.
 pub(super) fn pcap_writer(
     out: Box<dyn Write>,
     args: &Args,
-    trace: &Trace,
+    watched: &[Announced<'_>],
+    ends: (IpAddr, IpAddr),
     ctx: &Context,
 ) -> std::io::Result<PcapWriter> {
-    let mut watched = Vec::new();
-    for node in &trace.nodes {
-        let mut ifaces: Vec<_> = node.interfaces.values().collect();
-        ifaces.sort_by_key(|w| w.index);
-        watched.extend(ifaces.into_iter().map(|w| Announced {
-            node: &node.name,
-            iface: &w.name,
-            role: w.role,
-            has_l2: w.has_ethernet_header,
-        }));
-    }
-    let title = format!(
-        "podtrace {} ⇄ {}",
-        ctx.label(trace.targets.src.ip),
-        ctx.label(trace.targets.dst.ip)
-    );
-    PcapWriter::create(out, args.snaplen, title, &watched, ctx)
+    let title = format!("podtrace {} ⇄ {}", ctx.label(ends.0), ctx.label(ends.1));
+    PcapWriter::create(out, args.snaplen, title, watched, ctx)
 }
 
 #[cfg(test)]

@@ -279,6 +279,41 @@ mod tests {
         assert_eq!(read.packet, sent.packet);
     }
 
+    /// `--write` in cluster mode: the header bytes an agent kept reach the
+    /// front-end as they were; without `--write` a hop carries none.
+    #[test]
+    fn a_hops_header_bytes_travel_only_when_kept() {
+        use crate::{
+            decode::hop::{tests::hop, Direction, Snapshot},
+            node::interfaces::Role,
+        };
+        let frame = crate::decode::tests::icmp_echo([10, 0, 1, 2], [10, 0, 2, 2], 8, 7);
+        let mut sent = hop(
+            1,
+            "node-1",
+            "eth0",
+            Role::Underlay,
+            Direction::Egress,
+            &frame,
+        );
+        sent.snapshot = Snapshot::default();
+        let bare = Numbering::default().line(Record::Hop(Box::new(sent.clone())));
+        assert!(!bare.contains("snapshot"), "{bare}");
+        sent.snapshot = Snapshot {
+            bytes: frame.clone(),
+            has_l2: true,
+        };
+        let line = Numbering::default().line(Record::Hop(Box::new(sent.clone())));
+        let Read::Record(Record::Hop(read)) = Reader::default().read(&line) else {
+            panic!("not a hop: {line}");
+        };
+        assert_eq!(*read, sent);
+        assert!(
+            line.len() < bare.len() + frame.len() * 2,
+            "base64, not numbers: {line}"
+        );
+    }
+
     #[test]
     fn a_record_of_a_newer_agent_is_skipped_and_not_lost() {
         let mut reader = Reader::default();

@@ -291,6 +291,10 @@ pub struct AgentArgs {
     /// This agent's own pod, removed when the front-end is gone.
     #[arg(long)]
     pub pod: Option<String>,
+    /// Send each hop's header bytes (up to `--snaplen`): the front-end
+    /// writes them (`--write`).
+    #[arg(long)]
+    pub send_headers: bool,
 }
 
 /// `podtrace doctor [<pod>…]`.
@@ -372,7 +376,8 @@ impl Args {
             write: None,
             // The front-end decides the exit status from the stories.
             fail: false,
-            snaplen: MAX_SNAPLEN,
+            // What an agent sends of each packet, when asked for headers.
+            snaplen: self.snaplen,
             // The front-end's: an agent sends none.
             probe: ProbeArgs::default(),
             // Chosen in each node's kernel.
@@ -422,7 +427,12 @@ impl AgentArgs {
         if trace.ipv6_only {
             argv.push("-6".into());
         }
+        if self.send_headers {
+            argv.push("--send-headers".into());
+        }
         argv.extend([
+            "--snaplen".into(),
+            trace.snaplen.to_string(),
             "--sample".into(),
             trace.sample.to_string(),
             "--ring-buffer".into(),
@@ -554,6 +564,10 @@ mod tests {
             "--port",
             "53",
             "-6",
+            "--write",
+            "out.pcapng",
+            "--snaplen",
+            "96",
         ])
         .unwrap()
         .trace
@@ -563,6 +577,7 @@ mod tests {
             node: Some("node-1".into()),
             lease: Some("lease".into()),
             pod: Some("pod".into()),
+            send_headers: true,
         };
         agent.trace.kube.host_root = vec![PathBuf::from("/host")];
         agent.trace.clock_skew_for_testing = Some("-2s".into());

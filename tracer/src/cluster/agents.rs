@@ -408,6 +408,7 @@ mod tests {
             node: None,
             lease: None,
             pod: None,
+            send_headers: false,
         };
         let argv = agent_argv(agent, "node-1", "l", "p", "podtrace");
         assert!(

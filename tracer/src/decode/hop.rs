@@ -118,17 +118,37 @@ pub struct Hop {
     pub packet: Decoded,
     pub drop: Option<DropInfo>,
     pub route: Option<KernelRoute>,
-    /// The bytes the kernel copied, for `--write` (not part of any story).
-    #[serde(skip)]
+    /// The bytes the kernel copied, for `--write` (not part of any story):
+    /// kept only when asked for, and then carried from an agent to its
+    /// front-end. A pcapng holds them as the packet, not in the record.
+    #[serde(default, skip_serializing_if = "Snapshot::is_empty")]
     pub snapshot: Snapshot,
 }
 
 /// The header bytes of a sighting as the kernel copied them.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Snapshot {
+    /// Base64 on the wire: a JSON array of numbers would be four times
+    /// the bytes on an agent's log.
+    #[serde(with = "base64_bytes")]
     pub bytes: Vec<u8>,
     /// They start at an Ethernet header (else at the IPv4 header).
     pub has_l2: bool,
+}
+
+/// Bytes as one base64 string (serde's `with`).
+mod base64_bytes {
+    use base64::{engine::general_purpose::STANDARD, Engine};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&STANDARD.encode(bytes))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(d)?;
+        STANDARD.decode(text).map_err(serde::de::Error::custom)
+    }
 }
 
 impl Hop {
@@ -146,6 +166,15 @@ impl Hop {
 }
 
 impl Snapshot {
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// The first `snaplen` bytes only (what `--snaplen` writes).
+    pub fn truncate(&mut self, snaplen: u32) {
+        self.bytes.truncate(snaplen as usize);
+    }
+
     /// The copied bytes that belong to the packet. A copy that starts at
     /// the IP header (a drop's, an L3 device's) ends where the outermost
     /// IP packet does: what the kernel copied past it is other memory,

@@ -40,7 +40,7 @@ use serde::{Deserialize, Serialize};
 
 use super::human_probe;
 use crate::{
-    decode::hop::{Direction, Hop},
+    decode::hop::{Direction, Hop, Snapshot},
     model::{ProbeResult, Summary, MAX_SNAPLEN},
     node::interfaces::Role,
     probe::{
@@ -78,6 +78,10 @@ pub struct HopRecord {
     /// On a probe's last packet: the probe's result, as the run told it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub probes: Vec<ProbeResult>,
+    /// On a story's first packet, in cluster mode: how far off each
+    /// node's clock may be, as the story's cross-node steps were told.
+    #[serde(default, skip_serializing_if = "HashMap::is_empty")]
+    pub clock_uncertainty_ns: HashMap<String, u64>,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -96,6 +100,8 @@ pub struct PcapWriter {
     pub packets: u64,
     /// Names changed since the last story written.
     renamed: Option<HashMap<std::net::IpAddr, String>>,
+    /// Each node's clock uncertainty as the next story is told.
+    clock_uncertainty_ns: HashMap<String, u64>,
 }
 
 /// An interface podtrace watches, announced before any packet.
@@ -131,6 +137,7 @@ impl PcapWriter {
             wall_offset_ns: realtime_offset_ns().into(),
             packets: 0,
             renamed: None,
+            clock_uncertainty_ns: HashMap::new(),
         };
         let mut body = Block::new();
         body.u32(0x1A2B_3C4D); // byte-order magic
@@ -148,6 +155,21 @@ impl PcapWriter {
         }
         writer.out.flush()?;
         Ok(writer)
+    }
+
+    /// Hops timed on another kernel than this process's (cluster mode:
+    /// the reference node's timeline): its (realtime − monotonic) offset
+    /// puts them on the wall clock.
+    pub fn time_by(&mut self, realtime_offset_ns: i64) {
+        self.wall_offset_ns = realtime_offset_ns.into();
+    }
+
+    /// The nodes' clock uncertainties the next stories are told with
+    /// (cluster mode), for `podtrace read` to tell their steps alike.
+    pub fn clocks(&mut self, uncertainty_ns: &HashMap<String, u64>) {
+        if self.clock_uncertainty_ns != *uncertainty_ns {
+            self.clock_uncertainty_ns.clone_from(uncertainty_ns);
+        }
     }
 
     /// A pod moved: the next story's first packet carries the new names.
@@ -174,13 +196,22 @@ impl PcapWriter {
             }
             let record = HopRecord {
                 story: n,
-                hop: hop.clone(),
+                // Its bytes are the packet's, not the record's again.
+                hop: Hop {
+                    snapshot: Snapshot::default(),
+                    ..hop.clone()
+                },
                 rule: journey.rule.clone(),
                 nat_rules: journey.nat_rules.clone(),
                 records_lost: journey.records_lost,
                 hops: journey.hops.len(),
                 names: self.renamed.take(),
                 probes: if last { probes.to_vec() } else { Vec::new() },
+                clock_uncertainty_ns: if i == 0 {
+                    self.clock_uncertainty_ns.clone()
+                } else {
+                    HashMap::new()
+                },
             };
             self.packet(hop, &record, &comments)?;
         }

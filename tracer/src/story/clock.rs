@@ -184,6 +184,16 @@ impl Clocks {
         placed
     }
 
+    /// The reference node's (realtime − monotonic) offset: the common
+    /// timeline on its wall clock.
+    pub fn reference_offset_ns(&self) -> i64 {
+        self.reference
+            .as_ref()
+            .and_then(|r| self.realtime_offset.get(r))
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// A kernel time of `node` on the reference node's kernel timeline.
     pub fn common_ns(
         &self,
@@ -192,13 +202,7 @@ impl Clocks {
         ktime_ns: u64,
     ) -> u64 {
         let correction = placements.get(node).map_or(0, |p| p.correction_ns);
-        let reference_offset = self
-            .reference
-            .as_ref()
-            .and_then(|r| self.realtime_offset.get(r))
-            .copied()
-            .unwrap_or(0);
-        (self.wall(node, ktime_ns) + correction - reference_offset).max(0) as u64
+        (self.wall(node, ktime_ns) + correction - self.reference_offset_ns()).max(0) as u64
     }
 }
 

@@ -88,5 +88,7 @@ pub(super) fn agent_args(args: &Args, targets: &Targets, node: &str) -> AgentArg
         node: None,
         lease: None,
         pod: None,
+        // `--write`: the front-end writes the agents' header bytes.
+        send_headers: args.write.is_some(),
     }
 }

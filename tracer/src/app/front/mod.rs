@@ -21,6 +21,7 @@ mod records;
 
 use std::{
     collections::BTreeMap,
+    io::Write,
     time::{Duration, Instant, SystemTime},
 };
 
@@ -38,13 +39,14 @@ use super::{
     stop::Stop,
     stream::{drive, ends_with_probes, Ended, Source},
     targets::{vantage, Targets},
-    teller::{Seen, Teller},
+    teller::{pcap_writer, Seen, Teller},
     wire::Read,
 };
 use crate::{
     cli::Args,
     cluster::agents::{self, Agents, Heard, START_PATIENCE},
     model::{ProbeResult, Summary},
+    output::pcapng,
     story::{
         clock::Clocks,
         correlator::{Correlator, Waits},
@@ -60,10 +62,6 @@ const END_PATIENCE: Duration = Duration::from_secs(15);
 /// (`--fail`).
 pub async fn run(args: Args) -> Result<Seen> {
     super::probing::check(&args)?;
-    // Agents keep no header bytes, and no pcapng is written from them.
-    if args.write.is_some() {
-        bail!("--write works in node mode only (--netns, or on the node): cluster mode writes no pcapng");
-    }
     let mut stop = Stop::catch()?;
     let Some(targets) =
         super::stop::unless_stopped(Targets::resolve(&args, &[]), stop.recv()).await
@@ -83,10 +81,14 @@ pub async fn run(args: Args) -> Result<Seen> {
             bail!("--probe {probe}: the source is not a pod on a traced node, whose agent would send it");
         }
     }
+    // Before any agent starts: a path that cannot be written changes
+    // nothing on the cluster.
+    let write = args.write.as_deref().map(pcapng::open).transpose()?;
     let image = agents::image(client.clone(), args.image.as_ref(), &args.agent_namespace).await?;
     let mut agents = Agents::new(client.clone(), &args.agent_namespace).await?;
     let renewing = agents.renew();
     let mut session = Session::new(front_context(&args, &targets), untraced);
+    session.write = write;
     let outcome = session
         .run(&args, &targets, &mut agents, &nodes, &image, &mut stop)
         .await;
@@ -127,6 +129,9 @@ struct Session {
     probe_results: Vec<ProbeResult>,
     probes_done: Option<Instant>,
     probes_wanted: u32,
+    /// `--write`, until every agent has said its node and the file's
+    /// context is known.
+    write: Option<Box<dyn Write>>,
 }
 
 /// The context stories are told in, before any agent said its node's.
@@ -164,6 +169,7 @@ impl Session {
             probe_results: Vec::new(),
             probes_done: None,
             probes_wanted: 0,
+            write: None,
         }
     }
 
@@ -209,7 +215,7 @@ impl Session {
         if !self.wait_for_starts(stop).await? {
             return Ok(());
         }
-        self.begin(args, targets, nodes);
+        self.begin(args, targets, nodes)?;
         if args.probe.probe.is_some() {
             agents.say_all_tracing().await?;
         }
@@ -240,8 +246,9 @@ impl Session {
         Ok(true)
     }
 
-    /// Every agent traces: the timeline, the correlator and the banner.
-    fn begin(&mut self, args: &Args, targets: &Targets, nodes: &[String]) {
+    /// Every agent traces: the timeline, the correlator, the banner and
+    /// the `--write` file.
+    fn begin(&mut self, args: &Args, targets: &Targets, nodes: &[String]) -> Result<()> {
         let mut ctx = self.ctx.take().unwrap_or_default();
         for node in nodes {
             if let Some(start) = self.agents.get(node).and_then(|a| a.start.as_ref()) {
@@ -296,7 +303,17 @@ impl Session {
             watched.join(", ")
         );
         let ends = targets.traced_ipv4_pair();
-        self.teller = Some(new_teller(args, ctx, ends));
+        let mut teller = new_teller(args, ctx, ends);
+        if let Some(out) = self.write.take() {
+            // Interfaces are announced as their first packet comes; the
+            // hops are on the reference node's timeline.
+            let pair = (targets.src.ip, targets.dst.ip);
+            let mut pcap = pcap_writer(out, args, &[], pair, &teller.ctx)?;
+            pcap.time_by(self.clocks.reference_offset_ns());
+            teller.pcap = Some(pcap);
+        }
+        self.teller = Some(teller);
+        Ok(())
     }
 
     /// Streams until a stop, `--duration`, `--count`, or every agent ended.
