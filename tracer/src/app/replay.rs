@@ -203,6 +203,25 @@ mod tests {
         path
     }
 
+    /// A run that wrote no packet, as cluster mode announces no interface
+    /// before its first: its summary is still read back.
+    #[test]
+    fn a_file_without_a_packet_still_holds_its_summary() {
+        let path = testing::scratch("empty.pcapng");
+        let file = std::fs::File::create(&path).unwrap();
+        let ctx = crate::story::Context::default();
+        let mut w = PcapWriter::create(Box::new(file), 128, "t".into(), &[], &ctx).unwrap();
+        let summary = Summary {
+            sightings: 7,
+            ..Default::default()
+        };
+        w.finish(&summary).unwrap();
+        let kept = Kept::default();
+        replay_into(&args(path), kept.clone(), false).unwrap();
+        let out = kept.text();
+        assert!(out.contains("0 stories from 7 sightings"), "{out}");
+    }
+
     #[test]
     fn a_probes_result_is_told_again_as_the_run_told_it() {
         let result = ProbeResult {

@@ -16,7 +16,7 @@ use crate::{
     },
     output::{
         self,
-        pcapng::{Announced, PcapWriter},
+        pcapng::{Announced, MidRun, PcapWriter},
         Sink,
     },
     story::{self, journey::Journey, profile::Profile, Context, Outcome, Story},
@@ -78,6 +78,8 @@ struct HeldStory {
     flow: (u16, u16),
     journey: Journey,
     story: Story,
+    /// The mid-run context it was told with.
+    mid_run: MidRun,
 }
 
 impl<'a> Teller<'a> {
@@ -159,15 +161,19 @@ impl<'a> Teller<'a> {
         self.told += 1;
         self.sink.story(self.told, &story)?;
         if let Some(pcap) = &mut self.pcap {
-            pcap.clocks(&self.ctx.clock_uncertainty_ns);
+            let mid_run = MidRun::of(&self.ctx);
             match probe_flow {
                 Some(flow) => self.held.push(HeldStory {
                     n: self.told,
                     flow,
                     journey: journey.clone(),
                     story: story.clone(),
+                    mid_run,
                 }),
-                None => pcap.story(self.told, journey, &story, &[])?,
+                None => {
+                    pcap.told_with(mid_run);
+                    pcap.story(self.told, journey, &story, &[])?;
+                }
             }
         }
         if let Some(profile) = &mut self.profile {
@@ -217,7 +223,8 @@ impl<'a> Teller<'a> {
                 ended[last].push(result.clone());
             }
         }
-        for (h, ended) in held.iter().zip(ended) {
+        for (h, ended) in held.into_iter().zip(ended) {
+            pcap.told_with(h.mid_run);
             pcap.story(h.n, &h.journey, &h.story, &ended)?;
         }
         Ok(())

@@ -47,7 +47,7 @@ use crate::{
         clock::{monotonic_ns, realtime_offset_ns},
         netfilter::NetfilterRule,
     },
-    story::{journey::Journey, Context, Story},
+    story::{journey::Journey, lost_agents::LostAgent, Context, Story},
 };
 
 /// The Private Enterprise Number in podtrace's custom blocks and options:
@@ -78,10 +78,37 @@ pub struct HopRecord {
     /// On a probe's last packet: the probe's result, as the run told it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub probes: Vec<ProbeResult>,
-    /// On a story's first packet, in cluster mode: how far off each
-    /// node's clock may be, as the story's cross-node steps were told.
+    /// On a story's first packet, when it changed since the last story
+    /// written (cluster mode): what the story was told with that the
+    /// file's context, written at the start, does not hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mid_run: Option<MidRun>,
+}
+
+/// The parts of a cluster-mode run's context that change while it runs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MidRun {
+    /// How far off each node's clock may be (its cross-node steps').
     #[serde(default, skip_serializing_if = "HashMap::is_empty")]
     pub clock_uncertainty_ns: HashMap<String, u64>,
+    /// Nodes whose agent was lost, for the stories it leaves incomplete.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost_agents: Vec<LostAgent>,
+}
+
+impl MidRun {
+    pub fn of(ctx: &Context) -> Self {
+        Self {
+            clock_uncertainty_ns: ctx.clock_uncertainty_ns.clone(),
+            lost_agents: ctx.lost_agents.clone(),
+        }
+    }
+
+    /// Into the context a story is told again in.
+    pub fn apply(self, ctx: &mut Context) {
+        ctx.clock_uncertainty_ns = self.clock_uncertainty_ns;
+        ctx.lost_agents = self.lost_agents;
+    }
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -100,8 +127,10 @@ pub struct PcapWriter {
     pub packets: u64,
     /// Names changed since the last story written.
     renamed: Option<HashMap<std::net::IpAddr, String>>,
-    /// Each node's clock uncertainty as the next story is told.
-    clock_uncertainty_ns: HashMap<String, u64>,
+    /// The mid-run context last written, and the one the next story was
+    /// told with.
+    mid_run_written: MidRun,
+    mid_run: MidRun,
 }
 
 /// An interface podtrace watches, announced before any packet.
@@ -137,7 +166,8 @@ impl PcapWriter {
             wall_offset_ns: realtime_offset_ns().into(),
             packets: 0,
             renamed: None,
-            clock_uncertainty_ns: HashMap::new(),
+            mid_run_written: MidRun::default(),
+            mid_run: MidRun::default(),
         };
         let mut body = Block::new();
         body.u32(0x1A2B_3C4D); // byte-order magic
@@ -164,12 +194,10 @@ impl PcapWriter {
         self.wall_offset_ns = realtime_offset_ns.into();
     }
 
-    /// The nodes' clock uncertainties the next stories are told with
-    /// (cluster mode), for `podtrace read` to tell their steps alike.
-    pub fn clocks(&mut self, uncertainty_ns: &HashMap<String, u64>) {
-        if self.clock_uncertainty_ns != *uncertainty_ns {
-            self.clock_uncertainty_ns.clone_from(uncertainty_ns);
-        }
+    /// The mid-run context the next story was told with (cluster mode),
+    /// for `podtrace read` to tell it alike.
+    pub fn told_with(&mut self, mid_run: MidRun) {
+        self.mid_run = mid_run;
     }
 
     /// A pod moved: the next story's first packet carries the new names.
@@ -207,11 +235,10 @@ impl PcapWriter {
                 hops: journey.hops.len(),
                 names: self.renamed.take(),
                 probes: if last { probes.to_vec() } else { Vec::new() },
-                clock_uncertainty_ns: if i == 0 {
-                    self.clock_uncertainty_ns.clone()
-                } else {
-                    HashMap::new()
-                },
+                mid_run: (i == 0 && self.mid_run != self.mid_run_written).then(|| {
+                    self.mid_run_written = self.mid_run.clone();
+                    self.mid_run.clone()
+                }),
             };
             self.packet(hop, &record, &comments)?;
         }
@@ -222,7 +249,11 @@ impl PcapWriter {
     /// complete.
     pub fn finish(&mut self, summary: &Summary) -> std::io::Result<()> {
         if self.interfaces.is_empty() {
-            return self.out.flush();
+            // Nothing announced (cluster mode announces an interface with
+            // its first packet): an interface of none, which the
+            // summary's block names.
+            let none = ("podtrace".to_string(), "none".to_string(), true);
+            self.new_interface(none, "no traced packet was written")?;
         }
         let ns = u64::try_from(i128::from(realtime_offset_ns()) + i128::from(monotonic_ns()))
             .unwrap_or(0);
@@ -282,9 +313,20 @@ impl PcapWriter {
         has_l2: bool,
     ) -> std::io::Result<u32> {
         let key = (node.to_string(), iface.to_string(), has_l2);
-        if let Some(id) = self.interfaces.get(&key) {
-            return Ok(*id);
+        match self.interfaces.get(&key) {
+            Some(id) => Ok(*id),
+            None => self.new_interface(key, &describe(role)),
         }
+    }
+
+    /// Writes the IDB of an interface not announced yet, keyed by (node,
+    /// interface, has an L2 header).
+    fn new_interface(
+        &mut self,
+        key: (String, String, bool),
+        description: &str,
+    ) -> std::io::Result<u32> {
+        let (node, iface, has_l2) = (&key.0, &key.1, key.2);
         let id = self.interfaces.len() as u32;
         let mut body = Block::new();
         body.u16(if has_l2 {
@@ -295,7 +337,7 @@ impl PcapWriter {
         body.u16(0); // reserved
         body.u32(self.snaplen);
         body.option(opt::IF_NAME, format!("{node}/{iface}").as_bytes());
-        body.option(opt::IF_DESCRIPTION, describe(role).as_bytes());
+        body.option(opt::IF_DESCRIPTION, description.as_bytes());
         body.option(opt::IF_TSRESOL, &[9]);
         body.end_options();
         self.write(block::INTERFACE_DESCRIPTION, body)?;

@@ -171,13 +171,9 @@ impl Replay {
         }
         self.end_story();
         self.probes.append(&mut record.probes);
-        let clocks = std::mem::take(&mut record.clock_uncertainty_ns);
-        let clocks_changed = !clocks.is_empty() && clocks != self.ctx.clock_uncertainty_ns;
-        if clocks_changed {
-            self.ctx.clock_uncertainty_ns = clocks;
-        }
+        let mid_run = record.mid_run.take().map(|m| m.apply(&mut self.ctx));
         let renamed = record.names.take().map(|names| self.ctx.names = names);
-        if clocks_changed || renamed.is_some() {
+        if mid_run.is_some() || renamed.is_some() {
             self.events
                 .push(Replayed::Context(Box::new(self.ctx.clone())));
         }

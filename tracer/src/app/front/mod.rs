@@ -22,7 +22,7 @@ mod records;
 use std::{
     collections::BTreeMap,
     io::Write,
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant},
 };
 
 use anyhow::{anyhow, bail, Result};
@@ -32,7 +32,6 @@ use agent_nodes::{agent_args, pick_nodes};
 use arrivals::{Arrivals, HOLD, STALLED_AGENT};
 use followed::Followed;
 use foreign::ForeignSightings;
-use lost::record_kind;
 
 use super::{
     context_of, correlator_for, new_teller,
@@ -40,7 +39,6 @@ use super::{
     stream::{drive, ends_with_probes, Ended, Source},
     targets::{vantage, Targets},
     teller::{pcap_writer, Seen, Teller},
-    wire::Read,
 };
 use crate::{
     cli::Args,
@@ -98,6 +96,13 @@ pub async fn run(args: Args) -> Result<Seen> {
     agents.wait_gone(Duration::from_secs(5)).await;
     renewing.abort();
     agents.release().await;
+    if session.write.is_some() {
+        // Opened but never begun: no empty file is left where a capture
+        // was asked for.
+        if let Some(path) = args.write.as_deref().filter(|p| *p != "-") {
+            let _ = std::fs::remove_file(path);
+        }
+    }
     outcome?;
     ended?;
     let seen = session.finish(&agents)?;
@@ -252,7 +257,6 @@ impl Session {
         let mut ctx = self.ctx.take().unwrap_or_default();
         for node in nodes {
             if let Some(start) = self.agents.get(node).and_then(|a| a.start.as_ref()) {
-                self.clocks.start(&start.node, start.realtime_offset_ns);
                 ctx.nodes
                     .insert(start.node.clone(), start.facts.clone().into());
                 // Its doctor's failing checks, for the verdicts on its node.
@@ -333,33 +337,6 @@ impl Session {
             );
         }
         self.release(true)
-    }
-
-    /// One thing heard from an agent.
-    fn hear(&mut self, heard: Heard) -> Result<()> {
-        let (node, text) = match heard {
-            Heard::Line(node, text) => (node, text),
-            Heard::Ended(node, why) => {
-                self.ended(node, why);
-                return Ok(());
-            }
-        };
-        let Some(agent) = self.agents.get_mut(&node) else {
-            return Ok(());
-        };
-        let record = match agent.reader.read(&text) {
-            Read::Message(text) => {
-                agent.last_heard = Some(("a message", SystemTime::now()));
-                // The agent's own lines often name its node already.
-                let text = text.trim_start_matches("podtrace: ");
-                let text = text.strip_prefix(&format!("{node}: ")).unwrap_or(text);
-                eprintln!("podtrace: {node}: {text}");
-                return Ok(());
-            }
-            Read::Record(record) => record,
-        };
-        agent.last_heard = Some((record_kind(&record), SystemTime::now()));
-        self.take(node, record)
     }
 
     /// Tells the journeys that are done (`all`: everything, at the end).

@@ -5,12 +5,48 @@
 
 use std::time::{Instant, SystemTime};
 
+use crate::cluster::agents::Heard;
+
 use anyhow::Result;
 
-use super::{arrivals::Held, stories_context, Session};
-use crate::{app::wire::Record, model::ProbeResult, probe::conntrack};
+use super::{arrivals::Held, lost::record_kind, stories_context, Session};
+use crate::{
+    app::wire::{Read, Record},
+    model::ProbeResult,
+    probe::conntrack,
+};
 
 impl Session {
+    /// One thing heard from an agent.
+    pub(super) fn hear(&mut self, heard: Heard) -> Result<()> {
+        let (node, text) = match heard {
+            Heard::Line(node, text) => (node, text),
+            Heard::Ended(node, why) => {
+                self.ended(node, why);
+                return Ok(());
+            }
+        };
+        let Some(agent) = self.agents.get_mut(&node) else {
+            return Ok(());
+        };
+        let record = match agent.reader.read(&text) {
+            Read::Message(text) => {
+                agent.last_heard = Some(("a message", SystemTime::now()));
+                // The agent's own lines often name its node already.
+                let text = text.trim_start_matches("podtrace: ");
+                let text = text.strip_prefix(&format!("{node}: ")).unwrap_or(text);
+                eprintln!("podtrace: {node}: {text}");
+                if text.contains("'--send-headers'") {
+                    eprintln!("podtrace: {node}: its agent image is older than this podtrace and cannot send the header bytes --write needs: give this version's image with --image");
+                }
+                return Ok(());
+            }
+            Read::Record(record) => record,
+        };
+        agent.last_heard = Some((record_kind(&record), SystemTime::now()));
+        self.take(node, record)
+    }
+
     /// One record an agent sent: wire records back into the events the
     /// agent's stream loop handed over (`agent::Output`, its mirror).
     pub(super) fn take(&mut self, node: String, record: Record) -> Result<()> {
@@ -21,6 +57,10 @@ impl Session {
             Record::Start(start) => {
                 self.arrivals
                     .started(Instant::now(), &node, start.reports_read_through);
+                // Its clock first: its hops may come before every other
+                // agent has started, and a crossing measured without its
+                // offset would skew the node's placement for good.
+                self.clocks.start(&start.node, start.realtime_offset_ns);
                 agent.last_progress = Some((0, SystemTime::now()));
                 agent.start = Some(*start);
             }
