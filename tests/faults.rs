@@ -385,6 +385,64 @@ fn mtu_too_big_is_dropped_with_the_mtu_named() {
         human.contains("the packet is 1500 B with DF set"),
         "{human}"
     );
+    // The kernel's "fragmentation needed" reached the sender.
+    let pmtu = &story["verdict"]["pmtu"];
+    assert_eq!(pmtu["error"], "reached_sender", "{pmtu}");
+    assert_eq!(pmtu["mtu"], 1450, "{pmtu}");
+    assert_eq!(pmtu["node"], "node-1", "{pmtu}");
+    assert!(human.contains("(MTU 1450)"), "{human}");
+    assert!(human.contains("reached 10."), "{human}");
+}
+
+/// A PMTU black hole: node-1's firewall drops the "fragmentation needed"
+/// it sends web-0. The error is traced through the rules from the first
+/// packet too big on (a sender retransmits what a black hole ate), so
+/// the second ping's story names the rule that ate its error.
+#[test]
+fn a_pmtu_black_hole_names_the_rule_that_ate_the_icmp_error() {
+    let lab = faulty(Fault::PmtuBlackHole);
+    let mut argv = argv(
+        &[
+            "web-0",
+            "db-0",
+            "--count",
+            "4",
+            "--duration",
+            "20s",
+            "-o",
+            "json",
+        ],
+        lab_args(&lab.0, &[1, 2]),
+    );
+    argv.extend([
+        "--nodes-file".into(),
+        lab.0.nodes_file().display().to_string(),
+    ]);
+    let trace = Trace::start(&argv);
+    let (web, db) = (lab.0.pod("web-0"), lab.0.pod("db-0"));
+    xtask::lab::ip(&web.netns, "route flush cache").expect("flush");
+    let big_df = ["-s", "1472", "-M", "do", "-c", "2"];
+    assert!(!lab.0.ping("web-0", db.ip, &big_df));
+    let done = trace.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    let too_big: Vec<Value> = (done.stories().into_iter())
+        .filter(|s| s["verdict"]["reason"] == "PKT_TOO_BIG")
+        .collect();
+    assert_eq!(too_big.len(), 2, "{}", done.stdout);
+    for story in &too_big {
+        let pmtu = &story["verdict"]["pmtu"];
+        assert_eq!(pmtu["error"], "dropped", "{pmtu}");
+        assert_eq!(pmtu["node"], "node-1", "{pmtu}");
+        assert_eq!(pmtu["mtu"], 1450, "{pmtu}");
+        let summary = story["verdict"]["summary"].as_str().unwrap();
+        assert!(summary.contains("a PMTU black hole"), "{summary}");
+    }
+    let rule = too_big[1]["verdict"]["pmtu"]["rule"].as_str().unwrap_or("");
+    assert!(
+        rule.contains("-A OUTPUT -p icmp -m icmp --icmp-type 3/4 -j DROP"),
+        "{}",
+        too_big[1]["verdict"]
+    );
 }
 
 #[test]

@@ -49,6 +49,10 @@ pub enum Fault {
     IpForwardOff,
     /// web-0 gets MTU 1500 over a VXLAN path that carries 1450.
     MtuTooBig,
+    /// mtu-too-big, and node-1's firewall drops the ICMP "fragmentation
+    /// needed" it sends (`-A OUTPUT -p icmp --icmp-type
+    /// fragmentation-needed -j DROP`): a PMTU black hole.
+    PmtuBlackHole,
     /// node-1 routes node-2's pod subnet via 192.0.2.254, a gateway that is
     /// gone (nothing answers ARP for it).
     NextHopNoArp,
@@ -105,6 +109,7 @@ impl Fault {
             Self::FlannelFdbMissing => "flannel-fdb-missing",
             Self::IpForwardOff => "ip-forward-off",
             Self::MtuTooBig => "mtu-too-big",
+            Self::PmtuBlackHole => "pmtu-black-hole",
             Self::NextHopNoArp => "next-hop-no-arp",
             Self::StaleCniConflist => "stale-cni-conflist",
             Self::CniPluginMissing => "cni-plugin-missing",
@@ -200,6 +205,19 @@ impl Fault {
             Self::MtuTooBig => {
                 ip(&node1, &format!("link set {} mtu 1500", web.host_iface))?;
                 ip(&web.netns, "link set eth0 mtu 1500")?;
+            }
+            Self::PmtuBlackHole => {
+                Self::MtuTooBig.apply(lab)?;
+                run(in_netns(&node1, "iptables").args([
+                    "-A",
+                    "OUTPUT",
+                    "-p",
+                    "icmp",
+                    "--icmp-type",
+                    "fragmentation-needed",
+                    "-j",
+                    "DROP",
+                ]))?;
             }
             Self::ConntrackInvalid | Self::SnatExhausted => conntrack::apply(self, lab)?,
             _ => node_files::apply(self, lab)?,

@@ -26,9 +26,6 @@ pub mod protocol_bit {
     pub const ICMP: u32 = 4;
 }
 
-/// Where an ICMP or ICMPv6 error quotes the offending packet's header.
-const ICMP_QUOTE: usize = 8;
-
 /// The filter, as userspace writes it into the `L4_FILTER` map.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -14,9 +14,10 @@
 
 use crate::{
     headers::{
-        ETH_HLEN, ETH_P_IP, ETH_P_IPV6, ETH_TYPE, IPPROTO_IPIP, IPPROTO_UDP, IPV4_HLEN,
-        IPV4_PROTOCOL, IPV4_SADDR, IPV4_VERSION, IPV4_VER_IHL, IPV4_VER_IHL_PLAIN, IPV6_DADDR,
-        IPV6_HLEN, IPV6_NEXT_HEADER, IPV6_SADDR, IPV6_VERSION, L4_DPORT, UDP_HLEN, VXLAN_HLEN,
+        ETH_HLEN, ETH_P_IP, ETH_P_IPV6, ETH_TYPE, ICMPV6_PACKET_TOO_BIG, ICMP_FRAG_NEEDED,
+        IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_IPIP, IPPROTO_UDP, IPV4_HLEN, IPV4_PROTOCOL,
+        IPV4_SADDR, IPV4_VERSION, IPV4_VER_IHL, IPV4_VER_IHL_PLAIN, IPV6_DADDR, IPV6_HLEN,
+        IPV6_NEXT_HEADER, IPV6_SADDR, IPV6_VERSION, L4_DPORT, UDP_HLEN, VXLAN_HLEN,
     },
     packet6::FlowKey6,
     tunnel::{TunnelPorts, UdpTunnel},
@@ -59,13 +60,15 @@ pub fn untraced<B: Fixed + ?Sized>(
     if ip[IPV4_VER_IHL] != IPV4_VER_IHL_PLAIN || maybe_traced(&pair(ip, 0)) {
         return false;
     }
+    let l4 = l3 + IPV4_HLEN;
     match ip[IPV4_PROTOCOL] {
         IPPROTO_UDP => {}
         // IPIP carries a pair the glance does not read.
         IPPROTO_IPIP => return false,
+        // A fragmentation needed quotes a pair the glance does not read.
+        IPPROTO_ICMP => return b.fixed::<2>(l4) != Some(&ICMP_FRAG_NEEDED.to_be_bytes()),
         _ => return true,
     }
-    let l4 = l3 + IPV4_HLEN;
     let Some(udp) = b.fixed::<UDP_HLEN>(l4) else {
         return false;
     };
@@ -103,6 +106,7 @@ pub fn untraced6<B: Fixed + ?Sized>(
             .fixed::<UDP_HLEN>(l3 + IPV6_HLEN)
             .is_some_and(|udp| ports().udp_tunnel(dport(udp)).is_none()),
         IPPROTO_IPIP => false,
+        IPPROTO_ICMPV6 => b.fixed::<1>(l3 + IPV6_HLEN) != Some(&[ICMPV6_PACKET_TOO_BIG]),
         _ => true,
     }
 }
@@ -255,6 +259,11 @@ mod tests {
             let mut tagged = tcp(src, dst);
             tagged.splice(12..12, [0x81, 0, 0, 1]);
             shapes.push(tagged);
+            // A node's ICMP errors to the sender, quoting its packet.
+            for type_code in [[3, 4], [3, 1]] {
+                let icmp = [&type_code[..], &[0, 0, 0, 0, 5, 0xaa], &tcp(src, dst)[14..]].concat();
+                shapes.push(ethernet(ETH_P_IP, ipv4(NODE1, src, IPPROTO_ICMP, &icmp)));
+            }
         }
         shapes.push(vxlan(ethernet(0x86dd, vec![0x60; 60])));
         shapes
@@ -336,6 +345,13 @@ mod tests {
                 shapes.push(ipv6(src, dst, IPPROTO_UDP, &udp));
             }
             shapes.push(ipv6(src, dst, IPPROTO_IPIP, &tcp(WEB, DB)[14..]));
+            // Packet too big (2) and destination unreachable (1), quoting
+            // the pair's packet, from a node's address to the sender.
+            for icmp_type in [2, 1] {
+                let quoted = &ipv6(src, dst, 6, &ports)[14..];
+                let icmp = [&[icmp_type, 0, 0, 0, 0, 0, 5, 0xaa][..], quoted].concat();
+                shapes.push(ipv6(OTHER6, src, IPPROTO_ICMPV6, &icmp));
+            }
         }
         shapes
     }

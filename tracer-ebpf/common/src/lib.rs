@@ -48,6 +48,12 @@ pub mod match_kind {
     /// IPv4 program matches it: handed to the hook's IPv6 program, which
     /// reads the inner pair. Never reported.
     pub const HAND_TO_IPV6: u8 = 5;
+    /// An ICMP "fragmentation needed" or ICMPv6 "packet too big" that
+    /// quotes a traced pair's header: the error sent about a traced
+    /// packet too big for its path (by a node, to the packet's sender).
+    /// Its own pair is not traced. Only a DF packet's error, of all ICMP
+    /// errors: it is what a PMTU black hole loses.
+    pub const ABOUT: u8 = 6;
 }
 
 /// What saw the packet.

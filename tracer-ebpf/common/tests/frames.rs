@@ -202,6 +202,32 @@ fn plain_ethernet_ipv4_icmp() {
     );
 }
 
+/// An ICMP error of `icmp_type`/`code` from `from` to `to`, quoting
+/// `quoted` (an IP header and 8 bytes after it), with next-hop MTU 1450.
+fn icmp_error(from: [u8; 4], to: [u8; 4], icmp_type: u8, code: u8, quoted: &[u8]) -> Vec<u8> {
+    let icmp = [&[icmp_type, code, 0, 0, 0, 0, 0x05, 0xaa][..], quoted].concat();
+    let ip = ipv4(IPPROTO_ICMP, from, to, &[], icmp.len());
+    [ethernet([0x08, 0x00]), ip, icmp].concat()
+}
+
+/// The node's "fragmentation needed" to a traced pod about its packet is
+/// matched by the header it quotes; the other ICMP errors, and a frag
+/// needed about another pair, are not.
+#[test]
+fn a_fragmentation_needed_about_a_traced_packet_is_matched_by_its_quote() {
+    let gateway = [10, 244, 1, 1];
+    let too_big = &inner_ip()[..28];
+    let about = |f: &[u8]| classify(f, ETH_HLEN, &WELL_KNOWN, traced, trust_all);
+    let frag_needed = icmp_error(gateway, POD_A, 3, 4, too_big);
+    assert_eq!(about(&frag_needed), Some(match_kind::ABOUT));
+    assert_eq!(about(&icmp_error(gateway, POD_A, 3, 1, too_big)), None);
+    assert_eq!(about(&icmp_error(gateway, POD_A, 11, 0, too_big)), None);
+    let other = [ipv4(1, POD_A, NODE_2, &[], 8), icmp_echo()[..8].to_vec()].concat();
+    assert_eq!(about(&icmp_error(gateway, POD_A, 3, 4, &other)), None);
+    // Cut inside the quoted header: nothing to match.
+    assert_eq!(about(&frag_needed[..frag_needed.len() - 14]), None);
+}
+
 #[test]
 fn vlan_tag_is_skipped() {
     let f = [ethernet([0x81, 0x00]), vec![0, 42, 0x08, 0x00], inner_ip()].concat();

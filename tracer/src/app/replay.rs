@@ -45,12 +45,17 @@ fn replay_into(args: &ReadArgs, out: impl Write + 'static, colour: bool) -> Resu
     let mut probes = Vec::new();
     let mut foreign = 0;
     let mut damage = None;
+    // Stories between two changes of context are told as one batch, as
+    // the run told them: a packet too big for its path and the ICMP error
+    // about it are paired within a batch.
+    let mut batch = Vec::new();
     for event in events {
+        if !matches!(event, Replayed::Story(_)) && !batch.is_empty() {
+            teller.tell_all(&std::mem::take(&mut batch))?;
+        }
         match event {
             Replayed::Context(ctx) => teller.ctx = *ctx,
-            Replayed::Story(journey) => {
-                teller.tell_all(std::slice::from_ref(&journey))?;
-            }
+            Replayed::Story(journey) => batch.push(journey),
             Replayed::Probe(result) => probes.push(result),
             Replayed::Summary(s) => summary = Some(s),
             Replayed::Foreign(n) => foreign = n,
@@ -61,6 +66,7 @@ fn replay_into(args: &ReadArgs, out: impl Write + 'static, colour: bool) -> Resu
             } => damage = Some((packets, why, cut_story)),
         }
     }
+    teller.tell_all(&batch)?;
     if foreign > 0 {
         eprintln!("podtrace: {foreign} packets in the file were not written by podtrace: skipped");
     }

@@ -8,6 +8,7 @@ use super::Trace;
 use crate::{
     decode::hop::{place, Hop, Unplaced},
     model::Summary,
+    story::pmtu::PKT_TOO_BIG,
 };
 
 /// A sighting as a hop on its node and interface (a pod's namespace is
@@ -35,7 +36,10 @@ pub(super) async fn to_hop(s: &Sighting, trace: &mut Trace, summary: &mut Summar
     }
     let keep = trace.keep_snapshots;
     match place(s, &trace.nodes, &trace.others, &trace.kernel, keep) {
-        Ok(hop) => Some(hop),
+        Ok(hop) => {
+            follow_errors_about(&hop, trace);
+            Some(hop)
+        }
         Err(Unplaced::UnknownInterface) => {
             summary.unknown_interface += 1;
             None
@@ -43,6 +47,25 @@ pub(super) async fn to_hop(s: &Sighting, trace: &mut Trace, summary: &mut Summar
         Err(Unplaced::Undecodable) => {
             summary.undecodable += 1;
             None
+        }
+    }
+}
+
+/// A traced packet too big for its path: the ICMP error its node sends
+/// its sender is rule-traced from now on, so that a firewall that drops
+/// it (a PMTU black hole) is named.
+fn follow_errors_about(hop: &Hop, trace: &mut Trace) {
+    let too_big = hop.drop.as_ref().is_some_and(|d| d.reason == PKT_TOO_BIG);
+    if !too_big {
+        return;
+    }
+    let sender = hop.packet.packet.src;
+    if let Some(node) = trace.nodes.iter_mut().find(|n| n.name == hop.node) {
+        if let Err(e) = node.follow_errors_to(sender) {
+            eprintln!(
+                "podtrace: {}: cannot trace the ICMP errors to {sender} through the rules: {e:#}",
+                hop.node
+            );
         }
     }
 }

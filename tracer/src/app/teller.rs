@@ -120,8 +120,14 @@ impl<'a> Teller<'a> {
     /// stories are wanted.
     pub fn tell_all(&mut self, journeys: &[Journey]) -> std::io::Result<bool> {
         let mut wanted = true;
-        for journey in journeys {
-            wanted = self.tell(journey)?;
+        // A packet too big for its path, and the ICMP error about it the
+        // correlator finished with it.
+        let errors = story::pmtu::pair(journeys);
+        for (i, journey) in journeys.iter().enumerate() {
+            let pmtu = (errors.iter())
+                .find(|(subject, _)| *subject == i)
+                .map(|(_, error)| error.map(|e| &journeys[e]));
+            wanted = self.tell(journey, pmtu)?;
             if !wanted {
                 break;
             }
@@ -131,7 +137,9 @@ impl<'a> Teller<'a> {
     }
 
     /// Tells the journey's story; false once no more stories are wanted.
-    fn tell(&mut self, journey: &Journey) -> std::io::Result<bool> {
+    /// `pmtu`: for a packet too big for its path, the ICMP error about it
+    /// if one was seen.
+    fn tell(&mut self, journey: &Journey, pmtu: Option<Option<&Journey>>) -> std::io::Result<bool> {
         if self.limit_reached() {
             return Ok(false);
         }
@@ -148,7 +156,12 @@ impl<'a> Teller<'a> {
         if journey.ends_in_a_netfilter_drop() {
             self.read_conntrack();
         }
-        let story = story::tell(journey, &self.ctx);
+        let mut story = story::tell(journey, &self.ctx);
+        if let Some(error) = pmtu {
+            let told = error.map(|e| (e, story::tell(e, &self.ctx)));
+            let told = told.as_ref().map(|(e, s)| (*e, s));
+            story::pmtu::attach(&mut story, told, |ip| self.ctx.label(ip).to_string());
+        }
         if matches!(
             story.verdict.outcome,
             Outcome::Dropped { .. } | Outcome::NoRoute { .. }

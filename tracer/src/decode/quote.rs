@@ -8,6 +8,8 @@ use podtrace_common::packet6::{pair6_at, transport6};
 
 use serde::{Deserialize, Serialize};
 
+use super::Transport;
+
 /// The ICMP types whose message quotes the packet it is about.
 const ERRORS: [u8; 3] = [3, 11, 12];
 /// ICMPv6's: destination unreachable, packet too big, time exceeded,
@@ -24,6 +26,9 @@ const QUOTED_L4: usize = 8;
 pub struct Quoted {
     pub src: IpAddr,
     pub dst: IpAddr,
+    /// The quoted IPv4 header's ID (IPv6 has none outside a fragment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip_id: Option<u16>,
     pub transport: QuotedTransport,
 }
 
@@ -94,6 +99,7 @@ pub fn quoted(icmp: &[u8]) -> Option<Quoted> {
     Some(Quoted {
         src: address(12),
         dst: address(16),
+        ip_id: Some(u16::from_be_bytes([header[4], header[5]])),
         transport,
     })
 }
@@ -130,8 +136,44 @@ pub fn quoted6(icmp: &[u8]) -> Option<Quoted> {
     Some(Quoted {
         src: IpAddr::V6(Ipv6Addr::from(pair.src)),
         dst: IpAddr::V6(Ipv6Addr::from(pair.dst)),
+        ip_id: None,
         transport,
     })
+}
+
+impl QuotedTransport {
+    /// Whether a packet of `transport` is of the quoted flow: its ports,
+    /// or its echo's type, identifier and sequence.
+    pub fn is_of(&self, transport: &Transport) -> bool {
+        match (*self, *transport) {
+            (
+                Self::Tcp { sport, dport },
+                Transport::Tcp {
+                    sport: s, dport: d, ..
+                },
+            )
+            | (Self::Udp { sport, dport }, Transport::Udp { sport: s, dport: d }) => {
+                (sport, dport) == (s, d)
+            }
+            (
+                Self::Icmp { icmp_type, id, seq },
+                Transport::Icmp {
+                    icmp_type: t,
+                    id: i,
+                    seq: q,
+                    ..
+                }
+                | Transport::Icmpv6 {
+                    icmp_type: t,
+                    id: i,
+                    seq: q,
+                    ..
+                },
+            ) => (icmp_type, id, seq) == (t, i, q),
+            (Self::Other { number }, t) => t.protocol() == number,
+            _ => false,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -181,6 +223,7 @@ pub(crate) mod tests {
         let expected = Quoted {
             src: Ipv4Addr::new(10, 0, 1, 2).into(),
             dst: Ipv4Addr::new(10, 0, 2, 2).into(),
+            ip_id: Some(u16::from_be_bytes([datagram[4], datagram[5]])),
             transport: udp,
         };
         assert_eq!(quoted(&port_unreachable), Some(expected));

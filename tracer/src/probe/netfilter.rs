@@ -256,6 +256,13 @@ fn listens_for_traces(table: &str, inodes: &[String]) -> bool {
 }
 
 impl NodeTrace {
+    /// Traces the ICMP errors about `sender`'s packets too big for their
+    /// path from now on ([`error_trace_rules`]).
+    pub fn follow_errors_to(&self, sender: &IpAddr) -> Result<()> {
+        self.netns
+            .run(|| nft_script(&error_trace_rules(&self.table, sender)))
+    }
+
     /// Traces more pairs too (a traced pod came back with a new IP).
     pub fn follow(&self, pairs: &[(IpAddr, IpAddr)]) -> Result<()> {
         self.netns
@@ -299,6 +306,32 @@ fn trace_rules(table: &str, pairs: &[(IpAddr, IpAddr)], sent_here: &SentHere) ->
         if sent_here.may_send(src) {
             rules.push_str(&rule("output", src, dst));
         }
+    }
+    rules
+}
+
+/// The rules that mark the ICMP errors sent to `sender` about its
+/// packets too big for their path (fragmentation needed, packet too big),
+/// made by this node (output) or by another on the way (prerouting): a
+/// PMTU black hole is such an error dropped, and its rule is what to name.
+/// Added once a traced packet of `sender`'s was too big on the node, not
+/// before: every packet a node sends would pay for an output chain.
+fn error_trace_rules(table: &str, sender: &IpAddr) -> String {
+    let limit = format!("limit rate {TRACED_PER_SECOND}/second burst {TRACED_PER_SECOND} packets");
+    let (ip, error) = if sender.is_ipv6() {
+        ("ip6", "icmpv6 type packet-too-big")
+    } else {
+        (
+            "ip",
+            "icmp type destination-unreachable icmp code frag-needed",
+        )
+    };
+    let mut rules =
+        format!("add chain inet {table} output {{ type filter hook output priority -350; }}\n");
+    for chain in ["prerouting", "output"] {
+        rules.push_str(&format!(
+            "add rule inet {table} {chain} {ip} daddr {sender} {error} {limit} meta nftrace set 1\n"
+        ));
     }
     rules
 }
@@ -432,6 +465,26 @@ mod tests {
             1
         );
         assert!(UNTRACED_DROP.contains(&format!("{TRACED_PER_SECOND} packets/s")));
+    }
+
+    /// The errors about a sender's packets too big are marked where the
+    /// node makes them and where it forwards another's, in either family.
+    #[test]
+    fn the_errors_about_packets_too_big_are_marked_by_their_type() {
+        let pod: IpAddr = "10.244.1.2".parse().unwrap();
+        let rules = error_trace_rules("t", &pod);
+        assert_eq!(rules.matches("add chain inet t output").count(), 1);
+        for chain in ["prerouting", "output"] {
+            assert!(rules.contains(&format!("add rule inet t {chain} ip daddr {pod} icmp type destination-unreachable icmp code frag-needed limit rate 5/second")), "{rules}");
+        }
+        let pod6: IpAddr = "fd00:10:244:1::2".parse().unwrap();
+        let rules6 = error_trace_rules("t", &pod6);
+        assert!(
+            rules6.contains(&format!(
+                "output ip6 daddr {pod6} icmpv6 type packet-too-big"
+            )),
+            "{rules6}"
+        );
     }
 
     #[test]

@@ -27,6 +27,7 @@ pub mod nat;
 pub mod nat_connections;
 pub mod nat_steps;
 mod notes;
+pub mod pmtu;
 pub mod policy;
 mod policy_calico;
 mod policy_kube_router;

@@ -105,6 +105,10 @@ pub struct Verdict {
     /// shows it, and the fix.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub conntrack: Option<super::conntrack::ConntrackFailure>,
+    /// For a packet too big for its path: what became of the ICMP error
+    /// the kernel sent its sender about it (a PMTU black hole if dropped).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pmtu: Option<super::pmtu::PmtuVerdict>,
     /// What on the node explains the outcome (forwarding off, a veth
     /// without its bridge, an MTU too small, …).
     pub hint: Option<String>,
@@ -171,6 +175,7 @@ pub(super) fn judge(journey: &Journey, ctx: &Context) -> Verdict {
         policy: None,
         netfilter_hook: None,
         conntrack: None,
+        pmtu: None,
         hint: explanation.hint,
         doctor,
     }
