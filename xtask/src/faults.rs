@@ -93,6 +93,10 @@ pub enum Fault {
     MtuMismatch,
 }
 
+/// The firewall rule of a PMTU black hole: the node's own "fragmentation
+/// needed" never leaves it.
+const FRAG_NEEDED_DROP: &str = "-A OUTPUT -p icmp --icmp-type fragmentation-needed -j DROP";
+
 impl Fault {
     pub fn name(self) -> &'static str {
         match self {
@@ -202,22 +206,12 @@ impl Fault {
                 )?;
             }
             Self::IpForwardOff => sysctl(&node1, "net.ipv4.ip_forward", "0")?,
-            Self::MtuTooBig => {
+            Self::MtuTooBig | Self::PmtuBlackHole => {
                 ip(&node1, &format!("link set {} mtu 1500", web.host_iface))?;
                 ip(&web.netns, "link set eth0 mtu 1500")?;
-            }
-            Self::PmtuBlackHole => {
-                Self::MtuTooBig.apply(lab)?;
-                run(in_netns(&node1, "iptables").args([
-                    "-A",
-                    "OUTPUT",
-                    "-p",
-                    "icmp",
-                    "--icmp-type",
-                    "fragmentation-needed",
-                    "-j",
-                    "DROP",
-                ]))?;
+                if matches!(self, Self::PmtuBlackHole) {
+                    iptables(&node1, FRAG_NEEDED_DROP)?;
+                }
             }
             Self::ConntrackInvalid | Self::SnatExhausted => conntrack::apply(self, lab)?,
             _ => node_files::apply(self, lab)?,

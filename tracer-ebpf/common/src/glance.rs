@@ -14,10 +14,10 @@
 
 use crate::{
     headers::{
-        ETH_HLEN, ETH_P_IP, ETH_P_IPV6, ETH_TYPE, ICMPV6_PACKET_TOO_BIG, ICMP_FRAG_NEEDED,
-        IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_IPIP, IPPROTO_UDP, IPV4_HLEN, IPV4_PROTOCOL,
-        IPV4_SADDR, IPV4_VERSION, IPV4_VER_IHL, IPV4_VER_IHL_PLAIN, IPV6_DADDR, IPV6_HLEN,
-        IPV6_NEXT_HEADER, IPV6_SADDR, IPV6_VERSION, L4_DPORT, UDP_HLEN, VXLAN_HLEN,
+        ETH_HLEN, ETH_P_IP, ETH_P_IPV6, ETH_TYPE, ICMP_FRAG_NEEDED, IPPROTO_ICMP, IPPROTO_IPIP,
+        IPPROTO_UDP, IPV4_HLEN, IPV4_PROTOCOL, IPV4_SADDR, IPV4_VERSION, IPV4_VER_IHL,
+        IPV4_VER_IHL_PLAIN, IPV6_DADDR, IPV6_HLEN, IPV6_NEXT_HEADER, IPV6_SADDR, IPV6_VERSION,
+        L4_DPORT, UDP_HLEN, VXLAN_HLEN,
     },
     packet6::FlowKey6,
     tunnel::{TunnelPorts, UdpTunnel},
@@ -106,7 +106,6 @@ pub fn untraced6<B: Fixed + ?Sized>(
             .fixed::<UDP_HLEN>(l3 + IPV6_HLEN)
             .is_some_and(|udp| ports().udp_tunnel(dport(udp)).is_none()),
         IPPROTO_IPIP => false,
-        IPPROTO_ICMPV6 => b.fixed::<1>(l3 + IPV6_HLEN) != Some(&[ICMPV6_PACKET_TOO_BIG]),
         _ => true,
     }
 }
@@ -350,7 +349,7 @@ mod tests {
             for icmp_type in [2, 1] {
                 let quoted = &ipv6(src, dst, 6, &ports)[14..];
                 let icmp = [&[icmp_type, 0, 0, 0, 0, 0, 5, 0xaa][..], quoted].concat();
-                shapes.push(ipv6(OTHER6, src, IPPROTO_ICMPV6, &icmp));
+                shapes.push(ipv6(OTHER6, src, crate::headers::IPPROTO_ICMPV6, &icmp));
             }
         }
         shapes

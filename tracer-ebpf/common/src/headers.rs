@@ -74,8 +74,6 @@ pub const IPPROTO_ICMPV6: u8 = 58;
 /// ICMP's type and code, as one big-endian word: destination unreachable,
 /// fragmentation needed (the path MTU is too small for a DF packet).
 pub const ICMP_FRAG_NEEDED: u16 = 0x0304;
-/// ICMPv6's packet too big.
-pub const ICMPV6_PACKET_TOO_BIG: u8 = 2;
 /// Where an ICMP or ICMPv6 error quotes the offending packet's header.
 pub const ICMP_QUOTE: usize = 8;
 

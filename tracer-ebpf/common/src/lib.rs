@@ -9,6 +9,7 @@ pub mod glance;
 pub mod headers;
 pub mod packet;
 pub mod packet6;
+pub mod pmtu;
 pub mod prefilter;
 pub mod transport;
 pub mod tunnel;
@@ -48,11 +49,12 @@ pub mod match_kind {
     /// IPv4 program matches it: handed to the hook's IPv6 program, which
     /// reads the inner pair. Never reported.
     pub const HAND_TO_IPV6: u8 = 5;
-    /// An ICMP "fragmentation needed" or ICMPv6 "packet too big" that
-    /// quotes a traced pair's header: the error sent about a traced
-    /// packet too big for its path (by a node, to the packet's sender).
-    /// Its own pair is not traced. Only a DF packet's error, of all ICMP
-    /// errors: it is what a PMTU black hole loses.
+    /// An ICMP "fragmentation needed" that quotes a traced IPv4 pair's
+    /// header: the error sent about a traced packet too big for its path
+    /// (by a node, to the packet's sender). Its own pair is not traced.
+    /// Only this error, of all ICMP errors: it is what a PMTU black hole
+    /// loses. (ICMPv6's "packet too big" is not matched: the IPv6
+    /// programs are at 5.10's verifier's bound.)
     pub const ABOUT: u8 = 6;
 }
 

@@ -310,7 +310,7 @@ pub fn classify4<B: Bytes + ?Sized, F: Flows>(
         };
     }
     let Some((inner, tunnel)) = tunnel_inner4(b, l3, ports) else {
-        return too_big_about4(b, l3, flows);
+        return crate::pmtu::too_big_about4(b, l3, flows);
     };
     if F::IPV6_ELSEWHERE && is_ipv6(b, inner) {
         return Some(match_kind::HAND_TO_IPV6);
@@ -347,52 +347,11 @@ pub fn classify6<B: Bytes + ?Sized, F: Flows>(
             _ => Some(match_kind::PLAIN),
         };
     }
-    let Some((inner, tunnel)) = tunnel_inner6(b, l3, ports) else {
-        return too_big_about6(b, l3, flows);
-    };
+    let (inner, tunnel) = tunnel_inner6(b, l3, ports)?;
     if !inner_traced(b, inner, flows)? {
         return None;
     }
     flows.trusted6(&outer, &tunnel).then_some(match_kind::INNER)
-}
-
-/// [`match_kind::ABOUT`] for an ICMP "fragmentation needed" at `l3` whose
-/// quoted IPv4 header is a traced pair's (the kernel believes such an
-/// error from anyone, as the story then does: it says who sent it).
-#[inline(always)]
-fn too_big_about4<B: Bytes + ?Sized, F: Flows>(b: &B, l3: usize, flows: &F) -> Option<u8> {
-    if b.u8_at(l3 + IPV4_PROTOCOL)? != IPPROTO_ICMP {
-        return None;
-    }
-    let l4 = l3 + ipv4_header_len(b, l3)?;
-    if b.u16_at(l4)? != ICMP_FRAG_NEEDED {
-        return None;
-    }
-    let quoted = l4 + ICMP_QUOTE;
-    ipv4_header_len(b, quoted)?;
-    flows
-        .traced(&b.pair_at(quoted)?)
-        .then_some(match_kind::ABOUT)
-}
-
-/// [`too_big_about4`] of an ICMPv6 "packet too big" right behind the
-/// IPv6 header at `l3` (as the kernel sends it: no extension header).
-#[inline(always)]
-fn too_big_about6<B: Bytes + ?Sized, F: Flows>(b: &B, l3: usize, flows: &F) -> Option<u8> {
-    if b.u8_at(l3 + IPV6_NEXT_HEADER)? != IPPROTO_ICMPV6 {
-        return None;
-    }
-    let l4 = l3 + IPV6_HLEN;
-    if b.u8_at(l4)? != ICMPV6_PACKET_TOO_BIG {
-        return None;
-    }
-    let quoted = l4 + ICMP_QUOTE;
-    if !is_ipv6(b, quoted) {
-        return None;
-    }
-    flows
-        .traced6(&pair6_at(b, quoted)?)
-        .then_some(match_kind::ABOUT)
 }
 
 /// How an IPv4 tunnel packet at `l3` with an IPv6 packet inside belongs

@@ -101,8 +101,6 @@ pub struct TracedNode {
     /// Conntrack's counters in its namespace, read again at a drop and at
     /// the end (node mode).
     pub conntrack_stats: Option<ConntrackStats>,
-    /// Senders whose ICMP errors about packets too big are rule-traced.
-    errors_followed: Vec<IpAddr>,
 }
 
 /// Where the traced source is one of the node's own addresses and the
@@ -241,7 +239,6 @@ impl TracedNode {
             netns: ns.clone(),
             pod_namespaces: pods.namespaces,
             conntrack_stats,
-            errors_followed: Vec::new(),
         };
         Ok((node, facts))
     }
@@ -259,12 +256,9 @@ impl TracedNode {
     /// `sender` about its packets too big for their path: from the first
     /// such packet on (a sender retransmits what a black hole ate).
     pub fn follow_errors_to(&mut self, sender: IpAddr) -> Result<()> {
-        match &self.netfilter {
-            Some(netfilter) if !self.errors_followed.contains(&sender) => {
-                self.errors_followed.push(sender);
-                netfilter.follow_errors_to(&sender)
-            }
-            _ => Ok(()),
+        match &mut self.netfilter {
+            Some(netfilter) => netfilter.follow_errors_to(sender),
+            None => Ok(()),
         }
     }
 

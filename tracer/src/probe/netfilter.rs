@@ -78,6 +78,8 @@ pub struct NodeTrace {
     record: Record,
     /// Which traced packets the node may send itself.
     sent_here: SentHere,
+    /// Senders whose ICMP errors about packets too big are traced.
+    errors_followed: Vec<IpAddr>,
 }
 
 /// Which traced pairs a node may send through its output hook: those
@@ -161,6 +163,7 @@ impl NodeTrace {
                 table: table.clone(),
                 record: record.clone(),
               sent_here: sent_here.clone(),
+                errors_followed: Vec::new(),
             })
         });
         if started.is_err() {
@@ -257,10 +260,14 @@ fn listens_for_traces(table: &str, inodes: &[String]) -> bool {
 
 impl NodeTrace {
     /// Traces the ICMP errors about `sender`'s packets too big for their
-    /// path from now on ([`error_trace_rules`]).
-    pub fn follow_errors_to(&self, sender: &IpAddr) -> Result<()> {
+    /// path from now on ([`error_trace_rules`]), once per sender.
+    pub fn follow_errors_to(&mut self, sender: IpAddr) -> Result<()> {
+        if self.errors_followed.contains(&sender) {
+            return Ok(());
+        }
+        self.errors_followed.push(sender);
         self.netns
-            .run(|| nft_script(&error_trace_rules(&self.table, sender)))
+            .run(|| nft_script(&error_trace_rules(&self.table, &sender)))
     }
 
     /// Traces more pairs too (a traced pod came back with a new IP).

@@ -414,9 +414,7 @@ impl Correlator {
             // load (a busy node, a slow VM) it lags the kernel's records.
             waits.patience_ns.saturating_mul(RULE_WAIT_FACTOR)
         } else if super::pmtu::too_big(journey).is_some() {
-            // The ICMP error the kernel sent about it, a packet of its own
-            // that may await its rule: finished with it, to be told with
-            // it (`pmtu::pair`).
+            // Finished with the ICMP error sent about it (`pmtu::pair`).
             (waits.patience_ns.saturating_mul(RULE_WAIT_FACTOR)).saturating_add(waits.idle_ns)
         } else if journey.reached_an_end()
             || journey.left_the_traced_nodes(&waits.traced_destinations)

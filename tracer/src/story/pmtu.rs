@@ -1,6 +1,7 @@
 //! PMTU end to end: a traced packet too big for its path, and the ICMP
-//! "fragmentation needed" (ICMPv6 "packet too big") the kernel sent its
-//! sender about it. The error is a packet of its own, from the node's
+//! "fragmentation needed" the kernel sent its sender about it (ICMPv6's
+//! "packet too big" is read here too, but the kernel side traces only
+//! IPv4's for now). The error is a packet of its own, from the node's
 //! address to the sender, traced because it quotes the pair's header
 //! (`match_kind::ABOUT`); its story says where it went. This step pairs
 //! the two: whether the error reached the sender's pod, or where and by
