@@ -293,6 +293,7 @@ fn every_fault_of_the_catalogue_has_a_doctor_test() {
         "flannel-fdb-missing",
         "ip-forward-off",
         "mtu-too-big",
+        "pmtu-black-hole",
         "next-hop-no-arp",
         "stale-cni-conflist",
         "cni-plugin-missing",
@@ -348,6 +349,9 @@ names_the_fault! {
     flannel_fdb_missing: FlannelFdbMissing on "node-1", "flannel" "VTEP of node-2" says "dst 192.0.2.12: MISSING";
     ip_forward_off: IpForwardOff on "node-1", "kernel" "ip_forward" says "= 0";
     mtu_too_big: MtuTooBig on "node-1", "kernel" "MTU" says "MTU 1500 is above the pod MTU 1450";
+    // The black hole's cause on the node: the pod MTU above the path's
+    // (the rule that eats the ICMP error is the trace's to name).
+    pmtu_black_hole: PmtuBlackHole on "node-1", "kernel" "MTU" says "MTU 1500 is above the pod MTU 1450";
     next_hop_no_arp: NextHopNoArp on "node-1", "flannel" "route to node-2" says xtask::faults::GONE_GATEWAY;
     stale_cni_conflist: StaleCniConflist on "node-2", "cni-config" "config the runtime uses"
         says "10-calico.conflist (calico) comes first and shadows /etc/cni/net.d/10-flannel.conflist";
