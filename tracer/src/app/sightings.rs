@@ -8,7 +8,7 @@ use super::Trace;
 use crate::{
     decode::hop::{place, Hop, Unplaced},
     model::Summary,
-    story::pmtu::PKT_TOO_BIG,
+    story::pmtu::dropped_too_big,
 };
 
 /// A sighting as a hop on its node and interface (a pod's namespace is
@@ -55,8 +55,7 @@ pub(super) async fn to_hop(s: &Sighting, trace: &mut Trace, summary: &mut Summar
 /// its sender is rule-traced from now on, so that a firewall that drops
 /// it (a PMTU black hole) is named.
 fn follow_errors_about(hop: &Hop, trace: &mut Trace) {
-    let too_big = hop.drop.as_ref().is_some_and(|d| d.reason == PKT_TOO_BIG);
-    if !too_big {
+    if !dropped_too_big(hop) {
         return;
     }
     let sender = hop.packet.packet.src;

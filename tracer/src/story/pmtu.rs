@@ -68,10 +68,12 @@ pub enum PmtuOutcome {
 /// route's MTU.
 pub fn too_big(journey: &Journey) -> Option<&Hop> {
     let last = journey.hops.last()?;
-    last.drop
-        .as_ref()
-        .is_some_and(|d| d.reason == PKT_TOO_BIG)
-        .then_some(last)
+    dropped_too_big(last).then_some(last)
+}
+
+/// Whether `hop` is the kernel dropping a packet too big for its route.
+pub fn dropped_too_big(hop: &Hop) -> bool {
+    hop.drop.as_ref().is_some_and(|d| d.reason == PKT_TOO_BIG)
 }
 
 /// The MTU a "fragmentation needed" or "packet too big" packet carries;
