@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use crate::rust_tokens::{is_ident, tokens};
+use crate::rust_tokens::{is_ident, tokens, InlineModules};
 
 /// The folders (and single-file modules) of `tracer/src`, bottom first.
 pub const LAYERS: &[&str] = &[
@@ -56,18 +56,62 @@ pub fn tracer_src() -> Result<PathBuf> {
     Ok(crate::workspace_root()?.join("tracer/src"))
 }
 
-/// Fails, listing each one, when an import in tracer/src points up.
+/// Fails, listing each one, when an import in tracer/src points up, or
+/// when its modules and [`LAYERS`] differ.
 pub fn check() -> Result<()> {
-    let upward = upward_imports(&tracer_src()?)?;
-    if upward.is_empty() {
+    let src = tracer_src()?;
+    let mut problems = unlisted_modules(&src)?;
+    problems.extend(upward_imports(&src)?.iter().map(|u| u.to_string()));
+    if problems.is_empty() {
         return Ok(());
     }
-    let list: Vec<String> = upward.iter().map(|u| u.to_string()).collect();
     bail!(
-        "{} import(s) point up (xtask/src/layers.rs has the order):\n{}",
-        upward.len(),
-        list.join("\n")
+        "{} layering problem(s) (xtask/src/layers.rs has the order):\n{}",
+        problems.len(),
+        problems.join("\n")
     )
+}
+
+/// Each top-level module of `src` (a folder or file on disk, or a `mod`
+/// line of lib.rs) that [`LAYERS`] leaves out, and each layer that is
+/// neither: a module left out of the list would escape the check.
+pub fn unlisted_modules(src: &Path) -> Result<Vec<String>> {
+    let lib = std::fs::read_to_string(src.join("lib.rs")).context("read tracer/src/lib.rs")?;
+    let declared = declared_modules(&lib);
+    let mut on_disk = Vec::new();
+    for entry in std::fs::read_dir(src).with_context(|| format!("read {}", src.display()))? {
+        let path = entry?.path();
+        let name = path.file_stem().unwrap_or_default().to_string_lossy();
+        if path.is_dir() || (name != "lib" && name != "main") {
+            on_disk.push(name.into_owned());
+        }
+    }
+    let mut unplaced: Vec<&String> = Vec::new();
+    for module in declared.iter().chain(&on_disk) {
+        if rank(module).is_none() && !unplaced.contains(&module) {
+            unplaced.push(module);
+        }
+    }
+    let mut problems: Vec<String> = (unplaced.iter())
+        .map(|m| format!("{m} is a module of tracer/src that LAYERS does not place"))
+        .collect();
+    for layer in LAYERS {
+        if !declared.iter().any(|d| d == layer) {
+            problems.push(format!(
+                "{layer} is in LAYERS but lib.rs declares no such module"
+            ));
+        }
+    }
+    Ok(problems)
+}
+
+/// The names of lib.rs's `mod` lines.
+fn declared_modules(lib: &str) -> Vec<String> {
+    let tokens = tokens(lib);
+    (tokens.windows(3))
+        .filter(|w| w[0].1 == "mod" && is_ident(&w[1].1) && (w[2].1 == ";" || w[2].1 == "{"))
+        .map(|w| w[1].1.clone())
+        .collect()
 }
 
 /// Every upward import under `src`, in file order.
@@ -86,7 +130,9 @@ pub fn upward_imports(src: &Path) -> Result<Vec<Upward>> {
         let text =
             std::fs::read_to_string(&file).with_context(|| format!("read {}", file.display()))?;
         for (line, to) in imported_folders(&text, &module) {
-            if rank(&to) > rank(from) {
+            // A glob of the crate root, or a name the root re-exports,
+            // hides which folder is used: as bad as an upward import.
+            if rank(&to).is_none() || rank(&to) > rank(from) {
                 upward.push(Upward {
                     file: file.clone(),
                     line,
@@ -117,7 +163,7 @@ pub(crate) fn rust_files(dir: &Path, into: &mut Vec<PathBuf>) -> Result<()> {
 }
 
 /// `story/verdict.rs` is `[story, verdict]`; `story/mod.rs` is `[story]`.
-fn module_path(relative: &Path) -> Vec<String> {
+pub(crate) fn module_path(relative: &Path) -> Vec<String> {
     let mut parts: Vec<String> = relative
         .iter()
         .map(|p| p.to_string_lossy().into_owned())
@@ -136,24 +182,12 @@ fn module_path(relative: &Path) -> Vec<String> {
 fn imported_folders(text: &str, module: &[String]) -> Vec<(usize, String)> {
     let tokens = tokens(text);
     let mut found = Vec::new();
-    // Inline `mod name { … }` blocks: `super::` inside one climbs to the
-    // file's own module first.
-    let mut inline_mods: Vec<usize> = Vec::new();
-    let mut depth = 0usize;
+    let mut inline_mods = InlineModules::default();
     let mut i = 0;
     while i < tokens.len() {
+        inline_mods.step(&tokens, i);
         let (line, token) = (tokens[i].0, tokens[i].1.as_str());
         match token {
-            "{" => depth += 1,
-            "}" => {
-                depth = depth.saturating_sub(1);
-                if inline_mods.last() == Some(&depth) {
-                    inline_mods.pop();
-                }
-            }
-            "mod" if tokens.get(i + 2).is_some_and(|t| t.1 == "{") => {
-                inline_mods.push(depth);
-            }
             "crate" | "super" if tokens.get(i + 1).is_some_and(|t| t.1 == "::") => {
                 // `a::crate` cannot happen; `x::super` can (`super::super`).
                 if i > 0 && tokens[i - 1].1 == "::" {
@@ -164,7 +198,7 @@ fn imported_folders(text: &str, module: &[String]) -> Vec<(usize, String)> {
                     Vec::new()
                 } else {
                     let mut here = module.to_vec();
-                    here.extend(inline_mods.iter().map(|_| String::new()));
+                    here.extend((0..inline_mods.len()).map(|_| String::new()));
                     here.pop();
                     here
                 };
@@ -215,7 +249,7 @@ fn first_segments(tokens: &[(usize, String)], at: usize) -> Vec<String> {
                         }
                     }
                     "," if depth == 1 => expect = true,
-                    word if expect && is_ident(word) => {
+                    word if expect && (is_ident(word) || word == "*") => {
                         firsts.push(word.to_string());
                         expect = false;
                     }
@@ -224,7 +258,7 @@ fn first_segments(tokens: &[(usize, String)], at: usize) -> Vec<String> {
             }
             firsts
         }
-        Some(word) if is_ident(word) => vec![word.to_string()],
+        Some(word) if is_ident(word) || word == "*" => vec![word.to_string()],
         _ => Vec::new(),
     }
 }
@@ -278,6 +312,41 @@ mod tests {
         let text = "\n\n/* a\nb */\nuse crate::app::X;";
         let module = vec!["node".to_string()];
         assert_eq!(imported_folders(text, &module), [(5, "app".to_string())]);
+    }
+
+    #[test]
+    fn a_glob_of_the_crate_root_is_an_import_of_no_known_folder() {
+        assert_eq!(folders("use crate::*;", &["node"]), ["*"]);
+        assert_eq!(
+            folders("use crate::{*, model::X};", &["node"]),
+            ["*", "model"]
+        );
+    }
+
+    #[test]
+    fn a_module_left_out_of_layers_is_named() {
+        let src = std::env::temp_dir().join(format!("layers-unlisted-{}", std::process::id()));
+        std::fs::create_dir_all(src.join("extra")).unwrap();
+        let mods: String = LAYERS.iter().map(|l| format!("pub mod {l};\n")).collect();
+        std::fs::write(src.join("lib.rs"), format!("{mods}mod stray;\n")).unwrap();
+        std::fs::write(src.join("main.rs"), "fn main() {}").unwrap();
+        let problems = unlisted_modules(&src).unwrap();
+        std::fs::remove_dir_all(&src).unwrap();
+        assert_eq!(
+            problems,
+            [
+                "stray is a module of tracer/src that LAYERS does not place",
+                "extra is a module of tracer/src that LAYERS does not place"
+            ]
+        );
+    }
+
+    #[test]
+    fn tracer_modules_are_exactly_the_layers() {
+        assert_eq!(
+            unlisted_modules(&tracer_src().unwrap()).unwrap(),
+            Vec::<String>::new()
+        );
     }
 
     #[test]

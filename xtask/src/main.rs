@@ -430,6 +430,7 @@ fn test_phases(phases: &mut xtask::phases::Phases) -> Result<()> {
 fn house_checks() -> Result<()> {
     cargo(&["fmt", "--all", "--check"])?;
     xtask::layers::check()?;
+    xtask::file_cycles::check()?;
     xtask::sizes::check()?;
     // Host crates (the default members), then the eBPF crate for its target.
     cargo(&["clippy", "--all-targets", "--", "-D", "warnings"])?;

@@ -205,3 +205,41 @@ fn skip_char_literal(chars: &[char], i: usize) -> usize {
     }
     i + 1
 }
+
+/// Which inline `mod name { … }` blocks a token walk is inside, fed one
+/// token at a time: `super::` inside one climbs to the file's own module
+/// first.
+#[derive(Default)]
+pub(crate) struct InlineModules {
+    /// The brace depth each open block started at.
+    opened_at: Vec<usize>,
+    depth: usize,
+}
+
+impl InlineModules {
+    /// Takes `tokens[i]` into account.
+    pub(crate) fn step(&mut self, tokens: &[(usize, String)], i: usize) {
+        match tokens[i].1.as_str() {
+            "{" => self.depth += 1,
+            "}" => {
+                self.depth = self.depth.saturating_sub(1);
+                if self.opened_at.last() == Some(&self.depth) {
+                    self.opened_at.pop();
+                }
+            }
+            "mod" if tokens.get(i + 2).is_some_and(|t| t.1 == "{") => {
+                self.opened_at.push(self.depth)
+            }
+            _ => {}
+        }
+    }
+
+    /// How many inline modules the walk is inside.
+    pub(crate) fn len(&self) -> usize {
+        self.opened_at.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.opened_at.is_empty()
+    }
+}

@@ -8,7 +8,7 @@ use podtrace_common::packet6::{pair6_at, transport6};
 
 use serde::{Deserialize, Serialize};
 
-use super::Transport;
+use super::transport::Transport;
 
 /// The ICMP types whose message quotes the packet it is about.
 const ERRORS: [u8; 3] = [3, 11, 12];

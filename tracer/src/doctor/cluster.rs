@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod as KubePod};
 use kube::{api::ListParams, Api};
 use serde_json::Value;
 
-use super::DoctorArgs;
+use crate::cli::DoctorArgs;
 use crate::cluster::{
     access::Access,
     api::{list_pages, Cluster},

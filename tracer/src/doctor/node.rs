@@ -12,11 +12,9 @@ use std::{
 
 use anyhow::Result;
 
-use super::{
-    cluster::{ClusterNode, ClusterState},
-    DoctorArgs,
-};
+use super::cluster::{ClusterNode, ClusterState};
 use crate::{
+    cli::DoctorArgs,
     cluster::inventory::Pod,
     node::{host_root::HostRoot, netns, NodeView},
     probe::iptables::{Backend, NodeIptables},

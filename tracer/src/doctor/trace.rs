@@ -3,7 +3,8 @@
 //! pod argument has no IP, the trace ends with why (its sandbox failure,
 //! confirmed on its node) instead of a bare error.
 
-use super::{api, cluster::ClusterState, node, Check, DoctorArgs};
+use super::{api, cluster::ClusterState, node, Check};
+use crate::cli::DoctorArgs;
 use crate::{
     cli::Args,
     cluster::argument::Target,

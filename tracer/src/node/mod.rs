@@ -11,6 +11,8 @@ pub mod interfaces;
 pub mod netlink;
 pub mod netns;
 pub mod pod_netns;
+pub mod route;
+mod route_lookup;
 pub mod rules;
 pub mod tunnels;
 
@@ -18,6 +20,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv4Net};
 use serde::{Deserialize, Serialize};
+
+pub(crate) use route::RT_TABLE_MAIN;
+pub use route::{Route, RouteKind, RouteOrigin};
 
 /// A link recorded before `up` was read was taken as up.
 fn up_by_default() -> bool {
@@ -64,41 +69,6 @@ pub struct VxlanDevice {
     pub dev: Option<u32>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RouteKind {
-    Unicast,
-    Local,
-    Blackhole,
-    Unreachable,
-    Prohibit,
-}
-
-/// The `proto` of a route, as `ip route` names it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RouteOrigin {
-    Kernel,
-    Boot,
-    Static,
-    Bird,
-    #[default]
-    Other,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Route {
-    /// Who installed it (`proto bird` is Calico's BGP daemon).
-    pub protocol: RouteOrigin,
-    pub onlink: bool,
-    pub kind: RouteKind,
-    /// IPv4 or IPv6 (the node's routes of both families are listed).
-    pub destination: IpNet,
-    pub gateway: Option<IpAddr>,
-    pub oif: Option<u32>,
-    pub table: u32,
-}
-
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct NodeView {
     pub links: Vec<Link>,
@@ -141,8 +111,6 @@ pub struct NodeFacts {
     pub inferred_pod_cidr: Option<(Ipv4Net, String)>,
 }
 
-pub(crate) const RT_TABLE_MAIN: u32 = 254;
-
 impl Link {
     /// An overlay device: what it sends is encapsulated, so it is never
     /// the underlay.
@@ -151,81 +119,6 @@ impl Link {
             self.kind.as_str(),
             "vxlan" | "ipip" | "geneve" | "wireguard"
         )
-    }
-}
-
-impl Route {
-    /// The route out of device `dev` (None: on no device), as `ip route`
-    /// prints it, then as `route -n` does (Destination Gateway Genmask
-    /// Flags Iface): the one rendering of a route, for a node's own routes
-    /// and for the route a node should have had alike.
-    pub fn describe_on(&self, dev: Option<&str>) -> String {
-        let net = self.destination;
-        let mut ip_route = match self.kind {
-            RouteKind::Unicast | RouteKind::Local => String::new(),
-            RouteKind::Blackhole => "blackhole ".into(),
-            RouteKind::Unreachable => "unreachable ".into(),
-            RouteKind::Prohibit => "prohibit ".into(),
-        };
-        ip_route.push_str(&if net.prefix_len() == 0 {
-            "default".to_string()
-        } else {
-            net.to_string()
-        });
-        if let Some(gw) = self.gateway {
-            ip_route.push_str(&format!(" via {gw}"));
-        }
-        if let Some(dev) = dev {
-            ip_route.push_str(&format!(" dev {dev}"));
-        }
-        // As `ip route show table all` names a table other than main.
-        if self.table != RT_TABLE_MAIN {
-            ip_route.push_str(&format!(" table {}", rules::table_name(self.table)));
-        }
-        if self.protocol == RouteOrigin::Bird {
-            ip_route.push_str(" proto bird");
-        }
-        if self.onlink {
-            ip_route.push_str(" onlink");
-        }
-        // net-tools prints unreachable and prohibit routes as rejecting
-        // ("!", no gateway, no device); a blackhole is up, on no device.
-        let rejects = matches!(self.kind, RouteKind::Unreachable | RouteKind::Prohibit);
-        let mut flags = String::from(if rejects { "!" } else { "U" });
-        if self.gateway.is_some() {
-            flags.push('G');
-        }
-        if net.prefix_len() == net.max_prefix_len() {
-            flags.push('H');
-        }
-        let iface = match dev {
-            _ if rejects => "-",
-            Some(dev) => dev,
-            None => "*",
-        };
-        match net {
-            IpNet::V4(net) => {
-                let gateway = match self.gateway {
-                    _ if rejects => "-".to_string(),
-                    gateway => gateway.map_or("0.0.0.0".into(), |g| g.to_string()),
-                };
-                format!(
-                    "{ip_route} (route -n: {} {gateway} {} {flags} {iface})",
-                    net.network(),
-                    net.netmask()
-                )
-            }
-            // net-tools' IPv6 table: Destination (with its length), Next
-            // Hop, Flag, If; an unreachable route's interface is `lo`.
-            IpNet::V6(net) => {
-                let gateway = match self.gateway {
-                    _ if rejects => "::".to_string(),
-                    gateway => gateway.map_or("::".into(), |g| g.to_string()),
-                };
-                let iface = if rejects { "lo" } else { iface };
-                format!("{ip_route} (route -6 -n: {net} {gateway} {flags} {iface})")
-            }
-        }
     }
 }
 

@@ -8,11 +8,7 @@ use std::{fmt, net::IpAddr};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use super::{NodeView, Route, RouteKind, RT_TABLE_MAIN};
-
-/// The tables the kernel names (`/etc/iproute2/rt_tables`).
-const RT_TABLE_DEFAULT: u32 = 253;
-const RT_TABLE_LOCAL: u32 = 255;
+use super::route::{table_name, Route, RouteKind, RT_TABLE_DEFAULT, RT_TABLE_LOCAL, RT_TABLE_MAIN};
 
 /// What a matching rule does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,16 +100,6 @@ pub fn default_rules(ipv6: bool) -> Vec<Rule> {
     .collect()
 }
 
-/// A table's name as `ip rule` and `ip route` print it.
-pub fn table_name(table: u32) -> String {
-    match table {
-        RT_TABLE_MAIN => "main".into(),
-        RT_TABLE_LOCAL => "local".into(),
-        RT_TABLE_DEFAULT => "default".into(),
-        n => n.to_string(),
-    }
-}
-
 impl Rule {
     /// A rule with no selector (it matches every packet of its family)
     /// that does `action`: the kernel's own rules, and where a dumped rule
@@ -137,7 +123,7 @@ impl Rule {
     /// Whether the rule selects the flow, as fib_rule_match does (a
     /// rule's oif selects only packets sent to a given device, which
     /// a forwarded or unbound packet is not).
-    fn selects(&self, flow: &Flow) -> bool {
+    pub(super) fn selects(&self, flow: &Flow) -> bool {
         let within = |net: &Option<IpNet>, ip: Option<IpAddr>| match (net, ip) {
             (None, _) => true,
             (Some(net), Some(ip)) => net.contains(&ip),
@@ -155,7 +141,7 @@ impl Rule {
 
     /// Whether the route a table gave is passed over by
     /// `suppress_prefixlength`.
-    fn suppresses(&self, route: &Route) -> bool {
+    pub(super) fn suppresses(&self, route: &Route) -> bool {
         self.suppress_prefixlen
             .is_some_and(|len| route.destination.prefix_len() <= len)
     }
@@ -223,92 +209,6 @@ impl fmt::Display for Prefix {
     }
 }
 
-impl NodeView {
-    /// The node's rules of `dst`'s family by priority; the kernel's
-    /// defaults where none were read.
-    fn rules_for(&self, ipv6: bool) -> Vec<Rule> {
-        let mut rules: Vec<Rule> = (self.rules.iter())
-            .filter(|r| r.ipv6 == ipv6)
-            .cloned()
-            .collect();
-        if rules.is_empty() {
-            rules = default_rules(ipv6);
-        }
-        rules.sort_by_key(|r| r.priority);
-        rules
-    }
-
-    /// The longest-prefix route for `dst` in one table.
-    pub fn route_in_table(&self, table: u32, dst: IpAddr) -> Option<&Route> {
-        self.routes
-            .iter()
-            .filter(|r| r.table == table && r.destination.contains(&dst))
-            .max_by_key(|r| r.destination.prefix_len())
-    }
-
-    /// The route the kernel picks for `flow`, as fib_rules_lookup does:
-    /// rules by priority; a matching rule's action, or its table's
-    /// longest prefix; a table without one falls through to the next
-    /// rule, a reject route in it (`unreachable`, `prohibit`,
-    /// `blackhole`) ends the lookup.
-    pub fn decide(&self, flow: &Flow) -> Decision<'_> {
-        let mut decision = Decision::default();
-        for rule in self.rules_for(flow.dst.is_ipv6()) {
-            if !rule.selects(flow) {
-                continue;
-            }
-            if rule.unsupported.is_some() {
-                decision.passed_over.push(rule);
-                continue;
-            }
-            let table = match rule.action {
-                RuleAction::Lookup(table) => table,
-                RuleAction::Nop => continue,
-                RuleAction::Goto(_) => {
-                    decision.passed_over.push(rule);
-                    continue;
-                }
-                RuleAction::Blackhole | RuleAction::Unreachable | RuleAction::Prohibit => {
-                    decision.rule = Some(rule);
-                    return decision;
-                }
-            };
-            match self.route_in_table(table, flow.dst) {
-                Some(route) if !rule.suppresses(route) => {
-                    decision.route = Some(route);
-                    decision.rule = Some(rule);
-                    return decision;
-                }
-                _ => decision.fell_through.push(rule),
-            }
-        }
-        decision
-    }
-}
-
-impl NodeView {
-    /// The links that routes via a gateway leave by in the tables the
-    /// node's own rules look up (not local, main or default): uplinks
-    /// policy routing sends traffic out of, as the AWS VPC CNI sends a
-    /// secondary ENI's pods' packets out of that ENI.
-    pub fn policy_uplinks(&self) -> Vec<u32> {
-        let tables: Vec<u32> = (self.rules.iter())
-            .filter(|r| !r.is_default())
-            .filter_map(|r| match r.action {
-                RuleAction::Lookup(table) if table != RT_TABLE_MAIN => Some(table),
-                _ => None,
-            })
-            .collect();
-        let mut links: Vec<u32> = (self.routes.iter())
-            .filter(|r| tables.contains(&r.table) && r.gateway.is_some())
-            .filter_map(|r| r.oif)
-            .collect();
-        links.sort_unstable();
-        links.dedup();
-        links
-    }
-}
-
 impl Decision<'_> {
     /// The reject the lookup ended with: a reject route, or a rule's own
     /// action. None where a route was found, or none at all.
@@ -365,7 +265,7 @@ impl Decision<'_> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::node::fixtures::route;
+    use crate::node::{fixtures::route, NodeView};
 
     /// An EKS node as the AWS VPC CNI leaves it: the kernel's three rules,
     /// `to <pod> lookup main` at 512, `from <pod subnet> lookup 100` at

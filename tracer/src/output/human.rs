@@ -3,7 +3,7 @@
 
 use std::io::Write;
 
-use super::Sink;
+use super::sink::Sink;
 use crate::model::{ProbeResult, Summary};
 use crate::story::{profile::StepLatency, Outcome, Story};
 

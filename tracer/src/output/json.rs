@@ -5,7 +5,7 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use super::Sink;
+use super::sink::Sink;
 use crate::model::{ProbeResult, Summary};
 use crate::story::{profile::StepLatency, Story};
 

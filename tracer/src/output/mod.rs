@@ -14,30 +14,15 @@ mod json;
 pub mod pcapng;
 pub mod pcapng_read;
 pub mod plot;
+mod sink;
 
 use std::io::Write;
 
 pub use human::{human_probe, human_profile, human_story, human_summary, Human};
 pub use json::Json;
+pub use sink::Sink;
 
-use crate::{
-    model::{Format, ProbeResult, Summary},
-    story::{profile::StepLatency, Story},
-};
-
-/// Where stories go, in one format.
-pub trait Sink {
-    /// The `n`th story told.
-    fn story(&mut self, n: u64, story: &Story) -> std::io::Result<()>;
-    /// The `--profile` table: per hop-to-hop step, its latency percentiles.
-    fn profile(&mut self, steps: &[StepLatency]) -> std::io::Result<()>;
-    fn summary(&mut self, summary: &Summary) -> std::io::Result<()>;
-    /// One `--probe`'s result.
-    fn probe(&mut self, probe: &ProbeResult) -> std::io::Result<()>;
-    /// Hands what was written to the output: stories are buffered until
-    /// their batch is told; the profile and the summary are flushed.
-    fn flush(&mut self) -> std::io::Result<()>;
-}
+use crate::model::Format;
 
 /// The sink for `format`, writing to `out`.
 pub fn sink<'a, W: Write + 'a>(format: Format, out: W, colour: bool) -> Box<dyn Sink + 'a> {

@@ -38,7 +38,7 @@ use anyhow::Context as _;
 
 use serde::{Deserialize, Serialize};
 
-use super::human_probe;
+use super::human::human_probe;
 use crate::{
     decode::hop::{Direction, Hop, Snapshot},
     model::{ProbeResult, Summary, MAX_SNAPLEN},

@@ -20,7 +20,8 @@ use crate::{
     model::NodeSubnet,
     node::{
         interfaces::Role,
-        rules::{table_name, Decision, RuleAction},
+        route::table_name,
+        rules::{Decision, RuleAction},
         NodeFacts, RouteKind, RouteOrigin,
     },
     story::journey,

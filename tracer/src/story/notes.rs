@@ -8,9 +8,8 @@ use crate::decode::{
     Decoded, Transport, Tunnel, TunnelKind,
 };
 use crate::node::{
-    interfaces::Role,
-    rules::{table_name, Decision},
-    Route, RouteKind, RouteOrigin, RT_TABLE_MAIN,
+    interfaces::Role, route::table_name, rules::Decision, Route, RouteKind, RouteOrigin,
+    RT_TABLE_MAIN,
 };
 
 use super::{context::Shown, Context};
