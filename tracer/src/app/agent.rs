@@ -31,6 +31,8 @@ use super::{
     wire::{Numbering, Record, Start, WireFacts},
     Trace,
 };
+use crate::model::conntrack;
+use crate::model::netfilter::TracedRule;
 use crate::{
     cli::{AgentArgs, Args},
     cluster::{
@@ -40,11 +42,7 @@ use crate::{
     },
     decode::hop::Hop,
     model::Summary,
-    probe::{
-        clock::{monotonic_ns, realtime_offset_ns},
-        conntrack,
-        netfilter::TracedRule,
-    },
+    probe::clock::{monotonic_ns, realtime_offset_ns},
 };
 
 /// Records queued for stdout at most; more are counted as lost.

@@ -3,10 +3,8 @@
 //! front-end alike.
 
 use super::targets::Targets;
-use crate::{
-    probe::conntrack,
-    story::{correlator::Correlator, Context},
-};
+use crate::model::conntrack;
+use crate::story::{correlator::Correlator, Context};
 
 /// Whether a conntrack entry is a connection of the traced pair, in a
 /// family traced.

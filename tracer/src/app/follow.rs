@@ -11,10 +11,11 @@ use super::{
     pairs::{flow_ips, flow_keys, flow_keys6, traced_pairs},
     Trace,
 };
+use crate::model::conntrack;
 use crate::{
     cli::widen,
     cluster::api::PodMoved,
-    probe::{clock::monotonic_ns, conntrack},
+    probe::clock::monotonic_ns,
     story::{correlator::Correlator, Context},
 };
 

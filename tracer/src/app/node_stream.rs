@@ -24,6 +24,8 @@ use super::{
     teller::{new_teller, pcap_writer, ConntrackReader, Teller},
     watch_moves, Trace, JOURNEY_IDLE,
 };
+use crate::model::conntrack;
+use crate::model::netfilter::TracedRule;
 use crate::{
     cli::Args,
     cluster::api::PodMoved,
@@ -31,8 +33,8 @@ use crate::{
     model::{ProbeResult, Summary},
     output::pcapng::Announced,
     probe::{
-        clock::monotonic_ns, conntrack, conntrack_stats::ConntrackStats, link_watch::LinkChange,
-        netfilter::TracedRule, Batch, RING_HANDOVER,
+        clock::monotonic_ns, conntrack_stats::ConntrackStats, link_watch::LinkChange, Batch,
+        RING_HANDOVER,
     },
     story::correlator::Correlator,
 };

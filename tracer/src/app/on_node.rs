@@ -17,6 +17,8 @@ use super::{
     teller::{new_teller, Seen, Teller},
     traced::{self, LinkOutcome, Shared, TracedNode},
 };
+use crate::model::conntrack;
+use crate::model::netfilter::TracedRule;
 use crate::{
     cli::Args,
     doctor,
@@ -24,8 +26,8 @@ use crate::{
     node::{netns::Namespace, pod_netns::OtherNamespaces},
     output::pcapng,
     probe::{
-        capabilities::Capabilities, clock::monotonic_ns, conntrack, iptables::RuleSight,
-        link_watch::LinkChange, netfilter::TracedRule, Batch, Kernel, ReadThrough, BATCHES_QUEUED,
+        capabilities::Capabilities, clock::monotonic_ns, iptables::RuleSight,
+        link_watch::LinkChange, Batch, Kernel, ReadThrough, BATCHES_QUEUED,
     },
     story::Context,
 };

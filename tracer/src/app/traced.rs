@@ -16,6 +16,7 @@ use super::{
     pairs::ipv4_pairs,
     pod_interfaces::{find_pod_interfaces, needed},
 };
+use crate::model::{conntrack::Entry, netfilter::TracedRule};
 use crate::{
     cni::{
         self,
@@ -35,7 +36,7 @@ use crate::{
         conntrack,
         conntrack_stats::ConntrackStats,
         link_watch::{self, LinkChange},
-        netfilter::{NodeTrace, SentHere, TracedRule},
+        netfilter::{NodeTrace, SentHere},
         AttachMode, Kernel, NodeProbe, ProbeSpec,
     },
 };
@@ -66,7 +67,7 @@ pub struct Shared<'a> {
     pub l4_filter: Option<L4Filter>,
     pub link_tx: mpsc::UnboundedSender<(u32, LinkChange)>,
     /// Where the node's translated conntrack entries go.
-    pub conntrack_tx: mpsc::UnboundedSender<(u32, conntrack::Entry)>,
+    pub conntrack_tx: mpsc::UnboundedSender<(u32, Entry)>,
     /// Where netfilter drops go, when rule tracing is on.
     pub netfilter_tx: Option<mpsc::UnboundedSender<(u32, TracedRule)>>,
     /// The traced address pairs of both families, both directions.

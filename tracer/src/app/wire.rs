@@ -10,12 +10,13 @@ use std::{collections::HashMap, net::IpAddr};
 use ipnet::{IpNet, Ipv4Net};
 use serde::{Deserialize, Serialize};
 
+use crate::model::conntrack;
 use crate::{
     cni,
     decode::hop::Hop,
+    model::netfilter::NetfilterRule,
     model::{Finding, KernelSummary, ProbeResult, Summary},
     node::{NodeFacts, NodeView},
-    probe::{conntrack, netfilter::NetfilterRule},
 };
 
 /// One line of an agent's output.

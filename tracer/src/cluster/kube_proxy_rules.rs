@@ -38,7 +38,7 @@ use super::services::{Backend, Catalog, Service, ServicePort};
 use crate::{
     model::text::shell_words,
     node::netns::Namespace,
-    probe::{iptables::NodeIptables, rule_text::output},
+    probe::iptables::{output, NodeIptables},
 };
 
 /// Where kube-proxy sends one frontend: a Service port's ClusterIP or

@@ -1,7 +1,11 @@
-//! Conntrack's own account of a node over a run: its per-CPU counters
+//! A conntrack entry and its tuples, as ctnetlink gives them (read by
+//! `probe::conntrack`, used by NAT stories); and conntrack's own account
+//! of a node over a run: its per-CPU counters
 //! (summed), the table's fill and the sysctls that decide what it finds
 //! INVALID. Read by `probe::conntrack_stats`, judged by `story::conntrack`,
 //! shown in the summary.
+
+use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
@@ -114,6 +118,47 @@ impl From<&ConntrackTable> for ConntrackRun {
             entries: table.entries,
             max: table.max,
         }
+    }
+}
+
+/// One direction of a connection, as conntrack keys it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Tuple {
+    pub protocol: u8,
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    /// Ports (0 for port-less protocols).
+    pub sport: u16,
+    pub dport: u16,
+}
+
+/// A conntrack entry whose addresses are translated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// The connection as its first packet was sent.
+    pub orig: Tuple,
+    /// The reply as the translated peer sends it.
+    pub reply: Tuple,
+    /// `IPS_*` status bits.
+    pub status: u32,
+    pub zone: u16,
+    pub mark: u32,
+}
+
+pub(crate) const IPS_SRC_NAT: u32 = 1 << 4;
+pub(crate) const IPS_DST_NAT: u32 = 1 << 5;
+
+impl Entry {
+    /// The destination was rewritten (DNAT: a Service).
+    pub fn dnat(&self) -> bool {
+        self.status & IPS_DST_NAT != 0
+            && (self.orig.dst != self.reply.src || self.orig.dport != self.reply.sport)
+    }
+
+    /// The source was rewritten (SNAT, MASQUERADE).
+    pub fn snat(&self) -> bool {
+        self.status & IPS_SRC_NAT != 0
+            && (self.orig.src != self.reply.dst || self.orig.sport != self.reply.dport)
     }
 }
 

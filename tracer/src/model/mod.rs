@@ -1,8 +1,9 @@
 //! The nouns every layer shares, at the bottom of the tree: names, the
 //! interned strings, node subnets, address translations, the output
-//! format and summary, conntrack's counters, the doctor's findings, `--probe`'s traffic, text
-//! helpers, bounded reads of files. Nothing here
-//! imports another folder of podtrace.
+//! format and summary, conntrack's entries and counters, netfilter rules
+//! as podtrace names them, the doctor's findings, `--probe`'s traffic,
+//! text helpers, bounded reads of files. Nothing here imports another
+//! folder of podtrace.
 
 pub mod bounded;
 pub mod conntrack;
@@ -10,6 +11,7 @@ pub mod finding;
 pub mod format;
 pub mod interned;
 pub mod name;
+pub mod netfilter;
 pub mod probe;
 pub mod subnet;
 pub mod summary;

@@ -39,14 +39,12 @@ use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 
 use super::human::human_probe;
+use crate::model::netfilter::NetfilterRule;
 use crate::{
     decode::hop::{Direction, Hop, Snapshot},
     model::{ProbeResult, Summary, MAX_SNAPLEN},
     node::interfaces::Role,
-    probe::{
-        clock::{monotonic_ns, realtime_offset_ns},
-        netfilter::NetfilterRule,
-    },
+    probe::clock::{monotonic_ns, realtime_offset_ns},
     story::{journey::Journey, lost_agents::LostAgent, Context, Story},
 };
 

@@ -16,49 +16,9 @@ use std::{net::IpAddr, time::Duration};
 use anyhow::{Context, Result};
 #[cfg(target_os = "linux")]
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
-use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-/// One direction of a connection, as conntrack keys it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Tuple {
-    pub protocol: u8,
-    pub src: IpAddr,
-    pub dst: IpAddr,
-    /// Ports (0 for port-less protocols).
-    pub sport: u16,
-    pub dport: u16,
-}
-
-/// A conntrack entry whose addresses are translated.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Entry {
-    /// The connection as its first packet was sent.
-    pub orig: Tuple,
-    /// The reply as the translated peer sends it.
-    pub reply: Tuple,
-    /// `IPS_*` status bits.
-    pub status: u32,
-    pub zone: u16,
-    pub mark: u32,
-}
-
-const IPS_SRC_NAT: u32 = 1 << 4;
-const IPS_DST_NAT: u32 = 1 << 5;
-
-impl Entry {
-    /// The destination was rewritten (DNAT: a Service).
-    pub fn dnat(&self) -> bool {
-        self.status & IPS_DST_NAT != 0
-            && (self.orig.dst != self.reply.src || self.orig.dport != self.reply.sport)
-    }
-
-    /// The source was rewritten (SNAT, MASQUERADE).
-    pub fn snat(&self) -> bool {
-        self.status & IPS_SRC_NAT != 0
-            && (self.orig.src != self.reply.dst || self.orig.sport != self.reply.dport)
-    }
-}
+use crate::model::conntrack::{Entry, Tuple};
 
 // linux/netfilter/nfnetlink.h, nfnetlink_conntrack.h.
 pub(super) const NFNL_SUBSYS_CTNETLINK: u16 = 1;
@@ -331,6 +291,7 @@ fn entry(kind: u16, body: &[u8]) -> Option<Entry> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::conntrack::IPS_DST_NAT;
     use std::net::Ipv4Addr;
 
     fn attr(kind: u16, payload: &[u8]) -> Vec<u8> {

@@ -21,7 +21,6 @@ use std::process::Command;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
-use super::rule_text::output;
 use crate::node::netns::Namespace;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -253,6 +252,14 @@ fn decide(
         backend,
         format!("iptables-legacy holds {legacy_rules} rule(s), iptables-nft {nft_rules}"),
     )
+}
+
+/// A command's stdout, when it succeeds.
+pub(crate) fn output(command: &mut Command) -> Option<String> {
+    let out = command.output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 #[cfg(test)]

@@ -45,6 +45,8 @@ mod load;
 #[cfg(target_os = "linux")]
 mod memlock;
 pub mod netfilter;
+mod nft;
+pub mod nft_rule;
 pub mod nft_trace;
 #[cfg(target_os = "linux")]
 mod orphans;

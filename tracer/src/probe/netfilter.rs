@@ -14,57 +14,24 @@
 //! only from the initial PID namespace, where every PID is visible.
 
 use std::{
-    io::{BufRead, BufReader, Write},
+    io::{BufRead, BufReader},
     net::IpAddr,
     os::unix::process::CommandExt,
     path::Path,
     process::{Child, Command, Stdio},
 };
 
+use crate::model::netfilter::TracedRule;
 use anyhow::{bail, Context, Result};
-use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use super::{
+    nft::{delete_table, nft_script},
     nft_trace::TraceParser,
     rule_text::KernelRules,
     run_registry::{self, Held, Liveness, Record},
 };
 use crate::node::netns::Namespace;
-
-/// The rule that gave a traced packet its final DROP, or translated its
-/// addresses.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NetfilterRule {
-    /// `nat` for iptables' tables; `<family> <name>` (`ip kube-proxy`) for
-    /// native nft tables, as `nft list table` names them.
-    pub table: String,
-    pub chain: String,
-    /// The base chain the packet entered by (FORWARD, INPUT, …).
-    pub hook: String,
-    /// As iptables-save prints it (`-A FORWARD … -j DROP`) in iptables'
-    /// tables; in native nft tables as `nft -a list` prints it
-    /// (`meta l4proto tcp dnat to 10.244.2.3:8080 # handle 58`).
-    pub rule: String,
-    /// For a drop: every rule the packet matched from the base chain it
-    /// was dropped in (nft traces each hook's pass through a table on its
-    /// own), first to last, the drop's own rule last.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub path: Vec<super::rule_path::PathRule>,
-}
-
-/// A DROP verdict or a nat rule from the trace, and the packet it was for
-/// (its addresses as the rule saw them).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TracedRule {
-    pub src: std::net::IpAddr,
-    pub dst: std::net::IpAddr,
-    pub ip_id: u16,
-    pub rule: NetfilterRule,
-}
-
-/// How a packet is known across signals: source, destination, IP ID.
-pub type PacketId = (std::net::IpAddr, std::net::IpAddr, u16);
 
 fn table_name(run_id: u64) -> String {
     format!("podtrace_r{run_id:016x}")
@@ -353,36 +320,6 @@ impl Drop for NodeTrace {
             Ok(()) => run_registry::release(&self.record),
             Err(e) => eprintln!("podtrace: cannot remove nft table {table}: {e:#}"),
         }
-    }
-}
-
-/// Runs an nft script atomically (`nft -f -`).
-fn nft_script(script: &str) -> Result<()> {
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("cannot run nft (package nftables)")?;
-    child
-        .stdin
-        .take()
-        .expect("piped")
-        .write_all(script.as_bytes())?;
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!("nft: {}", String::from_utf8_lossy(&out.stderr).trim());
-    }
-    Ok(())
-}
-
-/// Deletes a podtrace table of the current thread's namespace; absent
-/// already is fine.
-pub(super) fn delete_table(name: &str) -> Result<()> {
-    match nft_script(&format!("delete table inet {name}\n")) {
-        Err(e) if e.to_string().contains("No such file or directory") => Ok(()),
-        other => other,
     }
 }
 

@@ -8,36 +8,8 @@
 //! comment, and a policy whose first rule did not match the packet still
 //! selected the pod (the story reads policies from the path).
 
-use serde::{Deserialize, Serialize};
-
-use super::nft_trace::{is_iptables_table, table_name, RuleEvent, RuleLookup};
-
-/// One rule the packet matched on its way to the drop.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PathRule {
-    /// As [`super::netfilter::NetfilterRule::table`] names it.
-    pub table: String,
-    pub chain: String,
-    /// As the drop's own rule is named.
-    pub rule: String,
-    /// What the rule did with the packet, as nft traces it: `continue`
-    /// (a rule without a verdict, such as a mark or a comment alone),
-    /// `jump X`, `goto X`, `return`, `accept`, `drop`.
-    pub verdict: String,
-    /// For a jump or a goto: the first rule of the chain it went to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub target_head: Option<String>,
-}
-
-impl PathRule {
-    /// The chain a jump or goto sent the packet to.
-    pub fn target(&self) -> Option<&str> {
-        self.verdict
-            .strip_prefix("jump ")
-            .or_else(|| self.verdict.strip_prefix("goto "))
-            .map(str::trim)
-    }
-}
+use super::nft_rule::{is_iptables_table, table_name, RuleEvent, RuleLookup};
+use crate::model::netfilter::PathRule;
 
 /// Names every rule of a traced packet's path.
 pub(super) fn name_path(path: &[RuleEvent], rules: &mut dyn RuleLookup) -> Vec<PathRule> {

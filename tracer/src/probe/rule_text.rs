@@ -20,8 +20,8 @@
 use std::{collections::HashMap, process::Command};
 
 use super::{
-    iptables::Backend,
-    nft_trace::{is_iptables_table, RuleLookup},
+    iptables::{output, Backend},
+    nft_rule::{is_iptables_table, RuleLookup},
 };
 
 /// Asks the node's kernel (through `nft` and `iptables-save`, run in the
@@ -258,14 +258,6 @@ fn rule_line(line: &str) -> Option<(u64, String)> {
 fn element_comment_in(listing: &str, key: &str) -> Option<String> {
     let (_, after) = listing.split_once(&format!("{key} comment \""))?;
     after.split('"').next().map(str::to_string)
-}
-
-/// A command's stdout, when it succeeds.
-pub(crate) fn output(command: &mut Command) -> Option<String> {
-    let out = command.output().ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 #[cfg(test)]

@@ -390,7 +390,7 @@ fn remove_dead(lock: &Exclusive, record: &Record) -> Result<()> {
         Held::Filter { .. } => super::tc::remove_filter(lock, record),
         #[cfg(not(target_os = "linux"))]
         Held::Filter { .. } => Err(crate::model::needs_linux("removing a tc filter")),
-        Held::Table { name } => super::netfilter::delete_table(name),
+        Held::Table { name } => super::nft::delete_table(name),
     }
 }
 

@@ -17,7 +17,8 @@ use super::{
 use crate::{
     decode::{Transport, TCP_SYN},
     model::conntrack::ConntrackTable,
-    probe::{conntrack::Tuple, netfilter::NetfilterRule},
+    model::conntrack::Tuple,
+    model::netfilter::NetfilterRule,
 };
 
 /// Which of conntrack's failures dropped the packet.
@@ -281,8 +282,8 @@ mod tests {
             Direction::*,
         },
         model::conntrack::ConntrackCounters,
+        model::conntrack::Entry,
         node::interfaces::Role,
-        probe::conntrack::Entry,
         story::{tell, Story},
     };
 

@@ -19,9 +19,9 @@ use std::{
 
 use crate::{
     decode::hop::{Direction, Hop},
+    model::netfilter::{NetfilterRule, PacketId},
     model::Translation,
     node::interfaces::Role,
-    probe::netfilter::{NetfilterRule, PacketId},
     story::{
         journey::{Journey, PacketKey},
         nat::NatBook,
@@ -573,7 +573,7 @@ pub(crate) mod tests {
         let mut c = Correlator::new(waits(1_000_000, 1_000_000));
         c.trace_for_joining([10, 244, 1, 1].into(), [10, 244, 1, 2].into());
         let mut book = NatBook::default();
-        let hairpin = crate::probe::conntrack::Entry {
+        let hairpin = crate::model::conntrack::Entry {
             orig: nat::tests::tuple([10, 244, 1, 2], [10, 96, 7, 8], 40000, 80),
             reply: nat::tests::tuple([10, 244, 1, 2], [10, 244, 1, 1], 8080, 25020),
             status: (1 << 4) | (1 << 5),

@@ -9,11 +9,9 @@ use crate::{
         hop::{Direction, DropInfo, Hop, KernelRoute},
         Decoded, Transport, TCP_SYN,
     },
+    model::netfilter::{NetfilterRule, PacketId},
     node::interfaces::Role,
-    probe::{
-        drops::REASON_NOT_NAMED,
-        netfilter::{NetfilterRule, PacketId},
-    },
+    probe::drops::REASON_NOT_NAMED,
     story::nat_steps,
 };
 

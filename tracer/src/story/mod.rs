@@ -627,7 +627,7 @@ pub(crate) mod tests {
     /// from `traced_from_ns`.
     fn translated_toward_node_2(traced_from_ns: u64) -> Story {
         let mut ctx = ctx();
-        let entry = crate::probe::conntrack::Entry {
+        let entry = crate::model::conntrack::Entry {
             orig: nat::tests::tuple([10, 244, 1, 2], [10, 96, 7, 8], 40000, 80),
             reply: nat::tests::tuple([10, 244, 2, 2], [10, 244, 1, 2], 8080, 40000),
             status: 1 << 5,

@@ -26,8 +26,8 @@ use super::{
 };
 use crate::{
     decode::{IpPacket, Transport},
+    model::conntrack::{Entry, Tuple},
     model::{Frontend, Translation},
-    probe::conntrack::{self, Tuple},
 };
 
 /// Every translation known to the trace, and the traced pair's
@@ -162,7 +162,7 @@ impl NatBook {
     /// `untraced_until_ns`: see [`Connection`].
     pub fn learn_connection(
         &mut self,
-        entry: &conntrack::Entry,
+        entry: &Entry,
         name: impl Fn(IpAddr) -> Option<String>,
         untraced_until_ns: u64,
     ) -> Vec<Translation> {
@@ -312,7 +312,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::decode::{decode, tests as frames};
     use crate::{
-        probe::netfilter::NetfilterRule,
+        model::netfilter::NetfilterRule,
         story::nat_steps::{steps, NatKind, RULE_NOT_SEEN},
     };
     use std::net::Ipv4Addr;
@@ -429,9 +429,9 @@ pub(crate) mod tests {
 
     /// Conntrack's entry for a hairpin: web-0 to a Service that picked
     /// web-0 itself, DNATed and MASQUERADEd to the bridge's address.
-    fn hairpin() -> conntrack::Entry {
+    fn hairpin() -> Entry {
         let t = tuple;
-        conntrack::Entry {
+        Entry {
             orig: t([10, 244, 1, 2], [10, 96, 7, 8], 40000, 80),
             reply: t([10, 244, 1, 2], [10, 244, 1, 1], 8080, 25020),
             status: (1 << 4) | (1 << 5),

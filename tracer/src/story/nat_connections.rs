@@ -13,7 +13,7 @@ use std::collections::{HashMap, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use super::nat::Connection;
-use crate::probe::conntrack::Tuple;
+use crate::model::conntrack::Tuple;
 
 /// Connections remembered: the oldest go first.
 pub const MAX_CONNECTIONS: usize = 4096;

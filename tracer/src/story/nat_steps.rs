@@ -12,8 +12,8 @@ use serde::Serialize;
 use super::nat::{ports, NatBook};
 use crate::{
     decode::IpPacket,
+    model::netfilter::NetfilterRule,
     model::{Frontend, Translation},
-    probe::netfilter::NetfilterRule,
 };
 
 /// Which rewrite a step is.

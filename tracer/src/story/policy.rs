@@ -8,7 +8,7 @@
 
 use serde::Serialize;
 
-use crate::probe::rule_path::PathRule;
+use crate::model::netfilter::PathRule;
 
 /// What a policy enforcer's rules say about a drop.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -193,8 +193,8 @@ mod tests {
     fn a_story_of_a_policy_drop_names_the_policy_and_the_pod() {
         use crate::{
             decode::{hop::tests::drop_hop, tests as frames},
+            model::netfilter::NetfilterRule,
             node::interfaces::Role,
-            probe::netfilter::NetfilterRule,
             story::{journey::NETFILTER_DROP, tell, tests::sample_journey, Context},
         };
         let mut journey = sample_journey();

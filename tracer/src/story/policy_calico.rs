@@ -16,7 +16,7 @@
 //! "Drop if no profiles matched".
 
 use super::policy::{comments, Enforcer, PolicyDirection, PolicyOutcome, PolicyRef, PolicyVerdict};
-use crate::probe::rule_path::PathRule;
+use crate::model::netfilter::PathRule;
 
 /// Reads a path that ends in a drop by Felix's rules.
 pub(super) fn read(path: &[PathRule]) -> Option<PolicyVerdict> {

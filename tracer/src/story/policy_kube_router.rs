@@ -13,7 +13,7 @@
 //! `<ns>/<policy> policy`, `<ns>/<pod> reject`.
 
 use super::policy::{comments, Enforcer, PolicyDirection, PolicyOutcome, PolicyRef, PolicyVerdict};
-use crate::probe::rule_path::PathRule;
+use crate::model::netfilter::PathRule;
 
 const POD_CHAIN: &str = "KUBE-POD-FW-";
 const POLICY_CHAIN: &str = "KUBE-NWPLCY-";

@@ -10,8 +10,8 @@ use serde::Serialize;
 use super::{explain::explain, micros, notes::tunnel_text, Context};
 use crate::{
     decode::hop::{Direction, Hop},
+    model::netfilter::NetfilterRule,
     node::interfaces::Role,
-    probe::netfilter::NetfilterRule,
     story::{explain::RouteCheck, journey::Journey},
 };
 

@@ -11,7 +11,7 @@ use super::{
     Context, Story,
 };
 use crate::{
-    decode::hop::Direction, probe::netfilter::NetfilterRule, story::journey::NETFILTER_DROP,
+    decode::hop::Direction, model::netfilter::NetfilterRule, story::journey::NETFILTER_DROP,
 };
 
 impl Story {

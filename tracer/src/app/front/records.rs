@@ -6,6 +6,7 @@
 use std::time::{Instant, SystemTime};
 
 use crate::cluster::agents::Heard;
+use crate::model::conntrack;
 
 use anyhow::Result;
 
@@ -13,7 +14,6 @@ use super::{arrivals::Held, lost::record_kind, stories_context, Session};
 use crate::{
     app::wire::{Read, Record},
     model::ProbeResult,
-    probe::conntrack,
 };
 
 impl Session {

@@ -1,0 +1,66 @@
+//! A netfilter rule as podtrace names it: the rule that dropped or
+//! translated a traced packet, the path of rules it matched on the way,
+//! and the packet identity the rule tracing and the kernel records share.
+
+use serde::{Deserialize, Serialize};
+
+/// The rule that gave a traced packet its final DROP, or translated its
+/// addresses.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetfilterRule {
+    /// `nat` for iptables' tables; `<family> <name>` (`ip kube-proxy`) for
+    /// native nft tables, as `nft list table` names them.
+    pub table: String,
+    pub chain: String,
+    /// The base chain the packet entered by (FORWARD, INPUT, …).
+    pub hook: String,
+    /// As iptables-save prints it (`-A FORWARD … -j DROP`) in iptables'
+    /// tables; in native nft tables as `nft -a list` prints it
+    /// (`meta l4proto tcp dnat to 10.244.2.3:8080 # handle 58`).
+    pub rule: String,
+    /// For a drop: every rule the packet matched from the base chain it
+    /// was dropped in (nft traces each hook's pass through a table on its
+    /// own), first to last, the drop's own rule last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub path: Vec<PathRule>,
+}
+
+/// A DROP verdict or a nat rule from the trace, and the packet it was for
+/// (its addresses as the rule saw them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TracedRule {
+    pub src: std::net::IpAddr,
+    pub dst: std::net::IpAddr,
+    pub ip_id: u16,
+    pub rule: NetfilterRule,
+}
+
+/// How a packet is known across signals: source, destination, IP ID.
+pub type PacketId = (std::net::IpAddr, std::net::IpAddr, u16);
+
+/// One rule the packet matched on its way to the drop.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathRule {
+    /// As [`super::netfilter::NetfilterRule::table`] names it.
+    pub table: String,
+    pub chain: String,
+    /// As the drop's own rule is named.
+    pub rule: String,
+    /// What the rule did with the packet, as nft traces it: `continue`
+    /// (a rule without a verdict, such as a mark or a comment alone),
+    /// `jump X`, `goto X`, `return`, `accept`, `drop`.
+    pub verdict: String,
+    /// For a jump or a goto: the first rule of the chain it went to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_head: Option<String>,
+}
+
+impl PathRule {
+    /// The chain a jump or goto sent the packet to.
+    pub fn target(&self) -> Option<&str> {
+        self.verdict
+            .strip_prefix("jump ")
+            .or_else(|| self.verdict.strip_prefix("goto "))
+            .map(str::trim)
+    }
+}
