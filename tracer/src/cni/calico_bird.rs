@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use super::{annotation, Backend};
+use super::backend::{annotation, Backend};
 use crate::{
     model::NodeSubnet,
     node::{Link, NodeView, RouteOrigin},
@@ -29,8 +29,8 @@ impl Backend for CalicoBird {
     }
 
     fn expected_route(&self, remote: &NodeSubnet, underlay: &str) -> String {
-        let route = super::to_pods_of(remote, remote.node_ip, false, RouteOrigin::Bird);
-        super::named(&route, underlay, "pod block", remote)
+        let route = super::backend::to_pods_of(remote, remote.node_ip, false, RouteOrigin::Bird);
+        super::backend::named(&route, underlay, "pod block", remote)
     }
 
     fn pod_interface<'a>(&self, view: &'a NodeView, ip: IpAddr) -> Option<&'a Link> {

@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use super::{annotation, Backend, TunnelSpec};
+use super::backend::{annotation, Backend, TunnelSpec};
 use crate::{
     model::NodeSubnet,
     node::{Link, NodeView, RouteOrigin},
@@ -46,8 +46,8 @@ impl Backend for CalicoIpip {
     }
 
     fn expected_route(&self, remote: &NodeSubnet, _underlay: &str) -> String {
-        let route = super::to_pods_of(remote, remote.node_ip, true, RouteOrigin::Bird);
-        super::named(&route, TUNNEL.device, "pod block", remote)
+        let route = super::backend::to_pods_of(remote, remote.node_ip, true, RouteOrigin::Bird);
+        super::backend::named(&route, TUNNEL.device, "pod block", remote)
     }
 
     fn pod_interface<'a>(&self, view: &'a NodeView, ip: IpAddr) -> Option<&'a Link> {

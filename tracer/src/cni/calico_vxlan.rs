@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use super::{annotation, Backend, TunnelSpec};
+use super::backend::{annotation, Backend, TunnelSpec};
 use crate::{
     model::NodeSubnet,
     node::{Link, NodeView, RouteOrigin},
@@ -41,8 +41,8 @@ impl Backend for CalicoVxlan {
     fn expected_route(&self, remote: &NodeSubnet, _underlay: &str) -> String {
         match remote.tunnel_ip {
             Some(vtep) => {
-                let route = super::to_pods_of(remote, vtep, true, RouteOrigin::Other);
-                super::named(&route, TUNNEL.device, "pod block", remote)
+                let route = super::backend::to_pods_of(remote, vtep, true, RouteOrigin::Other);
+                super::backend::named(&route, TUNNEL.device, "pod block", remote)
             }
             // No route to print in columns without its gateway.
             None => format!(

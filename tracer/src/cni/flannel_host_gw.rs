@@ -4,7 +4,10 @@
 
 use std::net::IpAddr;
 
-use super::{annotation, flannel_vxlan::BACKEND_TYPE, Backend};
+use super::{
+    backend::{annotation, Backend},
+    flannel_vxlan::BACKEND_TYPE,
+};
 use crate::{
     model::NodeSubnet,
     node::{Link, NodeView},
@@ -32,15 +35,15 @@ impl Backend for FlannelHostGw {
     }
 
     fn expected_route(&self, remote: &NodeSubnet, underlay: &str) -> String {
-        super::via_node_ip(remote, underlay)
+        super::backend::via_node_ip(remote, underlay)
     }
 
     fn inferred_pod_cidr(&self, view: &NodeView) -> Option<(ipnet::Ipv4Net, String)> {
-        super::widened(view, view.link_named(super::FLANNEL_BRIDGE)?)
+        super::backend::widened(view, view.link_named(super::backend::FLANNEL_BRIDGE)?)
     }
 
     fn bridge(&self) -> Option<&'static str> {
-        Some(super::FLANNEL_BRIDGE)
+        Some(super::backend::FLANNEL_BRIDGE)
     }
 
     fn pod_interface<'a>(&self, view: &'a NodeView, ip: IpAddr) -> Option<&'a Link> {

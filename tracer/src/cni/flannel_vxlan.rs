@@ -5,7 +5,7 @@
 
 use std::net::IpAddr;
 
-use super::{annotation, vxlan_device, Backend, TunnelSpec};
+use super::backend::{annotation, vxlan_device, Backend, TunnelSpec};
 use crate::{
     model::{bounded, NodeSubnet},
     node::{host_root::HostRoot, Link, NodeView, RouteOrigin},
@@ -44,20 +44,21 @@ impl Backend for FlannelVxlan {
 
     fn expected_route(&self, remote: &NodeSubnet, _underlay: &str) -> String {
         // Flannel's gateway is the remote VTEP's address, the subnet's .0.
-        let route = super::to_pods_of(remote, remote.subnet.network(), true, RouteOrigin::Other);
-        super::named(&route, TUNNEL.device, "pod subnet", remote)
+        let route =
+            super::backend::to_pods_of(remote, remote.subnet.network(), true, RouteOrigin::Other);
+        super::backend::named(&route, TUNNEL.device, "pod subnet", remote)
     }
 
     fn inferred_pod_cidr(&self, view: &NodeView) -> Option<(ipnet::Ipv4Net, String)> {
         let tunnel = vxlan_device(view, &TUNNEL);
-        let bridge = view.link_named(super::FLANNEL_BRIDGE);
+        let bridge = view.link_named(super::backend::FLANNEL_BRIDGE);
         tunnel
-            .and_then(|l| super::widened(view, l))
-            .or_else(|| super::widened(view, bridge?))
+            .and_then(|l| super::backend::widened(view, l))
+            .or_else(|| super::backend::widened(view, bridge?))
     }
 
     fn bridge(&self) -> Option<&'static str> {
-        Some(super::FLANNEL_BRIDGE)
+        Some(super::backend::FLANNEL_BRIDGE)
     }
 
     fn pod_interface<'a>(&self, view: &'a NodeView, ip: IpAddr) -> Option<&'a Link> {

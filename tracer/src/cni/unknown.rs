@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use super::Backend;
+use super::backend::Backend;
 use crate::{
     model::NodeSubnet,
     node::{Link, NodeView},
@@ -26,7 +26,7 @@ impl Backend for Unknown {
     }
 
     fn expected_route(&self, remote: &NodeSubnet, underlay: &str) -> String {
-        super::via_node_ip(remote, underlay)
+        super::backend::via_node_ip(remote, underlay)
     }
 
     fn pod_interface<'a>(&self, view: &'a NodeView, ip: IpAddr) -> Option<&'a Link> {

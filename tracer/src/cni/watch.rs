@@ -1,7 +1,7 @@
 //! Which interfaces of a node podtrace watches: the underlay, and every
 //! link the node's CNI backend gives a part.
 
-use super::Backend;
+use super::backend::Backend;
 use crate::node::{
     interfaces::{Role, Watched},
     Link, NodeView,

@@ -1,10 +1,12 @@
 //! One agent as the front-end follows it, what it counted, for the
 //! summary, and how it ended.
 
-use std::time::SystemTime;
+use std::{collections::BTreeMap, time::SystemTime};
+
+use anyhow::{bail, Result};
 
 use crate::{
-    app::wire::{Reader, Start},
+    app::wire::{Reader, Record, Start},
     model::{NodeCounts, Summary},
     story::clock::Placement,
 };
@@ -116,4 +118,34 @@ impl Followed {
 /// A wall-clock time as podtrace's messages give it (UTC, to the ms).
 fn wall(at: SystemTime) -> humantime::Rfc3339Timestamp {
     humantime::format_rfc3339_millis(at)
+}
+
+/// An error naming the agents lost mid-trace, if any: their nodes'
+/// stories may be incomplete.
+pub(super) fn unless_agents_lost(agents: &BTreeMap<String, Followed>) -> Result<()> {
+    let lost: Vec<&str> = agents
+        .iter()
+        .filter(|(_, a)| a.lost.is_some())
+        .map(|(node, _)| node.as_str())
+        .collect();
+    if !lost.is_empty() {
+        bail!("the agents on {} were lost mid-trace: the stories of packets that went on to their nodes are incomplete", lost.join(", "));
+    }
+    Ok(())
+}
+
+/// What a record is, for "last heard" when its agent is lost.
+pub(super) fn record_kind(record: &Record) -> &'static str {
+    match record {
+        Record::Start(_) => "its start",
+        Record::Hop(_) => "a hop",
+        Record::Rule { .. } => "a netfilter rule",
+        Record::Conntrack { .. } => "a conntrack entry",
+        Record::Loss { .. } => "a loss report",
+        Record::Hooks { .. } => "its hooks",
+        Record::ReadThrough { .. } => "a progress mark",
+        Record::ProbeSending { .. } | Record::Probe { .. } => "a probe",
+        Record::Summary(_) => "its summary",
+        Record::Unknown => "a record this front-end does not know",
+    }
 }

@@ -3,15 +3,10 @@
 //! once; the packets that went on to its node after its last progress
 //! mark are told incomplete, not vanished; and the run fails.
 
-use std::{
-    collections::BTreeMap,
-    time::{Instant, SystemTime},
-};
+use std::time::{Instant, SystemTime};
 
-use anyhow::{bail, Result};
-
-use super::{arrivals::Held, followed::Followed, stories_context, Session};
-use crate::{app::wire::Record, story::lost_agents::LostAgent};
+use super::{arrivals::Held, stories_context, Session};
+use crate::story::lost_agents::LostAgent;
 
 impl Session {
     /// `node`'s log ended (`why`: how, when it broke off). Without the
@@ -50,35 +45,5 @@ impl Session {
             }
         }
         self.arrivals.hold(Instant::now(), node, Held::Ended);
-    }
-}
-
-/// An error naming the agents lost mid-trace, if any: their nodes'
-/// stories may be incomplete.
-pub(super) fn unless_agents_lost(agents: &BTreeMap<String, Followed>) -> Result<()> {
-    let lost: Vec<&str> = agents
-        .iter()
-        .filter(|(_, a)| a.lost.is_some())
-        .map(|(node, _)| node.as_str())
-        .collect();
-    if !lost.is_empty() {
-        bail!("the agents on {} were lost mid-trace: the stories of packets that went on to their nodes are incomplete", lost.join(", "));
-    }
-    Ok(())
-}
-
-/// What a record is, for "last heard" when its agent is lost.
-pub(super) fn record_kind(record: &Record) -> &'static str {
-    match record {
-        Record::Start(_) => "its start",
-        Record::Hop(_) => "a hop",
-        Record::Rule { .. } => "a netfilter rule",
-        Record::Conntrack { .. } => "a conntrack entry",
-        Record::Loss { .. } => "a loss report",
-        Record::Hooks { .. } => "its hooks",
-        Record::ReadThrough { .. } => "a progress mark",
-        Record::ProbeSending { .. } | Record::Probe { .. } => "a probe",
-        Record::Summary(_) => "its summary",
-        Record::Unknown => "a record this front-end does not know",
     }
 }

@@ -414,7 +414,7 @@ impl Session {
         }
         teller.tell_probes(self.probe_results, &mut summary)?;
         let seen = teller.finish(summary)?;
-        lost::unless_agents_lost(&self.agents).map(|()| seen)
+        followed::unless_agents_lost(&self.agents).map(|()| seen)
     }
 }
 

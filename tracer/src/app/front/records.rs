@@ -10,7 +10,7 @@ use crate::model::conntrack;
 
 use anyhow::Result;
 
-use super::{arrivals::Held, lost::record_kind, stories_context, Session};
+use super::{arrivals::Held, followed::record_kind, stories_context, Session};
 use crate::{
     app::wire::{Read, Record},
     model::ProbeResult,

@@ -1,0 +1,139 @@
+//! What every CNI backend is and shares: the trait each one implements,
+//! how it encapsulates, and the route and device helpers their
+//! expectations are written with.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use ipnet::Ipv4Net;
+
+use crate::{
+    model::NodeSubnet,
+    node::{interfaces::Role, Link, NodeView, Route, RouteKind, RouteOrigin, RT_TABLE_MAIN},
+};
+
+/// The bridge Flannel's CNI config names (the bridge plugin's default).
+pub(super) const FLANNEL_BRIDGE: &str = "cni0";
+
+/// How a backend encapsulates traffic between nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TunnelSpec {
+    /// The device name the backend gives its tunnel (flannel.1 is
+    /// `flannel.<VNI>`, Calico's are fixed).
+    pub device: &'static str,
+    /// UDP port for VXLAN; None for IPIP.
+    pub port: Option<u16>,
+    pub vni: Option<u32>,
+}
+
+pub trait Backend: Sync {
+    /// e.g. "flannel-vxlan".
+    fn name(&self) -> &'static str;
+
+    /// Whether a node's annotations (`metadata.annotations` of a v1.Node)
+    /// say it runs this backend.
+    fn annotated(&self, annotations: &serde_json::Value) -> bool;
+
+    /// Whether the node's own devices and routes say it runs this backend.
+    fn runs_on(&self, view: &NodeView) -> bool;
+
+    /// The tunnel this backend sends other nodes' pod traffic through.
+    fn tunnel(&self) -> Option<TunnelSpec> {
+        None
+    }
+
+    /// The cluster's pod CIDR as this node's devices suggest it, with the
+    /// evidence, when nothing better (`--pod-cidr`, the nodes) is known.
+    fn inferred_pod_cidr(&self, _view: &NodeView) -> Option<(Ipv4Net, String)> {
+        None
+    }
+
+    /// The bridge its pods hang off, by the name the CNI gives it.
+    fn bridge(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// The route a node needs toward `remote`'s pods, as `ip route` shows
+    /// it. `underlay` names the node's underlay interface.
+    fn expected_route(&self, remote: &NodeSubnet, underlay: &str) -> String;
+
+    /// The host-side interface of the local pod with `ip`.
+    fn pod_interface<'a>(&self, view: &'a NodeView, ip: IpAddr) -> Option<&'a Link>;
+
+    /// The part `link` plays on a node of this backend (None: not watched).
+    /// The underlay is chosen before this is asked.
+    fn role(&self, link: &Link) -> Option<Role> {
+        role_by_kind(link)
+    }
+}
+
+/// The VXLAN device of `spec` on this node: by the backend's device name,
+/// else by its port (a renamed device still carries the port).
+pub(super) fn vxlan_device<'a>(view: &'a NodeView, spec: &TunnelSpec) -> Option<&'a Link> {
+    view.links_of_kind("vxlan").find(|l| {
+        l.name == spec.device || (spec.port.is_some() && l.vxlan.and_then(|v| v.port) == spec.port)
+    })
+}
+
+/// `<subnet> via <node IP> dev <underlay>`: the route of every backend
+/// that routes pod traffic to the node itself, without a tunnel.
+pub(super) fn via_node_ip(remote: &NodeSubnet, underlay: &str) -> String {
+    let route = to_pods_of(remote, remote.node_ip, false, RouteOrigin::Other);
+    named(&route, underlay, "pod subnet", remote)
+}
+
+/// The route toward `remote`'s pods through `gateway`, as its backend
+/// installs it (`onlink` for a tunnel's, `protocol` bird for Calico's).
+pub(super) fn to_pods_of(
+    remote: &NodeSubnet,
+    gateway: Ipv4Addr,
+    onlink: bool,
+    protocol: RouteOrigin,
+) -> Route {
+    Route {
+        protocol,
+        onlink,
+        kind: RouteKind::Unicast,
+        destination: remote.subnet.into(),
+        gateway: Some(gateway.into()),
+        oif: None,
+        table: RT_TABLE_MAIN,
+    }
+}
+
+/// `route` out of `dev` in `ip route` and `route -n` terms, then whose
+/// subnet it leads to (`what`: Flannel's "pod subnet", Calico's "pod
+/// block").
+pub(super) fn named(route: &Route, dev: &str, what: &str, remote: &NodeSubnet) -> String {
+    format!(
+        "{} ({what} of {})",
+        route.describe_on(Some(dev)),
+        remote.node
+    )
+}
+
+/// The /16 around `address` of `link`: Flannel hands each node a /24 (its
+/// default SubnetLen) out of the cluster's Network, a /16 by default.
+pub(super) fn widened(view: &NodeView, link: &Link) -> Option<(Ipv4Net, String)> {
+    let (_, address) = view.addresses.iter().find(|(i, _)| *i == link.index)?;
+    let cidr = Ipv4Net::new(*address, 16).ok()?.trunc();
+    Some((cidr, format!("{}'s {address}", link.name)))
+}
+
+/// Annotation value as a string, if present.
+pub(super) fn annotation<'a>(annotations: &'a serde_json::Value, key: &str) -> Option<&'a str> {
+    annotations[key].as_str()
+}
+
+/// Roles every backend shares: bridges, tunnel devices, and veths whose
+/// other end is in another namespace (a pod's). A veth with both ends on
+/// the host (cilium_host/cilium_net, the lab's underlay) is no pod's.
+pub fn role_by_kind(link: &Link) -> Option<Role> {
+    match link.kind.as_str() {
+        "bridge" => Some(Role::Bridge),
+        // A tunnel that is down carries nothing (a CNI brings its own up):
+        // once it goes up, the link watch sees it again.
+        _ if link.is_tunnel() && link.up => Some(Role::Tunnel),
+        "veth" if link.peer_in_other_netns => Some(Role::PodVeth),
+        _ => None,
+    }
+}
