@@ -10,6 +10,7 @@ use crate::lab::{fdb, in_netns, ip, run, sysctl, Lab, LabPod, Topology};
 mod conntrack;
 mod node_files;
 mod policy;
+mod policy_knp;
 
 pub use conntrack::SNAT_PORT;
 
@@ -35,6 +36,10 @@ pub enum Fault {
     /// KUBE-POD-FW-*, KUBE-NWPLCY-*): TCP to db-0 is rejected, ICMP echo
     /// passes.
     KubeRouterPolicyDeny,
+    /// kube-network-policies' nftables table on node-2 (db-0 in its
+    /// `podips-v4` set), written with `--fail-open=false` and no engine
+    /// reading its nfqueue: the kernel drops what it queues.
+    KubeNetworkPoliciesFailClosed,
     /// KUBE-MARK-DROP marks 0x8000, KUBE-FIREWALL drops marked packets (node-1).
     KubeFirewallMarkDrop,
     /// node-1 loses `<node-2 subnet> via … dev flannel.1` (the default route stays).
@@ -106,6 +111,7 @@ impl Fault {
             Self::CalicoPolicyDeny => "calico-policy-deny",
             Self::CalicoNftPolicyDeny => "calico-nft-policy-deny",
             Self::KubeRouterPolicyDeny => "kube-router-policy-deny",
+            Self::KubeNetworkPoliciesFailClosed => "kube-network-policies-fail-closed",
             Self::KubeFirewallMarkDrop => "kube-firewall-mark-drop",
             Self::FlannelRouteMissing => "flannel-route-missing",
             Self::FlannelRouteMissingNoDefault => "flannel-route-missing-no-default",
@@ -168,6 +174,9 @@ impl Fault {
             Self::CalicoPolicyDeny => policy::calico_iptables(&node2, &lab.pod("db-0"))?,
             Self::CalicoNftPolicyDeny => policy::calico_nftables(&node2, &lab.pod("db-0"))?,
             Self::KubeRouterPolicyDeny => policy::kube_router(&node2, &lab.pod("db-0"))?,
+            Self::KubeNetworkPoliciesFailClosed => {
+                policy_knp::fail_closed(&node2, &lab.pod("db-0"))?
+            }
             Self::KubeFirewallMarkDrop => kube_firewall_mark_drop(&node1, &web)?,
             Self::FlannelRouteMissing => {
                 ip(&node1, &format!("route del {}", lab.node_subnet(2)))?;

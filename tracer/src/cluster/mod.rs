@@ -16,6 +16,7 @@ pub mod argument;
 pub mod inventory;
 pub mod kube_proxy_rules;
 pub mod lease;
+pub mod network_policies;
 pub mod nodes;
 pub mod scoped;
 pub mod services;

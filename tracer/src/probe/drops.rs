@@ -132,7 +132,9 @@ impl ReasonNames {
     /// `location` (`name+0xoff`) rather than passed by the kernel. Only an
     /// unambiguous location counts, where the kernel passes no reason or
     /// NOT_SPECIFIED: nf_hook_slow frees a packet only on a netfilter
-    /// rule's DROP (NETFILTER_DROP on newer kernels), and neigh_invalidate
+    /// rule's DROP (NETFILTER_DROP on newer kernels), nf_queue only one a
+    /// rule's QUEUE could not hand to a listener (none, and no bypass; or
+    /// its queue full), and neigh_invalidate
     /// only the packets queued on a neighbour that FAILED to resolve
     /// (IPv6's ndisc_error_report frees them with no reason, IPv4's with
     /// NEIGH_FAILED).
@@ -161,8 +163,9 @@ impl ReasonNames {
 const NOT_SPECIFIED: &str = "NOT_SPECIFIED";
 
 /// Functions that free a packet for one reason only, and that reason.
-const LOCATION_REASONS: [(&str, &str); 2] = [
+const LOCATION_REASONS: [(&str, &str); 3] = [
     ("nf_hook_slow", "NETFILTER_DROP"),
+    ("nf_queue", "NETFILTER_DROP"),
     ("neigh_invalidate", "NEIGH_FAILED"),
 ];
 
@@ -225,6 +228,12 @@ mod tests {
         let unnamed = ReasonNames(None);
         assert_eq!(
             unnamed.name(0, "nf_hook_slow+0x9c"),
+            ("NETFILTER_DROP".to_string(), true)
+        );
+        // A rule's QUEUE that no listener took (kfree_skb, no reason).
+        let unspecified = ReasonNames(Some(HashMap::from([(1, NOT_SPECIFIED.to_string())])));
+        assert_eq!(
+            unspecified.name(1, "nf_queue+0x5c"),
             ("NETFILTER_DROP".to_string(), true)
         );
         assert_eq!(

@@ -98,11 +98,12 @@ impl TraceParser {
             packet.via = Some(rule);
             return None;
         }
-        if rule.verdict != "drop" && !is_nat_rule(&rule.text) {
+        let ends_here = rule.verdict == "drop" || is_queue(&rule.verdict);
+        if !ends_here && !is_nat_rule(&rule.text) {
             return None;
         }
         let named = name_rule(&rule, packet, rules);
-        let path = if rule.verdict == "drop" {
+        let path = if ends_here {
             name_path(&packet.path, rules)
         } else {
             Vec::new()
@@ -133,6 +134,14 @@ fn traced(
             path,
         },
     })
+}
+
+/// A rule that handed the packet to a userspace program by nfqueue
+/// (kube-network-policies decides there): the kernel drops it if nothing
+/// reads the queue and the rule has no bypass, and the program may drop
+/// it; its path is kept as a drop's is.
+fn is_queue(verdict: &str) -> bool {
+    verdict == "queue" || verdict.starts_with("queue ")
 }
 
 /// A rule that rewrites addresses, in either syntax nft may print

@@ -77,6 +77,25 @@ trace id 0b1d ip calico filter-cali-tw-cali1a2b3c4d5e6 rule meta mark & 0x20000 
         assert!(path[3].rule.ends_with("# handle 17"));
     }
 
+    /// kube-network-policies' postrouting chain hands a packet to a
+    /// selected pod to its engine: the queue ends the path as a drop does
+    /// (the kernel or the engine may drop it after).
+    #[test]
+    fn a_queue_verdict_keeps_the_path() {
+        let trace = r#"trace id 5e1f inet kube-network-policies postrouting packet: iif "eth0" oif "cni0" ip saddr 10.171.1.2 ip daddr 10.171.2.2 ip id 41 ip length 84 icmp type echo-request
+trace id 5e1f inet kube-network-policies postrouting rule ip daddr @podips-v4 queue to 98 # handle 11 (verdict queue)"#;
+        let rules = rules_of(trace, &mut Canned::default());
+        assert_eq!(rules.len(), 1, "{rules:?}");
+        assert_eq!(rules[0].rule.table, "inet kube-network-policies");
+        assert_eq!(
+            rules[0].rule.rule,
+            "ip daddr @podips-v4 queue to 98 # handle 11"
+        );
+        let path = &rules[0].rule.path;
+        assert_eq!(path.len(), 1, "{path:?}");
+        assert_eq!(path[0].verdict, "queue");
+    }
+
     #[test]
     fn a_translation_carries_no_path() {
         let trace = r#"trace id 1 ip nat PREROUTING packet: iif "cni0" ip saddr 10.171.1.2 ip daddr 10.96.171.50 ip id 7 ip length 60 tcp sport 1 tcp dport 80

@@ -30,6 +30,7 @@ mod notes;
 pub mod pmtu;
 pub mod policy;
 mod policy_calico;
+mod policy_kube_network_policies;
 mod policy_kube_router;
 pub mod profile;
 mod rule_text;

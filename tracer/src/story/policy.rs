@@ -3,8 +3,9 @@
 //! rules, which policies selected the pod in that direction, and whether
 //! a deny rule matched or nothing allowed the packet. One reader per
 //! enforcer, each knowing how its renderer names chains and writes
-//! comments (`policy_calico`, `policy_kube_router`); a drop whose path
-//! none recognises names no policy.
+//! comments (`policy_calico`, `policy_kube_router`,
+//! `policy_kube_network_policies`); a drop whose path none recognises
+//! names no policy.
 
 use serde::Serialize;
 
@@ -25,6 +26,17 @@ pub struct PolicyVerdict {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tier: Option<String>,
     pub outcome: PolicyOutcome,
+    /// kube-network-policies: the nfqueue its rules handed the packet to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<PolicyQueue>,
+}
+
+/// The nfqueue a rule handed the packet to, as the rule says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct PolicyQueue {
+    pub number: u16,
+    /// `flags bypass`: accepted, not dropped, when nothing reads the queue.
+    pub bypass: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -32,6 +44,7 @@ pub struct PolicyVerdict {
 pub enum Enforcer {
     Calico,
     KubeRouter,
+    KubeNetworkPolicies,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -39,6 +52,10 @@ pub enum Enforcer {
 pub enum PolicyDirection {
     Ingress,
     Egress,
+    /// The rules do not tell which: kube-network-policies queues a packet
+    /// whose source pod any policy selects, and its engine checks both
+    /// that pod's egress and the destination's ingress.
+    IngressOrEgress,
 }
 
 /// One policy (or Calico profile) and the chain it was rendered to.
@@ -62,11 +79,20 @@ pub enum PolicyOutcome {
     /// No policy selected the pod; its profiles allowed nothing that
     /// matched (Calico).
     NoProfileAllowed,
+    /// Queued to the enforcer's userspace engine, which dropped it: the
+    /// kernel's evidence does not say which policy decided.
+    DroppedByEngine,
+    /// Queued to the enforcer's engine, and nothing took it from the
+    /// queue (no engine running, or its queue full) while the queue has
+    /// no bypass: the kernel dropped it, no policy decided.
+    EngineUnreachable,
 }
 
 /// The policy story of a drop whose path an enforcer's rules explain.
 pub fn read_policy(path: &[PathRule]) -> Option<PolicyVerdict> {
-    super::policy_calico::read(path).or_else(|| super::policy_kube_router::read(path))
+    super::policy_calico::read(path)
+        .or_else(|| super::policy_kube_router::read(path))
+        .or_else(|| super::policy_kube_network_policies::read(path))
 }
 
 impl PolicyDirection {
@@ -74,6 +100,7 @@ impl PolicyDirection {
         match self {
             Self::Ingress => "ingress",
             Self::Egress => "egress",
+            Self::IngressOrEgress => "ingress or egress",
         }
     }
 }
@@ -95,6 +122,7 @@ impl PolicyVerdict {
                 None => "Calico".to_string(),
             },
             Enforcer::KubeRouter => "kube-router".to_string(),
+            Enforcer::KubeNetworkPolicies => "kube-network-policies".to_string(),
         };
         let said = match (self.outcome, self.policies.len()) {
             (PolicyOutcome::NoPolicyAllowed, 0) => {
@@ -116,6 +144,10 @@ impl PolicyVerdict {
             (PolicyOutcome::NoProfileAllowed, _) => format!(
                 "no policy selects {pod} for {dir}, and its profiles ({names}) allow nothing this packet matches"
             ),
+            // A queue's story (kube-network-policies) is its own.
+            (PolicyOutcome::DroppedByEngine | PolicyOutcome::EngineUnreachable, _) => {
+                return super::policy_kube_network_policies::text(self);
+            }
         };
         format!("NetworkPolicy: {said} ({by})")
     }
@@ -243,6 +275,7 @@ mod tests {
             }],
             tier: Some("default".into()),
             outcome: PolicyOutcome::NoPolicyAllowed,
+            queue: None,
         };
         assert_eq!(
             verdict.text(),

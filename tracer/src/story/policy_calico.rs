@@ -39,8 +39,8 @@ pub(super) fn read(path: &[PathRule]) -> Option<PolicyVerdict> {
         }
     };
     let wanted = match outcome {
-        PolicyOutcome::NoProfileAllowed => profile_prefix(direction),
-        _ => policy_prefix(direction),
+        PolicyOutcome::NoProfileAllowed => profile_prefix(direction)?,
+        _ => policy_prefix(direction)?,
     };
     let policies = entered(path, wanted);
     let tier = said
@@ -57,6 +57,7 @@ pub(super) fn read(path: &[PathRule]) -> Option<PolicyVerdict> {
         policies,
         tier,
         outcome,
+        queue: None,
     })
 }
 
@@ -66,13 +67,9 @@ fn felix_chain(chain: &str) -> Option<&str> {
 }
 
 fn policy_direction(chain: &str) -> Option<PolicyDirection> {
-    if chain.starts_with(policy_prefix(PolicyDirection::Ingress)) {
-        Some(PolicyDirection::Ingress)
-    } else if chain.starts_with(policy_prefix(PolicyDirection::Egress)) {
-        Some(PolicyDirection::Egress)
-    } else {
-        None
-    }
+    [PolicyDirection::Ingress, PolicyDirection::Egress]
+        .into_iter()
+        .find(|&d| policy_prefix(d).is_some_and(|prefix| chain.starts_with(prefix)))
 }
 
 /// To a workload is its ingress; from it, its egress.
@@ -86,17 +83,20 @@ fn endpoint_direction(chain: &str) -> Option<PolicyDirection> {
     }
 }
 
-fn policy_prefix(direction: PolicyDirection) -> &'static str {
+/// Felix's chains each have one direction.
+fn policy_prefix(direction: PolicyDirection) -> Option<&'static str> {
     match direction {
-        PolicyDirection::Ingress => "cali-pi-",
-        PolicyDirection::Egress => "cali-po-",
+        PolicyDirection::Ingress => Some("cali-pi-"),
+        PolicyDirection::Egress => Some("cali-po-"),
+        PolicyDirection::IngressOrEgress => None,
     }
 }
 
-fn profile_prefix(direction: PolicyDirection) -> &'static str {
+fn profile_prefix(direction: PolicyDirection) -> Option<&'static str> {
     match direction {
-        PolicyDirection::Ingress => "cali-pri-",
-        PolicyDirection::Egress => "cali-pro-",
+        PolicyDirection::Ingress => Some("cali-pri-"),
+        PolicyDirection::Egress => Some("cali-pro-"),
+        PolicyDirection::IngressOrEgress => None,
     }
 }
 
@@ -260,6 +260,7 @@ pub(super) mod tests {
                 policies: vec![backend_deny_ingress(PI)],
                 tier: Some("default".into()),
                 outcome: PolicyOutcome::NoPolicyAllowed,
+                queue: None,
             }
         );
     }

@@ -47,6 +47,7 @@ pub(super) fn read(path: &[PathRule]) -> Option<PolicyVerdict> {
         policies,
         tier: None,
         outcome: PolicyOutcome::NoPolicyAllowed,
+        queue: None,
     })
 }
 
@@ -176,6 +177,7 @@ mod tests {
                 }],
                 tier: None,
                 outcome: PolicyOutcome::NoPolicyAllowed,
+                queue: None,
             }
         );
         assert!(verdict.text().contains(

@@ -6,6 +6,7 @@ use super::{
     conntrack::Mechanism,
     nat_steps::NatKind,
     policy::{read_policy, PolicyDirection},
+    policy_kube_network_policies::account_for_location,
     rule_text::rejection,
     verdict::Outcome,
     Context, Story,
@@ -62,7 +63,11 @@ impl Story {
             policy.pod = match policy.direction {
                 PolicyDirection::Ingress => self.dst_name.clone(),
                 PolicyDirection::Egress => self.src_name.clone(),
+                PolicyDirection::IngressOrEgress => None,
             };
+        }
+        if let Outcome::Dropped { location, .. } = &self.verdict.outcome {
+            account_for_location(&mut policy, location);
         }
         self.verdict
             .summary

@@ -31,7 +31,8 @@ use kernels::{Series, MATRIX};
 /// pod's capabilities and memlock limit with the kernel's addresses hidden
 /// as distributions hide them, and cleanup after kill -9 in clsact mode
 /// (every kernel) and in TCX mode (`TCX_SUITE`, where the kernel has it),
-/// and Calico's IPIP datapath, which needs the kernels' ipip.ko.
+/// Calico's IPIP datapath, which needs the kernels' ipip.ko, and
+/// kube-network-policies' nfqueue, which needs their nft_queue.ko.
 pub const SUITE: &[(&str, &[&str])] = &[
     (
         "lab",
@@ -83,6 +84,11 @@ pub const SUITE: &[(&str, &[&str])] = &[
             "an_iptables_drop_after_ipip_decapsulation_names_the_rule",
             "a_block_withdrawn_by_bgp_is_no_route_naming_birds_ipip_route",
         ],
+    ),
+    (
+        // Ignored on this host, whose kernel has no nft queue expression.
+        "policy",
+        &["kube_network_policies_queue_without_an_engine_is_told_as_such"],
     ),
     (
         "wireguard",
