@@ -15,7 +15,19 @@ use serde::{Deserialize, Serialize};
 use quote::Quoted;
 
 /// The layer-4 facts that tell one packet of a flow from the next.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    schemars::JsonSchema,
+    Deserialize,
+)]
 #[serde(tag = "proto", rename_all = "lowercase")]
 pub enum Transport {
     Icmp {
@@ -76,7 +88,7 @@ impl Transport {
 }
 
 /// An IPv4 or IPv6 header and what follows it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema, Deserialize)]
 pub struct IpPacket {
     pub src: IpAddr,
     pub dst: IpAddr,
@@ -94,7 +106,7 @@ pub struct IpPacket {
     pub transport: Transport,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TunnelKind {
     Vxlan,
@@ -103,7 +115,7 @@ pub enum TunnelKind {
 }
 
 /// The outer layer of an encapsulated packet.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema, Deserialize)]
 pub struct Tunnel {
     pub kind: TunnelKind,
     /// VXLAN / Geneve network identifier.

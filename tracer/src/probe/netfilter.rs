@@ -34,7 +34,7 @@ use crate::node::netns::Namespace;
 
 /// The rule that gave a traced packet its final DROP, or translated its
 /// addresses.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema, Deserialize)]
 pub struct NetfilterRule {
     /// `nat` for iptables' tables; `<family> <name>` (`ip kube-proxy`) for
     /// native nft tables, as `nft list table` names them.

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::nft_trace::{is_iptables_table, table_name, RuleEvent, RuleLookup};
 
 /// One rule the packet matched on its way to the drop.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema, Deserialize)]
 pub struct PathRule {
     /// As [`super::netfilter::NetfilterRule::table`] names it.
     pub table: String,

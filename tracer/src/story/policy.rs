@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::probe::rule_path::PathRule;
 
 /// What a policy enforcer's rules say about a drop.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct PolicyVerdict {
     pub enforcer: Enforcer,
     pub direction: PolicyDirection,
@@ -27,14 +27,14 @@ pub struct PolicyVerdict {
     pub outcome: PolicyOutcome,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Enforcer {
     Calico,
     KubeRouter,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PolicyDirection {
     Ingress,
@@ -42,7 +42,7 @@ pub enum PolicyDirection {
 }
 
 /// One policy (or Calico profile) and the chain it was rendered to.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct PolicyRef {
     /// `KubernetesNetworkPolicy`, `NetworkPolicy`, `GlobalNetworkPolicy`,
     /// `Profile`, … as the enforcer names it.
@@ -52,7 +52,7 @@ pub struct PolicyRef {
     pub chain: String,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PolicyOutcome {
     /// Policies selected the pod; none allowed the packet.
