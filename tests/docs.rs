@@ -1,6 +1,7 @@
 //! The docs against the code: every flag and subcommand a user can see in
-//! `--help` is in docs/usage.md, so that a flag added without its doc
-//! fails here.
+//! `--help` is in docs/usage.md, and every JSON field in its JSON
+//! reference, so that a flag or a field added without its doc fails here;
+//! docs/schema.json is what `podtrace schema` prints.
 
 use clap::CommandFactory;
 use podtrace::cli::Cli;
@@ -40,6 +41,53 @@ fn every_flag_and_subcommand_is_in_the_usage_doc() {
     assert!(
         missing.is_empty(),
         "docs/usage.md does not mention {missing:?} (of {} flags and subcommands)",
+        names.len()
+    );
+}
+
+/// docs/schema.json, committed for tools that read podtrace's JSON lines,
+/// is the schema the structs give.
+#[test]
+fn the_committed_json_schema_is_the_one_the_structs_give() {
+    let committed =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/schema.json"))
+            .expect("docs/schema.json");
+    assert!(
+        committed == podtrace::output::schema::text(),
+        "docs/schema.json is not what the structs give: regenerate it with \
+         `cargo run --release -- schema > docs/schema.json` (and bump \
+         output::schema::VERSION if a field was removed or renamed)"
+    );
+}
+
+/// Every property the schema defines, anywhere in it.
+fn schema_properties(value: &serde_json::Value, names: &mut std::collections::BTreeSet<String>) {
+    match value {
+        serde_json::Value::Object(object) => {
+            if let Some(serde_json::Value::Object(properties)) = object.get("properties") {
+                names.extend(properties.keys().cloned());
+            }
+            object.values().for_each(|v| schema_properties(v, names));
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| schema_properties(v, names)),
+        _ => {}
+    }
+}
+
+#[test]
+fn every_json_field_is_in_the_usage_doc() {
+    let usage = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/usage.md"))
+        .expect("docs/usage.md");
+    let schema = serde_json::to_value(podtrace::output::schema::schema()).unwrap();
+    let mut names = std::collections::BTreeSet::new();
+    schema_properties(&schema, &mut names);
+    let missing: Vec<&String> = names
+        .iter()
+        .filter(|name| !usage.contains(&format!("`{name}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/usage.md's JSON reference does not name {missing:?} as `field` (of {} fields)",
         names.len()
     );
 }

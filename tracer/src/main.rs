@@ -80,7 +80,7 @@ fn main() -> std::process::ExitCode {
         (Some(Command::Profile(profile)), _) => {
             runtime.block_on(podtrace::app::profile::run(profile))
         }
-        // Read, completions and man are told above, without a runtime;
+        // Read, completions, schema and man are told above, without a runtime;
         // off Linux, so are the refusals.
         (Some(_), _) => unreachable!("told above"),
         // clap asks for SRC and DST first; this is a guard.
@@ -110,6 +110,10 @@ fn offline(cli: &Cli) -> Option<std::process::ExitCode> {
             Some(std::process::ExitCode::SUCCESS)
         }
         Some(Command::Man(man)) => Some(exit(write_man_pages(&man.dir))),
+        Some(Command::Schema) => {
+            print!("{}", podtrace::output::schema::text());
+            Some(std::process::ExitCode::SUCCESS)
+        }
         _ => None,
     }
 }

@@ -19,7 +19,9 @@ pub fn needs_the_kernel(cli: &Cli, cluster_mode: impl Fn(&Args) -> bool) -> Opti
         Some(Command::Doctor(_)) => None,
         Some(Command::Profile(_)) => Some("podtrace profile"),
         Some(Command::Kernel(_)) => Some("podtrace kernel"),
-        Some(Command::Read(_) | Command::Completions(_) | Command::Man(_)) => None,
+        Some(Command::Read(_) | Command::Completions(_) | Command::Man(_) | Command::Schema) => {
+            None
+        }
         None => match &cli.trace {
             Some(trace) if !cluster_mode(trace) => Some("node mode"),
             _ => None,

@@ -93,6 +93,9 @@ pub enum Command {
     /// Print the completion script of a shell: `source <(podtrace
     /// completions bash)`, or save it where the shell loads completions.
     Completions(CompletionsArgs),
+    /// Print the JSON Schema of `-o json`'s lines (docs/schema.json), with
+    /// its version: fields are only ever added within a version.
+    Schema,
     /// Write podtrace.1 and a man page per subcommand into DIR (what a
     /// release's tarball ships).
     #[command(hide = true)]

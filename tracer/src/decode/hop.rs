@@ -22,7 +22,7 @@ use crate::{
     probe::Kernel,
 };
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Direction {
     Ingress,
@@ -43,7 +43,7 @@ impl Direction {
 
 /// The kernel's route for a packet as it arrived (bpf_fib_lookup at tc
 /// ingress).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema, Deserialize)]
 pub struct KernelRoute {
     /// success, blackhole, unreachable, prohibit, not_forwarded,
     /// forwarding_disabled, no_neighbour, frag_needed, …
@@ -91,7 +91,7 @@ impl KernelRoute {
 }
 
 /// Why and where the kernel dropped a packet.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema, Deserialize)]
 pub struct DropInfo {
     /// `enum skb_drop_reason` name, without SKB_DROP_REASON_.
     pub reason: String,

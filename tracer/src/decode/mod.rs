@@ -17,7 +17,7 @@ use quote::Quoted;
 pub use transport::{Transport, TCP_ACK, TCP_SYN};
 
 /// An IPv4 or IPv6 header and what follows it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema, Deserialize)]
 pub struct IpPacket {
     pub src: IpAddr,
     pub dst: IpAddr,
@@ -35,7 +35,7 @@ pub struct IpPacket {
     pub transport: Transport,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TunnelKind {
     Vxlan,
@@ -44,7 +44,7 @@ pub enum TunnelKind {
 }
 
 /// The outer layer of an encapsulated packet.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema, Deserialize)]
 pub struct Tunnel {
     pub kind: TunnelKind,
     /// VXLAN / Geneve network identifier.

@@ -3,7 +3,19 @@
 use serde::{Deserialize, Serialize};
 
 /// The layer-4 facts that tell one packet of a flow from the next.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    schemars::JsonSchema,
+    Deserialize,
+)]
 #[serde(tag = "proto", rename_all = "lowercase")]
 pub enum Transport {
     Icmp {

@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 
 /// Conntrack's counters in one namespace, summed over its CPUs
 /// (ctnetlink's IPCTNL_MSG_CT_GET_STATS_CPU; `conntrack -S` shows them).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, schemars::JsonSchema, Deserialize,
+)]
 #[serde(default)]
 pub struct ConntrackCounters {
     /// Packets conntrack could not make sense of (no entry a mid-stream
@@ -98,7 +100,7 @@ impl ConntrackTable {
 }
 
 /// A node's conntrack over the run, as the summary shows it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, schemars::JsonSchema, Deserialize)]
 #[serde(default)]
 pub struct ConntrackRun {
     pub node: String,

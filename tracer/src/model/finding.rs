@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 /// A failing check, as a verdict carries it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema, Deserialize)]
 pub struct Finding {
     pub family: String,
     pub check: String,

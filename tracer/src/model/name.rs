@@ -78,6 +78,19 @@ impl Serialize for Name {
     }
 }
 
+/// In `podtrace schema`: the string it serializes as.
+impl schemars::JsonSchema for Name {
+    fn inline_schema() -> bool {
+        true
+    }
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Name".into()
+    }
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        String::json_schema(generator)
+    }
+}
+
 impl<'de> Deserialize<'de> for Name {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         Ok(String::deserialize(d)?.into())

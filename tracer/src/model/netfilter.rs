@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 /// The rule that gave a traced packet its final DROP, or translated its
 /// addresses.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema, Deserialize)]
 pub struct NetfilterRule {
     /// `nat` for iptables' tables; `<family> <name>` (`ip kube-proxy`) for
     /// native nft tables, as `nft list table` names them.
@@ -39,7 +39,7 @@ pub struct TracedRule {
 pub type PacketId = (std::net::IpAddr, std::net::IpAddr, u16);
 
 /// One rule the packet matched on its way to the drop.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema, Deserialize)]
 pub struct PathRule {
     /// As [`super::netfilter::NetfilterRule::table`] names it.
     pub table: String,

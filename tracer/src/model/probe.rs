@@ -66,7 +66,7 @@ impl FromStr for ProbeKind {
 }
 
 /// What one probe sent and what came back: a `{"type":"probe", …}` record.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, schemars::JsonSchema, Deserialize)]
 pub struct ProbeResult {
     /// `tcp:8080`.
     pub kind: String,

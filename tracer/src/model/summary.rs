@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 pub const KEEP_UP: &str = "podtrace: to lose nothing at this rate: --sample N (one packet in N, every hop of it kept), or a larger --ring-buffer (16MiB by default)";
 
 /// Counts shown at exit: nothing is lost silently.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, schemars::JsonSchema, Deserialize)]
 #[serde(default)]
 pub struct Summary {
     pub sightings: u64,
@@ -71,7 +71,7 @@ pub struct Summary {
 }
 
 /// A kernel, and what it lacks that podtrace worked around.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, schemars::JsonSchema, Deserialize)]
 #[serde(default)]
 pub struct KernelSummary {
     /// `uname -r`.
@@ -90,7 +90,7 @@ fn all_told(sample: &u32) -> bool {
 }
 
 /// One traced node's part of a cluster-mode summary.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, schemars::JsonSchema, Deserialize)]
 pub struct NodeCounts {
     pub node: String,
     /// The agent pod.

@@ -11,7 +11,7 @@ use super::{Link, NodeView};
 use crate::model::Name;
 
 /// The part an interface plays on a Kubernetes node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     /// Host side of a pod's veth (Flannel's vethXXX, Calico's caliXXX).

@@ -38,8 +38,9 @@ struct Tagged<'a, T: Serialize> {
     value: &'a T,
 }
 
-#[derive(Serialize)]
-struct Steps<'a> {
+/// A `profile` line's fields (`podtrace schema` names them from here).
+#[derive(Serialize, schemars::JsonSchema)]
+pub(super) struct Steps<'a> {
     steps: &'a [StepLatency],
 }
 

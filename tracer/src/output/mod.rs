@@ -14,6 +14,7 @@ mod json;
 pub mod pcapng;
 pub mod pcapng_read;
 pub mod plot;
+pub mod schema;
 mod sink;
 
 use std::io::Write;

@@ -22,7 +22,7 @@ use crate::{
 };
 
 /// Which of conntrack's failures dropped the packet.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Mechanism {
     /// A rule dropped what conntrack found INVALID.
@@ -36,7 +36,7 @@ pub enum Mechanism {
 }
 
 /// Conntrack's part in a drop, with what shows it and what fixes it.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct ConntrackFailure {
     pub mechanism: Mechanism,
     /// What tells it: the rule, the counters' growth, the table's fill.

@@ -28,7 +28,7 @@ use crate::{
 };
 
 /// The route the packet needed, and the one the kernel used.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct RouteCheck {
     pub node: String,
     pub expected: String,

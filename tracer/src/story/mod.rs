@@ -57,7 +57,7 @@ use crate::{
 use journey::Journey;
 use nat_steps::NatStep;
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct HopLine {
     /// Microseconds since the journey's first hop.
     pub t_us: f64,
@@ -83,7 +83,7 @@ pub struct HopLine {
     pub nat: Vec<NatStep>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct Story {
     pub packet: String,
     pub src: IpAddr,

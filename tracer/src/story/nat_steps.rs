@@ -17,7 +17,7 @@ use crate::{
 };
 
 /// Which rewrite a step is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub enum NatKind {
     #[serde(rename = "DNAT")]
     Dnat,
@@ -46,7 +46,7 @@ impl NatKind {
 }
 
 /// The conntrack side of a translation.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct ConntrackState {
     /// `new`: the connection's first packet, translated by a nat rule;
     /// `established`: translated by conntrack from an existing entry.
@@ -59,7 +59,7 @@ pub struct ConntrackState {
 }
 
 /// One translation seen on a hop (JSON `nat`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct NatStep {
     pub kind: NatKind,
     /// `ip:port` (or `ip` for port-less protocols) before and after.

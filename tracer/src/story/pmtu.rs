@@ -31,7 +31,7 @@ const PACKET_TOO_BIG: u8 = 2;
 pub const PKT_TOO_BIG: &str = "PKT_TOO_BIG";
 
 /// What became of the error the kernel sent about a packet too big.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct PmtuVerdict {
     /// The next hop's MTU, as the error says it.
     pub mtu: Option<u32>,
@@ -41,7 +41,7 @@ pub struct PmtuVerdict {
     pub outcome: PmtuOutcome,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, schemars::JsonSchema)]
 #[serde(tag = "error", rename_all = "snake_case")]
 pub enum PmtuOutcome {
     /// Handed to the sender's pod: its kernel learns the path MTU.

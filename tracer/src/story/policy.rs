@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::model::netfilter::PathRule;
 
 /// What a policy enforcer's rules say about a drop.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct PolicyVerdict {
     pub enforcer: Enforcer,
     pub direction: PolicyDirection,
@@ -32,14 +32,14 @@ pub struct PolicyVerdict {
 }
 
 /// The nfqueue a rule handed the packet to, as the rule says it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct PolicyQueue {
     pub number: u16,
     /// `flags bypass`: accepted, not dropped, when nothing reads the queue.
     pub bypass: bool,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Enforcer {
     Calico,
@@ -47,7 +47,7 @@ pub enum Enforcer {
     KubeNetworkPolicies,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PolicyDirection {
     Ingress,
@@ -59,7 +59,7 @@ pub enum PolicyDirection {
 }
 
 /// One policy (or Calico profile) and the chain it was rendered to.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct PolicyRef {
     /// `KubernetesNetworkPolicy`, `NetworkPolicy`, `GlobalNetworkPolicy`,
     /// `Profile`, … as the enforcer names it.
@@ -69,7 +69,7 @@ pub struct PolicyRef {
     pub chain: String,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PolicyOutcome {
     /// Policies selected the pod; none allowed the packet.

@@ -9,13 +9,13 @@ use serde::Serialize;
 use crate::{decode::hop::Direction, story::Story};
 
 /// One step between two consecutive hooks of a journey.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, schemars::JsonSchema)]
 pub struct Step {
     pub from: String,
     pub to: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct StepLatency {
     #[serde(flatten)]
     pub step: Step,

@@ -16,7 +16,7 @@ use crate::{
 };
 
 /// How the packet travelled.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PathStep {
     Bridged,
@@ -26,7 +26,7 @@ pub enum PathStep {
 }
 
 /// Where the packet's journey ended, as far as the traced nodes can see.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, schemars::JsonSchema)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum Outcome {
     /// Sent out of the destination pod's host-side veth.
@@ -83,7 +83,7 @@ pub enum Outcome {
     },
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct Verdict {
     #[serde(flatten)]
     pub outcome: Outcome,
