@@ -85,6 +85,7 @@ fn tests_extern_names_and_inline_modules_are_not() {
                 "story/mod.rs",
                 "mod verdict;\nuse serde::Serialize;\npub fn tell() { verdict::judge(); }",
             ),
+            ("story/seen.rs", "pub(in crate::story) fn seen() {}"),
             (
                 "story/verdict.rs",
                 "use super::Serialize;\npub fn judge() {}\nmod inner { use super::judge; }\n\

@@ -22,14 +22,13 @@ use anyhow::Result;
 use tokio::sync::mpsc;
 
 use super::{
-    add_kernel_losses, follow_connection,
+    connections::of_the_traced_pair,
+    follow::follow_connection,
     node_stream::{stream, Consumer},
-    of_the_traced_pair,
     probing::{self, ProbeEvent},
-    resolve_and_attach,
     stop::Stop,
+    trace::{add_kernel_losses, require_root, resolve_and_attach, Trace},
     wire::{Numbering, Record, Start, WireFacts},
-    Trace,
 };
 use crate::model::conntrack;
 use crate::model::netfilter::TracedRule;
@@ -49,7 +48,7 @@ use crate::{
 const QUEUE: usize = 65_536;
 
 pub async fn run(agent: AgentArgs) -> Result<()> {
-    super::require_root()?;
+    require_root()?;
     let mut args = agent.trace;
     args.kube.agent_on = agent.node.clone();
     let findings_are_the_nodes = where_the_node_is(&mut args);

@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use super::{
     connections::{learn_translations, of_the_traced_pair},
     pairs::{flow_ips, flow_keys, flow_keys6, traced_pairs},
-    Trace,
+    trace::Trace,
 };
 use crate::model::conntrack;
 use crate::{

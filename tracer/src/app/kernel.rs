@@ -38,7 +38,7 @@ struct Report {
 }
 
 pub fn run(args: &KernelArgs) -> Result<()> {
-    super::require_root()?;
+    super::trace::require_root()?;
     let kernel = Kernel::read()?;
     let features = &kernel.features;
     let mode = features.attach_mode(AttachMode::Auto)?;

@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 use anyhow::Result;
 use podtrace_common::FlowKey;
 
-use super::{pairs::flow_ips, Trace};
+use super::{pairs::flow_ips, trace::Trace};
 
 /// At most this many (node address, peer) pairs are traced ahead of a
 /// MASQUERADE: the kernel filter holds 1024 pairs.

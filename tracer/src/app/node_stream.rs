@@ -15,14 +15,15 @@ use tokio::sync::mpsc;
 
 use super::traced::TracedNode;
 use super::{
-    follow_move, learn_connection, link_changed,
+    follow::{follow_move, learn_connection, watch_moves},
     losses::LossWatch,
     probing::ProbeEvent,
     sightings::to_hop,
     stop::Stop,
+    story_context::JOURNEY_IDLE,
     stream::{correlator_for, drive, ends_with_probes, Source},
     teller::{new_teller, pcap_writer, ConntrackReader, Teller},
-    watch_moves, Trace, JOURNEY_IDLE,
+    trace::{link_changed, Trace},
 };
 use crate::model::conntrack;
 use crate::model::netfilter::TracedRule;

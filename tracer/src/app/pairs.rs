@@ -4,7 +4,7 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use podtrace_common::{packet6::FlowKey6, FlowKey};
 
-use super::Targets;
+use super::targets::Targets;
 
 /// Every traced pair, both directions: SRC ⇄ DST, and SRC ⇄ each backend
 /// DST's Service translates to (so the packet is seen after the DNAT);

@@ -12,10 +12,9 @@ use anyhow::{Context as _, Result};
 use podtrace_common::{hook_parts, StepKey};
 
 use super::{
-    require_root, resolve_and_attach,
     stop::Stop,
     stream::{drive, Source},
-    Trace,
+    trace::{require_root, resolve_and_attach, Trace},
 };
 use crate::{
     cli::{Args, ProfileArgs},

@@ -4,7 +4,7 @@
 
 use podtrace_common::{Sighting, NODE_OTHER_NETNS};
 
-use super::Trace;
+use super::trace::Trace;
 use crate::{
     decode::hop::{place, Hop, Unplaced},
     model::Summary,

@@ -7,7 +7,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use super::{stop::Stop, ARP_PATIENCE, JOURNEY_IDLE, JOURNEY_PATIENCE};
+use super::{
+    stop::Stop,
+    story_context::{ARP_PATIENCE, JOURNEY_IDLE, JOURNEY_PATIENCE},
+};
 use crate::{
     cli::Args,
     story::{

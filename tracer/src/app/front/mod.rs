@@ -34,11 +34,11 @@ use followed::Followed;
 use foreign::ForeignSightings;
 
 use super::{
-    context_of, correlator_for, new_teller,
     stop::Stop,
-    stream::{drive, ends_with_probes, Ended, Source},
+    story_context::context_of,
+    stream::{correlator_for, drive, ends_with_probes, Ended, Source},
     targets::{vantage, Targets},
-    teller::{pcap_writer, Seen, Teller},
+    teller::{new_teller, pcap_writer, Seen, Teller},
 };
 use crate::{
     cli::Args,
@@ -479,8 +479,8 @@ mod tests {
     use super::*;
     use crate::{
         app::{
+            story_context::{ARP_PATIENCE, JOURNEY_IDLE, JOURNEY_PATIENCE},
             wire::{Numbering, Record, Start, WireFacts},
-            ARP_PATIENCE, JOURNEY_IDLE, JOURNEY_PATIENCE,
         },
         decode::{
             hop::{tests::hop, Direction},
