@@ -19,6 +19,7 @@ use std::{
 };
 
 use anyhow::Result;
+use kube::Client;
 use tokio::sync::mpsc;
 
 use super::{
@@ -87,8 +88,20 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
         kernel: Some(trace.kernel_summary.clone()),
         rules_unseen: trace.ctx.rules_unseen.values().next().cloned(),
     })));
-    trace.probes = probes_once_all_trace(&args, agent.lease.as_ref(), &trace).await;
-    let gone = lease_watch(&args, agent.lease.as_ref()).await;
+    // One connection to the API serves the agent's lease, probes and
+    // removal; an agent run by hand (no lease, no pod) needs none.
+    let api = match (agent.lease.is_some() || agent.pod.is_some()).then(|| Access::of(&args.kube)) {
+        Some(access) => match Cluster::connect(&access).await {
+            Ok(cluster) => Some(cluster.client()),
+            Err(e) => {
+                eprintln!("podtrace: cannot reach the API: {e:#}: the lease is not watched and this agent's pod is not removed at its end");
+                None
+            }
+        },
+        None => None,
+    };
+    trace.probes = probes_once_all_trace(&args, agent.lease.as_ref(), &trace, api.clone()).await;
+    let gone = lease_watch(&args, agent.lease.as_ref(), api.clone());
     let mut summary = Summary {
         hooks_attached: trace.nodes.iter().map(|n| n.hooks()).sum(),
         ..Default::default()
@@ -101,15 +114,9 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
     // However it ended, its pod goes with it: a finished pod would stay
     // behind otherwise. The lease goes too when its front-end is gone.
     if agent.pod.is_some() || lease_lost.is_some() {
-        if let Ok(cluster) = Cluster::connect(&Access::of(&args.kube)).await {
+        if let Some(client) = api {
             let lease = lease_lost.and(agent.lease.as_deref());
-            agents::remove_self(
-                cluster.client(),
-                &args.agent_namespace,
-                agent.pod.as_deref(),
-                lease,
-            )
-            .await;
+            agents::remove_self(client, &args.agent_namespace, agent.pod.as_deref(), lease).await;
         }
     }
     Ok(())
@@ -146,27 +153,20 @@ fn where_the_node_is(args: &mut Args) -> bool {
 }
 
 /// Resolves with the reason once the front-end's lease goes stale.
-async fn lease_watch(args: &Args, lease: Option<&String>) -> mpsc::UnboundedReceiver<String> {
+fn lease_watch(
+    args: &Args,
+    lease: Option<&String>,
+    api: Option<Client>,
+) -> mpsc::UnboundedReceiver<String> {
     let (tx, rx) = mpsc::unbounded_channel();
-    let Some(lease) = lease.cloned() else {
+    let (Some(lease), Some(client)) = (lease.cloned(), api) else {
         return rx;
     };
     let namespace = args.agent_namespace.clone();
-    match Cluster::connect(&Access::of(&args.kube)).await {
-        Ok(cluster) => {
-            tokio::spawn(async move {
-                let why = crate::cluster::lease::lease_lost(
-                    cluster.client(),
-                    &namespace,
-                    &lease,
-                    STALE_AFTER,
-                )
-                .await;
-                let _ = tx.send(why);
-            });
-        }
-        Err(e) => eprintln!("podtrace: cannot watch lease {lease}: {e:#}"),
-    }
+    tokio::spawn(async move {
+        let why = crate::cluster::lease::lease_lost(client, &namespace, &lease, STALE_AFTER).await;
+        let _ = tx.send(why);
+    });
     rx
 }
 
@@ -177,6 +177,7 @@ async fn probes_once_all_trace(
     args: &Args,
     lease: Option<&String>,
     trace: &Trace,
+    api: Option<Client>,
 ) -> Option<mpsc::UnboundedReceiver<ProbeEvent>> {
     let kind = args.probe.probe?;
     let probing =
@@ -189,10 +190,9 @@ async fn probes_once_all_trace(
                 return Some(rx);
             }
         };
-    let gate = match (lease, Cluster::connect(&Access::of(&args.kube)).await) {
-        (Some(lease), Ok(cluster)) => {
+    let gate = match (lease, api) {
+        (Some(lease), Some(client)) => {
             let (namespace, lease) = (args.agent_namespace.clone(), lease.clone());
-            let client = cluster.client();
             futures::future::Either::Left(async move {
                 crate::cluster::lease::all_tracing(
                     client,
