@@ -10,7 +10,7 @@ use super::{
     teller::{new_teller, Seen},
     trace::{attach, finish, require_root, resolve_unless_stopped},
 };
-use crate::{cli::Args, doctor, output::pcapng, story::Context};
+use crate::{cli::Args, cluster::inventory::PodWithoutIp, doctor, output::pcapng, story::Context};
 
 /// A trace on this node; what went wrong in the stories told (`--fail`).
 pub async fn run(args: Args) -> Result<Seen> {
@@ -26,10 +26,12 @@ pub async fn run(args: Args) -> Result<Seen> {
         return Ok(Seen::default());
     };
     let resolved = match resolved {
-        Err(e) if format!("{e}").contains("has no IP") => match doctor::trace::no_ip(&args).await {
-            Some(finding) => bail!("{finding}"),
-            None => return Err(e),
-        },
+        Err(e) if e.downcast_ref::<PodWithoutIp>().is_some() => {
+            match doctor::trace::no_ip(&args).await {
+                Some(finding) => bail!("{finding}"),
+                None => return Err(e),
+            }
+        }
         other => other?,
     };
     let probing = probing::prepare(

@@ -232,6 +232,24 @@ pub struct Endpoint {
     pub label: Option<String>,
 }
 
+/// A pod asked for that has no IP yet (its sandbox may have failed: the
+/// doctor can tell why), as a type so that callers act on it without
+/// reading the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodWithoutIp {
+    /// `namespace/name`.
+    pub pod: String,
+    pub phase: String,
+}
+
+impl std::fmt::Display for PodWithoutIp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "pod {} has no IP yet (phase {})", self.pod, self.phase)
+    }
+}
+
+impl std::error::Error for PodWithoutIp {}
+
 impl Endpoint {
     /// A pod, once it has an IP to trace: its IPv4 address, or its first
     /// IPv6 one where it has no IPv4 (an IPv6-only cluster's pods).
@@ -247,8 +265,12 @@ impl Endpoint {
                     pod.qualified()
                 );
             }
-            let phase = pod.phase.as_deref().unwrap_or("Pending");
-            bail!("pod {} has no IP yet (phase {phase})", pod.qualified());
+            let phase = pod.phase.clone().unwrap_or_else(|| "Pending".into());
+            return Err(PodWithoutIp {
+                pod: pod.qualified(),
+                phase,
+            }
+            .into());
         };
         Ok(Self {
             ip,
@@ -425,10 +447,18 @@ mod tests {
             err,
             "pod default/web-1 not found; did you mean default/web-0?"
         );
-        let err = resolve(&inv, "kube-system/pending", "default")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("no IP yet"), "{err}");
+        let err = resolve(&inv, "kube-system/pending", "default").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "pod kube-system/pending has no IP yet (phase Pending)"
+        );
+        // Told by its type, under whatever context callers add: a trace
+        // hands such a pod to the doctor for why.
+        let err = err.context("resolving DST");
+        assert_eq!(
+            err.downcast_ref::<PodWithoutIp>().map(|e| e.pod.as_str()),
+            Some("kube-system/pending")
+        );
         assert_eq!(inv.nodes().len(), 2);
         assert_eq!(inv.node_ip("node-2"), Some(Ipv4Addr::new(192, 0, 2, 12)));
     }
