@@ -45,7 +45,7 @@ use crate::{
     model::{ProbeResult, Summary, MAX_SNAPLEN},
     node::interfaces::Role,
     probe::clock::{monotonic_ns, realtime_offset_ns},
-    story::{journey::Journey, lost_agents::LostAgent, Context, Story},
+    story::{context::LostAgent, journey::Journey, Context, Story},
 };
 
 /// The Private Enterprise Number in podtrace's custom blocks and options:

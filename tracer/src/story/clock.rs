@@ -206,6 +206,11 @@ impl Clocks {
     }
 }
 
+/// A span of kernel time in microseconds, to a tenth, as stories show it.
+pub(super) fn micros(ns: u64) -> f64 {
+    (ns as f64 / 100.0).round() / 10.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,8 +11,9 @@ use serde::Serialize;
 use super::{
     journey::{Journey, NETFILTER_DROP},
     nat::{reversed, tuple_of},
-    nat_steps::{rule_action, NatKind},
-    rule_text, Context, Outcome,
+    rule_text,
+    rule_text::{rule_action, NatKind},
+    Context, Outcome,
 };
 use crate::{
     decode::{Transport, TCP_SYN},

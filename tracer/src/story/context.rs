@@ -55,7 +55,7 @@ pub struct Context {
     pub conntrack: HashMap<String, crate::model::conntrack::ConntrackTable>,
     /// Cluster mode: traced nodes whose agent was lost mid-trace.
     #[serde(default)]
-    pub lost_agents: Vec<super::lost_agents::LostAgent>,
+    pub lost_agents: Vec<LostAgent>,
 }
 
 /// An address and its name, as [`Context::label`] shows it.
@@ -145,6 +145,18 @@ impl Context {
             .flat_map(|facts| &facts.local_pod_subnets)
             .any(|net| net.contains(&dst))
     }
+}
+
+/// A traced node whose hops stopped coming.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LostAgent {
+    pub node: String,
+    /// Its last progress mark, on the common timeline: every hop its agent
+    /// stamped before then came in; later ones may be missing.
+    pub since_ns: u64,
+    /// What became of the agent, for the verdict ("node-2's agent died at
+    /// 23:10:05 (its log ended without its summary)").
+    pub what: String,
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use crate::{
     model::netfilter::{NetfilterRule, PacketId},
     node::interfaces::Role,
     probe::drops::REASON_NOT_NAMED,
-    story::nat_steps,
+    story::rule_text::rule_action,
 };
 
 /// The reason name of a drop by an iptables / nftables verdict.
@@ -226,7 +226,7 @@ impl Journey {
     /// no IP ID, so the rules of one pair's packets are told apart by this
     /// and by their order.
     pub(super) fn lacks(&self, rule: &NetfilterRule) -> bool {
-        if nat_steps::rule_action(rule).is_some() {
+        if rule_action(rule).is_some() {
             // Only a connection's first packet meets the nat table: a TCP
             // segment past the SYN never does.
             let past_the_syn = matches!(self.key.transport, Transport::Tcp { .. })
@@ -241,7 +241,7 @@ impl Journey {
     /// Evidence from rule tracing: a nat rule that translated it, or the
     /// rule that dropped it.
     pub(super) fn add_rule(&mut self, rule: NetfilterRule) {
-        if nat_steps::rule_action(&rule).is_some() {
+        if rule_action(&rule).is_some() {
             if !self.nat_rules.contains(&rule) {
                 self.nat_rules.push(rule);
             }

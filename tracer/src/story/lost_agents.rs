@@ -4,22 +4,11 @@
 //! looking, not because it vanished: its story is told incomplete, with
 //! what happened to the agent.
 
-use serde::{Deserialize, Serialize};
-
-use super::{journey::Journey, Context};
+use super::{
+    context::{Context, LostAgent},
+    journey::Journey,
+};
 use crate::{decode::hop::Direction, node::interfaces::Role};
-
-/// A traced node whose hops stopped coming.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct LostAgent {
-    pub node: String,
-    /// Its last progress mark, on the common timeline: every hop its agent
-    /// stamped before then came in; later ones may be missing.
-    pub since_ns: u64,
-    /// What became of the agent, for the verdict ("node-2's agent died at
-    /// 23:10:05 (its log ended without its summary)").
-    pub what: String,
-}
 
 /// The lost agent that explains why `journey` was not seen further: the
 /// packet was last seen after the agent's last progress mark, on the

@@ -27,11 +27,14 @@ pub mod nat;
 pub mod nat_connections;
 pub mod nat_steps;
 mod notes;
+mod outcome;
 pub mod pmtu;
+pub mod pmtu_verdict;
 pub mod policy;
 mod policy_calico;
 mod policy_kube_network_policies;
 mod policy_kube_router;
+mod policy_verdict;
 pub mod profile;
 mod rule_text;
 pub mod steps;
@@ -44,7 +47,8 @@ use std::{borrow::Cow, net::IpAddr};
 use serde::Serialize;
 
 pub use context::Context;
-pub use verdict::{Outcome, PathStep, Verdict};
+pub use outcome::{Outcome, PathStep};
+pub use verdict::Verdict;
 
 use crate::{
     decode::{
@@ -54,6 +58,7 @@ use crate::{
     model::Name,
     node::interfaces::Role,
 };
+use clock::micros;
 use journey::Journey;
 use nat_steps::NatStep;
 
@@ -198,10 +203,6 @@ fn step_uncertainty(from: &str, to: &str, ctx: &Context) -> Option<f64> {
     }
     let clock = &ctx.clock_uncertainty_ns;
     Some(micros(clock.get(from)? + clock.get(to)?))
-}
-
-pub(super) fn micros(ns: u64) -> f64 {
-    (ns as f64 / 100.0).round() / 10.0
 }
 
 /// Moves frees that follow delivery out of the path: the pod's own stack

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     journey::PacketKey,
-    nat_connections::{Connections, MAX_CONNECTIONS},
+    nat_connections::{Connection, Connections, MAX_CONNECTIONS},
 };
 use crate::{
     decode::{IpPacket, Transport},
@@ -38,20 +38,6 @@ pub struct NatBook {
     pub translations: Vec<Translation>,
     #[serde(default)]
     pub connections: Connections,
-}
-
-/// A translated connection, as conntrack reported it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Connection {
-    pub orig: Tuple,
-    pub reply: Tuple,
-    pub zone: u16,
-    pub mark: u32,
-    /// Until when (kernel time) the translated addresses were not traced:
-    /// a packet seen before then and not after its translation was out of
-    /// podtrace's sight, not lost. 0 when they were traced all along.
-    #[serde(default)]
-    pub untraced_until_ns: u64,
 }
 
 pub(super) fn reversed(t: &Tuple) -> Tuple {
@@ -313,7 +299,10 @@ pub(crate) mod tests {
     use crate::decode::{decode, tests as frames};
     use crate::{
         model::netfilter::NetfilterRule,
-        story::nat_steps::{steps, NatKind, RULE_NOT_SEEN},
+        story::{
+            nat_steps::{steps, RULE_NOT_SEEN},
+            rule_text::NatKind,
+        },
     };
     use std::net::Ipv4Addr;
 

@@ -12,8 +12,21 @@ use std::collections::{HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use super::nat::Connection;
 use crate::model::conntrack::Tuple;
+
+/// A translated connection, as conntrack reported it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Connection {
+    pub orig: Tuple,
+    pub reply: Tuple,
+    pub zone: u16,
+    pub mark: u32,
+    /// Until when (kernel time) the translated addresses were not traced:
+    /// a packet seen before then and not after its translation was out of
+    /// podtrace's sight, not lost. 0 when they were traced all along.
+    #[serde(default)]
+    pub untraced_until_ns: u64,
+}
 
 /// Connections remembered: the oldest go first.
 pub const MAX_CONNECTIONS: usize = 4096;

@@ -9,41 +9,15 @@ use std::net::IpAddr;
 
 use serde::Serialize;
 
-use super::nat::{ports, NatBook};
+use super::{
+    nat::{ports, NatBook},
+    rule_text::{rule_action, NatKind},
+};
 use crate::{
     decode::IpPacket,
     model::netfilter::NetfilterRule,
     model::{Frontend, Translation},
 };
-
-/// Which rewrite a step is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
-pub enum NatKind {
-    #[serde(rename = "DNAT")]
-    Dnat,
-    /// A reply's source put back to the Service frontend (conntrack).
-    #[serde(rename = "un-DNAT")]
-    UnDnat,
-    #[serde(rename = "SNAT")]
-    Snat,
-    #[serde(rename = "MASQUERADE")]
-    Masquerade,
-    /// A reply's destination put back to the masqueraded source.
-    #[serde(rename = "un-SNAT")]
-    UnSnat,
-}
-
-impl NatKind {
-    fn label(self) -> &'static str {
-        match self {
-            Self::Dnat => "DNAT",
-            Self::UnDnat => "un-DNAT",
-            Self::Snat => "SNAT",
-            Self::Masquerade => "MASQUERADE",
-            Self::UnSnat => "un-SNAT",
-        }
-    }
-}
 
 /// The conntrack side of a translation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
@@ -94,21 +68,6 @@ impl NatStep {
             self.before,
             self.after
         )
-    }
-}
-
-/// What a nat rule does, from its text (iptables or nft syntax).
-pub fn rule_action(rule: &NetfilterRule) -> Option<NatKind> {
-    let text = rule.rule.as_str();
-    let has = |words: &[&str]| words.iter().any(|w| text.contains(w));
-    if has(&["-j DNAT", "dnat to", "dnat ip to"]) {
-        Some(NatKind::Dnat)
-    } else if has(&["-j MASQUERADE", "masquerade"]) {
-        Some(NatKind::Masquerade)
-    } else if has(&["-j SNAT", "snat to", "snat ip to"]) {
-        Some(NatKind::Snat)
-    } else {
-        None
     }
 }
 

@@ -15,7 +15,9 @@
 //! `cali-pri-ksa.<ns>.<sa>`, comment `Profile <name> ingress`) run, then
 //! "Drop if no profiles matched".
 
-use super::policy::{comments, Enforcer, PolicyDirection, PolicyOutcome, PolicyRef, PolicyVerdict};
+use super::policy_verdict::{
+    comments, Enforcer, PolicyDirection, PolicyOutcome, PolicyRef, PolicyVerdict,
+};
 use crate::model::netfilter::PathRule;
 
 /// Reads a path that ends in a drop by Felix's rules.

@@ -13,7 +13,7 @@
 //! which side of the packet made it queued, and where it was freed
 //! (`nf_queue`: nothing took it from the queue; else the engine's drop).
 
-use super::policy::{Enforcer, PolicyDirection, PolicyOutcome, PolicyQueue, PolicyVerdict};
+use super::policy_verdict::{Enforcer, PolicyDirection, PolicyOutcome, PolicyQueue, PolicyVerdict};
 use crate::model::netfilter::PathRule;
 
 /// The table its controller writes unless told another name.

@@ -12,7 +12,9 @@
 //! namespace: <ns>". Later: `<ns>/<pod> in`, `<ns>/<pod> out`,
 //! `<ns>/<policy> policy`, `<ns>/<pod> reject`.
 
-use super::policy::{comments, Enforcer, PolicyDirection, PolicyOutcome, PolicyRef, PolicyVerdict};
+use super::policy_verdict::{
+    comments, Enforcer, PolicyDirection, PolicyOutcome, PolicyRef, PolicyVerdict,
+};
 use crate::model::netfilter::PathRule;
 
 const POD_CHAIN: &str = "KUBE-POD-FW-";

@@ -1,6 +1,11 @@
 //! Reading a netfilter rule's text for the verdict: what a REJECT rule
-//! answers the client (and kube-proxy's comment on why), and whether it
-//! drops what conntrack found INVALID.
+//! answers the client (and kube-proxy's comment on why), whether it
+//! drops what conntrack found INVALID, and which address translation a
+//! nat rule makes.
+
+use serde::Serialize;
+
+use crate::model::netfilter::NetfilterRule;
 
 /// A drop of what conntrack found INVALID (iptables `--ctstate INVALID`,
 /// nft `ct state invalid`); `conntrack` tells why.
@@ -52,6 +57,50 @@ pub(super) fn rejection(rule: &str) -> Option<String> {
         "ICMP port unreachable"
     };
     Some(format!("{why} (the client is sent {answer})"))
+}
+
+/// Which rewrite a step is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+pub enum NatKind {
+    #[serde(rename = "DNAT")]
+    Dnat,
+    /// A reply's source put back to the Service frontend (conntrack).
+    #[serde(rename = "un-DNAT")]
+    UnDnat,
+    #[serde(rename = "SNAT")]
+    Snat,
+    #[serde(rename = "MASQUERADE")]
+    Masquerade,
+    /// A reply's destination put back to the masqueraded source.
+    #[serde(rename = "un-SNAT")]
+    UnSnat,
+}
+
+impl NatKind {
+    pub(super) fn label(self) -> &'static str {
+        match self {
+            Self::Dnat => "DNAT",
+            Self::UnDnat => "un-DNAT",
+            Self::Snat => "SNAT",
+            Self::Masquerade => "MASQUERADE",
+            Self::UnSnat => "un-SNAT",
+        }
+    }
+}
+
+/// What a nat rule does, from its text (iptables or nft syntax).
+pub fn rule_action(rule: &NetfilterRule) -> Option<NatKind> {
+    let text = rule.rule.as_str();
+    let has = |words: &[&str]| words.iter().any(|w| text.contains(w));
+    if has(&["-j DNAT", "dnat to", "dnat ip to"]) {
+        Some(NatKind::Dnat)
+    } else if has(&["-j MASQUERADE", "masquerade"]) {
+        Some(NatKind::Masquerade)
+    } else if has(&["-j SNAT", "snat to", "snat ip to"]) {
+        Some(NatKind::Snat)
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]

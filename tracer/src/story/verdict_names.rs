@@ -4,11 +4,11 @@
 
 use super::{
     conntrack::Mechanism,
-    nat_steps::NatKind,
+    outcome::Outcome,
     policy::{read_policy, PolicyDirection},
     policy_kube_network_policies::account_for_location,
     rule_text::rejection,
-    verdict::Outcome,
+    rule_text::NatKind,
     Context, Story,
 };
 use crate::{

@@ -6,7 +6,7 @@
 use std::time::{Instant, SystemTime};
 
 use super::{arrivals::Held, stories_context, Session};
-use crate::story::lost_agents::LostAgent;
+use crate::story::context::LostAgent;
 
 impl Session {
     /// `node`'s log ended (`why`: how, when it broke off). Without the
