@@ -30,14 +30,8 @@ use podtrace_common::{
 use tokio::sync::mpsc;
 
 use super::{
-    clock::monotonic_ns,
-    drops,
-    features::DropHook,
-    memlock, orphans,
-    run_registry::{self, Record},
-    tc,
-    uninterrupted::SignalsHeld,
-    AttachMode,
+    clock::monotonic_ns, drops, features::DropHook, memlock, orphans, run_registry::Record, tc,
+    uninterrupted::SignalsHeld, AttachMode,
 };
 use crate::node::{interfaces::Watched, netns::Namespace, tunnels::TunnelTrust};
 
@@ -154,7 +148,7 @@ impl NodeProbe {
     /// node's namespace, and the drop program to kfree_skb.
     pub fn attach(spec: &ProbeSpec<'_>, watched: &[Watched]) -> Result<Self> {
         // Whatever killed runs left goes first, in every mode.
-        run_registry::sweep_dead_runs()?;
+        super::sweep::sweep_dead_runs()?;
         orphans::sweep_in(spec.netns);
         let _held = SignalsHeld::now();
         let mut ebpf = load_fitting_memlock(spec)?;

@@ -57,6 +57,7 @@ mod run_liveness;
 pub mod run_registry;
 #[cfg(target_os = "linux")]
 pub mod shared_maps;
+mod sweep;
 #[cfg(target_os = "linux")]
 pub mod tc;
 #[cfg(target_os = "linux")]

@@ -76,7 +76,7 @@ impl NodeTrace {
         sent_here: SentHere,
         tx: mpsc::UnboundedSender<(u32, TracedRule)>,
     ) -> Result<Self> {
-        run_registry::sweep_dead_runs()?;
+        super::sweep::sweep_dead_runs()?;
         let table = table_name(run_registry::id()?);
         let record = Record::at(
             netns,

@@ -327,9 +327,13 @@ pub fn exclusive() -> Result<Exclusive> {
     Ok(Exclusive { _lock: file })
 }
 
+/// How one record of a dead run is removed (by `sweep`, which knows the
+/// filters and tables a record can hold).
+pub type Remover = fn(&Exclusive, &Record) -> Result<()>;
+
 /// Once per process, before the first attach: removes what dead runs
-/// recorded, and their files.
-pub fn sweep_dead_runs() -> Result<()> {
+/// recorded (each by `remove`, in its namespace), and their files.
+pub fn sweep_dead_runs(remove: Remover) -> Result<()> {
     if SWEPT.swap(true, Ordering::SeqCst) {
         return Ok(());
     }
@@ -348,14 +352,14 @@ pub fn sweep_dead_runs() -> Result<()> {
             continue;
         };
         if id != own {
-            sweep_one(&lock, id, &entry.path());
+            sweep_one(&lock, id, &entry.path(), remove);
         }
     }
     Ok(())
 }
 
 /// One run file: left alone while its run lives.
-fn sweep_one(lock: &Exclusive, id: u64, path: &Path) {
+fn sweep_one(lock: &Exclusive, id: u64, path: &Path, remove: Remover) {
     let Ok(mut file) = File::open(path) else {
         return;
     };
@@ -369,7 +373,7 @@ fn sweep_one(lock: &Exclusive, id: u64, path: &Path) {
     let mut text = String::new();
     let _ = file.read_to_string(&mut text);
     for record in text.lines().filter_map(Record::parse) {
-        let removed = reach(&record, || remove_dead(lock, &record));
+        let removed = reach(&record, || remove(lock, &record));
         if let Err(e) = removed {
             eprintln!(
                 "podtrace: cannot remove what a killed podtrace left ({}): {e:#}",
@@ -381,16 +385,6 @@ fn sweep_one(lock: &Exclusive, id: u64, path: &Path) {
     let same = fs::metadata(path).is_ok_and(|m| file.metadata().is_ok_and(|f| f.ino() == m.ino()));
     if same {
         let _ = fs::remove_file(path);
-    }
-}
-
-fn remove_dead(lock: &Exclusive, record: &Record) -> Result<()> {
-    match &record.held {
-        #[cfg(target_os = "linux")]
-        Held::Filter { .. } => super::tc::remove_filter(lock, record),
-        #[cfg(not(target_os = "linux"))]
-        Held::Filter { .. } => Err(crate::model::needs_linux("removing a tc filter")),
-        Held::Table { name } => super::nft::delete_table(name),
     }
 }
 
