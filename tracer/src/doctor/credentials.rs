@@ -7,18 +7,15 @@
 //! plugin's own credentials: a 401 is a rejected token; an API that does
 //! not answer says nothing about the token (it was never judged).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use base64::Engine;
 use serde_json::Value;
 
-use super::node::NodeFacts;
-use crate::model::bounded;
-
 /// Calico's CNI kubeconfig, in the CNI config directory.
 pub const CNI_KUBECONFIG: &str = "calico-kubeconfig";
 /// A kubeconfig is kilobytes: a larger file is not one.
-const KUBECONFIG_MAX: u64 = 1 << 20;
+pub(super) const KUBECONFIG_MAX: u64 = 1 << 20;
 /// How long the API gets to answer.
 const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -49,21 +46,6 @@ pub enum State {
     },
     /// The API took the token (any answer but a 401 authenticated it).
     Accepted { server: String },
-}
-
-/// Reads and judges the CNI kubeconfig in the node's CNI config
-/// directory, when there is one.
-pub async fn probe(facts: &NodeFacts) -> Option<Credentials> {
-    let file = format!("{}/{CNI_KUBECONFIG}", facts.cni_dirs.conf);
-    let path = facts.path(&file).ok().filter(|p| p.exists())?;
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let state = match bounded::read_regular_text(&path, KUBECONFIG_MAX) {
-        Ok(text) => judge(&text, now).await,
-        Err(e) => State::Unusable(e.to_string()),
-    };
-    Some(Credentials { file, state })
 }
 
 /// Offline first (the file, the token's expiry, the CA), then the API.

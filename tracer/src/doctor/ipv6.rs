@@ -18,48 +18,6 @@ const TUNNELS: [&str; 2] = ["flannel-v6.1", "vxlan-v6.calico"];
 /// Devices pod IPv6 crosses on the node, where they exist.
 const POD_FACING: [&str; 3] = ["cni0", "flannel-v6.1", "vxlan-v6.calico"];
 
-/// A default route as `ip -6 route show default` prints it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DefaultRoute6 {
-    /// The line itself, for the evidence.
-    pub line: String,
-    pub dev: String,
-    /// `proto ra`: learnt from a router advertisement.
-    pub from_ra: bool,
-}
-
-impl DefaultRoute6 {
-    /// The default routes of an `ip -6 route show default` listing; a
-    /// multipath one gives one per `nexthop` line, with its parent's
-    /// `proto`.
-    pub fn parse(listing: &str) -> Vec<Self> {
-        let mut routes = Vec::new();
-        // The `default` line a `nexthop` line belongs to, and its proto.
-        let mut parent: Option<(&str, bool)> = None;
-        for line in listing.lines() {
-            let words: Vec<&str> = line.split_whitespace().collect();
-            let after = |key: &str| words.windows(2).find(|w| w[0] == key).map(|w| w[1]);
-            let (whole, from_ra) = match (words.first(), parent) {
-                (Some(&"default"), _) => {
-                    let this = (line.trim(), after("proto") == Some("ra"));
-                    parent = Some(this);
-                    this
-                }
-                (Some(&"nexthop"), Some(this)) => this,
-                _ => continue,
-            };
-            if let Some(dev) = after("dev") {
-                routes.push(Self {
-                    line: whole.to_string(),
-                    dev: dev.to_string(),
-                    from_ra,
-                });
-            }
-        }
-        routes
-    }
-}
-
 /// How to name a device's IPv6 sysctl to `sysctl -w`: the dotted form,
 /// or the slash form for a device whose name has a dot (`flannel-v6.1`,
 /// `eth0.100`), which the dotted form would split.
@@ -228,6 +186,7 @@ fn check_flannel_v6(facts: &NodeFacts) -> Option<Check> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::doctor::ipv6_routes::DefaultRoute6;
 
     #[test]
     fn default_routes_say_their_device_and_whether_an_ra_gave_them() {

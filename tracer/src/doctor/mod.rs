@@ -21,15 +21,18 @@ pub mod cni_config;
 pub mod cni_dirs;
 mod command;
 pub mod credentials;
+pub mod facts;
 pub mod firewall;
 pub mod flannel;
 pub mod ipv6;
+pub mod ipv6_routes;
 pub mod kernel;
 pub mod node;
 mod node_checks;
 pub mod plugins;
 pub mod policy_routing;
 pub mod render;
+pub mod tcp_sockets;
 pub mod trace;
 
 pub use check::{Check, Status};

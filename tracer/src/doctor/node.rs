@@ -8,156 +8,23 @@ use std::{
     net::Ipv4Addr,
     path::{Path, PathBuf},
     process::Command,
+    time::{SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::Result;
 
-use super::cluster::{ClusterNode, ClusterState};
+use super::{
+    cluster::ClusterState,
+    credentials::{judge, Credentials, State, CNI_KUBECONFIG, KUBECONFIG_MAX},
+};
 use crate::{
     cli::DoctorArgs,
-    cluster::inventory::Pod,
+    model::bounded,
     node::{host_root::HostRoot, netns, NodeView},
     probe::iptables::{Backend, NodeIptables},
 };
 
-/// One iptables backend's filter table (`iptables-save` text).
-#[derive(Clone, Debug)]
-pub struct FilterTable {
-    pub backend: Backend,
-    /// Whether it is the backend the node runs (kube-proxy's choice).
-    pub decided: bool,
-    pub text: Result<String, String>,
-}
-
-/// Everything the checks of one node read.
-#[derive(Clone, Debug)]
-pub struct NodeFacts {
-    /// Its name (the Node it is), or the namespace it was read in.
-    pub name: String,
-    pub root: HostRoot,
-    /// Whether the node's files can be read: a node in another netns
-    /// without its --host-root has none here (this machine's are not its).
-    pub files: bool,
-    pub view: NodeView,
-    /// `/proc/sys/…` values read inside its netns, by path below /proc/sys.
-    pub sysctls: BTreeMap<String, String>,
-    /// The filter table of the iptables backend the node runs, then of
-    /// the other where it holds anything; or why none could be read.
-    pub iptables: Result<Vec<FilterTable>, String>,
-    /// Where its runtime keeps the CNI config and plugins.
-    pub cni_dirs: super::cni_dirs::CniDirs,
-    /// `ip -o link show`: flags (UP) by interface.
-    pub links_up: BTreeMap<String, bool>,
-    /// `bridge fdb show` lines.
-    pub fdb: Vec<String>,
-    /// The IPv4 TCP sockets of /proc/net/tcp inside the netns.
-    pub tcp: Option<Vec<super::bgp::TcpSocket>>,
-    /// BIRD's answer on its control socket under the root (None: the
-    /// node's files are not read here).
-    pub bird: Option<super::bird::Asked>,
-    /// calico-node's bird6 (IPv6 pools), asked as `bird` is.
-    pub bird6: Option<super::bird::Asked>,
-    /// The Node object it is, and the others.
-    pub me: Option<ClusterNode>,
-    pub others: Vec<ClusterNode>,
-    /// Pods of the cluster (for pod names and the firewall's pod pairs).
-    pub pods: Vec<Pod>,
-    pub conntrack_max_override: Option<u64>,
-    /// The CNI's own kubeconfig in /etc/cni/net.d (Calico's), judged
-    /// offline first, then by the API.
-    pub cni_credentials: Option<super::credentials::Credentials>,
-    /// The addresses of the pods asked about (all pods', when none are).
-    pub pair: Vec<Ipv4Addr>,
-    /// Calico's IPAM blocks of the other nodes examined with it (their
-    /// `blackhole <block> proto bird` routes), by node.
-    pub peer_blocks: Vec<(String, ipnet::Ipv4Net)>,
-    /// The addresses the other nodes examined with it hold, by node.
-    pub peer_addresses: Vec<(String, Vec<Ipv4Addr>)>,
-    /// Their IPv6 addresses, by node (bird6's peers).
-    pub peer_addresses6: Vec<(String, Vec<std::net::Ipv6Addr>)>,
-    /// `ip -6 route show default`.
-    pub ipv6_defaults: Vec<super::ipv6::DefaultRoute6>,
-}
-
-impl NodeFacts {
-    /// A node of nothing but its files under `root` (for tests).
-    #[cfg(test)]
-    pub fn of_root(root: &Path) -> Self {
-        Self {
-            name: "node-1".into(),
-            root: HostRoot::new(root),
-            cni_dirs: super::cni_dirs::of_node(&HostRoot::new(root)),
-            files: true,
-            view: NodeView::default(),
-            sysctls: BTreeMap::new(),
-            iptables: Err("not read".into()),
-            links_up: BTreeMap::new(),
-            fdb: Vec::new(),
-            tcp: None,
-            bird: None,
-            bird6: None,
-            me: None,
-            others: Vec::new(),
-            pods: Vec::new(),
-            conntrack_max_override: None,
-            cni_credentials: None,
-            pair: Vec::new(),
-            peer_blocks: Vec::new(),
-            peer_addresses: Vec::new(),
-            peer_addresses6: Vec::new(),
-            ipv6_defaults: Vec::new(),
-        }
-    }
-
-    pub fn sysctl(&self, key: &str) -> Option<&str> {
-        self.sysctls.get(key).map(|v| v.trim())
-    }
-
-    /// Where a path of the node is here (`/etc/cni/net.d` →
-    /// `<root>/etc/cni/net.d`), its links followed inside the node's root.
-    /// An error for a loop of links.
-    pub fn path(&self, node_path: &str) -> std::io::Result<PathBuf> {
-        if self.files {
-            self.root.path(node_path)
-        } else {
-            Ok(PathBuf::from("/nonexistent/no-host-root").join(node_path.trim_start_matches('/')))
-        }
-    }
-
-    /// The path as the node itself names it (`/opt/cni/bin`).
-    pub fn shown(relative: &str) -> String {
-        format!("/{}", relative.trim_start_matches('/'))
-    }
-
-    pub fn pod_cidr(&self) -> Option<ipnet::Ipv4Net> {
-        self.me.as_ref()?.pod_cidrs.first().copied()
-    }
-
-    /// The Calico IPAM blocks this node holds: bird blackholes each
-    /// block affine to the node (`blackhole 10.244.8.0/26 proto bird`)
-    /// and exports it to its peers.
-    pub fn own_blocks(&self) -> Vec<ipnet::Ipv4Net> {
-        self.view
-            .bird_blocks()
-            .filter_map(|block| match block {
-                ipnet::IpNet::V4(block) => Some(block),
-                ipnet::IpNet::V6(_) => None,
-            })
-            .collect()
-    }
-
-    pub fn addresses(&self) -> Vec<Ipv4Addr> {
-        self.view.own_addresses().collect()
-    }
-
-    /// The pod whose IP a link's route or name points at, for naming.
-    pub fn pod_named(&self, ip: Ipv4Addr) -> Option<String> {
-        self.pods
-            .iter()
-            .find(|p| p.ip == Some(ip))
-            .map(|p| p.qualified())
-    }
-}
+pub use super::facts::{FilterTable, NodeFacts};
 
 /// Every node the arguments name: one per --netns, or this one.
 pub async fn gather_all(args: &DoctorArgs, cluster: &ClusterState) -> Result<Vec<NodeFacts>> {
@@ -183,7 +50,7 @@ pub async fn gather_all(args: &DoctorArgs, cluster: &ClusterState) -> Result<Vec
         // From here, outside the node's netns: the API is reached as the
         // CNI plugin reaches it, from the host.
         if files {
-            facts.cni_credentials = super::credentials::probe(&facts).await;
+            facts.cni_credentials = cni_credentials(&facts).await;
             facts.bird = Some(super::bird::ask(&facts.root).await);
             facts.bird6 = Some(super::bird::ask6(&facts.root).await);
         }
@@ -306,7 +173,7 @@ async fn read(netns_path: Option<&Path>, root: HostRoot) -> Result<NodeFacts> {
             .unwrap_or_default(),
         tcp: std::fs::read_to_string("/proc/thread-self/net/tcp")
             .ok()
-            .map(|text| super::bgp::parse_proc_net_tcp(&text)),
+            .map(|text| super::tcp_sockets::parse_proc_net_tcp(&text)),
         bird: None,
         bird6: None,
         name: String::new(),
@@ -319,7 +186,7 @@ async fn read(netns_path: Option<&Path>, root: HostRoot) -> Result<NodeFacts> {
         peer_blocks: Vec::new(),
         peer_addresses: Vec::new(),
         peer_addresses6: Vec::new(),
-        ipv6_defaults: super::ipv6::DefaultRoute6::parse(
+        ipv6_defaults: super::ipv6_routes::DefaultRoute6::parse(
             &output("ip", &["-6", "route", "show", "default"]).unwrap_or_default(),
         ),
     })
@@ -383,4 +250,19 @@ fn links_up() -> BTreeMap<String, bool> {
             Some((name, flags.contains(",UP") || flags.contains("<UP")))
         })
         .collect()
+}
+
+/// Reads and judges the CNI kubeconfig in the node's CNI config
+/// directory, when there is one.
+async fn cni_credentials(facts: &NodeFacts) -> Option<Credentials> {
+    let file = format!("{}/{CNI_KUBECONFIG}", facts.cni_dirs.conf);
+    let path = facts.path(&file).ok().filter(|p| p.exists())?;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let state = match bounded::read_regular_text(&path, KUBECONFIG_MAX) {
+        Ok(text) => judge(&text, now).await,
+        Err(e) => State::Unusable(e.to_string()),
+    };
+    Some(Credentials { file, state })
 }
