@@ -64,3 +64,19 @@ impl PathRule {
             .map(str::trim)
     }
 }
+
+/// A rule's verdict that handed the packet to a userspace program by
+/// nfqueue (kube-network-policies decides there, as an IPS may): the
+/// kernel drops it if nothing reads the queue and the rule has no bypass,
+/// and the program may drop it; otherwise it goes on.
+pub fn is_queue(verdict: &str) -> bool {
+    verdict == "queue" || verdict.starts_with("queue ")
+}
+
+impl NetfilterRule {
+    /// Whether this rule queued the packet to userspace rather than
+    /// dropping it (the last rule of its path).
+    pub fn queued(&self) -> bool {
+        self.path.last().is_some_and(|r| is_queue(&r.verdict))
+    }
+}

@@ -25,7 +25,7 @@ use super::{
     nft_rule::{is_iptables_table, table_name, RuleEvent, RuleLookup},
     rule_path::name_path,
 };
-use crate::model::netfilter::{NetfilterRule, PacketId, PathRule, TracedRule};
+use crate::model::netfilter::{is_queue, NetfilterRule, PacketId, PathRule, TracedRule};
 
 /// One traced packet: its identity, the base chain it is in, the last
 /// rule that sent it into another chain, and every rule it matched on
@@ -98,6 +98,8 @@ impl TraceParser {
             packet.via = Some(rule);
             return None;
         }
+        // A rule that queued the packet to userspace ends its path too: the
+        // kernel drops it if nothing reads the queue (see `is_queue`).
         let ends_here = rule.verdict == "drop" || is_queue(&rule.verdict);
         if !ends_here && !is_nat_rule(&rule.text) {
             return None;
@@ -134,14 +136,6 @@ fn traced(
             path,
         },
     })
-}
-
-/// A rule that handed the packet to a userspace program by nfqueue
-/// (kube-network-policies decides there): the kernel drops it if nothing
-/// reads the queue and the rule has no bypass, and the program may drop
-/// it; its path is kept as a drop's is.
-fn is_queue(verdict: &str) -> bool {
-    verdict == "queue" || verdict.starts_with("queue ")
 }
 
 /// A rule that rewrites addresses, in either syntax nft may print

@@ -55,7 +55,7 @@ use crate::{
         hop::{Direction, DropInfo, Hop, KernelRoute},
         Transport, Tunnel,
     },
-    model::Name,
+    model::{netfilter::NetfilterRule, Name},
     node::interfaces::Role,
 };
 use clock::micros;
@@ -183,16 +183,33 @@ pub fn tell(journey: &Journey, ctx: &Context) -> Story {
 /// A netfilter drop: conntrack's doing when the evidence shows it (its
 /// mechanism first, what shows it and the fix after), else the rule.
 fn name_netfilter_drop(story: &mut Story, journey: &Journey, ctx: &Context) {
+    let rule = dropping_rule(journey, &story.verdict.outcome);
     let failure = conntrack::diagnose(journey, &story.verdict.outcome, ctx);
     match &failure {
-        Some(failure) if journey.rule.is_none() => story.name_conntrack_verdict(failure.mechanism),
-        _ => story.name_rule(journey.rule.as_ref(), ctx),
+        Some(failure) if rule.is_none() => story.name_conntrack_verdict(failure.mechanism),
+        _ => story.name_rule(rule, ctx),
     }
     if let Some(failure) = failure {
         let (what, tail) = conntrack::said(&failure);
         story.verdict.summary = format!("{what}; {}{tail}", story.verdict.summary);
         story.verdict.conntrack = Some(failure);
     }
+}
+
+/// Where the kernel frees a packet a rule queued to userspace: nothing
+/// took it from the queue (`nf_queue`), or the program's verdict was a
+/// drop (`nf_reinject`, nfnetlink_queue's `nfqnl_*`).
+const QUEUEING: [&str; 3] = ["nf_queue+", "nf_reinject+", "nfqnl_"];
+
+/// The rule a netfilter drop is told by. A rule that queued the packet
+/// to userspace dropped it only if the kernel freed it in the queueing:
+/// a packet the program accepted, then dropped later by something rule
+/// tracing did not name (conntrack, a legacy rule), was not that rule's.
+fn dropping_rule<'j>(journey: &'j Journey, outcome: &Outcome) -> Option<&'j NetfilterRule> {
+    let rule = journey.rule.as_ref()?;
+    let freed_in_queueing = matches!(outcome, Outcome::Dropped { location, .. }
+        if QUEUEING.iter().any(|q| location.starts_with(q)));
+    (!rule.queued() || freed_in_queueing).then_some(rule)
 }
 
 /// A cross-node step's clock uncertainty: both nodes' against the
@@ -445,6 +462,56 @@ pub(crate) mod tests {
             "routed (TTL 64→63), dropped: NETFILTER_DROP in nf_hook_slow+0x9c"
         );
         assert!(story.freed_after_delivery.is_empty());
+    }
+
+    /// kube-network-policies' rule queued the packet: the drop is that
+    /// rule's (its queue unread) only where the kernel freed it in the
+    /// queueing; a packet the engine accepted and something else dropped
+    /// later (conntrack, a legacy rule) is not blamed on the queue.
+    #[test]
+    fn a_rule_that_queued_the_packet_is_its_drop_only_if_freed_in_the_queueing() {
+        use crate::model::netfilter::PathRule;
+        let text = "ip daddr @podips-v4 queue to 98 # handle 9";
+        let table = "inet kube-network-policies";
+        let queued = NetfilterRule {
+            table: table.into(),
+            chain: "postrouting".into(),
+            hook: "POSTROUTING".into(),
+            rule: text.into(),
+            path: vec![PathRule {
+                table: table.into(),
+                chain: "postrouting".into(),
+                rule: text.into(),
+                verdict: "queue".into(),
+                target_head: None,
+            }],
+        };
+        for (location, queues_drop) in [("nf_queue+0x5c", true), ("nf_hook_slow+0x9c", false)] {
+            let mut journey = cross_node_flannel();
+            journey.hops.truncate(2);
+            let routed = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 63, 1);
+            let mut hop = drop_hop(2_500, "node-1", "cni0", &routed, "NETFILTER_DROP");
+            hop.drop.as_mut().expect("a drop").location = location.into();
+            journey.hops.push(hop);
+            journey.rule = Some(queued.clone());
+            let story = tell(&journey, &ctx());
+            let summary = &story.verdict.summary;
+            assert_eq!(
+                story.verdict.policy.is_some(),
+                queues_drop,
+                "{location}: {summary}"
+            );
+            assert_eq!(
+                story.verdict.netfilter.is_some(),
+                queues_drop,
+                "{location}: {summary}"
+            );
+            assert_eq!(
+                summary.contains("queued this packet"),
+                queues_drop,
+                "{summary}"
+            );
+        }
     }
 
     #[test]
