@@ -94,7 +94,7 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
         Some(access) => match Cluster::connect(&access).await {
             Ok(cluster) => Some(cluster.client()),
             Err(e) => {
-                eprintln!("podtrace: cannot reach the API: {e:#}: the lease is not watched and this agent's pod is not removed at its end");
+                eprintln!("podtrace: cannot reach the API: {e:#}: the front-end's lease is not watched (probes are sent without waiting for the other agents); this agent's pod is removed at its end if the API is back");
                 None
             }
         },
@@ -114,6 +114,11 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
     // However it ended, its pod goes with it: a finished pod would stay
     // behind otherwise. The lease goes too when its front-end is gone.
     if agent.pod.is_some() || lease_lost.is_some() {
+        // The API may be back if it was away at the start.
+        let api = match api {
+            Some(client) => Some(client),
+            None => (Cluster::connect(&Access::of(&args.kube)).await.ok()).map(|c| c.client()),
+        };
         if let Some(client) = api {
             let lease = lease_lost.and(agent.lease.as_deref());
             agents::remove_self(client, &args.agent_namespace, agent.pod.as_deref(), lease).await;
