@@ -212,8 +212,9 @@ fn scan(source: &mut Source, text: &str) {
         inline_mods.step(&toks, i);
         let token = toks[i].1.as_str();
         // `pub(in crate::app)` names a module to say who sees an item,
-        // not to use it.
-        let after_colons = i > 0 && matches!(toks[i - 1].1.as_str(), "::" | "in");
+        // not to use it (a `for x in super::f()` does use it).
+        let visibility = i > 1 && toks[i - 1].1 == "in" && toks[i - 2].1 == "(";
+        let after_colons = (i > 0 && toks[i - 1].1 == "::") || visibility;
         match token {
             "use" => {
                 let line = toks[i].0;
@@ -339,6 +340,9 @@ fn absolute(source: &Source, inline_depth: usize, path: &[String]) -> Option<Vec
             rest = path;
             source.module.clone()
         }
+        // A module the file imported (`use crate::story;` then
+        // `story::verdict::f()`).
+        name if inline_depth == 0 => source.aliases.get(name).cloned().flatten()?,
         _ => return None,
     };
     let mut absolute = base;

@@ -76,6 +76,26 @@ fn globs_inline_paths_and_sub_folders_are_imports() {
 }
 
 #[test]
+fn an_imported_module_and_a_path_after_for_in_are_imports() {
+    let found = cycles_of(
+        "alias",
+        &[
+            ("lib.rs", "pub mod story;"),
+            ("story/mod.rs", "mod nat;\nmod verdict;"),
+            (
+                "story/nat.rs",
+                "pub fn steps() { for _ in super::verdict::all() {} }",
+            ),
+            (
+                "story/verdict.rs",
+                "use crate::story;\npub fn all() -> Vec<()> { story::nat::steps(); vec![] }",
+            ),
+        ],
+    );
+    assert_eq!(found, ["story: nat.rs:1 → verdict.rs:2 → nat.rs"]);
+}
+
+#[test]
 fn tests_extern_names_and_inline_modules_are_not() {
     let found = cycles_of(
         "tests",
