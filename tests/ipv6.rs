@@ -371,6 +371,29 @@ fn a_missing_ipv6_route_is_no_route_in_route_dash_6_terms() {
     assert_eq!(verdict["then"]["reason"], told_reason("IP_INNOROUTES"));
 }
 
+/// Where IPv6 rides flannel.1, the route flanneld would write goes
+/// through flannel.1's own IPv6 VTEP, not a flannel-v6.1 the node lacks.
+#[test]
+fn a_missing_ipv6_route_inside_the_ipv4_tunnel_names_that_tunnels_vtep() {
+    let (_alone, lab) = dual_stack_in_ipv4_tunnel_lab();
+    let (web, db) = (ipv6(&lab.0, "web-0"), ipv6(&lab.0, "db-0"));
+    let subnet = Lab::node_subnet6(2);
+    ip(&lab.0.node_netns(1), &format!("-6 route del {subnet}")).expect("route del");
+    let done = traced(&lab.0, "web-0", "db-0", &["-6", "--count", "1"], || {
+        assert!(!lab.0.ping6("web-0", db, &[]), "answered without a route");
+    });
+    let verdict = &story_from(&done.stories(), web, db)["verdict"];
+    assert_eq!(verdict["outcome"], "no_route", "{verdict}");
+    let vtep = subnet.network();
+    assert_eq!(
+        verdict["check"]["expected"],
+        format!(
+            "{subnet} via {vtep} dev flannel.1 onlink (route -6 -n: {subnet} {vtep} UG flannel.1) (pod subnet of node-2)"
+        )
+        .as_str()
+    );
+}
+
 #[test]
 fn a_next_hop_that_never_answers_neighbour_discovery_is_told_like_arp() {
     let (_alone, lab) = dual_stack_lab(Topology::FlannelVxlan);
@@ -760,7 +783,7 @@ fn calico_bgp_routes_the_pairs_ipv6_and_a_withdrawn_ipv6_block_is_no_route() {
     let block = Lab::node_subnet6(2);
     assert_eq!(
         verdict["check"]["expected"],
-        format!("{block} via {peer} dev eth0 proto bird (route -6 -n: {block} {peer} UG eth0) (pod subnet of node-2)").as_str()
+        format!("{block} via {peer} dev eth0 proto bird (route -6 -n: {block} {peer} UG eth0) (pod block of node-2)").as_str()
     );
     let summary = verdict["summary"].as_str().unwrap();
     assert!(

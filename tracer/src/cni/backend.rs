@@ -4,10 +4,10 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 
 use crate::{
-    model::NodeSubnet,
+    model::{NodeSubnet, NodeSubnet6},
     node::{interfaces::Role, Link, NodeView, Route, RouteKind, RouteOrigin, RT_TABLE_MAIN},
 };
 
@@ -56,6 +56,18 @@ pub trait Backend: Sync {
     /// it. `underlay` names the node's underlay interface.
     fn expected_route(&self, remote: &NodeSubnet, underlay: &str) -> String;
 
+    /// The IPv6 route a node needs toward `remote`'s pods, as `ip -6
+    /// route` shows it. `underlay` names the node's link on the subnet of
+    /// the remote node's IPv6 address. By default, through the remote
+    /// node's IPv6 VTEP where it has one, else via that address (a backend
+    /// that routes pods to the node itself, as host-gw).
+    fn expected_route6(&self, remote: &NodeSubnet6, underlay: Option<&str>) -> String {
+        match &remote.vtep {
+            Some(vtep) => via_vtep6(remote, &vtep.device, "pod subnet"),
+            None => via_node_ip6(remote, underlay, RouteOrigin::Other, "pod subnet"),
+        }
+    }
+
     /// The host-side interface of the local pod with `ip`.
     fn pod_interface<'a>(&self, view: &'a NodeView, ip: IpAddr) -> Option<&'a Link>;
 
@@ -89,12 +101,22 @@ pub(super) fn to_pods_of(
     onlink: bool,
     protocol: RouteOrigin,
 ) -> Route {
+    to_subnet(remote.subnet.into(), Some(gateway.into()), onlink, protocol)
+}
+
+/// A main-table unicast route to `destination`, of either family.
+fn to_subnet(
+    destination: IpNet,
+    gateway: Option<IpAddr>,
+    onlink: bool,
+    protocol: RouteOrigin,
+) -> Route {
     Route {
         protocol,
         onlink,
         kind: RouteKind::Unicast,
-        destination: remote.subnet.into(),
-        gateway: Some(gateway.into()),
+        destination,
+        gateway,
         oif: None,
         table: RT_TABLE_MAIN,
     }
@@ -104,11 +126,50 @@ pub(super) fn to_pods_of(
 /// subnet it leads to (`what`: Flannel's "pod subnet", Calico's "pod
 /// block").
 pub(super) fn named(route: &Route, dev: &str, what: &str, remote: &NodeSubnet) -> String {
-    format!(
-        "{} ({what} of {})",
-        route.describe_on(Some(dev)),
-        remote.node
-    )
+    named_on(route, Some(dev), what, &remote.node)
+}
+
+fn named_on(route: &Route, dev: Option<&str>, what: &str, node: &str) -> String {
+    format!("{} ({what} of {node})", route.describe_on(dev))
+}
+
+/// `<subnet> via <node IPv6> dev <underlay>`: the IPv6 route of a backend
+/// that routes pods to the node itself, BIRD's (`protocol` bird) or
+/// host-gw's.
+pub(super) fn via_node_ip6(
+    remote: &NodeSubnet6,
+    underlay: Option<&str>,
+    protocol: RouteOrigin,
+    what: &str,
+) -> String {
+    let gateway = remote.node_ip.map(IpAddr::V6);
+    let route = to_subnet(remote.subnet.trunc().into(), gateway, false, protocol);
+    named_on(&route, underlay, what, &remote.node)
+}
+
+/// `<subnet> via <VTEP IPv6> dev <device> onlink`: the IPv6 route of a
+/// VXLAN backend, through the remote node's IPv6 VTEP as flanneld and
+/// Felix write it. `device` is the backend's IPv6 tunnel device, named
+/// where the remote node shows no VTEP.
+pub(super) fn via_vtep6(remote: &NodeSubnet6, device: &str, what: &str) -> String {
+    match &remote.vtep {
+        Some(vtep) => {
+            let gateway = Some(IpAddr::V6(vtep.ip));
+            let route = to_subnet(
+                remote.subnet.trunc().into(),
+                gateway,
+                true,
+                RouteOrigin::Other,
+            );
+            named_on(&route, Some(&vtep.device), what, &remote.node)
+        }
+        // No route to print in columns without its gateway.
+        None => format!(
+            "{} via <its VTEP address> dev {device} onlink ({what} of {})",
+            remote.subnet.trunc(),
+            remote.node
+        ),
+    }
 }
 
 /// The /16 around `address` of `link`: Flannel hands each node a /24 (its

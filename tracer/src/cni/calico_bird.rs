@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use super::backend::{annotation, Backend};
 use crate::{
-    model::NodeSubnet,
+    model::{NodeSubnet, NodeSubnet6},
     node::{Link, NodeView, RouteOrigin},
 };
 
@@ -31,6 +31,10 @@ impl Backend for CalicoBird {
     fn expected_route(&self, remote: &NodeSubnet, underlay: &str) -> String {
         let route = super::backend::to_pods_of(remote, remote.node_ip, false, RouteOrigin::Bird);
         super::backend::named(&route, underlay, "pod block", remote)
+    }
+
+    fn expected_route6(&self, remote: &NodeSubnet6, underlay: Option<&str>) -> String {
+        super::backend::via_node_ip6(remote, underlay, RouteOrigin::Bird, "pod block")
     }
 
     fn pod_interface<'a>(&self, view: &'a NodeView, ip: IpAddr) -> Option<&'a Link> {

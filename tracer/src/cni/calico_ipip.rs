@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use super::backend::{annotation, Backend, TunnelSpec};
 use crate::{
-    model::NodeSubnet,
+    model::{NodeSubnet, NodeSubnet6},
     node::{Link, NodeView, RouteOrigin},
 };
 
@@ -48,6 +48,12 @@ impl Backend for CalicoIpip {
     fn expected_route(&self, remote: &NodeSubnet, _underlay: &str) -> String {
         let route = super::backend::to_pods_of(remote, remote.node_ip, true, RouteOrigin::Bird);
         super::backend::named(&route, TUNNEL.device, "pod block", remote)
+    }
+
+    /// Calico has no IPIP for IPv6: an IPv6 pool beside an IPIP one is
+    /// routed natively, by BIRD, as in BGP mode.
+    fn expected_route6(&self, remote: &NodeSubnet6, underlay: Option<&str>) -> String {
+        super::backend::via_node_ip6(remote, underlay, RouteOrigin::Bird, "pod block")
     }
 
     fn pod_interface<'a>(&self, view: &'a NodeView, ip: IpAddr) -> Option<&'a Link> {

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use super::backend::{annotation, Backend, TunnelSpec};
 use crate::{
-    model::NodeSubnet,
+    model::{NodeSubnet, NodeSubnet6},
     node::{Link, NodeView, RouteOrigin},
 };
 
@@ -20,6 +20,9 @@ const TUNNEL: TunnelSpec = TunnelSpec {
     port: Some(4789),
     vni: Some(4096),
 };
+
+/// calico-node's IPv6 VXLAN device, for an IPv6 pool in VXLAN mode.
+const TUNNEL6_DEVICE: &str = "vxlan-v6.calico";
 
 impl Backend for CalicoVxlan {
     fn name(&self) -> &'static str {
@@ -50,6 +53,10 @@ impl Backend for CalicoVxlan {
                 remote.subnet, TUNNEL.device, remote.node
             ),
         }
+    }
+
+    fn expected_route6(&self, remote: &NodeSubnet6, _underlay: Option<&str>) -> String {
+        super::backend::via_vtep6(remote, TUNNEL6_DEVICE, "pod block")
     }
 
     fn pod_interface<'a>(&self, view: &'a NodeView, ip: IpAddr) -> Option<&'a Link> {

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 
 use super::backend::{annotation, vxlan_device, Backend, TunnelSpec};
 use crate::{
-    model::{bounded, NodeSubnet},
+    model::{bounded, NodeSubnet, NodeSubnet6},
     node::{host_root::HostRoot, Link, NodeView, RouteOrigin},
 };
 
@@ -21,6 +21,9 @@ const TUNNEL: TunnelSpec = TunnelSpec {
     port: Some(8472),
     vni: Some(1),
 };
+
+/// flanneld's IPv6 VXLAN device with `EnableIPv6` (`flannel-v6.<VNI>`).
+const TUNNEL6_DEVICE: &str = "flannel-v6.1";
 
 impl Backend for FlannelVxlan {
     fn name(&self) -> &'static str {
@@ -47,6 +50,10 @@ impl Backend for FlannelVxlan {
         let route =
             super::backend::to_pods_of(remote, remote.subnet.network(), true, RouteOrigin::Other);
         super::backend::named(&route, TUNNEL.device, "pod subnet", remote)
+    }
+
+    fn expected_route6(&self, remote: &NodeSubnet6, _underlay: Option<&str>) -> String {
+        super::backend::via_vtep6(remote, TUNNEL6_DEVICE, "pod subnet")
     }
 
     fn inferred_pod_cidr(&self, view: &NodeView) -> Option<(ipnet::Ipv4Net, String)> {

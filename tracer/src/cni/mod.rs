@@ -150,6 +150,40 @@ mod tests {
     }
 
     #[test]
+    fn each_backend_names_the_ipv6_route_a_node_needs_in_its_own_terms() {
+        let subnet6 = |vtep: Option<&str>| crate::model::NodeSubnet6 {
+            node: "node-2".into(),
+            subnet: "fd00:10:244:2::/64".parse().unwrap(),
+            node_ip: Some("fd5a:0:2::12".parse().unwrap()),
+            vtep: vtep.map(|device| crate::model::Vtep6 {
+                device: device.into(),
+                ip: "fd00:10:244:2::".parse().unwrap(),
+            }),
+        };
+        let route = |b: &str, vtep| {
+            let backend = by_name(b).unwrap();
+            backend.expected_route6(&subnet6(vtep), Some("eth0"))
+        };
+        let onlink = "fd00:10:244:2::/64 via fd00:10:244:2:: dev flannel-v6.1 onlink";
+        assert!(route("flannel-vxlan", Some("flannel-v6.1")).starts_with(onlink));
+        assert!(route("flannel-vxlan", Some("flannel-v6.1")).ends_with("(pod subnet of node-2)"));
+        // IPv6 inside flannel.1: the VTEP the node shows, not the usual name.
+        assert!(route("flannel-vxlan", Some("flannel.1")).contains("dev flannel.1 onlink"));
+        assert_eq!(
+            route("flannel-vxlan", None),
+            "fd00:10:244:2::/64 via <its VTEP address> dev flannel-v6.1 onlink (pod subnet of node-2)"
+        );
+        assert!(route("calico-vxlan", None).contains("dev vxlan-v6.calico onlink (pod block"));
+        let bird = "fd00:10:244:2::/64 via fd5a:0:2::12 dev eth0 proto bird (route -6 -n: ";
+        assert!(route("calico-bird", None).starts_with(bird));
+        // Calico has no IPIP for IPv6: BIRD routes the IPv6 pool natively.
+        assert!(route("calico-ipip", None).starts_with(bird));
+        assert!(route("flannel-host-gw", None)
+            .starts_with("fd00:10:244:2::/64 via fd5a:0:2::12 dev eth0 (route -6 -n: "));
+        assert!(route("flannel-host-gw", None).ends_with("(pod subnet of node-2)"));
+    }
+
+    #[test]
     fn a_local_pods_host_interface_is_found_by_route_or_by_bridge_fdb() {
         // Flannel: the neighbour entry on cni0 gives the MAC, the FDB the port.
         let view = flannel_node();

@@ -28,6 +28,6 @@ pub use finding::Finding;
 pub use format::{Format, MAX_SNAPLEN};
 pub use name::Name;
 pub use probe::{ProbeKind, ProbeResult};
-pub use subnet::NodeSubnet;
+pub use subnet::{NodeSubnet, NodeSubnet6, Vtep6};
 pub use summary::{KernelSummary, NodeCounts, Summary, KEEP_UP};
 pub use translation::{Frontend, Translation};

@@ -17,12 +17,12 @@ use crate::{
         hop::{Direction, Hop},
         Transport,
     },
-    model::NodeSubnet,
+    model::{NodeSubnet, NodeSubnet6, Vtep6},
     node::{
         interfaces::Role,
         route::table_name,
         rules::{Decision, RuleAction},
-        NodeFacts, RouteKind, RouteOrigin,
+        NodeFacts,
     },
     story::journey,
 };
@@ -158,7 +158,7 @@ fn missing_route(
             (None, IpAddr::V4(dst)) => {
                 expected_route(dst, subnets, pod_cidrs, nodes, &routing_hop.node)
             }
-            (None, IpAddr::V6(_)) => expected_route6(dst, nodes, &routing_hop.node),
+            (None, IpAddr::V6(dst)) => expected_route6(dst, nodes, &routing_hop.node),
         },
         used,
         used_gateway: used_route.and_then(|r| r.gateway),
@@ -345,73 +345,82 @@ fn ipv4_of(ip: IpAddr) -> Option<Ipv4Addr> {
     }
 }
 
-/// The IPv6 route node `here` should have had for `dst`: to the pod
-/// subnet holding it on another traced node (its IPAM block where Calico
-/// blackholes one, `proto bird`). Through that node's IPv6 tunnel device
-/// as this node has one of its kind (flannel-v6.1, vxlan-v6.calico), via
-/// the remote device's address, as flannel and Calico write it; with no
-/// tunnel (Calico's BGP), via the remote node's address on the underlay
-/// this node shares, as BIRD installs it. In `ip -6 route` and `route -6
-/// -n` terms.
-fn expected_route6(dst: IpAddr, nodes: &HashMap<String, NodeFacts>, here: &str) -> String {
-    let Some(view) = nodes.get(here).map(|f| &f.view) else {
+/// The IPv6 route node `here` should have had for `dst`, in the terms of
+/// the CNI backend of the other traced node whose pod subnet holds it
+/// (its IPAM block where Calico blackholes one, `proto bird`). In `ip -6
+/// route` and `route -6 -n` terms.
+fn expected_route6(dst: Ipv6Addr, nodes: &HashMap<String, NodeFacts>, here: &str) -> String {
+    let Some(facts) = nodes.get(here) else {
         return format!("a route for {dst}");
     };
-    let remote = nodes
-        .iter()
-        .filter(|(name, _)| name.as_str() != here)
-        .find_map(|(name, facts)| {
-            let blocks = facts.view.bird_blocks();
-            let subnet = (blocks.chain(facts.local_pod_subnets.iter().copied()))
-                .filter(|net| net.contains(&dst))
-                .min_by_key(|net| net.prefix_len())?;
-            Some((name, facts, subnet))
-        });
-    let Some((remote_node, facts, subnet)) = remote else {
+    let Some((remote, backend)) = traced_subnet6(dst, nodes, here) else {
         return format!("a route for {dst}");
     };
-    let (gateway, dev, protocol) = match ipv6_vtep(&facts.view) {
-        // The same device on this node: flannel and Calico name it alike
-        // on every node.
-        Some((name, ip)) => {
-            let dev = view.link_named(name).map_or(name, |l| l.name.as_str());
-            (Some(ip), Some(dev), RouteOrigin::Other)
-        }
-        None => {
-            let on_underlay = (facts.view.addresses6.iter())
-                .find_map(|(_, ip)| Some((*ip, view.link_on_subnet_of(*ip)?)));
-            let protocol = if facts.view.runs_bird() {
-                RouteOrigin::Bird
-            } else {
-                RouteOrigin::Other
-            };
-            (
-                on_underlay.map(|(ip, _)| ip),
-                on_underlay.map(|(_, l)| l.name.as_str()),
-                protocol,
-            )
-        }
-    };
-    let route = crate::node::Route {
-        protocol,
-        onlink: protocol != RouteOrigin::Bird && gateway.is_some(),
-        kind: RouteKind::Unicast,
-        destination: subnet.trunc(),
-        gateway: gateway.map(IpAddr::V6),
-        oif: None,
-        table: crate::node::RT_TABLE_MAIN,
-    };
-    format!("{} (pod subnet of {remote_node})", route.describe_on(dev))
+    let view = &facts.view;
+    let underlay = (remote.node_ip).and_then(|ip| view.link_on_subnet_of(ip));
+    let backend = backend
+        .or_else(|| cni::by_name(facts.cni))
+        .unwrap_or_else(cni::unknown);
+    backend.expected_route6(&remote, underlay.map(|l| l.name.as_str()))
 }
 
-/// A node's IPv6 VTEP: a VXLAN device over an IPv6 underlay, and the
-/// address it holds.
-fn ipv6_vtep(view: &crate::node::NodeView) -> Option<(&str, Ipv6Addr)> {
-    view.links.iter().find_map(|link| {
-        let over_ipv6 = (link.vxlan.and_then(|v| v.local)).is_some_and(|l| l.is_ipv6());
-        let address = (view.addresses6.iter()).find(|(index, _)| *index == link.index);
-        over_ipv6.then(|| address.map(|(_, ip)| (link.name.as_str(), *ip)))?
+/// The IPv6 pod subnet holding `dst` on another traced node, with what
+/// node `here` reaches it by: the node's IPv6 address on an underlay they
+/// share, and its IPv6 VTEP; and the node's CNI backend.
+fn traced_subnet6(
+    dst: Ipv6Addr,
+    nodes: &HashMap<String, NodeFacts>,
+    here: &str,
+) -> Option<(NodeSubnet6, Option<&'static dyn cni::Backend>)> {
+    let here_view = &nodes.get(here)?.view;
+    let others = nodes.iter().filter(|(name, _)| name.as_str() != here);
+    others.into_iter().find_map(|(name, facts)| {
+        let view = &facts.view;
+        let subnet = (view
+            .bird_blocks()
+            .chain(facts.local_pod_subnets.iter().copied()))
+        .filter_map(|net| match net {
+            ipnet::IpNet::V6(net) if net.contains(&dst) => Some(net),
+            _ => None,
+        })
+        .min_by_key(|net| net.prefix_len())?;
+        let node_ip = (view.addresses6.iter())
+            .map(|(_, ip)| *ip)
+            .find(|ip| here_view.link_on_subnet_of(*ip).is_some());
+        let vtep = ipv6_vtep(view).map(|(device, ip)| Vtep6 {
+            // Named as this node has it: CNIs name it alike on every node.
+            device: here_view
+                .link_named(device)
+                .map_or(device, |l| &l.name)
+                .to_string(),
+            ip,
+        });
+        let remote = NodeSubnet6 {
+            node: name.clone(),
+            subnet,
+            node_ip,
+            vtep,
+        };
+        Some((remote, cni::by_name(facts.cni)))
     })
+}
+
+/// A node's IPv6 VTEP: a tunnel device with an IPv6 address of its own,
+/// preferring one over an IPv6 underlay (flannel-v6.1, vxlan-v6.calico)
+/// to an IPv4 one that also carries IPv6 (flannel.1 in some dual-stack
+/// setups).
+fn ipv6_vtep(view: &crate::node::NodeView) -> Option<(&str, Ipv6Addr)> {
+    let vteps = view
+        .links
+        .iter()
+        .filter(|l| l.is_tunnel())
+        .filter_map(|link| {
+            let (_, ip) = (view.addresses6.iter()).find(|(index, _)| *index == link.index)?;
+            let over_ipv6 = (link.vxlan.and_then(|v| v.local)).is_some_and(|l| l.is_ipv6());
+            Some((over_ipv6, link.name.as_str(), *ip))
+        });
+    let best = vteps.max_by_key(|(over_ipv6, ..)| *over_ipv6)?;
+    Some((best.1, best.2))
 }
 
 /// The pod subnet holding `dst` as another traced node shows it, where no
@@ -465,7 +474,7 @@ mod tests {
             hop::tests::{drop_hop, hop},
             tests as frames,
         },
-        node::{fixtures::flannel_node, NodeView, Route},
+        node::{fixtures::flannel_node, NodeView, Route, RouteOrigin},
     };
 
     fn node_1(view: NodeView, forwarding: bool) -> HashMap<String, NodeFacts> {

@@ -54,6 +54,10 @@ impl Cni for Calico {
         }
         annotations
     }
+
+    fn dual_stack(&self, lab: &Lab) -> Result<()> {
+        super::bird6::dual_stack(lab)
+    }
 }
 
 /// Every pod of the node, wired as Calico wires them (BGP or VXLAN mode).

@@ -48,6 +48,10 @@ impl Cni for CalicoVxlan {
         super::calico::Calico.host_iface(pod_netns)
     }
 
+    fn dual_stack(&self, lab: &Lab) -> Result<()> {
+        dual_stack(lab)
+    }
+
     fn build_node(&self, lab: &Lab, node: u8) -> Result<()> {
         let ns = lab.node_netns(node);
         ip(

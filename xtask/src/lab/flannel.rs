@@ -24,6 +24,20 @@ pub trait Backend: Sync {
     fn backend_type(&self) -> &'static str;
     /// Wires node `node` (namespace `ns`, cni0 up) to the other nodes' pods.
     fn routes(&self, lab: &Lab, ns: &str, node: u8) -> Result<()>;
+    /// `Cni::dual_stack`, as this backend does it.
+    fn dual_stack(&self, _lab: &Lab) -> Result<()> {
+        bail!(
+            "the lab cannot make flannel's {} backend dual-stack",
+            self.backend_type()
+        )
+    }
+    /// `Cni::dual_stack_in_ipv4_tunnel`, as this backend does it.
+    fn dual_stack_in_ipv4_tunnel(&self, _lab: &Lab) -> Result<()> {
+        bail!(
+            "flannel's {} backend has no IPv4 tunnel to carry IPv6 in",
+            self.backend_type()
+        )
+    }
 }
 
 /// A Flannel topology: the shared node wiring around one backend.
@@ -54,6 +68,14 @@ impl<B: Backend> Cni for Flannel<B> {
             name_host_end(lab, &pod, &made)?;
         }
         self.0.routes(lab, &lab.node_netns(node), node)
+    }
+
+    fn dual_stack(&self, lab: &Lab) -> Result<()> {
+        self.0.dual_stack(lab)
+    }
+
+    fn dual_stack_in_ipv4_tunnel(&self, lab: &Lab) -> Result<()> {
+        self.0.dual_stack_in_ipv4_tunnel(lab)
     }
 
     /// Each pod's sandbox removed by the plugins (best effort: the lab's

@@ -38,6 +38,14 @@ impl Backend for Vxlan {
         }
         Ok(())
     }
+
+    fn dual_stack(&self, lab: &Lab) -> Result<()> {
+        dual_stack(lab)
+    }
+
+    fn dual_stack_in_ipv4_tunnel(&self, lab: &Lab) -> Result<()> {
+        dual_stack_in_ipv4_tunnel(lab)
+    }
 }
 
 /// Re-creates every node's flannel.1 on UDP `port`, as flanneld makes it

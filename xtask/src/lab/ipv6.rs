@@ -27,19 +27,14 @@ use std::{
 use anyhow::{bail, Result};
 use ipnet::Ipv6Net;
 
-use super::{calico_vxlan, flannel_vxlan, ip, sysctl, Lab, LabPod, Topology};
+use super::{ip, sysctl, Lab, LabPod};
 
 impl Lab {
     /// Makes the lab dual-stack, where its topology can be (Flannel's
     /// VXLAN, Calico's VXLAN and BGP; host-gw is not wired for IPv6 here).
     /// A lab that is already dual-stack is left as it is.
     pub fn dual_stack(&self) -> Result<()> {
-        match self.topology {
-            Topology::FlannelVxlan => flannel_vxlan::dual_stack(self),
-            Topology::CalicoVxlan => calico_vxlan::dual_stack(self),
-            Topology::Calico => super::bird6::dual_stack(self),
-            other => bail!("the lab cannot make {} dual-stack", other.name()),
-        }
+        self.topology.cni().dual_stack(self)
     }
 
     /// Makes the lab dual-stack with one tunnel device for both families,
@@ -48,13 +43,7 @@ impl Lab {
     /// VXLAN device (Flannel's flannel.1 here). A lab already dual-stack
     /// this way is left as it is; one dual-stack over IPv6 is refused.
     pub fn dual_stack_in_ipv4_tunnel(&self) -> Result<()> {
-        match self.topology {
-            Topology::FlannelVxlan => flannel_vxlan::dual_stack_in_ipv4_tunnel(self),
-            other => bail!(
-                "the lab cannot carry {}'s IPv6 inside its IPv4 tunnel",
-                other.name()
-            ),
-        }
+        self.topology.cni().dual_stack_in_ipv4_tunnel(self)
     }
 
     fn dual_stack_marker(&self) -> PathBuf {
@@ -239,6 +228,7 @@ impl Vtep6<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lab::Topology;
 
     #[test]
     fn the_ipv6_plan_is_flannels_dual_stack_one() {
@@ -256,5 +246,24 @@ mod tests {
         let db = lab.pod("db-1");
         assert_eq!(db.ipv6, None);
         assert_eq!(lab.ipv6_of(&db).to_string(), "fd00:10:244:2::3");
+    }
+
+    #[test]
+    fn a_topology_whose_cni_has_no_ipv6_wiring_refuses_by_its_name() {
+        let lab = |topology| Lab::new("t", topology, None).unwrap();
+        let refused = lab(Topology::FlannelHostGw).dual_stack().unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "the lab cannot make flannel's host-gw backend dual-stack"
+        );
+        let refused = lab(Topology::CalicoIpip).dual_stack().unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "the lab cannot make calico-ipip dual-stack"
+        );
+        let refused = lab(Topology::Calico)
+            .dual_stack_in_ipv4_tunnel()
+            .unwrap_err();
+        assert!(refused.to_string().contains("calico"), "{refused}");
     }
 }

@@ -78,6 +78,20 @@ pub trait Cni: Sync {
     /// Removes the pods' sandboxes as a runtime does (CNI DEL), before
     /// their namespaces go.
     fn tear_down(&self, _lab: &Lab) {}
+    /// Makes the wired lab dual-stack as the CNI does with IPv6 turned on
+    /// (`Lab::dual_stack`): each node's IPv6 devices, its routes to the
+    /// other nodes' IPv6 pod subnets, and its pods' IPv6 addresses.
+    fn dual_stack(&self, _lab: &Lab) -> Result<()> {
+        bail!("the lab cannot make {} dual-stack", self.name())
+    }
+    /// Makes the wired lab dual-stack with pod IPv6 inside its IPv4
+    /// tunnel device (`Lab::dual_stack_in_ipv4_tunnel`).
+    fn dual_stack_in_ipv4_tunnel(&self, _lab: &Lab) -> Result<()> {
+        bail!(
+            "the lab cannot carry {}'s IPv6 inside its IPv4 tunnel",
+            self.name()
+        )
+    }
 }
 
 impl Topology {
