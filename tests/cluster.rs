@@ -983,6 +983,19 @@ fn a_pod_to_pod_trace_on_a_crowded_cluster_asks_for_what_it_traces() {
     for (client, (_, bytes)) in &by_client {
         assert!(*bytes < 1 << 20, "{client} received {bytes} bytes");
     }
+    // Each connects once, and passes that one handle down (resolution,
+    // the doctor, the lease, the probes' gate, removal): a connection
+    // starts with one /version request.
+    let versions = load_by_client(
+        &(requests.iter())
+            .filter(|r| r.path == "/version")
+            .cloned()
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(versions.len(), by_client.len(), "{versions:?}");
+    for (client, (connections, _)) in &versions {
+        assert_eq!(*connections, 1, "{client} connected {connections} times");
+    }
 }
 
 /// A ClusterIP given by address, on an API server older than the

@@ -88,18 +88,8 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
         kernel: Some(trace.kernel_summary.clone()),
         rules_unseen: trace.ctx.rules_unseen.values().next().cloned(),
     })));
-    // One connection to the API serves the agent's lease, probes and
-    // removal; an agent run by hand (no lease, no pod) needs none.
-    let api = match (agent.lease.is_some() || agent.pod.is_some()).then(|| Access::of(&args.kube)) {
-        Some(access) => match Cluster::connect(&access).await {
-            Ok(cluster) => Some(cluster.client()),
-            Err(e) => {
-                eprintln!("podtrace: cannot reach the API: {e:#}: the front-end's lease is not watched (probes are sent without waiting for the other agents); this agent's pod is removed at its end if the API is back");
-                None
-            }
-        },
-        None => None,
-    };
+    let needed = agent.lease.is_some() || agent.pod.is_some();
+    let api = one_api_handle(needed, &args, &trace).await;
     trace.probes = probes_once_all_trace(&args, agent.lease.as_ref(), &trace, api.clone()).await;
     let gone = lease_watch(&args, agent.lease.as_ref(), api.clone());
     let mut summary = Summary {
@@ -125,6 +115,24 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// One connection to the API serves the agent's resolution, lease,
+/// probes and removal: the resolution's where it made one (the front-end
+/// hands most agents their pods, so they make none); an agent run by hand
+/// (no lease, no pod: not `needed`) needs none.
+async fn one_api_handle(needed: bool, args: &Args, trace: &Trace) -> Option<Client> {
+    match &trace.targets.cluster {
+        Some(resolved_with) => Some(resolved_with.client()),
+        None if needed => match Cluster::connect(&Access::of(&args.kube)).await {
+            Ok(cluster) => Some(cluster.client()),
+            Err(e) => {
+                eprintln!("podtrace: cannot reach the API: {e:#}: the front-end's lease is not watched (probes are sent without waiting for the other agents); this agent's pod is removed at its end if the API is back");
+                None
+            }
+        },
+        None => None,
+    }
 }
 
 /// Where the node is, when the kubelet's environment says it better than

@@ -103,7 +103,7 @@ pub(super) async fn resolve(args: &Args) -> Result<Resolved> {
             .into_iter()
             .map(|(name, _)| name)
             .collect();
-        doctor::trace::node_findings(args, pods, nodes).await
+        doctor::trace::node_findings(args, pods, nodes, targets.cluster.as_ref()).await
     };
     Ok(Resolved {
         targets,

@@ -98,7 +98,10 @@ pub struct ClusterState {
 }
 
 impl ClusterState {
-    pub async fn load(args: &DoctorArgs) -> Result<Self> {
+    /// The pods and nodes asked about, from the files or the API; through
+    /// `connected` where the caller already holds a connection (a trace's
+    /// resolution), so that a trace talks to the API over one handle.
+    pub async fn load(args: &DoctorArgs, connected: Option<&Cluster>) -> Result<Self> {
         let asked: Vec<String> = args
             .pods
             .iter()
@@ -112,7 +115,10 @@ impl ClusterState {
         let mut state = if files || !access.configured() {
             Self::from_files(args)?
         } else {
-            Self::from_api(args, &access, &asked).await?
+            match connected {
+                Some(cluster) => Self::from_api(args, cluster, &asked).await?,
+                None => Self::from_api(args, &Cluster::connect(&access).await?, &asked).await?,
+            }
         };
         state.asked = asked;
         Ok(state)
@@ -170,15 +176,14 @@ impl ClusterState {
     /// between them. Inside a trace, only the nodes it involves, by name
     /// (with the pods' own, `--node`'s and an agent's), never the whole
     /// cluster.
-    async fn from_api(args: &DoctorArgs, access: &Access, asked: &[String]) -> Result<Self> {
-        let cluster = Cluster::connect(access).await?;
+    async fn from_api(args: &DoctorArgs, cluster: &Cluster, asked: &[String]) -> Result<Self> {
         let client = cluster.client();
         let params = ListParams::default();
         let pods = if asked.is_empty() && args.trace_nodes.is_none() {
             let pods: Api<KubePod> = Api::all(client.clone());
             cluster.list_paged(&pods, &params, "pods", None).await?
         } else {
-            pods_named(&cluster, asked).await?
+            pods_named(cluster, asked).await?
         };
         let nodes = match &args.trace_nodes {
             None => {
@@ -209,7 +214,7 @@ impl ClusterState {
             .map(|p| pod_from_json(serde_json::to_value(p)?))
             .collect::<Result<_>>()?;
         let needing: Vec<&Pod> = pods.iter().filter(|p| needs_events(p)).collect();
-        let mut events = SandboxEvents::of(&cluster, &needing).await;
+        let mut events = SandboxEvents::of(cluster, &needing).await;
         state.pods = (pods.into_iter())
             .map(|pod| {
                 let (events, events_unread) = events.take(&pod);

@@ -31,7 +31,7 @@ pub async fn run(args: DoctorArgs) -> Result<bool> {
     for pod in &args.pods {
         check_pod_arg(pod, args.kube.namespace())?;
     }
-    let cluster = cluster::ClusterState::load(&args).await?;
+    let cluster = cluster::ClusterState::load(&args, None).await?;
     cluster.check_asked(&args)?;
     // Said by the command only: a trace's own doctor stays quiet.
     if !args.api_only {

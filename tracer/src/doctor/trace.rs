@@ -7,7 +7,7 @@ use super::{api, cluster::ClusterState, node, Check};
 use crate::cli::DoctorArgs;
 use crate::{
     cli::Args,
-    cluster::argument::Target,
+    cluster::{api::Cluster, argument::Target},
     model::{Finding, Format},
 };
 
@@ -49,17 +49,19 @@ fn doctor_args(args: &Args, involved: Vec<String>) -> DoctorArgs {
 
 /// Each traced node's failing checks, in --netns order (none where the
 /// doctor cannot look: it never stops a trace). `pods` and `nodes`: those
-/// the trace resolved (pods named by address too).
+/// the trace resolved (pods named by address too); `connected`: the
+/// resolution's connection to the API, if it made one.
 pub async fn node_findings(
     args: &Args,
     pods: Vec<String>,
     nodes: Vec<String>,
+    connected: Option<&Cluster>,
 ) -> Vec<Vec<Finding>> {
     let mut doctor = doctor_args(args, nodes);
     if !pods.is_empty() {
         doctor.pods = pods;
     }
-    let Ok(cluster) = ClusterState::load(&doctor).await else {
+    let Ok(cluster) = ClusterState::load(&doctor, connected).await else {
         return Vec::new();
     };
     let Ok(nodes) = node::gather_all(&doctor, &cluster).await else {
@@ -81,7 +83,7 @@ pub async fn node_findings(
 /// that confirms it, or the node's failing CNI checks.
 pub async fn no_ip(args: &Args) -> Option<String> {
     let doctor = doctor_args(args, Vec::new());
-    let cluster = ClusterState::load(&doctor).await.ok()?;
+    let cluster = ClusterState::load(&doctor, None).await.ok()?;
     let pod = cluster
         .pods
         .iter()
