@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use crate::rust_tokens::{is_ident, tokens, InlineModules};
+use crate::rust_tokens::{is_ident, tokens, use_tree, InlineModules};
 
 /// The folders (and single-file modules) of `tracer/src`, bottom first.
 pub const LAYERS: &[&str] = &[
@@ -229,38 +229,17 @@ fn imported_folders(text: &str, module: &[String]) -> Vec<(usize, String)> {
 }
 
 /// The first path segment at `tokens[at]`, or each one of a `{a::…, b}`
-/// group.
+/// group: the `use` tree parser's, for a `use` line or an inline path.
 fn first_segments(tokens: &[(usize, String)], at: usize) -> Vec<String> {
-    match tokens.get(at).map(|t| t.1.as_str()) {
-        Some("{") => {
-            let mut firsts = Vec::new();
-            let mut depth = 0;
-            let mut expect = true;
-            for (_, t) in &tokens[at..] {
-                match t.as_str() {
-                    "{" => {
-                        depth += 1;
-                        expect = depth == 1;
-                    }
-                    "}" => {
-                        depth -= 1;
-                        if depth == 0 {
-                            break;
-                        }
-                    }
-                    "," if depth == 1 => expect = true,
-                    word if expect && (is_ident(word) || word == "*") => {
-                        firsts.push(word.to_string());
-                        expect = false;
-                    }
-                    _ => expect = false,
-                }
-            }
-            firsts
-        }
-        Some(word) if is_ident(word) || word == "*" => vec![word.to_string()],
-        _ => Vec::new(),
-    }
+    let mut paths = Vec::new();
+    use_tree(tokens, at, Vec::new(), &mut paths);
+    let mut firsts: Vec<String> = paths
+        .into_iter()
+        .filter_map(|(p, _)| p.into_iter().next())
+        .collect();
+    firsts.retain(|first| is_ident(first) || first == "*");
+    firsts.dedup();
+    firsts
 }
 
 #[cfg(test)]

@@ -209,6 +209,58 @@ fn skip_char_literal(chars: &[char], i: usize) -> usize {
 /// Which inline `mod name { … }` blocks a token walk is inside, fed one
 /// token at a time: `super::` inside one climbs to the file's own module
 /// first.
+/// The paths of the `use` tree at `toks[at]`, each with its `as` name;
+/// returns the index past the tree's `;` (or its closing `}` / `,`).
+pub(crate) fn use_tree(
+    toks: &[(usize, String)],
+    mut at: usize,
+    mut prefix: Vec<String>,
+    out: &mut Vec<(Vec<String>, Option<String>)>,
+) -> usize {
+    let mut alias = None;
+    while let Some((_, t)) = toks.get(at) {
+        match t.as_str() {
+            "::" => {}
+            "{" => {
+                at += 1;
+                while toks.get(at).is_some_and(|t| t.1 != "}") {
+                    at = use_tree(toks, at, prefix.clone(), out);
+                    if toks.get(at).is_some_and(|t| t.1 == ",") {
+                        at += 1;
+                    }
+                }
+                // Past the group's `}`; the caller's tree ends here.
+                return finish(toks, at + 1);
+            }
+            "as" => {
+                alias = toks.get(at + 1).map(|t| t.1.clone());
+                at += 1;
+            }
+            "," | "}" | ";" => break,
+            "self" if !prefix.is_empty() => {}
+            word => prefix.push(word.to_string()),
+        }
+        at += 1;
+    }
+    if !prefix.is_empty() {
+        out.push((prefix, alias));
+    }
+    if toks.get(at).is_some_and(|t| t.1 == ";") {
+        at += 1;
+    }
+    at
+}
+
+/// After a group: past the statement's `;`, or at the `,`/`}` that ends
+/// the enclosing group's member.
+fn finish(toks: &[(usize, String)], at: usize) -> usize {
+    if toks.get(at).is_some_and(|t| t.1 == ";") {
+        at + 1
+    } else {
+        at
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct InlineModules {
     /// The brace depth each open block started at.
