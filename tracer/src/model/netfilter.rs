@@ -73,10 +73,56 @@ pub fn is_queue(verdict: &str) -> bool {
     verdict == "queue" || verdict.starts_with("queue ")
 }
 
+/// Where in the queueing the kernel freed a packet a rule queued to
+/// userspace, from the drop's location (`function+offset`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueFate {
+    /// In `nf_queue`: nothing read the queue and the rule had no bypass.
+    Unread,
+    /// In `nf_reinject` or nfnetlink_queue's `nfqnl_*`: the program read
+    /// it and its verdict was a drop.
+    DroppedByProgram,
+}
+
+impl QueueFate {
+    /// `None` where the packet was freed outside the queueing: not the
+    /// queueing rule's drop.
+    pub fn of(location: &str) -> Option<Self> {
+        let function = location.split('+').next().unwrap_or(location);
+        match function {
+            "nf_queue" => Some(Self::Unread),
+            "nf_reinject" => Some(Self::DroppedByProgram),
+            _ if function.starts_with("nfqnl_") => Some(Self::DroppedByProgram),
+            _ => None,
+        }
+    }
+}
+
 impl NetfilterRule {
     /// Whether this rule queued the packet to userspace rather than
     /// dropping it (the last rule of its path).
     pub fn queued(&self) -> bool {
         self.path.last().is_some_and(|r| is_queue(&r.verdict))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn where_a_queued_packet_was_freed_says_who_dropped_it() {
+        assert_eq!(QueueFate::of("nf_queue+0x1a4"), Some(QueueFate::Unread));
+        assert_eq!(
+            QueueFate::of("nf_reinject+0x2c"),
+            Some(QueueFate::DroppedByProgram)
+        );
+        assert_eq!(
+            QueueFate::of("nfqnl_recv_verdict+0x310"),
+            Some(QueueFate::DroppedByProgram)
+        );
+        // Not the queueing: a function whose name merely starts alike.
+        assert_eq!(QueueFate::of("nf_queue_nf_hook_drop+0x10"), None);
+        assert_eq!(QueueFate::of("nf_hook_slow+0x91"), None);
     }
 }

@@ -55,7 +55,10 @@ use crate::{
         hop::{Direction, DropInfo, Hop, KernelRoute},
         Transport, Tunnel,
     },
-    model::{netfilter::NetfilterRule, Name},
+    model::{
+        netfilter::{NetfilterRule, QueueFate},
+        Name,
+    },
     node::interfaces::Role,
 };
 use clock::micros;
@@ -196,11 +199,6 @@ fn name_netfilter_drop(story: &mut Story, journey: &Journey, ctx: &Context) {
     }
 }
 
-/// Where the kernel frees a packet a rule queued to userspace: nothing
-/// took it from the queue (`nf_queue`), or the program's verdict was a
-/// drop (`nf_reinject`, nfnetlink_queue's `nfqnl_*`).
-const QUEUEING: [&str; 3] = ["nf_queue+", "nf_reinject+", "nfqnl_"];
-
 /// The rule a netfilter drop is told by. A rule that queued the packet
 /// to userspace dropped it only if the kernel freed it in the queueing:
 /// a packet the program accepted, then dropped later by something rule
@@ -208,7 +206,7 @@ const QUEUEING: [&str; 3] = ["nf_queue+", "nf_reinject+", "nfqnl_"];
 fn dropping_rule<'j>(journey: &'j Journey, outcome: &Outcome) -> Option<&'j NetfilterRule> {
     let rule = journey.rule.as_ref()?;
     let freed_in_queueing = matches!(outcome, Outcome::Dropped { location, .. }
-        if QUEUEING.iter().any(|q| location.starts_with(q)));
+        if QueueFate::of(location).is_some());
     (!rule.queued() || freed_in_queueing).then_some(rule)
 }
 

@@ -14,7 +14,7 @@
 //! (`nf_queue`: nothing took it from the queue; else the engine's drop).
 
 use super::policy_verdict::{Enforcer, PolicyDirection, PolicyOutcome, PolicyQueue, PolicyVerdict};
-use crate::model::netfilter::PathRule;
+use crate::model::netfilter::{PathRule, QueueFate};
 
 /// The table its controller writes unless told another name.
 const TABLE: &str = "inet kube-network-policies";
@@ -42,7 +42,7 @@ pub(super) fn read(path: &[PathRule]) -> Option<PolicyVerdict> {
 
 /// A queued packet freed in `nf_queue` never reached the engine.
 pub(super) fn account_for_location(policy: &mut PolicyVerdict, location: &str) {
-    if policy.queue.is_some() && location.split('+').next() == Some("nf_queue") {
+    if policy.queue.is_some() && QueueFate::of(location) == Some(QueueFate::Unread) {
         policy.outcome = PolicyOutcome::EngineUnreachable;
     }
 }
