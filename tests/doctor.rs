@@ -310,8 +310,9 @@ fn every_fault_of_the_catalogue_has_a_doctor_test() {
         "calico-policy-deny",
         "calico-nft-policy-deny",
         "kube-router-policy-deny",
-        // kube-network-policies' queue, fail-closed with no engine: its
-        // table is the cluster's policy machinery, told by the trace.
+        // kube-network-policies' queue, fail-closed with no engine: the
+        // doctor's "nfqueue readers" check names it, asserted where the
+        // kernel has nft's queue (tests/policy.rs, in the VM matrix).
         "kube-network-policies-fail-closed",
         "conntrack-invalid",
     ];

@@ -148,4 +148,12 @@ fn kube_network_policies_queue_without_an_engine_is_told_as_such() {
         summary.contains("NetworkPolicy: kube-network-policies queued this packet to its policy engine on nfqueue 98 (a NetworkPolicy selects default/db-0, for its ingress) and nothing took it from the queue"),
         "{summary}"
     );
+    // The doctor on node-2, joined to the drop: nothing reads queue 98.
+    let doctor = verdict["doctor"].as_array().cloned().unwrap_or_default();
+    let unread = doctor.iter().find(|f| f["check"] == "nfqueue readers");
+    let evidence = unread.and_then(|f| f["evidence"].as_str());
+    assert!(
+        evidence.is_some_and(|e| e.contains("queue to 98` (table inet kube-network-policies, chain postrouting) queues to 98 without bypass, and no program reads it")),
+        "{verdict}"
+    );
 }

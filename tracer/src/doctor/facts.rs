@@ -68,6 +68,9 @@ pub struct NodeFacts {
     pub peer_addresses6: Vec<(String, Vec<std::net::Ipv6Addr>)>,
     /// `ip -6 route show default`.
     pub ipv6_defaults: Vec<super::ipv6_routes::DefaultRoute6>,
+    /// Its nfqueue rules and the queues programs read (None: nft could
+    /// not list the ruleset).
+    pub nfqueue: Option<super::nfqueue_state::Queues>,
 }
 
 impl NodeFacts {
@@ -97,6 +100,7 @@ impl NodeFacts {
             peer_addresses: Vec::new(),
             peer_addresses6: Vec::new(),
             ipv6_defaults: Vec::new(),
+            nfqueue: None,
         }
     }
 

@@ -27,6 +27,8 @@ pub mod flannel;
 pub mod ipv6;
 pub mod ipv6_routes;
 pub mod kernel;
+pub mod nfqueue;
+pub mod nfqueue_state;
 pub mod node;
 mod node_checks;
 pub mod plugins;

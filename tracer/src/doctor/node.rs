@@ -189,6 +189,18 @@ async fn read(netns_path: Option<&Path>, root: HostRoot) -> Result<NodeFacts> {
         ipv6_defaults: super::ipv6_routes::DefaultRoute6::parse(
             &output("ip", &["-6", "route", "show", "default"]).unwrap_or_default(),
         ),
+        nfqueue: nfqueues(),
+    })
+}
+
+/// The queue rules of this thread's namespace and the queues programs
+/// read there (the file exists once nfnetlink_queue is loaded).
+fn nfqueues() -> Option<super::nfqueue_state::Queues> {
+    let ruleset = output("nft", &["-a", "list", "ruleset"]).ok()?;
+    let bound = std::fs::read_to_string("/proc/thread-self/net/netfilter/nfnetlink_queue").ok();
+    Some(super::nfqueue_state::Queues {
+        rules: super::nfqueue_state::parse_ruleset(&ruleset),
+        bound: bound.as_deref().map(super::nfqueue_state::parse_bound),
     })
 }
 

@@ -2,7 +2,8 @@
 //! order the report lists them.
 
 use super::{
-    bgp, calico, calico_tunnel, cni_config, firewall, flannel, ipv6, kernel, node, plugins, Check,
+    bgp, calico, calico_tunnel, cni_config, firewall, flannel, ipv6, kernel, nfqueue, node,
+    plugins, Check,
 };
 
 /// Every check a node's facts allow.
@@ -16,5 +17,6 @@ pub fn node_checks(facts: &node::NodeFacts) -> Vec<Check> {
     checks.extend(kernel::checks(facts));
     checks.extend(ipv6::checks(facts));
     checks.extend(firewall::checks(facts));
+    checks.extend(nfqueue::checks(facts));
     checks
 }

@@ -73,6 +73,49 @@ pub fn is_queue(verdict: &str) -> bool {
     verdict == "queue" || verdict.starts_with("queue ")
 }
 
+/// An nft `queue` statement: the queues it hands packets to (a fanout
+/// spreads them over a range) and whether it has a bypass (no reader:
+/// the packet goes on instead of being dropped).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueStatement {
+    pub first: u16,
+    pub last: u16,
+    pub bypass: bool,
+}
+
+impl QueueStatement {
+    /// From a rule as nft lists it: `queue to 98`, `queue flags
+    /// bypass,fanout to 98-99` (nft ≥ 1.0), `queue num 98 bypass` (older
+    /// nft), a bare `queue` (queue 0: nft prints no number for it).
+    /// `None` for a rule with no queue statement, or one whose number is
+    /// an expression (`queue to jhash …`): its queues are not known.
+    pub fn of_nft(rule: &str) -> Option<Self> {
+        let statement = rule.split(" # handle").next().unwrap_or(rule);
+        let words: Vec<&str> = statement.split_whitespace().collect();
+        let at = words.iter().position(|w| *w == "queue")?;
+        let words = &words[at + 1..];
+        let (first, last) = match words.iter().position(|w| *w == "to" || *w == "num") {
+            Some(at) => {
+                let range = words.get(at + 1)?;
+                let (first, last) = range.split_once('-').unwrap_or((range, range));
+                (first.parse().ok()?, last.parse().ok()?)
+            }
+            None => (0, 0),
+        };
+        let bypass = words.iter().any(|w| w.contains("bypass"));
+        Some(Self {
+            first,
+            last,
+            bypass,
+        })
+    }
+
+    /// The queue numbers it hands packets to.
+    pub fn queues(&self) -> std::ops::RangeInclusive<u16> {
+        self.first..=self.last
+    }
+}
+
 /// Where in the queueing the kernel freed a packet a rule queued to
 /// userspace, from the drop's location (`function+offset`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,6 +152,28 @@ impl NetfilterRule {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_queue_statement_is_read_in_every_nft_spelling() {
+        let of = |rule| QueueStatement::of_nft(rule);
+        let q = |first, last, bypass| {
+            Some(QueueStatement {
+                first,
+                last,
+                bypass,
+            })
+        };
+        assert_eq!(
+            of("ip saddr @podips-v4 queue to 98 # handle 7"),
+            q(98, 98, false)
+        );
+        assert_eq!(of("ct state new queue flags bypass to 98"), q(98, 98, true));
+        assert_eq!(of("queue flags bypass,fanout to 98-99"), q(98, 99, true));
+        assert_eq!(of("queue num 98 bypass"), q(98, 98, true));
+        assert_eq!(of("meta l4proto tcp queue"), q(0, 0, false));
+        assert_eq!(of("queue to jhash ip saddr mod 2"), None);
+        assert_eq!(of("ip saddr 10.0.0.1 drop"), None);
+    }
 
     #[test]
     fn where_a_queued_packet_was_freed_says_who_dropped_it() {

@@ -14,7 +14,7 @@
 //! (`nf_queue`: nothing took it from the queue; else the engine's drop).
 
 use super::policy_verdict::{Enforcer, PolicyDirection, PolicyOutcome, PolicyQueue, PolicyVerdict};
-use crate::model::netfilter::{PathRule, QueueFate};
+use crate::model::netfilter::{PathRule, QueueFate, QueueStatement};
 
 /// The table its controller writes unless told another name.
 const TABLE: &str = "inet kube-network-policies";
@@ -47,21 +47,12 @@ pub(super) fn account_for_location(policy: &mut PolicyVerdict, location: &str) {
     }
 }
 
-/// `queue to 98`, `queue flags bypass to 98`, `queue flags bypass,fanout
-/// to 98-99` (nft ≥ 1.0), `queue num 98 bypass` (older nft).
+/// The rule's queue, as its verdict says it (the first of a fanout).
 fn queue_of(rule: &str) -> Option<PolicyQueue> {
-    let (_, statement) = rule.split_once("queue ")?;
-    let statement = statement.split(" # handle").next().unwrap_or(statement);
-    let words: Vec<&str> = statement.split_whitespace().collect();
-    let number = words
-        .windows(2)
-        .find(|w| w[0] == "to" || w[0] == "num")
-        .and_then(|w| w[1].split('-').next()?.parse().ok())
-        // nft prints no number for queue 0.
-        .unwrap_or(0);
+    let statement = QueueStatement::of_nft(rule)?;
     Some(PolicyQueue {
-        number,
-        bypass: statement.contains("bypass"),
+        number: statement.first,
+        bypass: statement.bypass,
     })
 }
 
