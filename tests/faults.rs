@@ -394,19 +394,16 @@ fn mtu_too_big_is_dropped_with_the_mtu_named() {
     assert!(human.contains("reached 10."), "{human}");
 }
 
-/// A PMTU black hole: node-1's firewall drops the "fragmentation needed"
-/// it sends web-0. The error is traced through the rules from the first
-/// packet too big on (a sender retransmits what a black hole ate), so
-/// the second ping's story names the rule that ate its error.
-#[test]
-fn a_pmtu_black_hole_names_the_rule_that_ate_the_icmp_error() {
-    let lab = faulty(Fault::PmtuBlackHole);
+/// web-0 pings db-0 with `ping_args` (its path MTU forgotten first)
+/// while `--count` stories are traced in JSON: the run, and whether the
+/// ping was answered.
+fn big_pings(lab: &LabGuard, count: &str, ping_args: &[&str]) -> (Finished, bool) {
     let mut argv = argv(
         &[
             "web-0",
             "db-0",
             "--count",
-            "4",
+            count,
             "--duration",
             "20s",
             "-o",
@@ -421,9 +418,42 @@ fn a_pmtu_black_hole_names_the_rule_that_ate_the_icmp_error() {
     let trace = Trace::start(&argv);
     let (web, db) = (lab.0.pod("web-0"), lab.0.pod("db-0"));
     xtask::lab::ip(&web.netns, "route flush cache").expect("flush");
+    let answered = lab.0.ping("web-0", db.ip, ping_args);
+    (trace.finish(), answered)
+}
+
+/// After the error reached it, the sender lowered its size: ping's
+/// default PMTU discovery (`want`) sends the first echo whole with DF,
+/// and once the error told it the path MTU fragments the next at the
+/// source, each piece within 1450 B. The summary says so.
+#[test]
+fn a_sender_told_the_path_mtu_lowers_its_next_packet() {
+    let lab = faulty(Fault::MtuTooBig);
+    let (done, _answered) = big_pings(&lab, "8", &["-s", "1472", "-c", "2", "-i", "0.5"]);
+    let after = done.summary()["pmtu_after"].clone();
+    let first = &after[0];
+    assert_eq!(first["size"], 1500, "{after}");
+    assert_eq!(first["mtu"], 1450, "{after}");
+    assert_eq!(first["error_reached_sender"], true, "{after}");
+    assert_eq!(first["sender"], "lowered", "{after}");
+    let next_size = first["next_size"].as_u64().unwrap_or(u64::MAX);
+    assert!(next_size <= 1450, "{after}");
+    assert!(
+        first["next_story"].as_u64() > first["story"].as_u64(),
+        "{after}"
+    );
+}
+
+/// A PMTU black hole: node-1's firewall drops the "fragmentation needed"
+/// it sends web-0. The error is traced through the rules from the first
+/// packet too big on (a sender retransmits what a black hole ate), so
+/// the second ping's story names the rule that ate its error.
+#[test]
+fn a_pmtu_black_hole_names_the_rule_that_ate_the_icmp_error() {
+    let lab = faulty(Fault::PmtuBlackHole);
     let big_df = ["-s", "1472", "-M", "do", "-c", "2"];
-    assert!(!lab.0.ping("web-0", db.ip, &big_df));
-    let done = trace.finish();
+    let (done, answered) = big_pings(&lab, "4", &big_df);
+    assert!(!answered);
     assert!(done.status.success(), "{}", done.stderr);
     let too_big: Vec<Value> = (done.stories().into_iter())
         .filter(|s| s["verdict"]["reason"] == "PKT_TOO_BIG")
@@ -443,6 +473,11 @@ fn a_pmtu_black_hole_names_the_rule_that_ate_the_icmp_error() {
         "{}",
         too_big[1]["verdict"]
     );
+    // Never told the path MTU, web-0 sent the second echo as big.
+    let after = done.summary()["pmtu_after"].clone();
+    assert_eq!(after[0]["error_reached_sender"], false, "{after}");
+    assert_eq!(after[0]["sender"], "kept_too_big", "{after}");
+    assert_eq!(after[0]["next_size"], 1500, "{after}");
 }
 
 #[test]

@@ -19,7 +19,10 @@ use crate::{
         pcapng::{Announced, MidRun, PcapWriter},
         Sink,
     },
-    story::{self, journey::Journey, profile::Profile, Context, Outcome, Story},
+    story::{
+        self, journey::Journey, pmtu_followup::PmtuFollowups, profile::Profile, Context, Outcome,
+        Story,
+    },
 };
 
 pub(super) struct Teller<'a> {
@@ -40,6 +43,8 @@ pub(super) struct Teller<'a> {
     /// Node mode: reads every traced node's conntrack table again, before
     /// a netfilter drop is told and at the end.
     pub conntrack_now: Option<ConntrackReader>,
+    /// Each packet too big for its path, and what its sender sent next.
+    pmtu_after: PmtuFollowups,
 }
 
 /// Reads the traced nodes' conntrack tables as they are now.
@@ -98,6 +103,7 @@ impl<'a> Teller<'a> {
             held: Vec::new(),
             seen: Seen::default(),
             conntrack_now: None,
+            pmtu_after: PmtuFollowups::default(),
         }
     }
 
@@ -173,6 +179,7 @@ impl<'a> Teller<'a> {
         }
         self.told += 1;
         self.sink.story(self.told, &story)?;
+        self.pmtu_after.told(journey, &story, self.told);
         if let Some(pcap) = &mut self.pcap {
             let mid_run = MidRun::of(&self.ctx);
             match probe_flow {
@@ -257,6 +264,7 @@ impl<'a> Teller<'a> {
             self.sink.profile(&profile.latencies())?;
         }
         summary.stories = self.told;
+        summary.pmtu_after = std::mem::take(&mut self.pmtu_after).finish();
         self.read_conntrack();
         let mut runs: Vec<ConntrackRun> = self
             .ctx
@@ -319,6 +327,7 @@ pub(super) fn new_teller(
         held: Vec::new(),
         seen: Seen::default(),
         conntrack_now: None,
+        pmtu_after: PmtuFollowups::default(),
     }
 }
 

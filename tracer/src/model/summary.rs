@@ -68,6 +68,74 @@ pub struct Summary {
     /// Cluster mode: the cluster's nodes that were not traced.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub untraced_nodes: Vec<String>,
+    /// Each packet too big for its path: what its sender sent next on
+    /// the same flow.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pmtu_after: Vec<SenderAfterPmtu>,
+}
+
+/// After a packet too big for its path, its sender's next packet of the
+/// same flow: whether the path MTU the kernel's error told it lowered
+/// its size.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema, Deserialize)]
+pub struct SenderAfterPmtu {
+    /// `10.244.1.2 → 10.244.2.3 TCP 40000 → 5201`, `… echo id 7`.
+    pub flow: String,
+    /// The story of the packet too big.
+    pub story: u64,
+    /// Its IP length.
+    pub size: u16,
+    /// The MTU the kernel's error told its sender, where one was seen.
+    pub mtu: Option<u32>,
+    /// Whether that error reached the sender's pod.
+    pub error_reached_sender: bool,
+    #[serde(flatten)]
+    pub next: NextPacket,
+}
+
+impl SenderAfterPmtu {
+    /// One line: the packet too big, its error, and what the sender did.
+    pub fn words(&self) -> String {
+        let error = match (self.mtu, self.error_reached_sender) {
+            (Some(mtu), true) => format!("the kernel's error (MTU {mtu}) reached the sender"),
+            (Some(mtu), false) => {
+                format!("the kernel's error (MTU {mtu}) never reached the sender")
+            }
+            (None, _) => "no error about it was seen".to_string(),
+        };
+        let next = match self.next {
+            NextPacket::Lowered {
+                next_size,
+                next_story,
+            } => format!("its next packet (#{next_story}) was {next_size} B: it lowered its size"),
+            NextPacket::KeptTooBig {
+                next_size,
+                next_story,
+            } => format!(
+                "its next packet (#{next_story}) was {next_size} B, too big again: it did not learn the path MTU"
+            ),
+            NextPacket::NoneSeen => "no later packet of the flow was seen".to_string(),
+        };
+        format!(
+            "PMTU after #{} ({}, {} B): {error}, and {next}",
+            self.story, self.flow, self.size
+        )
+    }
+}
+
+/// What the sender sent next on the flow.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema, Deserialize)]
+#[serde(tag = "sender", rename_all = "snake_case")]
+pub enum NextPacket {
+    /// Its next packet fit the path (the MTU told, else smaller than the
+    /// packet dropped): it learnt the path MTU.
+    Lowered { next_size: u16, next_story: u64 },
+    /// Its next packet was too big again: it did not learn the path MTU.
+    KeptTooBig { next_size: u16, next_story: u64 },
+    /// No later packet of the flow was seen (a sender that learnt the MTU
+    /// and still asks to send too big fails locally, with EMSGSIZE, and
+    /// sends nothing).
+    NoneSeen,
 }
 
 /// A kernel, and what it lacks that podtrace worked around.

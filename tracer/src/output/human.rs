@@ -179,6 +179,9 @@ pub fn human_summary(s: &Summary) -> String {
     for run in &s.conntrack {
         text.push_str(&conntrack_line(run));
     }
+    for after in &s.pmtu_after {
+        text.push_str(&format!("podtrace: {}\n", after.words()));
+    }
     if !s.untraced_nodes.is_empty() {
         text.push_str(&format!(
             "podtrace: not traced: {} (add them with --nodes)\n",

@@ -29,6 +29,7 @@ pub mod nat_steps;
 mod notes;
 mod outcome;
 pub mod pmtu;
+pub mod pmtu_followup;
 pub mod pmtu_verdict;
 pub mod policy;
 mod policy_calico;
