@@ -9,7 +9,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use podtrace_common::{filter::L4Filter, packet6::FlowKey6, FlowKey, MAX_NODES};
+use podtrace_common::{drops::MAX_NODES, filter::L4Filter, packet6::FlowKey6, FlowKey};
 use tokio::sync::mpsc;
 
 use super::{

@@ -5,8 +5,9 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use podtrace_common::{
-    match_kind, sighting_kind, Direction as KernelDirection, Sighting, FIB_NOT_LOOKED_UP,
-    NODE_OTHER_NETNS,
+    drops::NODE_OTHER_NETNS,
+    sighting::{match_kind, sighting_kind, Sighting, FIB_NOT_LOOKED_UP},
+    tc::Direction as KernelDirection,
 };
 use serde::{Deserialize, Serialize};
 
@@ -359,7 +360,7 @@ fn route_of(s: &Sighting, node: Option<&impl NodeLinks>, dst: IpAddr) -> Option<
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use podtrace_common::SNAPSHOT_LEN;
+    use podtrace_common::sighting::SNAPSHOT_LEN;
 
     use super::*;
 
