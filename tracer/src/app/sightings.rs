@@ -6,7 +6,10 @@ use podtrace_common::{drops::NODE_OTHER_NETNS, sighting::Sighting};
 
 use super::trace::Trace;
 use crate::{
-    decode::hop::{place, Hop, Unplaced},
+    decode::{
+        hop::Hop,
+        sighting::{place, Unplaced},
+    },
     model::Summary,
     story::pmtu::dropped_too_big,
 };

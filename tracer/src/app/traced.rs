@@ -23,7 +23,7 @@ use crate::{
         watch::{select, watch},
         Backend,
     },
-    decode::hop::NodeLinks,
+    decode::sighting::NodeLinks,
     model::{Name, NodeSubnet},
     node::{
         interfaces::{self, Role, Watched},
