@@ -187,3 +187,50 @@ fn files_the_table_names(doc: &str) -> std::collections::BTreeSet<String> {
     }
     files
 }
+
+/// The "Event families" table of docs/how-it-works.md: each family's
+/// kernel file and ABI file carry its name, and its user files exist, one
+/// of them named for it too, so that a rename on one side cannot leave
+/// the others behind.
+#[test]
+fn every_event_family_has_one_name_on_each_side() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let doc = std::fs::read_to_string(format!("{root}/docs/how-it-works.md"))
+        .expect("docs/how-it-works.md");
+    let rows: Vec<Vec<&str>> = doc
+        .lines()
+        .skip_while(|line| !line.starts_with("| family | kernel | common | user |"))
+        .skip(2)
+        .take_while(|line| line.starts_with("| "))
+        .map(|row| row.split('|').map(str::trim).collect())
+        .collect();
+    assert!(
+        !rows.is_empty(),
+        "docs/how-it-works.md has no event families table"
+    );
+    let exists = |path: String| {
+        assert!(
+            std::path::Path::new(root).join(&path).is_file(),
+            "docs/how-it-works.md's event families name {path}, which does not exist"
+        );
+    };
+    for columns in rows {
+        let [_, family, kernel, common, user, ..] = columns[..] else {
+            panic!("an event family's row has not four columns: {columns:?}");
+        };
+        let family = family.trim_matches('`');
+        let named = format!("`{family}.rs`");
+        assert_eq!(kernel, named, "the {family} family's kernel file");
+        assert_eq!(common, named, "the {family} family's ABI file");
+        exists(format!("tracer-ebpf/src/{family}.rs"));
+        exists(format!("tracer-ebpf/common/src/{family}.rs"));
+        let user: Vec<&str> = user.split(", ").map(|f| f.trim_matches('`')).collect();
+        for file in &user {
+            exists(format!("tracer/src/{file}"));
+        }
+        assert!(
+            user.iter().any(|f| f.ends_with(&format!("/{family}.rs"))),
+            "no user file of the {family} family is named {family}.rs: {user:?}"
+        );
+    }
+}

@@ -132,7 +132,7 @@ fn profile_forgets_each_stamp_when_its_packet_is_delivered() {
 
 /// Slots of STAMPS table `id` that hold a packet (a stamp time not 0).
 fn stamped_slots(id: u64) -> usize {
-    use podtrace_common::{StampBucket, StampSlot};
+    use podtrace_common::profile::{StampBucket, StampSlot};
     let slot = std::mem::size_of::<StampSlot>();
     let time = std::mem::offset_of!(StampSlot, stamp);
     let buckets = datapath::map_values(id);

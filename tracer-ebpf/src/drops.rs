@@ -10,12 +10,15 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, RawTracePointContext},
 };
 use podtrace_common::{
-    counter, filter, match_kind,
+    counter,
+    drops::{KernelLayout, MAX_NODES, NODE_OTHER_NETNS},
+    filter,
     packet::{classify_ip, packet_id, socket_header, tunnel_inner_ip, Bytes, Flows},
     packet6::{is_ipv6, pair6_at},
-    sampled, sighting_kind,
+    profile::sampled,
+    sighting::{match_kind, sighting_kind, Sighting, SNAPSHOT_LEN},
     transport::{traced_l4, TracedL4},
-    FlowKey, KernelLayout, Sighting, MAX_NODES, NODE_OTHER_NETNS, SNAPSHOT_LEN,
+    FlowKey,
 };
 
 use crate::{

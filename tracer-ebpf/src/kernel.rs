@@ -33,8 +33,12 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use podtrace_common::{
-    glance::Fixed, headers::IPV4_SADDR, packet::Bytes, FlowKey, Histogram, FIB_NOT_LOOKED_UP,
-    SNAPSHOT_LEN,
+    glance::Fixed,
+    headers::IPV4_SADDR,
+    packet::Bytes,
+    profile::Histogram,
+    sighting::{FIB_NOT_LOOKED_UP, SNAPSHOT_LEN},
+    FlowKey,
 };
 
 /// The kernel's route for a packet: (BPF_FIB_LKUP_RET_*, output ifindex,

@@ -15,7 +15,7 @@ mod kernel;
 mod maps;
 mod profile;
 mod sighting;
-mod tc_sightings;
+mod tc;
 
 #[cfg(not(test))]
 #[panic_handler]

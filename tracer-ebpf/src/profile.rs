@@ -13,8 +13,11 @@ use aya_ebpf::{
     maps::{Array, PerCpuArray, PerCpuHashMap},
 };
 use podtrace_common::{
-    counter, packet_hash, Histogram, PacketId, Stamp, StampBucket, StampSlot, StepKey,
-    HIST_LINEAR_US, HIST_LOG2, STAMP_BUCKETS, STAMP_BUCKET_BITS, STAMP_WAYS,
+    counter,
+    profile::{
+        packet_hash, Histogram, PacketId, Stamp, StampBucket, StampSlot, StepKey, HIST_LINEAR_US,
+        HIST_LOG2, STAMP_BUCKETS, STAMP_BUCKET_BITS, STAMP_WAYS,
+    },
 };
 
 use crate::{

@@ -2,7 +2,7 @@
 //! record by one function for both programs, so that a field added to the
 //! ABI is set in one place and no record leaves with stale bytes.
 
-use podtrace_common::Sighting;
+use podtrace_common::sighting::Sighting;
 
 use crate::kernel::{ktime_ns, Route};
 

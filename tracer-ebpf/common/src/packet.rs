@@ -9,8 +9,10 @@
 
 use crate::headers::*;
 use crate::packet6::{fold6, is_ipv6, pair6_at, FlowKey6};
+use crate::profile::PacketId;
+use crate::sighting::match_kind;
 use crate::transport::L4;
-use crate::{match_kind, FlowKey, PacketId, TunnelKey, TunnelPorts, UdpTunnel, ANY_VNI};
+use crate::{FlowKey, TunnelKey, TunnelPorts, UdpTunnel, ANY_VNI};
 
 /// What the classifier asks of the node's maps, for either family:
 /// whether a pair is traced, and whether an outer header and tunnel are

@@ -4,8 +4,8 @@
 //! bound, and one more branch there had one of them refused.)
 
 use crate::headers::{ICMP_FRAG_NEEDED, ICMP_QUOTE, IPPROTO_ICMP, IPV4_PROTOCOL};
-use crate::match_kind;
 use crate::packet::{ipv4_header_len, Bytes, Flows};
+use crate::sighting::match_kind;
 
 /// [`match_kind::ABOUT`] for an ICMP "fragmentation needed" at `l3` whose
 /// quoted IPv4 header is a traced pair's (the kernel believes such an

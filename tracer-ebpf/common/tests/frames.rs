@@ -3,10 +3,10 @@
 //! wrong offset shows up as a failed assertion instead of a silent miss.
 
 use podtrace_common::headers::*;
-use podtrace_common::match_kind;
 use podtrace_common::packet::{
     classify, ethernet_payload, ipv4_header_len, socket_header, tunnel_inner_ip, SOCKET_HEADER_LEN,
 };
+use podtrace_common::sighting::match_kind;
 use podtrace_common::{FlowKey, TunnelKey, TunnelPorts, UdpTunnel};
 
 const WELL_KNOWN: TunnelPorts = TunnelPorts::WELL_KNOWN;

@@ -5,9 +5,9 @@
 //! and the drop program (which reads both families) matches it alone.
 
 use podtrace_common::headers::*;
-use podtrace_common::match_kind;
 use podtrace_common::packet::{classify4, classify6_in4, classify_ip, Flows};
 use podtrace_common::packet6::FlowKey6;
+use podtrace_common::sighting::match_kind;
 use podtrace_common::transport::traced_l4;
 use podtrace_common::{FlowKey, TunnelKey, TunnelPorts};
 

@@ -9,7 +9,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use podtrace_common::{hook_parts, StepKey};
+use podtrace_common::profile::{hook_parts, StepKey};
 
 use super::{
     stop::Stop,

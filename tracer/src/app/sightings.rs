@@ -2,11 +2,14 @@
 //! the summary as why not (before the trace was armed, in a namespace
 //! that is not the pair's, on an unknown interface, undecodable).
 
-use podtrace_common::{Sighting, NODE_OTHER_NETNS};
+use podtrace_common::{drops::NODE_OTHER_NETNS, sighting::Sighting};
 
 use super::trace::Trace;
 use crate::{
-    decode::hop::{place, Hop, Unplaced},
+    decode::{
+        hop::Hop,
+        sighting::{place, Unplaced},
+    },
     model::Summary,
     story::pmtu::dropped_too_big,
 };

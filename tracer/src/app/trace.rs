@@ -5,7 +5,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use anyhow::{bail, Result};
-use podtrace_common::{filter::L4Filter, MAX_NODES};
+use podtrace_common::{drops::MAX_NODES, filter::L4Filter};
 use tokio::sync::mpsc;
 
 use super::{

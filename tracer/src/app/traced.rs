@@ -9,7 +9,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use podtrace_common::{filter::L4Filter, packet6::FlowKey6, FlowKey, MAX_NODES};
+use podtrace_common::{drops::MAX_NODES, filter::L4Filter, packet6::FlowKey6, FlowKey};
 use tokio::sync::mpsc;
 
 use super::{
@@ -23,7 +23,7 @@ use crate::{
         watch::{select, watch},
         Backend,
     },
-    decode::hop::NodeLinks,
+    decode::sighting::NodeLinks,
     model::{Name, NodeSubnet},
     node::{
         interfaces::{self, Role, Watched},

@@ -1,25 +1,15 @@
-//! From a raw kernel record to a hop: which node and interface it was
-//! seen on, what the headers say, and the drop or route evidence it
-//! carries. The hop is what correlation and stories work on.
+//! A hop: a sighting placed on its node and interface (`sighting.rs`
+//! places it), with what the headers say and the drop or route evidence
+//! it carries. The hop is what correlation and stories work on.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 
-use podtrace_common::{
-    match_kind, sighting_kind, Direction as KernelDirection, Sighting, FIB_NOT_LOOKED_UP,
-    NODE_OTHER_NETNS,
-};
 use serde::{Deserialize, Serialize};
 
-use super::{decode, decode_tunnel, Decoded};
+use super::Decoded;
 use crate::{
     model::Name,
-    node::{
-        interfaces::{Role, Watched},
-        netns::describe_inode,
-        pod_netns::OtherNamespaces,
-        rules::Flow,
-    },
-    probe::Kernel,
+    node::{interfaces::Role, rules::Flow},
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema, Deserialize)]
@@ -203,165 +193,12 @@ impl Snapshot {
     }
 }
 
-/// Why a record could not become a hop (counted in the summary).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Unplaced {
-    /// Seen on an interface podtrace no longer knows (it vanished).
-    UnknownInterface,
-    /// The headers did not parse.
-    Undecodable,
-}
-
-/// What placing a record needs of a traced node, and no more: its name
-/// and its links. The node that owns the loaded probes (`app::traced`)
-/// answers it; decoding does not reach into it.
-pub trait NodeLinks {
-    fn name(&self) -> &Name;
-    /// A watched interface, by index.
-    fn watched(&self, ifindex: u32) -> Option<&Watched>;
-    /// Any link's name, by index (drops happen on unwatched links too).
-    fn link_name(&self, ifindex: u32) -> Option<&String>;
-}
-
-/// The interface a sighting was on: a watched one, or, for a drop, any
-/// interface of its namespace (a drop may happen anywhere).
-fn interface_of(
-    s: &Sighting,
-    node: Option<&impl NodeLinks>,
-    others: &OtherNamespaces,
-) -> Result<(Name, Role), Unplaced> {
-    if let Some(w) = node.and_then(|n| n.watched(s.ifindex)) {
-        return Ok((w.name.clone(), w.role));
-    }
-    if s.kind != sighting_kind::DROP {
-        return Err(Unplaced::UnknownInterface);
-    }
-    let name = match node {
-        Some(n) => n.link_name(s.ifindex).cloned(),
-        None => others
-            .get(s.netns_inum)
-            .and_then(|o| o.links.get(&s.ifindex).cloned()),
-    };
-    let name = name.unwrap_or_else(|| match s.ifindex {
-        0 => "-".into(),
-        index => format!("if{index}"),
-    });
-    Ok((name.into(), Role::Other))
-}
-
-/// Drops in namespaces no traced node owns (pods) are named by `others`
-/// (learnt beforehand: see `OtherNamespaces::learn`). The header bytes
-/// are kept in the hop only with `keep_snapshot` (`--write`): a copy per
-/// hop that nothing else reads.
-pub fn place(
-    s: &Sighting,
-    nodes: &[impl NodeLinks],
-    others: &OtherNamespaces,
-    kernel: &Kernel,
-    keep_snapshot: bool,
-) -> Result<Hop, Unplaced> {
-    let node = if s.node_id == NODE_OTHER_NETNS {
-        None
-    } else {
-        Some(
-            nodes
-                .get(s.node_id as usize)
-                .ok_or(Unplaced::UnknownInterface)?,
-        )
-    };
-    let (iface, role) = interface_of(s, node, others)?;
-    let snapshot = &s.snapshot[..usize::from(s.snapshot_len).min(s.snapshot.len())];
-    // Only a packet the kernel matched as encapsulated is read as a tunnel.
-    let decoded = if s.match_kind == match_kind::INNER {
-        decode_tunnel(snapshot, s.has_l2 != 0)
-    } else {
-        decode(snapshot, s.has_l2 != 0)
-    };
-    let packet = decoded.map_err(|_| Unplaced::Undecodable)?;
-    let (direction, drop) = direction_of(s, kernel);
-    let route = route_of(s, node, packet.packet.dst);
-    Ok(Hop {
-        ktime_ns: s.ktime_ns,
-        node: match node {
-            Some(n) => n.name().clone(),
-            None => others
-                .get(s.netns_inum)
-                .map_or_else(|| describe_inode(s.netns_inum), |o| o.label.clone())
-                .into(),
-        },
-        iface,
-        role,
-        direction,
-        skb_len: s.skb_len,
-        mark: s.mark,
-        packet,
-        drop,
-        route,
-        snapshot: if keep_snapshot {
-            Snapshot::of_packet(snapshot, s.has_l2 != 0, &packet)
-        } else {
-            Snapshot {
-                bytes: Vec::new(),
-                has_l2: s.has_l2 != 0,
-            }
-        },
-    })
-}
-
-/// A drop (with its reason and where the kernel dropped it), or the way
-/// the packet was going.
-fn direction_of(s: &Sighting, kernel: &Kernel) -> (Direction, Option<DropInfo>) {
-    if s.kind == sighting_kind::DROP {
-        let location = kernel.symbols.name(s.location);
-        let (reason, reason_from_location) = kernel.reasons.name(s.reason, &location);
-        let info = DropInfo {
-            reason,
-            reason_from_location,
-            location,
-            by_socket: s.match_kind == match_kind::SOCKET,
-        };
-        (Direction::Drop, Some(info))
-    } else if s.direction == KernelDirection::Egress as u8 {
-        (Direction::Egress, None)
-    } else {
-        (Direction::Ingress, None)
-    }
-}
-
-/// The kernel's route lookup for the packet, if it made one: the device
-/// it would leave by on `node`, and the next hop when it is not `dst`.
-fn route_of(s: &Sighting, node: Option<&impl NodeLinks>, dst: IpAddr) -> Option<KernelRoute> {
-    (s.fib_result != FIB_NOT_LOOKED_UP).then(|| {
-        let route = KernelRoute {
-            result: KernelRoute::result_name(s.fib_result),
-            dev: None,
-            via: None,
-        };
-        if !route.found() {
-            return route;
-        }
-        let dev = node.and_then(|n| n.link_name(s.fib_ifindex).cloned());
-        // The lookup was of the packet's own family.
-        let via = match dst {
-            IpAddr::V4(_) => {
-                let [a, b, c, d, ..] = s.fib_nexthop;
-                IpAddr::V4(Ipv4Addr::new(a, b, c, d))
-            }
-            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::from(s.fib_nexthop)),
-        };
-        KernelRoute {
-            dev,
-            via: (via != dst).then_some(via),
-            ..route
-        }
-    })
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
-    use podtrace_common::SNAPSHOT_LEN;
+    use podtrace_common::sighting::SNAPSHOT_LEN;
 
     use super::*;
+    use crate::decode::decode_tunnel;
 
     pub(crate) fn hop(
         t: u64,

@@ -5,6 +5,7 @@
 
 pub mod hop;
 pub mod quote;
+pub mod sighting;
 mod transport;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

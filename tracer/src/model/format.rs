@@ -1,6 +1,6 @@
 //! What a command writes, as its flags choose.
 
-use podtrace_common::SNAPSHOT_LEN;
+use podtrace_common::sighting::SNAPSHOT_LEN;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {

@@ -12,7 +12,7 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
-use podtrace_common::MAX_NODES;
+use podtrace_common::drops::MAX_NODES;
 
 /// Where `ip netns add` puts its named namespaces.
 const NAMED_NETNS_DIR: &str = "/run/netns";

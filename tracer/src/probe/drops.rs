@@ -11,7 +11,7 @@ use aya::{
     programs::{BtfTracePoint, RawTracePoint},
     Ebpf,
 };
-use podtrace_common::{names, KernelLayout};
+use podtrace_common::{drops::KernelLayout, names};
 
 use super::{btf::Btf, features::DropHook};
 

@@ -2,7 +2,7 @@
 //! reasons and symbols), read once per run.
 
 use anyhow::{Context as _, Result};
-use podtrace_common::KernelLayout;
+use podtrace_common::drops::KernelLayout;
 
 use crate::model::KernelSummary;
 

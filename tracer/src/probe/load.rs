@@ -21,11 +21,14 @@ use aya::{
 };
 use podtrace_common::{
     counter,
+    drops::{KernelLayout, MAX_NODES},
     filter::L4Filter,
     names, node_addr,
     packet6::FlowKey6,
     prefilter::{PairKey, TracedPairsOf},
-    FlowKey, Histogram, KernelLayout, Sighting, StepKey, TunnelKey, MAX_NODES,
+    profile::{Histogram, StepKey},
+    sighting::Sighting,
+    FlowKey, TunnelKey,
 };
 use tokio::sync::mpsc;
 

@@ -7,7 +7,10 @@ use aya::{
     maps::{MapData, PerCpuHashMap},
     Ebpf,
 };
-use podtrace_common::{names, Histogram, StepKey};
+use podtrace_common::{
+    names,
+    profile::{Histogram, StepKey, HIST_LINEAR_US, HIST_LOG2},
+};
 
 #[cfg(target_os = "linux")]
 /// Every step of the node and its histogram, all CPUs added up.
@@ -35,8 +38,8 @@ pub fn empty() -> Histogram {
         sum_ns: 0,
         max_ns: 0,
         bytes_added: 0,
-        linear: [0; podtrace_common::HIST_LINEAR_US],
-        log2: [0; podtrace_common::HIST_LOG2],
+        linear: [0; HIST_LINEAR_US],
+        log2: [0; HIST_LOG2],
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use podtrace_common::{Histogram, HIST_LINEAR_US, HIST_LOG2};
+use podtrace_common::profile::{Histogram, HIST_LINEAR_US, HIST_LOG2};
 use serde::Serialize;
 
 /// One step of one node, from the kernel's histogram.

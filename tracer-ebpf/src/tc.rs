@@ -11,12 +11,12 @@ use podtrace_common::{
     filter::{self, L4Filter},
     glance,
     headers::{IPV4_PROTOCOL, IPV4_TOS, IPV4_VERSION, IPV6_DADDR, IPV6_NEXT_HEADER, IPV6_SADDR},
-    hook_id, ipv6_program, match_kind,
     packet::{classify4, classify6, classify6_in4, ethernet_payload, ip_version, packet_id, Bytes},
     packet6::is_ipv6,
-    sampled, sighting_kind,
+    profile::{hook_id, sampled, PacketId},
+    sighting::{match_kind, sighting_kind, Sighting, SNAPSHOT_LEN},
+    tc::{ipv6_program, Direction},
     transport::{traced_l4, TracedL4},
-    Direction, PacketId, Sighting, SNAPSHOT_LEN,
 };
 
 use crate::{
