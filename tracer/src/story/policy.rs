@@ -8,7 +8,8 @@
 //! names no policy.
 
 pub use super::policy_verdict::{
-    Enforcer, PolicyDirection, PolicyOutcome, PolicyQueue, PolicyRef, PolicyVerdict,
+    ApiFoundBy, ApiPolicies, Enforcer, PodSelection, PolicyDirection, PolicyOutcome, PolicyQueue,
+    PolicyRef, PolicyVerdict, SelectingPolicy,
 };
 use crate::model::netfilter::PathRule;
 
@@ -155,6 +156,7 @@ mod tests {
             tier: Some("default".into()),
             outcome: PolicyOutcome::NoPolicyAllowed,
             queue: None,
+            api: None,
         };
         assert_eq!(
             verdict.text(),
