@@ -371,4 +371,56 @@ mod tests {
             ["named by the rules, not matched in the API: default/backend-deny-ingress: not a networking.k8s.io NetworkPolicy the API lists in namespace default"]
         );
     }
+
+    /// Told from recorded hops: a kube-network-policies drop whose rule
+    /// does not tell the direction gets the API's evaluation for the
+    /// source's egress and the destination's ingress, by the names the
+    /// context gives the packet's ends.
+    #[test]
+    fn a_told_queue_drop_carries_the_api_policies_of_both_ends() {
+        use crate::{
+            model::netfilter::{NetfilterRule, PathRule},
+            story::{policy::tests::ping_dropped_on_node_2, tell, Context},
+        };
+        // Freed where the queue is, not later by something else.
+        let mut journey = ping_dropped_on_node_2("nf_queue+0x5c");
+        let queued = PathRule {
+            table: "inet kube-network-policies".into(),
+            chain: "postrouting".into(),
+            rule: "ip saddr @podips-v4 queue to 100 # handle 7".into(),
+            verdict: "queue".into(),
+            target_head: None,
+        };
+        journey.rule = Some(NetfilterRule {
+            table: queued.table.clone(),
+            chain: queued.chain.clone(),
+            hook: "POSTROUTING".into(),
+            rule: queued.rule.clone(),
+            path: vec![queued],
+        });
+        let mut ctx = Context::default();
+        for (ip, pod) in [
+            ("10.244.1.2", "default/web-0"),
+            ("10.244.2.2", "default/db-0"),
+        ] {
+            ctx.names.insert(ip.parse().unwrap(), pod.into());
+        }
+        ctx.policies = book(Ok(vec![deny_ingress()]));
+        let story = tell(&journey, &ctx);
+        let summary = story.verdict.summary.clone();
+        let policy = (story.verdict.policy).unwrap_or_else(|| panic!("no policy: {summary}"));
+        assert_eq!(policy.direction, PolicyDirection::IngressOrEgress);
+        let api = policy.api.expect("the API's side");
+        assert_eq!(api.found_by, ApiFoundBy::Evaluated);
+        let told: Vec<(&str, PolicyDirection, bool)> = (api.selections.iter())
+            .map(|s| (s.pod.as_str(), s.direction, s.allows_nothing))
+            .collect();
+        assert_eq!(
+            told,
+            [
+                ("default/web-0", PolicyDirection::Egress, false),
+                ("default/db-0", PolicyDirection::Ingress, true)
+            ]
+        );
+    }
 }
