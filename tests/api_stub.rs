@@ -117,6 +117,69 @@ fn field_selectors_are_taken_and_refused_as_the_real_server_does() {
     assert_eq!((last.status, last.resource.as_str()), (400, "services"));
 }
 
+/// NetworkPolicies are served as kube-apiserver serves them: the real
+/// kubectl lists them per namespace and in all of them, as JSON
+/// (NetworkPolicyList, defaulted fields) and as its table, and a list
+/// RBAC denies is a 403 naming the group.
+#[test]
+fn kubectl_lists_network_policies_as_from_a_real_api_server() {
+    let (stub, _lab) = stub();
+    stub.add_network_policy(serde_json::json!({
+        "metadata": {"name": "backend-deny-ingress", "namespace": "default"},
+        "spec": {"podSelector": {"matchLabels": {"app": "db"}}}
+    }));
+    stub.add_network_policy(serde_json::json!({
+        "metadata": {"name": "dns-out", "namespace": "kube-system"},
+        "spec": {"podSelector": {}, "egress": [{"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53}]}]}
+    }));
+    let listed = kubectl(
+        &stub,
+        &["get", "networkpolicies", "-n", "default", "-o", "json"],
+    )
+    .unwrap();
+    let list: Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(list["kind"], "List", "kubectl wraps what it got: {list}");
+    let items = list["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{list}");
+    assert_eq!(items[0]["kind"], "NetworkPolicy");
+    assert_eq!(items[0]["apiVersion"], "networking.k8s.io/v1");
+    assert_eq!(
+        items[0]["spec"]["policyTypes"],
+        serde_json::json!(["Ingress"])
+    );
+    let all = kubectl(&stub, &["get", "netpol", "-A", "-o", "json"]).unwrap();
+    let all: Value = serde_json::from_str(&all).unwrap();
+    let dns = &all["items"].as_array().unwrap()[1];
+    assert_eq!(
+        dns["spec"]["policyTypes"],
+        serde_json::json!(["Ingress", "Egress"])
+    );
+    assert_eq!(dns["spec"]["egress"][0]["ports"][1]["protocol"], "TCP");
+    let table = kubectl(&stub, &["get", "networkpolicies", "-A"]).unwrap();
+    assert!(table.contains("POD-SELECTOR"), "{table}");
+    assert!(table.contains("backend-deny-ingress   app=db"), "{table}");
+    // The raw list, as podtrace's client reads it.
+    let raw = kubectl(
+        &stub,
+        &[
+            "get",
+            "--raw",
+            "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies",
+        ],
+    )
+    .unwrap();
+    let raw: Value = serde_json::from_str(&raw).unwrap();
+    assert_eq!(raw["kind"], "NetworkPolicyList");
+    assert_eq!(raw["apiVersion"], "networking.k8s.io/v1");
+    assert!(raw["metadata"]["resourceVersion"].is_string(), "{raw}");
+    stub.forbid("list", "networkpolicies");
+    let refused = kubectl(&stub, &["get", "netpol", "-n", "default"]).unwrap_err();
+    assert!(
+        refused.contains("cannot list resource \"networkpolicies\" in API group \"networking.k8s.io\" in the namespace \"default\""),
+        "{refused}"
+    );
+}
+
 /// How long a crowd takes to add, and a full list of it to send: printed
 /// (`--nocapture`), not asserted; what is asserted is that the list is
 /// whole and the log counts the bytes curl received.

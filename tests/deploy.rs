@@ -30,7 +30,8 @@ fn rules_of(role: &Value) -> Vec<(Value, Value, Value)> {
 
 /// What podtrace reads through the API: pods and nodes (the traced pods
 /// watched), Services and EndpointSlices (`svc/…` and ClusterIP
-/// destinations), events (the doctor, for a pod without an IP) and the
+/// destinations), events (the doctor, for a pod without an IP), the
+/// traced namespaces' NetworkPolicies (a policy drop's selectors) and the
 /// podtrace DaemonSet (its image for cluster mode's agents). Read only,
 /// and nothing else.
 #[test]
@@ -54,11 +55,16 @@ fn rbac_grants_read_on_what_podtrace_reads_and_nothing_else() {
             ),
             (json!(["discovery.k8s.io"]), json!(["endpointslices"]), read),
             (json!([""]), json!(["events"]), json!(["get", "list"])),
+            (
+                json!(["networking.k8s.io"]),
+                json!(["networkpolicies"]),
+                json!(["list"])
+            ),
             (json!(["apps"]), json!(["daemonsets"]), json!(["get"])),
         ]
     );
     // Only its own DaemonSet, whose image cluster mode's agents run.
-    assert_eq!(docs[1]["rules"][3]["resourceNames"], json!(["podtrace"]));
+    assert_eq!(docs[1]["rules"][4]["resourceNames"], json!(["podtrace"]));
     let binding = &docs[2];
     assert_eq!(binding["roleRef"]["name"], "podtrace");
     assert_eq!(binding["subjects"][0]["name"], docs[0]["metadata"]["name"]);

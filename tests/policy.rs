@@ -2,14 +2,20 @@
 //! enforcer's rules for `default/backend-deny-ingress` selecting db-0 on
 //! node-2 (Felix in iptables and nftables mode, kube-router), and the
 //! verdict must name the policy, the pod, the direction and the outcome,
-//! in JSON and in words.
+//! in JSON and in words; with the API (the stub), the policy's selector,
+//! types and ports and the pod labels that made it select, or why the
+//! API's policies were not read.
 
 #[allow(dead_code)]
 mod support;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use support::*;
-use xtask::{faults::Fault, lab::LabGuard};
+use xtask::{
+    api_stub::{Stub, TOKEN},
+    faults::Fault,
+    lab::LabGuard,
+};
 
 /// How web-0 reaches db-0 in a test.
 #[derive(Clone, Copy)]
@@ -77,6 +83,81 @@ fn calico_iptables_mode_names_the_policy_behind_the_end_of_tier_drop() {
     );
     let chain = format!("cali-tw-{}", lab.0.pod("db-0").host_iface);
     assert_eq!(story["verdict"]["netfilter"]["chain"], chain.as_str());
+}
+
+/// web-0 → db-0 by name through the stub, one packet, told as `output`.
+fn named_trace_told(lab: &LabGuard, stub: &Stub, output: &str) -> Finished {
+    let kubeconfig = stub.kubeconfig(&scratch_dir("policy"), TOKEN);
+    let first = [
+        "default/web-0",
+        "default/db-0",
+        "--count",
+        "1",
+        "--duration",
+        "20s",
+    ];
+    let mut args = argv(
+        &first,
+        vec!["-o".into(), output.into(), "--kubeconfig".into()],
+    );
+    args.push(kubeconfig.display().to_string());
+    for node in [1, 2] {
+        args.extend(["--netns".to_string(), lab.0.node_netns(node)]);
+    }
+    let trace = Trace::start(&args);
+    let _answered = lab.0.ping("web-0", lab.0.pod("db-0").ip, &[]);
+    let done = trace.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    done
+}
+
+/// Traced through the API, Felix's drop names backend-deny-ingress, and
+/// the API's object of that name says why it selects db-0 (its
+/// podSelector, by db-0's label app=db) and that it allows nothing; a
+/// policy the rules did not name is not blamed. Once RBAC forbids the
+/// list, the story says the API's policies were not read, and why.
+#[test]
+fn with_the_api_the_named_policy_carries_its_selector_and_the_labels_that_selected() {
+    let lab = lab(Fault::CalicoPolicyDeny.topology());
+    Fault::CalicoPolicyDeny
+        .apply(&lab.0)
+        .expect("apply the fault");
+    let stub = Stub::start(&lab.0.pod_list(), &lab.0.node_list());
+    stub.add_network_policy(json!({
+        "metadata": {"name": "backend-deny-ingress", "namespace": "default"},
+        "spec": {"podSelector": {"matchLabels": {"app": "db"}}, "policyTypes": ["Ingress"]}
+    }));
+    stub.add_network_policy(json!({
+        "metadata": {"name": "web-out", "namespace": "default"},
+        "spec": {"podSelector": {"matchLabels": {"app": "web"}},
+                 "egress": [{"ports": [{"port": 8080}]}]}
+    }));
+    let story = named_trace_told(&lab, &stub, "json").first_story();
+    let policy = assert_backend_deny_ingress(&story, "calico");
+    let api = &policy["api"];
+    assert_eq!(api["found_by"], "kernel_names", "{api}");
+    let selection = &api["selections"][0];
+    assert_eq!(selection["pod"], "default/db-0", "{api}");
+    assert_eq!(selection["direction"], "ingress", "{api}");
+    assert_eq!(selection["allows_nothing"], true, "{api}");
+    let selecting = selection["policies"].as_array().unwrap();
+    assert_eq!(selecting.len(), 1, "{api}");
+    assert_eq!(selecting[0]["name"], "default/backend-deny-ingress");
+    assert_eq!(selecting[0]["pod_selector"], "app=db");
+    assert_eq!(selecting[0]["policy_types"], json!(["Ingress"]));
+    assert_eq!(selecting[0]["pod_labels"], json!(["app=db"]));
+    assert_eq!(selecting[0]["rules"], json!([]));
+    let told = named_trace_told(&lab, &stub, "human").stdout;
+    assert!(
+        told.contains("  policy (API): default/backend-deny-ingress selects default/db-0 for ingress (podSelector app=db, by its label app=db; policyTypes Ingress) and allows nothing\n"),
+        "{told}"
+    );
+    stub.forbid("list", "networkpolicies");
+    let told = named_trace_told(&lab, &stub, "human").stdout;
+    assert!(
+        told.contains("  policy (API): the API's NetworkPolicies were not read: forbidden: podtrace's RBAC does not allow list networkpolicies in namespace default\n"),
+        "{told}"
+    );
 }
 
 #[test]

@@ -46,6 +46,7 @@ pub(super) fn context_of(args: &Args, targets: &Targets) -> Context {
         }
     }
     ctx.nat = targets.nat.clone();
+    ctx.policies = targets.policies.clone();
     ctx.subnets = targets.subnets.clone();
     ctx.pod_cidrs = args.pod_cidr.clone();
     // The node's file, not the container's (an agent's --host-root).

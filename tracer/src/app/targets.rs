@@ -16,6 +16,7 @@ use crate::{
         argument::Target,
         inventory::{Endpoint, Inventory},
         nodes,
+        policy_book::PolicyBook,
         services::{Catalog, Service},
     },
     model::NodeSubnet,
@@ -41,6 +42,8 @@ pub struct Targets {
     /// Which families of the pair are traced (`-4`, `-6`; both by
     /// default, where both ends have IPv6).
     pub families: Families,
+    /// The traced pods' namespaces' NetworkPolicies and the pods' labels.
+    pub policies: PolicyBook,
 }
 
 /// The address families a trace follows.
@@ -288,11 +291,33 @@ impl Targets {
             service,
             nat: NatBook::default(),
             families,
+            policies: PolicyBook::default(),
         };
         targets.has_the_asked_family(args)?;
+        targets.policies = targets.policy_book(args).await;
         targets.nat =
             targets.destination_nat(catalog.as_ref(), dst_target.port(), traced_addresses);
         Ok(targets)
+    }
+
+    /// The NetworkPolicies of the traced pods' namespaces, from the API;
+    /// without it, why not (the story says so under a policy drop).
+    async fn policy_book(&self, args: &Args) -> PolicyBook {
+        let pods: Vec<_> = [&self.src, &self.dst]
+            .into_iter()
+            .filter_map(|e| e.pod.as_ref())
+            .collect();
+        match (&self.cluster, &args.kube.pods_file) {
+            (Some(cluster), _) => cluster.policy_book(&pods).await,
+            (None, Some(_)) => PolicyBook::without_api(
+                "no Kubernetes API in this mode (the pods came from --pods-file)",
+                &pods,
+            ),
+            (None, None) => PolicyBook::without_api(
+                "no Kubernetes API in this mode (the ends were given as IPs)",
+                &pods,
+            ),
+        }
     }
 
     /// What kube-proxy translates the destination to: a Service's
@@ -587,6 +612,7 @@ mod tests {
             service: None,
             nat: NatBook::default(),
             families,
+            policies: PolicyBook::default(),
         }
     }
 

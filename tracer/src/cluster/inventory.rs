@@ -2,6 +2,7 @@
 //! (`--pods-file`), and resolution of the pod arguments.
 
 use std::{
+    collections::BTreeMap,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::Path,
 };
@@ -30,6 +31,8 @@ pub struct Pod {
     /// family is IPv6, and the API's podIP field selector does not find
     /// the pod by `ip`.
     pub ip_is_secondary: bool,
+    /// Its labels: what NetworkPolicies select it by.
+    pub labels: BTreeMap<String, String>,
 }
 
 impl Pod {
@@ -65,6 +68,8 @@ struct Metadata {
     name: String,
     #[serde(default = "default_namespace")]
     namespace: String,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -348,6 +353,7 @@ impl From<Item> for Pod {
             host_network: item.spec.host_network,
             ipv6,
             ip_is_secondary,
+            labels: item.metadata.labels,
         }
     }
 }
@@ -415,7 +421,7 @@ mod tests {
     const PODS: &str = r#"{"apiVersion":"v1","kind":"List","items":[
       {"metadata":{"name":"web-0","namespace":"default"},"spec":{"nodeName":"node-1"},
        "status":{"podIP":"10.244.1.2","hostIP":"192.0.2.11","phase":"Running"}},
-      {"metadata":{"name":"db-0","namespace":"default"},"spec":{"nodeName":"node-2"},
+      {"metadata":{"name":"db-0","namespace":"default","labels":{"app":"db"}},"spec":{"nodeName":"node-2"},
        "status":{"podIP":"10.244.2.2","hostIP":"192.0.2.12","phase":"Running"}},
       {"metadata":{"name":"pending","namespace":"kube-system"},"spec":{},"status":{"phase":"Pending"}}]}"#;
 
@@ -426,10 +432,11 @@ mod tests {
     #[test]
     fn resolves_names_ips_and_explains_failures() {
         let inv = Inventory::parse(PODS).unwrap();
-        assert_eq!(
-            resolve(&inv, "default/db-0", "x").unwrap().ip,
-            Ipv4Addr::new(10, 244, 2, 2)
-        );
+        let db = resolve(&inv, "default/db-0", "x").unwrap();
+        assert_eq!(db.ip, Ipv4Addr::new(10, 244, 2, 2));
+        // What its NetworkPolicies select it by.
+        let labels = db.pod.unwrap().labels;
+        assert_eq!(labels.get("app").map(String::as_str), Some("db"));
         assert_eq!(
             resolve(&inv, "web-0", "default")
                 .unwrap()
@@ -478,6 +485,7 @@ mod tests {
                 unreadable_ip: None,
                 ipv6: Vec::new(),
                 ip_is_secondary: false,
+                labels: BTreeMap::new(),
             })
             .collect();
         let message = not_found("default", "web-x", &pods);

@@ -1,5 +1,7 @@
 //! What podtrace knows of the cluster: the Kubernetes API (`api`; how it is reached: `access`), the
-//! inventory files that stand in for it (`inventory`, `nodes`), Services
+//! inventory files that stand in for it (`inventory`, `nodes`), the
+//! traced namespaces' NetworkPolicies (`network_policies`, listed into a
+//! `policy_book`), Services
 //! (`services`, or a node's kube-proxy rules in their place:
 //! `kube_proxy_rules`), the endpoint arguments checked (`argument`), and
 //! cluster mode's agent pods (`agents`: their Pod in `agent_pod`, what
@@ -18,6 +20,7 @@ pub mod kube_proxy_rules;
 pub mod lease;
 pub mod network_policies;
 pub mod nodes;
+pub mod policy_book;
 pub mod scoped;
 pub mod services;
 

@@ -10,24 +10,25 @@
 
 use std::collections::BTreeMap;
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// A label selector: every `matchLabels` pair and every requirement must
 /// hold.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LabelSelector {
     pub match_labels: BTreeMap<String, String>,
     pub match_expressions: Vec<Requirement>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Requirement {
     pub key: String,
     pub operator: Operator,
     pub values: Vec<String>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Operator {
     In,
     NotIn,
@@ -35,14 +36,14 @@ pub enum Operator {
     DoesNotExist,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PolicyType {
     Ingress,
     Egress,
 }
 
 /// One NetworkPolicy, as much of it as a drop's story tells.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetworkPolicy {
     pub namespace: String,
     pub name: String,
@@ -51,6 +52,11 @@ pub struct NetworkPolicy {
     /// Each ingress rule, in words (`from app=web on TCP/8080`).
     pub ingress: Vec<String>,
     pub egress: Vec<String>,
+    /// The ports its ingress rules allow (`TCP/8080`, `TCP/8000-8090`,
+    /// `UDP` for a protocol's every port, `any` for a rule without
+    /// ports), each once.
+    pub ingress_ports: Vec<String>,
+    pub egress_ports: Vec<String>,
 }
 
 impl LabelSelector {
@@ -172,6 +178,7 @@ impl NetworkPolicy {
                 .unwrap_or_default()
         };
         let (ingress, egress) = (rules("ingress", "from"), rules("egress", "to"));
+        let (ingress_ports, egress_ports) = (ports_of(&spec["ingress"]), ports_of(&spec["egress"]));
         let policy_types = match spec["policyTypes"].as_array() {
             Some(types) => types
                 .iter()
@@ -191,7 +198,22 @@ impl NetworkPolicy {
             policy_types,
             ingress,
             egress,
+            ingress_ports,
+            egress_ports,
         })
+    }
+
+    /// Its rules and the ports they allow for `way`.
+    pub fn rules(&self, way: PolicyType) -> (&[String], &[String]) {
+        match way {
+            PolicyType::Ingress => (&self.ingress, &self.ingress_ports),
+            PolicyType::Egress => (&self.egress, &self.egress_ports),
+        }
+    }
+
+    /// `namespace/name`.
+    pub fn qualified(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
     }
 
     /// Whether it selects a pod of `namespace` with `labels` for `way`.
@@ -246,18 +268,7 @@ fn rule_text(rule: &Value, peers_word: &str) -> String {
         .unwrap_or_default();
     let ports: Vec<String> = rule["ports"]
         .as_array()
-        .map(|all| {
-            all.iter()
-                .map(|p| {
-                    let protocol = p["protocol"].as_str().unwrap_or("TCP");
-                    match &p["port"] {
-                        Value::Null => protocol.to_string(),
-                        Value::String(s) => format!("{protocol}/{s}"),
-                        port => format!("{protocol}/{port}"),
-                    }
-                })
-                .collect()
-        })
+        .map(|all| all.iter().map(port_text).collect())
         .unwrap_or_default();
     let peers = if peers.is_empty() {
         "anywhere".to_string()
@@ -270,6 +281,37 @@ fn rule_text(rule: &Value, peers_word: &str) -> String {
         ports.join(", ")
     };
     format!("{peers_word} {peers} on {ports}")
+}
+
+/// One port of a rule: `TCP/8080`, a named port `TCP/http`, a range
+/// `TCP/8000-8090` (`endPort`), or `UDP` alone for every port.
+fn port_text(port: &Value) -> String {
+    let protocol = port["protocol"].as_str().unwrap_or("TCP");
+    let end = port["endPort"].as_u64().map(|e| format!("-{e}"));
+    match &port["port"] {
+        Value::Null => protocol.to_string(),
+        Value::String(s) => format!("{protocol}/{s}"),
+        number => format!("{protocol}/{number}{}", end.unwrap_or_default()),
+    }
+}
+
+/// The ports a direction's rules allow, each once: a rule without ports
+/// allows every port (`any`).
+fn ports_of(rules: &Value) -> Vec<String> {
+    let mut all: Vec<String> = Vec::new();
+    for rule in rules.as_array().into_iter().flatten() {
+        let listed = rule["ports"].as_array().filter(|p| !p.is_empty());
+        let texts = match listed {
+            Some(ports) => ports.iter().map(port_text).collect(),
+            None => vec!["any".to_string()],
+        };
+        for text in texts {
+            if !all.contains(&text) {
+                all.push(text);
+            }
+        }
+    }
+    all
 }
 
 fn peer_text(peer: &Value) -> String {
@@ -396,10 +438,30 @@ mod tests {
             ["from app=web or ipBlock 10.0.0.0/8 on TCP/8080, TCP/http"]
         );
         assert_eq!(policy.egress, ["to namespaces team=a on any port"]);
+        assert_eq!(policy.ingress_ports, ["TCP/8080", "TCP/http"]);
+        assert_eq!(
+            policy.egress_ports,
+            ["any"],
+            "a rule without ports allows every port"
+        );
         let any = labels(&[("app", "db")]);
         assert_eq!(
             policy.selection_text("default/db-0", &any, PolicyType::Egress),
             "default/db-from-web selects default/db-0 for egress: podSelector all pods, egress rules: to namespaces team=a on any port"
         );
+    }
+
+    #[test]
+    fn a_port_range_and_a_protocol_alone_are_told_as_the_api_means_them() {
+        let policy = NetworkPolicy::parse(&json!({
+            "metadata": {"name": "ranges", "namespace": "default"},
+            "spec": {"podSelector": {}, "policyTypes": ["Egress"],
+                     "egress": [{"ports": [{"protocol": "TCP", "port": 8000, "endPort": 8090},
+                                           {"protocol": "UDP"}]}]}
+        }))
+        .unwrap();
+        assert_eq!(policy.egress_ports, ["TCP/8000-8090", "UDP"]);
+        assert!(policy.ingress_ports.is_empty());
+        assert_eq!(policy.egress, ["to anywhere on TCP/8000-8090, UDP"]);
     }
 }

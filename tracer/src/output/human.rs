@@ -105,6 +105,10 @@ pub fn human_story(n: u64, s: &Story, colour: bool) -> String {
         "  verdict: {}\n",
         paint(colour, code, &s.verdict.summary)
     ));
+    let api = s.verdict.policy.as_ref().and_then(|p| p.api.as_ref());
+    for line in api.map(|api| api.lines()).unwrap_or_default() {
+        text.push_str(&format!("  policy (API): {line}\n"));
+    }
     for finding in &s.verdict.doctor {
         text.push_str(&format!(
             "  doctor: {} {}: {}\n",
@@ -252,5 +256,39 @@ mod tests {
         });
         assert!(lossy.contains("lost: 3 (ring buffer full)"), "{lossy}");
         assert!(lossy.contains(crate::model::KEEP_UP), "{lossy}");
+    }
+
+    use crate::story::{
+        policy::{
+            ApiFoundBy, ApiPolicies, Enforcer, PolicyDirection, PolicyOutcome, PolicyVerdict,
+        },
+        tests::sample_story,
+    };
+
+    /// The API's side of a policy drop is a line under the verdict.
+    #[test]
+    fn the_api_policies_are_a_line_under_the_verdict() {
+        let mut story = sample_story();
+        story.verdict.policy = Some(PolicyVerdict {
+            enforcer: Enforcer::KubeRouter,
+            direction: PolicyDirection::Ingress,
+            pod: Some("default/db-0".into()),
+            policies: Vec::new(),
+            tier: None,
+            outcome: PolicyOutcome::NoPolicyAllowed,
+            queue: None,
+            api: Some(ApiPolicies {
+                found_by: ApiFoundBy::KernelNames,
+                selections: Vec::new(),
+                unmatched: Vec::new(),
+                unread: Some("no Kubernetes API in this mode".into()),
+            }),
+        });
+        let text = human_story(1, &story, false);
+        let verdict = text.find("  verdict: ").unwrap();
+        let api = text
+            .find("\n  policy (API): the API's NetworkPolicies were not read: no Kubernetes API in this mode\n")
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(api > verdict, "{text}");
     }
 }

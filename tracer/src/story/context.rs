@@ -56,6 +56,10 @@ pub struct Context {
     /// Cluster mode: traced nodes whose agent was lost mid-trace.
     #[serde(default)]
     pub lost_agents: Vec<LostAgent>,
+    /// The API's NetworkPolicies of the traced pods' namespaces (or why
+    /// not read) and the traced pods' labels, for a policy drop.
+    #[serde(default)]
+    pub policies: crate::cluster::policy_book::PolicyBook,
 }
 
 /// An address and its name, as [`Context::label`] shows it.

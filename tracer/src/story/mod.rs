@@ -32,6 +32,7 @@ pub mod pmtu;
 pub mod pmtu_followup;
 pub mod pmtu_verdict;
 pub mod policy;
+mod policy_api;
 mod policy_calico;
 mod policy_kube_network_policies;
 mod policy_kube_router;

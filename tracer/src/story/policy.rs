@@ -8,7 +8,8 @@
 //! names no policy.
 
 pub use super::policy_verdict::{
-    Enforcer, PolicyDirection, PolicyOutcome, PolicyQueue, PolicyRef, PolicyVerdict,
+    ApiFoundBy, ApiPolicies, Enforcer, PodSelection, PolicyDirection, PolicyOutcome, PolicyQueue,
+    PolicyRef, PolicyVerdict, SelectingPolicy,
 };
 use crate::model::netfilter::PathRule;
 
@@ -68,7 +69,7 @@ impl PolicyVerdict {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::story::policy_verdict::comments;
 
@@ -98,20 +99,20 @@ mod tests {
         );
     }
 
-    /// A ping to db-0 dropped on node-2 by Felix's end of tier: the
-    /// story names the policy, with the pod the packet was for.
-    #[test]
-    fn a_story_of_a_policy_drop_names_the_policy_and_the_pod() {
+    /// A ping web-0 → db-0 dropped on node-2 by netfilter, freed in
+    /// `location`: the recorded hops of a policy drop.
+    pub(in crate::story) fn ping_dropped_on_node_2(
+        location: &str,
+    ) -> crate::story::journey::Journey {
         use crate::{
             decode::{hop::tests::drop_hop, tests as frames},
-            model::netfilter::NetfilterRule,
             node::interfaces::Role,
-            story::{journey::NETFILTER_DROP, tell, tests::sample_journey, Context},
+            story::{journey::NETFILTER_DROP, tests::sample_journey},
         };
         let mut journey = sample_journey();
         journey.hops.truncate(6);
         let routed = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 62, 1);
-        let dropped = drop_hop(
+        let mut dropped = drop_hop(
             11_000,
             "node-2",
             "cni0",
@@ -119,7 +120,20 @@ mod tests {
             &routed,
             NETFILTER_DROP,
         );
+        dropped.drop.as_mut().expect("a drop").location = location.into();
         journey.hops.push(dropped);
+        journey
+    }
+
+    /// A ping to db-0 dropped on node-2 by Felix's end of tier: the
+    /// story names the policy, with the pod the packet was for.
+    #[test]
+    fn a_story_of_a_policy_drop_names_the_policy_and_the_pod() {
+        use crate::{
+            model::netfilter::NetfilterRule,
+            story::{tell, Context},
+        };
+        let mut journey = ping_dropped_on_node_2("nf_hook_slow+0x9c");
         let path = super::super::policy_calico::tests::iptables_path();
         journey.rule = Some(NetfilterRule {
             table: "filter".into(),
@@ -155,6 +169,7 @@ mod tests {
             tier: Some("default".into()),
             outcome: PolicyOutcome::NoPolicyAllowed,
             queue: None,
+            api: None,
         };
         assert_eq!(
             verdict.text(),

@@ -60,6 +60,7 @@ pub(super) fn read(path: &[PathRule]) -> Option<PolicyVerdict> {
         tier,
         outcome,
         queue: None,
+        api: None,
     })
 }
 
@@ -263,6 +264,7 @@ pub(super) mod tests {
                 tier: Some("default".into()),
                 outcome: PolicyOutcome::NoPolicyAllowed,
                 queue: None,
+                api: None,
             }
         );
     }

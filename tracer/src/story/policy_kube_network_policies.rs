@@ -37,6 +37,7 @@ pub(super) fn read(path: &[PathRule]) -> Option<PolicyVerdict> {
         // Which of the two it is, the drop's location tells.
         outcome: PolicyOutcome::DroppedByEngine,
         queue: Some(queue),
+        api: None,
     })
 }
 

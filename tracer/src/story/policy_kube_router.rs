@@ -50,6 +50,7 @@ pub(super) fn read(path: &[PathRule]) -> Option<PolicyVerdict> {
         tier: None,
         outcome: PolicyOutcome::NoPolicyAllowed,
         queue: None,
+        api: None,
     })
 }
 
@@ -180,6 +181,7 @@ mod tests {
                 tier: None,
                 outcome: PolicyOutcome::NoPolicyAllowed,
                 queue: None,
+                api: None,
             }
         );
         assert!(verdict.text().contains(

@@ -22,6 +22,72 @@ pub struct PolicyVerdict {
     /// kube-network-policies: the nfqueue its rules handed the packet to.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub queue: Option<PolicyQueue>,
+    /// What the API's NetworkPolicies say of the pod in that direction
+    /// (`policy_api`): set once the story is told with its context.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api: Option<ApiPolicies>,
+}
+
+/// The API's NetworkPolicies (networking.k8s.io/v1) that select the
+/// dropped packet's pod in the verdict's direction, or why they are not
+/// known.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+pub struct ApiPolicies {
+    pub found_by: ApiFoundBy,
+    /// One per pod and direction the verdict is about (two when the rules
+    /// do not tell the direction: the source's egress and the
+    /// destination's ingress).
+    pub selections: Vec<PodSelection>,
+    /// Policies the rules named that the API does not serve as such (a
+    /// Calico kind, one deleted since), or whose podSelector does not
+    /// select the pod by its labels now, each with why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unmatched: Vec<String>,
+    /// Why the API's policies were not read (RBAC forbids the list, no
+    /// API in this mode): `selections` is then empty.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unread: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ApiFoundBy {
+    /// The policies the enforcer's rules named, matched to the API's
+    /// objects by name.
+    KernelNames,
+    /// Every policy of the pod's namespace evaluated on its labels: the
+    /// kernel named none (kube-network-policies decides in userspace).
+    Evaluated,
+}
+
+/// The policies that select one pod in one direction.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+pub struct PodSelection {
+    /// `namespace/name`.
+    pub pod: String,
+    pub direction: PolicyDirection,
+    pub policies: Vec<SelectingPolicy>,
+    /// Policies select the pod in that direction and none has a rule for
+    /// it: nothing is allowed.
+    pub allows_nothing: bool,
+}
+
+/// One NetworkPolicy selecting the pod, as the API serves it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+pub struct SelectingPolicy {
+    /// `namespace/name`.
+    pub name: String,
+    /// Its podSelector as text (`app=db`, `tier in (a, b)`, `all pods`).
+    pub pod_selector: String,
+    /// `Ingress`, `Egress`, as the API says or defaults them.
+    pub policy_types: Vec<String>,
+    /// Its rules in that direction, in words (`from app=web on TCP/8080`).
+    pub rules: Vec<String>,
+    /// The ports those rules allow (`TCP/8080`, `TCP/8000-8090`, `UDP`
+    /// for every UDP port, `any` for a rule without ports).
+    pub ports: Vec<String>,
+    /// The pod's labels the selector matched (`app=db`).
+    pub pod_labels: Vec<String>,
 }
 
 /// The nfqueue a rule handed the packet to, as the rule says it.

@@ -6,6 +6,7 @@ use super::{
     conntrack::Mechanism,
     outcome::Outcome,
     policy::{read_policy, PolicyDirection},
+    policy_api::from_api,
     policy_kube_network_policies::account_for_location,
     rule_text::rejection,
     rule_text::NatKind,
@@ -35,7 +36,7 @@ impl Story {
                     rule.table, rule.chain, rule.hook, rule.rule
                 ));
                 self.verdict.netfilter = Some(rule.clone());
-                self.name_policy(rule);
+                self.name_policy(rule, ctx);
             }
             None => {
                 let hook = self.netfilter_hook(ctx);
@@ -55,7 +56,8 @@ impl Story {
     /// Names the NetworkPolicy behind the drop, when the rules the packet
     /// went through are a policy enforcer's. The pod is the one the rules
     /// name, or else the packet's destination (ingress) or source (egress).
-    fn name_policy(&mut self, rule: &NetfilterRule) {
+    /// The API's policies for that pod and direction join it.
+    fn name_policy(&mut self, rule: &NetfilterRule, ctx: &Context) {
         let Some(mut policy) = read_policy(&rule.path) else {
             return;
         };
@@ -72,6 +74,8 @@ impl Story {
         self.verdict
             .summary
             .push_str(&format!("; {}", policy.text()));
+        let (src, dst) = (self.src_name.as_deref(), self.dst_name.as_deref());
+        policy.api = Some(from_api(&policy, src, dst, &ctx.policies));
         self.verdict.policy = Some(policy);
     }
 

@@ -98,6 +98,21 @@ const RESOURCES: &[Resource] = &[
         verbs: READ_WRITE,
         short_names: &[],
     },
+    Resource {
+        group_version: "networking.k8s.io/v1",
+        name: "networkpolicies",
+        kind: "NetworkPolicy",
+        namespaced: true,
+        verbs: READ,
+        short_names: &["netpol"],
+    },
+];
+
+/// The API groups served besides the core one.
+const GROUPS: [&str; 3] = [
+    "coordination.k8s.io",
+    "discovery.k8s.io",
+    "networking.k8s.io",
 ];
 
 /// The answer to a discovery path, if `parts` is one.
@@ -110,15 +125,11 @@ pub(crate) fn answer(parts: &[&str], _accept: &str) -> Option<Response<Body>> {
             json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]})
         }
         ["apis"] => {
-            json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [group("coordination.k8s.io"), group("discovery.k8s.io")]})
+            let groups: Vec<Value> = GROUPS.iter().map(|g| group(g)).collect();
+            json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
         }
         ["api", "v1"] => resources("v1"),
-        ["apis", g, v]
-            if ["coordination.k8s.io/v1", "discovery.k8s.io/v1"]
-                .contains(&format!("{g}/{v}").as_str()) =>
-        {
-            resources(&format!("{g}/{v}"))
-        }
+        ["apis", g, v] if GROUPS.contains(g) && *v == "v1" => resources(&format!("{g}/{v}")),
         _ => return None,
     };
     Some(json_response(StatusCode::OK, &body))
@@ -163,6 +174,7 @@ pub(crate) fn list_kind(resource: &str) -> &'static str {
         "events" => "EventList",
         "endpoints" => "EndpointsList",
         "namespaces" => "NamespaceList",
+        "networkpolicies" => "NetworkPolicyList",
         _ => "ServiceList",
     }
 }

@@ -7,7 +7,8 @@
 //! selectors on the fields each resource registers (`fields`), pages
 //! (`paging`), server-side tables for kubectl) / `?watch=1` streams
 //! (`watches`), `POST`, merge `PATCH`, `PUT` and `DELETE`, for pods,
-//! nodes, services and coordination.k8s.io leases, and `Status` objects
+//! nodes, services, coordination.k8s.io leases and networking.k8s.io
+//! NetworkPolicies (`network_policies`), and `Status` objects
 //! for 400, 401, 403, 404 and 410. It plays kubelet too (`kubelet`): a
 //! pod created on a lab node runs, and its output is its log. It records
 //! every request it answers (`request_log`), and can hold a busy
@@ -25,6 +26,7 @@ mod events;
 mod fields;
 mod images;
 mod kubelet;
+mod network_policies;
 mod paging;
 mod request_log;
 mod routes;

@@ -156,10 +156,14 @@ fn forbidden(
     let scope = namespace.map_or("at the cluster scope".to_string(), |ns| {
         format!("in the namespace \"{ns}\"")
     });
+    // The group as RBAC names it: "" for the core one.
+    let group = discovery::group_version(resource)
+        .rsplit_once('/')
+        .map_or("", |(g, _)| g);
     Some(status(
         StatusCode::FORBIDDEN,
         "Forbidden",
-        format!("{resource} is forbidden: User \"system:serviceaccount:podtrace:podtrace\" cannot {verb} resource \"{resource}\" in API group \"\" {scope}"),
+        format!("{resource} is forbidden: User \"system:serviceaccount:podtrace:podtrace\" cannot {verb} resource \"{resource}\" in API group \"{group}\" {scope}"),
         json!({"kind": resource}),
     ))
 }

@@ -11,12 +11,6 @@ type Cells = fn(&Value) -> Vec<Value>;
 /// `kubectl get`'s table: the columns it prints (priority 1: `-o wide`),
 /// with the list's `metadata` (its page's continue token among them).
 pub(crate) fn table(resource: &str, items: &[Arc<Value>], metadata: Value) -> Value {
-    // The Name column has format "name": kubectl prefixes it with the
-    // kind (`pod/web-0`) when several kinds are listed.
-    let column = |name: &str, priority: u8| {
-        let format = if name == "Name" { "name" } else { "" };
-        json!({"name": name, "type": "string", "format": format, "description": "", "priority": priority})
-    };
     let (columns, cells): (Vec<Value>, Cells) = match resource {
         "pods" => (
             vec![
@@ -72,6 +66,14 @@ pub(crate) fn table(resource: &str, items: &[Arc<Value>], metadata: Value) -> Va
                 .map(|c| column(c, 0))
                 .collect(),
             super::events::row,
+        ),
+        "networkpolicies" => (
+            vec![
+                column("Name", 0),
+                column("Pod-Selector", 0),
+                column("Age", 0),
+            ],
+            policy_cells,
         ),
         _ => (vec![column("Name", 0), column("Age", 0)], |o| {
             vec![o["metadata"]["name"].clone(), age(o)]
@@ -228,4 +230,27 @@ fn endpoints_cells(e: &Value) -> Vec<Value> {
         super::services::endpoints_cell(e),
         age(e),
     ]
+}
+
+/// A column of the table. The Name column has format "name": kubectl
+/// prefixes it with the kind (`pod/web-0`) when several kinds are listed.
+fn column(name: &str, priority: u8) -> Value {
+    let format = if name == "Name" { "name" } else { "" };
+    json!({"name": name, "type": "string", "format": format, "description": "", "priority": priority})
+}
+
+/// A NetworkPolicy's row: its podSelector's matchLabels as `k=v,…`
+/// (`<none>` for the empty selector, which selects every pod).
+fn policy_cells(p: &Value) -> Vec<Value> {
+    let labels: Vec<String> = p["spec"]["podSelector"]["matchLabels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+        .collect();
+    let selector = match labels.is_empty() {
+        true => "<none>".to_string(),
+        false => labels.join(","),
+    };
+    vec![p["metadata"]["name"].clone(), selector.into(), age(p)]
 }
