@@ -373,17 +373,11 @@ fn traced_subnet6(
     here: &str,
 ) -> Option<(NodeSubnet6, Option<&'static dyn cni::Backend>)> {
     let here_view = &nodes.get(here)?.view;
-    let others = nodes.iter().filter(|(name, _)| name.as_str() != here);
-    others.into_iter().find_map(|(name, facts)| {
+    pod_subnets_elsewhere(dst.into(), nodes, here).find_map(|(name, facts, subnet)| {
+        let ipnet::IpNet::V6(subnet) = subnet else {
+            return None;
+        };
         let view = &facts.view;
-        let subnet = (view
-            .bird_blocks()
-            .chain(facts.local_pod_subnets.iter().copied()))
-        .filter_map(|net| match net {
-            ipnet::IpNet::V6(net) if net.contains(&dst) => Some(net),
-            _ => None,
-        })
-        .min_by_key(|net| net.prefix_len())?;
         let node_ip = (view.addresses6.iter())
             .map(|(_, ip)| *ip)
             .find(|ip| here_view.link_on_subnet_of(*ip).is_some());
@@ -423,6 +417,24 @@ fn ipv6_vtep(view: &crate::node::NodeView) -> Option<(&str, Ipv6Addr)> {
     Some((best.1, best.2))
 }
 
+/// Each other traced node (not `here`) with a pod subnet holding `dst`,
+/// and the narrowest such subnet: its IPAM blocks (Calico blackholes
+/// them, `proto bird`) and the subnets it delivers locally (cni0's).
+fn pod_subnets_elsewhere<'a>(
+    dst: IpAddr,
+    nodes: &'a HashMap<String, NodeFacts>,
+    here: &'a str,
+) -> impl Iterator<Item = (&'a String, &'a NodeFacts, ipnet::IpNet)> {
+    let others = nodes.iter().filter(move |(name, _)| name.as_str() != here);
+    others.filter_map(move |(name, facts)| {
+        let subnet = (facts.view.bird_blocks())
+            .chain(facts.local_pod_subnets.iter().copied())
+            .filter(|net| net.contains(&dst))
+            .min_by_key(|net| net.prefix_len())?;
+        Some((name, facts, subnet))
+    })
+}
+
 /// The pod subnet holding `dst` as another traced node shows it, where no
 /// node list says: its IPAM block (Calico blackholes it, `proto bird`),
 /// else the widest subnet it delivers locally (cni0's); its node IP is its
@@ -433,17 +445,11 @@ fn traced_subnet(
     here: &str,
 ) -> Option<NodeSubnet> {
     let here_view = &nodes.get(here)?.view;
-    let others = nodes.iter().filter(|(name, _)| name.as_str() != here);
-    others.into_iter().find_map(|(name, facts)| {
+    pod_subnets_elsewhere(dst.into(), nodes, here).find_map(|(name, facts, subnet)| {
+        let ipnet::IpNet::V4(subnet) = subnet else {
+            return None;
+        };
         let view = &facts.view;
-        let subnet = (view.bird_blocks())
-            .chain(facts.local_pod_subnets.iter().copied())
-            .filter_map(|net| match net {
-                ipnet::IpNet::V4(net) => Some(net),
-                ipnet::IpNet::V6(_) => None,
-            })
-            .filter(|net| net.contains(&dst))
-            .min_by_key(|net| net.prefix_len())?;
         let node_ip = view
             .own_addresses()
             .find(|ip| here_view.link_on_subnet_of(*ip).is_some())?;
