@@ -25,6 +25,18 @@ pub struct TunnelSpec {
     pub vni: Option<u32>,
 }
 
+/// How a backend names the setting that routes one subnet natively.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DirectRouting {
+    /// The setting, as its users write it.
+    pub setting: &'static str,
+    /// What the backend calls a node's pod range ("pod block").
+    pub what: &'static str,
+    /// The protocol of the native routes it installs (BIRD's for Calico
+    /// IPIP, Felix's or flanneld's own otherwise).
+    pub protocol: RouteOrigin,
+}
+
 pub trait Backend: Sync {
     /// e.g. "flannel-vxlan".
     fn name(&self) -> &'static str;
@@ -66,6 +78,12 @@ pub trait Backend: Sync {
             Some(vtep) => via_vtep6(remote, &vtep.device, "pod subnet"),
             None => via_node_ip6(remote, underlay, RouteOrigin::Other, "pod subnet"),
         }
+    }
+
+    /// For a tunnelling backend, the setting under which it routes the
+    /// pods of a node on its own subnet natively (`direct_routing.rs`).
+    fn direct_routing(&self) -> Option<DirectRouting> {
+        None
     }
 
     /// The host-side interface of the local pod with `ip`.

@@ -4,7 +4,10 @@
 
 use std::net::IpAddr;
 
-use super::backend::{annotation, Backend, TunnelSpec};
+use super::{
+    backend::{annotation, Backend, TunnelSpec},
+    direct_routing::DirectRouting,
+};
 use crate::{
     model::{NodeSubnet, NodeSubnet6},
     node::{Link, NodeView, RouteOrigin},
@@ -48,6 +51,14 @@ impl Backend for CalicoIpip {
     fn expected_route(&self, remote: &NodeSubnet, _underlay: &str) -> String {
         let route = super::backend::to_pods_of(remote, remote.node_ip, true, RouteOrigin::Bird);
         super::backend::named(&route, TUNNEL.device, "pod block", remote)
+    }
+
+    fn direct_routing(&self) -> Option<DirectRouting> {
+        Some(DirectRouting {
+            setting: "the IP pool's ipipMode CrossSubnet",
+            what: "pod block",
+            protocol: RouteOrigin::Bird,
+        })
     }
 
     /// Calico has no IPIP for IPv6: an IPv6 pool beside an IPIP one is

@@ -4,7 +4,10 @@
 
 use std::net::IpAddr;
 
-use super::backend::{annotation, Backend, TunnelSpec};
+use super::{
+    backend::{annotation, Backend, TunnelSpec},
+    direct_routing::DirectRouting,
+};
 use crate::{
     model::{NodeSubnet, NodeSubnet6},
     node::{Link, NodeView, RouteOrigin},
@@ -44,7 +47,7 @@ impl Backend for CalicoVxlan {
     fn expected_route(&self, remote: &NodeSubnet, _underlay: &str) -> String {
         match remote.tunnel_ip {
             Some(vtep) => {
-                let route = super::backend::to_pods_of(remote, vtep, true, RouteOrigin::Other);
+                let route = super::backend::to_pods_of(remote, vtep, true, RouteOrigin::Felix);
                 super::backend::named(&route, TUNNEL.device, "pod block", remote)
             }
             // No route to print in columns without its gateway.
@@ -53,6 +56,14 @@ impl Backend for CalicoVxlan {
                 remote.subnet, TUNNEL.device, remote.node
             ),
         }
+    }
+
+    fn direct_routing(&self) -> Option<DirectRouting> {
+        Some(DirectRouting {
+            setting: "the IP pool's vxlanMode CrossSubnet",
+            what: "pod block",
+            protocol: RouteOrigin::Felix,
+        })
     }
 
     fn expected_route6(&self, remote: &NodeSubnet6, _underlay: Option<&str>) -> String {

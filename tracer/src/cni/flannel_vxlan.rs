@@ -5,7 +5,10 @@
 
 use std::net::IpAddr;
 
-use super::backend::{annotation, vxlan_device, Backend, TunnelSpec};
+use super::{
+    backend::{annotation, vxlan_device, Backend, TunnelSpec},
+    direct_routing::DirectRouting,
+};
 use crate::{
     model::{bounded, NodeSubnet, NodeSubnet6},
     node::{host_root::HostRoot, Link, NodeView, RouteOrigin},
@@ -50,6 +53,14 @@ impl Backend for FlannelVxlan {
         let route =
             super::backend::to_pods_of(remote, remote.subnet.network(), true, RouteOrigin::Other);
         super::backend::named(&route, TUNNEL.device, "pod subnet", remote)
+    }
+
+    fn direct_routing(&self) -> Option<DirectRouting> {
+        Some(DirectRouting {
+            setting: "flannel's VXLAN DirectRouting",
+            what: "pod subnet",
+            protocol: RouteOrigin::Other,
+        })
     }
 
     fn expected_route6(&self, remote: &NodeSubnet6, _underlay: Option<&str>) -> String {

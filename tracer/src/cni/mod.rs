@@ -17,6 +17,7 @@ mod backend;
 mod calico_bird;
 mod calico_ipip;
 mod calico_vxlan;
+pub mod direct_routing;
 mod flannel_host_gw;
 mod flannel_vxlan;
 mod unknown;

@@ -14,7 +14,7 @@ use super::{
     node::NodeFacts,
     Check,
 };
-use crate::node::RouteKind;
+use crate::{cni, node::RouteKind};
 
 const FAMILY: &str = "calico";
 
@@ -50,8 +50,11 @@ fn remote_blocks(facts: &NodeFacts) -> Option<Vec<(String, Ipv4Net)>> {
     (!facts.peer_blocks.is_empty()).then(|| facts.peer_blocks.clone())
 }
 
-/// A route for every other node's block (bird installs them from BGP).
+/// A route for every other node's block: BIRD installs them from BGP;
+/// in VXLAN mode (no BGP) Felix writes them from the other nodes' VTEPs.
 fn check_routes(facts: &NodeFacts) -> Vec<Check> {
+    let annotated = (facts.me.as_ref()).and_then(|m| cni::from_annotations(&m.annotations));
+    let felix_routes = cni::detect(&facts.view, annotated).name() == "calico-vxlan";
     let Some(blocks) = remote_blocks(facts) else {
         let own: Vec<String> = facts.own_blocks().iter().map(|b| b.to_string()).collect();
         let why = format!("with calico-ipam the other nodes' blocks are their own `blackhole <block> proto bird` routes, and no other node is examined here (this node's: {})",
@@ -73,9 +76,14 @@ fn check_routes(facts: &NodeFacts) -> Vec<Check> {
         checks.push(Check::judge(FAMILY, &facts.name, &format!("route to {remote}"), route.is_some(),
             match route {
                 Some(r) => format!("{} (block of {remote})", facts.view.describe(r)),
+                None if felix_routes => format!("no route to {block} ({remote}'s block): Felix on {} has not written it (VXLAN mode routes come from each node's projectcalico.org/IPv4VXLANTunnelAddr, not from BGP)", facts.name),
                 None => format!("no route to {block} ({remote}'s block): BGP with {remote} is not established"),
             },
-            || format!("check BGP: calicoctl node status on {} and {remote}; the peer address each announces (projectcalico.org/IPv4Address)", facts.name)));
+            || if felix_routes {
+                format!("read calico-node's Felix log on {} (route table sync) and {remote}'s projectcalico.org/IPv4VXLANTunnelAddr annotation", facts.name)
+            } else {
+                format!("check BGP: calicoctl node status on {} and {remote}; the peer address each announces (projectcalico.org/IPv4Address)", facts.name)
+            }));
     }
     checks
 }

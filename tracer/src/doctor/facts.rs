@@ -133,7 +133,7 @@ impl NodeFacts {
     /// and exports it to its peers.
     pub fn own_blocks(&self) -> Vec<ipnet::Ipv4Net> {
         self.view
-            .bird_blocks()
+            .calico_blocks()
             .filter_map(|block| match block {
                 ipnet::IpNet::V4(block) => Some(block),
                 ipnet::IpNet::V6(_) => None,

@@ -224,12 +224,14 @@ impl NodeView {
         self.routes.iter().any(|r| r.protocol == RouteOrigin::Bird)
     }
 
-    /// The Calico IPAM blocks of either family BIRD blackholes here, one
-    /// per block affine to the node (`blackhole 10.244.8.0/26 proto
-    /// bird`), exported to its peers.
-    pub fn bird_blocks(&self) -> impl Iterator<Item = IpNet> + '_ {
+    /// The Calico IPAM blocks of either family blackholed here, one per
+    /// block affine to the node: by BIRD, which exports them to its peers
+    /// (`blackhole 10.244.8.0/26 proto bird`), or by Felix where no BIRD
+    /// runs (VXLAN mode, `proto 80`).
+    pub fn calico_blocks(&self) -> impl Iterator<Item = IpNet> + '_ {
+        let calico = |o: RouteOrigin| matches!(o, RouteOrigin::Bird | RouteOrigin::Felix);
         (self.routes.iter())
-            .filter(|r| r.kind == RouteKind::Blackhole && r.protocol == RouteOrigin::Bird)
+            .filter(move |r| r.kind == RouteKind::Blackhole && calico(r.protocol))
             .map(|r| r.destination)
     }
 

@@ -26,6 +26,9 @@ use super::{
     Link, NodeView, Route, RouteKind, RouteOrigin, VxlanDevice,
 };
 
+/// The route protocol Calico's Felix writes its routes with (`proto 80`).
+const FELIX_ROUTE_PROTOCOL: u8 = 80;
+
 impl NodeView {
     /// Only the IPv4 addresses of the calling thread's namespace: the
     /// cheap look at a namespace that may be a pod's.
@@ -377,6 +380,7 @@ fn route_from(msg: RouteMessage) -> Option<Route> {
             RouteProtocol::Boot => RouteOrigin::Boot,
             RouteProtocol::Static => RouteOrigin::Static,
             RouteProtocol::Bird => RouteOrigin::Bird,
+            RouteProtocol::Other(FELIX_ROUTE_PROTOCOL) => RouteOrigin::Felix,
             _ => RouteOrigin::Other,
         },
         kind: match msg.header.kind {

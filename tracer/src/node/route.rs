@@ -30,6 +30,9 @@ pub enum RouteOrigin {
     Boot,
     Static,
     Bird,
+    /// Calico's Felix (`proto 80`): VXLAN-mode routes and blackholed
+    /// blocks where no BIRD runs.
+    Felix,
     #[default]
     Other,
 }
@@ -85,8 +88,10 @@ impl Route {
         if self.table != RT_TABLE_MAIN {
             ip_route.push_str(&format!(" table {}", table_name(self.table)));
         }
-        if self.protocol == RouteOrigin::Bird {
-            ip_route.push_str(" proto bird");
+        match self.protocol {
+            RouteOrigin::Bird => ip_route.push_str(" proto bird"),
+            RouteOrigin::Felix => ip_route.push_str(" proto 80"),
+            _ => {}
         }
         if self.onlink {
             ip_route.push_str(" onlink");

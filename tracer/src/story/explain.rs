@@ -17,14 +17,17 @@ use crate::{
         hop::{Direction, Hop},
         Transport,
     },
-    model::{NodeSubnet, NodeSubnet6, Vtep6},
+    model::NodeSubnet,
     node::{
         interfaces::Role,
         route::table_name,
         rules::{Decision, RuleAction},
         NodeFacts,
     },
-    story::journey,
+    story::{
+        journey,
+        traced_subnets::{every_remote_subnet, traced_subnet, traced_subnet6},
+    },
 };
 
 /// The route the packet needed, and the one the kernel used.
@@ -323,7 +326,10 @@ fn expected_route(
             .and_then(cni::by_name)
             .or_else(|| cni::by_name(facts.cni))
             .unwrap_or_else(cni::unknown);
-        return backend.expected_route(&remote, underlay);
+        let views = nodes.values().map(|f| &f.view);
+        let remotes = every_remote_subnet(subnets, nodes);
+        let mode = cni::direct_routing::same_subnet_mode(views, &remotes);
+        return cni::direct_routing::expected_route(backend, view, &remote, underlay, mode);
     }
     if let Some(cidr) = pod_cidrs.iter().find(|c| c.contains(&dst)) {
         return format!("a route for {dst} inside the pod CIDR {cidr}, not the default route");
@@ -362,114 +368,6 @@ fn expected_route6(dst: Ipv6Addr, nodes: &HashMap<String, NodeFacts>, here: &str
         .or_else(|| cni::by_name(facts.cni))
         .unwrap_or_else(cni::unknown);
     backend.expected_route6(&remote, underlay.map(|l| l.name.as_str()))
-}
-
-/// The IPv6 pod subnet holding `dst` on another traced node, with what
-/// node `here` reaches it by: the node's IPv6 address on an underlay they
-/// share, and its IPv6 VTEP; and the node's CNI backend.
-fn traced_subnet6(
-    dst: Ipv6Addr,
-    nodes: &HashMap<String, NodeFacts>,
-    here: &str,
-) -> Option<(NodeSubnet6, Option<&'static dyn cni::Backend>)> {
-    let here_view = &nodes.get(here)?.view;
-    pod_subnets_elsewhere(dst.into(), nodes, here).find_map(|(name, facts, subnet)| {
-        let ipnet::IpNet::V6(subnet) = subnet else {
-            return None;
-        };
-        let view = &facts.view;
-        let node_ip = (view.addresses6.iter())
-            .map(|(_, ip)| *ip)
-            .find(|ip| here_view.link_on_subnet_of(*ip).is_some());
-        let vtep = ipv6_vtep(view).map(|(device, ip)| Vtep6 {
-            // Named as this node has it: CNIs name it alike on every node.
-            device: here_view
-                .link_named(device)
-                .map_or(device, |l| &l.name)
-                .to_string(),
-            ip,
-        });
-        let remote = NodeSubnet6 {
-            node: name.clone(),
-            subnet,
-            node_ip,
-            vtep,
-        };
-        Some((remote, cni::by_name(facts.cni)))
-    })
-}
-
-/// A node's IPv6 VTEP: a tunnel device with an IPv6 address of its own,
-/// preferring one over an IPv6 underlay (flannel-v6.1, vxlan-v6.calico)
-/// to an IPv4 one that also carries IPv6 (flannel.1 in some dual-stack
-/// setups).
-fn ipv6_vtep(view: &crate::node::NodeView) -> Option<(&str, Ipv6Addr)> {
-    let vteps = view
-        .links
-        .iter()
-        .filter(|l| l.is_tunnel())
-        .filter_map(|link| {
-            let (_, ip) = (view.addresses6.iter()).find(|(index, _)| *index == link.index)?;
-            let over_ipv6 = (link.vxlan.and_then(|v| v.local)).is_some_and(|l| l.is_ipv6());
-            Some((over_ipv6, link.name.as_str(), *ip))
-        });
-    let best = vteps.max_by_key(|(over_ipv6, ..)| *over_ipv6)?;
-    Some((best.1, best.2))
-}
-
-/// Each other traced node (not `here`) with a pod subnet holding `dst`,
-/// and the narrowest such subnet: its IPAM blocks (Calico blackholes
-/// them, `proto bird`) and the subnets it delivers locally (cni0's).
-fn pod_subnets_elsewhere<'a>(
-    dst: IpAddr,
-    nodes: &'a HashMap<String, NodeFacts>,
-    here: &'a str,
-) -> impl Iterator<Item = (&'a String, &'a NodeFacts, ipnet::IpNet)> {
-    let others = nodes.iter().filter(move |(name, _)| name.as_str() != here);
-    others.filter_map(move |(name, facts)| {
-        let subnet = (facts.view.bird_blocks())
-            .chain(facts.local_pod_subnets.iter().copied())
-            .filter(|net| net.contains(&dst))
-            .min_by_key(|net| net.prefix_len())?;
-        Some((name, facts, subnet))
-    })
-}
-
-/// The pod subnet holding `dst` as another traced node shows it, where no
-/// node list says: its IPAM block (Calico blackholes it, `proto bird`),
-/// else the widest subnet it delivers locally (cni0's); its node IP is its
-/// address on a subnet node `here` reaches directly.
-fn traced_subnet(
-    dst: Ipv4Addr,
-    nodes: &HashMap<String, NodeFacts>,
-    here: &str,
-) -> Option<NodeSubnet> {
-    let here_view = &nodes.get(here)?.view;
-    pod_subnets_elsewhere(dst.into(), nodes, here).find_map(|(name, facts, subnet)| {
-        let ipnet::IpNet::V4(subnet) = subnet else {
-            return None;
-        };
-        let view = &facts.view;
-        let node_ip = view
-            .own_addresses()
-            .find(|ip| here_view.link_on_subnet_of(*ip).is_some())?;
-        let backend = cni::by_name(facts.cni);
-        // Its VTEP: the address on its backend's tunnel device.
-        let tunnel = backend
-            .and_then(|b| b.tunnel())
-            .and_then(|t| view.link_named(t.device));
-        let tunnel_ip = tunnel.and_then(|l| {
-            let on_tunnel = view.addresses.iter().find(|(index, _)| *index == l.index);
-            on_tunnel.map(|(_, ip)| *ip)
-        });
-        Some(NodeSubnet {
-            node: name.clone(),
-            subnet,
-            node_ip,
-            cni: Some(facts.cni),
-            tunnel_ip,
-        })
-    })
 }
 
 #[cfg(test)]
@@ -668,6 +566,17 @@ mod tests {
             (2, "192.0.2.12".parse().unwrap()),
             (3, "10.244.2.1".parse().unwrap()),
         ];
+        // node-2 reaches node-1's pods through flannel.1 too: no
+        // DirectRouting, though the nodes share a subnet.
+        for route in &mut node_2.routes {
+            if route.destination == "10.244.1.0/24".parse().unwrap() {
+                *route = Route {
+                    gateway: Some("10.244.1.0".parse().unwrap()),
+                    onlink: true,
+                    ..crate::node::fixtures::route("10.244.1.0/24", 4)
+                };
+            }
+        }
         let nodes = traced_pair(
             "flannel-vxlan",
             [node_1, node_2],

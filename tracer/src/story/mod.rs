@@ -40,6 +40,7 @@ mod policy_verdict;
 pub mod profile;
 mod rule_text;
 pub mod steps;
+mod traced_subnets;
 mod verdict;
 mod verdict_names;
 mod wireguard;

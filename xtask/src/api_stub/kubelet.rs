@@ -30,7 +30,7 @@ use super::{
     store::Objects,
     Shared,
 };
-use crate::lab::{Lab, NODES};
+use crate::lab::Lab;
 
 /// A pod's log so far, and whether its process has ended.
 #[derive(Default)]
@@ -71,7 +71,8 @@ impl Kubelet {
 
     /// The kubelet of every node of `lab`.
     pub fn for_lab(podtrace: &Path, lab: &Lab, state_dir: &Path) -> Self {
-        let nodes = (1..=NODES)
+        let nodes = lab
+            .nodes()
             .map(|n| {
                 let node = LabNode {
                     netns: lab.node_netns(n),

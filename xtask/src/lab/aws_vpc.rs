@@ -80,7 +80,7 @@ impl Cni for AwsVpc {
             &format!("route add default via {VPC_ROUTER} dev eth1 table {table}"),
         )?;
         // The pods: veth, /32 and static gateway as the plugin makes them.
-        calico::pods(lab, &ns, node)?;
+        calico::pods(lab, &ns, node, None)?;
         for pod in lab.pods_on(node) {
             ip(
                 &ns,

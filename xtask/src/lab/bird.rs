@@ -387,7 +387,7 @@ pub(super) fn wait_blocks(
     let deadline = Instant::now() + CONVERGE;
     loop {
         let wrong: Vec<String> = (1..=NODES)
-            .flat_map(|node| Lab::remotes(node).map(move |remote| (node, remote)))
+            .flat_map(|node| lab.remotes(node).map(move |remote| (node, remote)))
             .filter(|(node, remote)| {
                 has_bird_route(&lab.node_netns(*node), block(*remote)) != expected(*node, *remote)
             })

@@ -42,7 +42,7 @@ pub fn config(lab: &Lab, node: u8) -> String {
         log: bird::log_file(lab, node, Daemon::Bird6),
         router_id: Lab::node_ip(node),
         me: Lab::node_ipv6(node).into(),
-        peers: (Lab::remotes(node))
+        peers: (lab.remotes(node))
             .map(|peer| (peer, Lab::node_ipv6(peer).into()))
             .collect(),
         block: Lab::node_subnet6(node).into(),

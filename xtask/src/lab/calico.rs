@@ -35,7 +35,7 @@ impl Cni for Calico {
 
     fn build_node(&self, lab: &Lab, node: u8) -> Result<()> {
         let ns = lab.node_netns(node);
-        pods(lab, &ns, node)?;
+        pods(lab, &ns, node, None)?;
         bird::start(lab, node, &bird::announced())
     }
 
@@ -61,21 +61,26 @@ impl Cni for Calico {
 }
 
 /// Every pod of the node, wired as Calico wires them (BGP or VXLAN mode).
-pub(super) fn pods(lab: &Lab, ns: &str, node: u8) -> Result<()> {
+/// The pods of `node`, their veths at the pod MTU calico-node chose for
+/// the pool's encapsulation (`mtu`; None: the underlay's).
+pub(super) fn pods(lab: &Lab, ns: &str, node: u8, mtu: Option<u16>) -> Result<()> {
     for pod in lab.pods_on(node) {
         cmd::netns_add(&pod.netns)?;
         // Calico's own plugin is not packaged: its veth and routes are
         // made here as it makes them; lo by the real loopback plugin.
         cni_plugins::loopback(lab, &pod)?;
-        host_side(ns, &pod)?;
+        host_side(ns, &pod, mtu)?;
         pod_side(&pod)?;
+        if let Some(mtu) = mtu {
+            ip(&pod.netns, &format!("link set eth0 mtu {mtu}"))?;
+        }
     }
     Ok(())
 }
 
 /// The `cali…` end: Calico's MAC, proxy ARP, and the pod's /32 route.
-fn host_side(ns: &str, pod: &LabPod) -> Result<()> {
-    cmd::veth(ns, &pod.host_iface, &pod.netns, None)?;
+fn host_side(ns: &str, pod: &LabPod, mtu: Option<u16>) -> Result<()> {
+    cmd::veth(ns, &pod.host_iface, &pod.netns, mtu)?;
     // No DAD on the link-local address the MAC gives (GATEWAY6), as
     // Calico's plugin turns it off: it chose the MAC, the address is
     // unique, and a tentative gateway would not answer the pod's first

@@ -41,7 +41,8 @@ impl Cni for CalicoIpip {
             &ns,
             &format!("addr add {}/32 dev {DEVICE}", tunnel_ip(lab, node)),
         )?;
-        calico::pods(lab, &ns, node)?;
+        // calico-node's pod MTU for IPIP: the underlay's less 20 B.
+        calico::pods(lab, &ns, node, Some(1480))?;
         for pod in lab.pods_on(node) {
             // Calico's plugin sizes both ends of the veth for the tunnel.
             ip(&ns, &format!("link set {} mtu {MTU}", pod.host_iface))?;

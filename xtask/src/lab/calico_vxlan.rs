@@ -5,6 +5,11 @@
 //! an FDB entry to the remote node's IP. Made dual-stack (`dual_stack`),
 //! as with an IPv6 pool in VXLAN mode: `vxlan-v6.calico` beside it, the
 //! same over the nodes' underlay IPv6 addresses.
+//!
+//! With the IP pool's `vxlanMode: CrossSubnet`, Felix tunnels only to
+//! nodes on another subnet: the lab has a third node on a second rack,
+//! and the nodes of one rack route each other's blocks natively,
+//! `<block> via <node IP> dev eth0 proto 80`.
 
 use std::net::Ipv6Addr;
 
@@ -22,7 +27,10 @@ const V6_DEVICE: &str = "vxlan-v6.calico";
 const VNI: u32 = 4096;
 const PORT: u16 = 4789;
 
-pub struct CalicoVxlan;
+pub struct CalicoVxlan {
+    /// The pool's vxlanMode is CrossSubnet (else Always).
+    pub cross_subnet: bool,
+}
 
 /// The MAC calico-node gives a node's VTEP.
 fn vtep_mac(node: u8) -> String {
@@ -37,7 +45,19 @@ fn vtep_ip(lab: &Lab, node: u8) -> std::net::Ipv4Addr {
 
 impl Cni for CalicoVxlan {
     fn name(&self) -> &'static str {
-        "calico-vxlan"
+        if self.cross_subnet {
+            "calico-vxlan-cross-subnet"
+        } else {
+            "calico-vxlan"
+        }
+    }
+
+    fn nodes(&self) -> u8 {
+        if self.cross_subnet {
+            3
+        } else {
+            super::NODES
+        }
     }
 
     fn default_pod_cidr(&self) -> Ipv4Net {
@@ -45,7 +65,7 @@ impl Cni for CalicoVxlan {
     }
 
     fn host_iface(&self, pod_netns: &str) -> String {
-        super::calico::Calico.host_iface(pod_netns)
+        calico::Calico.host_iface(pod_netns)
     }
 
     fn dual_stack(&self, lab: &Lab) -> Result<()> {
@@ -59,10 +79,20 @@ impl Cni for CalicoVxlan {
             &format!("route add blackhole {} proto 80", lab.node_subnet(node)),
         )?;
         vtep(lab, &ns, node)?;
-        for remote in Lab::remotes(node) {
-            route_to(lab, &ns, remote)?;
+        for remote in lab.remotes(node) {
+            if self.cross_subnet && Lab::same_subnet(node, remote) {
+                let (block, via) = (lab.node_subnet(remote), Lab::node_ip(remote));
+                ip(
+                    &ns,
+                    &format!("route add {block} via {via} dev eth0 proto 80"),
+                )?;
+            } else {
+                route_to(lab, &ns, remote)?;
+            }
         }
-        pods(lab, &ns, node)
+        // calico-node's pod MTU for VXLAN (CrossSubnet too: the
+        // worst case): the underlay's less 50 B.
+        pods(lab, &ns, node, Some(1450))
     }
 
     fn node_annotations(&self, lab: &Lab, node: u8) -> Value {
@@ -144,7 +174,7 @@ pub fn dual_stack(lab: &Lab) -> Result<()> {
     if lab.is_dual_stack() {
         return Ok(());
     }
-    for node in 1..=super::NODES {
+    for node in lab.nodes() {
         let ns = lab.node_netns(node);
         ipv6::node_underlay(&ns, node)?;
         ip(
@@ -155,7 +185,7 @@ pub fn dual_stack(lab: &Lab) -> Result<()> {
             ),
         )?;
         vtep6(&ns, node)?;
-        for remote in Lab::remotes(node) {
+        for remote in lab.remotes(node) {
             route6_to(&ns, remote)?;
         }
         for pod in lab.pods_on(node) {

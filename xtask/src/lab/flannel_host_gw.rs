@@ -17,7 +17,7 @@ impl Backend for HostGw {
     }
 
     fn routes(&self, lab: &Lab, ns: &str, node: u8) -> Result<()> {
-        for remote in Lab::remotes(node) {
+        for remote in lab.remotes(node) {
             ip(
                 ns,
                 &format!(

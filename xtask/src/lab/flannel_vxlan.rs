@@ -33,7 +33,7 @@ impl Backend for Vxlan {
 
     fn routes(&self, lab: &Lab, ns: &str, node: u8) -> Result<()> {
         vtep(lab, ns, node)?;
-        for remote in Lab::remotes(node) {
+        for remote in lab.remotes(node) {
             route_to(lab, ns, remote)?;
         }
         Ok(())
@@ -54,19 +54,19 @@ impl Backend for Vxlan {
 /// On a dual-stack lab flannel-v6.1 too: `Backend.Port` is both VTEPs'.
 pub fn move_to_port(lab: &Lab, port: u16) -> Result<()> {
     let dual_stack = lab.is_dual_stack();
-    for node in 1..=super::NODES {
+    for node in lab.nodes() {
         let ns = lab.node_netns(node);
         ip(&ns, "link del flannel.1")?;
         vtep_on(lab, &ns, node, port)?;
-        for remote in Lab::remotes(node) {
+        for remote in lab.remotes(node) {
             route_to(lab, &ns, remote)?;
         }
         if lab.ipv6_in_ipv4_tunnel() {
-            ipv6_in_vtep(&ns, node)?;
+            ipv6_in_vtep(lab, &ns, node)?;
         } else if dual_stack {
             ip(&ns, &format!("link del {V6_DEVICE}"))?;
             vtep6_on(&ns, node, port)?;
-            for remote in Lab::remotes(node) {
+            for remote in lab.remotes(node) {
                 route6_to(&ns, remote)?;
             }
         }
@@ -137,7 +137,7 @@ pub fn dual_stack(lab: &Lab) -> Result<()> {
     if lab.is_dual_stack() {
         return Ok(());
     }
-    for node in 1..=super::NODES {
+    for node in lab.nodes() {
         node_ipv6(lab, node)?;
     }
     address_pods6(lab)?;
@@ -155,7 +155,7 @@ fn address_pods6(lab: &Lab) -> Result<()> {
     for pod in lab.pods() {
         flannel::address_pod_ipv6(lab, &pod)?;
     }
-    for node in 1..=super::NODES {
+    for node in lab.nodes() {
         ipv6::settle(&lab.node_netns(node), "cni0")?;
     }
     Ok(())
@@ -176,7 +176,7 @@ fn node_ipv6(lab: &Lab, node: u8) -> Result<()> {
     ipv6::node_underlay(&ns, node)?;
     vtep6_on(&ns, node, PORT)?;
     cni0_gateway6(&ns, node)?;
-    for remote in Lab::remotes(node) {
+    for remote in lab.remotes(node) {
         route6_to(&ns, remote)?;
     }
     Ok(())
@@ -238,12 +238,12 @@ pub fn dual_stack_in_ipv4_tunnel(lab: &Lab) -> Result<()> {
         }
         bail!("the lab is already dual-stack over an IPv6 underlay");
     }
-    for node in 1..=super::NODES {
+    for node in lab.nodes() {
         let ns = lab.node_netns(node);
         ipv6::enable(&ns)?;
         super::sysctl(&ns, "net.ipv6.conf.all.forwarding", "1")?;
         cni0_gateway6(&ns, node)?;
-        ipv6_in_vtep(&ns, node)?;
+        ipv6_in_vtep(lab, &ns, node)?;
     }
     address_pods6(lab)?;
     lab.record_dual_stack_in_ipv4_tunnel()
@@ -255,7 +255,7 @@ pub fn dual_stack_in_ipv4_tunnel(lab: &Lab) -> Result<()> {
 /// address) onlink, with a permanent neighbour giving that address the
 /// remote flannel.1's MAC, which flannel.1's IPv4 FDB entry already sends
 /// to the remote node's IPv4 address.
-fn ipv6_in_vtep(ns: &str, node: u8) -> Result<()> {
+fn ipv6_in_vtep(lab: &Lab, ns: &str, node: u8) -> Result<()> {
     ip(
         ns,
         &format!(
@@ -263,7 +263,7 @@ fn ipv6_in_vtep(ns: &str, node: u8) -> Result<()> {
             Lab::node_subnet6(node).network()
         ),
     )?;
-    for remote in Lab::remotes(node) {
+    for remote in lab.remotes(node) {
         let subnet = Lab::node_subnet6(remote);
         let vtep = subnet.network();
         ip(

@@ -51,7 +51,7 @@ impl Backend for Wireguard {
             ],
             &key,
         )?;
-        for remote in Lab::remotes(node) {
+        for remote in lab.remotes(node) {
             wg_peer(lab, ns, remote)?;
         }
         ip(

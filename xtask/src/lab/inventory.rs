@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use super::{Lab, Topology, NODES};
+use super::{Lab, Topology};
 
 impl Lab {
     /// The pods as `kubectl get pods -A -o json` prints them.
@@ -49,7 +49,8 @@ impl Lab {
     /// The nodes as `kubectl get nodes -o json` prints them, with the CNI's
     /// annotations.
     pub fn node_list(&self) -> Value {
-        let items: Vec<Value> = (1..=NODES)
+        let items: Vec<Value> = self
+            .nodes()
             .map(|n| {
                 let annotations = self.topology.cni().node_annotations(self, n);
                 let subnet = self.node_subnet(n).to_string();

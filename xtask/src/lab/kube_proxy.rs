@@ -32,7 +32,7 @@ use std::{
 use anyhow::Result;
 use serde_json::{json, Value};
 
-use super::{cmd, kube_proxy_family::Family, Lab, LabPod, NODES};
+use super::{cmd, kube_proxy_family::Family, Lab, LabPod};
 
 /// The backends' listening ports.
 pub const TCP_PORT: u16 = 8080;
@@ -197,7 +197,7 @@ impl Lab {
     /// Programs every node as kube-proxy would, starts the backends'
     /// listeners, and writes `services.json`.
     pub fn install_services(&self, mode: ProxyMode) -> Result<()> {
-        for node in 1..=NODES {
+        for node in self.nodes() {
             let ns = self.node_netns(node);
             for pod in self.pods_on(node) {
                 // As the CNI bridge plugin sets it (hairpinMode: true).

@@ -32,6 +32,7 @@ pub mod kube_proxy_family;
 mod kube_proxy_nft;
 mod service_traffic;
 pub mod services_at_scale;
+mod underlay;
 
 use std::{
     fs,
@@ -45,6 +46,7 @@ use serde_json::Value;
 
 pub use cmd::{fdb, feed, in_netns, ip, netns_exists, run, sh, sysctl, veth};
 pub use ipv6::address_pod6;
+pub use underlay::kubelet_chains;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Topology {
@@ -54,6 +56,9 @@ pub enum Topology {
     FlannelWireguard,
     Calico,
     CalicoVxlan,
+    /// Calico VXLAN with the pool's vxlanMode CrossSubnet: three nodes,
+    /// the third on another subnet.
+    CalicoVxlanCrossSubnet,
     /// Calico in IPIP mode: needs ipip.ko (the VM matrix's kernels).
     CalicoIpip,
     AwsVpc,
@@ -78,6 +83,11 @@ pub trait Cni: Sync {
     /// Removes the pods' sandboxes as a runtime does (CNI DEL), before
     /// their namespaces go.
     fn tear_down(&self, _lab: &Lab) {}
+    /// How many nodes the lab has: two, or three where the CNI's wiring
+    /// differs by rack (the third node on a second rack's subnet).
+    fn nodes(&self) -> u8 {
+        NODES
+    }
     /// Makes the wired lab dual-stack as the CNI does with IPv6 turned on
     /// (`Lab::dual_stack`): each node's IPv6 devices, its routes to the
     /// other nodes' IPv6 pod subnets, and its pods' IPv6 addresses.
@@ -102,7 +112,10 @@ impl Topology {
             Self::FlannelHostGw => &flannel::Flannel(flannel_host_gw::HostGw),
             Self::FlannelWireguard => &flannel::Flannel(flannel_wireguard::Wireguard),
             Self::Calico => &calico::Calico,
-            Self::CalicoVxlan => &calico_vxlan::CalicoVxlan,
+            Self::CalicoVxlan => &calico_vxlan::CalicoVxlan {
+                cross_subnet: false,
+            },
+            Self::CalicoVxlanCrossSubnet => &calico_vxlan::CalicoVxlan { cross_subnet: true },
             Self::CalicoIpip => &calico_ipip::CalicoIpip,
             Self::AwsVpc => &aws_vpc::AwsVpc,
         }
@@ -117,8 +130,8 @@ impl Topology {
     }
 }
 
-const UNDERLAY_GATEWAY: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
-/// Pods per node, and their names: node 1 runs web-*, node 2 db-*.
+/// Pods per node, and their names: node 1 runs web-*, node 2 db-*, a
+/// third node cache-*.
 const PODS_PER_NODE: u8 = 2;
 pub(crate) const NODES: u8 = 2;
 
@@ -177,13 +190,14 @@ impl Lab {
         format!("node-{node}")
     }
 
-    pub fn node_ip(node: u8) -> Ipv4Addr {
-        Ipv4Addr::new(192, 0, 2, 10 + node)
+    /// The lab's nodes, numbered from 1.
+    pub fn nodes(&self) -> std::ops::RangeInclusive<u8> {
+        1..=self.topology.cni().nodes()
     }
 
     /// The other nodes, the ones `node` routes to.
-    pub fn remotes(node: u8) -> impl Iterator<Item = u8> {
-        (1..=NODES).filter(move |r| *r != node)
+    pub fn remotes(&self, node: u8) -> impl Iterator<Item = u8> {
+        self.nodes().filter(move |r| *r != node)
     }
 
     /// The node's pod subnet: the n-th /24 of the pod CIDR.
@@ -206,8 +220,8 @@ impl Lab {
         // Asked once: the answer is a file in the state directory.
         let dual_stack = self.is_dual_stack();
         let mut pods = Vec::new();
-        for node in 1..=NODES {
-            let app = if node == 1 { "web" } else { "db" };
+        for node in self.nodes() {
+            let app = ["web", "db", "cache"][usize::from(node - 1)];
             for i in 0..PODS_PER_NODE {
                 let name = format!("{app}-{i}");
                 let netns = format!("{}-{name}", self.prefix);
@@ -289,7 +303,7 @@ impl Lab {
 
     fn all_netns(&self) -> Vec<String> {
         let mut all = vec![self.underlay_netns()];
-        all.extend((1..=NODES).map(|n| self.node_netns(n)));
+        all.extend(self.nodes().map(|n| self.node_netns(n)));
         all.extend(self.pods().into_iter().map(|p| p.netns));
         all
     }
@@ -402,59 +416,6 @@ impl Lab {
         }
         let _ = fs::remove_dir_all(self.state_dir());
         Ok(())
-    }
-
-    /// The underlay bridge, each node on it, then the CNI's wiring.
-    fn build(&self) -> Result<()> {
-        let ul = self.underlay_netns();
-        cmd::netns_add(&ul)?;
-        ip(&ul, "link add br0 type bridge")?;
-        ip(&ul, &format!("addr add {UNDERLAY_GATEWAY}/24 dev br0"))?;
-        ip(&ul, "link set br0 up")?;
-        ip(&ul, "link set lo up")?;
-        for node in 1..=NODES {
-            let ns = self.node_netns(node);
-            cmd::netns_add(&ns)?;
-            veth(&ul, &format!("n{node}"), &ns, None)?;
-            ip(&ul, &format!("link set n{node} master br0 up"))?;
-            ip(&ns, "link set lo up")?;
-            ip(
-                &ns,
-                &format!("addr add {}/24 dev eth0", Self::node_ip(node)),
-            )?;
-            ip(&ns, "link set eth0 up")?;
-            ip(
-                &ns,
-                &format!("route add default via {UNDERLAY_GATEWAY} dev eth0"),
-            )?;
-            sysctl(&ns, "net.ipv4.ip_forward", "1")?;
-            kubelet_chains(&ns, "iptables-nft", "-N")?;
-            host_root::lay_out(self, node)?;
-            self.topology.cni().build_node(self, node)?;
-        }
-        self.topology.cni().settle(self)
-    }
-}
-
-/// kubelet's chains in the mangle table of the iptables it runs (1.17 and
-/// later), by which kube-proxy's iptables-wrapper (and podtrace) tell the
-/// node's backend: `-N` makes them with `iptables` (`iptables-nft` or
-/// `iptables-legacy`), `-X` removes them.
-pub fn kubelet_chains(ns: &str, iptables: &str, verb: &str) -> Result<()> {
-    for chain in ["KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"] {
-        run(in_netns(ns, iptables).args(["-t", "mangle", verb, chain]))?;
-    }
-    Ok(())
-}
-
-impl Lab {
-    /// Makes `node` an iptables-legacy node, as kubelet on a node whose
-    /// `iptables` is legacy leaves it: its chains in legacy's mangle table
-    /// and not in nft's.
-    pub fn run_iptables_legacy(&self, node: u8) -> Result<()> {
-        let ns = self.node_netns(node);
-        kubelet_chains(&ns, "iptables-nft", "-X")?;
-        kubelet_chains(&ns, "iptables-legacy", "-N")
     }
 }
 
