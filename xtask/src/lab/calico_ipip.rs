@@ -16,7 +16,7 @@ use super::{bird, calico, cmd, ip, Cni, Lab};
 
 const DEVICE: &str = "tunl0";
 /// The underlay's 1500 less the outer IPv4 header.
-const MTU: u32 = 1480;
+const MTU: u16 = 1480;
 
 pub struct CalicoIpip;
 
@@ -41,13 +41,8 @@ impl Cni for CalicoIpip {
             &ns,
             &format!("addr add {}/32 dev {DEVICE}", tunnel_ip(lab, node)),
         )?;
-        // calico-node's pod MTU for IPIP: the underlay's less 20 B.
-        calico::pods(lab, &ns, node, Some(1480))?;
-        for pod in lab.pods_on(node) {
-            // Calico's plugin sizes both ends of the veth for the tunnel.
-            ip(&ns, &format!("link set {} mtu {MTU}", pod.host_iface))?;
-            ip(&pod.netns, &format!("link set eth0 mtu {MTU}"))?;
-        }
+        // Calico's plugin sizes both ends of the veth for the tunnel.
+        calico::pods(lab, &ns, node, Some(MTU))?;
         bird::start(lab, node, &bird::announced())
     }
 

@@ -18,6 +18,7 @@ pub mod bird6;
 mod calico;
 mod calico_ipip;
 mod calico_vxlan;
+pub mod calico_wireguard;
 mod cmd;
 pub mod cni_plugins;
 pub mod flannel;
@@ -33,6 +34,7 @@ mod kube_proxy_nft;
 mod service_traffic;
 pub mod services_at_scale;
 mod underlay;
+pub mod wireguard;
 
 use std::{
     fs,
@@ -61,6 +63,9 @@ pub enum Topology {
     CalicoVxlanCrossSubnet,
     /// Calico in IPIP mode: needs ipip.ko (the VM matrix's kernels).
     CalicoIpip,
+    /// Calico over BGP with WireGuard on (wireguard.cali, table 1): needs
+    /// wireguard.ko (the VM matrix's kernels).
+    CalicoWireguard,
     AwsVpc,
 }
 
@@ -117,6 +122,7 @@ impl Topology {
             },
             Self::CalicoVxlanCrossSubnet => &calico_vxlan::CalicoVxlan { cross_subnet: true },
             Self::CalicoIpip => &calico_ipip::CalicoIpip,
+            Self::CalicoWireguard => &calico_wireguard::CalicoWireguard,
             Self::AwsVpc => &aws_vpc::AwsVpc,
         }
     }

@@ -97,6 +97,13 @@ pub const SUITE: &[(&str, &[&str])] = &[
             "a_packet_wireguard_frees_after_decryption_names_the_allowed_ips_to_read",
         ],
     ),
+    (
+        "wireguard_calico",
+        &[
+            "a_ping_through_calico_wireguard_is_delivered_naming_table_1_and_its_rule",
+            "a_packet_calicos_wireguard_frees_after_decryption_is_told_past_the_device",
+        ],
+    ),
 ];
 
 /// What kernels with TCX links (6.6) also run.

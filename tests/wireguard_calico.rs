@@ -1,0 +1,56 @@
+//! Calico's WireGuard (`wireguard.cali`, policy-routed: the rule
+//! `99: not from all fwmark 0x100000/0x100000 lookup 1` sends pod traffic
+//! to table 1, whose routes lead into the device) against the real
+//! kernel. This host's kernel has no wireguard.ko, so the tests are
+//! ignored here and run in the VM matrix
+//! (`cargo xtask test --kernel 6.1 --tests calico_wireguard`).
+
+#[allow(dead_code)]
+mod support;
+
+use support::*;
+use xtask::lab::{calico_wireguard as cw, wireguard, Topology};
+
+#[test]
+#[ignore = "needs wireguard.ko: runs in the VM matrix (cargo xtask test --kernel 6.1)"]
+fn a_ping_through_calico_wireguard_is_delivered_naming_table_1_and_its_rule() {
+    let lab = lab(Topology::CalicoWireguard);
+    let (story, human) = one_ping_told(&lab);
+    assert_eq!(story["verdict"]["outcome"], "delivered", "{story}\n{human}");
+    // The plaintext legs: into node-1's device, out of node-2's.
+    assert!(
+        hop_on(&story, "node-1", cw::DEVICE, "egress").is_some(),
+        "{story}"
+    );
+    assert!(
+        hop_on(&story, "node-2", cw::DEVICE, "ingress").is_some(),
+        "{story}"
+    );
+    // The route into the device is table 1's, by Felix's rule.
+    let rule = format!(
+        "dev {} table {} (rule {}: not from all fwmark 0x100000/0x100000 lookup {})",
+        cw::DEVICE,
+        cw::TABLE,
+        cw::RULE_PRIORITY,
+        cw::TABLE
+    );
+    assert!(human.contains(&rule), "no hop says {rule}:\n{human}");
+}
+
+#[test]
+#[ignore = "needs wireguard.ko: runs in the VM matrix (cargo xtask test --kernel 6.1)"]
+fn a_packet_calicos_wireguard_frees_after_decryption_is_told_past_the_device() {
+    let lab = lab(Topology::CalicoWireguard);
+    // node-2's peer for node-1 allows another block (calico #9751).
+    wireguard::allow_only(&lab.0.node_netns(2), cw::DEVICE, 1, "10.99.0.0/24")
+        .expect("node-2's peer for node-1 narrowed");
+    let (story, human) = one_ping_told(&lab);
+    let verdict = &story["verdict"];
+    assert_eq!(verdict["outcome"], "vanished", "{story}\n{human}");
+    assert_eq!(verdict["iface"], cw::DEVICE, "{verdict}");
+    let hint = verdict["hint"].as_str().expect("a hint");
+    assert!(
+        hint.contains("wireguard.cali on node-1 is a WireGuard device"),
+        "{hint}"
+    );
+}
