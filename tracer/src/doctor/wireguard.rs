@@ -157,7 +157,7 @@ fn check_allowed_ips(facts: &NodeFacts, device: &WgDevice) -> Option<Check> {
                     Some(peer) => format!(
                         "wg set {dev} peer {} allowed-ips {}",
                         peer.public_key,
-                        with(peer, subnet)
+                        peer.allowed_ips_with(&subnet.to_string())
                     ),
                     None => format!("wg set {dev} peer <{node}'s key> endpoint <{node}'s IP>:{} allowed-ips {subnet} (restart the CNI's agent: it adds it)", device.listen_port),
                 });
@@ -198,14 +198,6 @@ fn check_allowed_ips(facts: &NodeFacts, device: &WgDevice) -> Option<Check> {
 
 fn overlaps(a: &IpNet, b: &IpNet) -> bool {
     a.contains(&b.network()) || b.contains(&a.network())
-}
-
-/// The peer's allowed-ips with `subnet` added, as `wg set` takes them
-/// (the list replaces the old one).
-fn with(peer: &WgPeer, subnet: &IpNet) -> String {
-    let mut nets: Vec<String> = peer.allowed_ips.iter().map(IpNet::to_string).collect();
-    nets.push(subnet.to_string());
-    nets.join(",")
 }
 
 /// The node a peer stands for, by its endpoint: a Node's InternalIP or an

@@ -112,6 +112,14 @@ impl WgPeer {
         nets.join(", ")
     }
 
+    /// Its allowed-ips with `extra` added, as `wg set … allowed-ips`
+    /// takes them (the list replaces the old one).
+    pub fn allowed_ips_with(&self, extra: &str) -> String {
+        let mut nets: Vec<String> = self.allowed_ips.iter().map(IpNet::to_string).collect();
+        nets.push(extra.into());
+        nets.join(",")
+    }
+
     /// The key as `wg` prints it, shortened for a sentence.
     pub fn short_key(&self) -> &str {
         self.public_key.get(..8).unwrap_or(&self.public_key)

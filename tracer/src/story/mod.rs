@@ -42,7 +42,7 @@ mod rule_text;
 pub mod steps;
 mod verdict;
 mod verdict_names;
-mod wireguard;
+pub mod wireguard;
 
 use std::{borrow::Cow, net::IpAddr};
 
