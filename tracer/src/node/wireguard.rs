@@ -359,4 +359,65 @@ mod reader {
             }
         }
     }
+
+    #[cfg(test)]
+    mod tests {
+        use netlink_packet_wireguard::{WireguardAllowedIp, WireguardPeer};
+
+        use super::*;
+
+        fn peer(key: u8, attributes: Vec<WireguardPeerAttribute>) -> WireguardPeer {
+            let mut all = vec![WireguardPeerAttribute::PublicKey([key; 32])];
+            all.extend(attributes);
+            WireguardPeer(all)
+        }
+
+        fn allowed(net: &str) -> WireguardAllowedIp {
+            let net: ipnet::IpNet = net.parse().unwrap();
+            WireguardAllowedIp(vec![
+                WireguardAllowedIpAttr::IpAddr(net.addr()),
+                WireguardAllowedIpAttr::Cidr(net.prefix_len()),
+            ])
+        }
+
+        #[test]
+        fn a_peer_continued_in_the_next_message_keeps_its_first_facts_and_adds_its_allowed_ips() {
+            let mut device = WgDevice::default();
+            merge(&mut device, WireguardAttribute::PublicKey([1; 32]));
+            merge(
+                &mut device,
+                WireguardAttribute::Peers(vec![peer(
+                    2,
+                    vec![
+                        WireguardPeerAttribute::Endpoint("192.0.2.12:51820".parse().unwrap()),
+                        WireguardPeerAttribute::LastHandshake(
+                            netlink_packet_wireguard::WireguardTimeSpec {
+                                seconds: 0,
+                                nano_seconds: 0,
+                            },
+                        ),
+                        WireguardPeerAttribute::AllowedIps(vec![allowed("10.244.2.0/24")]),
+                    ],
+                )]),
+            );
+            merge(
+                &mut device,
+                WireguardAttribute::Peers(vec![peer(
+                    2,
+                    vec![WireguardPeerAttribute::AllowedIps(vec![allowed(
+                        "fd00:2::/64",
+                    )])],
+                )]),
+            );
+            assert_eq!(
+                device.public_key.as_deref(),
+                Some("AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=")
+            );
+            assert_eq!(device.peers.len(), 1);
+            let peer = &device.peers[0];
+            assert_eq!(peer.endpoint, Some("192.0.2.12:51820".parse().unwrap()));
+            assert_eq!(peer.last_handshake, None);
+            assert_eq!(peer.allowed_list(), "10.244.2.0/24, fd00:2::/64");
+        }
+    }
 }
