@@ -16,51 +16,6 @@ use xtask::{
     lab::{cni_plugins, host_root, ip, sysctl, LabGuard, Topology},
 };
 
-/// `podtrace doctor` on both lab nodes (files as the inventory): the JSON
-/// report, and the exit code.
-fn doctor(lab: &LabGuard, extra: &[&str]) -> (Value, i32) {
-    let mut argv: Vec<String> = vec!["doctor".into(), "-o".into(), "json".into()];
-    argv.extend([
-        "--pods-file".into(),
-        lab.0.pods_file().display().to_string(),
-    ]);
-    argv.extend([
-        "--nodes-file".into(),
-        lab.0.nodes_file().display().to_string(),
-    ]);
-    argv.extend(node_args(lab));
-    argv.extend(extra.iter().map(|s| s.to_string()));
-    run(&argv)
-}
-
-fn node_args(lab: &LabGuard) -> Vec<String> {
-    (1..=2)
-        .flat_map(|n| {
-            [
-                "--netns".to_string(),
-                lab.0.node_netns(n),
-                "--host-root".to_string(),
-                lab.0.host_root(n).display().to_string(),
-            ]
-        })
-        .collect()
-}
-
-fn run(argv: &[String]) -> (Value, i32) {
-    let out = Command::new(PODTRACE)
-        .args(argv)
-        .output()
-        .expect("podtrace");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let report = serde_json::from_str(&stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): {stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (report, out.status.code().unwrap_or(-1))
-}
-
 /// The failing check named `name`.
 fn failing_check(report: &Value, name: &str) -> Value {
     failing(report)
@@ -91,7 +46,7 @@ fn assert_names(
 ) {
     let lab = lab(fault.topology());
     fault.apply(&lab.0).expect("apply the fault");
-    let (report, code) = doctor(&lab, extra);
+    let (report, code) = doctor_report(&lab, extra);
     assert_eq!(code, 1, "{}: {report:#}", fault.name());
     let found = failing(&report).into_iter().find(|c| {
         c["node"] == node
@@ -120,7 +75,7 @@ fn the_healthy_labs_pass_every_check() {
         Topology::Calico,
     ] {
         let lab = lab(topology);
-        let (report, code) = doctor(&lab, &[]);
+        let (report, code) = doctor_report(&lab, &[]);
         assert!(
             failing(&report).is_empty(),
             "{}: {report:#}",
@@ -146,7 +101,7 @@ fn the_healthy_labs_pass_every_check() {
 fn a_flannel_vxlan_port_of_the_clusters_choosing_passes() {
     let lab = lab(Topology::FlannelVxlan);
     xtask::lab::flannel_vxlan::move_to_port(&lab.0, 8475).expect("flannel.1 on 8475");
-    let (report, code) = doctor(&lab, &[]);
+    let (report, code) = doctor_report(&lab, &[]);
     assert!(failing(&report).is_empty(), "{report:#}");
     assert_eq!(code, 0);
     let said = report.to_string();
@@ -161,13 +116,13 @@ fn a_flannel_vxlan_port_of_the_clusters_choosing_passes() {
 #[test]
 fn a_dual_stack_flannel_node_gets_ipv6s_own_checks() {
     let lab = lab(Topology::FlannelVxlan);
-    let (report, _) = doctor(&lab, &[]);
+    let (report, _) = doctor_report(&lab, &[]);
     assert!(
         !report.to_string().contains("ipv6"),
         "a single-stack node got IPv6 checks: {report:#}"
     );
     xtask::lab::flannel_vxlan::dual_stack(&lab.0).expect("dual-stack flannel");
-    let (report, code) = doctor(&lab, &[]);
+    let (report, code) = doctor_report(&lab, &[]);
     assert!(failing(&report).is_empty(), "{report:#}");
     assert_eq!(code, 0);
     assert_eq!(
@@ -187,7 +142,7 @@ fn a_dual_stack_flannel_node_gets_ipv6s_own_checks() {
         "-6 route add default via fd5a:0:2::1 dev eth0 proto ra",
     )
     .unwrap();
-    let (report, code) = doctor(&lab, &[]);
+    let (report, code) = doctor_report(&lab, &[]);
     assert_eq!(code, 1, "{report:#}");
     let failed: Vec<(String, String)> = failing(&report)
         .iter()
@@ -225,7 +180,7 @@ fn a_dual_stack_flannel_node_gets_ipv6s_own_checks() {
     // accept_ra 0: a network daemon (systemd-networkd, NetworkManager)
     // takes the advertisements and renews the route itself.
     sysctl(&node2, "net.ipv6.conf.eth0.accept_ra", "0").unwrap();
-    let (report, _) = doctor(&lab, &[]);
+    let (report, _) = doctor_report(&lab, &[]);
     let ra = check_on(&report, "node-2", "eth0 accept_ra");
     assert_eq!(ra["ok"], true, "{ra}");
     assert!(
@@ -255,7 +210,7 @@ fn the_cni0_check_names_the_gateway_or_says_why_it_cannot() {
         check["evidence"].as_str().expect("evidence").to_string()
     };
     assert_eq!(
-        cni0(doctor(&lab, &[])),
+        cni0(doctor_report(&lab, &[])),
         format!("cni0 has the gateway {gateway}, MTU 1450 (FLANNEL_MTU 1450)")
     );
     let bare: Vec<String> = [
@@ -271,7 +226,7 @@ fn the_cni0_check_names_the_gateway_or_says_why_it_cannot() {
     .into();
     // Nothing to judge it by: not checked (never ✓), with what it holds.
     assert_eq!(
-        cni0(run(&bare)),
+        cni0(run_doctor(&bare)),
         format!(
             "not checked: cni0 holds {gateway}, MTU 1450, but no subnet.env and no podCIDR \
              tell which gateway and MTU it needs"
@@ -450,8 +405,8 @@ fn sandbox_failure(broken: Broken, message: &str) -> (Value, String) {
         .iter()
         .map(|s| s.to_string())
         .collect();
-    argv.extend(node_args(&lab));
-    let (report, code) = run(&argv);
+    argv.extend(doctor_node_args(&lab));
+    let (report, code) = run_doctor(&argv);
     assert_eq!(code, 1, "{report:#}");
     let check = failing_check(&report, "pod default/db-0");
     assert_eq!(check["node"], "node-2");
@@ -500,8 +455,8 @@ fn a_pod_whose_events_cannot_be_read_is_still_checked_and_says_why() {
         &["doctor", "db-0", "-o", "json", "--kubeconfig", &kubeconfig],
         Vec::new(),
     );
-    argv.extend(node_args(&lab));
-    let (report, code) = run(&argv);
+    argv.extend(doctor_node_args(&lab));
+    let (report, code) = run_doctor(&argv);
     assert_eq!(code, 1, "{report:#}");
     let check = failing_check(&report, "pod default/db-0");
     let evidence = check["evidence"].as_str().unwrap();
@@ -595,7 +550,7 @@ fn a_trace_to_a_pod_without_an_ip_ends_with_the_doctors_finding() {
         ["--count", "1", "--duration", "5s"]
             .map(String::from)
             .into_iter()
-            .chain(node_args(&lab))
+            .chain(doctor_node_args(&lab))
             .collect(),
     );
     let argv: Vec<&str> = argv.iter().map(|s| s.as_str()).collect();
@@ -628,7 +583,7 @@ fn web_to_db(lab: &LabGuard, node_list: bool) -> Vec<String> {
     if node_list {
         argv.extend(["--nodes-file".to_string(), files[1].clone()]);
     }
-    argv.extend(node_args(lab));
+    argv.extend(doctor_node_args(lab));
     argv
 }
 
@@ -666,7 +621,7 @@ fn the_api_alone_names_network_unavailable_and_overlapping_pod_cidrs() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("nodes.json");
     std::fs::write(&file, nodes.to_string()).unwrap();
-    let (report, code) = run(&argv(
+    let (report, code) = run_doctor(&argv(
         &["doctor", "--api-only", "-o", "json", "--nodes-file"],
         vec![file.display().to_string()],
     ));
@@ -735,17 +690,6 @@ fn the_doctor_refuses_an_unknown_pod_a_malformed_one_and_a_missing_host_root() {
     }
 }
 
-/// The check named `name` on `node`.
-fn check_on(report: &Value, node: &str, name: &str) -> Value {
-    report["checks"]
-        .as_array()
-        .expect("checks")
-        .iter()
-        .find(|c| c["node"] == node && c["name"] == name)
-        .cloned()
-        .unwrap_or_else(|| panic!("no check {name:?} on {node}: {report:#}"))
-}
-
 /// `podtrace doctor` on both nodes with their host roots, and without a
 /// node list.
 fn doctor_without_node_list(lab: &LabGuard) -> (Value, i32) {
@@ -753,8 +697,8 @@ fn doctor_without_node_list(lab: &LabGuard) -> (Value, i32) {
         .map(String::from)
         .into();
     argv.push(lab.0.pods_file().display().to_string());
-    argv.extend(node_args(lab));
-    run(&argv)
+    argv.extend(doctor_node_args(lab));
+    run_doctor(&argv)
 }
 
 /// The Calico lab, with real BIRD, and `fault`.
@@ -769,7 +713,7 @@ fn calico_with(fault: Fault) -> LabGuard {
 #[test]
 fn bgp_sessions_are_read_from_bird_on_the_healthy_calico_lab() {
     let lab = lab(Topology::Calico);
-    for (report, _) in [doctor(&lab, &[]), doctor_without_node_list(&lab)] {
+    for (report, _) in [doctor_report(&lab, &[]), doctor_without_node_list(&lab)] {
         let on_1 = check_on(&report, "node-1", "BGP session Mesh_192_0_2_12");
         assert_eq!(on_1["ok"], true, "{on_1}");
         assert_eq!(
@@ -790,7 +734,7 @@ fn bgp_sessions_are_read_from_bird_on_the_healthy_calico_lab() {
 #[test]
 fn a_wrong_peer_ip_is_named_from_birds_own_sessions() {
     let lab = calico_with(Fault::CalicoWrongPeerIp);
-    let (listed, code) = doctor(&lab, &[]);
+    let (listed, code) = doctor_report(&lab, &[]);
     assert_eq!(code, 1, "{listed:#}");
     let peer = failing_check(&listed, "BGP session Mesh_192_0_2_99");
     assert_eq!(peer["node"], "node-2", "{peer}");
@@ -831,7 +775,7 @@ fn a_wrong_peer_ip_is_named_from_birds_own_sessions() {
 #[test]
 fn a_stopped_bird_is_named_and_the_fallback_said() {
     let lab = calico_with(Fault::CalicoBirdStopped);
-    for (report, code) in [doctor(&lab, &[]), doctor_without_node_list(&lab)] {
+    for (report, code) in [doctor_report(&lab, &[]), doctor_without_node_list(&lab)] {
         assert_eq!(code, 1, "{report:#}");
         let down = failing_check(&report, "BGP sessions");
         assert_eq!(down["node"], "node-1", "{down}");
@@ -930,7 +874,7 @@ fn doctor_on_node1(lab: &LabGuard, root: &std::path::Path) -> Value {
     ]);
     argv.extend(["--netns".into(), lab.0.node_netns(1)]);
     argv.extend(["--host-root".into(), root.display().to_string()]);
-    run(&argv).0
+    run_doctor(&argv).0
 }
 
 /// The check named `name` on node-1 passes, with `evidence` in its words.

@@ -196,6 +196,62 @@ pub fn one_ping_told(lab: &LabGuard) -> (Value, String) {
     (story, told[1].stdout.clone())
 }
 
+/// `podtrace doctor` on both lab nodes (files as the inventory): the JSON
+/// report, and the exit code.
+pub fn doctor_report(lab: &LabGuard, extra: &[&str]) -> (Value, i32) {
+    let mut argv: Vec<String> = vec!["doctor".into(), "-o".into(), "json".into()];
+    argv.extend([
+        "--pods-file".into(),
+        lab.0.pods_file().display().to_string(),
+    ]);
+    argv.extend([
+        "--nodes-file".into(),
+        lab.0.nodes_file().display().to_string(),
+    ]);
+    argv.extend(doctor_node_args(lab));
+    argv.extend(extra.iter().map(|s| s.to_string()));
+    run_doctor(&argv)
+}
+
+pub fn doctor_node_args(lab: &LabGuard) -> Vec<String> {
+    (1..=2)
+        .flat_map(|n| {
+            [
+                "--netns".to_string(),
+                lab.0.node_netns(n),
+                "--host-root".to_string(),
+                lab.0.host_root(n).display().to_string(),
+            ]
+        })
+        .collect()
+}
+
+pub fn run_doctor(argv: &[String]) -> (Value, i32) {
+    let out = Command::new(PODTRACE)
+        .args(argv)
+        .output()
+        .expect("podtrace");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (report, out.status.code().unwrap_or(-1))
+}
+
+/// The check named `name` on `node`.
+pub fn check_on(report: &Value, node: &str, name: &str) -> Value {
+    report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["node"] == node && c["name"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no check {name:?} on {node}: {report:#}"))
+}
+
 /// The hop of `story` on `node`'s `iface` in `direction`, if any.
 pub fn hop_on<'a>(story: &'a Value, node: &str, iface: &str, direction: &str) -> Option<&'a Value> {
     story["hops"]

@@ -7,7 +7,7 @@
 mod support;
 
 use support::*;
-use xtask::lab::{flannel_wireguard, in_netns, Topology};
+use xtask::lab::{flannel_wireguard, in_netns, wireguard, Topology};
 
 #[test]
 #[ignore = "needs wireguard.ko: runs in the VM matrix (cargo xtask test --kernel 6.1)"]
@@ -30,35 +30,77 @@ fn a_packet_wireguard_frees_after_decryption_names_the_allowed_ips_to_read() {
     let lab = lab(Topology::FlannelWireguard);
     // node-2's peer for node-1 allows another subnet: WireGuard drops what
     // it decrypts from web-0 (calico #9751's silent drop).
-    let node2 = lab.0.node_netns(2);
+    let (node2, dev) = (lab.0.node_netns(2), flannel_wireguard::DEVICE);
+    wireguard::allow_only(&node2, dev, 1, "10.99.0.0/24").expect("narrowed");
     let key = flannel_wireguard::public_key(1).expect("node-1's key");
-    let set = in_netns(&node2, "wg")
-        .args([
-            "set",
-            flannel_wireguard::DEVICE,
-            "peer",
-            &key,
-            "allowed-ips",
-            "10.99.0.0/24",
-        ])
-        .status()
-        .expect("wg");
-    assert!(set.success());
     let (story, human) = one_ping_told(&lab);
     // WireGuard frees the packet itself, past the kernel's drop
-    // tracepoint: the story says where it was lost from sight, what
-    // podtrace cannot see, and which setting on node-2 to read.
+    // tracepoint: the story says where it was lost from sight, and from
+    // node-2's WireGuard state, read over netlink at start, why.
     let verdict = &story["verdict"];
     assert_eq!(verdict["outcome"], "vanished", "{story}\n{human}");
     assert_eq!(verdict["iface"], flannel_wireguard::DEVICE, "{verdict}");
-    let hint = verdict["hint"].as_str().expect("a hint");
     let web = lab.0.pod("web-0").ip;
+    let proof = &verdict["wireguard"];
+    assert_eq!(proof["cause"], "source_not_allowed", "{verdict}");
+    assert_eq!(proof["node"], "node-2", "{proof}");
+    assert_eq!(proof["peer"], key.as_str(), "{proof}");
+    assert_eq!(
+        proof["allowed_ips"],
+        serde_json::json!(["10.99.0.0/24"]),
+        "{proof}"
+    );
+    assert_eq!(proof["source"], web.to_string(), "{proof}");
+    assert_eq!(proof["allows_source"], false, "{proof}");
+    let hint = verdict["hint"].as_str().expect("a hint");
     for said in [
         "flannel-wg on node-1 is a WireGuard device",
-        "node-2's flannel-wg never handed it on",
-        &format!("node-1's peer must allow {web}: wg show flannel-wg allowed-ips on node-2"),
+        &format!("WireGuard on node-2 freed it: node-1's peer there ({}) allows only 10.99.0.0/24, not {web}", &key[..8]),
+        "podtrace infers it from the configuration it read at start",
+        &format!("fix: wg set flannel-wg peer {key} allowed-ips 10.99.0.0/24,"),
     ] {
         assert!(hint.contains(said), "{said}: {hint}");
     }
-    assert!(human.contains("wg show flannel-wg allowed-ips"), "{human}");
+    assert!(human.contains("allows only 10.99.0.0/24"), "{human}");
+}
+
+#[test]
+#[ignore = "needs wireguard.ko: runs in the VM matrix (cargo xtask test --kernel 6.1)"]
+fn the_doctor_reads_wireguard_and_names_a_device_down_and_a_subnet_no_peer_allows() {
+    let lab = lab(Topology::FlannelWireguard);
+    let dev = flannel_wireguard::DEVICE;
+    // node-2's peer for node-1 allows another subnet; node-1's device is down.
+    let key = flannel_wireguard::public_key(1).expect("node-1's key");
+    wireguard::allow_only(&lab.0.node_netns(2), dev, 1, "10.99.0.0/24").expect("narrowed");
+    let down = in_netns(&lab.0.node_netns(1), "ip")
+        .args(["link", "set", dev, "down"])
+        .status()
+        .expect("ip");
+    assert!(down.success());
+    let (report, code) = doctor_report(&lab, &[]);
+    assert_eq!(code, 1, "{report:#}");
+    let check = |node: &str, name: &str| check_on(&report, node, name);
+    let up = check("node-1", &format!("{dev} up"));
+    assert_eq!(up["ok"], false, "{up}");
+    assert_eq!(up["fix"], format!("ip link set {dev} up"), "{up}");
+    let allowed = check("node-2", &format!("{dev} allowed-ips"));
+    assert_eq!(allowed["ok"], false, "{allowed}");
+    let subnet = lab.0.node_subnet(1);
+    let evidence = allowed["evidence"].as_str().unwrap();
+    assert!(
+        evidence.contains(&format!(
+            "node-1's pod subnet {subnet} is allowed by no peer"
+        )),
+        "{evidence}"
+    );
+    let fix = allowed["fix"].as_str().unwrap();
+    assert!(
+        fix.contains(&format!(
+            "wg set {dev} peer {key} allowed-ips 10.99.0.0/24,{subnet}"
+        )),
+        "{fix}"
+    );
+    // node-1's peer for node-2 is as the lab made it.
+    let healthy = check("node-1", &format!("{dev} allowed-ips"));
+    assert_eq!(healthy["ok"], true, "{healthy}");
 }

@@ -170,9 +170,7 @@ impl TracedNode {
         let name = identity.name.clone();
         say_own_source(&view, &name, shared.pairs.first()).await;
         let cni = cni::detect(&view, identity.annotated_cni);
-        let other_nodes: Vec<Ipv4Addr> = shared
-            .known_nodes
-            .iter()
+        let other_nodes: Vec<Ipv4Addr> = (shared.known_nodes.iter())
             .map(|(_, ip)| *ip)
             .filter(|ip| Some(*ip) != identity.node_ip)
             .collect();
@@ -219,6 +217,7 @@ impl TracedNode {
             ),
             None => None,
         };
+        say_wireguard_unread(&name, &view);
         let facts = NodeFacts {
             forwarding: std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward")
                 .map(|v| v.trim() == "1")
@@ -467,5 +466,13 @@ fn sent_here(view: &NodeView) -> SentHere {
             .collect(),
         // kube-proxy's IPVS mode holds its Service addresses there.
         ipvs: view.link_named("kube-ipvs0").is_some(),
+    }
+}
+
+/// Said at start where the node's WireGuard state could not be read
+/// (no CAP_NET_ADMIN): the trace goes on without it.
+fn say_wireguard_unread(node: &str, view: &NodeView) {
+    if let Some(why) = &view.wireguard.unread {
+        eprintln!("podtrace: {node}: WireGuard's state is not read ({why}): a packet lost past its WireGuard device is told without it");
     }
 }

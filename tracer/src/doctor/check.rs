@@ -26,7 +26,7 @@ impl Serialize for Status {
 /// One check: ✓, ✗ or not checked, what was seen, and what to do.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct Check {
-    /// The family: cni-config, plugins, flannel, calico, bgp, kernel, firewall, api.
+    /// The family: cni-config, plugins, flannel, calico, bgp, kernel, wireguard, firewall, api.
     pub family: &'static str,
     /// The node it ran on, or the pod / cluster it is about.
     pub node: String,

@@ -6,7 +6,7 @@
 //! IPIP 20, WireGuard 60).
 
 use super::{flannel, node::NodeFacts, Check};
-use crate::node::Link;
+use crate::node::{Link, NodeView};
 
 const FAMILY: &str = "kernel";
 
@@ -167,13 +167,17 @@ fn check_conntrack_tcp(facts: &NodeFacts) -> Option<Check> {
 /// Bytes a tunnel device's encapsulation adds to what it sends, and its
 /// name: an outer IPv4 header (20), plus UDP, VXLAN or Geneve and the inner
 /// Ethernet header (30), or WireGuard's UDP, header and tag (40); 20 more
-/// over an IPv6 underlay.
-fn overhead(link: &Link) -> Option<(u32, &'static str)> {
+/// over an IPv6 underlay (a VXLAN device's local address tells it, a
+/// WireGuard device's peers' endpoints).
+fn overhead(view: &NodeView, link: &Link) -> Option<(u32, &'static str)> {
     let (bytes, name) = match link.kind.as_str() {
         "vxlan" => (50, "VXLAN"),
         "geneve" => (50, "Geneve"),
         "ipip" => (20, "IPIP"),
-        "wireguard" => (60, "WireGuard"),
+        "wireguard" => {
+            let device = view.wireguard.device(&link.name);
+            return Some((device.and_then(|d| d.overhead()).unwrap_or(60), "WireGuard"));
+        }
         _ => return None,
     };
     let over_ipv6 = link
@@ -192,7 +196,7 @@ fn check_mtu(facts: &NodeFacts) -> Check {
     // Each tunnel that is up, with the bytes its encapsulation adds.
     let mut tunnels: Vec<(&Link, (u32, &str))> = (view.links.iter())
         .filter(|l| l.up)
-        .filter_map(|l| Some((l, overhead(l)?)))
+        .filter_map(|l| Some((l, overhead(view, l)?)))
         .collect();
     // The one pods' cross-node traffic takes first: a route leaves by it.
     tunnels.sort_by_key(|(l, _)| !carries(l));
@@ -378,6 +382,40 @@ mod tests {
         assert_eq!(
             named(&checks, "rp_filter").evidence,
             "rp_filter is off or loose on eth0, flannel.1"
+        );
+    }
+
+    #[test]
+    fn a_wireguard_device_leaves_60_bytes_over_ipv4_and_80_over_ipv6() {
+        use crate::node::wireguard::{WgDevice, WgPeer};
+        let mut facts = node(true);
+        facts.me = Some(crate::doctor::cluster::ClusterNode {
+            ip: Some("192.0.2.11".parse().unwrap()),
+            ..Default::default()
+        });
+        facts.view.addresses = vec![(2, "192.0.2.11".parse().unwrap())];
+        let wg = Link {
+            mtu: 1440,
+            ..crate::node::fixtures::link(4, "flannel-wg", "wireguard")
+        };
+        facts.view.links = vec![facts.view.links[0].clone(), wg];
+        facts.view.routes = vec![crate::node::fixtures::route("10.244.0.0/16", 4)];
+        let with_endpoint = |endpoint: &str| WgDevice {
+            name: "flannel-wg".into(),
+            peers: vec![WgPeer {
+                endpoint: Some(endpoint.parse().unwrap()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        facts.view.wireguard.devices = vec![with_endpoint("192.0.2.12:51820")];
+        let mtu = named(&checks(&facts), "MTU").clone();
+        assert!(mtu.ok(), "{mtu:?}");
+        facts.view.wireguard.devices = vec![with_endpoint("[2001:db8::12]:51820")];
+        let mtu = named(&checks(&facts), "MTU").clone();
+        assert_eq!(
+            mtu.evidence,
+            "flannel-wg MTU 1440 does not fit the underlay eth0 MTU 1500 less 80 B of WireGuard"
         );
     }
 

@@ -36,6 +36,7 @@ pub mod policy_routing;
 pub mod render;
 pub mod tcp_sockets;
 pub mod trace;
+pub mod wireguard;
 
 pub use check::{Check, Status};
 pub use command::run;

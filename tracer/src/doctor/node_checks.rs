@@ -3,7 +3,7 @@
 
 use super::{
     bgp, calico, calico_tunnel, cni_config, firewall, flannel, ipv6, kernel, nfqueue, node,
-    plugins, Check,
+    plugins, wireguard, Check,
 };
 
 /// Every check a node's facts allow.
@@ -15,6 +15,7 @@ pub fn node_checks(facts: &node::NodeFacts) -> Vec<Check> {
     checks.extend(calico_tunnel::checks(facts));
     checks.extend(bgp::checks(facts));
     checks.extend(kernel::checks(facts));
+    checks.extend(wireguard::checks(facts));
     checks.extend(ipv6::checks(facts));
     checks.extend(firewall::checks(facts));
     checks.extend(nfqueue::checks(facts));

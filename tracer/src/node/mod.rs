@@ -2,7 +2,8 @@
 //! both families, and bridge FDB, read over rtnetlink; which of its interfaces podtrace
 //! watches (`interfaces`); the namespaces of traced nodes (`netns`), of
 //! pods (`pod_netns`); its tunnels (`tunnels`); its root filesystem as
-//! seen from a container (`host_root`).
+//! seen from a container (`host_root`); its WireGuard devices and peers,
+//! over generic netlink (`wireguard`).
 
 pub mod host_root;
 pub mod interfaces;
@@ -15,6 +16,7 @@ pub mod route;
 mod route_lookup;
 pub mod rules;
 pub mod tunnels;
+pub mod wireguard;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -91,6 +93,10 @@ pub struct NodeView {
     /// Remote addresses of FDB entries (a VXLAN device's: its peers'
     /// VTEPs, i.e. the other nodes): (link index, remote).
     pub fdb_remotes: Vec<(u32, IpAddr)>,
+    /// Its WireGuard devices and their peers (none read where it has
+    /// none), or why they were not read.
+    #[serde(default)]
+    pub wireguard: wireguard::WireGuard,
 }
 
 /// What podtrace learnt about one traced node at start.
@@ -358,6 +364,7 @@ pub(crate) mod fixtures {
             fdb_remotes: vec![(4, "192.0.2.12".parse().unwrap())],
             addresses6: Vec::new(),
             rules: Vec::new(),
+            wireguard: Default::default(),
             routes: vec![
                 Route {
                     gateway: Some("192.0.2.1".parse().unwrap()),

@@ -76,7 +76,13 @@ impl NodeView {
             routes.extend(routes6);
             let (neighbours, fdb, fdb_remotes) = read_neighbours(&handle).await?;
             let rules = read_rules(&handle).await?;
+            let wireguard: Vec<(u32, &str, bool)> = (links.iter())
+                .filter(|l| l.kind == super::wireguard::KIND)
+                .map(|l| (l.index, l.name.as_str(), l.up))
+                .collect();
+            let wireguard = super::wireguard::read(&wireguard);
             Ok(NodeView {
+                wireguard,
                 rules,
                 neighbours,
                 fdb,

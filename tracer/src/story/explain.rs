@@ -45,6 +45,9 @@ pub struct RouteCheck {
 pub struct Explanation {
     pub no_route: Option<RouteCheck>,
     pub hint: Option<String>,
+    /// For a packet lost past a WireGuard device: what the receiving
+    /// node's WireGuard configuration says of it.
+    pub wireguard: Option<super::wireguard::WireguardProof>,
 }
 
 /// Reasons the kernel gives when the next hop never answered ARP.
@@ -80,13 +83,20 @@ pub fn explain(
         return Explanation {
             no_route: Some(check),
             hint: None,
+            wireguard: None,
         };
     }
+    if let Some(hint) = hint(hops, nodes).or_else(|| tunnel_nobody_took(hops)) {
+        return Explanation {
+            hint: Some(hint),
+            ..Explanation::default()
+        };
+    }
+    let (hint, wireguard) = super::wireguard::lost_after_encryption(hops, nodes, subnets).unzip();
     Explanation {
         no_route: None,
-        hint: hint(hops, nodes)
-            .or_else(|| tunnel_nobody_took(hops))
-            .or_else(|| super::wireguard::lost_after_encryption(hops, nodes, subnets)),
+        hint,
+        wireguard: wireguard.flatten(),
     }
 }
 

@@ -43,7 +43,7 @@ pub mod steps;
 mod traced_subnets;
 mod verdict;
 mod verdict_names;
-mod wireguard;
+pub mod wireguard;
 
 use std::{borrow::Cow, net::IpAddr};
 

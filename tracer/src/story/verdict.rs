@@ -50,6 +50,11 @@ pub struct Verdict {
     /// What on the node explains the outcome (forwarding off, a veth
     /// without its bridge, an MTU too small, …).
     pub hint: Option<String>,
+    /// For a packet lost past a WireGuard device, where the receiving
+    /// node's WireGuard state was read: its peer for the sending node,
+    /// whether it allows the source, and its session, as read at start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wireguard: Option<super::wireguard::WireguardProof>,
     /// For `vanished`, `no_route` and `dropped`: the doctor's failing
     /// checks on that node (`podtrace doctor`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -115,6 +120,7 @@ pub(super) fn judge(journey: &Journey, ctx: &Context) -> Verdict {
         conntrack: None,
         pmtu: None,
         hint: explanation.hint,
+        wireguard: explanation.wireguard,
         doctor,
     }
 }

@@ -9,13 +9,56 @@
 
 use std::{collections::HashMap, net::IpAddr};
 
+use serde::Serialize;
+
 use crate::{
     decode::hop::{Direction, Hop},
     model::NodeSubnet,
-    node::NodeFacts,
+    node::{
+        wireguard::{age_text, Session, WgDevice, KIND, SESSION_SECS},
+        NodeFacts,
+    },
 };
 
-const KIND: &str = "wireguard";
+/// What the receiving node's WireGuard configuration says of a packet
+/// lost past the sender's device: inferred from the peers podtrace read
+/// at start, for the kernel gives no drop event.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+pub struct WireguardProof {
+    /// The node whose device took the packet back, and the device.
+    pub node: String,
+    pub device: String,
+    /// The public key of its peer standing for the sending node (by the
+    /// sender's own key, else by its endpoint); null when none does.
+    pub peer: Option<String>,
+    /// That peer's allowed-ips.
+    pub allowed_ips: Vec<String>,
+    /// The packet's source, and whether they hold it.
+    pub source: IpAddr,
+    pub allows_source: bool,
+    /// Seconds since that peer's last handshake when podtrace read it
+    /// (at start); null: none ever.
+    pub handshake_age_s: Option<u64>,
+    pub cause: WireguardCause,
+}
+
+/// Why, by the configuration, WireGuard would free the packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WireguardCause {
+    /// No peer there stands for the sending node.
+    NoPeer,
+    /// The sending node's peer does not allow the packet's source.
+    SourceNotAllowed,
+    /// It allows it, but had no session when read.
+    NoSession,
+    /// It allows it and had a session: the configuration explains nothing.
+    Allowed,
+}
+
+/// What is said of the packet, and the proof where the other node's
+/// WireGuard state was read.
+pub(super) type Told = (String, Option<WireguardProof>);
 
 /// What to say of a journey whose last hop is the way into a WireGuard
 /// device; None for any other.
@@ -23,36 +66,131 @@ pub(super) fn lost_after_encryption(
     hops: &[Hop],
     nodes: &HashMap<String, NodeFacts>,
     subnets: &[NodeSubnet],
-) -> Option<String> {
+) -> Option<Told> {
     let last = hops.last()?;
     let facts = nodes.get(&*last.node)?;
     let device = facts.view.link_named(&last.iface)?;
     if device.kind != KIND || last.direction != Direction::Egress {
         return None;
     }
-    let (src, dst) = (last.packet.packet.src, last.packet.packet.dst);
+    let src = last.packet.packet.src;
+    let dst = last.packet.packet.dst;
     let here = format!(
         "{} on {} is a WireGuard device: it encrypts the packet into UDP to its peer, which podtrace cannot follow on the underlay",
         last.iface, last.node
     );
     let Some(there) = node_of(dst, subnets, nodes) else {
-        return Some(here);
+        return Some((here, None));
     };
     let Some(remote) = nodes.get(there) else {
-        return Some(format!(
-            "{here}; trace {there} too, to see whether its WireGuard device hands it on"
+        return Some((
+            format!("{here}; trace {there} too, to see whether its WireGuard device hands it on"),
+            None,
         ));
     };
     let Some(remote_device) = remote.view.links_of_kind(KIND).next() else {
-        return Some(format!(
-            "{here}; {there} has no WireGuard device to take it back"
+        return Some((
+            format!("{here}; {there} has no WireGuard device to take it back"),
+            None,
         ));
     };
     let dev = &remote_device.name;
-    Some(format!(
-        "{here}; {there}'s {dev} never handed it on: WireGuard there frees a decrypted packet whose source is outside the allowed-ips of the peer that sent it ({}'s peer must allow {src}: wg show {dev} allowed-ips on {there}), or one from a peer it has no session with (wg show {dev} latest-handshakes)",
-        last.node
-    ))
+    let sender = Sender {
+        node: &last.node,
+        facts,
+        device: &last.iface,
+        src,
+        subnet: node_of(src, subnets, nodes)
+            .and_then(|n| subnets.iter().find(|s| s.node == n))
+            .map(|s| s.subnet.to_string()),
+    };
+    let wg = &remote.view.wireguard;
+    let read = wg.device(dev).map(|d| prove(&sender, there, d, wg.read_at));
+    let Some((said, proof)) = read else {
+        let unread = wg.unread.as_deref().map_or(String::new(), |why| {
+            format!(" (its WireGuard state was not read: {why})")
+        });
+        return Some((
+            format!(
+                "{here}; {there}'s {dev} never handed it on: WireGuard there frees a decrypted packet whose source is outside the allowed-ips of the peer that sent it ({}'s peer must allow {src}: wg show {dev} allowed-ips on {there}), or one from a peer it has no session with (wg show {dev} latest-handshakes){unread}",
+                last.node
+            ),
+            None,
+        ));
+    };
+    Some((format!("{here}; {said}"), Some(proof)))
+}
+
+/// The node that sent the packet through its WireGuard device.
+struct Sender<'a> {
+    node: &'a str,
+    facts: &'a NodeFacts,
+    device: &'a str,
+    src: IpAddr,
+    /// Its pod subnet, where the node list names it.
+    subnet: Option<String>,
+}
+
+/// The receiving device's peer for the sender judged against the packet.
+fn prove(
+    sender: &Sender,
+    there: &str,
+    device: &WgDevice,
+    read_at: u64,
+) -> (String, WireguardProof) {
+    let key =
+        (sender.facts.view.wireguard.device(sender.device)).and_then(|d| d.public_key.as_deref());
+    let peer = device.peer_of(key, |ip| sender.facts.view.holds(ip));
+    let (src, from, dev) = (sender.src, sender.node, &device.name);
+    let inferred = "podtrace infers it from the configuration it read at start: WireGuard frees such a packet with no drop event";
+    let mut proof = WireguardProof {
+        node: there.into(),
+        device: dev.clone(),
+        peer: peer.map(|p| p.public_key.clone()),
+        allowed_ips: peer.map_or(Vec::new(), |p| {
+            (p.allowed_ips.iter()).map(|n| n.to_string()).collect()
+        }),
+        source: src,
+        allows_source: peer.is_some_and(|p| p.allows(src)),
+        handshake_age_s: peer.and_then(|p| Some(read_at.saturating_sub(p.last_handshake?))),
+        cause: WireguardCause::NoPeer,
+    };
+    let Some(peer) = peer else {
+        return (
+            format!("WireGuard on {there} freed it: its {dev} has no peer for {from} (none with {from}'s key nor an endpoint at its address) ({inferred})"),
+            proof,
+        );
+    };
+    let short = peer.short_key();
+    if !proof.allows_source {
+        proof.cause = WireguardCause::SourceNotAllowed;
+        let wanted = sender.subnet.clone().unwrap_or_else(|| src.to_string());
+        return (
+            format!(
+                "WireGuard on {there} freed it: {from}'s peer there ({short}) allows only {}, not {src} ({inferred}; fix: wg set {dev} peer {} allowed-ips {})",
+                peer.allowed_list(), peer.public_key, peer.allowed_ips_with(&wanted)
+            ),
+            proof,
+        );
+    }
+    let allows = format!("{from}'s peer there ({short}) allows {src}");
+    match peer.session(read_at) {
+        Session::Live { age } => {
+            proof.cause = WireguardCause::Allowed;
+            (format!("{there}'s {dev} never handed it on, though the configuration allows it: {allows} and had a session (last handshake {} ago)", age_text(age)), proof)
+        }
+        session => {
+            proof.cause = WireguardCause::NoSession;
+            let when = match session {
+                Session::Expired { age } => format!(
+                    "its last handshake was {} ago, over {SESSION_SECS} s",
+                    age_text(age)
+                ),
+                _ => "it had never made a handshake".into(),
+            };
+            (format!("WireGuard on {there} may have freed it for want of a session: {allows}, but when podtrace read {dev} at start {when} ({inferred}; wg show {dev} latest-handshakes on {there} tells whether one was made since)"), proof)
+        }
+    }
 }
 
 /// The node whose pod subnet holds `ip`: by the node list, else the
@@ -116,12 +254,14 @@ mod tests {
     }
 
     #[test]
-    fn a_packet_lost_after_encryption_names_the_other_nodes_allowed_ips_and_handshake() {
+    fn without_the_other_nodes_wireguard_state_it_names_the_allowed_ips_and_handshake_to_read() {
         let nodes = HashMap::from([
             ("node-1".to_string(), wireguard_node()),
             ("node-2".to_string(), wireguard_node()),
         ]);
-        let said = lost_after_encryption(&into_flannel_wg(), &nodes, &subnets()).unwrap();
+        let said = lost_after_encryption(&into_flannel_wg(), &nodes, &subnets())
+            .unwrap()
+            .0;
         assert!(said.starts_with("flannel-wg on node-1 is a WireGuard device: it encrypts the packet into UDP to its peer"), "{said}");
         assert!(
             said.contains("node-2's flannel-wg never handed it on"),
@@ -135,6 +275,90 @@ mod tests {
         );
     }
 
+    const READ_AT: u64 = 1_000_000;
+
+    /// node-1 (its flannel-wg's key KEY1, its address 192.0.2.11) and
+    /// node-2, whose peer for node-1 allows `allowed`, its last handshake
+    /// at `handshake`.
+    fn read_nodes(allowed: &str, handshake: Option<u64>) -> HashMap<String, NodeFacts> {
+        use crate::node::wireguard::{WgDevice, WgPeer, WireGuard};
+        let state = |key: &str, peers| WireGuard {
+            devices: vec![WgDevice {
+                name: "flannel-wg".into(),
+                index: 7,
+                up: true,
+                public_key: Some(key.into()),
+                listen_port: 51820,
+                peers,
+            }],
+            unread: None,
+            read_at: READ_AT,
+        };
+        let mut node_1 = wireguard_node();
+        node_1.view.addresses = vec![(2, "192.0.2.11".parse().unwrap())];
+        node_1.view.wireguard = state("KEY1wxyzKEY1=", Vec::new());
+        let mut node_2 = wireguard_node();
+        let peer = WgPeer {
+            public_key: "KEY1wxyzKEY1=".into(),
+            endpoint: Some("192.0.2.11:51820".parse().unwrap()),
+            allowed_ips: vec![allowed.parse().unwrap()],
+            last_handshake: handshake,
+            rx_bytes: 92,
+            tx_bytes: 148,
+        };
+        node_2.view.wireguard = state("KEY2wxyzKEY2=", vec![peer]);
+        HashMap::from([
+            ("node-1".to_string(), node_1),
+            ("node-2".to_string(), node_2),
+        ])
+    }
+
+    fn told(nodes: &HashMap<String, NodeFacts>) -> (String, WireguardProof) {
+        let (said, proof) = lost_after_encryption(&into_flannel_wg(), nodes, &subnets()).unwrap();
+        (said, proof.expect("a proof"))
+    }
+
+    #[test]
+    fn a_source_outside_the_senders_peers_allowed_ips_is_what_freed_it() {
+        let (said, proof) = told(&read_nodes("10.99.0.0/24", Some(READ_AT - 5)));
+        assert!(said.contains("; WireGuard on node-2 freed it: node-1's peer there (KEY1wxyz) allows only 10.99.0.0/24, not 10.244.1.2 (podtrace infers it from the configuration it read at start: WireGuard frees such a packet with no drop event; fix: wg set flannel-wg peer KEY1wxyzKEY1= allowed-ips 10.99.0.0/24,10.244.1.0/24)"), "{said}");
+        assert_eq!(proof.cause, WireguardCause::SourceNotAllowed);
+        assert_eq!(proof.peer.as_deref(), Some("KEY1wxyzKEY1="));
+        assert_eq!(proof.allowed_ips, ["10.99.0.0/24"]);
+        assert!(!proof.allows_source);
+        assert_eq!(proof.handshake_age_s, Some(5));
+    }
+
+    #[test]
+    fn an_allowed_source_without_a_session_says_the_handshakes_age() {
+        let (said, proof) = told(&read_nodes("10.244.1.0/24", Some(READ_AT - 600)));
+        assert_eq!(proof.cause, WireguardCause::NoSession);
+        assert!(said.contains("WireGuard on node-2 may have freed it for want of a session: node-1's peer there (KEY1wxyz) allows 10.244.1.2, but when podtrace read flannel-wg at start its last handshake was 10m ago, over 180 s"), "{said}");
+    }
+
+    #[test]
+    fn an_allowed_source_with_a_session_is_not_blamed_on_the_configuration() {
+        let (said, proof) = told(&read_nodes("10.244.1.0/24", Some(READ_AT - 30)));
+        assert_eq!(proof.cause, WireguardCause::Allowed);
+        assert!(proof.allows_source);
+        assert!(said.contains("node-2's flannel-wg never handed it on, though the configuration allows it: node-1's peer there (KEY1wxyz) allows 10.244.1.2 and had a session (last handshake 30s ago)"), "{said}");
+    }
+
+    #[test]
+    fn the_senders_peer_is_found_by_its_endpoint_where_keys_differ() {
+        let mut nodes = read_nodes("10.99.0.0/24", None);
+        nodes.get_mut("node-1").unwrap().view.wireguard.devices[0].public_key = None;
+        let (_, proof) = told(&nodes);
+        assert_eq!(proof.cause, WireguardCause::SourceNotAllowed);
+        nodes.get_mut("node-1").unwrap().view.addresses.clear();
+        let (said, proof) = told(&nodes);
+        assert_eq!(proof.cause, WireguardCause::NoPeer);
+        assert!(
+            said.contains("WireGuard on node-2 freed it: its flannel-wg has no peer for node-1"),
+            "{said}"
+        );
+    }
+
     #[test]
     fn without_a_node_list_the_node_delivering_the_pod_locally_is_the_other_end() {
         let mut node_2 = wireguard_node();
@@ -143,7 +367,9 @@ mod tests {
             ("node-1".to_string(), wireguard_node()),
             ("node-2".to_string(), node_2),
         ]);
-        let said = lost_after_encryption(&into_flannel_wg(), &nodes, &[]).unwrap();
+        let said = lost_after_encryption(&into_flannel_wg(), &nodes, &[])
+            .unwrap()
+            .0;
         assert!(
             said.contains("node-2's flannel-wg never handed it on"),
             "{said}"
@@ -153,7 +379,9 @@ mod tests {
     #[test]
     fn with_the_other_node_untraced_it_asks_for_it() {
         let nodes = HashMap::from([("node-1".to_string(), wireguard_node())]);
-        let said = lost_after_encryption(&into_flannel_wg(), &nodes, &subnets()).unwrap();
+        let said = lost_after_encryption(&into_flannel_wg(), &nodes, &subnets())
+            .unwrap()
+            .0;
         assert!(
             said.ends_with("; trace node-2 too, to see whether its WireGuard device hands it on"),
             "{said}"

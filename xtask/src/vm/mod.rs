@@ -95,6 +95,7 @@ pub const SUITE: &[(&str, &[&str])] = &[
         &[
             "a_ping_through_flannel_wireguard_is_delivered_with_both_plaintext_legs",
             "a_packet_wireguard_frees_after_decryption_names_the_allowed_ips_to_read",
+            "the_doctor_reads_wireguard_and_names_a_device_down_and_a_subnet_no_peer_allows",
         ],
     ),
     (
