@@ -53,4 +53,10 @@ fn a_packet_calicos_wireguard_frees_after_decryption_is_told_past_the_device() {
         hint.contains("wireguard.cali on node-1 is a WireGuard device"),
         "{hint}"
     );
+    // From node-2's WireGuard state: its peer for node-1 (by node-1's
+    // key) allows only the other block.
+    let wireguard = &verdict["wireguard"];
+    assert_eq!(wireguard["cause"], "source_not_allowed", "{wireguard}");
+    assert_eq!(wireguard["node"], "node-2", "{wireguard}");
+    assert_eq!(wireguard["allowed_ips"][0], "10.99.0.0/24", "{wireguard}");
 }
