@@ -85,12 +85,7 @@ pub fn underlay<'a>(view: &'a NodeView, clues: &UnderlayClues<'_>) -> Result<&'a
             .filter(|ip| !view.holds(**ip))
             .find_map(|ip| view.link_toward_gateway(*ip))
     };
-    let by_default = || {
-        view.route_to(Ipv4Addr::UNSPECIFIED)
-            .filter(|r| r.destination.prefix_len() == 0)
-            .and_then(|r| r.oif)
-            .and_then(|oif| view.link(oif))
-    };
+    let by_default = || view.default_route_link();
     if let Some(link) = by_node_ip
         .or_else(by_tunnel)
         .or_else(by_other_node)

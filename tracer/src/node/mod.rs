@@ -169,6 +169,13 @@ impl NodeView {
         route.describe_on(dev)
     }
 
+    /// The link the main table's IPv4 default route leaves by.
+    pub fn default_route_link(&self) -> Option<&Link> {
+        self.route_to(Ipv4Addr::UNSPECIFIED)
+            .filter(|r| r.destination.prefix_len() == 0)
+            .and_then(|r| self.link(r.oif?))
+    }
+
     /// The link on whose subnet `ip` is, reached without a gateway: the
     /// connected route's device (`192.0.2.0/24 dev eth0 proto kernel`),
     /// unless it is a tunnel.

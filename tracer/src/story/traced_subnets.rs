@@ -90,7 +90,7 @@ fn pod_subnets_elsewhere<'a>(
 
 /// The IPv4 address of the link a node's default route leaves by.
 fn default_route_address(view: &crate::node::NodeView) -> Option<Ipv4Addr> {
-    let link = view.route_to(Ipv4Addr::UNSPECIFIED)?.oif?;
+    let link = view.default_route_link()?.index;
     (view.addresses.iter()).find_map(|(index, ip)| (*index == link).then_some(*ip))
 }
 
