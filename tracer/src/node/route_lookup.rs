@@ -12,14 +12,12 @@ use super::{
 
 impl NodeView {
     /// The node's rules of `dst`'s family by priority; the kernel's
-    /// defaults where none were read.
-    fn rules_for(&self, ipv6: bool) -> Vec<Rule> {
-        let mut rules: Vec<Rule> = (self.rules.iter())
-            .filter(|r| r.ipv6 == ipv6)
-            .cloned()
-            .collect();
+    /// defaults where none were read. Borrowed, not cloned: every hop of
+    /// every story asks.
+    fn rules_for(&self, ipv6: bool) -> Vec<&Rule> {
+        let mut rules: Vec<&Rule> = (self.rules.iter()).filter(|r| r.ipv6 == ipv6).collect();
         if rules.is_empty() {
-            rules = default_rules(ipv6);
+            rules.extend(default_rules(ipv6));
         }
         rules.sort_by_key(|r| r.priority);
         rules

@@ -3,7 +3,7 @@
 //! may keep pod routes outside the main table (the AWS VPC CNI gives each
 //! ENI its own table, reached by `from <pod> lookup N`).
 
-use std::{fmt, net::IpAddr};
+use std::{fmt, net::IpAddr, sync::LazyLock};
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -76,19 +76,27 @@ impl Flow<'_> {
 pub struct Decision<'a> {
     /// The rule that decided: its table held the route, or it rejected
     /// the packet itself (`unreachable`, `prohibit`, `blackhole`).
-    pub rule: Option<Rule>,
+    pub rule: Option<&'a Rule>,
     /// The route picked; None where no table held one, or a rule rejected.
     pub route: Option<&'a Route>,
     /// The rules that matched but whose table had no route (the kernel
     /// falls through to the next rule), in order.
-    pub fell_through: Vec<Rule>,
+    pub fell_through: Vec<&'a Rule>,
     /// Rules podtrace passed over that may have matched (`goto`, a
     /// selector it does not evaluate).
-    pub passed_over: Vec<Rule>,
+    pub passed_over: Vec<&'a Rule>,
 }
 
-/// The kernel's three rules of a family with no others added.
-pub fn default_rules(ipv6: bool) -> Vec<Rule> {
+/// The kernel's three rules of a family with no others added (IPv4's;
+/// IPv6 has no `default` table rule). Built once: every route decision
+/// of every hop asks for them.
+pub fn default_rules(ipv6: bool) -> &'static [Rule] {
+    static RULES: LazyLock<[Vec<Rule>; 2]> =
+        LazyLock::new(|| [kernel_rules(false), kernel_rules(true)]);
+    &RULES[usize::from(ipv6)]
+}
+
+fn kernel_rules(ipv6: bool) -> Vec<Rule> {
     [
         (0, RT_TABLE_LOCAL),
         (32766, RT_TABLE_MAIN),
@@ -234,7 +242,7 @@ impl Decision<'_> {
     /// after it. The table itself is the route's to name (`ip route`
     /// prints `table 100`).
     pub fn policy(&self) -> String {
-        let custom = |rules: &[Rule]| {
+        let custom = |rules: &[&Rule]| {
             (rules.iter())
                 .filter(|r| !r.is_default())
                 .map(|r| format!("rule {r}"))
@@ -278,7 +286,7 @@ pub(crate) mod tests {
             action: RuleAction::Lookup(table),
             ..default_rules(false)[0].clone()
         };
-        let mut rules = default_rules(false);
+        let mut rules = default_rules(false).to_vec();
         rules.push(rule(512, None, Some("10.245.1.5/32"), RT_TABLE_MAIN));
         rules.push(rule(1536, Some("10.245.1.0/24"), None, 100));
         NodeView {

@@ -112,17 +112,22 @@ fn missing_route(
     let dst = hops[0].packet.packet.dst;
     let reason = last.drop.as_ref().map(|d| d.reason.as_str());
     let left_by_default = hops.iter().rev().find_map(|h| {
-        let facts = nodes.get(&*h.node)?;
         let leaves_plain = h.role == Role::Underlay
             && h.direction == Direction::Egress
             && h.packet.tunnel.is_none();
+        // The route decision of the hops that leave plain only: every
+        // story of a line-rate flow comes through here.
+        if !leaves_plain {
+            return None;
+        }
+        let facts = nodes.get(&*h.node)?;
         // A default route a rule of the CNI's chose (the AWS VPC CNI's
         // per-ENI table) is how it reaches other nodes' pods: the VPC
         // routes them.
         let decision = facts.view.decide(&h.flow());
-        let by_main = decision.rule.as_ref().is_some_and(|r| r.is_default());
+        let by_main = decision.rule.is_some_and(|r| r.is_default());
         let route = decision.route?;
-        (leaves_plain && by_main && route.destination.prefix_len() == 0).then_some(h)
+        (by_main && route.destination.prefix_len() == 0).then_some(h)
     });
     // ip_error frees a packet its route rejects (NOT_SPECIFIED, where no
     // reason is named): a no-route where the node's rules and tables
