@@ -6,7 +6,7 @@
 use std::net::Ipv4Addr;
 
 use anyhow::{bail, Context, Result};
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use k8s_openapi::api::core::v1::{Event, Node, Pod as KubePod};
 use kube::{api::ListParams, Api};
 use serde_json::Value;
@@ -24,6 +24,8 @@ pub struct ClusterNode {
     pub name: String,
     pub ip: Option<Ipv4Addr>,
     pub pod_cidrs: Vec<Ipv4Net>,
+    /// A dual-stack Node's IPv6 podCIDRs.
+    pub pod_cidrs6: Vec<Ipv6Net>,
     pub annotations: Value,
     /// `status.conditions`.
     pub conditions: Vec<Value>,
@@ -39,6 +41,10 @@ impl ClusterNode {
             name: node["metadata"]["name"].as_str().unwrap_or("?").into(),
             ip: crate::cluster::nodes::ipv4_internal_ip(node),
             pod_cidrs: cidrs
+                .iter()
+                .filter_map(|c| c.as_str()?.parse().ok())
+                .collect(),
+            pod_cidrs6: cidrs
                 .iter()
                 .filter_map(|c| c.as_str()?.parse().ok())
                 .collect(),

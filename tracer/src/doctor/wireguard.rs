@@ -122,7 +122,7 @@ fn check_session(
 }
 
 /// The other nodes' pod subnets: Calico's IPAM blocks where known, else
-/// the Nodes' podCIDRs.
+/// the Nodes' podCIDRs, a dual-stack Node's IPv6 ones included.
 fn other_subnets(facts: &NodeFacts) -> Vec<(String, IpNet)> {
     if !facts.peer_blocks.is_empty() {
         return (facts.peer_blocks.iter())
@@ -130,15 +130,33 @@ fn other_subnets(facts: &NodeFacts) -> Vec<(String, IpNet)> {
             .collect();
     }
     (facts.others.iter())
-        .flat_map(|n| n.pod_cidrs.iter().map(|c| (n.name.clone(), IpNet::V4(*c))))
+        .flat_map(|n| {
+            let v4 = n.pod_cidrs.iter().map(|c| IpNet::V4(*c));
+            let v6 = n.pod_cidrs6.iter().map(|c| IpNet::V6(*c));
+            v4.chain(v6).map(|c| (n.name.clone(), c))
+        })
         .collect()
+}
+
+/// Whether `device` is to carry `subnet`'s family: IPv4 always; IPv6 where
+/// one of its peers allows an IPv6 network. Flannel's dual-stack backend
+/// may give IPv6 a device of its own (`flannel-wg-v6`), and then the IPv4
+/// one allows no IPv6 at all, rightly.
+fn carries(device: &WgDevice, subnet: &IpNet) -> bool {
+    match subnet {
+        IpNet::V4(_) => true,
+        IpNet::V6(_) => (device.peers.iter())
+            .flat_map(|p| p.allowed_ips.iter())
+            .any(|a| matches!(a, IpNet::V6(_))),
+    }
 }
 
 /// Every other node's subnet allowed by exactly one peer: WireGuard takes
 /// from a peer only the sources its allowed-ips hold, and for a subnet
 /// split between two, the most specific one only.
 fn check_allowed_ips(facts: &NodeFacts, device: &WgDevice) -> Option<Check> {
-    let subnets = other_subnets(facts);
+    let mut subnets = other_subnets(facts);
+    subnets.retain(|(_, subnet)| carries(device, subnet));
     if subnets.is_empty() || device.peers.is_empty() {
         return None;
     }
@@ -256,8 +274,7 @@ mod tests {
             name: name.into(),
             ip: Some(ip.parse().unwrap()),
             pod_cidrs: vec![cidr.parse().unwrap()],
-            annotations: serde_json::Value::Null,
-            conditions: Vec::new(),
+            ..Default::default()
         }
     }
 
@@ -321,6 +338,49 @@ mod tests {
             check.fix.as_deref(),
             Some("wg set flannel-wg peer KEY2xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx= allowed-ips 10.99.0.0/24,10.244.2.0/24")
         );
+    }
+
+    /// node-1's peers on a dual-stack cluster: node-2 and node-3 with
+    /// IPv6 podCIDRs beside their IPv4 ones, each peer allowing `two` and
+    /// `three`.
+    fn dual_stack(two: &[&str], three: &[&str]) -> Vec<Check> {
+        let mut facts = facts(
+            vec![peer(2, two, Some(NOW - 30)), peer(3, three, Some(NOW - 30))],
+            true,
+        );
+        for (node, v6) in facts.others.iter_mut().zip(["fd00:2::/64", "fd00:3::/64"]) {
+            node.pod_cidrs6 = vec![v6.parse().unwrap()];
+        }
+        checks(&facts)
+    }
+
+    #[test]
+    fn a_dual_stack_device_is_checked_for_each_nodes_ipv6_subnet_too() {
+        let both = dual_stack(
+            &["10.244.2.0/24", "fd00:2::/64"],
+            &["10.244.3.0/24", "fd00:3::/64"],
+        );
+        let check = named(&both, "flannel-wg allowed-ips");
+        assert!(check.ok(), "{check:?}");
+        assert!(
+            check.evidence.contains("node-3 fd00:3::/64"),
+            "{}",
+            check.evidence
+        );
+        let lacking = dual_stack(&["10.244.2.0/24", "fd00:2::/64"], &["10.244.3.0/24"]);
+        let check = named(&lacking, "flannel-wg allowed-ips");
+        assert!(check.failed());
+        assert_eq!(check.evidence, "node-3's pod subnet fd00:3::/64 is allowed by no peer: WireGuard frees what node-3's pods send");
+        assert_eq!(
+            check.fix.as_deref(),
+            Some("wg set flannel-wg peer KEY3xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx= allowed-ips 10.244.3.0/24,fd00:3::/64")
+        );
+    }
+
+    #[test]
+    fn an_ipv4_only_device_of_a_dual_stack_cluster_is_not_asked_for_ipv6() {
+        let checks = dual_stack(&["10.244.2.0/24"], &["10.244.3.0/24"]);
+        assert!(checks.iter().all(Check::ok), "{checks:#?}");
     }
 
     #[test]
