@@ -98,6 +98,18 @@ pub fn ipv4_internal_ip(node: &serde_json::Value) -> Option<std::net::Ipv4Addr> 
     internal_ip(node)
 }
 
+/// A node's pod CIDRs of the family `N` parses as (`Ipv4Net`, `Ipv6Net`):
+/// `spec.podCIDRs`, else the older single `spec.podCIDR`.
+pub fn pod_cidrs<N: std::str::FromStr>(node: &serde_json::Value) -> Vec<N> {
+    let spec = &node["spec"];
+    let listed = spec["podCIDRs"].as_array().map(Vec::as_slice);
+    let cidrs = listed.unwrap_or(std::slice::from_ref(&spec["podCIDR"]));
+    cidrs
+        .iter()
+        .filter_map(|c| c.as_str()?.parse().ok())
+        .collect()
+}
+
 /// A node's InternalIP of the family `A` parses as.
 fn internal_ip<A: std::str::FromStr>(node: &serde_json::Value) -> Option<A> {
     node["status"]["addresses"]
@@ -120,11 +132,7 @@ pub fn nodes_from_items(items: &[serde_json::Value]) -> Result<Vec<NodeSubnet>> 
         let tunnel_ip = annotations[cni::VXLAN_TUNNEL_ADDR]
             .as_str()
             .and_then(|ip| ip.parse().ok());
-        let cidrs = node["spec"]["podCIDRs"]
-            .as_array()
-            .cloned()
-            .unwrap_or_else(|| vec![node["spec"]["podCIDR"].clone()]);
-        for cidr in cidrs.iter().filter_map(|c| c.as_str()?.parse().ok()) {
+        for cidr in pod_cidrs(node) {
             if let Some(node_ip) = internal_ip {
                 subnets.push(NodeSubnet {
                     node: name.to_string(),

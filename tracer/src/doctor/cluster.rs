@@ -33,21 +33,11 @@ pub struct ClusterNode {
 
 impl ClusterNode {
     pub fn from_json(node: &Value) -> Self {
-        let cidrs = node["spec"]["podCIDRs"]
-            .as_array()
-            .cloned()
-            .unwrap_or_else(|| vec![node["spec"]["podCIDR"].clone()]);
         Self {
             name: node["metadata"]["name"].as_str().unwrap_or("?").into(),
             ip: crate::cluster::nodes::ipv4_internal_ip(node),
-            pod_cidrs: cidrs
-                .iter()
-                .filter_map(|c| c.as_str()?.parse().ok())
-                .collect(),
-            pod_cidrs6: cidrs
-                .iter()
-                .filter_map(|c| c.as_str()?.parse().ok())
-                .collect(),
+            pod_cidrs: crate::cluster::nodes::pod_cidrs(node),
+            pod_cidrs6: crate::cluster::nodes::pod_cidrs(node),
             annotations: node["metadata"]["annotations"].clone(),
             conditions: node["status"]["conditions"]
                 .as_array()
