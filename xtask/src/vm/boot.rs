@@ -188,7 +188,7 @@ pub fn run(
             );
         };
         match lines.recv_timeout(left) {
-            Ok(line) => console.read(series.version, &line),
+            Ok(line) => console.read(series.version, started.elapsed(), &line),
             Err(mpsc::RecvTimeoutError::Timeout) => continue,
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
@@ -231,8 +231,9 @@ struct Console {
 
 impl Console {
     /// Takes one console line, and echoes it once the kernel is up (the
-    /// firmware's screen control codes before it are noise).
-    fn read(&mut self, tag: &str, line: &str) {
+    /// firmware's screen control codes before it are noise), with the
+    /// seconds since QEMU started: where a kernel's suite spends its time.
+    fn read(&mut self, tag: &str, since_start: Duration, line: &str) {
         let line = line.trim_end_matches('\r');
         if line.contains(BOOTED) {
             self.booted = true;
@@ -244,7 +245,7 @@ impl Console {
             self.report = Some(rest.trim().to_string());
         }
         if self.booted {
-            println!("[{tag}] {line}");
+            println!("[{tag} {:>4}s] {line}", since_start.as_secs());
         }
     }
 }

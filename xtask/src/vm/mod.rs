@@ -9,6 +9,7 @@
 
 mod boot;
 pub mod kernels;
+mod suite;
 
 use std::{
     path::{Path, PathBuf},
@@ -21,94 +22,8 @@ use serde_json::Value;
 
 use boot::Accel;
 use kernels::{Series, MATRIX};
-
-/// What every kernel runs: (test target, exact test names). Chosen to
-/// cover each kernel signal and each topology in little time under TCG:
-/// the lab's stories on all four topologies, the fault catalogue's drops
-/// each named with its rule, no_route, a ClusterIP's DNAT in both
-/// kube-proxy modes, a dual-stack pair over IPv6 and an IPv6 ClusterIP's
-/// DNAT (the IPv6 programs), an iptables drop traced under the agent
-/// pod's capabilities and memlock limit with the kernel's addresses hidden
-/// as distributions hide them, and cleanup after kill -9 in clsact mode
-/// (every kernel) and in TCX mode (`TCX_SUITE`, where the kernel has it),
-/// Calico's IPIP datapath, which needs the kernels' ipip.ko, and
-/// kube-network-policies' nfqueue, which needs their nft_queue.ko.
-pub const SUITE: &[(&str, &[&str])] = &[
-    (
-        "lab",
-        &[
-            "cross_node_vxlan_traced_on_both_nodes",
-            "flannel_host_gw_is_routed_without_encapsulation",
-            "calico_bgp_is_routed_without_encapsulation",
-            "clsact_fallback_attaches_and_cleans_up_even_after_sigkill",
-        ],
-    ),
-    (
-        "profile",
-        &["calico_vxlan_cross_node_ping_is_encapsulated_with_vni_4096_on_4789"],
-    ),
-    (
-        "faults",
-        &[
-            "iptables_forward_drop_names_the_rule",
-            "calico_profile_drop_names_the_rule_with_its_comments",
-            "kube_firewall_mark_drop_is_named_at_kube_firewall",
-            "flannel_route_missing_is_no_route_even_with_a_default_route",
-        ],
-    ),
-    (
-        "services",
-        &[
-            "a_cluster_ip_is_followed_to_its_backend_on_the_other_node_and_back_iptables",
-            "a_cluster_ip_is_followed_to_its_backend_on_the_other_node_and_back_nftables",
-        ],
-    ),
-    (
-        "deployed",
-        &["the_agents_capability_set_names_the_rule_and_where_the_kernel_dropped"],
-    ),
-    (
-        "ipv6",
-        &[
-            "a_dual_stack_pair_is_traced_over_both_families_with_the_ipv6_tunnel_paired",
-            "an_ipv6_cluster_ip_is_followed_through_ip6tables_dnat",
-            "ipv6_inside_the_ipv4_underlays_tunnel_is_traced_with_inner_and_outer_paired",
-        ],
-    ),
-    (
-        // Ignored on this host, which has no ipip.ko: the guest runs
-        // the suite with --include-ignored.
-        "ipip",
-        &[
-            "calico_ipip_cross_node_ping_is_delivered_with_inner_and_outer_paired",
-            "an_iptables_drop_after_ipip_decapsulation_names_the_rule",
-            "a_block_withdrawn_by_bgp_is_no_route_naming_birds_ipip_route",
-        ],
-    ),
-    (
-        // Ignored on this host, whose kernel has no nft queue expression.
-        "policy",
-        &["kube_network_policies_queue_without_an_engine_is_told_as_such"],
-    ),
-    (
-        "wireguard",
-        &[
-            "a_ping_through_flannel_wireguard_is_delivered_with_both_plaintext_legs",
-            "a_packet_wireguard_frees_after_decryption_names_the_allowed_ips_to_read",
-            "the_doctor_reads_wireguard_and_names_a_device_down_and_a_subnet_no_peer_allows",
-        ],
-    ),
-    (
-        "wireguard_calico",
-        &[
-            "a_ping_through_calico_wireguard_is_delivered_naming_table_1_and_its_rule",
-            "a_packet_calicos_wireguard_frees_after_decryption_is_told_past_the_device",
-        ],
-    ),
-];
-
-/// What kernels with TCX links (6.6) also run.
-pub const TCX_SUITE: (&str, &[&str]) = ("lab", &["nothing_stays_attached_after_sigint_or_sigkill"]);
+use suite::suite_commands;
+pub use suite::{ONE_KERNEL, SUITE, TCX_SUITE};
 
 /// Time for one kernel's suite under TCG, at most. 5.10's (the slowest)
 /// took 428 s alone on this 2-core machine, and CI's machine has run
@@ -317,41 +232,6 @@ fn podtrace_beside(binaries: &[(String, PathBuf)]) -> Result<PathBuf> {
     Ok(profile.join("podtrace"))
 }
 
-/// The commands that run the suite, one test binary at a time.
-fn suite_commands(
-    binaries: &[(String, PathBuf)],
-    tcx: bool,
-    chosen: &[String],
-) -> Vec<Vec<String>> {
-    binaries
-        .iter()
-        .filter_map(|(target, exe)| {
-            let mut tests: Vec<&str> = SUITE
-                .iter()
-                .filter(|(t, _)| t == target)
-                .flat_map(|(_, tests)| tests.iter().copied())
-                .collect();
-            if tcx && TCX_SUITE.0 == target {
-                tests.extend(TCX_SUITE.1);
-            }
-            tests.retain(|test| {
-                chosen.is_empty() || chosen.iter().any(|c| test.contains(c.as_str()))
-            });
-            if tests.is_empty() {
-                return None;
-            }
-            let mut argv = vec![
-                exe.display().to_string(),
-                "--exact".into(),
-                "--test-threads".into(),
-                "1".into(),
-            ];
-            argv.extend(tests.iter().map(ToString::to_string));
-            Some(argv)
-        })
-        .collect()
-}
-
 fn on_host(
     workspace: &Path,
     binaries: &[(String, PathBuf)],
@@ -361,7 +241,7 @@ fn on_host(
     let mut passed = true;
     let tcx = std::fs::read("/sys/kernel/btf/vmlinux")
         .is_ok_and(|btf| btf.windows(15).any(|w| w == b"BPF_TCX_INGRESS"));
-    for argv in suite_commands(binaries, tcx, tests) {
+    for argv in suite_commands(binaries, None, tcx, tests) {
         let status = Command::new(&argv[0])
             .args(&argv[1..])
             .current_dir(workspace.join("tracer"))
@@ -449,7 +329,7 @@ fn guest_script(
         boot::KERNEL_REPORT,
         podtrace.display(),
     );
-    for mut argv in suite_commands(binaries, series.tcx, tests) {
+    for mut argv in suite_commands(binaries, Some(series.version), series.tcx, tests) {
         // The tests that need a module this host lacks run here.
         argv.push("--include-ignored".into());
         let quoted: Vec<String> = argv.iter().map(|a| format!("'{a}'")).collect();
