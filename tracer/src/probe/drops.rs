@@ -3,7 +3,11 @@
 //! locations as symbols — all read from the running kernel (BTF,
 //! /proc/kallsyms), never from a table of our own.
 
-use std::collections::HashMap;
+use std::{
+    collections::HashMap,
+    sync::{Mutex, OnceLock},
+    thread::JoinHandle,
+};
 
 use anyhow::{anyhow, Context, Result};
 #[cfg(target_os = "linux")]
@@ -170,16 +174,75 @@ const LOCATION_REASONS: [(&str, &str); 3] = [
 ];
 
 /// Kernel text symbols, for naming drop locations (`nf_hook_slow+0x9c`).
-pub struct Symbols(Vec<(u64, String)>);
+/// Read on a thread of their own from the start of a run: the kernel
+/// takes a fifth of a second to write /proc/kallsyms out (seconds on a
+/// slow VM), which loading the programs meanwhile hides.
+pub struct Symbols {
+    table: OnceLock<SymbolTable>,
+    reading: Mutex<Option<JoinHandle<Result<SymbolTable>>>>,
+}
+
+struct SymbolTable(Vec<(u64, String)>);
 
 impl Symbols {
-    pub fn from_kallsyms() -> Result<Self> {
-        let text =
-            std::fs::read_to_string("/proc/kallsyms").context("cannot read /proc/kallsyms")?;
-        Ok(Self::parse(&text))
+    /// Starts reading /proc/kallsyms; the first question waits for it.
+    pub fn from_kallsyms() -> Self {
+        let reading = std::thread::spawn(|| {
+            let text =
+                std::fs::read_to_string("/proc/kallsyms").context("cannot read /proc/kallsyms")?;
+            Ok(SymbolTable::parse(&text))
+        });
+        Self {
+            table: OnceLock::new(),
+            reading: Mutex::new(Some(reading)),
+        }
     }
 
     pub fn parse(text: &str) -> Self {
+        Self {
+            table: OnceLock::from(SymbolTable::parse(text)),
+            reading: Mutex::new(None),
+        }
+    }
+
+    fn table(&self) -> &SymbolTable {
+        self.table.get_or_init(|| {
+            let reading = self.reading.lock().expect("not poisoned").take();
+            let read = reading.map(|thread| {
+                thread
+                    .join()
+                    .unwrap_or_else(|_| Err(anyhow!("the thread reading it panicked")))
+            });
+            match read {
+                Some(Ok(table)) => table,
+                Some(Err(e)) => {
+                    // Drops are still told, at raw addresses.
+                    eprintln!("podtrace: {e:#}");
+                    SymbolTable(Vec::new())
+                }
+                None => SymbolTable(Vec::new()),
+            }
+        })
+    }
+
+    /// No symbol has an address: the kernel hid them from this process.
+    pub fn is_empty(&self) -> bool {
+        self.table().0.is_empty()
+    }
+
+    /// `name+0xoffset` of the function holding `addr`, or the raw address.
+    pub fn name(&self, addr: u64) -> String {
+        let symbols = &self.table().0;
+        let at = symbols.partition_point(|(a, _)| *a <= addr);
+        match at.checked_sub(1).map(|i| &symbols[i]) {
+            Some((start, name)) => format!("{name}+{:#x}", addr - start),
+            None => format!("{addr:#x}"),
+        }
+    }
+}
+
+impl SymbolTable {
+    fn parse(text: &str) -> Self {
         let mut symbols: Vec<(u64, String)> = text
             .lines()
             .filter_map(|line| {
@@ -192,20 +255,6 @@ impl Symbols {
             .collect();
         symbols.sort_unstable();
         Self(symbols)
-    }
-
-    /// No symbol has an address: the kernel hid them from this process.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// `name+0xoffset` of the function holding `addr`, or the raw address.
-    pub fn name(&self, addr: u64) -> String {
-        let at = self.0.partition_point(|(a, _)| *a <= addr);
-        match at.checked_sub(1).map(|i| &self.0[i]) {
-            Some((start, name)) => format!("{name}+{:#x}", addr - start),
-            None => format!("{addr:#x}"),
-        }
     }
 }
 

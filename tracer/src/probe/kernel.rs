@@ -26,13 +26,15 @@ pub struct Kernel {
 
 impl Kernel {
     pub fn read() -> Result<Self> {
+        // First: the symbols are read while everything else is.
+        let symbols = Symbols::from_kallsyms();
         let btf = Btf::from_sys_fs()?;
         let features = Features::probe(&btf)?;
         Ok(Self {
             layout: drops::kernel_layout(&btf)?,
             reasons: ReasonNames::from_btf(&btf, features.drop_reasons),
             features,
-            symbols: Symbols::from_kallsyms()?,
+            symbols,
         })
     }
 
