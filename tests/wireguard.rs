@@ -28,15 +28,26 @@ fn a_ping_through_flannel_wireguard_is_delivered_with_both_plaintext_legs() {
 #[ignore = "needs wireguard.ko: runs in the VM matrix (cargo xtask test --kernel 6.1)"]
 fn a_packet_wireguard_frees_after_decryption_names_the_allowed_ips_to_read() {
     let lab = lab(Topology::FlannelWireguard);
-    // node-2's peer for node-1 allows another subnet: WireGuard drops what
-    // it decrypts from web-0 (calico #9751's silent drop).
     let (node2, dev) = (lab.0.node_netns(2), flannel_wireguard::DEVICE);
-    wireguard::allow_only(&node2, dev, 1, "10.99.0.0/24").expect("narrowed");
     let key = flannel_wireguard::public_key(1).expect("node-1's key");
-    let (story, human) = one_ping_told(&lab);
+    // podtrace starts on a healthy cluster; then node-2's peer for node-1
+    // is narrowed to another subnet, so that WireGuard drops what it
+    // decrypts from web-0 (calico #9751's silent drop). The story must
+    // judge by node-2's peers as they are when it is told, not at start.
+    let trace = Trace::start(&one_packet(&lab.0, "web-0", "db-0", "json"));
+    wireguard::allow_only(&node2, dev, 1, "10.99.0.0/24").expect("narrowed");
+    let _answered = ping(&lab.0, "web-0", "db-0");
+    let done = trace.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    let story = done.ping_stories().into_iter().next().expect("a story");
+    let human = {
+        let trace = Trace::start(&one_packet(&lab.0, "web-0", "db-0", "human"));
+        let _answered = ping(&lab.0, "web-0", "db-0");
+        trace.finish().stdout
+    };
     // WireGuard frees the packet itself, past the kernel's drop
     // tracepoint: the story says where it was lost from sight, and from
-    // node-2's WireGuard state, read over netlink at start, why.
+    // node-2's WireGuard state, read over netlink again, why.
     let verdict = &story["verdict"];
     assert_eq!(verdict["outcome"], "vanished", "{story}\n{human}");
     assert_eq!(verdict["iface"], flannel_wireguard::DEVICE, "{verdict}");
@@ -56,7 +67,7 @@ fn a_packet_wireguard_frees_after_decryption_names_the_allowed_ips_to_read() {
     for said in [
         "flannel-wg on node-1 is a WireGuard device",
         &format!("WireGuard on node-2 freed it: node-1's peer there ({}) allows only 10.99.0.0/24, not {web}", &key[..8]),
-        "podtrace infers it from the configuration it read at start",
+        "podtrace infers it from the configuration it read as this story was told",
         &format!("fix: wg set flannel-wg peer {key} allowed-ips 10.99.0.0/24,"),
     ] {
         assert!(hint.contains(said), "{said}: {hint}");

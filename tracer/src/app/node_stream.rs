@@ -22,7 +22,7 @@ use super::{
     stop::Stop,
     story_context::JOURNEY_IDLE,
     stream::{correlator_for, drive, ends_with_probes, Source},
-    teller::{new_teller, pcap_writer, ConntrackReader, Teller},
+    teller::{new_teller, pcap_writer, ConntrackReader, Teller, WireguardReader},
     trace::{link_changed, Trace},
 };
 use crate::model::conntrack;
@@ -32,6 +32,7 @@ use crate::{
     cluster::api::PodMoved,
     decode::hop::Hop,
     model::{ProbeResult, Summary},
+    node::wireguard,
     output::pcapng::Announced,
     probe::{
         clock::monotonic_ns, conntrack_stats::ConntrackStats, link_watch::LinkChange, Batch,
@@ -51,6 +52,7 @@ pub(super) async fn here(
     let ends = trace.targets.traced_ipv4_pair();
     let mut teller = new_teller(args, std::mem::take(&mut trace.ctx), ends);
     teller.conntrack_now = conntrack_reader(trace);
+    teller.wireguard_now = wireguard_reader(trace);
     if let Some(out) = write {
         let watched = announced(trace);
         let ends = (trace.targets.src.ip, trace.targets.dst.ip);
@@ -312,6 +314,23 @@ fn conntrack_reader(trace: &mut Trace) -> Option<ConntrackReader> {
     Some(Box::new(move || {
         (readers.iter_mut())
             .filter_map(|r| r.read().ok().cloned())
+            .collect()
+    }))
+}
+
+/// Reads the traced nodes' WireGuard devices (each socket bound to its
+/// node's namespace), taken from the nodes for the teller; none when no
+/// node has one.
+fn wireguard_reader(trace: &mut Trace) -> Option<WireguardReader> {
+    let readers: Vec<(String, wireguard::Reader)> = (trace.nodes.iter_mut())
+        .filter_map(|node| Some((node.name.to_string(), node.wireguard_now.take()?)))
+        .collect();
+    if readers.is_empty() {
+        return None;
+    }
+    Some(Box::new(move || {
+        (readers.iter())
+            .map(|(node, reader)| (node.clone(), reader.read()))
             .collect()
     }))
 }

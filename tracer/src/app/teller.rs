@@ -14,6 +14,7 @@ use crate::{
         conntrack::{ConntrackRun, ConntrackTable},
         ProbeResult, Summary,
     },
+    node::wireguard::WireGuard,
     output::{
         self,
         pcapng::{Announced, MidRun, PcapWriter},
@@ -43,12 +44,18 @@ pub(super) struct Teller<'a> {
     /// Node mode: reads every traced node's conntrack table again, before
     /// a netfilter drop is told and at the end.
     pub conntrack_now: Option<ConntrackReader>,
+    /// Node mode: reads the traced nodes' WireGuard devices again, before
+    /// a story that ends going into one is told.
+    pub wireguard_now: Option<WireguardReader>,
     /// Each packet too big for its path, and what its sender sent next.
     pmtu_after: PmtuFollowups,
 }
 
 /// Reads the traced nodes' conntrack tables as they are now.
 pub(super) type ConntrackReader = Box<dyn FnMut() -> Vec<ConntrackTable>>;
+
+/// Reads the traced nodes' WireGuard devices as they are now, by node name.
+pub(super) type WireguardReader = Box<dyn FnMut() -> Vec<(String, WireGuard)>>;
 
 /// What went wrong in the stories and probe results told.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -103,6 +110,7 @@ impl<'a> Teller<'a> {
             held: Vec::new(),
             seen: Seen::default(),
             conntrack_now: None,
+            wireguard_now: None,
             pmtu_after: PmtuFollowups::default(),
         }
     }
@@ -112,6 +120,18 @@ impl<'a> Teller<'a> {
         if let Some(read) = &mut self.conntrack_now {
             for table in read() {
                 self.ctx.conntrack.insert(table.node.clone(), table);
+            }
+        }
+    }
+
+    /// The traced nodes' WireGuard state read again into the context.
+    fn read_wireguard(&mut self) {
+        if let Some(read) = &mut self.wireguard_now {
+            for (node, mut state) in read() {
+                if let Some(facts) = self.ctx.nodes.get_mut(&node) {
+                    state.read_again = true;
+                    facts.view.wireguard = state;
+                }
             }
         }
     }
@@ -161,6 +181,9 @@ impl<'a> Teller<'a> {
         };
         if journey.ends_in_a_netfilter_drop() {
             self.read_conntrack();
+        }
+        if story::wireguard::last_seen_going_into_a_device(&journey.hops, &self.ctx.nodes) {
+            self.read_wireguard();
         }
         let mut story = story::tell(journey, &self.ctx);
         if let Some(error) = pmtu {
@@ -327,6 +350,7 @@ pub(super) fn new_teller(
         held: Vec::new(),
         seen: Seen::default(),
         conntrack_now: None,
+        wireguard_now: None,
         pmtu_after: PmtuFollowups::default(),
     }
 }

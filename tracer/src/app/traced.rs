@@ -30,7 +30,7 @@ use crate::{
         netlink,
         netns::{self, Namespace},
         tunnels::TunnelTrust,
-        NodeFacts, NodeView,
+        wireguard, NodeFacts, NodeView,
     },
     probe::{
         conntrack,
@@ -102,6 +102,10 @@ pub struct TracedNode {
     /// Conntrack's counters in its namespace, read again at a drop and at
     /// the end (node mode).
     pub conntrack_stats: Option<ConntrackStats>,
+    /// Its WireGuard devices, read again before a story that ends going
+    /// into one is told (node mode): a peer's allowed-ips or handshake
+    /// may have changed since the start.
+    pub wireguard_now: Option<wireguard::Reader>,
 }
 
 /// Where the traced source is one of the node's own addresses and the
@@ -234,6 +238,7 @@ impl TracedNode {
             cni,
             probe,
             interfaces: watched.into_iter().map(|w| (w.index, w)).collect(),
+            wireguard_now: wireguard_reader(&view),
             link_names: view.links.into_iter().map(|l| (l.index, l.name)).collect(),
             netfilter,
             netns: ns.clone(),
@@ -471,6 +476,21 @@ fn sent_here(view: &NodeView) -> SentHere {
 
 /// Said at start where the node's WireGuard state could not be read
 /// (no CAP_NET_ADMIN): the trace goes on without it.
+/// A reader of the node's WireGuard devices, opened in its namespace
+/// (entered by the caller); none where it has none, or where reading
+/// failed at start (already said).
+fn wireguard_reader(view: &NodeView) -> Option<wireguard::Reader> {
+    if view.wireguard.unread.is_some() {
+        return None;
+    }
+    let devices: Vec<(u32, &str, bool)> = (view.wireguard.devices.iter())
+        .map(|d| (d.index, d.name.as_str(), d.up))
+        .collect();
+    (!devices.is_empty())
+        .then(|| wireguard::Reader::open(&devices).ok())
+        .flatten()
+}
+
 fn say_wireguard_unread(node: &str, view: &NodeView) {
     if let Some(why) = &view.wireguard.unread {
         eprintln!("podtrace: {node}: WireGuard's state is not read ({why}): a packet lost past its WireGuard device is told without it");

@@ -296,6 +296,7 @@ mod tests {
             }],
             unread: None,
             read_at: NOW,
+            read_again: false,
         };
         facts
     }

@@ -34,6 +34,9 @@ pub struct WireGuard {
     /// When it was read, in seconds since the epoch: handshakes' ages
     /// are counted from it.
     pub read_at: u64,
+    /// Read again as a story was told (node mode), not only at start.
+    #[serde(default)]
+    pub read_again: bool,
 }
 
 /// One WireGuard device (`wg show DEV`).
@@ -79,6 +82,15 @@ pub enum Session {
 impl WireGuard {
     pub fn device(&self, name: &str) -> Option<&WgDevice> {
         self.devices.iter().find(|d| d.name == name)
+    }
+
+    /// When it was read, as a story says it.
+    pub fn read_when(&self) -> &'static str {
+        if self.read_again {
+            "as this story was told"
+        } else {
+            "at start"
+        }
     }
 }
 
@@ -150,7 +162,7 @@ pub fn age_text(secs: u64) -> String {
 }
 
 #[cfg(target_os = "linux")]
-pub use reader::read;
+pub use reader::{read, Reader};
 
 /// The kernel asked over generic netlink.
 #[cfg(target_os = "linux")]
@@ -181,26 +193,63 @@ mod reader {
         if links.is_empty() {
             return WireGuard::default();
         }
-        let read_at = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let read = open().and_then(|(socket, family)| {
-            (links.iter())
-                .map(|link| device(&socket, family, *link))
-                .collect::<Result<Vec<_>>>()
-        });
-        match read {
-            Ok(devices) => WireGuard {
-                devices,
-                unread: None,
-                read_at,
-            },
-            Err(e) => WireGuard {
-                devices: Vec::new(),
-                unread: Some(format!("{e:#}")),
-                read_at,
-            },
+        match Reader::open(links) {
+            Ok(reader) => reader.read(),
+            Err(e) => unread(e),
         }
+    }
+
+    /// A node's WireGuard devices, read again whenever asked: its socket
+    /// stays in the namespace it was opened in, so a story told later
+    /// judges by the peers and handshakes of then, not of the start.
+    pub struct Reader {
+        socket: Socket,
+        family: u16,
+        links: Vec<(u32, String, bool)>,
+    }
+
+    impl Reader {
+        /// Opened in the calling thread's namespace, for the devices given
+        /// as (ifindex, name, up).
+        pub fn open(links: &[(u32, &str, bool)]) -> Result<Self> {
+            let (socket, family) = open()?;
+            Ok(Self {
+                socket,
+                family,
+                links: (links.iter())
+                    .map(|(index, name, up)| (*index, name.to_string(), *up))
+                    .collect(),
+            })
+        }
+
+        pub fn read(&self) -> WireGuard {
+            let read = (self.links.iter())
+                .map(|(index, name, up)| device(&self.socket, self.family, (*index, name, *up)))
+                .collect::<Result<Vec<_>>>();
+            match read {
+                Ok(devices) => WireGuard {
+                    devices,
+                    read_at: now(),
+                    ..Default::default()
+                },
+                Err(e) => unread(e),
+            }
+        }
+    }
+
+    fn unread(e: anyhow::Error) -> WireGuard {
+        WireGuard {
+            unread: Some(format!("{e:#}")),
+            read_at: now(),
+            ..Default::default()
+        }
+    }
+
+    /// Seconds since the epoch, as handshakes are stamped.
+    fn now() -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
     }
 
     /// A generic netlink socket and the wireguard family's id.

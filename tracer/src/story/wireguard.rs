@@ -15,14 +15,15 @@ use crate::{
     decode::hop::{Direction, Hop},
     model::NodeSubnet,
     node::{
-        wireguard::{age_text, Session, WgDevice, KIND, SESSION_SECS},
+        wireguard::{age_text, Session, WgDevice, WireGuard, KIND, SESSION_SECS},
         NodeFacts,
     },
 };
 
 /// What the receiving node's WireGuard configuration says of a packet
 /// lost past the sender's device: inferred from the peers podtrace read
-/// at start, for the kernel gives no drop event.
+/// (again as the story was told, where it could), for the kernel gives
+/// no drop event.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct WireguardProof {
     /// The node whose device took the packet back, and the device.
@@ -37,7 +38,7 @@ pub struct WireguardProof {
     pub source: IpAddr,
     pub allows_source: bool,
     /// Seconds since that peer's last handshake when podtrace read it
-    /// (at start); null: none ever.
+    /// (as the story was told, else at start); null: none ever.
     pub handshake_age_s: Option<u64>,
     pub cause: WireguardCause,
 }
@@ -60,6 +61,18 @@ pub enum WireguardCause {
 /// WireGuard state was read.
 pub(super) type Told = (String, Option<WireguardProof>);
 
+/// Whether a journey's last hop is the way into a WireGuard device: its
+/// story judges by the WireGuard state of the nodes (read again before
+/// it is told, where podtrace can).
+pub fn last_seen_going_into_a_device(hops: &[Hop], nodes: &HashMap<String, NodeFacts>) -> bool {
+    hops.last().is_some_and(|last| {
+        last.direction == Direction::Egress
+            && (nodes.get(&*last.node))
+                .and_then(|facts| facts.view.link_named(&last.iface))
+                .is_some_and(|device| device.kind == KIND)
+    })
+}
+
 /// What to say of a journey whose last hop is the way into a WireGuard
 /// device; None for any other.
 pub(super) fn lost_after_encryption(
@@ -67,12 +80,11 @@ pub(super) fn lost_after_encryption(
     nodes: &HashMap<String, NodeFacts>,
     subnets: &[NodeSubnet],
 ) -> Option<Told> {
-    let last = hops.last()?;
-    let facts = nodes.get(&*last.node)?;
-    let device = facts.view.link_named(&last.iface)?;
-    if device.kind != KIND || last.direction != Direction::Egress {
+    if !last_seen_going_into_a_device(hops, nodes) {
         return None;
     }
+    let last = hops.last()?;
+    let facts = nodes.get(&*last.node)?;
     let src = last.packet.packet.src;
     let dst = last.packet.packet.dst;
     let here = format!(
@@ -105,7 +117,7 @@ pub(super) fn lost_after_encryption(
             .map(|s| s.subnet.to_string()),
     };
     let wg = &remote.view.wireguard;
-    let read = wg.device(dev).map(|d| prove(&sender, there, d, wg.read_at));
+    let read = wg.device(dev).map(|d| prove(&sender, there, d, wg));
     let Some((said, proof)) = read else {
         let unread = wg.unread.as_deref().map_or(String::new(), |why| {
             format!(" (its WireGuard state was not read: {why})")
@@ -136,13 +148,15 @@ fn prove(
     sender: &Sender,
     there: &str,
     device: &WgDevice,
-    read_at: u64,
+    state: &WireGuard,
 ) -> (String, WireguardProof) {
     let key =
         (sender.facts.view.wireguard.device(sender.device)).and_then(|d| d.public_key.as_deref());
     let peer = device.peer_of(key, |ip| sender.facts.view.holds(ip));
     let (src, from, dev) = (sender.src, sender.node, &device.name);
-    let inferred = "podtrace infers it from the configuration it read at start: WireGuard frees such a packet with no drop event";
+    let read_at = state.read_at;
+    let when_read = state.read_when();
+    let inferred = format!("podtrace infers it from the configuration it read {when_read}: WireGuard frees such a packet with no drop event");
     let mut proof = WireguardProof {
         node: there.into(),
         device: dev.clone(),
@@ -188,7 +202,7 @@ fn prove(
                 ),
                 _ => "it had never made a handshake".into(),
             };
-            (format!("WireGuard on {there} may have freed it for want of a session: {allows}, but when podtrace read {dev} at start {when} ({inferred}; wg show {dev} latest-handshakes on {there} tells whether one was made since)"), proof)
+            (format!("WireGuard on {there} may have freed it for want of a session: {allows}, but when podtrace read {dev} {when_read} {when} ({inferred}; wg show {dev} latest-handshakes on {there} tells whether one was made since)"), proof)
         }
     }
 }
@@ -293,6 +307,7 @@ mod tests {
             }],
             unread: None,
             read_at: READ_AT,
+            read_again: false,
         };
         let mut node_1 = wireguard_node();
         node_1.view.addresses = vec![(2, "192.0.2.11".parse().unwrap())];
@@ -334,6 +349,20 @@ mod tests {
         let (said, proof) = told(&read_nodes("10.244.1.0/24", Some(READ_AT - 600)));
         assert_eq!(proof.cause, WireguardCause::NoSession);
         assert!(said.contains("WireGuard on node-2 may have freed it for want of a session: node-1's peer there (KEY1wxyz) allows 10.244.1.2, but when podtrace read flannel-wg at start its last handshake was 10m ago, over 180 s"), "{said}");
+    }
+
+    #[test]
+    fn a_state_read_again_as_the_story_is_told_says_so() {
+        let mut nodes = read_nodes("10.244.1.0/24", None);
+        nodes.get_mut("node-2").unwrap().view.wireguard.read_again = true;
+        let (said, proof) = told(&nodes);
+        assert_eq!(proof.cause, WireguardCause::NoSession);
+        assert!(said.contains("but when podtrace read flannel-wg as this story was told it had never made a handshake"), "{said}");
+        let ends = |hops: &[Hop]| last_seen_going_into_a_device(hops, &nodes);
+        assert!(ends(&into_flannel_wg()));
+        let mut out_of_it = into_flannel_wg();
+        out_of_it[0].direction = Direction::Ingress;
+        assert!(!ends(&out_of_it) && !ends(&[]));
     }
 
     #[test]
