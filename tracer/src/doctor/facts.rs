@@ -62,6 +62,8 @@ pub struct NodeFacts {
     /// Calico's IPAM blocks of the other nodes examined with it (their
     /// `blackhole <block> proto bird` routes), by node.
     pub peer_blocks: Vec<(String, ipnet::Ipv4Net)>,
+    /// Their IPv6 blocks (a dual-stack or IPv6 pool's), by node.
+    pub peer_blocks6: Vec<(String, ipnet::Ipv6Net)>,
     /// The addresses the other nodes examined with it hold, by node.
     pub peer_addresses: Vec<(String, Vec<Ipv4Addr>)>,
     /// Their IPv6 addresses, by node (bird6's peers).
@@ -97,6 +99,7 @@ impl NodeFacts {
             cni_credentials: None,
             pair: Vec::new(),
             peer_blocks: Vec::new(),
+            peer_blocks6: Vec::new(),
             peer_addresses: Vec::new(),
             peer_addresses6: Vec::new(),
             ipv6_defaults: Vec::new(),
@@ -137,6 +140,17 @@ impl NodeFacts {
             .filter_map(|block| match block {
                 ipnet::IpNet::V4(block) => Some(block),
                 ipnet::IpNet::V6(_) => None,
+            })
+            .collect()
+    }
+
+    /// Its IPv6 blocks, blackholed the same way.
+    pub fn own_blocks6(&self) -> Vec<ipnet::Ipv6Net> {
+        self.view
+            .calico_blocks()
+            .filter_map(|block| match block {
+                ipnet::IpNet::V6(block) => Some(block),
+                ipnet::IpNet::V4(_) => None,
             })
             .collect()
     }

@@ -60,6 +60,10 @@ pub async fn gather_all(args: &DoctorArgs, cluster: &ClusterState) -> Result<Vec
         .iter()
         .flat_map(|f| f.own_blocks().into_iter().map(|b| (f.name.clone(), b)))
         .collect();
+    let blocks6: Vec<(String, ipnet::Ipv6Net)> = all
+        .iter()
+        .flat_map(|f| f.own_blocks6().into_iter().map(|b| (f.name.clone(), b)))
+        .collect();
     let addresses: Vec<(String, Vec<Ipv4Addr>)> = all
         .iter()
         .map(|f| {
@@ -78,6 +82,7 @@ pub async fn gather_all(args: &DoctorArgs, cluster: &ClusterState) -> Result<Vec
         .collect();
     for facts in &mut all {
         facts.peer_blocks = of_others(&blocks, &facts.name);
+        facts.peer_blocks6 = of_others(&blocks6, &facts.name);
         facts.peer_addresses = of_others(&addresses, &facts.name);
         facts.peer_addresses6 = of_others(&addresses6, &facts.name);
     }
@@ -184,6 +189,7 @@ async fn read(netns_path: Option<&Path>, root: HostRoot) -> Result<NodeFacts> {
         cni_credentials: None,
         pair: Vec::new(),
         peer_blocks: Vec::new(),
+        peer_blocks6: Vec::new(),
         peer_addresses: Vec::new(),
         peer_addresses6: Vec::new(),
         ipv6_defaults: super::ipv6_routes::DefaultRoute6::parse(

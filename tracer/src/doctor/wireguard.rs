@@ -121,13 +121,16 @@ fn check_session(
     Some(check)
 }
 
-/// The other nodes' pod subnets: Calico's IPAM blocks where known, else
-/// the Nodes' podCIDRs, a dual-stack Node's IPv6 ones included.
+/// The other nodes' pod subnets: Calico's IPAM blocks where known (IPv6
+/// ones included), else the Nodes' podCIDRs, a dual-stack Node's IPv6
+/// ones included.
 fn other_subnets(facts: &NodeFacts) -> Vec<(String, IpNet)> {
-    if !facts.peer_blocks.is_empty() {
-        return (facts.peer_blocks.iter())
-            .map(|(node, block)| (node.clone(), IpNet::V4(*block)))
-            .collect();
+    let blocks = (facts.peer_blocks.iter())
+        .map(|(node, block)| (node.clone(), IpNet::V4(*block)))
+        .chain((facts.peer_blocks6.iter()).map(|(node, block)| (node.clone(), IpNet::V6(*block))));
+    let blocks: Vec<(String, IpNet)> = blocks.collect();
+    if !blocks.is_empty() {
+        return blocks;
     }
     (facts.others.iter())
         .flat_map(|n| {
@@ -376,6 +379,31 @@ mod tests {
             check.fix.as_deref(),
             Some("wg set flannel-wg peer KEY3xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx= allowed-ips 10.244.3.0/24,fd00:3::/64")
         );
+    }
+
+    #[test]
+    fn calicos_ipv6_blocks_are_checked_beside_its_ipv4_ones() {
+        // Calico's blocks stand for the podCIDRs (which Calico IPAM does
+        // not use): a block no peer allows fails, in either family.
+        let mut facts = facts(
+            vec![
+                peer(2, &["10.244.8.0/26", "fd00:8::/122"], Some(NOW - 30)),
+                peer(3, &["10.244.9.0/26"], Some(NOW - 30)),
+            ],
+            true,
+        );
+        facts.peer_blocks = vec![
+            ("node-2".into(), "10.244.8.0/26".parse().unwrap()),
+            ("node-3".into(), "10.244.9.0/26".parse().unwrap()),
+        ];
+        facts.peer_blocks6 = vec![
+            ("node-2".into(), "fd00:8::/122".parse().unwrap()),
+            ("node-3".into(), "fd00:9::/122".parse().unwrap()),
+        ];
+        let checks = checks(&facts);
+        let check = named(&checks, "flannel-wg allowed-ips");
+        assert!(check.failed(), "{check:?}");
+        assert_eq!(check.evidence, "node-3's pod subnet fd00:9::/122 is allowed by no peer: WireGuard frees what node-3's pods send");
     }
 
     #[test]
