@@ -175,8 +175,9 @@ const LOCATION_REASONS: [(&str, &str); 3] = [
 
 /// Kernel text symbols, for naming drop locations (`nf_hook_slow+0x9c`).
 /// Read on a thread of their own from the start of a run: the kernel
-/// takes a fifth of a second to write /proc/kallsyms out (seconds on a
-/// slow VM), which loading the programs meanwhile hides.
+/// writes /proc/kallsyms out slowly (tens of ms on this host, a fifth of
+/// a second under strace, seconds on an emulated VM), which loading the
+/// programs meanwhile hides.
 pub struct Symbols {
     table: OnceLock<SymbolTable>,
     reading: Mutex<Option<JoinHandle<Result<SymbolTable>>>>,
