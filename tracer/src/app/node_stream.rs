@@ -318,7 +318,7 @@ fn conntrack_reader(trace: &mut Trace) -> Option<ConntrackReader> {
     }))
 }
 
-/// Reads the traced nodes' WireGuard devices (each socket bound to its
+/// Reads a traced node's WireGuard devices (each socket bound to its
 /// node's namespace), taken from the nodes for the teller; none when no
 /// node has one.
 fn wireguard_reader(trace: &mut Trace) -> Option<WireguardReader> {
@@ -328,10 +328,10 @@ fn wireguard_reader(trace: &mut Trace) -> Option<WireguardReader> {
     if readers.is_empty() {
         return None;
     }
-    Some(Box::new(move || {
+    Some(Box::new(move |node: &str| {
         (readers.iter())
-            .map(|(node, reader)| (node.clone(), reader.read()))
-            .collect()
+            .find(|(name, _)| name == node)
+            .map(|(_, reader)| reader.read())
     }))
 }
 

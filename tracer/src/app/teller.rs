@@ -44,8 +44,9 @@ pub(super) struct Teller<'a> {
     /// Node mode: reads every traced node's conntrack table again, before
     /// a netfilter drop is told and at the end.
     pub conntrack_now: Option<ConntrackReader>,
-    /// Node mode: reads the traced nodes' WireGuard devices again, before
-    /// a story that ends going into one is told.
+    /// Node mode: reads a traced node's WireGuard devices again, before
+    /// a story that ends going into one is told and that node should have
+    /// taken the packet back.
     pub wireguard_now: Option<WireguardReader>,
     /// Each packet too big for its path, and what its sender sent next.
     pmtu_after: PmtuFollowups,
@@ -54,8 +55,8 @@ pub(super) struct Teller<'a> {
 /// Reads the traced nodes' conntrack tables as they are now.
 pub(super) type ConntrackReader = Box<dyn FnMut() -> Vec<ConntrackTable>>;
 
-/// Reads the traced nodes' WireGuard devices as they are now, by node name.
-pub(super) type WireguardReader = Box<dyn FnMut() -> Vec<(String, WireGuard)>>;
+/// Reads a traced node's WireGuard devices as they are now, by its name.
+pub(super) type WireguardReader = Box<dyn FnMut(&str) -> Option<WireGuard>>;
 
 /// What went wrong in the stories and probe results told.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -124,15 +125,23 @@ impl<'a> Teller<'a> {
         }
     }
 
-    /// The traced nodes' WireGuard state read again into the context.
-    fn read_wireguard(&mut self) {
-        if let Some(read) = &mut self.wireguard_now {
-            for (node, mut state) in read() {
-                if let Some(facts) = self.ctx.nodes.get_mut(&node) {
-                    state.read_again = true;
-                    facts.view.wireguard = state;
-                }
-            }
+    /// The WireGuard state of the node that judges `journey` read again
+    /// into the context; a read that fails keeps what was read before
+    /// (the story then says when that was).
+    fn read_wireguard(&mut self, journey: &Journey) {
+        let (Some(read), Some(node)) = (
+            &mut self.wireguard_now,
+            story::wireguard::receiving_node(&journey.hops, &self.ctx.nodes, &self.ctx.subnets),
+        ) else {
+            return;
+        };
+        let node = node.to_string();
+        let Some(mut state) = read(&node).filter(|state| state.unread.is_none()) else {
+            return;
+        };
+        if let Some(facts) = self.ctx.nodes.get_mut(&node) {
+            state.read_again = true;
+            facts.view.wireguard = state;
         }
     }
 
@@ -182,9 +191,7 @@ impl<'a> Teller<'a> {
         if journey.ends_in_a_netfilter_drop() {
             self.read_conntrack();
         }
-        if story::wireguard::last_seen_going_into_a_device(&journey.hops, &self.ctx.nodes) {
-            self.read_wireguard();
-        }
+        self.read_wireguard(journey);
         let mut story = story::tell(journey, &self.ctx);
         if let Some(error) = pmtu {
             let told = error.map(|e| (e, story::tell(e, &self.ctx)));

@@ -474,8 +474,6 @@ fn sent_here(view: &NodeView) -> SentHere {
     }
 }
 
-/// Said at start where the node's WireGuard state could not be read
-/// (no CAP_NET_ADMIN): the trace goes on without it.
 /// A reader of the node's WireGuard devices, opened in its namespace
 /// (entered by the caller); none where it has none, or where reading
 /// failed at start (already said).
@@ -491,6 +489,8 @@ fn wireguard_reader(view: &NodeView) -> Option<wireguard::Reader> {
         .flatten()
 }
 
+/// Said at start where the node's WireGuard state could not be read
+/// (no CAP_NET_ADMIN): the trace goes on without it.
 fn say_wireguard_unread(node: &str, view: &NodeView) {
     if let Some(why) = &view.wireguard.unread {
         eprintln!("podtrace: {node}: WireGuard's state is not read ({why}): a packet lost past its WireGuard device is told without it");

@@ -369,10 +369,16 @@ mod reader {
 
     /// Sends one request and reads its answers: a dump's until DONE,
     /// else the first. A netlink error is an io::Error of its errno.
+    /// Each request has a sequence number of its own, and answers to
+    /// another are skipped: a `Reader`'s socket lives on, and a dump cut
+    /// short by an error leaves the rest of it queued there.
     fn exchange<M>(socket: &Socket, mut request: NetlinkMessage<M>, flags: u16) -> Result<Vec<M>>
     where
         M: NetlinkSerializable + NetlinkDeserializable + std::fmt::Debug,
     {
+        static SEQUENCE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+        let sequence = SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        request.header.sequence_number = sequence;
         request.header.flags = NLM_F_REQUEST | flags;
         request.finalize();
         let mut out = vec![0; request.buffer_len()];
@@ -390,7 +396,9 @@ mod reader {
                 let message = NetlinkMessage::<M>::deserialize(&buf[at..n])
                     .map_err(|e| anyhow::anyhow!("an unreadable netlink answer: {e}"))?;
                 let length = message.header.length as usize;
+                let ours = message.header.sequence_number == sequence;
                 match message.payload {
+                    _ if !ours => {}
                     NetlinkPayload::Done(_) => return Ok(answers),
                     NetlinkPayload::Error(e) if e.code.is_some() => return Err(e.to_io().into()),
                     NetlinkPayload::InnerMessage(inner) => {

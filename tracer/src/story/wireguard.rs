@@ -40,6 +40,10 @@ pub struct WireguardProof {
     /// Seconds since that peer's last handshake when podtrace read it
     /// (as the story was told, else at start); null: none ever.
     pub handshake_age_s: Option<u64>,
+    /// The state was read again as the story was told (node mode);
+    /// false: it is the one read at start (cluster mode, or a read again
+    /// that failed).
+    pub read_as_told: bool,
     pub cause: WireguardCause,
 }
 
@@ -61,10 +65,24 @@ pub enum WireguardCause {
 /// WireGuard state was read.
 pub(super) type Told = (String, Option<WireguardProof>);
 
-/// Whether a journey's last hop is the way into a WireGuard device: its
-/// story judges by the WireGuard state of the nodes (read again before
-/// it is told, where podtrace can).
-pub fn last_seen_going_into_a_device(hops: &[Hop], nodes: &HashMap<String, NodeFacts>) -> bool {
+/// The traced node whose WireGuard state judges a journey last seen
+/// going into a WireGuard device: the one that should have taken it back
+/// (its state is read again before the story is told, where podtrace
+/// can). None for any other journey, or where that node is not traced.
+pub fn receiving_node<'a>(
+    hops: &[Hop],
+    nodes: &'a HashMap<String, NodeFacts>,
+    subnets: &'a [NodeSubnet],
+) -> Option<&'a str> {
+    if !last_seen_going_into_a_device(hops, nodes) {
+        return None;
+    }
+    let there = node_of(hops.last()?.packet.packet.dst, subnets, nodes)?;
+    nodes.contains_key(there).then_some(there)
+}
+
+/// Whether a journey's last hop is the way into a WireGuard device.
+fn last_seen_going_into_a_device(hops: &[Hop], nodes: &HashMap<String, NodeFacts>) -> bool {
     hops.last().is_some_and(|last| {
         last.direction == Direction::Egress
             && (nodes.get(&*last.node))
@@ -167,6 +185,7 @@ fn prove(
         source: src,
         allows_source: peer.is_some_and(|p| p.allows(src)),
         handshake_age_s: peer.and_then(|p| Some(read_at.saturating_sub(p.last_handshake?))),
+        read_as_told: state.read_again,
         cause: WireguardCause::NoPeer,
     };
     let Some(peer) = peer else {
@@ -358,11 +377,18 @@ mod tests {
         let (said, proof) = told(&nodes);
         assert_eq!(proof.cause, WireguardCause::NoSession);
         assert!(said.contains("but when podtrace read flannel-wg as this story was told it had never made a handshake"), "{said}");
-        let ends = |hops: &[Hop]| last_seen_going_into_a_device(hops, &nodes);
-        assert!(ends(&into_flannel_wg()));
+        assert!(proof.read_as_told);
+        let judging = |hops: &[Hop]| receiving_node(hops, &nodes, &subnets()).map(String::from);
+        assert_eq!(judging(&into_flannel_wg()).as_deref(), Some("node-2"));
         let mut out_of_it = into_flannel_wg();
         out_of_it[0].direction = Direction::Ingress;
-        assert!(!ends(&out_of_it) && !ends(&[]));
+        assert_eq!(judging(&out_of_it), None);
+        assert_eq!(judging(&[]), None);
+        let untraced = HashMap::from([("node-1".to_string(), wireguard_node())]);
+        assert_eq!(
+            receiving_node(&into_flannel_wg(), &untraced, &subnets()),
+            None
+        );
     }
 
     #[test]
