@@ -129,13 +129,16 @@ impl<'a> Teller<'a> {
     /// into the context; a read that fails keeps what was read before
     /// (the story then says when that was).
     fn read_wireguard(&mut self, journey: &Journey) {
-        let (Some(read), Some(node)) = (
-            &mut self.wireguard_now,
-            story::wireguard::receiving_node(&journey.hops, &self.ctx.nodes, &self.ctx.subnets),
-        ) else {
+        // Asked first: without a WireGuard device on any traced node (most
+        // traces), a story pays nothing for this.
+        let Some(read) = &mut self.wireguard_now else {
             return;
         };
-        let node = node.to_string();
+        let judging =
+            story::wireguard::receiving_node(&journey.hops, &self.ctx.nodes, &self.ctx.subnets);
+        let Some(node) = judging.map(str::to_string) else {
+            return;
+        };
         let Some(mut state) = read(&node).filter(|state| state.unread.is_none()) else {
             return;
         };
