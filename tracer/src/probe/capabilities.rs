@@ -8,6 +8,7 @@
 //! and CAP_PERFMON would (loading the programs, reading kernel memory in
 //! them), so those two are never asked for on their own.
 
+use super::drops::NoSymbols;
 use anyhow::{bail, Result};
 
 const CAP_NET_ADMIN: u32 = 12;
@@ -63,19 +64,25 @@ impl Capabilities {
         Ok(())
     }
 
-    /// What is lost for lack of a capability that is not required, for
-    /// the start banner. `kallsyms_hidden`: /proc/kallsyms showed no
-    /// addresses (the kernel hides them unless CAP_SYSLOG, depending on
-    /// kernel.kptr_restrict and kernel.perf_event_paranoid).
-    pub fn degraded(self, kallsyms_hidden: bool) -> Vec<String> {
+    /// What is lost for lack of a capability that is not required, or
+    /// of a kernel symbol table, for the start banner. `no_symbols`: why
+    /// drop locations cannot be named (the kernel hides addresses unless
+    /// CAP_SYSLOG, depending on kernel.kptr_restrict and
+    /// kernel.perf_event_paranoid; or the file could not be read at all,
+    /// which no sysctl explains).
+    pub fn degraded(self, no_symbols: Option<NoSymbols>) -> Vec<String> {
         let mut lost = Vec::new();
-        if kallsyms_hidden {
-            lost.push(format!(
+        match no_symbols {
+            Some(NoSymbols::Hidden) => lost.push(format!(
                 "drop locations as raw addresses: /proc/kallsyms shows none to this process (kernel.kptr_restrict={}, kernel.perf_event_paranoid={}){}",
                 sysctl("kernel/kptr_restrict"),
                 sysctl("kernel/perf_event_paranoid"),
                 if self.has(CAP_SYSLOG) { "" } else { " without CAP_SYSLOG" }
-            ));
+            )),
+            Some(NoSymbols::Unreadable(why)) => {
+                lost.push(format!("drop locations as raw addresses: {why}"))
+            }
+            None => {}
         }
         if !self.has(CAP_SYS_PTRACE) {
             lost.push("without CAP_SYS_PTRACE, the namespaces of processes run as other users (a pod's pause container) cannot be opened: a pod found only through its namespace may be missed".into());
@@ -108,14 +115,25 @@ mod tests {
         assert_eq!(refusal.lines().count(), 1);
         let full = Capabilities::from_status("CapEff:\t000001ffffffffff\n");
         assert!(full.require().is_ok());
-        assert!(full.degraded(false).is_empty());
+        assert!(full.degraded(None).is_empty());
     }
 
     #[test]
     fn hidden_kernel_addresses_say_which_capability_shows_them() {
         let without_syslog = Capabilities::from_status("CapEff:\t0000000000283000\n");
-        let lost = without_syslog.degraded(true);
+        let lost = without_syslog.degraded(Some(NoSymbols::Hidden));
         assert!(lost[0].contains("without CAP_SYSLOG"), "{lost:?}");
         assert!(lost[0].contains("kernel.kptr_restrict="), "{lost:?}");
+    }
+
+    #[test]
+    fn an_unreadable_kallsyms_says_why_and_blames_no_sysctl() {
+        let lost = Capabilities::from_status("CapEff:\t000001ffffffffff\n").degraded(Some(
+            NoSymbols::Unreadable("cannot read /proc/kallsyms: Permission denied".into()),
+        ));
+        assert_eq!(
+            lost,
+            ["drop locations as raw addresses: cannot read /proc/kallsyms: Permission denied"]
+        );
     }
 }

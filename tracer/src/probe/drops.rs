@@ -183,7 +183,19 @@ pub struct Symbols {
     reading: Mutex<Option<JoinHandle<Result<SymbolTable>>>>,
 }
 
-struct SymbolTable(Vec<(u64, String)>);
+/// The symbols read, or why /proc/kallsyms could not be read at all.
+struct SymbolTable {
+    symbols: Vec<(u64, String)>,
+    unreadable: Option<String>,
+}
+
+/// Why drop locations are raw addresses.
+pub enum NoSymbols {
+    /// /proc/kallsyms was read but shows no address to this process.
+    Hidden,
+    /// /proc/kallsyms could not be read: why.
+    Unreadable(String),
+}
 
 impl Symbols {
     /// Starts reading /proc/kallsyms; the first question waits for it.
@@ -216,24 +228,28 @@ impl Symbols {
             });
             match read {
                 Some(Ok(table)) => table,
-                Some(Err(e)) => {
-                    // Drops are still told, at raw addresses.
-                    eprintln!("podtrace: {e:#}");
-                    SymbolTable(Vec::new())
-                }
-                None => SymbolTable(Vec::new()),
+                // Drops are still told, at raw addresses; the banner says why.
+                Some(Err(e)) => SymbolTable {
+                    symbols: Vec::new(),
+                    unreadable: Some(format!("{e:#}")),
+                },
+                None => SymbolTable::parse(""),
             }
         })
     }
 
-    /// No symbol has an address: the kernel hid them from this process.
-    pub fn is_empty(&self) -> bool {
-        self.table().0.is_empty()
+    /// Why no drop location can be named, if none can.
+    pub fn missing(&self) -> Option<NoSymbols> {
+        let table = self.table();
+        match &table.unreadable {
+            Some(why) => Some(NoSymbols::Unreadable(why.clone())),
+            None => table.symbols.is_empty().then_some(NoSymbols::Hidden),
+        }
     }
 
     /// `name+0xoffset` of the function holding `addr`, or the raw address.
     pub fn name(&self, addr: u64) -> String {
-        let symbols = &self.table().0;
+        let symbols = &self.table().symbols;
         let at = symbols.partition_point(|(a, _)| *a <= addr);
         match at.checked_sub(1).map(|i| &symbols[i]) {
             Some((start, name)) => format!("{name}+{:#x}", addr - start),
@@ -255,7 +271,10 @@ impl SymbolTable {
             })
             .collect();
         symbols.sort_unstable();
-        Self(symbols)
+        Self {
+            symbols,
+            unreadable: None,
+        }
     }
 }
 

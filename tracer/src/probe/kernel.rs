@@ -49,7 +49,7 @@ impl Kernel {
         if let Some(line) = features::banner(&self.features.release, &degraded) {
             eprintln!("podtrace: {line}");
         }
-        let without_privileges = Capabilities::of_this_process().degraded(self.symbols.is_empty());
+        let without_privileges = Capabilities::of_this_process().degraded(self.symbols.missing());
         for lost in &without_privileges {
             eprintln!("podtrace: {lost}");
         }
