@@ -8,7 +8,10 @@
 mod support;
 
 use support::*;
-use xtask::lab::{flannel_wireguard, in_netns, wireguard, Topology};
+use xtask::{
+    api_stub::{Kubelet, Stub, TOKEN},
+    lab::{flannel_wireguard, in_netns, wireguard, Topology},
+};
 
 #[test]
 #[ignore = "needs wireguard.ko: runs in the VM matrix (cargo xtask test --kernel 6.1)"]
@@ -75,6 +78,50 @@ fn a_packet_wireguard_frees_after_decryption_names_the_allowed_ips_to_read() {
         assert!(hint.contains(said), "{said}: {hint}");
     }
     assert!(human.contains("allows only 10.99.0.0/24"), "{human}");
+}
+
+#[test]
+#[ignore = "needs wireguard.ko: runs in the VM matrix (on 6.1: cargo xtask test --kernel 6.1)"]
+fn cluster_mode_judges_a_peer_narrowed_mid_trace_by_what_its_agent_read_since() {
+    let lab = lab(Topology::FlannelWireguard);
+    let (node2, dev) = (lab.0.node_netns(2), flannel_wireguard::DEVICE);
+    // The API stub plays kubelet: its agents are this podtrace, one per
+    // lab node.
+    let state = scratch_dir("wireguard").join(&lab.0.prefix);
+    std::fs::create_dir_all(&state).unwrap();
+    let kubelet = Kubelet::for_lab(PODTRACE.as_ref(), &lab.0, &state);
+    let stub = Stub::with_kubelet(&lab.0.pod_list(), &lab.0.node_list(), kubelet);
+    let kubeconfig = stub.kubeconfig(&state, TOKEN).display().to_string();
+    let args = [
+        "--cluster-mode",
+        "--kubeconfig",
+        &kubeconfig,
+        "default/web-0",
+        "default/db-0",
+        "--count",
+        "1",
+        "--duration",
+        "40s",
+        "-o",
+        "json",
+    ];
+    let trace = Trace::start(&args.map(String::from));
+    // Narrowed once every agent traces, as in node mode's test: node-2's
+    // agent must send the state it reads now, not keep its start's.
+    wireguard::allow_only(&node2, dev, 1, "10.99.0.0/24").expect("narrowed");
+    let _answered = ping(&lab.0, "web-0", "db-0");
+    let done = trace.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    let story = done.ping_stories().into_iter().next().expect("a story");
+    let proof = &story["verdict"]["wireguard"];
+    assert_eq!(proof["cause"], "source_not_allowed", "{story}");
+    assert_eq!(proof["node"], "node-2", "{proof}");
+    assert_eq!(
+        proof["allowed_ips"],
+        serde_json::json!(["10.99.0.0/24"]),
+        "{proof}"
+    );
+    assert_eq!(proof["read_as_told"], true, "{proof}");
 }
 
 #[test]

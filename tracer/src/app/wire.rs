@@ -16,7 +16,7 @@ use crate::{
     decode::hop::Hop,
     model::netfilter::NetfilterRule,
     model::{Finding, KernelSummary, ProbeResult, Summary},
-    node::{NodeFacts, NodeView},
+    node::{wireguard::WireGuard, NodeFacts, NodeView},
 };
 
 /// One line of an agent's output.
@@ -68,6 +68,9 @@ pub enum Record {
     ProbeSending { flow: u16 },
     /// `--probe`: one probe's result, and its flow.
     Probe { flow: u16, result: Box<ProbeResult> },
+    /// The node's WireGuard state read again, sent when a story would be
+    /// judged otherwise by it than by the last one sent (or at start).
+    Wireguard(Box<WireGuard>),
     /// Last: the agent's own counts.
     Summary(Box<Summary>),
     /// A record a newer agent sends that this front-end does not know:

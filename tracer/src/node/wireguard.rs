@@ -34,7 +34,8 @@ pub struct WireGuard {
     /// When it was read, in seconds since the epoch: handshakes' ages
     /// are counted from it.
     pub read_at: u64,
-    /// Read again as a story was told (node mode), not only at start.
+    /// Read again as a story was told (node mode), or by a cluster-mode
+    /// agent after the start, not only at start.
     #[serde(default)]
     pub read_again: bool,
 }
@@ -82,6 +83,29 @@ pub enum Session {
 impl WireGuard {
     pub fn device(&self, name: &str) -> Option<&WgDevice> {
         self.devices.iter().find(|d| d.name == name)
+    }
+
+    /// Whether a story would be judged alike by `self` and `other`: the
+    /// same devices, peers, endpoints and allowed-ips, and each peer's
+    /// session of the same kind (its age and byte counts aside).
+    pub fn judged_alike(&self, other: &Self) -> bool {
+        let session_kind = |p: &WgPeer, read_at| std::mem::discriminant(&p.session(read_at));
+        let peers_alike = |p: &WgPeer, q: &WgPeer| {
+            p.public_key == q.public_key
+                && p.endpoint == q.endpoint
+                && p.allowed_ips == q.allowed_ips
+                && session_kind(p, self.read_at) == session_kind(q, other.read_at)
+                && (p.tx_bytes > 0) == (q.tx_bytes > 0)
+        };
+        let devices_alike = |a: &WgDevice, b: &WgDevice| {
+            (a.name == b.name && a.index == b.index && a.up == b.up)
+                && (a.public_key == b.public_key && a.listen_port == b.listen_port)
+                && a.peers.len() == b.peers.len()
+                && a.peers.iter().zip(&b.peers).all(|(p, q)| peers_alike(p, q))
+        };
+        self.unread == other.unread
+            && self.devices.len() == other.devices.len()
+            && (self.devices.iter().zip(&other.devices)).all(|(a, b)| devices_alike(a, b))
     }
 
     /// When it was read, as a story says it.
@@ -435,6 +459,40 @@ mod reader {
                 WireguardAllowedIpAttr::IpAddr(net.addr()),
                 WireguardAllowedIpAttr::Cidr(net.prefix_len()),
             ])
+        }
+
+        #[test]
+        fn a_state_is_judged_alike_whatever_its_counters_but_not_with_other_allowed_ips() {
+            let peer = WgPeer {
+                public_key: "k".into(),
+                allowed_ips: vec!["10.244.2.0/24".parse().unwrap()],
+                last_handshake: Some(1_000),
+                tx_bytes: 10,
+                ..Default::default()
+            };
+            let read = |peer: WgPeer, read_at| WireGuard {
+                devices: vec![WgDevice {
+                    name: "wg0".into(),
+                    peers: vec![peer],
+                    ..Default::default()
+                }],
+                read_at,
+                ..Default::default()
+            };
+            let before = read(peer.clone(), 1_010);
+            let busier = WgPeer {
+                rx_bytes: 5_000,
+                tx_bytes: 9_000,
+                ..peer.clone()
+            };
+            assert!(read(busier, 1_020).judged_alike(&before));
+            let narrowed = WgPeer {
+                allowed_ips: vec!["10.244.2.0/25".parse().unwrap()],
+                ..peer.clone()
+            };
+            assert!(!read(narrowed, 1_020).judged_alike(&before));
+            // Its session expired meanwhile: a story would say so.
+            assert!(!read(peer, 1_000 + super::super::SESSION_SECS + 1).judged_alike(&before));
         }
 
         #[test]

@@ -40,9 +40,10 @@ pub struct WireguardProof {
     /// Seconds since that peer's last handshake when podtrace read it
     /// (as the story was told, else at start); null: none ever.
     pub handshake_age_s: Option<u64>,
-    /// The state was read again as the story was told (node mode);
-    /// false: it is the one read at start (cluster mode, or a read again
-    /// that failed).
+    /// The state was read again as the story was told (node mode; in
+    /// cluster mode, the one the node's agent last sent, read again after
+    /// the packet passed and within 10 s); false: it is the one read at
+    /// start (a read again that failed).
     pub read_as_told: bool,
     pub cause: WireguardCause,
 }

@@ -26,7 +26,9 @@ const EXIT: &str = "podtrace-vm: exit ";
 const EARLY_MODULES: &[&str] = &["virtio_pci", "9pnet_virtio", "9p", "overlay", "virtio_rng"];
 
 /// /init of the initramfs (busybox). The mounts a booted system has are
-/// made under the new root before switching to it; the modules of the
+/// made under the new root before switching to it (/tmp a tmpfs of its
+/// own: the API stub's kubelet mounts its containers' overlays there, and
+/// an overlay's upper directory cannot be on the root's overlay); the modules of the
 /// running kernel are linked where modprobe looks, so the tests' `ip link
 /// add type vxlan` and nft rules load what they need.
 const INIT: &str = r#"#!/bin/busybox sh
@@ -50,6 +52,7 @@ $B mkdir -p /newroot/dev/pts /newroot/dev/shm
 $B mount -t devpts devpts /newroot/dev/pts
 $B mount -t tmpfs shm /newroot/dev/shm
 $B mount -t tmpfs run /newroot/run
+$B mount -t tmpfs tmp /newroot/tmp
 $B mount -t bpf bpf /newroot/sys/fs/bpf
 $B mount -t tracefs tracefs /newroot/sys/kernel/tracing 2>/dev/null
 $B mount -t cgroup2 cgroup2 /newroot/sys/fs/cgroup 2>/dev/null

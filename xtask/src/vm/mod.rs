@@ -348,6 +348,9 @@ fn guest_script(
         boot::KERNEL_REPORT,
         podtrace.display(),
     );
+    // Up as on any booted system: cluster mode's tests reach the API
+    // stub on 127.0.0.1.
+    script.push_str("ip link set lo up\n");
     script.push_str(HOLD_PATCHED_BRANCHES);
     for mut argv in suite_commands(binaries, Some(series.version), series.tcx, tests) {
         // The tests that need a module this host lacks run here.

@@ -111,6 +111,11 @@ pub const ONE_KERNEL: &[(&str, &str, &[&str])] = &[
         &["an_ipv6_cluster_ip_is_followed_through_ip6tables_dnat"],
     ),
     (
+        "6.1",
+        "wireguard",
+        &["cluster_mode_judges_a_peer_narrowed_mid_trace_by_what_its_agent_read_since"],
+    ),
+    (
         "6.12",
         "faults",
         &["calico_profile_drop_names_the_rule_with_its_comments"],

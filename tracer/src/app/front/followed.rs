@@ -145,6 +145,7 @@ pub(super) fn record_kind(record: &Record) -> &'static str {
         Record::Hooks { .. } => "its hooks",
         Record::ReadThrough { .. } => "a progress mark",
         Record::ProbeSending { .. } | Record::Probe { .. } => "a probe",
+        Record::Wireguard(_) => "its WireGuard state",
         Record::Summary(_) => "its summary",
         Record::Unknown => "a record this front-end does not know",
     }

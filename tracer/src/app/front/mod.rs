@@ -486,7 +486,11 @@ mod tests {
             hop::{tests::hop, Direction},
             tests as frames,
         },
-        node::{interfaces::Role, NodeFacts},
+        node::{
+            interfaces::Role,
+            wireguard::{WgDevice, WireGuard},
+            NodeFacts,
+        },
     };
 
     const MS: u64 = 1_000_000;
@@ -671,5 +675,28 @@ mod tests {
         let (mut session, mut n1, _n2) = two_agents(false);
         n1.tells_the_ping(&mut session);
         assert_eq!(session.settle(past_every_wait(), false).len(), 1);
+    }
+
+    #[test]
+    fn a_wireguard_state_an_agent_read_again_judges_the_stories_told_next() {
+        let (mut session, _n1, mut n2) = two_agents(true);
+        let context = session.ctx.as_mut().expect("held until every agent traces");
+        context.nodes.insert("n2".into(), NodeFacts::default());
+        let narrowed = WireGuard {
+            devices: vec![WgDevice {
+                name: "wg0".into(),
+                peers: vec![Default::default()],
+                ..Default::default()
+            }],
+            read_at: 1_000,
+            read_again: true,
+            ..Default::default()
+        };
+        n2.says(&mut session, Record::Wireguard(Box::new(narrowed.clone())));
+        let held = &session.ctx.as_ref().unwrap().nodes["n2"];
+        assert_eq!(held.view.wireguard, narrowed);
+        // And the context made once every agent traces starts from it.
+        let start = session.agents["n2"].start.as_ref().unwrap();
+        assert_eq!(start.facts.view.wireguard, narrowed);
     }
 }

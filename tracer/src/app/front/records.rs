@@ -7,6 +7,7 @@ use std::time::{Instant, SystemTime};
 
 use crate::cluster::agents::Heard;
 use crate::model::conntrack;
+use crate::node::wireguard::WireGuard;
 
 use anyhow::Result;
 
@@ -119,10 +120,28 @@ impl Session {
                     ..*result
                 });
             }
+            Record::Wireguard(state) => self.learn_wireguard(&node, *state),
             Record::Hooks { .. } | Record::Unknown => {}
             Record::Summary(summary) => agent.summary = Some(*summary),
         }
         Ok(())
+    }
+
+    /// The WireGuard state an agent read again: the stories told from
+    /// now on judge by it, as node mode's read as they are told.
+    fn learn_wireguard(&mut self, agent: &str, state: WireGuard) {
+        // Into its start's facts too, which the context is made from once
+        // every agent has started.
+        let Some(start) = (self.agents.get_mut(agent)).and_then(|a| a.start.as_mut()) else {
+            return;
+        };
+        start.facts.view.wireguard = state.clone();
+        let node = start.node.clone();
+        if let Some(facts) = stories_context(&mut self.teller, &mut self.ctx)
+            .and_then(|ctx| ctx.nodes.get_mut(&node))
+        {
+            facts.view.wireguard = state;
+        }
     }
 
     /// A translated connection an agent read from its node's conntrack,
