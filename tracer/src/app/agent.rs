@@ -42,7 +42,7 @@ use crate::{
     },
     decode::hop::Hop,
     model::Summary,
-    node::wireguard::{self, WireGuard},
+    node::wireguard_watch::Watch,
     probe::clock::{monotonic_ns, realtime_offset_ns},
 };
 
@@ -70,12 +70,9 @@ pub async fn run(agent: AgentArgs) -> Result<()> {
     trace.keep_snapshots = agent.send_headers;
     let mut out = Output::start(args.snaplen);
     let facts = trace.ctx.nodes.values().next().map(WireFacts::from);
-    out.wireguard = (trace.nodes[0].wireguard_now.take()).map(|reader| WireguardWatch {
-        reader,
-        sent: facts
-            .as_ref()
-            .map(|f| f.view.wireguard.clone())
-            .unwrap_or_default(),
+    out.wireguard = (trace.nodes[0].wireguard_now.take()).map(|reader| {
+        let at_start = facts.as_ref().map(|f| f.view.wireguard.clone());
+        Watch::new(reader, at_start.unwrap_or_default())
     });
     // The doctor's failing checks, as node mode joins them to its verdicts.
     let doctor = trace
@@ -249,36 +246,12 @@ struct Output {
     lost_total: u64,
     /// What is sent of each hop's header bytes, when they are kept.
     snaplen: u32,
-    /// The node's WireGuard devices, where it has some.
-    wireguard: Option<WireguardWatch>,
-}
-
-/// A node's WireGuard state, read again every tick (one generic netlink
-/// dump per device) and sent when a story would be judged otherwise by
-/// it, so that the front-end judges a story ending into a WireGuard
-/// device by the state of then, as node mode does.
-struct WireguardWatch {
-    reader: wireguard::Reader,
-    sent: WireGuard,
-}
-
-/// Sent again at least this often, so that the handshake ages stories
-/// quote are this fresh.
-const WIREGUARD_REFRESH_SECS: u64 = 10;
-
-impl WireguardWatch {
-    /// The state read now, if it is to be sent; a read that fails keeps
-    /// the last one sent.
-    fn changed(&mut self) -> Option<WireGuard> {
-        let mut now = self.reader.read();
-        let fresh = now.read_at < self.sent.read_at + WIREGUARD_REFRESH_SECS;
-        if now.unread.is_some() || (fresh && now.judged_alike(&self.sent)) {
-            return None;
-        }
-        now.read_again = true;
-        self.sent = now.clone();
-        Some(now)
-    }
+    /// The node's WireGuard devices, where it has some: read again every
+    /// tick (one generic netlink dump per device) and sent when a story
+    /// would be judged otherwise by them, so that the front-end judges a
+    /// story ending into a WireGuard device by the state of then, as node
+    /// mode does.
+    wireguard: Option<Watch>,
 }
 
 /// An agent's consumer: every event onto the wire, for the front-end's
@@ -296,7 +269,9 @@ impl Consumer for Output {
     fn tick(&mut self, read_through: u64, now: u64, loss: Option<(u64, u64, u64)>) -> Result<bool> {
         // Before the progress mark: the state read now judges the packets
         // it lets the front-end tell.
-        if let Some(state) = self.wireguard.as_mut().and_then(WireguardWatch::changed) {
+        let wireguard = (self.wireguard.as_mut())
+            .and_then(|watch| watch.refresh().then(|| watch.state().clone()));
+        if let Some(state) = wireguard {
             self.send(Record::Wireguard(Box::new(state)));
         }
         self.send(Record::ReadThrough {
@@ -396,10 +371,14 @@ impl Output {
     fn send(&mut self, record: Record) {
         // The records the front-end cannot do without wait for room: a
         // summary lost to a full queue would read as the agent's death, a
-        // probe's result as a run that never ends.
+        // probe's result as a run that never ends, a WireGuard state as
+        // the old one still holding.
         let must_arrive = matches!(
             record,
-            Record::Summary(_) | Record::Probe { .. } | Record::ProbeSending { .. }
+            Record::Summary(_)
+                | Record::Probe { .. }
+                | Record::ProbeSending { .. }
+                | Record::Wireguard(_)
         );
         let line = self.numbering.line(record);
         let Some(queue) = &self.queue else { return };

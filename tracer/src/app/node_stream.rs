@@ -32,7 +32,7 @@ use crate::{
     cluster::api::PodMoved,
     decode::hop::Hop,
     model::{ProbeResult, Summary},
-    node::wireguard,
+    node::wireguard_watch::Watch,
     output::pcapng::Announced,
     probe::{
         clock::monotonic_ns, conntrack_stats::ConntrackStats, link_watch::LinkChange, Batch,
@@ -50,9 +50,12 @@ pub(super) async fn here(
     write: Option<Box<dyn Write>>,
 ) -> Result<(Summary, Teller<'static>)> {
     let ends = trace.targets.traced_ipv4_pair();
+    // Before the context goes to the teller: each watch starts from the
+    // state its node's facts hold.
+    let wireguard_now = wireguard_reader(trace);
     let mut teller = new_teller(args, std::mem::take(&mut trace.ctx), ends);
     teller.conntrack_now = conntrack_reader(trace);
-    teller.wireguard_now = wireguard_reader(trace);
+    teller.wireguard_now = wireguard_now;
     if let Some(out) = write {
         let watched = announced(trace);
         let ends = (trace.targets.src.ip, trace.targets.dst.ip);
@@ -322,16 +325,22 @@ fn conntrack_reader(trace: &mut Trace) -> Option<ConntrackReader> {
 /// node's namespace), taken from the nodes for the teller; none when no
 /// node has one.
 fn wireguard_reader(trace: &mut Trace) -> Option<WireguardReader> {
-    let readers: Vec<(String, wireguard::Reader)> = (trace.nodes.iter_mut())
-        .filter_map(|node| Some((node.name.to_string(), node.wireguard_now.take()?)))
+    let mut watches: Vec<(String, Watch)> = (trace.nodes.iter_mut())
+        .filter_map(|node| {
+            let reader = node.wireguard_now.take()?;
+            let at_start = (trace.ctx.nodes.get(&*node.name))
+                .map(|facts| facts.view.wireguard.clone())
+                .unwrap_or_default();
+            Some((node.name.to_string(), Watch::new(reader, at_start)))
+        })
         .collect();
-    if readers.is_empty() {
+    if watches.is_empty() {
         return None;
     }
     Some(Box::new(move |node: &str| {
-        (readers.iter())
-            .find(|(name, _)| name == node)
-            .map(|(_, reader)| reader.read())
+        let (_, watch) = watches.iter_mut().find(|(name, _)| name == node)?;
+        watch.refresh();
+        Some(watch.state().clone())
     }))
 }
 

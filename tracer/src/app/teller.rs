@@ -127,7 +127,7 @@ impl<'a> Teller<'a> {
 
     /// The WireGuard state of the node that judges `journey` read again
     /// into the context; a read that fails keeps what was read before
-    /// (the story then says when that was).
+    /// for a while (the story then says when that was: `Watch`).
     fn read_wireguard(&mut self, journey: &Journey) {
         // Asked first: without a WireGuard device on any traced node (most
         // traces), a story pays nothing for this.
@@ -139,11 +139,10 @@ impl<'a> Teller<'a> {
         let Some(node) = judging.map(str::to_string) else {
             return;
         };
-        let Some(mut state) = read(&node).filter(|state| state.unread.is_none()) else {
+        let Some(state) = read(&node) else {
             return;
         };
         if let Some(facts) = self.ctx.nodes.get_mut(&node) {
-            state.read_again = true;
             facts.view.wireguard = state;
         }
     }

@@ -68,8 +68,9 @@ pub enum Record {
     ProbeSending { flow: u16 },
     /// `--probe`: one probe's result, and its flow.
     Probe { flow: u16, result: Box<ProbeResult> },
-    /// The node's WireGuard state read again, sent when a story would be
-    /// judged otherwise by it than by the last one sent (or at start).
+    /// The node's WireGuard state read again: the first read, then when a
+    /// story would be judged otherwise by it than by the last one sent, at
+    /// least every 10 s, and why it is not read once reads failed 10 s.
     Wireguard(Box<WireGuard>),
     /// Last: the agent's own counts.
     Summary(Box<Summary>),

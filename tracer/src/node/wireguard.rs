@@ -197,7 +197,7 @@ mod reader {
     use base64::Engine;
     use netlink_packet_core::{
         NetlinkDeserializable, NetlinkMessage, NetlinkPayload, NetlinkSerializable, NLM_F_DUMP,
-        NLM_F_REQUEST,
+        NLM_F_DUMP_INTR, NLM_F_REQUEST,
     };
     use netlink_packet_generic::{
         ctrl::{nlas::GenlCtrlAttrs, GenlCtrl, GenlCtrlCmd},
@@ -246,10 +246,19 @@ mod reader {
             })
         }
 
+        /// Read again; a dump the kernel cut short because the device
+        /// changed meanwhile (its allowed-ips or peers half listed) is
+        /// read once more, then reported unread, never taken as it is.
         pub fn read(&self) -> WireGuard {
-            let read = (self.links.iter())
-                .map(|(index, name, up)| device(&self.socket, self.family, (*index, name, *up)))
-                .collect::<Result<Vec<_>>>();
+            let attempt = || {
+                (self.links.iter())
+                    .map(|(index, name, up)| device(&self.socket, self.family, (*index, name, *up)))
+                    .collect::<Result<Vec<_>>>()
+            };
+            let read = attempt().or_else(|e| match e.downcast_ref::<Interrupted>() {
+                Some(_) => attempt(),
+                None => Err(e),
+            });
             match read {
                 Ok(devices) => WireGuard {
                     devices,
@@ -392,7 +401,9 @@ mod reader {
     }
 
     /// Sends one request and reads its answers: a dump's until DONE,
-    /// else the first. A netlink error is an io::Error of its errno.
+    /// else the first. A netlink error is an io::Error of its errno; a
+    /// dump the kernel marks interrupted (the state changed while it was
+    /// listed: NLM_F_DUMP_INTR) is `Interrupted`.
     /// Each request has a sequence number of its own, and answers to
     /// another are skipped: a `Reader`'s socket lives on, and a dump cut
     /// short by an error leaves the rest of it queued there.
@@ -409,6 +420,7 @@ mod reader {
         request.serialize(&mut out);
         socket.send(&out, 0)?;
         let mut answers = Vec::new();
+        let mut interrupted = false;
         let mut buf = vec![0u8; 1 << 16];
         loop {
             let n = socket.recv(&mut &mut buf[..], 0)?;
@@ -421,8 +433,10 @@ mod reader {
                     .map_err(|e| anyhow::anyhow!("an unreadable netlink answer: {e}"))?;
                 let length = message.header.length as usize;
                 let ours = message.header.sequence_number == sequence;
+                interrupted |= ours && message.header.flags & NLM_F_DUMP_INTR != 0;
                 match message.payload {
                     _ if !ours => {}
+                    NetlinkPayload::Done(_) if interrupted => return Err(Interrupted.into()),
                     NetlinkPayload::Done(_) => return Ok(answers),
                     NetlinkPayload::Error(e) if e.code.is_some() => return Err(e.to_io().into()),
                     NetlinkPayload::InnerMessage(inner) => {
@@ -440,6 +454,18 @@ mod reader {
             }
         }
     }
+
+    /// A dump the kernel cut short because what it listed changed.
+    #[derive(Debug)]
+    struct Interrupted;
+
+    impl std::fmt::Display for Interrupted {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("the WireGuard state changed while it was read (a dump interrupted)")
+        }
+    }
+
+    impl std::error::Error for Interrupted {}
 
     #[cfg(test)]
     mod tests {

@@ -52,7 +52,8 @@ pub struct Verdict {
     pub hint: Option<String>,
     /// For a packet lost past a WireGuard device, where the receiving
     /// node's WireGuard state was read: its peer for the sending node,
-    /// whether it allows the source, and its session, as read at start.
+    /// whether it allows the source, and its session, as read when the
+    /// story was told (else at start: `read_as_told`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wireguard: Option<super::wireguard::WireguardProof>,
     /// For `vanished`, `no_route` and `dropped`: the doctor's failing

@@ -42,8 +42,8 @@ pub struct WireguardProof {
     pub handshake_age_s: Option<u64>,
     /// The state was read again as the story was told (node mode; in
     /// cluster mode, the one the node's agent last sent, read again after
-    /// the packet passed and within 10 s); false: it is the one read at
-    /// start (a read again that failed).
+    /// the packet passed); false: it is the one read at start (no read
+    /// again yet, or those tried failed).
     pub read_as_told: bool,
     pub cause: WireguardCause,
 }

@@ -316,19 +316,29 @@ fn in_vm(
 
 /// Holds on, for the guest's life, the kernel's static branches that the
 /// tests would otherwise switch on and off dozens of times: the receive
-/// timestamp (every ping's SO_TIMESTAMP socket), the tc hooks (every
-/// podtrace start and exit), and the kfree_skb tracepoint (the drop
-/// program). Each switch patches kernel text through an int3, and under
+/// timestamp (every ping's SO_TIMESTAMP socket), netfilter's hooks and
+/// rule tracing (every lab's rules, podtrace's nftrace table), the tc
+/// hooks (every podtrace start and exit), and the kfree_skb tracepoint
+/// (the drop program). Each switch patches kernel text through an int3, and under
 /// QEMU's multi-threaded TCG a vCPU can still run the int3 after the patch
 /// is done: 6.12 once panicked in `__netif_receive_skb_core` ("Oops: int3")
 /// as netstamp_needed_key flipped (CI of stop 46). Real CPUs do not do
 /// that; what the tests check does not depend on these branches' state,
 /// which a real node also has on (chronyd, ping, any tc program).
 /// SO_TIMESTAMP is 29 on x86-64; Python's socket module lacks the name.
-const HOLD_PATCHED_BRANCHES: &str = r#"python3 -c 'import socket, time
+const HOLD_PATCHED_BRANCHES: &str = r#"(python3 -c 'import socket, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.setsockopt(socket.SOL_SOCKET, 29, 1)
-time.sleep(1e9)' &
+time.sleep(1e9)' || echo "podtrace-vm: cannot hold the receive timestamp's branch") &
+nft -f - <<'NFT' || echo "podtrace-vm: cannot hold netfilter's branches"
+table inet podtrace_vm_hold {
+  chain hold_prerouting { type filter hook prerouting priority 0; }
+  chain hold_input { type filter hook input priority 0; }
+  chain hold_forward { type filter hook forward priority 0; }
+  chain hold_output { type filter hook output priority 0; ip daddr 0.0.0.0 meta nftrace set 1; }
+  chain hold_postrouting { type filter hook postrouting priority 0; }
+}
+NFT
 ip link add vm-hold type dummy && tc qdisc add dev vm-hold clsact || echo "podtrace-vm: cannot hold the tc hooks' branches"
 echo 0 > /sys/kernel/tracing/tracing_on && echo 1 > /sys/kernel/tracing/events/skb/kfree_skb/enable || echo "podtrace-vm: cannot hold kfree_skb's branch"
 "#;
