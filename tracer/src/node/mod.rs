@@ -17,6 +17,7 @@ mod route_lookup;
 pub mod rules;
 pub mod tunnels;
 pub mod wireguard;
+#[cfg(target_os = "linux")]
 pub mod wireguard_watch;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
