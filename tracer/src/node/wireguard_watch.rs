@@ -7,16 +7,16 @@ use super::wireguard::{Reader, WireGuard};
 /// How stale a state read again may be told: a state judged alike is
 /// taken again at least this often (the handshake ages stories quote),
 /// and reads that fail this long replace the last good one with why.
-pub const REFRESH_SECS: u64 = 10;
+const REFRESH_SECS: u64 = 10;
 
 /// A node's WireGuard state, read again whenever asked, and what is
 /// held of it: a read that fails keeps the last good state for a while
 /// (a device being recreated), then says why it is not read.
 pub struct Watch {
     reader: Reader,
+    /// The start's state until a read again is taken (`read_again`
+    /// false: the next good read is a change).
     held: WireGuard,
-    /// Nothing read again yet: the next good read is a change.
-    fresh_start: bool,
     /// When a read last succeeded (seconds since the epoch).
     last_good: u64,
 }
@@ -27,7 +27,6 @@ impl Watch {
             reader,
             last_good: at_start.read_at,
             held: at_start,
-            fresh_start: true,
         }
     }
 
@@ -44,11 +43,10 @@ impl Watch {
         } else {
             self.last_good = now.read_at;
             let recent = now.read_at < self.held.read_at + REFRESH_SECS;
-            if !self.fresh_start && recent && now.judged_alike(&self.held) {
+            if self.held.read_again && recent && now.judged_alike(&self.held) {
                 return false;
             }
         }
-        self.fresh_start = false;
         self.held = now;
         true
     }
