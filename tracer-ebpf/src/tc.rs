@@ -87,7 +87,7 @@ pub fn podtrace_egress_l3(ctx: TcContext) -> i32 {
 /// hook's direction; `TO_POD`, the egress that hands packets to a pod.
 #[inline(always)]
 fn hook<const HAS_L2: bool, const INGRESS: bool, const TO_POD: bool>(ctx: TcContext) -> i32 {
-    if untraced_at_a_glance(&ctx, HAS_L2) {
+    if untraced_at_a_glance(&ctx, HAS_L2) || !kept_at_a_glance(&ctx, HAS_L2) {
         return TC_ACT_UNSPEC;
     }
     look_closer::<HAS_L2, INGRESS, TO_POD>(ctx)
@@ -154,6 +154,16 @@ fn untraced_at_a_glance(ctx: &TcContext, has_l2: bool) -> bool {
         || traced_pairs6().is_some_and(|pairs| {
             glance::untraced6(&linear, has_l2, tunnel_ports, |pair| pairs.maybe(pair))
         })
+}
+
+/// Whether `--proto`/`--port` keeps the packet, where the glance can
+/// judge it (`glance::filter_verdict`: a plain TCP or UDP header); a
+/// pair's packets the filter leaves out then cost no classifier lookups.
+/// Without a filter, a constant `true`.
+#[inline(always)]
+fn kept_at_a_glance(ctx: &TcContext, has_l2: bool) -> bool {
+    let linear = Linear::new(ctx);
+    filter_keeps(|f| glance::filter_verdict(&linear, has_l2, tunnel_ports, f))
 }
 
 /// Hands an IPv6 packet to the hook's IPv6 program (`index`); returns

@@ -13,11 +13,12 @@
 //! classifier's own first test is.
 
 use crate::{
+    filter::L4Filter,
     headers::{
         ETH_HLEN, ETH_P_IP, ETH_P_IPV6, ETH_TYPE, ICMP_FRAG_NEEDED, IPPROTO_ICMP, IPPROTO_IPIP,
-        IPPROTO_UDP, IPV4_HLEN, IPV4_PROTOCOL, IPV4_SADDR, IPV4_VERSION, IPV4_VER_IHL,
-        IPV4_VER_IHL_PLAIN, IPV6_DADDR, IPV6_HLEN, IPV6_NEXT_HEADER, IPV6_SADDR, IPV6_VERSION,
-        L4_DPORT, UDP_HLEN, VXLAN_HLEN,
+        IPPROTO_TCP, IPPROTO_UDP, IPV4_FRAG_OFF, IPV4_HLEN, IPV4_OFFSET_MASK, IPV4_PROTOCOL,
+        IPV4_SADDR, IPV4_VERSION, IPV4_VER_IHL, IPV4_VER_IHL_PLAIN, IPV6_DADDR, IPV6_HLEN,
+        IPV6_NEXT_HEADER, IPV6_SADDR, IPV6_VERSION, L4_DPORT, L4_SPORT, UDP_HLEN, VXLAN_HLEN,
     },
     packet6::FlowKey6,
     tunnel::{TunnelPorts, UdpTunnel},
@@ -110,6 +111,47 @@ pub fn untraced6<B: Fixed + ?Sized>(
     }
 }
 
+/// `--proto`/`--port`'s verdict on a packet whose transport header the
+/// glance finds at a fixed offset: TCP or UDP right after a 20-byte IPv4
+/// header (not a later fragment) or a 40-byte IPv6 one, UDP to no tunnel
+/// port. `Some(keep)`: where its pair is traced, the classifier traces it
+/// by this very header (`match_kind::PLAIN`) and the filter judges those
+/// ports as here, so a packet left out skips the classifier's lookups and
+/// costs about what an untraced one does. `None`: look closer.
+#[inline(always)]
+pub fn filter_verdict<B: Fixed + ?Sized>(
+    b: &B,
+    has_l2: bool,
+    ports: impl FnOnce() -> TunnelPorts,
+    filter: &L4Filter,
+) -> Option<bool> {
+    let (protocol, l4) = match ip_header::<IPV4_HLEN, _>(b, has_l2, ETH_P_IP) {
+        Some((ip, l3)) if ip[IPV4_VER_IHL] == IPV4_VER_IHL_PLAIN => {
+            let offset = u16::from_be_bytes([ip[IPV4_FRAG_OFF], ip[IPV4_FRAG_OFF + 1]]);
+            if offset & IPV4_OFFSET_MASK != 0 {
+                return None;
+            }
+            (ip[IPV4_PROTOCOL], l3 + IPV4_HLEN)
+        }
+        _ => {
+            let (ip, l3) = ip_header::<IPV6_HLEN, _>(b, has_l2, ETH_P_IPV6)?;
+            if ip[0] >> 4 != IPV6_VERSION {
+                return None;
+            }
+            (ip[IPV6_NEXT_HEADER], l3 + IPV6_HLEN)
+        }
+    };
+    if protocol != IPPROTO_TCP && protocol != IPPROTO_UDP {
+        return None;
+    }
+    let header = b.fixed::<UDP_HLEN>(l4)?;
+    if protocol == IPPROTO_UDP && ports().udp_tunnel(dport(header)).is_some() {
+        return None;
+    }
+    let sport = u16::from_be_bytes([header[L4_SPORT], header[L4_SPORT + 1]]);
+    Some(filter.keeps(protocol, Some((sport, dport(header)))))
+}
+
 /// The IP header (`N` bytes) of a packet whose Ethernet header, where it
 /// has one, says `ethertype`; and its offset.
 #[inline(always)]
@@ -125,7 +167,8 @@ fn ip_header<const N: usize, B: Fixed + ?Sized>(
     Some((b.fixed::<N>(l3)?, l3))
 }
 
-/// The destination port of a UDP header.
+/// The destination port of a UDP header (or of the first eight bytes of
+/// a TCP one).
 #[inline(always)]
 fn dport(udp: &[u8; UDP_HLEN]) -> u16 {
     u16::from_be_bytes([udp[L4_DPORT], udp[L4_DPORT + 1]])
@@ -392,6 +435,75 @@ mod tests {
             || ports,
             maybe
         ));
+    }
+
+    /// What the programs conclude of a packet past the glance: `None`,
+    /// turned away by the classifier; else the filter's verdict on the
+    /// header it traces, and how it matched.
+    fn classifier_verdict(
+        b: &[u8],
+        l3: usize,
+        ports: &TunnelPorts,
+        flows: &Willing,
+        filter: &L4Filter,
+    ) -> Option<(u8, Option<bool>)> {
+        let kind = if crate::packet::ip_version(b, l3)? == IPV6_VERSION {
+            classify6(b, l3, ports, flows)?
+        } else {
+            classify4(b, l3, ports, flows)?
+        };
+        let traced = crate::transport::traced_l4::<_, true>(b, l3, kind, ports)?;
+        Some((kind, crate::filter::judge::<_, true>(b, &traced.l4, filter)))
+    }
+
+    #[test]
+    fn a_filter_verdict_at_a_glance_is_the_filters_on_the_header_the_classifier_traces() {
+        let traced = vec![FlowKey { src: WEB, dst: DB }, FlowKey { src: DB, dst: WEB }];
+        let flows = Willing(traced, None);
+        let ports = TunnelPorts::with_vxlan([8999]);
+        let port = |protocols, port| {
+            let mut filter = L4Filter {
+                protocols,
+                ports_len: 1,
+                ..L4Filter::default()
+            };
+            filter.ports[0] = port;
+            filter
+        };
+        let filters = [
+            port(0, 5201),
+            port(0, 80),
+            port(crate::filter::protocol_bit::UDP, 5201),
+            port(crate::filter::protocol_bit::ICMP, 53),
+        ];
+        let (mut judged, mut left_out) = (0, 0);
+        for filter in &filters {
+            let shapes = [shapes(), shapes6()].concat();
+            mutated(shapes, 2_000, |b, has_l2, l3| {
+                let keep = filter_verdict(b, has_l2, || ports, filter)?;
+                judged += 1;
+                left_out += usize::from(!keep);
+                if let Some(past) = classifier_verdict(b, l3, &ports, &flows, filter) {
+                    let plain = (crate::sighting::match_kind::PLAIN, Some(keep));
+                    assert_eq!(past, plain, "{b:02x?}");
+                }
+                Some(())
+            });
+        }
+        assert!(judged > 20_000, "only {judged} packets judged at a glance");
+        assert!(left_out > 5_000, "only {left_out} packets left out");
+        // The pair's TCP to port 5201, as the filters ask.
+        let web_db = tcp(WEB, DB);
+        let verdict = |f| filter_verdict(&web_db[..], true, || ports, f);
+        assert_eq!(
+            filters.each_ref().map(verdict),
+            [Some(true), Some(false), Some(false), Some(false)]
+        );
+        // A tunnel's packet is the classifier's, whatever the filter.
+        assert_eq!(
+            filter_verdict(&vxlan(tcp(WEB, DB))[..], true, || ports, &filters[1]),
+            None
+        );
     }
 
     #[test]

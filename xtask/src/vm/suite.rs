@@ -7,7 +7,8 @@ use std::path::PathBuf;
 /// cover each kernel signal in little time under TCG: the lab's cross-node
 /// VXLAN story, the fault catalogue's drops named with their rule (by
 /// reason, or by location before 5.17) and no_route, a ClusterIP's DNAT
-/// under kube-proxy's iptables mode, a dual-stack pair over IPv6 and IPv6
+/// under kube-proxy's iptables mode, `--port` leaving packets out in the
+/// kernel, a dual-stack pair over IPv6 and IPv6
 /// inside the IPv4 tunnel (the IPv6 programs), an iptables drop traced
 /// under the agent pod's capabilities and memlock limit with the kernel's
 /// addresses hidden as distributions hide them, cleanup after kill -9 in
@@ -38,6 +39,12 @@ pub const SUITE: &[(&str, &[&str])] = &[
     (
         "services",
         &["a_cluster_ip_is_followed_to_its_backend_on_the_other_node_and_back_iptables"],
+    ),
+    (
+        // `--port`'s programs: the filter is a load-time constant, so
+        // they are programs of their own to each verifier.
+        "filters",
+        &["a_port_filter_tells_only_that_ports_packets_and_counts_the_rest"],
     ),
     (
         "deployed",
