@@ -89,15 +89,24 @@ fn kernel_cost_per_path() {
         Mode {
             key: "port",
             args: &["web-1", "db-1", "--port", "80"],
-            paths: with(
+            paths: [
                 untraced(),
-                (
-                    "left-out",
-                    "traced pair, left out by --port",
-                    frame("web-1", "db-1", 5201),
-                    REPEAT,
-                ),
-            ),
+                vec![
+                    (
+                        "left-out",
+                        "traced pair, left out by --port",
+                        frame("web-1", "db-1", 5201),
+                        REPEAT,
+                    ),
+                    (
+                        "left-out-vxlan",
+                        "traced pair in VXLAN, left out by --port",
+                        datapath::vxlan_frame(frame("web-1", "db-1", 5201)),
+                        REPEAT,
+                    ),
+                ],
+            ]
+            .concat(),
         },
         Mode {
             key: "profile",

@@ -163,7 +163,8 @@ fn untraced_at_a_glance(ctx: &TcContext, has_l2: bool) -> bool {
 #[inline(always)]
 fn kept_at_a_glance(ctx: &TcContext, has_l2: bool) -> bool {
     let linear = Linear::new(ctx);
-    filter_keeps(|f| glance::filter_verdict(&linear, has_l2, tunnel_ports, f))
+    let maybe_traced = |pair: &_| traced_pairs().is_none_or(|pairs| pairs.maybe(pair));
+    filter_keeps(|f| glance::filter_verdict(&linear, has_l2, tunnel_ports, maybe_traced, f))
 }
 
 /// Hands an IPv6 packet to the hook's IPv6 program (`index`); returns

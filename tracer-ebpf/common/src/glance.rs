@@ -111,45 +111,86 @@ pub fn untraced6<B: Fixed + ?Sized>(
     }
 }
 
-/// `--proto`/`--port`'s verdict on a packet whose transport header the
-/// glance finds at a fixed offset: TCP or UDP right after a 20-byte IPv4
-/// header (not a later fragment) or a 40-byte IPv6 one, UDP to no tunnel
-/// port. `Some(keep)`: where its pair is traced, the classifier traces it
-/// by this very header (`match_kind::PLAIN`) and the filter judges those
-/// ports as here, so a packet left out skips the classifier's lookups and
+/// `--proto`/`--port`'s verdict on a packet whose traced header's
+/// transport the glance finds at a fixed offset: TCP or UDP right after a
+/// 20-byte IPv4 header (not a later fragment) or a 40-byte IPv6 one, UDP
+/// to no tunnel port; or inside VXLAN over IPv4, the same after a plain
+/// inner Ethernet and IPv4 header, where the outer pair is not
+/// `maybe_traced`. `Some(keep)`: where the packet is traced at all, the
+/// classifier traces it by that very header (`match_kind::PLAIN`, or
+/// `INNER` through VXLAN) and the filter judges those ports as here, so a
+/// packet left out skips the classifier's lookups and trust checks and
 /// costs about what an untraced one does. `None`: look closer.
 #[inline(always)]
 pub fn filter_verdict<B: Fixed + ?Sized>(
     b: &B,
     has_l2: bool,
     ports: impl FnOnce() -> TunnelPorts,
+    maybe_traced: impl Fn(&FlowKey) -> bool,
     filter: &L4Filter,
 ) -> Option<bool> {
-    let (protocol, l4) = match ip_header::<IPV4_HLEN, _>(b, has_l2, ETH_P_IP) {
-        Some((ip, l3)) if ip[IPV4_VER_IHL] == IPV4_VER_IHL_PLAIN => {
-            let offset = u16::from_be_bytes([ip[IPV4_FRAG_OFF], ip[IPV4_FRAG_OFF + 1]]);
-            if offset & IPV4_OFFSET_MASK != 0 {
-                return None;
-            }
-            (ip[IPV4_PROTOCOL], l3 + IPV4_HLEN)
-        }
-        _ => {
+    let ipv4 = ip_header::<IPV4_HLEN, _>(b, has_l2, ETH_P_IP)
+        .and_then(|(ip, l3)| Some((transport4(ip, l3)?, pair(ip, 0))));
+    let ((protocol, l4), outer) = match ipv4 {
+        Some((transport, outer)) => (transport, Some(outer)),
+        None => {
             let (ip, l3) = ip_header::<IPV6_HLEN, _>(b, has_l2, ETH_P_IPV6)?;
             if ip[0] >> 4 != IPV6_VERSION {
                 return None;
             }
-            (ip[IPV6_NEXT_HEADER], l3 + IPV6_HLEN)
+            (transported(ip[IPV6_NEXT_HEADER], l3 + IPV6_HLEN)?, None)
         }
     };
-    if protocol != IPPROTO_TCP && protocol != IPPROTO_UDP {
-        return None;
-    }
     let header = b.fixed::<UDP_HLEN>(l4)?;
-    if protocol == IPPROTO_UDP && ports().udp_tunnel(dport(header)).is_some() {
+    if protocol == IPPROTO_UDP {
+        match ports().udp_tunnel(dport(header)) {
+            None => {}
+            // A traced outer pair is traced by its outer header: the
+            // classifier's to say.
+            Some(UdpTunnel::Vxlan) if outer.is_some_and(|o| !maybe_traced(&o)) => {
+                return inner_verdict(b, l4 + UDP_HLEN + VXLAN_HLEN, filter);
+            }
+            Some(_) => return None,
+        }
+    }
+    Some(keeps(filter, protocol, header))
+}
+
+/// [`filter_verdict`] of the inner packet of a VXLAN one, at `inner`.
+#[inline(always)]
+fn inner_verdict<B: Fixed + ?Sized>(b: &B, inner: usize, filter: &L4Filter) -> Option<bool> {
+    let eth_ip = b.fixed::<INNER_SPAN>(inner)?;
+    if eth_ip[ETH_TYPE..ETH_TYPE + 2] != ETH_P_IP.to_be_bytes() {
         return None;
     }
+    let ip: &[u8; IPV4_HLEN] = eth_ip[ETH_HLEN..].try_into().ok()?;
+    let (protocol, l4) = transport4(ip, inner + ETH_HLEN)?;
+    Some(keeps(filter, protocol, b.fixed::<UDP_HLEN>(l4)?))
+}
+
+/// The protocol and offset of the TCP or UDP header after the plain
+/// IPv4 header `ip` at `l3`, unless the packet is a later fragment.
+#[inline(always)]
+fn transport4(ip: &[u8; IPV4_HLEN], l3: usize) -> Option<(u8, usize)> {
+    let offset = u16::from_be_bytes([ip[IPV4_FRAG_OFF], ip[IPV4_FRAG_OFF + 1]]);
+    if ip[IPV4_VER_IHL] != IPV4_VER_IHL_PLAIN || offset & IPV4_OFFSET_MASK != 0 {
+        return None;
+    }
+    transported(ip[IPV4_PROTOCOL], l3 + IPV4_HLEN)
+}
+
+/// `(protocol, l4)` where the protocol is TCP or UDP.
+#[inline(always)]
+fn transported(protocol: u8, l4: usize) -> Option<(u8, usize)> {
+    (protocol == IPPROTO_TCP || protocol == IPPROTO_UDP).then_some((protocol, l4))
+}
+
+/// Whether `filter` keeps a packet of `protocol` whose TCP or UDP header
+/// starts with `header`.
+#[inline(always)]
+fn keeps(filter: &L4Filter, protocol: u8, header: &[u8; UDP_HLEN]) -> bool {
     let sport = u16::from_be_bytes([header[L4_SPORT], header[L4_SPORT + 1]]);
-    Some(filter.keeps(protocol, Some((sport, dport(header)))))
+    filter.keeps(protocol, Some((sport, dport(header))))
 }
 
 /// The IP header (`N` bytes) of a packet whose Ethernet header, where it
@@ -458,8 +499,19 @@ mod tests {
 
     #[test]
     fn a_filter_verdict_at_a_glance_is_the_filters_on_the_header_the_classifier_traces() {
-        let traced = vec![FlowKey { src: WEB, dst: DB }, FlowKey { src: DB, dst: WEB }];
-        let flows = Willing(traced, None);
+        // And a pair of nodes, whose tunnel packets are traced by their
+        // outer header.
+        let traced = vec![
+            FlowKey { src: WEB, dst: DB },
+            FlowKey { src: DB, dst: WEB },
+            FlowKey {
+                src: NODE1,
+                dst: NODE2,
+            },
+        ];
+        let bits = TracedPairs::of(&traced);
+        let maybe = |k: &FlowKey| bits.maybe(k);
+        let flows = Willing(traced.clone(), None);
         let ports = TunnelPorts::with_vxlan([8999]);
         let port = |protocols, port| {
             let mut filter = L4Filter {
@@ -480,28 +532,35 @@ mod tests {
         for filter in &filters {
             let shapes = [shapes(), shapes6()].concat();
             mutated(shapes, 2_000, |b, has_l2, l3| {
-                let keep = filter_verdict(b, has_l2, || ports, filter)?;
+                let keep = filter_verdict(b, has_l2, || ports, maybe, filter)?;
                 judged += 1;
                 left_out += usize::from(!keep);
-                if let Some(past) = classifier_verdict(b, l3, &ports, &flows, filter) {
-                    let plain = (crate::sighting::match_kind::PLAIN, Some(keep));
-                    assert_eq!(past, plain, "{b:02x?}");
+                if let Some((kind, verdict)) = classifier_verdict(b, l3, &ports, &flows, filter) {
+                    use crate::sighting::match_kind::{INNER, PLAIN};
+                    assert!(kind == PLAIN || kind == INNER, "{kind}: {b:02x?}");
+                    assert_eq!(verdict, Some(keep), "{b:02x?}");
                 }
                 Some(())
             });
         }
         assert!(judged > 20_000, "only {judged} packets judged at a glance");
         assert!(left_out > 5_000, "only {left_out} packets left out");
-        // The pair's TCP to port 5201, as the filters ask.
-        let web_db = tcp(WEB, DB);
-        let verdict = |f| filter_verdict(&web_db[..], true, || ports, f);
+        // The pair's TCP to port 5201, as the filters ask, and the same
+        // through VXLAN; a Geneve packet is the classifier's.
+        let pods = TracedPairs::of(&traced[..2]);
+        let maybe = |k: &FlowKey| pods.maybe(k);
+        for packet in [tcp(WEB, DB), vxlan(tcp(WEB, DB))] {
+            let verdict = |f| filter_verdict(&packet[..], true, || ports, maybe, f);
+            let verdicts = filters.each_ref().map(verdict);
+            assert_eq!(
+                verdicts,
+                [Some(true), Some(false), Some(false), Some(false)]
+            );
+        }
+        let geneve = [vec![0, 0, 0x65, 0x58, 0, 0, 1, 0], tcp(WEB, DB)].concat();
+        let geneve = udp_to(6081, geneve);
         assert_eq!(
-            filters.each_ref().map(verdict),
-            [Some(true), Some(false), Some(false), Some(false)]
-        );
-        // A tunnel's packet is the classifier's, whatever the filter.
-        assert_eq!(
-            filter_verdict(&vxlan(tcp(WEB, DB))[..], true, || ports, &filters[1]),
+            filter_verdict(&geneve[..], true, || ports, maybe, &filters[1]),
             None
         );
     }
