@@ -654,7 +654,7 @@ fn dnat_to_a_backend_on_node_2<'a>(lab: &Lab, syn: &'a Value) -> (&'a Value, Ipv
         .map(|b| b.ip)
         .find(|ip| after == format!("{ip}:{TCP_PORT}"))
         .unwrap_or_else(|| panic!("DNAT to a backend: {step}"));
-    assert_eq!(nat_hops(syn, "DNAT")[0]["node"], n1.as_str());
+    assert_eq!(nat_hops(syn, "DNAT")[0]["node"], n1.as_str(), "{syn}");
     assert_eq!(syn["verdict"]["outcome"], "delivered", "{syn}");
     assert_eq!(syn["verdict"]["node"], n2.as_str());
     assert!(
