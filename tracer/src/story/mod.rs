@@ -136,6 +136,9 @@ pub fn tell(journey: &Journey, ctx: &Context) -> Story {
             if ctx.rules_unseen.contains_key(&*hop.node) {
                 nat_steps::unseen_by_tracing(&mut nat);
             }
+            if let Some(p) = prev {
+                nat_steps::out_of_sight(&mut nat, p, hop);
+            }
             let mut note = notes::note(hop, prev, ctx);
             for step in &nat {
                 note.push_str(&format!("; {}", step.text()));
@@ -691,11 +694,10 @@ pub(crate) mod tests {
         );
     }
 
-    /// web-0's packet to a ClusterIP, DNATed on node-1 to db-0 on
-    /// node-2 and last seen leaving node-1, with conntrack's entry for
-    /// the connection learnt as db-0's addresses were traced everywhere
-    /// from `traced_from_ns`.
-    fn translated_toward_node_2(traced_from_ns: u64) -> Story {
+    /// web-0's SYN to a ClusterIP and the same SYN DNATed to db-0, with
+    /// conntrack's entry for it learnt as db-0's addresses were traced
+    /// everywhere from `traced_from_ns`.
+    fn dnat_to_db_0_learnt(traced_from_ns: u64) -> (Context, Vec<u8>, Vec<u8>) {
         let mut ctx = ctx();
         let entry = crate::model::conntrack::Entry {
             orig: nat::tests::tuple([10, 244, 1, 2], [10, 96, 7, 8], 40000, 80),
@@ -707,12 +709,98 @@ pub(crate) mod tests {
         ctx.nat.learn_connection(&entry, |_| None, traced_from_ns);
         let sent = frames::tcp_syn([10, 244, 1, 2], [10, 96, 7, 8], 40000, 80);
         let dnatted = frames::tcp_syn([10, 244, 1, 2], [10, 244, 2, 2], 40000, 8080);
+        (ctx, sent, dnatted)
+    }
+
+    /// web-0's packet to a ClusterIP, DNATed on node-1 to db-0 on
+    /// node-2 and last seen leaving node-1, with conntrack's entry for
+    /// the connection learnt as db-0's addresses were traced everywhere
+    /// from `traced_from_ns`.
+    fn translated_toward_node_2(traced_from_ns: u64) -> Story {
+        let (ctx, sent, dnatted) = dnat_to_db_0_learnt(traced_from_ns);
         let hops = vec![
             hop(1_000, "node-1", "vethA", Role::PodVeth, Ingress, &sent),
             hop(2_000, "node-1", "cni0", Role::Bridge, Ingress, &dnatted),
             hop(4_000, "node-1", "eth0", Role::Underlay, Egress, &dnatted),
         ];
         tell(&Journey::new(hops), &ctx)
+    }
+
+    /// A SYN to a ClusterIP DNATed on node-1 while its connection was
+    /// being learnt: node-1's hooks after the DNAT did not trace it, and
+    /// node-2's did. `with_node_1_egress` adds node-1's flannel.1 egress.
+    fn dnatted_in_flight(with_node_1_egress: bool) -> Story {
+        let (ctx, sent, dnatted) = dnat_to_db_0_learnt(3_000);
+        let mut hops = vec![
+            hop(1_000, "node-1", "vethA", Role::PodVeth, Ingress, &sent),
+            hop(1_500, "node-1", "cni0", Role::Bridge, Ingress, &sent),
+        ];
+        if with_node_1_egress {
+            hops.push(hop(
+                2_000,
+                "node-1",
+                "flannel.1",
+                Role::Tunnel,
+                Egress,
+                &dnatted,
+            ));
+        }
+        let outer = frames::vxlan(&dnatted, 1);
+        hops.extend([
+            hop(5_000, "node-2", "eth0", Role::Underlay, Ingress, &outer),
+            hop(
+                5_500,
+                "node-2",
+                "flannel.1",
+                Role::Tunnel,
+                Ingress,
+                &dnatted,
+            ),
+            hop(6_500, "node-2", "vethB", Role::PodVeth, Egress, &dnatted),
+        ]);
+        tell(&Journey::new(hops), &ctx)
+    }
+
+    #[test]
+    fn a_translation_between_two_nodes_hops_is_told_on_the_earlier_node_out_of_sight() {
+        let story = dnatted_in_flight(false);
+        assert!(matches!(story.verdict.outcome, Outcome::Delivered { .. }));
+        let (hop, step) = story
+            .hops
+            .iter()
+            .find_map(|h| h.nat.first().map(|s| (h, s)))
+            .expect("a DNAT step");
+        assert_eq!((&*hop.node, &*hop.iface), ("node-2", "eth0"));
+        let sight = step.out_of_sight.as_ref().expect("out of sight");
+        assert_eq!(sight.node.as_deref(), Some("node-1"));
+        assert_eq!(sight.after_hop, "node-1 cni0 ingress");
+        let summary = &story.verdict.summary;
+        assert!(
+            summary.contains(
+                "DNAT 10.96.7.8:80 → 10.244.2.2:8080 on node-1, out of sight (its hooks after node-1 cni0 ingress did not trace this packet)"
+            ),
+            "{summary}"
+        );
+        assert!(!summary.contains("on node-2 (seen at"), "{summary}");
+        assert!(hop.note.contains("out of sight"), "{}", hop.note);
+
+        // Seen on node-1 after the DNAT: told where it was seen.
+        let story = dnatted_in_flight(true);
+        let (hop, step) = story
+            .hops
+            .iter()
+            .find_map(|h| h.nat.first().map(|s| (h, s)))
+            .expect("a DNAT step");
+        assert_eq!((&*hop.node, &*hop.iface), ("node-1", "flannel.1"));
+        assert_eq!(step.out_of_sight, None);
+        assert!(
+            story
+                .verdict
+                .summary
+                .contains("on node-1 (seen at flannel.1 egress)"),
+            "{}",
+            story.verdict.summary
+        );
     }
 
     #[test]

@@ -14,9 +14,12 @@ use super::{
     rule_text::{rule_action, NatKind},
 };
 use crate::{
-    decode::IpPacket,
+    decode::{
+        hop::{Direction, Hop},
+        IpPacket,
+    },
     model::netfilter::NetfilterRule,
-    model::{Frontend, Translation},
+    model::{Frontend, Name, Translation},
 };
 
 /// The conntrack side of a translation.
@@ -47,6 +50,64 @@ pub struct NatStep {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backend: Option<String>,
     pub conntrack: ConntrackState,
+    /// Set when no traced hook saw the translation: it lies between
+    /// hops on two nodes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub out_of_sight: Option<OutOfSight>,
+}
+
+/// Where a translation was done that no traced hook saw. tc hooks sit
+/// outside netfilter, so a translation between the hops of two nodes
+/// was done after the earlier node's last traced hop: that node's hooks
+/// after it were not traced (its pair was learnt from conntrack while
+/// the packet was in flight, or a hook was missing).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+pub struct OutOfSight {
+    /// The node whose netfilter translated the packet, when the hooks
+    /// tell it: the earlier hop's, when the later hop is the next node's
+    /// ingress (tc ingress runs before PREROUTING there).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<Name>,
+    /// The last hop that saw the packet before it: `node-1 cni0 ingress`.
+    pub after_hop: String,
+    /// The first hop that saw it after: `node-2 eth0 ingress`.
+    pub before_hop: String,
+}
+
+impl OutOfSight {
+    /// `on node-1, out of sight (its hooks after node-1 cni0 ingress did
+    /// not trace this packet)`, or, when either
+    /// node could have done it, `out of sight between node-1 cni0 ingress
+    /// and node-2 eth0 egress`.
+    pub fn text(&self) -> String {
+        match &self.node {
+            Some(node) => format!(
+                "on {node}, out of sight (its hooks after {} did not trace this packet)",
+                self.after_hop
+            ),
+            None => format!(
+                "out of sight between {} and {}",
+                self.after_hop, self.before_hop
+            ),
+        }
+    }
+}
+
+/// Marks the translations between two consecutive hops on different
+/// nodes as done out of sight (see [`OutOfSight`]).
+pub fn out_of_sight(steps: &mut [NatStep], before: &Hop, after: &Hop) {
+    if before.node == after.node {
+        return;
+    }
+    let seen = |hop: &Hop| format!("{} {} {}", hop.node, hop.iface, hop.direction.label());
+    let node = (after.direction == Direction::Ingress).then(|| before.node.clone());
+    for step in steps {
+        step.out_of_sight = Some(OutOfSight {
+            node: node.clone(),
+            after_hop: seen(before),
+            before_hop: seen(after),
+        });
+    }
 }
 
 impl NatStep {
@@ -62,8 +123,12 @@ impl NatStep {
             (Some(s), None) => format!(" ({s})"),
             _ => String::new(),
         };
+        let sight = self
+            .out_of_sight
+            .as_ref()
+            .map_or_else(String::new, |o| format!(", {}", o.text()));
         format!(
-            "{} {} → {} {by}{which}",
+            "{} {} → {} {by}{which}{sight}",
             self.kind.label(),
             self.before,
             self.after
@@ -196,5 +261,6 @@ fn step(
             zone: None,
             mark: None,
         },
+        out_of_sight: None,
     }
 }

@@ -121,14 +121,18 @@ impl Story {
                 NatKind::Snat => "source SNAT".to_string(),
                 NatKind::UnSnat => "destination un-SNAT".to_string(),
             };
-            said.push(format!(
-                "; {what} {} → {} on {} (seen at {} {})",
-                step.before,
-                step.after,
-                hop.node,
-                hop.iface,
-                hop.direction.label()
-            ));
+            let place = step.out_of_sight.as_ref().map_or_else(
+                || {
+                    format!(
+                        "on {} (seen at {} {})",
+                        hop.node,
+                        hop.iface,
+                        hop.direction.label()
+                    )
+                },
+                |o| o.text(),
+            );
+            said.push(format!("; {what} {} → {} {place}", step.before, step.after));
         }
         self.verdict.summary.push_str(&said.concat());
     }
