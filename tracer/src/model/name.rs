@@ -2,14 +2,36 @@
 //! not copied. Every sighting names both, and every hop of a story again;
 //! a String each was a good part of what a line-rate flow cost to tell.
 
-use std::{borrow::Borrow, fmt, ops::Deref, sync::Arc};
+use std::{
+    borrow::Borrow,
+    fmt,
+    hash::{Hash, Hasher},
+    ops::Deref,
+    sync::Arc,
+};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// Cloned by a reference count; reads, compares, shows and serializes as
 /// the `str` it is.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Eq, PartialOrd, Ord)]
 pub struct Name(Arc<str>);
+
+/// Names of one node are shared by all its hops, so two equal names are
+/// most often one allocation: the pointer says so before the bytes are
+/// compared (the correlator compares names several times a sighting).
+impl PartialEq for Name {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || *self.0 == *other.0
+    }
+}
+
+/// By the text, as equality compares it.
+impl Hash for Name {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
+    }
+}
 
 impl Deref for Name {
     type Target = str;

@@ -13,7 +13,7 @@
 
 use std::{
     cmp::Reverse,
-    collections::{BTreeSet, HashMap, HashSet, VecDeque},
+    collections::{BTreeSet, VecDeque},
     net::IpAddr,
 };
 
@@ -58,7 +58,7 @@ pub struct Waits {
 /// grows without bound: rules that find no journey, and loss windows,
 /// expire.
 pub struct Correlator {
-    open: HashMap<PacketKey, Journey>,
+    open: foldhash::HashMap<PacketKey, Journey>,
     /// The open journeys by when they were first seen: finishing walks
     /// from the oldest and stops at the first still under way, instead of
     /// judging every open journey each time (thousands at line rate).
@@ -78,7 +78,7 @@ pub struct Correlator {
     /// translation (a MASQUERADE's address and the peer): other traffic
     /// between them (a node's own, other clients' masqueraded alike) is
     /// not the traced pair's, and its journeys are not told.
-    joining_only: HashSet<(IpAddr, IpAddr)>,
+    joining_only: foldhash::HashSet<(IpAddr, IpAddr)>,
     /// Journeys closed because their pod sent the same packet again:
     /// whole, waiting only for their turn to be told.
     sent_again: Vec<(Journey, u64)>,
@@ -87,14 +87,14 @@ pub struct Correlator {
 impl Correlator {
     pub fn new(waits: Waits) -> Self {
         Self {
-            open: HashMap::new(),
+            open: Default::default(),
             by_first_seen: BTreeSet::new(),
             waits,
             waiting_rules: VecDeque::new(),
             losses: VecDeque::new(),
             open_in_pieces: 0,
             nat: NatBook::default(),
-            joining_only: HashSet::new(),
+            joining_only: Default::default(),
             sent_again: Vec::new(),
         }
     }

@@ -321,13 +321,14 @@ impl Journey {
         let Some(first) = self.hops.first() else {
             return false;
         };
+        if hop.role != Role::PodVeth || hop.direction != Direction::Egress {
+            return false;
+        }
         let sent_from_here = first.direction == Direction::Ingress
             && hop.node == first.node
             && hop.iface == first.iface;
         let sent_back = hop.packet.packet.dst != first.packet.packet.dst;
-        hop.role == Role::PodVeth
-            && hop.direction == Direction::Egress
-            && (!sent_from_here || sent_back)
+        !sent_from_here || sent_back
     }
 
     /// Ended in a netfilter drop (a rule's, or conntrack's own verdict).
