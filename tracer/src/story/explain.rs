@@ -195,13 +195,39 @@ fn policy_table(decision: &Decision) -> Option<(u32, String)> {
     }
 }
 
+/// IP forwarding off where the packet came in: the whole node's
+/// (`ip_forward`, which sets every interface's), or, where that is on
+/// and the kernel's lookup still said forwarding_disabled, only that
+/// interface's own `conf.<iface>.forwarding` (someone turned it off for
+/// one device: checking ip_forward would show 1).
+fn forwarding_off(last: &Hop, at: Option<&Hop>, node_forwards: bool, dst: IpAddr) -> String {
+    let family = if dst.is_ipv6() { "ipv6" } else { "ipv4" };
+    match at {
+        Some(hop) if node_forwards => format!(
+            "IP forwarding is off for {iface} on {node}: net.{family}.conf.{iface}.forwarding is 0 while the node's net.ipv4.ip_forward is 1 (the kernel's route lookup at {iface} {dir} said forwarding_disabled), so it does not route what arrives on {iface}; fix: sysctl -w net.{family}.conf.{iface}.forwarding=1",
+            iface = hop.iface,
+            node = last.node,
+            dir = hop.direction.label(),
+        ),
+        Some(_) => format!(
+            "IP forwarding is off on {} (net.ipv4.ip_forward = 0, and the kernel's route lookup said forwarding_disabled): it does not route pod traffic",
+            last.node
+        ),
+        None => format!(
+            "IP forwarding is off on {} (net.ipv4.ip_forward = 0): it does not route pod traffic",
+            last.node
+        ),
+    }
+}
+
 /// What on the dropping node explains the drop.
 fn hint(hops: &[Hop], nodes: &HashMap<String, NodeFacts>) -> Option<String> {
     let last = hops.last()?;
     let dst = hops[0].packet.packet.dst;
     let reason = last.drop.as_ref().map(|d| d.reason.as_str());
-    // The kernel's own answer at ingress, where podtrace asked it.
-    let forwarding_disabled = hops.iter().any(|h| {
+    // The kernel's own answer at ingress, where podtrace asked it: the
+    // lookup judges the forwarding of the device the packet came in on.
+    let forwarding_disabled_at = hops.iter().find(|h| {
         h.node == last.node
             && h.route
                 .as_ref()
@@ -213,13 +239,10 @@ fn hint(hops: &[Hop], nodes: &HashMap<String, NodeFacts>) -> Option<String> {
             "the sender {} has no route to {dst} in its own network namespace ({}): the packet never left it",
             hops[0].packet.packet.src, last.node
         )),
-        (Some("IP_INADDRERRORS"), Some(facts)) if !facts.forwarding || forwarding_disabled => {
-            let evidence = if forwarding_disabled {
-                "the kernel's route lookup said forwarding_disabled"
-            } else {
-                "net.ipv4.ip_forward = 0"
-            };
-            Some(format!("IP forwarding is off on {} ({evidence}): it does not route pod traffic", last.node))
+        (Some("IP_INADDRERRORS"), Some(facts))
+            if !facts.forwarding || forwarding_disabled_at.is_some() =>
+        {
+            Some(forwarding_off(last, forwarding_disabled_at, facts.forwarding, dst))
         }
         // ip_forward's IP_INHDR is also its verdict on a TTL run out.
         (Some("IP_INHDR"), _) if ttl_ran_out(last) => {
@@ -625,6 +648,36 @@ mod tests {
                 true
             ),
             ""
+        );
+        // ip_forward on, but the lookup at cni0 said forwarding_disabled:
+        // only cni0's own setting is off, and the hint names it.
+        let mut at_cni0 = hop(
+            1,
+            "node-1",
+            "cni0",
+            Role::Bridge,
+            Direction::Ingress,
+            &frame,
+        );
+        at_cni0.route = Some(crate::decode::hop::KernelRoute {
+            result: "forwarding_disabled".into(),
+            dev: None,
+            via: None,
+        });
+        let hops = [
+            at_cni0,
+            dropped("cni0", Role::Bridge, "IP_INADDRERRORS", &frame),
+        ];
+        let said = explain(&hops, &node_1(flannel_node(), true), &subnets(), &[])
+            .hint
+            .unwrap_or_default();
+        assert!(
+            said.starts_with("IP forwarding is off for cni0 on node-1: net.ipv4.conf.cni0.forwarding is 0 while the node's net.ipv4.ip_forward is 1"),
+            "{said}"
+        );
+        assert!(
+            said.ends_with("fix: sysctl -w net.ipv4.conf.cni0.forwarding=1"),
+            "{said}"
         );
         assert!(hint(
             dropped("flannel.1", Role::Tunnel, "NO_TX_TARGET", &frame),
