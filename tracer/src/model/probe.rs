@@ -81,8 +81,9 @@ pub struct ProbeResult {
     pub silent: bool,
     /// From sending to the answer (SYN → SYN-ACK, echo → reply).
     pub rtt_ms: Option<f64>,
-    /// `connected in 0.41 ms (SYN → SYN-ACK)`, `refused (RST)`, `no
-    /// answer in 1 s`, with the verdict of the packet that failed.
+    /// `connected in 0.41 ms (SYN → SYN-ACK)`, `refused (RST)` (the SYN
+    /// was delivered: the pod's stack answered), `no answer in 1 s`, with
+    /// the verdict of the packet that failed (`refused: rejected …`).
     pub result: String,
     /// How its packets are told apart from the pair's other traffic: its
     /// source port (TCP, UDP) or its echo identifier (ICMP).

@@ -85,12 +85,15 @@ pub(super) fn send(socket: Socket, sent: &Sent, timeout: Duration) -> Answer {
     }
 }
 
+/// A TCP probe refused, before its SYN's story says by what.
+pub(super) const REFUSED: &str = "refused";
+
 /// An error that is the network's answer, in its terms.
 fn refusal(e: &std::io::Error, kind: ProbeKind) -> String {
     match (e.kind(), e.raw_os_error()) {
-        (ErrorKind::ConnectionRefused, _) if matches!(kind, ProbeKind::Tcp(_)) => {
-            "refused (RST)".into()
-        }
+        // An RST or an ICMP port unreachable: connect(2) says the same of
+        // both. The SYN's story tells which (`Watch::explained`).
+        (ErrorKind::ConnectionRefused, _) if matches!(kind, ProbeKind::Tcp(_)) => REFUSED.into(),
         (ErrorKind::ConnectionRefused, _) => "ICMP port unreachable: nothing listens there".into(),
         (_, Some(libc::EHOSTUNREACH)) => {
             "host unreachable (ICMP, or no neighbour answered ARP)".into()

@@ -149,8 +149,14 @@ impl ProbeWatch {
                 .failed
                 .get(&(result.flow_id, seq))
                 .or_else(|| self.failed.get(&(result.flow_id, 0)));
+            let refused = result.result == super::send::REFUSED;
             if let Some(verdict) = verdict {
                 result.result = format!("{}: {verdict}", result.result);
+            } else if refused && self.delivered.contains(&(result.flow_id, 0)) {
+                // The SYN reached the pod: its own stack answered.
+                result.result = "refused (RST)".into();
+            } else if refused {
+                result.result = "refused (an RST or an ICMP port unreachable answered the SYN, whose story was not told)".into();
             } else if self.delivered_to_silence(&result) {
                 // UDP has no answer of its own: the silence is the port's.
                 result.result = format!(
@@ -285,5 +291,54 @@ mod tests {
         );
         // Nothing seen of the other: nothing more is claimed.
         assert_eq!(watch.explained(silent(40002)).result, "no answer in 1s");
+    }
+
+    #[test]
+    fn a_refused_tcp_probe_names_the_rst_only_where_its_syn_reached_the_pod() {
+        let mut watch = ProbeWatch::new(ProbeKind::Tcp(8080), (WEB.into(), DB.into()));
+        for flow in [40000, 40001, 40002] {
+            watch.sending(flow);
+        }
+        let frame = icmp_echo(WEB, DB, 64, 1);
+        let seen =
+            |iface: &str, direction| hop(1, "node-1", iface, Role::PodVeth, direction, &frame);
+        let delivered = crate::story::tell(
+            &Journey::new(vec![
+                seen("vethA", Direction::Ingress),
+                seen("vethB", Direction::Egress),
+            ]),
+            &Default::default(),
+        );
+        watch.told((40000, 0), &delivered);
+        let mut rejected = delivered.clone();
+        rejected.verdict.outcome = Outcome::Vanished {
+            node: "node-1".into(),
+            iface: "vethA".into(),
+            direction: Direction::Ingress,
+        };
+        rejected.verdict.summary =
+            "rejected by a rule (the client is sent ICMP port unreachable)".into();
+        watch.told((40001, 0), &rejected);
+        let refused = |flow_id| {
+            let result = ProbeResult {
+                kind: "tcp:8080".into(),
+                target: "10.0.2.2:8080".into(),
+                seq: 1,
+                answered: false,
+                silent: false,
+                rtt_ms: None,
+                result: super::super::send::REFUSED.into(),
+                flow_id,
+            };
+            watch.explained(result).result
+        };
+        // connect(2) says ECONNREFUSED of an RST and of an ICMP port
+        // unreachable alike: only the SYN's story tells which.
+        assert_eq!(refused(40000), "refused (RST)");
+        assert_eq!(
+            refused(40001),
+            "refused: rejected by a rule (the client is sent ICMP port unreachable)"
+        );
+        assert!(refused(40002).starts_with("refused (an RST or an ICMP port unreachable"));
     }
 }
