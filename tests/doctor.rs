@@ -247,6 +247,7 @@ fn every_fault_of_the_catalogue_has_a_doctor_test() {
         "cni0-deleted",
         "flannel-fdb-missing",
         "ip-forward-off",
+        "bridge-forwarding-off",
         "mtu-too-big",
         "pmtu-black-hole",
         "next-hop-no-arp",
@@ -307,6 +308,8 @@ names_the_fault! {
     cni0_deleted: Cni0Deleted on "node-1", "flannel" "cni0" says "cni0 does not exist";
     flannel_fdb_missing: FlannelFdbMissing on "node-1", "flannel" "VTEP of node-2" says "dst 192.0.2.12: MISSING";
     ip_forward_off: IpForwardOff on "node-1", "kernel" "ip_forward" says "= 0";
+    bridge_forwarding_off: BridgeForwardingOff on "node-1", "kernel" "ip_forward"
+        says "net.ipv4.ip_forward = 1, but forwarding is off on cni0 (net.ipv4.conf.cni0.forwarding = 0)";
     mtu_too_big: MtuTooBig on "node-1", "kernel" "MTU" says "MTU 1500 is above the pod MTU 1450";
     // The black hole's cause on the node: the pod MTU above the path's
     // (the rule that eats the ICMP error is the trace's to name).

@@ -361,7 +361,7 @@ fn ip_forward_off_is_reported_as_such() {
     assert_eq!(story["hops"][0]["route"]["result"], "forwarding_disabled");
     assert!(
         human.contains(
-            "IP forwarding is off on node-1 (the kernel's route lookup said forwarding_disabled)"
+            "IP forwarding is off on node-1 (net.ipv4.ip_forward = 0, and the kernel's route lookup said forwarding_disabled)"
         ),
         "{human}"
     );
@@ -369,6 +369,32 @@ fn ip_forward_off_is_reported_as_such() {
         .as_str()
         .unwrap()
         .starts_with("IP forwarding is off on node-1"));
+}
+
+#[test]
+fn forwarding_off_on_the_bridge_alone_names_its_sysctl_not_ip_forward() {
+    let lab = faulty(Fault::BridgeForwardingOff);
+    let (story, human) = trace_once(&lab, false);
+    assert_dropped(&story, "node-1", "IP_INADDRERRORS");
+    let hint = story["verdict"]["hint"].as_str().unwrap_or_default();
+    assert!(
+        hint.starts_with("IP forwarding is off for cni0 on node-1: the kernel's route lookup at cni0 ingress said forwarding_disabled"),
+        "{hint}"
+    );
+    assert!(
+        hint.contains("fix: sysctl -w net.ipv4.conf.cni0.forwarding=1"),
+        "{hint}"
+    );
+    assert!(!human.contains("IP forwarding is off on node-1"), "{human}");
+    // The doctor's check, beside the verdict, says the same from sysctls.
+    let findings = story["verdict"]["doctor"].as_array();
+    assert!(
+        findings.is_some_and(|f| f.iter().any(|f| f["check"] == "ip_forward"
+            && f["evidence"]
+                .as_str()
+                .is_some_and(|e| e.contains("net.ipv4.conf.cni0.forwarding = 0")))),
+        "{story}"
+    );
 }
 
 #[test]

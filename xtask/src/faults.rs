@@ -52,6 +52,10 @@ pub enum Fault {
     FlannelFdbMissing,
     /// net.ipv4.ip_forward=0 on node-1.
     IpForwardOff,
+    /// net.ipv4.conf.cni0.forwarding=0 on node-1, ip_forward left at 1:
+    /// one interface's forwarding turned off (by hand, or a tool that
+    /// writes conf.<iface> sysctls), which checking ip_forward misses.
+    BridgeForwardingOff,
     /// web-0 gets MTU 1500 over a VXLAN path that carries 1450.
     MtuTooBig,
     /// mtu-too-big, and node-1's firewall drops the ICMP "fragmentation
@@ -118,6 +122,7 @@ impl Fault {
             Self::Cni0Deleted => "cni0-deleted",
             Self::FlannelFdbMissing => "flannel-fdb-missing",
             Self::IpForwardOff => "ip-forward-off",
+            Self::BridgeForwardingOff => "bridge-forwarding-off",
             Self::MtuTooBig => "mtu-too-big",
             Self::PmtuBlackHole => "pmtu-black-hole",
             Self::NextHopNoArp => "next-hop-no-arp",
@@ -214,7 +219,7 @@ impl Fault {
                     &Lab::node_ip(2).to_string(),
                 )?;
             }
-            Self::IpForwardOff => sysctl(&node1, "net.ipv4.ip_forward", "0")?,
+            Self::IpForwardOff | Self::BridgeForwardingOff => forwarding_off(self, &node1)?,
             Self::MtuTooBig | Self::PmtuBlackHole => {
                 ip(&node1, &format!("link set {} mtu 1500", web.host_iface))?;
                 ip(&web.netns, "link set eth0 mtu 1500")?;
@@ -261,6 +266,15 @@ fn calico_profile_drop(node2: &str, db: &LabPod) -> Result<()> {
 }
 
 /// kube-proxy's mark-then-drop pair, marking `web`'s forwarded packets.
+/// The whole node's forwarding off, or only its bridge's.
+fn forwarding_off(fault: Fault, node1: &str) -> Result<()> {
+    let key = match fault {
+        Fault::BridgeForwardingOff => "net.ipv4.conf.cni0.forwarding",
+        _ => "net.ipv4.ip_forward",
+    };
+    sysctl(node1, key, "0")
+}
+
 fn kube_firewall_mark_drop(node1: &str, web: &LabPod) -> Result<()> {
     iptables(node1, "-N KUBE-MARK-DROP")?;
     iptables(node1, "-N KUBE-FIREWALL")?;

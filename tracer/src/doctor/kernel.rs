@@ -13,22 +13,7 @@ const FAMILY: &str = "kernel";
 pub fn checks(facts: &NodeFacts) -> Vec<Check> {
     let node = facts.name.as_str();
     let mut checks = Vec::new();
-    checks.push(match facts.sysctl("net/ipv4/ip_forward") {
-        Some(forward) => Check::judge(
-            FAMILY,
-            node,
-            "ip_forward",
-            forward == "1",
-            format!("net.ipv4.ip_forward = {forward}"),
-            || "sysctl -w net.ipv4.ip_forward=1 (and in /etc/sysctl.d so that it stays)".into(),
-        ),
-        None => Check::not_checked(
-            FAMILY,
-            node,
-            "ip_forward",
-            "/proc/sys/net/ipv4/ip_forward could not be read",
-        ),
-    });
+    checks.push(check_forwarding(facts));
     checks.push(check_rp_filter(facts));
     if let Some(value) = facts.sysctl("net/bridge/bridge-nf-call-iptables") {
         checks.push(Check::judge(FAMILY, node, "bridge-nf-call-iptables", value == "1",
@@ -40,6 +25,59 @@ pub fn checks(facts: &NodeFacts) -> Vec<Check> {
     checks.push(check_mtu(facts));
     checks.extend(super::policy_routing::check(facts));
     checks
+}
+
+/// ip_forward, and each link's own forwarding: ip_forward=1 turns every
+/// link's on, but one turned off since (`conf.<dev>.forwarding=0`, by
+/// hand or by a tool) still stops what arrives on it while ip_forward
+/// shows 1.
+fn check_forwarding(facts: &NodeFacts) -> Check {
+    const NAME: &str = "ip_forward";
+    let node = facts.name.as_str();
+    let Some(forward) = facts.sysctl("net/ipv4/ip_forward") else {
+        return Check::not_checked(
+            FAMILY,
+            node,
+            NAME,
+            "/proc/sys/net/ipv4/ip_forward could not be read",
+        );
+    };
+    if forward != "1" {
+        return Check::judge(
+            FAMILY,
+            node,
+            NAME,
+            false,
+            format!("net.ipv4.ip_forward = {forward}"),
+            || "sysctl -w net.ipv4.ip_forward=1 (and in /etc/sysctl.d so that it stays)".into(),
+        );
+    }
+    let off: Vec<&str> = facts
+        .view
+        .links
+        .iter()
+        .filter(|l| l.up && l.name != "lo")
+        .filter(|l| facts.sysctl(&format!("net/ipv4/conf/{}/forwarding", l.name)) == Some("0"))
+        .map(|l| l.name.as_str())
+        .collect();
+    let sysctls = |value: &str| {
+        off.iter()
+            .map(|dev| format!("net.ipv4.conf.{dev}.forwarding{value}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let evidence = if off.is_empty() {
+        "net.ipv4.ip_forward = 1".to_string()
+    } else {
+        format!(
+            "net.ipv4.ip_forward = 1, but forwarding is off on {} ({}): what arrives there is not routed",
+            off.join(", "),
+            sysctls(" = 0")
+        )
+    };
+    Check::judge(FAMILY, node, NAME, off.is_empty(), evidence, || {
+        format!("sysctl -w {}", sysctls("=1"))
+    })
 }
 
 /// Strict reverse-path filtering (1) on the underlay or a tunnel drops
@@ -335,6 +373,29 @@ mod tests {
             assert!(check.evidence.starts_with("not checked: no "), "{check:?}");
         }
         assert!(named(&checks, "ip_forward").ok());
+    }
+
+    #[test]
+    fn one_links_forwarding_off_fails_ip_forward_though_ip_forward_is_1() {
+        let mut facts = node(true);
+        assert!(named(&checks(&facts), "ip_forward").ok());
+        facts
+            .sysctls
+            .insert("net/ipv4/conf/flannel.1/forwarding".into(), "0".into());
+        facts
+            .sysctls
+            .insert("net/ipv4/conf/eth0/forwarding".into(), "1".into());
+        let checks = checks(&facts);
+        let check = named(&checks, "ip_forward");
+        assert!(!check.ok(), "{check:?}");
+        assert_eq!(
+            check.evidence,
+            "net.ipv4.ip_forward = 1, but forwarding is off on flannel.1 (net.ipv4.conf.flannel.1.forwarding = 0): what arrives there is not routed"
+        );
+        assert_eq!(
+            check.fix.as_deref(),
+            Some("sysctl -w net.ipv4.conf.flannel.1.forwarding=1")
+        );
     }
 
     #[test]

@@ -152,11 +152,9 @@ async fn read(netns_path: Option<&Path>, root: HostRoot) -> Result<NodeFacts> {
     .iter()
     .map(|k| k.to_string())
     .collect();
-    keys.extend(
-        view.links
-            .iter()
-            .map(|l| format!("net/ipv4/conf/{}/rp_filter", l.name)),
-    );
+    keys.extend(view.links.iter().flat_map(|l| {
+        ["rp_filter", "forwarding"].map(|key| format!("net/ipv4/conf/{}/{key}", l.name))
+    }));
     keys.extend(super::ipv6::sysctl_keys(
         view.links.iter().map(|l| l.name.as_str()),
     ));

@@ -204,7 +204,7 @@ fn forwarding_off(last: &Hop, at: Option<&Hop>, node_forwards: bool, dst: IpAddr
     let family = if dst.is_ipv6() { "ipv6" } else { "ipv4" };
     match at {
         Some(hop) if node_forwards => format!(
-            "IP forwarding is off for {iface} on {node}: net.{family}.conf.{iface}.forwarding is 0 while the node's net.ipv4.ip_forward is 1 (the kernel's route lookup at {iface} {dir} said forwarding_disabled), so it does not route what arrives on {iface}; fix: sysctl -w net.{family}.conf.{iface}.forwarding=1",
+            "IP forwarding is off for {iface} on {node}: the kernel's route lookup at {iface} {dir} said forwarding_disabled, and net.ipv4.ip_forward was 1 when podtrace started, so net.{family}.conf.{iface}.forwarding is 0 (or ip_forward was turned off since); it does not route what arrives on {iface}; fix: sysctl -w net.{family}.conf.{iface}.forwarding=1",
             iface = hop.iface,
             node = last.node,
             dir = hop.direction.label(),
@@ -672,7 +672,7 @@ mod tests {
             .hint
             .unwrap_or_default();
         assert!(
-            said.starts_with("IP forwarding is off for cni0 on node-1: net.ipv4.conf.cni0.forwarding is 0 while the node's net.ipv4.ip_forward is 1"),
+            said.starts_with("IP forwarding is off for cni0 on node-1: the kernel's route lookup at cni0 ingress said forwarding_disabled, and net.ipv4.ip_forward was 1 when podtrace started, so net.ipv4.conf.cni0.forwarding is 0"),
             "{said}"
         );
         assert!(
