@@ -171,3 +171,38 @@ fn a_fifo_with_no_writer_as_pods_file_fails_instead_of_hanging() {
     );
     assert!(tcx_programs(&node1).is_empty());
 }
+
+/// `podtrace … 2>&1 | head`: once the reader is gone, every line podtrace
+/// says on stderr fails to be written. It must go on tracing, tell its
+/// story on stdout and detach at the end, never panic (it did: exit 101).
+#[test]
+fn a_closed_stderr_does_not_stop_a_trace() {
+    let lab = lab(Topology::FlannelVxlan);
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let child = std::process::Command::new(PODTRACE)
+        .args(one_packet(&lab.0, "web-0", "db-0", "json"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(writer)
+        .spawn()
+        .expect("podtrace runs");
+    // No banner to read: attached on both nodes is the sign of a start.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let attached = |node| !tcx_programs(&lab.0.node_netns(node)).is_empty();
+    while !(attached(1) && attached(2)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut child = child;
+    // A ping each second until its story ends the run (--count 1).
+    while child.try_wait().expect("wait").is_none() && Instant::now() < deadline {
+        ping(&lab.0, "web-0", "db-0");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let out = child.wait_with_output().expect("podtrace ends");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("\"type\":\"story\""), "{stdout}");
+    for node in [1, 2] {
+        assert!(tcx_programs(&lab.0.node_netns(node)).is_empty());
+    }
+}

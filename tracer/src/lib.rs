@@ -31,6 +31,28 @@
     allow(dead_code, unused_imports, unused_variables)
 )]
 
+/// podtrace's `eprintln!`, in every module below and in main.rs: std's
+/// panics when stderr is closed under podtrace (`2>&1 | head`), which
+/// stopped a trace before it detached what it attached. This one drops a
+/// line nobody can read any more. (Named as std's so that every message
+/// is written through it, and formatted as std's by rustfmt.)
+#[macro_export]
+macro_rules! eprintln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `eprint!` likewise (a line written in pieces).
+#[macro_export]
+macro_rules! eprint {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod app;
 pub mod cli;
 pub mod cluster;

@@ -3,6 +3,8 @@
 
 use clap::{error::ErrorKind, Parser};
 use podtrace::cli::{shell, Args, Cli, Command};
+// The never-panicking eprintln! (lib.rs says why).
+use podtrace::eprintln;
 
 /// A pod named without a namespace is in the kubeconfig context's, as
 /// kubectl's (an agent is told its front-end's).
@@ -111,8 +113,9 @@ fn offline(cli: &Cli) -> Option<std::process::ExitCode> {
         }
         Some(Command::Man(man)) => Some(exit(write_man_pages(&man.dir))),
         Some(Command::Schema) => {
-            print!("{}", podtrace::output::schema::text());
-            Some(std::process::ExitCode::SUCCESS)
+            let text = podtrace::output::schema::text();
+            let written = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
+            Some(exit(written.map_err(anyhow::Error::from)))
         }
         _ => None,
     }

@@ -69,10 +69,11 @@ pub fn run(args: &KernelArgs) -> Result<()> {
             .chain(ipv6_refused.map(|e| format!("IPv6 packets are not traced at tc: {e}")))
             .collect(),
     };
-    match args.output {
-        Format::Json => println!("{}", serde_json::to_string(&report)?),
-        Format::Human => print!("{}", human(&report)),
-    }
+    let text = match args.output {
+        Format::Json => format!("{}\n", serde_json::to_string(&report)?),
+        Format::Human => human(&report),
+    };
+    std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes())?;
     if let Err(e) = loaded {
         anyhow::bail!("this kernel refuses podtrace's programs: {e:#}");
     }

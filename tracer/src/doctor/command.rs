@@ -49,7 +49,7 @@ pub async fn run(args: DoctorArgs) -> Result<bool> {
     }
     checks.extend(api::checks(&cluster, &examined));
     let failed = checks.iter().any(Check::failed);
-    render::print(&checks, args.output);
+    render::print(&checks, args.output)?;
     Ok(!failed)
 }
 

@@ -9,11 +9,14 @@ use serde_json::json;
 use super::{Check, Status};
 use crate::model::Format;
 
-pub fn print(checks: &[Check], format: Format) {
-    match format {
-        Format::Json => println!("{}", to_json(checks)),
-        Format::Human => print!("{}", human(checks)),
-    }
+/// The report on stdout; an error if stdout is gone (`| head`), as a
+/// trace says it, never a panic.
+pub fn print(checks: &[Check], format: Format) -> std::io::Result<()> {
+    let text = match format {
+        Format::Json => format!("{}\n", to_json(checks)),
+        Format::Human => human(checks),
+    };
+    std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes())
 }
 
 /// How many failed, and how many could not be checked.
