@@ -486,6 +486,11 @@ fn service_without_endpoints(mode: ProxyMode) {
             // without endpoints, whose element names the Service.
             assert_eq!(verdict["netfilter"]["table"], "ip kube-proxy", "{verdict}");
             assert_eq!(verdict["netfilter"]["chain"], "reject-chain", "{verdict}");
+            // The hook its base chain declares, not that chain's own name
+            // (filter-forward).
+            let hook = verdict["netfilter"]["hook"].as_str().unwrap_or_default();
+            let hooks = ["prerouting", "input", "forward", "output", "postrouting"];
+            assert!(hooks.contains(&hook), "{verdict}");
             assert!(
                 rule.starts_with("reject # handle ")
                     && rule.contains("vmap @no-endpoint-services")

@@ -12,7 +12,9 @@ pub struct NetfilterRule {
     /// native nft tables, as `nft list table` names them.
     pub table: String,
     pub chain: String,
-    /// The base chain the packet entered by (FORWARD, INPUT, …).
+    /// The hook the packet entered the table by: iptables' base chain
+    /// (FORWARD, INPUT, …), or the hook a native table's base chain
+    /// declares (forward), whatever that chain is named.
     pub hook: String,
     /// As iptables-save prints it (`-A FORWARD … -j DROP`) in iptables'
     /// tables; in native nft tables as `nft -a list` prints it

@@ -20,6 +20,10 @@ pub trait RuleLookup {
     /// [`Self::nft_rule`] name it): where Calico writes which policy a
     /// chain is, whether the packet matched it or not.
     fn chain_head(&mut self, family: &str, table: &str, chain: &str) -> Option<String>;
+    /// The netfilter hook of a native table's base chain (`forward`),
+    /// from its `type filter hook forward priority …` line: such a
+    /// chain's name is its table's choice (`filter-FORWARD`), not a hook.
+    fn chain_hook(&mut self, family: &str, table: &str, chain: &str) -> Option<String>;
     /// The comment of a verdict map's element (`key`: `a . b . c` as nft
     /// prints it).
     fn element_comment(

@@ -85,7 +85,7 @@ impl TraceParser {
             }
             let policy = format!("the policy of chain {chain} (DROP)");
             let path = name_path(&packet.path, rules);
-            return traced(packet, family, table, chain, policy, path);
+            return traced(packet, family, table, chain, policy, path, rules);
         }
         let rule = match event.strip_prefix("rule ") {
             Some(rest) => rule_event(family, table, chain, rest)?,
@@ -110,7 +110,7 @@ impl TraceParser {
         } else {
             Vec::new()
         };
-        traced(packet, family, table, chain, named, path)
+        traced(packet, family, table, chain, named, path, rules)
     }
 }
 
@@ -122,8 +122,18 @@ fn traced(
     chain: &str,
     rule: String,
     path: Vec<PathRule>,
+    rules: &mut dyn RuleLookup,
 ) -> Option<TracedRule> {
     let (src, dst, ip_id) = packet.id?;
+    // iptables-nft names its base chains by their hooks (FORWARD); a
+    // native table's are its own names, their hook declared.
+    let hook = if is_iptables_table(family, table) {
+        packet.hook.clone()
+    } else {
+        rules
+            .chain_hook(family, table, &packet.hook)
+            .unwrap_or_else(|| format!("of base chain {} (not read)", packet.hook))
+    };
     Some(TracedRule {
         src,
         dst,
@@ -131,7 +141,7 @@ fn traced(
         rule: NetfilterRule {
             table: table_name(family, table),
             chain: chain.into(),
-            hook: packet.hook.clone(),
+            hook,
             rule,
             path,
         },
@@ -276,6 +286,8 @@ pub(super) mod tests {
         pub(in crate::probe) comments: HashMap<String, String>,
         /// chain → its first rule
         pub(in crate::probe) heads: HashMap<String, String>,
+        /// base chain → its hook
+        pub(in crate::probe) hooks: HashMap<String, String>,
     }
 
     impl RuleLookup for Canned {
@@ -287,6 +299,9 @@ pub(super) mod tests {
         }
         fn chain_head(&mut self, _: &str, _: &str, chain: &str) -> Option<String> {
             self.heads.get(chain).cloned()
+        }
+        fn chain_hook(&mut self, _: &str, _: &str, chain: &str) -> Option<String> {
+            self.hooks.get(chain).cloned()
         }
         fn element_comment(&mut self, _: &str, _: &str, map: &str, key: &str) -> Option<String> {
             self.comments.get(&format!("{map} {key}")).cloned()
@@ -350,7 +365,15 @@ trace id 1cc0b69c ip kube-proxy filter-forward policy accept
             rule.rule.chain,
             "endpoint-RFECL4T7-default/db/tcp/http__10.171.2.3/8080"
         );
-        assert_eq!(rule.rule.hook, "nat-prerouting");
+        // Not a base chain's name but the hook it declares, once read;
+        // and when it cannot be read, said so.
+        assert_eq!(rule.rule.hook, "of base chain nat-prerouting (not read)");
+        let mut canned = Canned::default();
+        canned
+            .hooks
+            .insert("nat-prerouting".into(), "prerouting".into());
+        let rules = rules_of(KUBE_PROXY_NFT, &mut canned);
+        assert_eq!(rules[0].rule.hook, "prerouting");
         assert_eq!(
             rule.rule.rule,
             "meta l4proto tcp dnat to 10.171.2.3:8080 # handle 58"
@@ -368,10 +391,13 @@ trace id 63a446b6 ip kube-proxy reject-chain rule reject # handle 54 (verdict dr
             "no-endpoint-services 10.96.171.9 . tcp . 80".into(),
             "default/empty:http".into(),
         );
+        canned
+            .hooks
+            .insert("filter-forward".into(), "forward".into());
         let rules = rules_of(trace, &mut canned);
         assert_eq!(rules.len(), 1);
         assert_eq!(rules[0].rule.chain, "reject-chain");
-        assert_eq!(rules[0].rule.hook, "filter-forward");
+        assert_eq!(rules[0].rule.hook, "forward");
         assert_eq!(
             rules[0].rule.rule,
             "reject # handle 54, reached by service-endpoints-check: ip daddr . meta l4proto . th dport vmap @no-endpoint-services # handle 44 on element 10.96.171.9 . tcp . 80 comment \"default/empty:http\""
@@ -383,12 +409,16 @@ trace id 63a446b6 ip kube-proxy reject-chain rule reject # handle 54 (verdict dr
     fn other_native_tables_are_named_the_same_way() {
         let trace = r#"trace id c7b07101 inet firewalld filter_FWD_public packet: iif "cni0" oif "flannel.1" ether saddr 8e:9b:38:30:42:e5 ether daddr 0a:58:0a:ab:01:01 ip saddr 10.171.1.2 ip daddr 10.171.2.3 ip dscp cs0 ip ecn not-ect ip ttl 63 ip id 48453 ip protocol tcp ip length 60 tcp sport 37302 tcp dport 8080 tcp flags == syn tcp window 64860
 trace id c7b07101 inet firewalld filter_FWD_public rule ip daddr 10.171.2.3 tcp dport 8080 counter packets 0 bytes 0 reject with tcp reset comment "block db-1" # handle 2 (verdict drop)"#;
-        let rules = rules_of(trace, &mut Canned::default());
+        let mut canned = Canned::default();
+        canned
+            .hooks
+            .insert("filter_FWD_public".into(), "forward".into());
+        let rules = rules_of(trace, &mut canned);
         assert_eq!(rules.len(), 1);
         let rule = &rules[0].rule;
         assert_eq!(
             (rule.table.as_str(), rule.chain.as_str(), rule.hook.as_str()),
-            ("inet firewalld", "filter_FWD_public", "filter_FWD_public")
+            ("inet firewalld", "filter_FWD_public", "forward")
         );
         assert_eq!(
             rule.rule,

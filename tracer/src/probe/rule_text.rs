@@ -34,6 +34,9 @@ pub struct KernelRules {
     /// (family, table, chain) → its first rule, and when it was read: a
     /// dropped packet's path asks for several, and drops come in bursts.
     native_heads: HashMap<(String, String, String), (std::time::Instant, Option<String>)>,
+    /// (family, table, base chain) → its hook: a chain's hook is fixed
+    /// for its life, so read once.
+    hooks: HashMap<(String, String, String), Option<String>>,
 }
 
 /// One iptables-nft table as last listed.
@@ -155,6 +158,17 @@ impl RuleLookup for KernelRules {
         head
     }
 
+    fn chain_hook(&mut self, family: &str, table: &str, chain: &str) -> Option<String> {
+        let key = (family.to_string(), table.to_string(), chain.to_string());
+        self.hooks
+            .entry(key)
+            .or_insert_with(|| {
+                output(Command::new("nft").args(["list", "chain", family, table, chain]))
+                    .and_then(|listing| hook_in(&listing))
+            })
+            .clone()
+    }
+
     fn element_comment(
         &mut self,
         family: &str,
@@ -165,6 +179,16 @@ impl RuleLookup for KernelRules {
         let listing = output(Command::new("nft").args(["list", "map", family, table, map]))?;
         element_comment_in(&listing, key)
     }
+}
+
+/// The hook a chain's listing declares (`type filter hook forward
+/// priority filter; policy accept;` → `forward`).
+fn hook_in(listing: &str) -> Option<String> {
+    let mut words = listing.split_whitespace();
+    words.find(|w| *w == "hook")?;
+    words
+        .next()
+        .map(|hook| hook.trim_end_matches(';').to_string())
 }
 
 /// Every rule of an iptables-nft table, by handle, with its chain and
@@ -263,6 +287,17 @@ fn element_comment_in(listing: &str, key: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_base_chains_hook_is_read_from_its_declaration() {
+        let listing = "table ip calico {\n\tchain filter-FORWARD {\n\t\ttype filter hook forward priority filter; policy accept;\n\t\tcounter packets 3 bytes 252 jump filter-cali-FORWARD\n\t}\n}\n";
+        assert_eq!(hook_in(listing).as_deref(), Some("forward"));
+        // A regular chain has none.
+        assert_eq!(
+            hook_in("table ip calico {\n\tchain cali-fw {\n\t}\n}\n"),
+            None
+        );
+    }
 
     #[test]
     fn listings_give_handles_in_order_and_element_comments() {
