@@ -303,3 +303,45 @@ fn a_probe_that_cannot_be_sent_is_bad_input_and_nothing_is_sent() {
         assert!(tcx_programs(&lab.0.node_netns(node)).is_empty());
     }
 }
+
+/// A probe to a Service on a port or protocol it does not have: no
+/// kube-proxy rule would translate it, and it would leave by whatever
+/// route the ClusterIP has (told `vanished`). Refused before anything is
+/// attached, naming the ports the Service has.
+#[test]
+fn a_probe_to_a_port_the_service_lacks_is_refused_up_front() {
+    let lab = services_lab();
+    let db = lab.0.service("db");
+    let (node1, services) = (
+        lab.0.node_netns(1),
+        lab.0.services_file().display().to_string(),
+    );
+    let pods = lab.0.pods_file().display().to_string();
+    let ip = db.cluster_ip.to_string();
+    for (dst, probe, said) in [
+        (
+            ip.as_str(),
+            "tcp:8080",
+            "--probe tcp:8080: default/db has no tcp port 8080 (it has tcp:80, udp:53)",
+        ),
+        (
+            "svc/db",
+            "udp:80",
+            "--probe udp:80: default/db has no udp port 80",
+        ),
+    ] {
+        let argv = [
+            "default/web-0",
+            dst,
+            "--probe",
+            probe,
+            "--pods-file",
+            &pods,
+            "--services-file",
+            &services,
+            "--netns",
+            &node1,
+        ];
+        assert_refused(&argv, said, &node1);
+    }
+}

@@ -14,8 +14,9 @@ use crate::{
         argument::Target,
         inventory::{Endpoint, Inventory},
         kube_proxy_rules,
-        services::Catalog,
+        services::{Catalog, Service},
     },
+    model::ProbeKind,
     node::netns::Namespace,
 };
 
@@ -96,6 +97,37 @@ pub(super) fn service_destination(
         pod: None,
         label: Some(format!("svc/{}", service.qualified())),
     }))
+}
+
+/// `--probe tcp:PORT`/`udp:PORT` to a Service on a port it does not
+/// have: kube-proxy has no rule for it, so nothing translates the probe
+/// and it goes wherever the ClusterIP routes (the default route, often
+/// masqueraded off the node): refused up front, as `ClusterIP:port` is.
+pub(super) fn refuse_probe_port(probe: Option<ProbeKind>, service: Option<&Service>) -> Result<()> {
+    let (Some(service), Some(probe)) = (service, probe) else {
+        return Ok(());
+    };
+    let Some(port) = probe.port() else {
+        return Ok(());
+    };
+    let asked = probe.protocol();
+    if service
+        .ports
+        .iter()
+        .any(|p| (p.protocol_name(), p.port) == (asked, port))
+    {
+        return Ok(());
+    }
+    let has: Vec<String> = service
+        .ports
+        .iter()
+        .map(|p| format!("{}:{}", p.protocol_name(), p.port))
+        .collect();
+    bail!(
+        "--probe {asked}:{port}: {} has no {asked} port {port} (it has {}): kube-proxy would not translate the probe",
+        service.qualified(),
+        has.join(", ")
+    )
 }
 
 /// DST through the API, with the Services it involves: those `known`

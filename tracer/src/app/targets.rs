@@ -7,7 +7,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use anyhow::{bail, Result};
 
-use super::service_target::{api_destination, known_services, name_backends, service_destination};
+use super::service_target::{
+    api_destination, known_services, name_backends, refuse_probe_port, service_destination,
+};
 use crate::{
     cli::Args,
     cluster::{
@@ -281,6 +283,7 @@ impl Targets {
                 IpAddr::V6(ip) => c.by_cluster_ipv6(ip),
             })
             .cloned();
+        refuse_probe_port(args.probe.probe, service.as_ref())?;
         let mut targets = Self {
             src,
             dst,

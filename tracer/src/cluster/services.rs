@@ -28,6 +28,18 @@ pub struct ServicePort {
     pub node_port: Option<u16>,
 }
 
+impl ServicePort {
+    /// `tcp`, `udp` or `sctp`, as a Service and `--probe` name it.
+    pub fn protocol_name(&self) -> &'static str {
+        match self.protocol {
+            6 => "tcp",
+            17 => "udp",
+            132 => "sctp",
+            _ => "another protocol",
+        }
+    }
+}
+
 /// One ready endpoint (a backend pod) and its ports by name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Backend {
