@@ -25,8 +25,10 @@ pub struct Summary {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub other_pairs_encapsulated: u64,
     /// Drops of the traced addresses in namespaces that are neither a
-    /// traced node's nor behind a traced pod's veth (a duplicate address:
-    /// another cluster or lab on the host): not the pair's, left out.
+    /// traced node's nor behind a traced pod's veth: a router or another
+    /// namespace on the host that the packets crossed, or a duplicate
+    /// address (another cluster or lab on the host). Left out of the
+    /// stories: podtrace cannot tell which.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub drops_elsewhere: u64,
     /// Drops of the traced addresses where the kernel knew no network

@@ -229,7 +229,7 @@ fn node_mode_summary(s: &Summary) -> String {
     );
     if s.drops_elsewhere > 0 {
         text.push_str(&format!(
-            "podtrace: {} drops of the traced addresses in other namespaces left out: neither a traced node's nor behind a traced pod's veth (the same addresses elsewhere on this host)\n",
+            "podtrace: {} drops of the traced addresses in namespaces podtrace does not trace, left out of the stories: neither a traced node's nor behind a traced pod's veth (a router or another namespace on this host that the packets crossed, or the same addresses in another cluster or lab here)\n",
             s.drops_elsewhere
         ));
     }
