@@ -265,6 +265,20 @@ fn hint(hops: &[Hop], nodes: &HashMap<String, NodeFacts>) -> Option<String> {
             "{} has no forwarding entry (FDB) for the next hop's VTEP: the kernel does not know which node to send the encapsulated packet to (bridge fdb show dev {})",
             last.iface, last.iface
         )),
+        // A VXLAN device asks no one on the wire: its CNI agent (flannel,
+        // Felix) writes each other node's VTEP as a permanent neighbour
+        // and FDB entry. A failed neighbour there is a missing entry, or a
+        // route toward an address no node's VTEP has; not a dead peer.
+        (Some(r), Some(facts))
+            if NEIGHBOUR_REASONS.contains(&r)
+                && facts.view.link_named(&last.iface).is_some_and(|l| l.kind == "vxlan") =>
+        {
+            let next_hop = next_hop(hops, facts);
+            let dev = &last.iface;
+            Some(format!(
+                "{dev} has no neighbour entry for {next_hop} (neighbour FAILED): a VXLAN device's CNI agent writes one, permanent, for each other node's VTEP, with its FDB entry; none is there, or the route points at an address no node's VTEP has (ip neigh show dev {dev}; bridge fdb show dev {dev}; the route to {dst})"
+            ))
+        }
         (Some(r), Some(facts)) if NEIGHBOUR_REASONS.contains(&r) => {
             let next_hop = next_hop(hops, facts);
             let state = if r == "NEIGH_QUEUEFULL" { "its queue was full" } else { "neighbour FAILED" };
@@ -684,6 +698,22 @@ mod tests {
             true
         )
         .starts_with("flannel.1 has no forwarding entry (FDB)"));
+        // A VXLAN device's neighbours are its agent's to write: a failed
+        // one is a missing entry, not a peer that does not answer ARP.
+        let said = hint(
+            dropped("flannel.1", Role::Tunnel, "NEIGH_FAILED", &frame),
+            true,
+        );
+        assert!(
+            said.starts_with("flannel.1 has no neighbour entry for ")
+                && said.contains("bridge fdb show dev flannel.1"),
+            "{said}"
+        );
+        assert!(hint(
+            dropped("eth0", Role::Underlay, "NEIGH_FAILED", &frame),
+            true
+        )
+        .starts_with("no ARP reply from "),);
         assert!(
             hint(dropped("cni0", Role::Bridge, "PKT_TOO_BIG", &frame), true)
                 .ends_with("leaves by flannel.1 with MTU 1450")
