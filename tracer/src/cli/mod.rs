@@ -201,7 +201,7 @@ pub struct Args {
     #[arg(short, long, value_parser = clap::value_parser!(u64).range(1..))]
     pub count: Option<u64>,
     /// Stop after this long (e.g. 10s, 500ms, 2m, 1h 30m).
-    #[arg(short, long, value_parser = parse_duration)]
+    #[arg(short, long, value_parser = values::parse_trace_duration)]
     pub duration: Option<Duration>,
     /// At exit, print the latency of every hop-to-hop step (p50/p90/p99).
     #[arg(long)]

@@ -40,6 +40,18 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(duration)
 }
 
+/// `--duration`: a trace of no time at all would attach, tell nothing and
+/// detach, which is bad input, not a run.
+pub fn parse_trace_duration(text: &str) -> Result<Duration, String> {
+    let duration = parse_duration(text)?;
+    if duration.is_zero() {
+        return Err(format!(
+            "{text}: a trace of no time traces nothing (give e.g. 10s, or leave --duration out to trace until Ctrl-C)"
+        ));
+    }
+    Ok(duration)
+}
+
 /// A ring buffer size: bytes, or KiB / MiB; the kernel wants a power of two
 /// of at least one page.
 pub fn parse_ring_size(text: &str) -> Result<u32, String> {
@@ -91,6 +103,17 @@ mod tests {
         assert!(parse_ring_size("3MiB").is_err());
         assert!(parse_ring_size("1KiB").is_err());
         assert!(parse_ring_size("lots").is_err());
+    }
+
+    #[test]
+    fn a_trace_of_no_time_is_bad_input() {
+        for zero in ["0", "0s", "0ms"] {
+            let e = parse_trace_duration(zero).unwrap_err();
+            assert!(e.contains("a trace of no time traces nothing"), "{e}");
+        }
+        assert_eq!(parse_trace_duration("1s").unwrap(), Duration::from_secs(1));
+        // The API's timeout takes 0: no limit.
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
     }
 
     #[test]
