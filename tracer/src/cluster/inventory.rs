@@ -56,6 +56,9 @@ struct List {
 
 #[derive(Deserialize)]
 struct Item {
+    /// `Pod` where the list names it (kubectl's does).
+    #[serde(default)]
+    kind: Option<String>,
     metadata: Metadata,
     #[serde(default)]
     spec: Spec,
@@ -149,6 +152,15 @@ impl Inventory {
 
     /// The pods of a list, each named once.
     fn of_list(list: List) -> Result<Self> {
+        // Another kind's list (a nodes file given here) is said, not read
+        // as pods that are not the ones asked for.
+        if let Some(kind) = list
+            .items
+            .iter()
+            .find_map(|i| i.kind.as_deref().filter(|k| *k != "Pod"))
+        {
+            bail!("lists {kind} objects, not pods (kubectl get pods -A -o json)");
+        }
         let pods: Vec<Pod> = list.items.into_iter().map(Pod::from).collect();
         let mut seen = std::collections::HashSet::new();
         if let Some(twice) = pods.iter().find(|p| !seen.insert((&p.namespace, &p.name))) {
@@ -427,6 +439,13 @@ mod tests {
 
     fn resolve(inv: &Inventory, arg: &str, ns: &str) -> Result<Endpoint> {
         inv.resolve(&Target::parse(arg, ns)?)
+    }
+
+    #[test]
+    fn another_kinds_list_is_not_read_as_pods() {
+        let nodes = r#"{"kind":"List","items":[{"kind":"Node","metadata":{"name":"node-1"}}]}"#;
+        let e = Inventory::parse(nodes).unwrap_err().to_string();
+        assert!(e.starts_with("lists Node objects, not pods"), "{e}");
     }
 
     #[test]

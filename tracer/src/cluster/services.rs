@@ -12,7 +12,7 @@ use std::{
     path::Path,
 };
 
-use anyhow::Result;
+use anyhow::{anyhow, bail, Result};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -141,13 +141,26 @@ impl Catalog {
             "services file",
             "a list of Services and EndpointSlices",
         )?;
-        Ok(Self::joined(list.items))
+        Self::of_list(list).map_err(|e| anyhow!("services file {} {e}", path.display()))
     }
 
     /// A `List` of Services and EndpointSlices (either kind may be
     /// missing: a Service without slices has no endpoints).
     pub fn parse(json: &str) -> Result<Self> {
-        let list: List = serde_json::from_str(json)?;
+        Self::of_list(serde_json::from_str(json)?)
+    }
+
+    /// A list's Services; another kind's list alone (a pods file given
+    /// as the services file) is said, not read as a cluster without
+    /// Services.
+    fn of_list(list: List) -> Result<Self> {
+        let mut kinds = list.items.iter().map(|item| match item {
+            Kept::Other(kind) => Some(kind),
+            _ => None,
+        });
+        if let Some(Some(kind)) = kinds.next().filter(|_| kinds.all(|k| k.is_some())) {
+            bail!("lists {kind} objects, not Services or EndpointSlices (kubectl get services,endpointslices -A -o json)");
+        }
         Ok(Self::joined(list.items))
     }
 
@@ -163,7 +176,7 @@ impl Catalog {
             match item {
                 Kept::Service(service) => services.push(service),
                 Kept::Slice(slice) => slices.push(slice),
-                Kept::Other => {}
+                Kept::Other(_) => {}
             }
         }
         for (ns, owner, backends) in slices {
@@ -210,21 +223,27 @@ enum Kept {
     Service(Service),
     /// An EndpointSlice: its namespace, its Service's name, its backends.
     Slice((String, Option<String>, Vec<Backend>)),
-    Other,
+    /// Any other object: its kind.
+    Other(String),
 }
 
 impl Kept {
     fn of(o: &Value) -> Self {
         if o["kind"] == "Service" {
-            return service_of(o).map_or(Self::Other, Self::Service);
+            return service_of(o).map_or(Self::Other(kind_of(o)), Self::Service);
         }
         if o["kind"] == "EndpointSlice" {
             let ns = o["metadata"]["namespace"].as_str().unwrap_or("default");
             let owner = o["metadata"]["labels"]["kubernetes.io/service-name"].as_str();
             return Self::Slice((ns.into(), owner.map(String::from), backends_of(o, ns)));
         }
-        Self::Other
+        Self::Other(kind_of(o))
     }
+}
+
+/// An object's `kind`, as a list names it.
+fn kind_of(o: &Value) -> String {
+    o["kind"].as_str().unwrap_or("unnamed").to_string()
 }
 
 impl<'de> Deserialize<'de> for Kept {
@@ -338,6 +357,18 @@ pub(crate) mod tests {
                {"addresses":["10.244.2.3"],"conditions":{"ready":true},"nodeName":"node-2","targetRef":{"kind":"Pod","name":"db-1","namespace":"default"}},
                {"addresses":["10.244.2.9"],"conditions":{"ready":false}}]}
 ]}"#;
+
+    #[test]
+    fn another_kinds_list_is_not_read_as_no_services() {
+        let pods = r#"{"kind":"List","items":[{"kind":"Pod","metadata":{"name":"web-0"}}]}"#;
+        let e = Catalog::parse(pods).unwrap_err().to_string();
+        assert!(e.starts_with("lists Pod objects, not Services"), "{e}");
+        // An empty list is a cluster without Services.
+        assert!(Catalog::parse(r#"{"items":[]}"#)
+            .unwrap()
+            .services
+            .is_empty());
+    }
 
     #[test]
     fn services_get_their_ready_backends_and_translations() {
