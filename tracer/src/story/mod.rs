@@ -125,20 +125,7 @@ pub fn tell(journey: &Journey, ctx: &Context) -> Story {
         .enumerate()
         .map(|(i, hop)| {
             let prev = i.checked_sub(1).map(|p| &journey.hops[p]);
-            let mut nat = prev.map_or_else(Vec::new, |p| {
-                nat_steps::steps(
-                    &p.packet.packet,
-                    &hop.packet.packet,
-                    &journey.nat_rules,
-                    &ctx.nat,
-                )
-            });
-            if ctx.rules_unseen.contains_key(&*hop.node) {
-                nat_steps::unseen_by_tracing(&mut nat);
-            }
-            if let Some(p) = prev {
-                nat_steps::out_of_sight(&mut nat, p, hop);
-            }
+            let nat = prev.map_or_else(Vec::new, |p| translations(p, hop, journey, ctx));
             let mut note = notes::note(hop, prev, ctx);
             for step in &nat {
                 note.push_str(&format!("; {}", step.text()));
@@ -187,6 +174,24 @@ pub fn tell(journey: &Journey, ctx: &Context) -> Story {
         }
     }
     story
+}
+
+/// The translations between two consecutive hops, each placed where it
+/// was done and named by the rules that node's tracing can see.
+fn translations(prev: &Hop, hop: &Hop, journey: &Journey, ctx: &Context) -> Vec<NatStep> {
+    let (before, after) = (&prev.packet.packet, &hop.packet.packet);
+    let mut nat = nat_steps::steps(before, after, &journey.nat_rules, &ctx.nat);
+    nat_steps::out_of_sight(&mut nat, prev, hop);
+    // The rules of the node that translated it: out of sight, the
+    // earlier node's.
+    let translated_on = nat
+        .first()
+        .and_then(|s| s.out_of_sight.as_ref()?.node.as_deref())
+        .unwrap_or(&hop.node);
+    if ctx.rules_unseen.contains_key(translated_on) {
+        nat_steps::unseen_by_tracing(&mut nat);
+    }
+    nat
 }
 
 /// A netfilter drop: conntrack's doing when the evidence shows it (its
@@ -798,6 +803,45 @@ pub(crate) mod tests {
                 .verdict
                 .summary
                 .contains("on node-1 (seen at flannel.1 egress)"),
+            "{}",
+            story.verdict.summary
+        );
+    }
+
+    #[test]
+    fn a_translation_after_a_packet_left_its_node_is_not_pinned_on_that_node() {
+        // Seen leaving node-1 untranslated (its netfilter behind it) and
+        // arriving translated on node-2: done on the way, by either.
+        let (ctx, sent, dnatted) = dnat_to_db_0_learnt(3_000);
+        let hops = vec![
+            hop(1_000, "node-1", "vethA", Role::PodVeth, Ingress, &sent),
+            hop(
+                2_000,
+                "node-1",
+                "eth0",
+                Role::Underlay,
+                Egress,
+                &frames::vxlan(&sent, 1),
+            ),
+            hop(
+                5_000,
+                "node-2",
+                "eth0",
+                Role::Underlay,
+                Ingress,
+                &frames::vxlan(&dnatted, 1),
+            ),
+            hop(6_500, "node-2", "vethB", Role::PodVeth, Egress, &dnatted),
+        ];
+        let story = tell(&Journey::new(hops), &ctx);
+        let step = story.hops[2].nat.first().expect("the DNAT step");
+        let sight = step.out_of_sight.as_ref().expect("out of sight");
+        assert_eq!(sight.node, None);
+        assert!(
+            story
+                .verdict
+                .summary
+                .contains("out of sight between node-1 eth0 egress and node-2 eth0 ingress"),
             "{}",
             story.verdict.summary
         );

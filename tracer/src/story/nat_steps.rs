@@ -64,8 +64,9 @@ pub struct NatStep {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct OutOfSight {
     /// The node whose netfilter translated the packet, when the hooks
-    /// tell it: the earlier hop's, when the later hop is the next node's
-    /// ingress (tc ingress runs before PREROUTING there).
+    /// tell it: the earlier hop's, when that hop is an ingress (its
+    /// netfilter lay ahead) and the later hop is the next node's ingress
+    /// (tc ingress runs before PREROUTING there).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<Name>,
     /// The last hop that saw the packet before it: `node-1 cni0 ingress`.
@@ -100,7 +101,13 @@ pub fn out_of_sight(steps: &mut [NatStep], before: &Hop, after: &Hop) {
         return;
     }
     let seen = |hop: &Hop| format!("{} {} {}", hop.node, hop.iface, hop.direction.label());
-    let node = (after.direction == Direction::Ingress).then(|| before.node.clone());
+    // The earlier node's, only where its netfilter still lay ahead of
+    // the packet (seen arriving there) and the later node's did not (an
+    // ingress hook there). Seen leaving the earlier node, it was done on
+    // the way: either node's, or a third's.
+    let both_ingress =
+        before.direction == Direction::Ingress && after.direction == Direction::Ingress;
+    let node = both_ingress.then(|| before.node.clone());
     for step in steps {
         step.out_of_sight = Some(OutOfSight {
             node: node.clone(),
