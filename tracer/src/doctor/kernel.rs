@@ -52,11 +52,22 @@ fn check_forwarding(facts: &NodeFacts) -> Check {
             || "sysctl -w net.ipv4.ip_forward=1 (and in /etc/sysctl.d so that it stays)".into(),
         );
     }
+    // The links pod traffic is routed from: a bridge (not its ports: the
+    // kernel routes by the bridge's setting), a tunnel, the underlay, a
+    // routed pod's veth (Calico's). A NIC pods never use may be off on
+    // purpose.
+    let carries_pods = |l: &&Link| {
+        l.up && l.controller.is_none()
+            && (l.kind == "bridge"
+                || l.is_tunnel()
+                || l.peer_in_other_netns
+                || is_underlay(facts, l))
+    };
     let off: Vec<&str> = facts
         .view
         .links
         .iter()
-        .filter(|l| l.up && l.name != "lo")
+        .filter(carries_pods)
         .filter(|l| facts.sysctl(&format!("net/ipv4/conf/{}/forwarding", l.name)) == Some("0"))
         .map(|l| l.name.as_str())
         .collect();
@@ -385,6 +396,15 @@ mod tests {
         facts
             .sysctls
             .insert("net/ipv4/conf/eth0/forwarding".into(), "1".into());
+        // A NIC pods never use, off on purpose, is not judged.
+        facts.view.links.push(Link {
+            name: "mgmt0".into(),
+            index: 9,
+            ..facts.view.links[0].clone()
+        });
+        facts
+            .sysctls
+            .insert("net/ipv4/conf/mgmt0/forwarding".into(), "0".into());
         let checks = checks(&facts);
         let check = named(&checks, "ip_forward");
         assert!(!check.ok(), "{check:?}");

@@ -203,6 +203,14 @@ fn policy_table(decision: &Decision) -> Option<(u32, String)> {
 fn forwarding_off(last: &Hop, at: Option<&Hop>, node_forwards: bool, dst: IpAddr) -> String {
     let family = if dst.is_ipv6() { "ipv6" } else { "ipv4" };
     match at {
+        // IPv6 forwards by the node's `all` switch (ip6_forward), which
+        // ip_forward does not set: the facts read IPv4's alone.
+        Some(hop) if dst.is_ipv6() => format!(
+            "IPv6 forwarding is off on {node} (the kernel's route lookup at {iface} {dir} said forwarding_disabled): net.ipv6.conf.all.forwarding, or {iface}'s own, is 0, and IPv4's ip_forward does not forward IPv6; fix: sysctl -w net.ipv6.conf.all.forwarding=1",
+            node = last.node,
+            iface = hop.iface,
+            dir = hop.direction.label(),
+        ),
         Some(hop) if node_forwards => format!(
             "IP forwarding is off for {iface} on {node}: the kernel's route lookup at {iface} {dir} said forwarding_disabled, and net.ipv4.ip_forward was 1 when podtrace started, so net.{family}.conf.{iface}.forwarding is 0 (or ip_forward was turned off since); it does not route what arrives on {iface}; fix: sysctl -w net.{family}.conf.{iface}.forwarding=1",
             iface = hop.iface,
@@ -227,7 +235,9 @@ fn hint(hops: &[Hop], nodes: &HashMap<String, NodeFacts>) -> Option<String> {
     let reason = last.drop.as_ref().map(|d| d.reason.as_str());
     // The kernel's own answer at ingress, where podtrace asked it: the
     // lookup judges the forwarding of the device the packet came in on.
-    let forwarding_disabled_at = hops.iter().find(|h| {
+    // The last such hop: a bridge's port (a pod's veth) is asked too,
+    // but the kernel routes what arrives on the bridge by the bridge's.
+    let forwarding_disabled_at = hops.iter().rev().find(|h| {
         h.node == last.node
             && h.route
                 .as_ref()
@@ -270,7 +280,7 @@ fn hint(hops: &[Hop], nodes: &HashMap<String, NodeFacts>) -> Option<String> {
         // and FDB entry. A failed neighbour there is a missing entry, or a
         // route toward an address no node's VTEP has; not a dead peer.
         (Some(r), Some(facts))
-            if NEIGHBOUR_REASONS.contains(&r)
+            if matches!(r, "NEIGH_FAILED" | "NEIGH_DEAD")
                 && facts.view.link_named(&last.iface).is_some_and(|l| l.kind == "vxlan") =>
         {
             let next_hop = next_hop(hops, facts);
