@@ -16,7 +16,6 @@ use crate::{
         kube_proxy_rules,
         services::{Catalog, Service},
     },
-    model::ProbeKind,
     node::netns::Namespace,
 };
 
@@ -103,8 +102,16 @@ pub(super) fn service_destination(
 /// have: kube-proxy has no rule for it, so nothing translates the probe
 /// and it goes wherever the ClusterIP routes (the default route, often
 /// masqueraded off the node): refused up front, as `ClusterIP:port` is.
-pub(super) fn refuse_probe_port(probe: Option<ProbeKind>, service: Option<&Service>) -> Result<()> {
-    let (Some(service), Some(probe)) = (service, probe) else {
+/// Only where the Service's ports are listed whole (the API, `by_api`,
+/// or a services file): kube-proxy's nat rules have no port without
+/// endpoints, which is a probe's very case.
+pub(super) fn refuse_probe_port(
+    args: &Args,
+    service: Option<&Service>,
+    by_api: bool,
+) -> Result<()> {
+    let listed = by_api || args.services_file.is_some();
+    let (Some(service), Some(probe), true) = (service, args.probe.probe, listed) else {
         return Ok(());
     };
     let Some(port) = probe.port() else {

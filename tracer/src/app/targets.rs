@@ -283,7 +283,7 @@ impl Targets {
                 IpAddr::V6(ip) => c.by_cluster_ipv6(ip),
             })
             .cloned();
-        refuse_probe_port(args.probe.probe, service.as_ref())?;
+        refuse_probe_port(args, service.as_ref(), cluster.is_some())?;
         let mut targets = Self {
             src,
             dst,

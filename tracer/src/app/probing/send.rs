@@ -88,13 +88,17 @@ pub(super) fn send(socket: Socket, sent: &Sent, timeout: Duration) -> Answer {
 /// A TCP probe refused, before its SYN's story says by what.
 pub(super) const REFUSED: &str = "refused";
 
+/// A UDP probe refused, before its datagram's story says by what (a
+/// closed port, or a rule's REJECT on the way).
+pub(super) const PORT_UNREACHABLE: &str = "ICMP port unreachable";
+
 /// An error that is the network's answer, in its terms.
 fn refusal(e: &std::io::Error, kind: ProbeKind) -> String {
     match (e.kind(), e.raw_os_error()) {
         // An RST or an ICMP port unreachable: connect(2) says the same of
         // both. The SYN's story tells which (`Watch::explained`).
         (ErrorKind::ConnectionRefused, _) if matches!(kind, ProbeKind::Tcp(_)) => REFUSED.into(),
-        (ErrorKind::ConnectionRefused, _) => "ICMP port unreachable: nothing listens there".into(),
+        (ErrorKind::ConnectionRefused, _) => PORT_UNREACHABLE.into(),
         (_, Some(libc::EHOSTUNREACH)) => {
             "host unreachable (ICMP, or no neighbour answered ARP)".into()
         }

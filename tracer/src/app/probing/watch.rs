@@ -157,6 +157,8 @@ impl ProbeWatch {
                 result.result = "refused (RST)".into();
             } else if refused {
                 result.result = "refused (an RST or an ICMP port unreachable answered the SYN, whose story was not told)".into();
+            } else if result.result == super::send::PORT_UNREACHABLE {
+                result.result = format!("{}: nothing listens there", result.result);
             } else if self.delivered_to_silence(&result) {
                 // UDP has no answer of its own: the silence is the port's.
                 result.result = format!(
