@@ -265,7 +265,6 @@ fn calico_profile_drop(node2: &str, db: &LabPod) -> Result<()> {
     Ok(())
 }
 
-/// kube-proxy's mark-then-drop pair, marking `web`'s forwarded packets.
 /// The whole node's forwarding off, or only its bridge's.
 fn forwarding_off(fault: Fault, node1: &str) -> Result<()> {
     let key = match fault {
@@ -275,6 +274,7 @@ fn forwarding_off(fault: Fault, node1: &str) -> Result<()> {
     sysctl(node1, key, "0")
 }
 
+/// kube-proxy's mark-then-drop pair, marking `web`'s forwarded packets.
 fn kube_firewall_mark_drop(node1: &str, web: &LabPod) -> Result<()> {
     iptables(node1, "-N KUBE-MARK-DROP")?;
     iptables(node1, "-N KUBE-FIREWALL")?;

@@ -153,15 +153,22 @@ impl Inventory {
     /// The pods of a list, each named once.
     fn of_list(list: List) -> Result<Self> {
         // Another kind's list (a nodes file given here) is said, not read
-        // as pods that are not the ones asked for.
-        if let Some(kind) = list
+        // as pods that are not the ones asked for. Other kinds beside
+        // pods (`kubectl get pods,nodes`) are left out.
+        let is_pod = |i: &Item| i.kind.as_deref().is_none_or(|k| k == "Pod");
+        let other = list
             .items
             .iter()
-            .find_map(|i| i.kind.as_deref().filter(|k| *k != "Pod"))
-        {
+            .find_map(|i| i.kind.as_deref().filter(|k| *k != "Pod"));
+        if let Some(kind) = other.filter(|_| !list.items.iter().any(is_pod)) {
             bail!("lists {kind} objects, not pods (kubectl get pods -A -o json)");
         }
-        let pods: Vec<Pod> = list.items.into_iter().map(Pod::from).collect();
+        let pods: Vec<Pod> = list
+            .items
+            .into_iter()
+            .filter(is_pod)
+            .map(Pod::from)
+            .collect();
         let mut seen = std::collections::HashSet::new();
         if let Some(twice) = pods.iter().find(|p| !seen.insert((&p.namespace, &p.name))) {
             bail!("lists pod {} twice", twice.qualified());
@@ -446,6 +453,12 @@ mod tests {
         let nodes = r#"{"kind":"List","items":[{"kind":"Node","metadata":{"name":"node-1"}}]}"#;
         let e = Inventory::parse(nodes).unwrap_err().to_string();
         assert!(e.starts_with("lists Node objects, not pods"), "{e}");
+        // Beside pods (kubectl get pods,nodes), other kinds are left out.
+        let both = r#"{"kind":"List","items":[{"kind":"Node","metadata":{"name":"node-1"}},
+            {"kind":"Pod","metadata":{"name":"web-0"},"status":{"podIP":"10.244.1.2"}}]}"#;
+        let inv = Inventory::parse(both).unwrap();
+        assert_eq!(inv.pods.len(), 1);
+        assert_eq!(inv.pods[0].name, "web-0");
     }
 
     #[test]

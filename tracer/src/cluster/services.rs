@@ -159,7 +159,7 @@ impl Catalog {
             _ => None,
         });
         if let Some(Some(kind)) = kinds.next().filter(|_| kinds.all(|k| k.is_some())) {
-            bail!("lists {kind} objects, not Services or EndpointSlices (kubectl get services,endpointslices -A -o json)");
+            bail!("lists {kind} objects, not Services or EndpointSlices, each with its kind (kubectl get services,endpointslices -A -o json)");
         }
         Ok(Self::joined(list.items))
     }
@@ -241,9 +241,10 @@ impl Kept {
     }
 }
 
-/// An object's `kind`, as a list names it.
+/// An object's `kind`, as a list names it (an API list response's
+/// items name none).
 fn kind_of(o: &Value) -> String {
-    o["kind"].as_str().unwrap_or("unnamed").to_string()
+    o["kind"].as_str().unwrap_or("kind-less").to_string()
 }
 
 impl<'de> Deserialize<'de> for Kept {

@@ -36,7 +36,7 @@ pub struct KernelRules {
     native_heads: HashMap<(String, String, String), (std::time::Instant, Option<String>)>,
     /// (family, table, base chain) → its hook: a chain's hook is fixed
     /// for its life, so read once.
-    hooks: HashMap<(String, String, String), Option<String>>,
+    hooks: HashMap<(String, String, String), String>,
 }
 
 /// One iptables-nft table as last listed.
@@ -160,13 +160,14 @@ impl RuleLookup for KernelRules {
 
     fn chain_hook(&mut self, family: &str, table: &str, chain: &str) -> Option<String> {
         let key = (family.to_string(), table.to_string(), chain.to_string());
-        self.hooks
-            .entry(key)
-            .or_insert_with(|| {
-                output(Command::new("nft").args(["list", "chain", family, table, chain]))
-                    .and_then(|listing| hook_in(&listing))
-            })
-            .clone()
+        if let Some(hook) = self.hooks.get(&key) {
+            return Some(hook.clone());
+        }
+        // A listing that failed is tried again at the next drop.
+        let hook = output(Command::new("nft").args(["list", "chain", family, table, chain]))
+            .and_then(|listing| hook_in(&listing))?;
+        self.hooks.insert(key, hook.clone());
+        Some(hook)
     }
 
     fn element_comment(
@@ -184,7 +185,13 @@ impl RuleLookup for KernelRules {
 /// The hook a chain's listing declares (`type filter hook forward
 /// priority filter; policy accept;` → `forward`).
 fn hook_in(listing: &str) -> Option<String> {
-    let mut words = listing.split_whitespace();
+    // Only the declaration: a table's or chain's comment, printed
+    // before it, may say "hook" too.
+    let declaration = listing
+        .lines()
+        .map(str::trim)
+        .find(|line| line.starts_with("type "))?;
+    let mut words = declaration.split_whitespace();
     words.find(|w| *w == "hook")?;
     words
         .next()
@@ -292,6 +299,9 @@ mod tests {
     fn a_base_chains_hook_is_read_from_its_declaration() {
         let listing = "table ip calico {\n\tchain filter-FORWARD {\n\t\ttype filter hook forward priority filter; policy accept;\n\t\tcounter packets 3 bytes 252 jump filter-cali-FORWARD\n\t}\n}\n";
         assert_eq!(hook_in(listing).as_deref(), Some("forward"));
+        // A comment before the declaration is not it.
+        let commented = "table ip t {\n\tcomment \"we hook into forward\"\n\tchain c {\n\t\ttype filter hook input priority 0; policy accept;\n\t}\n}\n";
+        assert_eq!(hook_in(commented).as_deref(), Some("input"));
         // A regular chain has none.
         assert_eq!(
             hook_in("table ip calico {\n\tchain cali-fw {\n\t}\n}\n"),
