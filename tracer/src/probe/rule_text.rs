@@ -59,6 +59,19 @@ struct Listed {
 const RELIST_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl KernelRules {
+    /// `nft -a list chain`, noting a base chain's hook on the way: a
+    /// dropped packet's base chain is listed for its rules or its head
+    /// too, and one listing serves both.
+    fn list_chain(&mut self, family: &str, table: &str, chain: &str) -> Option<String> {
+        let listing =
+            output(Command::new("nft").args(["-a", "list", "chain", family, table, chain]))?;
+        if let Some(hook) = hook_in(&listing) {
+            let key = (family.to_string(), table.to_string(), chain.to_string());
+            self.hooks.insert(key, hook);
+        }
+        Some(listing)
+    }
+
     /// Reads every iptables-nft and ip6tables-nft table the node has now.
     pub fn warm(&mut self) {
         let Some(tables) = output(Command::new("nft").args(["list", "tables"])) else {
@@ -126,8 +139,7 @@ impl RuleLookup for KernelRules {
         if let Some(text) = self.native.get(&key).and_then(|c| c.get(&handle)) {
             return Some(text.clone());
         }
-        let listing =
-            output(Command::new("nft").args(["-a", "list", "chain", family, table, chain]))?;
+        let listing = self.list_chain(family, table, chain)?;
         let listed: HashMap<u64, String> = rule_lines(&listing).into_iter().collect();
         let text = listed.get(&handle).cloned();
         self.native.insert(key, listed);
@@ -150,7 +162,8 @@ impl RuleLookup for KernelRules {
                 return head.clone();
             }
         }
-        let head = output(Command::new("nft").args(["-a", "list", "chain", family, table, chain]))
+        let head = self
+            .list_chain(family, table, chain)
             .and_then(|listing| rule_lines(&listing).into_iter().next())
             .map(|(handle, text)| format!("{text} # handle {handle}"));
         self.native_heads
@@ -164,10 +177,8 @@ impl RuleLookup for KernelRules {
             return Some(hook.clone());
         }
         // A listing that failed is tried again at the next drop.
-        let hook = output(Command::new("nft").args(["list", "chain", family, table, chain]))
-            .and_then(|listing| hook_in(&listing))?;
-        self.hooks.insert(key, hook.clone());
-        Some(hook)
+        self.list_chain(family, table, chain)?;
+        self.hooks.get(&key).cloned()
     }
 
     fn element_comment(
