@@ -82,6 +82,32 @@ fn a_dropped_probe_says_no_answer_and_names_the_rule() {
     assert_eq!(done.status.code(), Some(4), "{}", done.stderr);
 }
 
+/// A `REJECT --reject-with tcp-reset` on db-0's node answers the SYN in
+/// db-0's name: the RST's story says node-2's stack made it, not db-0.
+#[test]
+fn a_reset_a_reject_rule_sends_is_told_as_the_nodes_not_the_pods() {
+    let lab = services_lab();
+    let db = lab.0.pod("db-0").ip.to_string();
+    let added = in_netns(&lab.0.node_netns(2), "iptables")
+        .args(["-I", "FORWARD", "-d", &db, "-p", "tcp", "--dport", "8080"])
+        .args(["-j", "REJECT", "--reject-with", "tcp-reset"])
+        .status()
+        .unwrap();
+    assert!(added.success());
+    let done = probe(&lab, "default/db-0", "tcp:8080", &[]);
+    let reset = done
+        .stories()
+        .into_iter()
+        .find(|s| s["src"] == db.as_str() && s["transport"]["flags"].as_u64() == Some(0x14))
+        .unwrap_or_else(|| panic!("the RST is told: {}", done.stdout));
+    let first = reset["hops"][0]["note"].as_str().unwrap();
+    assert!(
+        first.starts_with("made by node-2's own stack in "),
+        "{first}"
+    );
+    assert!(first.contains("not sent by the pod"), "{first}");
+}
+
 #[test]
 fn a_probe_to_a_service_follows_the_dnat() {
     let lab = services_lab();

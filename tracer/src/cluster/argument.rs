@@ -59,6 +59,7 @@ impl Target {
         }
         let (ns, name) = arg.split_once('/').unwrap_or((namespace, arg));
         check_label(ns, arg)?;
+        no_port_on_a_name(name, arg)?;
         check_name(name, "pod", arg)?;
         Ok(Self::Pod {
             namespace: ns.into(),
@@ -175,6 +176,23 @@ fn address_of_any_kind(arg: &str) -> Result<Option<Target>> {
         );
     }
     Ok(None)
+}
+
+/// `db-0:8080`: a pod takes no port (only a ClusterIP does); the port is a
+/// filter, so say which flag, and whether the number could be one at all.
+fn no_port_on_a_name(name: &str, arg: &str) -> Result<()> {
+    let Some((pod, port)) = name.rsplit_once(':') else {
+        return Ok(());
+    };
+    if pod.is_empty() || port.is_empty() || !port.chars().all(|c| c.is_ascii_digit()) {
+        return Ok(());
+    }
+    match port.parse::<u16>() {
+        Ok(port) if port > 0 => bail!(
+            "{arg:?}: a pod argument takes no port (ip:port is for a Service's ClusterIP): give {pod} --port {port}"
+        ),
+        _ => bail!("{arg:?}: {port:?} is not a port (1 to 65535), and a pod argument takes none: filter with --port N"),
+    }
 }
 
 /// A namespace is an RFC 1123 label.
@@ -302,6 +320,8 @@ mod tests {
         assert!(error("fd00::zz").contains("not an IPv6 address"));
         assert!(error("[fe80::1%2]:80").contains("zone"));
         assert!(error("Web_0").contains("not a pod name"));
+        assert!(error("db-0:99999").contains("\"99999\" is not a port"));
+        assert!(error("default/db-0:8080").contains("give db-0 --port 8080"));
         assert!(error("a/b/c").contains("too many '/'"));
         assert!(error("Kube-System/x").contains("not a namespace"));
     }

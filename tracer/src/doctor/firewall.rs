@@ -214,8 +214,8 @@ fn check_drops(facts: &NodeFacts, forward: &[&Rule], pods: &[Ipv4Addr], program:
             && r.matches(pods, pods)
     });
     let evidence = match hit {
-        Some(rule) => format!("{} drops pod traffic{}", rule.text, named(facts, rule)),
-        None => "no DROP rule reached from FORWARD matches a pod address".into(),
+        Some(rule) => what_it_does(rule, &named(facts, rule)),
+        None => "no DROP or REJECT rule reached from FORWARD matches a pod address".into(),
     };
     Check::judge(
         FAMILY,
@@ -229,6 +229,22 @@ fn check_drops(facts: &NodeFacts, forward: &[&Rule], pods: &[Ipv4Addr], program:
                 .unwrap_or_default();
             format!("remove it if it is not wanted: {program} {rule}")
         },
+    )
+}
+
+/// What a DROP or REJECT rule does to the pods it names. A REJECT drops
+/// too, but the node answers in the destination's name: say so, or the
+/// user hunts a silent drop where the client saw a refusal.
+fn what_it_does(rule: &Rule, pods: &str) -> String {
+    if rule.target() != Some("REJECT") {
+        return format!("{} drops pod traffic{pods}", rule.text);
+    }
+    let answer = rule
+        .option("--reject-with")
+        .unwrap_or("icmp-port-unreachable");
+    format!(
+        "{} rejects pod traffic{pods}: the node drops it and answers with {answer} in the destination's name",
+        rule.text
     )
 }
 
@@ -331,5 +347,20 @@ mod tests {
         let other: Ipv4Addr = "10.244.2.2".parse().unwrap();
         assert!(reached[2].matches(&[pod], &[other]));
         assert!(!reached[2].matches(&[other], &[pod]));
+    }
+
+    #[test]
+    fn a_reject_is_told_as_a_refusal_the_node_answers() {
+        let table = parse(
+            "-P FORWARD ACCEPT\n-A FORWARD -d 10.244.2.2/32 -p tcp -j REJECT --reject-with tcp-reset\n\
+             -A FORWARD -s 10.244.1.2/32 -j DROP\n",
+        );
+        let reached = table.reachable("FORWARD", 0);
+        let reject = what_it_does(reached[0], " (default/db-0)");
+        assert!(
+            reject.ends_with("rejects pod traffic (default/db-0): the node drops it and answers with tcp-reset in the destination's name"),
+            "{reject}"
+        );
+        assert!(what_it_does(reached[1], "").ends_with("-j DROP drops pod traffic"));
     }
 }

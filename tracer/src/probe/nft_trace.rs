@@ -24,6 +24,7 @@ use std::{
 use super::{
     nft_rule::{is_iptables_table, table_name, RuleEvent, RuleLookup},
     rule_path::name_path,
+    rule_text::without_counts,
 };
 use crate::model::netfilter::{is_queue, NetfilterRule, PacketId, PathRule, TracedRule};
 
@@ -176,7 +177,7 @@ fn rule_event(family: &str, table: &str, chain: &str, rest: &str) -> Option<Rule
         family: family.into(),
         table: table.into(),
         chain: chain.into(),
-        text: text.trim().to_string(),
+        text: without_counts(text.trim()),
         handle: handle.trim().parse().ok()?,
         verdict: verdict.trim_end().trim_end_matches(')').to_string(),
     })
@@ -331,7 +332,7 @@ trace id 354d7c83 ip kube-proxy filter-forward unknown rule handle 76 (verdict d
         assert_eq!(rules.len(), 1);
         assert_eq!(
             rules[0].rule.rule,
-            "ip daddr 10.96.171.61 tcp dport 80 counter packets 1 bytes 60 drop # handle 76"
+            "ip daddr 10.96.171.61 tcp dport 80 counter drop # handle 76"
         );
     }
 
@@ -422,7 +423,7 @@ trace id c7b07101 inet firewalld filter_FWD_public rule ip daddr 10.171.2.3 tcp 
         );
         assert_eq!(
             rule.rule,
-            r#"ip daddr 10.171.2.3 tcp dport 8080 counter packets 0 bytes 0 reject with tcp reset comment "block db-1" # handle 2"#
+            r#"ip daddr 10.171.2.3 tcp dport 8080 counter reject with tcp reset comment "block db-1" # handle 2"#
         );
     }
 

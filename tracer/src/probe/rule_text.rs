@@ -293,7 +293,36 @@ fn rule_line(line: &str) -> Option<(u64, String)> {
         return None;
     }
     let (text, handle) = line.rsplit_once(" # handle ")?;
-    Some((handle.trim().parse().ok()?, text.trim().to_string()))
+    Some((handle.trim().parse().ok()?, without_counts(text.trim())))
+}
+
+/// A rule's text without its counter's live figures (`counter packets 3
+/// bytes 252` → `counter`): they are not the rule, and the same rule would
+/// read differently from one packet to the next.
+pub(super) fn without_counts(text: &str) -> String {
+    const FIGURES: &str = "counter packets ";
+    let mut kept = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(FIGURES) {
+        kept.push_str(&rest[..at + "counter".len()]);
+        let after = &rest[at + FIGURES.len()..];
+        rest =
+            counted_figures_end(after).map_or(&rest[at + "counter".len()..], |end| &after[end..]);
+    }
+    kept.push_str(rest);
+    kept
+}
+
+/// Where `<n> bytes <m>` ends in `text`, if it starts with that.
+fn counted_figures_end(text: &str) -> Option<usize> {
+    let digits = |s: &str| s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let packets = digits(text);
+    let bytes_at = packets + " bytes ".len();
+    if packets == 0 || !text[packets..].starts_with(" bytes ") {
+        return None;
+    }
+    let bytes = digits(&text[bytes_at..]);
+    (bytes > 0).then_some(bytes_at + bytes)
 }
 
 /// The comment of element `key` in an `nft list map` listing.
@@ -305,6 +334,19 @@ fn element_comment_in(listing: &str, key: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rules_text_leaves_out_its_counters_live_figures() {
+        assert_eq!(
+            without_counts("ip daddr 10.1.2.3 counter packets 12 bytes 9040 reject with tcp reset"),
+            "ip daddr 10.1.2.3 counter reject with tcp reset"
+        );
+        assert_eq!(without_counts("counter packets 0 bytes 0"), "counter");
+        assert_eq!(
+            without_counts("counter drop comment \"counter packets x\""),
+            "counter drop comment \"counter packets x\""
+        );
+    }
 
     #[test]
     fn a_base_chains_hook_is_read_from_its_declaration() {

@@ -162,6 +162,10 @@ pub fn tell(journey: &Journey, ctx: &Context) -> Story {
         verdict: verdict::judge(journey, ctx),
         records_lost: journey.records_lost,
     };
+    if let Some(origin) = notes::made_by_the_node(first, ctx).filter(|_| !journey.records_lost) {
+        let first_note = &mut story.hops[0].note;
+        *first_note = format!("{origin}; {first_note}");
+    }
     if story.netfilter_drop() {
         name_netfilter_drop(&mut story, journey, ctx);
     }
@@ -372,6 +376,43 @@ pub(crate) mod tests {
             .verdict
             .summary
             .starts_with("delivered to 10.244.2.2 (default/db-0) on node-2"));
+    }
+
+    #[test]
+    fn a_pods_packet_first_seen_past_its_traced_veth_was_made_by_the_node() {
+        // node-2's REJECT --reject-with tcp-reset answers web-0 in db-0's
+        // name: the packet starts in node-2's stack, not at db-0's veth.
+        let reset = frames::icmp_echo([10, 244, 2, 2], [10, 244, 1, 2], 64, 7);
+        let made_here = || {
+            Journey::new(vec![
+                hop(1_000, "node-2", "flannel.1", Role::Tunnel, Egress, &reset),
+                hop(2_000, "node-1", "flannel.1", Role::Tunnel, Ingress, &reset),
+            ])
+        };
+        let mut ctx = ctx();
+        ctx.nodes.get_mut("node-2").unwrap().pod_interfaces =
+            vec![("10.244.2.2".parse().unwrap(), "vethB".into())];
+        let story = tell(&made_here(), &ctx);
+        assert!(
+            story.hops[0].note.starts_with("made by node-2's own stack in 10.244.2.2 (default/db-0)'s name, not sent by the pod (never seen at its veth vethB's ingress)"),
+            "{}",
+            story.hops[0].note
+        );
+        // Sent by the pod: seen at its veth first.
+        let mut sent = made_here();
+        sent.hops.insert(
+            0,
+            hop(500, "node-2", "vethB", Role::PodVeth, Ingress, &reset),
+        );
+        assert!(tell(&sent, &ctx).hops[0].note.starts_with("sent by"));
+        // Records lost: its veth hop may be the one missing.
+        let mut lost = made_here();
+        lost.records_lost = true;
+        assert!(!tell(&lost, &ctx).hops[0].note.starts_with("made by"));
+        // A pod that is not traced here tells nothing of its origin.
+        assert!(!tell(&made_here(), &self::ctx()).hops[0]
+            .note
+            .starts_with("made by"));
     }
 
     #[test]

@@ -141,6 +141,28 @@ fn larger_than_mtu(out: &mut String, hop: &Hop, dev: &str, ctx: &Context) -> fmt
     write!(out, ": {then}")
 }
 
+/// A first hop that shows a traced local pod's address leaving a hook
+/// other than that pod's veth: the node's own stack made the packet in the
+/// pod's name (a REJECT's TCP reset, an ICMP error netfilter answered
+/// with), since anything the pod sent would have crossed its veth first.
+/// Said on the hop, or the story reads as if the pod had answered.
+pub(super) fn made_by_the_node(first: &Hop, ctx: &Context) -> Option<String> {
+    if first.direction != Direction::Egress {
+        return None;
+    }
+    let src = first.packet.packet.src;
+    let facts = ctx.nodes.get(&*first.node)?;
+    let (_, veth) = facts.pod_interfaces.iter().find(|(ip, _)| *ip == src)?;
+    if first.iface == veth.as_str() {
+        return None;
+    }
+    Some(format!(
+        "made by {}'s own stack in {}'s name, not sent by the pod (never seen at its veth {veth}'s ingress): a REJECT's TCP reset or ICMP error reads so",
+        first.node,
+        ctx.label(src)
+    ))
+}
+
 /// What happened at `hop`, given the hop before it. Written into one
 /// buffer: a note per hop at line rate, where a String per phrase was a
 /// good part of what telling cost.
