@@ -16,6 +16,7 @@ fn garbage_arguments_say_what_is_wrong_with_them() {
     let lab = lab(Topology::FlannelVxlan);
     let pods = lab.0.pods_file().display().to_string();
     let node1 = lab.0.node_netns(1);
+    let web0 = lab.0.pod("web-0").netns;
     let with_lab = |src: &'static str, dst: &'static str| {
         vec![
             src,
@@ -79,6 +80,18 @@ fn garbage_arguments_say_what_is_wrong_with_them() {
                 &node1,
             ],
             "are the same network namespace",
+        ),
+        // A pod's own namespace is no node: its hooks see none of the path.
+        (
+            vec![
+                "web-0",
+                "db-0",
+                "--pods-file",
+                &pods,
+                "--netns",
+                &web0,
+            ],
+            "is default/web-0's own network namespace (it holds",
         ),
         // Profile mode keeps no packet: a trace's flags are refused, not
         // ignored.

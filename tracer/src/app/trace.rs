@@ -21,6 +21,7 @@ use crate::model::conntrack;
 use crate::model::netfilter::TracedRule;
 use crate::{
     cli::Args,
+    cluster::inventory::Endpoint,
     doctor,
     model::{KernelSummary, Summary},
     node::{netns::Namespace, pod_netns::OtherNamespaces},
@@ -87,6 +88,9 @@ pub(super) async fn resolve(args: &Args) -> Result<Resolved> {
     };
     let targets = Targets::resolve(args, &traced_addresses).await?;
     let namespaces = namespaces?;
+    if let Ok(addresses) = &addresses {
+        no_pods_own_namespace(&namespaces, addresses, [&targets.src, &targets.dst])?;
+    }
     let mut ctx = context_of(args, &targets);
     let sight = RuleSight::of(&namespaces, args.no_ruleset_changes)?;
     ctx.why_rule_unnamed = sight.off.unwrap_or(crate::probe::netfilter::UNTRACED_DROP);
@@ -113,6 +117,39 @@ pub(super) async fn resolve(args: &Args) -> Result<Resolved> {
         doctor,
         addresses,
     })
+}
+
+/// A namespace that holds an end pod's own address is that pod's, not a
+/// node's: its hooks see none of the node's path (no veths, bridge or
+/// tunnel), so a trace there would tell nothing true of it. Said before
+/// anything is attached.
+fn no_pods_own_namespace(
+    namespaces: &[Namespace],
+    addresses: &[Vec<Ipv4Addr>],
+    ends: [&Endpoint; 2],
+) -> Result<()> {
+    for (namespace, held) in namespaces.iter().zip(addresses) {
+        let Some(pod) = ends
+            .iter()
+            .filter_map(|end| end.pod.as_ref())
+            .find(|pod| !pod.host_network && pod.ip.is_some_and(|ip| held.contains(&ip)))
+        else {
+            continue;
+        };
+        let node = pod.node.as_deref().unwrap_or("its node");
+        let ip = pod.ip.map(|ip| ip.to_string()).unwrap_or_default();
+        match &namespace.arg {
+            Some(arg) => bail!(
+                "--netns {arg} is {}'s own network namespace (it holds {ip}), not a node's: give {node}'s",
+                pod.qualified()
+            ),
+            None => bail!(
+                "podtrace runs in {}'s own network namespace (it holds {ip}), not a node's: run it on {node} (kubectl debug node/{node}, or kubectl podtrace)",
+                pod.qualified()
+            ),
+        }
+    }
+    Ok(())
 }
 
 /// A trace under way: the attached nodes and the channels they feed.
