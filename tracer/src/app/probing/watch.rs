@@ -14,6 +14,14 @@ use crate::{
     story::{journey::Journey, Outcome, Story},
 };
 
+/// A probe's packet that was not delivered: the probe's own, or its
+/// answer's (a SYN-ACK, an echo reply) on the way back.
+struct Failed {
+    summary: String,
+    /// The answer's description, when it was the answer that failed.
+    answer: Option<String>,
+}
+
 /// The probes' flows, as they are sent.
 pub(in crate::app) struct ProbeWatch {
     kind: ProbeKind,
@@ -24,7 +32,7 @@ pub(in crate::app) struct ProbeWatch {
     /// The verdict of each probe's last packet that was not delivered, by
     /// its flow and ICMP sequence number (0 for TCP, UDP): a raw socket's
     /// echoes share one identifier.
-    failed: HashMap<(u16, u16), String>,
+    failed: HashMap<(u16, u16), Failed>,
     /// Probes a packet of which was delivered (by flow and sequence, as
     /// `failed`).
     delivered: HashSet<(u16, u16)>,
@@ -112,8 +120,22 @@ impl ProbeWatch {
             if story.src == std::net::IpAddr::V4(self.ends.0) {
                 self.delivered.insert(flow);
             }
+        } else if story.src == std::net::IpAddr::V4(self.ends.0) {
+            // The probe's own packet failing is the result's reason, over
+            // any answer's.
+            let summary = story.verdict.summary.clone();
+            self.failed.insert(
+                flow,
+                Failed {
+                    summary,
+                    answer: None,
+                },
+            );
         } else {
-            self.failed.insert(flow, story.verdict.summary.clone());
+            self.failed.entry(flow).or_insert_with(|| Failed {
+                summary: story.verdict.summary.clone(),
+                answer: Some(story.packet.clone()),
+            });
         }
     }
 
@@ -138,6 +160,25 @@ impl ProbeWatch {
             && self.delivered.contains(&(result.flow_id, 0))
     }
 
+    /// The failed packet's verdict, saying so when it was the answer's: the
+    /// probe itself may have arrived.
+    fn told_failure(&self, failed: &Failed, result: &ProbeResult) -> String {
+        let Some(answer) = &failed.answer else {
+            return failed.summary.clone();
+        };
+        let seq = match self.kind {
+            ProbeKind::Icmp => result.seq as u16,
+            _ => 0,
+        };
+        let arrived = self.delivered.contains(&(result.flow_id, seq));
+        let probe = if arrived {
+            "the probe was delivered, but "
+        } else {
+            ""
+        };
+        format!("{probe}its answer ({answer}) was not: {}", failed.summary)
+    }
+
     /// `result`, with the verdict of its packet that failed beside it.
     pub fn explained(&self, mut result: ProbeResult) -> ProbeResult {
         if !result.answered {
@@ -150,8 +191,9 @@ impl ProbeWatch {
                 .get(&(result.flow_id, seq))
                 .or_else(|| self.failed.get(&(result.flow_id, 0)));
             let refused = result.result == super::send::REFUSED;
-            if let Some(verdict) = verdict {
-                result.result = format!("{}: {verdict}", result.result);
+            if let Some(failed) = verdict {
+                result.result =
+                    format!("{}: {}", result.result, self.told_failure(failed, &result));
             } else if refused && self.delivered.contains(&(result.flow_id, 0)) {
                 // The SYN reached the pod: its own stack answered.
                 result.result = "refused (RST)".into();
@@ -342,5 +384,58 @@ mod tests {
             "refused: rejected by a rule (the client is sent ICMP port unreachable)"
         );
         assert!(refused(40002).starts_with("refused (an RST or an ICMP port unreachable"));
+    }
+
+    #[test]
+    fn a_probe_whose_answer_failed_says_it_was_the_answer() {
+        let mut watch = ProbeWatch::new(ProbeKind::Tcp(8080), (WEB.into(), DB.into()));
+        watch.sending(40000);
+        watch.sending(40001);
+        let story = |src, dst, outcome: Option<&str>| {
+            let frame = icmp_echo(src, dst, 64, 1);
+            let seen = |iface: &str, d| hop(1, "node-1", iface, Role::PodVeth, d, &frame);
+            let mut told = crate::story::tell(
+                &Journey::new(vec![
+                    seen("vethA", Direction::Ingress),
+                    seen("vethB", Direction::Egress),
+                ]),
+                &Default::default(),
+            );
+            if let Some(summary) = outcome {
+                told.verdict.outcome = Outcome::Vanished {
+                    node: "node-1".into(),
+                    iface: "vethA".into(),
+                    direction: Direction::Ingress,
+                };
+                told.verdict.summary = summary.into();
+            }
+            told
+        };
+        // 40000: the SYN arrived, its SYN-ACK was dropped on the way back.
+        watch.told((40000, 0), &story(WEB, DB, None));
+        watch.told((40000, 0), &story(DB, WEB, Some("dropped on node-1")));
+        // 40001: the answer's failure, then the probe's own: the probe's wins.
+        watch.told((40001, 0), &story(DB, WEB, Some("dropped on node-1")));
+        watch.told((40001, 0), &story(WEB, DB, Some("no route on node-2")));
+        let unanswered = |flow_id| {
+            let result = ProbeResult {
+                kind: "tcp:8080".into(),
+                target: "10.0.2.2:8080".into(),
+                seq: 1,
+                answered: false,
+                silent: true,
+                rtt_ms: None,
+                result: "no answer in 1s".into(),
+                flow_id,
+            };
+            watch.explained(result).result
+        };
+        let told = unanswered(40000);
+        assert!(
+            told.starts_with("no answer in 1s: the probe was delivered, but its answer (")
+                && told.ends_with(") was not: dropped on node-1"),
+            "{told}"
+        );
+        assert_eq!(unanswered(40001), "no answer in 1s: no route on node-2");
     }
 }
