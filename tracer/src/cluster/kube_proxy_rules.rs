@@ -34,7 +34,7 @@ use std::{
     process::Command,
 };
 
-use super::services::{Backend, Catalog, Service, ServicePort};
+use super::services::{protocol_number, Backend, Catalog, Service, ServicePort};
 use crate::{
     model::text::shell_words,
     node::netns::Namespace,
@@ -217,15 +217,6 @@ fn add_backend(service: &mut Service, front: &Front, ip: IpAddr, port: u16) {
             node: None,
             ports: vec![named],
         }),
-    }
-}
-
-fn protocol_number(name: &str) -> Option<u8> {
-    match name {
-        "tcp" => Some(6),
-        "udp" => Some(17),
-        "sctp" => Some(132),
-        _ => None,
     }
 }
 

@@ -31,13 +31,23 @@ pub struct ServicePort {
 impl ServicePort {
     /// `tcp`, `udp` or `sctp`, as a Service and `--probe` name it.
     pub fn protocol_name(&self) -> &'static str {
-        match self.protocol {
-            6 => "tcp",
-            17 => "udp",
-            132 => "sctp",
-            _ => "another protocol",
-        }
+        SERVICE_PROTOCOLS
+            .iter()
+            .find(|(number, _)| *number == self.protocol)
+            .map_or("another protocol", |(_, name)| name)
     }
+}
+
+/// The protocols a Service port can have: IP protocol number and name.
+const SERVICE_PROTOCOLS: [(u8, &str); 3] = [(6, "tcp"), (17, "udp"), (132, "sctp")];
+
+/// A Service port's protocol by name, in either case (`TCP` as the API
+/// writes it, `tcp` as kube-proxy's rules do).
+pub fn protocol_number(name: &str) -> Option<u8> {
+    SERVICE_PROTOCOLS
+        .iter()
+        .find(|(_, known)| known.eq_ignore_ascii_case(name))
+        .map(|(number, _)| *number)
 }
 
 /// One ready endpoint (a backend pod) and its ports by name.
@@ -253,12 +263,9 @@ impl<'de> Deserialize<'de> for Kept {
     }
 }
 
-fn protocol_number(text: Option<&str>) -> u8 {
-    match text.unwrap_or("TCP") {
-        "UDP" => 17,
-        "SCTP" => 132,
-        _ => 6,
-    }
+/// A port's protocol as the API gives it: TCP when left out.
+fn api_protocol(text: Option<&str>) -> u8 {
+    text.and_then(protocol_number).unwrap_or(6)
 }
 
 /// A `v1.Service` object (JSON) as podtrace follows it.
@@ -272,7 +279,7 @@ pub fn service_of(o: &Value) -> Option<Service> {
                 .iter()
                 .map(|p| ServicePort {
                     name: p["name"].as_str().unwrap_or("").into(),
-                    protocol: protocol_number(p["protocol"].as_str()),
+                    protocol: api_protocol(p["protocol"].as_str()),
                     port: p["port"].as_u64().unwrap_or(0) as u16,
                     node_port: p["nodePort"].as_u64().map(|n| n as u16),
                 })
@@ -311,7 +318,7 @@ fn backends_of(slice: &Value, ns: &str) -> Vec<Backend> {
                 .map(|p| {
                     (
                         p["name"].as_str().unwrap_or("").to_string(),
-                        protocol_number(p["protocol"].as_str()),
+                        api_protocol(p["protocol"].as_str()),
                         p["port"].as_u64().unwrap_or(0) as u16,
                     )
                 })
