@@ -16,6 +16,22 @@ use crate::{
     decode::hop::Direction, model::netfilter::NetfilterRule, story::journey::NETFILTER_DROP,
 };
 
+/// How the packet entered the rule's table: its hook, and the base chain
+/// where that is neither the rule's chain nor named after the hook (a
+/// native table's base chains are named at will, and several may share a
+/// hook at different priorities).
+fn entered_by(rule: &NetfilterRule) -> String {
+    let base = rule
+        .path
+        .first()
+        .map(|step| step.chain.as_str())
+        .filter(|base| *base != rule.chain && *base != rule.hook);
+    match base {
+        Some(base) => format!("hook {}, base chain {base}", rule.hook),
+        None => format!("hook {}", rule.hook),
+    }
+}
+
 impl Story {
     /// Whether the packet was dropped by a netfilter rule.
     pub fn netfilter_drop(&self) -> bool {
@@ -32,8 +48,11 @@ impl Story {
                     self.verdict.summary = format!("{why}; {}", self.verdict.summary);
                 }
                 self.verdict.summary.push_str(&format!(
-                    "; by table {} chain {} (hook {}): {}",
-                    rule.table, rule.chain, rule.hook, rule.rule
+                    "; by table {} chain {} ({}): {}",
+                    rule.table,
+                    rule.chain,
+                    entered_by(rule),
+                    rule.rule
                 ));
                 self.verdict.netfilter = Some(rule.clone());
                 self.name_policy(rule, ctx);
@@ -164,5 +183,39 @@ impl Story {
             _ if unseen_from_here && own(self.src) => "OUTPUT or POSTROUTING",
             _ => "PREROUTING or INPUT",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::netfilter::PathRule;
+
+    #[test]
+    fn a_native_tables_drop_names_its_base_chain_beside_the_hook() {
+        let step = |chain: &str, verdict: &str| PathRule {
+            table: "ip calico".into(),
+            chain: chain.into(),
+            rule: "…".into(),
+            verdict: verdict.into(),
+            target_head: None,
+        };
+        let mut rule = NetfilterRule {
+            table: "ip calico".into(),
+            chain: "filter-cali-tw-caliA".into(),
+            hook: "forward".into(),
+            rule: "drop # handle 9".into(),
+            path: vec![
+                step("filter-FORWARD", "jump filter-cali-tw-caliA"),
+                step("filter-cali-tw-caliA", "drop"),
+            ],
+        };
+        assert_eq!(entered_by(&rule), "hook forward, base chain filter-FORWARD");
+        // Dropped in the base chain itself, or iptables' (named by hook).
+        rule.path.remove(0);
+        assert_eq!(entered_by(&rule), "hook forward");
+        rule.path = vec![step("FORWARD", "jump KUBE-FORWARD")];
+        rule.hook = "FORWARD".into();
+        assert_eq!(entered_by(&rule), "hook FORWARD");
     }
 }
