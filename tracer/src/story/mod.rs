@@ -889,6 +889,38 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_translation_while_a_packet_was_away_from_its_node_is_not_told_on_that_node() {
+        // A hairpin: seen leaving node-1 by eth0 untranslated and arriving
+        // back at node-1's eth0 translated, another node (untraced) in
+        // between. node-1's netfilter was behind it, then still ahead.
+        let (ctx, sent, dnatted) = dnat_to_db_0_learnt(500);
+        let hops = vec![
+            hop(1_000, "node-1", "vethA", Role::PodVeth, Ingress, &sent),
+            hop(2_000, "node-1", "eth0", Role::Underlay, Egress, &sent),
+            hop(5_000, "node-1", "eth0", Role::Underlay, Ingress, &dnatted),
+        ];
+        let story = tell(&Journey::new(hops), &ctx);
+        let step = story.hops[2].nat.first().expect("the DNAT step");
+        let sight = step.out_of_sight.as_ref().expect("out of sight");
+        assert_eq!(sight.node, None);
+        assert!(
+            story
+                .verdict
+                .summary
+                .contains("out of sight between node-1 eth0 egress and node-1 eth0 ingress"),
+            "{}",
+            story.verdict.summary
+        );
+        // Within one node (bridge up, then out): told on that node.
+        let hops = vec![
+            hop(1_000, "node-1", "vethA", Role::PodVeth, Ingress, &sent),
+            hop(2_000, "node-1", "eth0", Role::Underlay, Egress, &dnatted),
+        ];
+        let story = tell(&Journey::new(hops), &ctx);
+        assert_eq!(story.hops[1].nat.first().unwrap().out_of_sight, None);
+    }
+
+    #[test]
     fn a_packet_translated_while_its_translation_was_learnt_is_not_lost() {
         // Node-2 began tracing db-0's addresses after the packet left
         // node-1: its missing hops there are no loss.

@@ -20,6 +20,7 @@ use crate::{
     },
     model::netfilter::NetfilterRule,
     model::{Frontend, Name, Translation},
+    node::interfaces::Role,
 };
 
 /// The conntrack side of a translation.
@@ -97,7 +98,7 @@ impl OutOfSight {
 /// Marks the translations between two consecutive hops on different
 /// nodes as done out of sight (see [`OutOfSight`]).
 pub fn out_of_sight(steps: &mut [NatStep], before: &Hop, after: &Hop) {
-    if before.node == after.node {
+    if before.node == after.node && !left_and_came_back(before, after) {
         return;
     }
     let seen = |hop: &Hop| format!("{} {} {}", hop.node, hop.iface, hop.direction.label());
@@ -115,6 +116,19 @@ pub fn out_of_sight(steps: &mut [NatStep], before: &Hop, after: &Hop) {
             before_hop: seen(after),
         });
     }
+}
+
+/// Seen leaving its node by the underlay or a tunnel, and next arriving
+/// back at the same node from outside: a hairpin through another node
+/// (a NodePort of another node that DNATs back here). What translated it
+/// on the way was not this node's netfilter, which lay behind the packet
+/// at the first hop and ahead of it at the second.
+fn left_and_came_back(before: &Hop, after: &Hop) -> bool {
+    let outside = |hop: &Hop| matches!(hop.role, Role::Underlay | Role::Tunnel);
+    before.direction == Direction::Egress
+        && after.direction == Direction::Ingress
+        && outside(before)
+        && outside(after)
 }
 
 impl NatStep {
