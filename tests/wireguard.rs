@@ -21,10 +21,24 @@ fn a_ping_through_flannel_wireguard_is_delivered_with_both_plaintext_legs() {
     assert_eq!(story["verdict"]["outcome"], "delivered", "{story}\n{human}");
     // The plaintext legs: into node-1's device, out of node-2's.
     let dev = flannel_wireguard::DEVICE;
-    assert!(hop_on(&story, "node-1", dev, "egress").is_some(), "{story}");
+    let into = hop_on(&story, "node-1", dev, "egress").expect("node-1's device egress");
+    let out_of = hop_on(&story, "node-2", dev, "ingress").expect("node-2's device ingress");
+    // Each names the peer by the device's own configuration, and the
+    // encrypted leg between says it is not traced.
+    let key = |n| flannel_wireguard::public_key(n).expect("a node's key")[..8].to_string();
+    let note = |hop: &serde_json::Value| hop["note"].as_str().unwrap_or_default().to_string();
     assert!(
-        hop_on(&story, "node-2", dev, "ingress").is_some(),
-        "{story}"
+        note(into).starts_with(&format!(
+            "into WireGuard: encrypted for peer {} (UDP to ",
+            key(2)
+        )) && note(into).contains("the encrypted leg is not traced"),
+        "{}\n{human}",
+        note(into)
+    );
+    assert!(
+        note(out_of).starts_with(&format!("decrypted by WireGuard from peer {}", key(1))),
+        "{}\n{human}",
+        note(out_of)
     );
 }
 

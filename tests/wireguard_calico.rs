@@ -18,13 +18,23 @@ fn a_ping_through_calico_wireguard_is_delivered_naming_table_1_and_its_rule() {
     let (story, human) = one_ping_told(&lab);
     assert_eq!(story["verdict"]["outcome"], "delivered", "{story}\n{human}");
     // The plaintext legs: into node-1's device, out of node-2's.
+    // Each names the peer from the device's configuration; the
+    // encrypted leg between says it is not traced.
+    let note = |node, direction| {
+        let hop = hop_on(&story, node, cw::DEVICE, direction);
+        let hop = hop.unwrap_or_else(|| panic!("{node} {direction}: {story}"));
+        hop["note"].as_str().unwrap_or_default().to_string()
+    };
+    let into = note("node-1", "egress");
     assert!(
-        hop_on(&story, "node-1", cw::DEVICE, "egress").is_some(),
-        "{story}"
+        into.starts_with("into WireGuard: encrypted for peer ")
+            && into.contains("the encrypted leg is not traced"),
+        "{into}\n{human}"
     );
+    let out_of = note("node-2", "ingress");
     assert!(
-        hop_on(&story, "node-2", cw::DEVICE, "ingress").is_some(),
-        "{story}"
+        out_of.starts_with("decrypted by WireGuard from peer "),
+        "{out_of}\n{human}"
     );
     // The route into the device is table 1's, by Felix's rule.
     let rule = format!(

@@ -192,6 +192,11 @@ fn write_note(out: &mut String, hop: &Hop, prev: Option<&Hop>, ctx: &Context) ->
 /// What the hook saw, by where it is and what the packet carries.
 fn write_what(out: &mut String, hop: &Hop, ctx: &Context) -> fmt::Result {
     let p = &hop.packet.packet;
+    if hop.role == Role::Tunnel && hop.packet.tunnel.is_none() {
+        if let Some(note) = super::wireguard::device_note(hop, &ctx.nodes) {
+            return out.write_str(&note);
+        }
+    }
     let said = match (hop.role, hop.direction, &hop.packet.tunnel) {
         (_, Direction::Drop, _) => match &hop.drop {
             Some(d) if d.by_socket => {

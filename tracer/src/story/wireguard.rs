@@ -15,7 +15,7 @@ use crate::{
     decode::hop::{Direction, Hop},
     model::NodeSubnet,
     node::{
-        wireguard::{age_text, Session, WgDevice, WireGuard, KIND, SESSION_SECS},
+        wireguard::{age_text, Session, WgDevice, WgPeer, WireGuard, KIND, SESSION_SECS},
         NodeFacts,
     },
 };
@@ -70,6 +70,59 @@ pub(super) type Told = (String, Option<WireguardProof>);
 /// going into a WireGuard device: the one that should have taken it back
 /// (its state is read again before the story is told, where podtrace
 /// can). None for any other journey, or where that node is not traced.
+/// The note of a hop on a WireGuard device, from its configuration: the
+/// peer WireGuard encrypts the packet for (egress) or that sent it
+/// (ingress). The encrypted leg between is not traced, and the note says
+/// so: the ciphertext keeps nothing of the packet to match it by.
+pub(super) fn device_note(hop: &Hop, nodes: &HashMap<String, NodeFacts>) -> Option<String> {
+    let wireguard = &nodes.get(&*hop.node)?.view.wireguard;
+    let device = wireguard.device(&hop.iface)?;
+    let packet = &hop.packet.packet;
+    let when = wireguard.read_when();
+    Some(match hop.direction {
+        Direction::Egress => match routing_peer(device, packet.dst) {
+            Some(peer) => format!(
+                "into WireGuard: encrypted for peer {}{} (its allowed-ips hold {}, read {when}); the encrypted leg is not traced: the ciphertext keeps nothing of the packet to follow it by",
+                peer.short_key(),
+                endpoint_text(peer, "UDP to"),
+                packet.dst
+            ),
+            None => format!(
+                "into WireGuard: no peer's allowed-ips held {} (read {when}), so it has no peer to be sent to",
+                packet.dst
+            ),
+        },
+        Direction::Ingress => match routing_peer(device, packet.src) {
+            Some(peer) => format!(
+                "decrypted by WireGuard from peer {}{}",
+                peer.short_key(),
+                endpoint_text(peer, "at")
+            ),
+            None => format!(
+                "decrypted by WireGuard (no peer's allowed-ips held {} when read {when})",
+                packet.src
+            ),
+        },
+        Direction::Drop => return None,
+    })
+}
+
+/// The peer whose allowed-ips route `ip`, as WireGuard's own table does:
+/// the longest prefix that holds it.
+fn routing_peer(device: &WgDevice, ip: IpAddr) -> Option<&WgPeer> {
+    (device.peers.iter())
+        .flat_map(|peer| peer.allowed_ips.iter().map(move |net| (net, peer)))
+        .filter(|(net, _)| net.contains(&ip))
+        .max_by_key(|(net, _)| net.prefix_len())
+        .map(|(_, peer)| peer)
+}
+
+/// ` (UDP to 192.0.2.12:51820)`, or nothing for a peer without endpoint.
+fn endpoint_text(peer: &WgPeer, how: &str) -> String {
+    peer.endpoint
+        .map_or_else(String::new, |at| format!(" ({how} {at})"))
+}
+
 pub fn receiving_node<'a>(
     hops: &[Hop],
     nodes: &'a HashMap<String, NodeFacts>,
@@ -351,6 +404,57 @@ mod tests {
     fn told(nodes: &HashMap<String, NodeFacts>) -> (String, WireguardProof) {
         let (said, proof) = lost_after_encryption(&into_flannel_wg(), nodes, &subnets()).unwrap();
         (said, proof.expect("a proof"))
+    }
+
+    #[test]
+    fn a_wireguard_devices_hops_name_the_peer_and_say_the_encrypted_leg_is_not_traced() {
+        let nodes = read_nodes("10.244.1.0/24", Some(READ_AT - 5));
+        // node-2 receives from node-1's peer: web-0's packet, decrypted.
+        let frame = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 63, 1);
+        let at =
+            |node: &str, direction| hop(9, node, "flannel-wg", Role::Tunnel, direction, &frame);
+        assert_eq!(
+            device_note(&at("node-2", Direction::Ingress), &nodes).unwrap(),
+            "decrypted by WireGuard from peer KEY1wxyz (at 192.0.2.11:51820)"
+        );
+        // node-1 has no peer for node-2's pods in this fixture.
+        let said = device_note(&at("node-1", Direction::Egress), &nodes).unwrap();
+        assert!(
+            said.starts_with("into WireGuard: no peer's allowed-ips held 10.244.2.2"),
+            "{said}"
+        );
+        // Back from db-0 on node-2: its peer for node-1, by the longest
+        // prefix of its allowed-ips.
+        let mut nodes = nodes;
+        let device = &mut nodes.get_mut("node-2").unwrap().view.wireguard.devices[0];
+        let mut wide = device.peers[0].clone();
+        wide.public_key = "WIDEkeyWIDE=".into();
+        wide.allowed_ips = vec!["10.244.0.0/16".parse().unwrap()];
+        device.peers.insert(0, wide);
+        let back = frames::icmp_echo([10, 244, 2, 2], [10, 244, 1, 2], 64, 1);
+        let out = hop(
+            9,
+            "node-2",
+            "flannel-wg",
+            Role::Tunnel,
+            Direction::Egress,
+            &back,
+        );
+        let said = device_note(&out, &nodes).unwrap();
+        assert!(
+            said.starts_with("into WireGuard: encrypted for peer KEY1wxyz (UDP to 192.0.2.11:51820) (its allowed-ips hold 10.244.1.2, read at start); the encrypted leg is not traced"),
+            "{said}"
+        );
+        // Not a WireGuard device: no such note.
+        let eth0 = hop(
+            9,
+            "node-2",
+            "eth0",
+            Role::Underlay,
+            Direction::Egress,
+            &back,
+        );
+        assert_eq!(device_note(&eth0, &nodes), None);
     }
 
     #[test]
