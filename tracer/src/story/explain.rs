@@ -58,13 +58,64 @@ const NEIGHBOUR_REASONS: &[&str] = &["NEIGH_FAILED", "NEIGH_QUEUEFULL", "NEIGH_D
 /// itself (on-link).
 fn next_hop(hops: &[Hop], facts: &NodeFacts) -> IpAddr {
     let last = &hops[hops.len() - 1];
-    let dst = hops[0].packet.packet.dst;
-    hops.iter()
+    // The packet as the dropping node last saw it: after any translation
+    // on the way (a Service's DNAT), which a lookup made before it (tc
+    // ingress runs before PREROUTING) did not know of.
+    let dst = last.packet.packet.dst;
+    let asked = hops
+        .iter()
         .rev()
         .filter(|h| h.node == last.node)
-        .find_map(|h| h.route.as_ref()?.via)
-        .or_else(|| facts.view.route_to(dst)?.gateway)
-        .unwrap_or(dst)
+        .find_map(|h| {
+            let route = h.route.as_ref().filter(|r| r.dev.is_some())?;
+            (h.packet.packet.dst == dst).then_some(route)
+        });
+    match asked {
+        // A route without a gateway: the destination is the neighbour.
+        Some(route) => route.via.unwrap_or(dst),
+        None => facts
+            .view
+            .route_to(dst)
+            .and_then(|r| r.gateway)
+            .unwrap_or(dst),
+    }
+}
+
+/// A next hop that never answered ARP (NDP), or why that is the route's
+/// fault.
+fn no_neighbour_reply(reason: &str, hops: &[Hop], facts: &NodeFacts) -> String {
+    let last = &hops[hops.len() - 1];
+    let next_hop = next_hop(hops, facts);
+    let state = if reason == "NEIGH_QUEUEFULL" {
+        "its queue was full"
+    } else {
+        "neighbour FAILED"
+    };
+    let why = off_subnet(next_hop, &last.iface, facts)
+        .unwrap_or_else(|| "the next hop is gone or does not answer".into());
+    let asked_by = if next_hop.is_ipv6() {
+        "neighbour discovery (NDP)"
+    } else {
+        "ARP"
+    };
+    format!(
+        "no {asked_by} reply from {next_hop} on {} ({state}): {why}",
+        last.iface
+    )
+}
+
+/// Why a failed neighbour is the route's fault rather than the next
+/// hop's: a gateway on none of the node's subnets (a route `onlink` to an
+/// address on another subnet) is asked for by ARP on a link where no
+/// such host is, however alive it is.
+fn off_subnet(next_hop: IpAddr, dev: &str, facts: &NodeFacts) -> Option<String> {
+    let link_local = matches!(next_hop, IpAddr::V6(v6) if v6.is_unicast_link_local());
+    if link_local || facts.view.link_on_subnet_of(next_hop).is_some() {
+        return None;
+    }
+    Some(format!(
+        "{next_hop} is on none of this node's subnets: the route reaches it onlink, so it is asked for on {dev}, where no such host answers, alive or not: the route is wrong (across subnets, the overlay's tunnel or a router reaches it: ip route get {next_hop})"
+    ))
 }
 
 /// Reasons the kernel gives when it has no route.
@@ -109,7 +160,7 @@ fn missing_route(
     pod_cidrs: &[Ipv4Net],
 ) -> Option<RouteCheck> {
     let last = hops.last()?;
-    let dst = hops[0].packet.packet.dst;
+    let dst = last.packet.packet.dst; // translated, as the node last saw it
     let reason = last.drop.as_ref().map(|d| d.reason.as_str());
     let left_by_default = hops.iter().rev().find_map(|h| {
         let leaves_plain = h.role == Role::Underlay
@@ -231,7 +282,8 @@ fn forwarding_off(last: &Hop, at: Option<&Hop>, node_forwards: bool, dst: IpAddr
 /// What on the dropping node explains the drop.
 fn hint(hops: &[Hop], nodes: &HashMap<String, NodeFacts>) -> Option<String> {
     let last = hops.last()?;
-    let dst = hops[0].packet.packet.dst;
+    // As the dropping node saw it: after any translation on the way.
+    let dst = last.packet.packet.dst;
     let reason = last.drop.as_ref().map(|d| d.reason.as_str());
     // The kernel's own answer at ingress, where podtrace asked it: the
     // lookup judges the forwarding of the device the packet came in on.
@@ -290,13 +342,7 @@ fn hint(hops: &[Hop], nodes: &HashMap<String, NodeFacts>) -> Option<String> {
             ))
         }
         (Some(r), Some(facts)) if NEIGHBOUR_REASONS.contains(&r) => {
-            let next_hop = next_hop(hops, facts);
-            let state = if r == "NEIGH_QUEUEFULL" { "its queue was full" } else { "neighbour FAILED" };
-            Some(format!(
-                "no {} reply from {next_hop} on {} ({state}): the next hop is gone or does not answer",
-                if next_hop.is_ipv6() { "neighbour discovery (NDP)" } else { "ARP" },
-                last.iface
-            ))
+            Some(no_neighbour_reply(r, hops, facts))
         }
         (Some("PKT_TOO_BIG"), Some(facts)) => facts.view.route_to(dst).and_then(|r| r.oif).and_then(|oif| facts.view.link(oif)).map(|dev| {
             // IPv6 has no DF bit: no router fragments it, only its sender.
@@ -465,6 +511,80 @@ mod tests {
 
     fn dropped(iface: &str, role: Role, reason: &str, frame: &[u8]) -> Hop {
         drop_hop(9, "node-1", iface, role, frame, reason)
+    }
+
+    #[test]
+    fn a_failed_neighbour_is_the_translated_packets_and_an_off_subnet_gateway_is_the_routes_fault()
+    {
+        use crate::decode::hop::{tests::hop, Direction, KernelRoute};
+        let looked_up = |mut hop: Hop, via: &str, dev: &str| {
+            hop.route = Some(KernelRoute {
+                result: "success".into(),
+                dev: Some(dev.into()),
+                via: Some(via.parse().unwrap()),
+            });
+            hop
+        };
+        let said = |hops: &[Hop], view: NodeView| {
+            explain(hops, &node_1(view, true), &subnets(), &[])
+                .hint
+                .unwrap()
+        };
+        // web-0 → a ClusterIP: looked up at its veth before the DNAT (via
+        // the default route), dropped waiting for a dead endpoint's ARP.
+        let sent = frames::icmp_echo([10, 244, 1, 2], [10, 96, 0, 10], 64, 1);
+        let dnatted = frames::icmp_echo([10, 244, 1, 2], [10, 244, 1, 9], 64, 1);
+        let veth = hop(
+            1,
+            "node-1",
+            "veth1a2b",
+            Role::PodVeth,
+            Direction::Ingress,
+            &sent,
+        );
+        let hops = [
+            looked_up(veth, "192.0.2.1", "eth0"),
+            dropped("cni0", Role::Bridge, "NEIGH_FAILED", &dnatted),
+        ];
+        let hint = said(&hops, flannel_node());
+        assert!(
+            hint.starts_with(
+                "no ARP reply from 10.244.1.9 on cni0 (neighbour FAILED): the next hop is gone"
+            ),
+            "{hint}"
+        );
+        // A route onlink via a node on another subnet: ARP on eth0 cannot
+        // reach it, alive or not.
+        let mut view = flannel_node();
+        view.routes
+            .push(crate::node::fixtures::route("192.0.2.0/24", 2));
+        let frame = frames::icmp_echo([10, 244, 1, 2], [10, 246, 3, 5], 64, 1);
+        let at_eth0 = |via| {
+            let veth = hop(
+                1,
+                "node-1",
+                "veth1a2b",
+                Role::PodVeth,
+                Direction::Ingress,
+                &frame,
+            );
+            [
+                looked_up(veth, via, "eth0"),
+                dropped("eth0", Role::Underlay, "NEIGH_FAILED", &frame),
+            ]
+        };
+        let hint = said(&at_eth0("198.51.100.13"), view.clone());
+        assert!(
+            hint.contains(
+                "198.51.100.13 is on none of this node's subnets: the route reaches it onlink"
+            ) && hint.contains("the route is wrong"),
+            "{hint}"
+        );
+        let hint = said(&at_eth0("192.0.2.13"), view);
+        assert!(
+            hint.ends_with("the next hop is gone or does not answer"),
+            "{hint}"
+        );
     }
 
     #[test]
