@@ -245,11 +245,31 @@ impl NatBook {
         late_translation(c, seen_ns, c.reply == t)
     }
 
-    pub(super) fn by_front(&self, at: Frontend, back: Option<Frontend>) -> Option<&Translation> {
-        let services = || self.translations.iter().filter(|t| !t.source);
-        services()
-            .find(|t| t.front == at && back.is_none_or(|b| b == t.back))
-            .or_else(|| services().find(|t| t.front == at))
+    pub(super) fn by_front(&self, at: Frontend, back: Frontend) -> Option<Through> {
+        let services = || {
+            self.translations
+                .iter()
+                .filter(|t| !t.source && t.front == at)
+        };
+        let exact = services().find(|t| t.back == back);
+        // A translation learnt from conntrack has no name: the Service's
+        // own, of the same frontend, names it.
+        let named = services().find(|t| t.service.is_some());
+        let service = exact
+            .and_then(|t| t.service.clone())
+            .or_else(|| named?.service.clone());
+        if exact.is_none() && named.is_none() {
+            return None;
+        }
+        // A named Service lists its endpoints: a target none of them is
+        // one it no longer (or does not yet) have.
+        let unknown_endpoint =
+            named.is_some() && !services().any(|t| t.service.is_some() && t.back == back);
+        Some(Through {
+            service,
+            backend: exact.and_then(|t| t.backend.clone()),
+            unknown_endpoint,
+        })
     }
 
     /// Whether `ip` is a Service frontend (a ClusterIP or a node's
@@ -257,6 +277,16 @@ impl NatBook {
     pub(super) fn is_front(&self, at: Frontend) -> bool {
         self.translations.iter().any(|t| !t.source && t.front == at)
     }
+}
+
+/// The Service a translation went through, as the trace knows it.
+pub(super) struct Through {
+    pub service: Option<String>,
+    /// The backend pod, where the target is a known endpoint's.
+    pub backend: Option<String>,
+    /// The Service is named and its endpoints listed, and the target is
+    /// none of them.
+    pub unknown_endpoint: bool,
 }
 
 /// The translation of connection `c`, as `DNAT a → b, SNAT c → d`
@@ -379,6 +409,37 @@ pub(crate) mod tests {
         let s = steps(&ack(&pre), &ack(&post), &[], &book());
         assert_eq!(s[0].conntrack.state, "established");
         assert!(s[0].text().contains("(conntrack)"));
+    }
+
+    #[test]
+    fn a_dnat_to_none_of_a_named_services_endpoints_says_so() {
+        // conntrack reported a DNAT to 10.244.2.9, which default/db's
+        // endpoints do not include: a stale rule's.
+        let mut book = book();
+        let mut learnt = book.translations[0].clone();
+        learnt.back.ip = Ipv4Addr::new(10, 244, 2, 9).into();
+        (learnt.service, learnt.backend) = (None, None);
+        book.learn(learnt);
+        let pre = packet([10, 244, 1, 2], [10, 96, 7, 7], 40000, 80);
+        let stale = packet([10, 244, 1, 2], [10, 244, 2, 9], 40000, 8080);
+        let s = &steps(&pre, &stale, &[], &book)[0];
+        assert_eq!(s.service.as_deref(), Some("default/db"));
+        assert_eq!(s.backend, None);
+        assert!(s.unknown_endpoint);
+        assert!(
+            s.text().ends_with("(default/db, to none of its endpoints: a rule left by an endpoint that is gone (the proxy has not synced), or one podtrace has not heard of)"),
+            "{}",
+            s.text()
+        );
+        // A known endpoint is named, and not said to be unknown.
+        let known = packet([10, 244, 1, 2], [10, 244, 2, 3], 40000, 8080);
+        let s = &steps(&pre, &known, &[], &book)[0];
+        assert_eq!(s.backend.as_deref(), Some("default/db-1"));
+        assert!(!s.unknown_endpoint);
+        // Only conntrack's own, unnamed: nothing to judge it by.
+        book.translations.retain(|t| t.service.is_none());
+        let s = &steps(&pre, &stale, &[], &book)[0];
+        assert!(!s.unknown_endpoint && s.service.is_none());
     }
 
     #[test]

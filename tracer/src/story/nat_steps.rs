@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use serde::Serialize;
 
 use super::{
-    nat::{ports, NatBook},
+    nat::{ports, NatBook, Through},
     rule_text::{rule_action, NatKind},
 };
 use crate::{
@@ -19,7 +19,7 @@ use crate::{
         IpPacket,
     },
     model::netfilter::NetfilterRule,
-    model::{Frontend, Name, Translation},
+    model::{Frontend, Name},
     node::interfaces::Role,
 };
 
@@ -50,6 +50,12 @@ pub struct NatStep {
     pub service: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backend: Option<String>,
+    /// The Service's endpoints are known (API, services file, kube-proxy's
+    /// rules) and the DNAT's target (the un-DNAT's source) is none of
+    /// them: a rule left by an endpoint that is gone, or one podtrace has
+    /// not heard of yet.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unknown_endpoint: bool,
     pub conntrack: ConntrackState,
     /// Set when no traced hook saw the translation: it lies between
     /// hops on two nodes.
@@ -131,6 +137,10 @@ fn left_and_came_back(before: &Hop, after: &Hop) -> bool {
         && outside(after)
 }
 
+/// What a translation to none of a Service's endpoints may be.
+pub(super) const STALE_ENDPOINT: &str =
+    "a rule left by an endpoint that is gone (the proxy has not synced), or one podtrace has not heard of";
+
 impl NatStep {
     /// `DNAT 10.96.7.7:80 → 10.244.2.3:8080 by nat KUBE-SEP-… (default/db → default/db-1)`.
     pub fn text(&self) -> String {
@@ -140,6 +150,9 @@ impl NatStep {
             "(conntrack)".to_string()
         };
         let which = match (&self.service, &self.backend) {
+            (Some(s), _) if self.unknown_endpoint => {
+                format!(" ({s}, to none of its endpoints: {STALE_ENDPOINT})")
+            }
             (Some(s), Some(b)) => format!(" ({s} → {b})"),
             (Some(s), None) => format!(" ({s})"),
             _ => String::new(),
@@ -196,7 +209,7 @@ pub fn steps(
             (NatKind::UnSnat, None)
         };
         let t = (kind == NatKind::Dnat)
-            .then(|| book.by_front(front, Some(sock(after.dst, ad))))
+            .then(|| book.by_front(front, sock(after.dst, ad)))
             .flatten();
         out.push(step(
             kind,
@@ -204,7 +217,7 @@ pub fn steps(
             shown(after.dst, ad),
             rule,
             opens,
-            t,
+            t.as_ref(),
         ));
     }
     let connection = book.connection_of([before, after]);
@@ -218,7 +231,7 @@ pub fn steps(
             (kind, rule)
         };
         let t = (kind == NatKind::UnDnat)
-            .then(|| book.by_front(front, Some(sock(before.src, bs))))
+            .then(|| book.by_front(front, sock(before.src, bs)))
             .flatten();
         out.push(step(
             kind,
@@ -226,7 +239,7 @@ pub fn steps(
             shown(after.src, as_),
             rule,
             opens,
-            t,
+            t.as_ref(),
         ));
     }
     for s in &mut out {
@@ -259,7 +272,7 @@ fn step(
     after: String,
     rule: Option<&NetfilterRule>,
     opens: bool,
-    t: Option<&Translation>,
+    t: Option<&Through>,
 ) -> NatStep {
     let (rule, state) = match rule {
         Some(r) => (format!("{} {}: {}", r.table, r.chain, r.rule), "new"),
@@ -277,6 +290,7 @@ fn step(
         rule,
         service: t.and_then(|t| t.service.clone()),
         backend: t.and_then(|t| t.backend.clone()),
+        unknown_endpoint: t.is_some_and(|t| t.unknown_endpoint),
         conntrack: ConntrackState {
             state,
             zone: None,

@@ -4,6 +4,7 @@
 
 use super::{
     conntrack::Mechanism,
+    nat_steps::STALE_ENDPOINT,
     outcome::Outcome,
     policy::{read_policy, PolicyDirection},
     policy_api::from_api,
@@ -151,7 +152,16 @@ impl Story {
                 },
                 |o| o.text(),
             );
-            said.push(format!("; {what} {} → {} {place}", step.before, step.after));
+            let stale = match (&step.service, step.unknown_endpoint) {
+                (Some(service), true) => {
+                    format!(", to none of {service}'s endpoints ({STALE_ENDPOINT}),")
+                }
+                _ => String::new(),
+            };
+            said.push(format!(
+                "; {what} {} → {}{stale} {place}",
+                step.before, step.after
+            ));
         }
         self.verdict.summary.push_str(&said.concat());
     }
