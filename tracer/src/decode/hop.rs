@@ -95,6 +95,13 @@ pub struct DropInfo {
     pub by_socket: bool,
 }
 
+impl DropInfo {
+    /// The kernel function that freed it, without its offset.
+    pub fn function(&self) -> &str {
+        self.location.split('+').next().unwrap_or_default()
+    }
+}
+
 /// One sighting, placed on its node and interface.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Hop {

@@ -96,8 +96,14 @@ pub fn human_story(n: u64, s: &Story, colour: bool) -> String {
         Outcome::Incomplete { .. } | Outcome::TranslatedOutOfSight { .. } => "33",
     };
     for freed in &s.freed_after_delivery {
+        // Every echo reply to ping(8) ends so: its raw socket takes a copy.
+        let said = if freed.function().starts_with("ping_") {
+            "a raw socket, as ping(8) opens, gets its copy before this; no unprivileged ping socket waited for the original: not a drop on the path"
+        } else {
+            "the pod's own stack, not a drop on the path"
+        };
         text.push_str(&format!(
-            "  (then freed inside the pod: {} in {}; the pod's own stack, not a drop on the path)\n",
+            "  (then freed inside the pod: {} in {}; {said})\n",
             freed.reason, freed.location
         ));
     }

@@ -276,7 +276,7 @@ impl Journey {
         if last.packet.tunnel.is_some() || drop.by_socket {
             return None;
         }
-        let function = drop.location.split('+').next().unwrap_or_default();
+        let function = drop.function();
         let unnamed = drop.reason == "NOT_SPECIFIED" || drop.reason == REASON_NOT_NAMED;
         let why = match last.packet.packet.transport {
             // A SYN nobody takes is a refusal, not a teardown; UDP has no
