@@ -101,3 +101,11 @@ pub fn feed(ns: &str, program: &str, args: &[&str], input: &str) -> Result<()> {
     );
     Ok(())
 }
+
+/// Whether `iface` in `ns` is a bridge's port.
+pub fn bridge_port(ns: &str, iface: &str) -> bool {
+    in_netns(ns, "ip")
+        .args(["-o", "link", "show", "dev", iface])
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains(" master "))
+}

@@ -202,7 +202,7 @@ impl Lab {
             for pod in self.pods_on(node) {
                 // As the CNI bridge plugin sets it (hairpinMode: true);
                 // a routed veth (Calico's) has no bridge to hairpin on.
-                if bridge_port(&ns, &pod.host_iface) {
+                if cmd::bridge_port(&ns, &pod.host_iface) {
                     cmd::ip(
                         &ns,
                         &format!("link set {} type bridge_slave hairpin on", pod.host_iface),
@@ -489,14 +489,6 @@ fn restore(ns: &str, rules: &str) -> Result<()> {
 /// `ip6tables-restore --noflush` inside a node.
 pub(super) fn restore6(ns: &str, rules: &str) -> Result<()> {
     cmd::feed(ns, "ip6tables-restore", &["--noflush"], rules)
-}
-
-/// Whether `iface` in `ns` is a bridge's port.
-fn bridge_port(ns: &str, iface: &str) -> bool {
-    cmd::in_netns(ns, "ip")
-        .args(["-o", "link", "show", "dev", iface])
-        .output()
-        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains(" master "))
 }
 
 #[cfg(test)]
