@@ -28,10 +28,8 @@ fn a_ping_through_flannel_wireguard_is_delivered_with_both_plaintext_legs() {
     let key = |n| flannel_wireguard::public_key(n).expect("a node's key")[..8].to_string();
     let note = |hop: &serde_json::Value| hop["note"].as_str().unwrap_or_default().to_string();
     assert!(
-        note(into).contains(&format!(
-            "into WireGuard: encrypted for peer {} (UDP to ",
-            key(2)
-        )) && note(into).contains("the encrypted leg is not traced"),
+        note(into).contains(&format!("into WireGuard for peer {} (UDP to ", key(2)))
+            && note(into).contains("the encrypted leg is not traced"),
         "{}\n{human}",
         note(into)
     );

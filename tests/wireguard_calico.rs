@@ -27,7 +27,7 @@ fn a_ping_through_calico_wireguard_is_delivered_naming_table_1_and_its_rule() {
     };
     let into = note("node-1", "egress");
     assert!(
-        into.contains("into WireGuard: encrypted for peer ")
+        into.contains("into WireGuard for peer ")
             && into.contains("the encrypted leg is not traced"),
         "{into}\n{human}"
     );

@@ -15,7 +15,7 @@ use podtrace_common::{packet6::transport6, GENEVE_PORT};
 use serde::{Deserialize, Serialize};
 
 use quote::Quoted;
-pub use transport::{Transport, TCP_ACK, TCP_SYN};
+pub use transport::{Transport, TCP_ACK, TCP_RST, TCP_SYN};
 
 /// An IPv4 or IPv6 header and what follows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema, Deserialize)]

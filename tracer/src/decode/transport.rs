@@ -53,8 +53,9 @@ pub enum Transport {
     },
 }
 
-/// TCP's SYN and ACK flag bits.
+/// TCP's SYN, RST and ACK flag bits.
 pub const TCP_SYN: u8 = 0x02;
+pub const TCP_RST: u8 = 0x04;
 pub const TCP_ACK: u8 = 0x10;
 
 impl Transport {

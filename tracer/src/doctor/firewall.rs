@@ -233,17 +233,25 @@ fn check_drops(facts: &NodeFacts, forward: &[&Rule], pods: &[Ipv4Addr], program:
 }
 
 /// What a DROP or REJECT rule does to the pods it names. A REJECT drops
-/// too, but the node answers in the destination's name: say so, or the
-/// user hunts a silent drop where the client saw a refusal.
+/// too, but the node answers the sender: say so, or the user hunts a
+/// silent drop where the client saw a refusal.
 fn what_it_does(rule: &Rule, pods: &str) -> String {
     if rule.target() != Some("REJECT") {
         return format!("{} drops pod traffic{pods}", rule.text);
     }
-    let answer = rule
-        .option("--reject-with")
-        .unwrap_or("icmp-port-unreachable");
+    // A reset takes the rejected packet's destination as its source; an
+    // ICMP error is the node's own, from its address.
+    let answer = match rule.option("--reject-with") {
+        Some(reset) if reset.contains("tcp-reset") => {
+            "with a TCP reset in the destination's name".to_string()
+        }
+        with => format!(
+            "with an ICMP {} from its own address",
+            with.unwrap_or("icmp-port-unreachable")
+        ),
+    };
     format!(
-        "{} rejects pod traffic{pods}: the node drops it and answers with {answer} in the destination's name",
+        "{} rejects pod traffic{pods}: the node drops it and answers {answer}",
         rule.text
     )
 }
@@ -358,7 +366,7 @@ mod tests {
         let reached = table.reachable("FORWARD", 0);
         let reject = what_it_does(reached[0], " (default/db-0)");
         assert!(
-            reject.ends_with("rejects pod traffic (default/db-0): the node drops it and answers with tcp-reset in the destination's name"),
+            reject.ends_with("rejects pod traffic (default/db-0): the node drops it and answers with a TCP reset in the destination's name"),
             "{reject}"
         );
         assert!(what_it_does(reached[1], "").ends_with("-j DROP drops pod traffic"));

@@ -22,7 +22,7 @@ use crate::{
         interfaces::Role,
         route::table_name,
         rules::{Decision, RuleAction},
-        NodeFacts,
+        NodeFacts, RouteKind,
     },
     story::{
         journey,
@@ -58,17 +58,23 @@ const NEIGHBOUR_REASONS: &[&str] = &["NEIGH_FAILED", "NEIGH_QUEUEFULL", "NEIGH_D
 /// itself (on-link).
 fn next_hop(hops: &[Hop], facts: &NodeFacts) -> IpAddr {
     let last = &hops[hops.len() - 1];
-    // The packet as the dropping node last saw it: after any translation
-    // on the way (a Service's DNAT), which a lookup made before it (tc
-    // ingress runs before PREROUTING) did not know of.
-    let dst = last.packet.packet.dst;
+    // The packet as the dropping device carried it: an encapsulated one's
+    // outer header (the underlay asks ARP for the other node's address,
+    // not for the tunnel's gateway), else the packet after any
+    // translation on the way (a Service's DNAT), which a lookup made
+    // before it (tc ingress runs before PREROUTING) did not know of.
+    let dst = last
+        .packet
+        .tunnel
+        .map_or(last.packet.packet.dst, |t| t.outer.dst);
     let asked = hops
         .iter()
         .rev()
         .filter(|h| h.node == last.node)
         .find_map(|h| {
-            let route = h.route.as_ref().filter(|r| r.dev.is_some())?;
-            (h.packet.packet.dst == dst).then_some(route)
+            let route = h.route.as_ref()?;
+            let same_device = route.dev.as_deref() == Some(&*last.iface);
+            (same_device && h.packet.packet.dst == dst).then_some(route)
         });
     match asked {
         // A route without a gateway: the destination is the neighbour.
@@ -105,12 +111,20 @@ fn no_neighbour_reply(reason: &str, hops: &[Hop], facts: &NodeFacts) -> String {
 }
 
 /// Why a failed neighbour is the route's fault rather than the next
-/// hop's: a gateway on none of the node's subnets (a route `onlink` to an
-/// address on another subnet) is asked for by ARP on a link where no
-/// such host is, however alive it is.
+/// hop's: a gateway no route of any table reaches directly (a route
+/// `onlink` to an address on another subnet) is asked for by ARP on a
+/// link where no such host is, however alive it is. Every table's: a
+/// policy-routed CNI (AWS VPC) keeps a secondary interface's subnet in
+/// its own table.
 fn off_subnet(next_hop: IpAddr, dev: &str, facts: &NodeFacts) -> Option<String> {
     let link_local = matches!(next_hop, IpAddr::V6(v6) if v6.is_unicast_link_local());
-    if link_local || facts.view.link_on_subnet_of(next_hop).is_some() {
+    let on_a_subnet = facts.view.routes.iter().any(|r| {
+        r.kind == RouteKind::Unicast
+            && r.gateway.is_none()
+            && r.destination.prefix_len() > 0
+            && r.destination.contains(&next_hop)
+    });
+    if link_local || on_a_subnet {
         return None;
     }
     Some(format!(
@@ -525,6 +539,16 @@ mod tests {
             });
             hop
         };
+        let at_veth = |frame: &[u8]| {
+            hop(
+                1,
+                "node-1",
+                "veth1a2b",
+                Role::PodVeth,
+                Direction::Ingress,
+                frame,
+            )
+        };
         let said = |hops: &[Hop], view: NodeView| {
             explain(hops, &node_1(view, true), &subnets(), &[])
                 .hint
@@ -534,14 +558,7 @@ mod tests {
         // the default route), dropped waiting for a dead endpoint's ARP.
         let sent = frames::icmp_echo([10, 244, 1, 2], [10, 96, 0, 10], 64, 1);
         let dnatted = frames::icmp_echo([10, 244, 1, 2], [10, 244, 1, 9], 64, 1);
-        let veth = hop(
-            1,
-            "node-1",
-            "veth1a2b",
-            Role::PodVeth,
-            Direction::Ingress,
-            &sent,
-        );
+        let veth = at_veth(&sent);
         let hops = [
             looked_up(veth, "192.0.2.1", "eth0"),
             dropped("cni0", Role::Bridge, "NEIGH_FAILED", &dnatted),
@@ -560,14 +577,7 @@ mod tests {
             .push(crate::node::fixtures::route("192.0.2.0/24", 2));
         let frame = frames::icmp_echo([10, 244, 1, 2], [10, 246, 3, 5], 64, 1);
         let at_eth0 = |via| {
-            let veth = hop(
-                1,
-                "node-1",
-                "veth1a2b",
-                Role::PodVeth,
-                Direction::Ingress,
-                &frame,
-            );
+            let veth = at_veth(&frame);
             [
                 looked_up(veth, via, "eth0"),
                 dropped("eth0", Role::Underlay, "NEIGH_FAILED", &frame),
@@ -580,9 +590,29 @@ mod tests {
             ) && hint.contains("the route is wrong"),
             "{hint}"
         );
-        let hint = said(&at_eth0("192.0.2.13"), view);
+        let hint = said(&at_eth0("192.0.2.13"), view.clone());
         assert!(
             hint.ends_with("the next hop is gone or does not answer"),
+            "{hint}"
+        );
+        // Through the overlay: the underlay asked ARP for the other node's
+        // address (the outer header's), not for the tunnel's gateway.
+        let inner = frames::icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 63, 1);
+        let veth = at_veth(&inner);
+        let hops = [
+            looked_up(veth, "10.244.2.0", "flannel.1"),
+            dropped(
+                "eth0",
+                Role::Underlay,
+                "NEIGH_FAILED",
+                &frames::vxlan(&inner, 1),
+            ),
+        ];
+        let hint = said(&hops, view);
+        assert!(
+            hint.starts_with(
+                "no ARP reply from 192.0.2.12 on eth0 (neighbour FAILED): the next hop is gone"
+            ),
             "{hint}"
         );
     }

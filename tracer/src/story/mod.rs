@@ -382,7 +382,8 @@ pub(crate) mod tests {
     fn a_pods_packet_first_seen_past_its_traced_veth_was_made_by_the_node() {
         // node-2's REJECT --reject-with tcp-reset answers web-0 in db-0's
         // name: the packet starts in node-2's stack, not at db-0's veth.
-        let reset = frames::icmp_echo([10, 244, 2, 2], [10, 244, 1, 2], 64, 7);
+        let mut reset = frames::tcp_syn([10, 244, 2, 2], [10, 244, 1, 2], 8080, 40000);
+        reset[14 + 20 + 13] = 0x14; // RST, ACK (a fixed 20-byte IPv4 header)
         let made_here = || {
             Journey::new(vec![
                 hop(1_000, "node-2", "flannel.1", Role::Tunnel, Egress, &reset),
@@ -413,6 +414,18 @@ pub(crate) mod tests {
         assert!(!tell(&made_here(), &self::ctx()).hops[0]
             .note
             .starts_with("made by"));
+        // Not a reset: it may have come through a Service's DNAT from a
+        // pair not traced (web-0 → ClusterIP), first seen after it.
+        let syn = frames::tcp_syn([10, 244, 2, 2], [10, 244, 1, 2], 40000, 8080);
+        let dnatted = Journey::new(vec![hop(
+            1_000,
+            "node-2",
+            "flannel.1",
+            Role::Tunnel,
+            Egress,
+            &syn,
+        )]);
+        assert!(!tell(&dnatted, &ctx).hops[0].note.starts_with("made by"));
     }
 
     #[test]

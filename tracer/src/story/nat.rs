@@ -427,7 +427,7 @@ pub(crate) mod tests {
         assert_eq!(s.backend, None);
         assert!(s.unknown_endpoint);
         assert!(
-            s.text().ends_with("(default/db, to none of its endpoints: a rule left by an endpoint that is gone (the proxy has not synced), or one podtrace has not heard of)"),
+            s.text().ends_with("(default/db, to none of its endpoints: a rule left by an endpoint that is gone (the proxy has not synced), a terminating endpoint a Local traffic policy still uses, or one podtrace has not heard of)"),
             "{}",
             s.text()
         );

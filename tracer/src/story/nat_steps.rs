@@ -52,8 +52,8 @@ pub struct NatStep {
     pub backend: Option<String>,
     /// The Service's endpoints are known (API, services file, kube-proxy's
     /// rules) and the DNAT's target (the un-DNAT's source) is none of
-    /// them: a rule left by an endpoint that is gone, or one podtrace has
-    /// not heard of yet.
+    /// them: a rule left by an endpoint that is gone, a terminating one
+    /// (podtrace lists ready endpoints only), or one not heard of yet.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unknown_endpoint: bool,
     pub conntrack: ConntrackState,
@@ -139,7 +139,7 @@ fn left_and_came_back(before: &Hop, after: &Hop) -> bool {
 
 /// What a translation to none of a Service's endpoints may be.
 pub(super) const STALE_ENDPOINT: &str =
-    "a rule left by an endpoint that is gone (the proxy has not synced), or one podtrace has not heard of";
+    "a rule left by an endpoint that is gone (the proxy has not synced), a terminating endpoint a Local traffic policy still uses, or one podtrace has not heard of";
 
 impl NatStep {
     /// `DNAT 10.96.7.7:80 → 10.244.2.3:8080 by nat KUBE-SEP-… (default/db → default/db-1)`.

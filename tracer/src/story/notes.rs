@@ -5,7 +5,7 @@ use std::fmt::{self, Write};
 
 use crate::decode::{
     hop::{Direction, Hop, KernelRoute},
-    Decoded, Transport, Tunnel, TunnelKind,
+    Decoded, Transport, Tunnel, TunnelKind, TCP_RST,
 };
 use crate::node::{
     interfaces::Role, route::table_name, rules::Decision, Route, RouteKind, RouteOrigin,
@@ -141,13 +141,17 @@ fn larger_than_mtu(out: &mut String, hop: &Hop, dev: &str, ctx: &Context) -> fmt
     write!(out, ": {then}")
 }
 
-/// A first hop that shows a traced local pod's address leaving a hook
-/// other than that pod's veth: the node's own stack made the packet in the
-/// pod's name (a REJECT's TCP reset, an ICMP error netfilter answered
-/// with), since anything the pod sent would have crossed its veth first.
-/// Said on the hop, or the story reads as if the pod had answered.
+/// A TCP reset with a traced local pod's address as its source, first
+/// seen leaving a hook other than that pod's veth: the node's own stack
+/// made it in the pod's name (`REJECT --reject-with tcp-reset` answers
+/// with the rejected packet's destination as source), for a reset the pod
+/// sent would have crossed its veth first, as the same pair. Only resets:
+/// any other packet first seen past the veth may have been translated on
+/// the way (a Service's DNAT) from a pair not traced. Said on the hop, or
+/// the story reads as if the pod had refused.
 pub(super) fn made_by_the_node(first: &Hop, ctx: &Context) -> Option<String> {
-    if first.direction != Direction::Egress {
+    let reset = matches!(first.packet.packet.transport, Transport::Tcp { flags, .. } if flags & TCP_RST != 0);
+    if first.direction != Direction::Egress || !reset {
         return None;
     }
     let src = first.packet.packet.src;
@@ -157,7 +161,7 @@ pub(super) fn made_by_the_node(first: &Hop, ctx: &Context) -> Option<String> {
         return None;
     }
     Some(format!(
-        "made by {}'s own stack in {}'s name, not sent by the pod (never seen at its veth {veth}'s ingress): a REJECT's TCP reset or ICMP error reads so",
+        "made by {}'s own stack in {}'s name, not sent by the pod (never seen at its veth {veth}'s ingress): a REJECT --reject-with tcp-reset answers so",
         first.node,
         ctx.label(src)
     ))

@@ -82,14 +82,15 @@ pub(super) fn device_note(hop: &Hop, nodes: &HashMap<String, NodeFacts>) -> Opti
     Some(match hop.direction {
         Direction::Egress => match routing_peer(device, packet.dst) {
             Some(peer) => format!(
-                "into WireGuard: encrypted for peer {}{} (its allowed-ips hold {}, read {when}); the encrypted leg is not traced: the ciphertext keeps nothing of the packet to follow it by",
+                "into WireGuard for peer {}{} (its allowed-ips hold {}, read {when}){}; the encrypted leg is not traced: the ciphertext keeps nothing of the packet to follow it by",
                 peer.short_key(),
                 endpoint_text(peer, "UDP to"),
-                packet.dst
+                packet.dst,
+                held_for_a_handshake(peer, wireguard.read_at)
             ),
             None => format!(
-                "into WireGuard: no peer's allowed-ips held {} (read {when}), so it has no peer to be sent to",
-                packet.dst
+                "into WireGuard: no peer's allowed-ips held {} when read {when}; while so, WireGuard sends it to no peer (wg show {} allowed-ips)",
+                packet.dst, hop.iface
             ),
         },
         Direction::Ingress => match routing_peer(device, packet.src) {
@@ -105,6 +106,21 @@ pub(super) fn device_note(hop: &Hop, nodes: &HashMap<String, NodeFacts>) -> Opti
         },
         Direction::Drop => return None,
     })
+}
+
+/// A peer without a live session when read: WireGuard queues what it is
+/// sent until a handshake completes, and frees it if none does.
+fn held_for_a_handshake(peer: &WgPeer, read_at: u64) -> String {
+    match peer.session(read_at) {
+        Session::Live { .. } => String::new(),
+        Session::Expired { age } => format!(
+            "; its last handshake was {} old when read: WireGuard holds the packet until a new one completes",
+            age_text(age)
+        ),
+        Session::Never { .. } => {
+            "; it had no handshake when read: WireGuard holds the packet until one completes".into()
+        }
+    }
 }
 
 /// The peer whose allowed-ips route `ip`, as WireGuard's own table does:
@@ -442,7 +458,17 @@ mod tests {
         );
         let said = device_note(&out, &nodes).unwrap();
         assert!(
-            said.starts_with("into WireGuard: encrypted for peer KEY1wxyz (UDP to 192.0.2.11:51820) (its allowed-ips hold 10.244.1.2, read at start); the encrypted leg is not traced"),
+            said.starts_with("into WireGuard for peer KEY1wxyz (UDP to 192.0.2.11:51820) (its allowed-ips hold 10.244.1.2, read at start); the encrypted leg is not traced"),
+            "{said}"
+        );
+        // Without a handshake when read: held for one, not sent yet.
+        let device = &mut nodes.get_mut("node-2").unwrap().view.wireguard.devices[0];
+        device.peers[1].last_handshake = None;
+        let said = device_note(&out, &nodes).unwrap();
+        assert!(
+            said.contains(
+                "; it had no handshake when read: WireGuard holds the packet until one completes"
+            ),
             "{said}"
         );
         // Not a WireGuard device: no such note.

@@ -20,6 +20,10 @@ struct Failed {
     summary: String,
     /// The answer's description, when it was the answer that failed.
     answer: Option<String>,
+    /// How much it says of the probe's fate: the probe's own packet seen
+    /// failing (2) over its answer failing (1) over the probe's packet
+    /// leaving what is traced (0), which an answer shows it outlived.
+    weight: u8,
 }
 
 /// The probes' flows, as they are sent.
@@ -120,22 +124,23 @@ impl ProbeWatch {
             if story.src == std::net::IpAddr::V4(self.ends.0) {
                 self.delivered.insert(flow);
             }
-        } else if story.src == std::net::IpAddr::V4(self.ends.0) {
-            // The probe's own packet failing is the result's reason, over
-            // any answer's.
-            let summary = story.verdict.summary.clone();
-            self.failed.insert(
-                flow,
-                Failed {
-                    summary,
-                    answer: None,
-                },
-            );
         } else {
-            self.failed.entry(flow).or_insert_with(|| Failed {
+            let own = story.src == std::net::IpAddr::V4(self.ends.0);
+            let failed = Failed {
                 summary: story.verdict.summary.clone(),
-                answer: Some(story.packet.clone()),
-            });
+                answer: (!own).then(|| story.packet.clone()),
+                weight: match story.verdict.outcome {
+                    _ if !own => 1,
+                    Outcome::LeftNode { .. } => 0,
+                    _ => 2,
+                },
+            };
+            // The latest of the weightiest: a retransmission's fate over
+            // the first's.
+            let kept = self.failed.get(&flow).map_or(0, |f| f.weight);
+            if failed.weight >= kept {
+                self.failed.insert(flow, failed);
+            }
         }
     }
 
@@ -391,6 +396,7 @@ mod tests {
         let mut watch = ProbeWatch::new(ProbeKind::Tcp(8080), (WEB.into(), DB.into()));
         watch.sending(40000);
         watch.sending(40001);
+        watch.sending(40002);
         let story = |src, dst, outcome: Option<&str>| {
             let frame = icmp_echo(src, dst, 64, 1);
             let seen = |iface: &str, d| hop(1, "node-1", iface, Role::PodVeth, d, &frame);
@@ -417,6 +423,16 @@ mod tests {
         // 40001: the answer's failure, then the probe's own: the probe's wins.
         watch.told((40001, 0), &story(DB, WEB, Some("dropped on node-1")));
         watch.told((40001, 0), &story(WEB, DB, Some("no route on node-2")));
+        // 40002: the probe left the traced node, its answer was dropped:
+        // the drop says more.
+        let mut left = story(WEB, DB, Some("left node-1 by eth0"));
+        left.verdict.outcome = Outcome::LeftNode {
+            node: "node-1".into(),
+            iface: "eth0".into(),
+            toward: "192.0.2.12".parse().unwrap(),
+        };
+        watch.told((40002, 0), &left);
+        watch.told((40002, 0), &story(DB, WEB, Some("dropped on node-1")));
         let unanswered = |flow_id| {
             let result = ProbeResult {
                 kind: "tcp:8080".into(),
@@ -437,5 +453,6 @@ mod tests {
             "{told}"
         );
         assert_eq!(unanswered(40001), "no answer in 1s: no route on node-2");
+        assert!(unanswered(40002).ends_with(") was not: dropped on node-1"));
     }
 }
