@@ -862,6 +862,15 @@ pub(crate) mod tests {
         );
     }
 
+    /// The DNAT on the third hop is placed on no node, between `between`.
+    fn told_out_of_sight_between(story: &Story, between: &str) {
+        let step = story.hops[2].nat.first().expect("the DNAT step");
+        let sight = step.out_of_sight.as_ref().expect("out of sight");
+        assert_eq!(sight.node, None);
+        let summary = &story.verdict.summary;
+        assert!(summary.contains(between), "{summary}");
+    }
+
     #[test]
     fn a_translation_after_a_packet_left_its_node_is_not_pinned_on_that_node() {
         // Seen leaving node-1 untranslated (its netfilter behind it) and
@@ -887,17 +896,9 @@ pub(crate) mod tests {
             ),
             hop(6_500, "node-2", "vethB", Role::PodVeth, Egress, &dnatted),
         ];
-        let story = tell(&Journey::new(hops), &ctx);
-        let step = story.hops[2].nat.first().expect("the DNAT step");
-        let sight = step.out_of_sight.as_ref().expect("out of sight");
-        assert_eq!(sight.node, None);
-        assert!(
-            story
-                .verdict
-                .summary
-                .contains("out of sight between node-1 eth0 egress and node-2 eth0 ingress"),
-            "{}",
-            story.verdict.summary
+        told_out_of_sight_between(
+            &tell(&Journey::new(hops), &ctx),
+            "out of sight between node-1 eth0 egress and node-2 eth0 ingress",
         );
     }
 
@@ -912,17 +913,9 @@ pub(crate) mod tests {
             hop(2_000, "node-1", "eth0", Role::Underlay, Egress, &sent),
             hop(5_000, "node-1", "eth0", Role::Underlay, Ingress, &dnatted),
         ];
-        let story = tell(&Journey::new(hops), &ctx);
-        let step = story.hops[2].nat.first().expect("the DNAT step");
-        let sight = step.out_of_sight.as_ref().expect("out of sight");
-        assert_eq!(sight.node, None);
-        assert!(
-            story
-                .verdict
-                .summary
-                .contains("out of sight between node-1 eth0 egress and node-1 eth0 ingress"),
-            "{}",
-            story.verdict.summary
+        told_out_of_sight_between(
+            &tell(&Journey::new(hops), &ctx),
+            "out of sight between node-1 eth0 egress and node-1 eth0 ingress",
         );
         // Within one node (bridge up, then out): told on that node.
         let hops = vec![

@@ -171,11 +171,7 @@ impl ProbeWatch {
         let Some(answer) = &failed.answer else {
             return failed.summary.clone();
         };
-        let seq = match self.kind {
-            ProbeKind::Icmp => result.seq as u16,
-            _ => 0,
-        };
-        let arrived = self.delivered.contains(&(result.flow_id, seq));
+        let arrived = self.delivered.contains(&self.key_of(result));
         let probe = if arrived {
             "the probe was delivered, but "
         } else {
@@ -184,16 +180,22 @@ impl ProbeWatch {
         format!("{probe}its answer ({answer}) was not: {}", failed.summary)
     }
 
+    /// `result`'s probe as `failed` and `delivered` key it: its flow, and
+    /// for ICMP its echo sequence number.
+    fn key_of(&self, result: &ProbeResult) -> (u16, u16) {
+        let seq = match self.kind {
+            ProbeKind::Icmp => result.seq as u16,
+            _ => 0,
+        };
+        (result.flow_id, seq)
+    }
+
     /// `result`, with the verdict of its packet that failed beside it.
     pub fn explained(&self, mut result: ProbeResult) -> ProbeResult {
         if !result.answered {
-            let seq = match self.kind {
-                ProbeKind::Icmp => result.seq as u16,
-                _ => 0,
-            };
             let verdict = self
                 .failed
-                .get(&(result.flow_id, seq))
+                .get(&self.key_of(&result))
                 .or_else(|| self.failed.get(&(result.flow_id, 0)));
             let refused = result.result == super::send::REFUSED;
             if let Some(failed) = verdict {
@@ -229,6 +231,21 @@ mod tests {
         },
         node::interfaces::Role,
     };
+
+    /// A result of probe `flow_id` to db (10.0.2.2) that got no answer.
+    fn unanswered(kind: &str, flow_id: u16, silent: bool, result: &str) -> ProbeResult {
+        let port = kind.split_once(':').map_or("", |(_, port)| port);
+        ProbeResult {
+            kind: kind.into(),
+            target: format!("10.0.2.2:{port}"),
+            seq: 1,
+            answered: false,
+            silent,
+            rtt_ms: None,
+            result: result.into(),
+            flow_id,
+        }
+    }
 
     const WEB: [u8; 4] = [10, 0, 1, 2];
     const DB: [u8; 4] = [10, 0, 2, 2];
@@ -323,16 +340,7 @@ mod tests {
             &Default::default(),
         );
         watch.told((40000, 0), &delivered);
-        let silent = |flow_id| ProbeResult {
-            kind: "udp:5354".into(),
-            target: "10.0.2.2:5354".into(),
-            seq: 1,
-            answered: false,
-            silent: true,
-            rtt_ms: None,
-            result: "no answer in 1s".into(),
-            flow_id,
-        };
+        let silent = |flow_id| unanswered("udp:5354", flow_id, true, "no answer in 1s");
         let told = watch.explained(silent(40000)).result;
         assert!(
             told.starts_with("no answer in 1s, but the datagram was delivered to 10.0.2.2: a closed port's ICMP port unreachable is rate-limited"),
@@ -369,16 +377,7 @@ mod tests {
             "rejected by a rule (the client is sent ICMP port unreachable)".into();
         watch.told((40001, 0), &rejected);
         let refused = |flow_id| {
-            let result = ProbeResult {
-                kind: "tcp:8080".into(),
-                target: "10.0.2.2:8080".into(),
-                seq: 1,
-                answered: false,
-                silent: false,
-                rtt_ms: None,
-                result: super::super::send::REFUSED.into(),
-                flow_id,
-            };
+            let result = unanswered("tcp:8080", flow_id, false, super::super::send::REFUSED);
             watch.explained(result).result
         };
         // connect(2) says ECONNREFUSED of an RST and of an ICMP port
@@ -433,26 +432,17 @@ mod tests {
         };
         watch.told((40002, 0), &left);
         watch.told((40002, 0), &story(DB, WEB, Some("dropped on node-1")));
-        let unanswered = |flow_id| {
-            let result = ProbeResult {
-                kind: "tcp:8080".into(),
-                target: "10.0.2.2:8080".into(),
-                seq: 1,
-                answered: false,
-                silent: true,
-                rtt_ms: None,
-                result: "no answer in 1s".into(),
-                flow_id,
-            };
+        let no_answer = |flow_id| {
+            let result = unanswered("tcp:8080", flow_id, true, "no answer in 1s");
             watch.explained(result).result
         };
-        let told = unanswered(40000);
+        let told = no_answer(40000);
         assert!(
             told.starts_with("no answer in 1s: the probe was delivered, but its answer (")
                 && told.ends_with(") was not: dropped on node-1"),
             "{told}"
         );
-        assert_eq!(unanswered(40001), "no answer in 1s: no route on node-2");
-        assert!(unanswered(40002).ends_with(") was not: dropped on node-1"));
+        assert_eq!(no_answer(40001), "no answer in 1s: no route on node-2");
+        assert!(no_answer(40002).ends_with(") was not: dropped on node-1"));
     }
 }
