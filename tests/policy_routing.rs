@@ -79,3 +79,47 @@ fn an_unreachable_route_in_the_pods_table_is_no_route_naming_rule_and_table() {
         "{verdict}"
     );
 }
+
+#[test]
+fn the_doctor_names_a_rule_tables_gateway_that_never_answered_arp() {
+    let lab = lab(Topology::AwsVpc);
+    let (report, _) = doctor_report(&lab, &[]);
+    let healthy = check_on(&report, "node-1", "next hops");
+    assert_eq!(healthy["ok"], true, "{healthy}");
+    // The VPC router replaced by an address nothing on eth1 holds: the
+    // kernel asks for its MAC, hears nothing, and marks it FAILED.
+    let gone = "198.51.100.254";
+    let node1 = lab.0.node_netns(1);
+    ip(
+        &node1,
+        &format!("route replace default via {gone} dev eth1 table {ENI_TABLE}"),
+    )
+    .expect("the fault");
+    assert!(!lab.0.ping("web-0", lab.0.pod("db-0").ip, &[]));
+    let failed = || {
+        let out = std::process::Command::new("ip")
+            .args(["-n", &node1, "neigh", "show", gone, "dev", "eth1"])
+            .output()
+            .expect("ip neigh");
+        String::from_utf8_lossy(&out.stdout).contains("FAILED")
+    };
+    // ARP's three probes a second apart, then FAILED.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !failed() {
+        assert!(std::time::Instant::now() < deadline, "{gone} never FAILED");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let (report, code) = doctor_report(&lab, &[]);
+    assert_ne!(code, 0);
+    let check = check_on(&report, "node-1", "next hops");
+    assert_eq!(check["ok"], false, "{check}");
+    let evidence = check["evidence"].as_str().expect("evidence");
+    let expected = format!(
+        "default via {gone} dev eth1 table {ENI_TABLE} (route -n: 0.0.0.0 {gone} 0.0.0.0 UG eth1) ({}): neighbour {gone} dev eth1 FAILED",
+        web_rule(&lab)
+    );
+    assert!(evidence.contains(&expected), "{evidence}");
+    // The rule's table still routes the pods: that check passes.
+    let policy = check_on(&report, "node-1", "policy routing");
+    assert_eq!(policy["ok"], true, "{policy}");
+}

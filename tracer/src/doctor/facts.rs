@@ -159,6 +159,23 @@ impl NodeFacts {
         self.view.own_addresses().collect()
     }
 
+    /// Each pod of this node (not of the host's network) with one pod of
+    /// each other node: a table either routes that node's pods or not,
+    /// so one of its pods stands for them all.
+    pub fn pod_pairs(&self) -> Vec<(&Pod, &Pod)> {
+        let here = |pod: &&Pod| pod.node.as_deref() == Some(self.name.as_str());
+        let routed = |pod: &&Pod| pod.ip.is_some() && !pod.host_network;
+        let mut seen = std::collections::BTreeSet::new();
+        let remote: Vec<&Pod> = (self.pods.iter())
+            .filter(|p| routed(p) && !here(p))
+            .filter(|p| seen.insert(p.node.clone()))
+            .collect();
+        (self.pods.iter())
+            .filter(|p| routed(p) && here(p))
+            .flat_map(|local| remote.iter().map(move |other| (local, *other)))
+            .collect()
+    }
+
     /// The pod whose IP a link's route or name points at, for naming.
     pub fn pod_named(&self, ip: Ipv4Addr) -> Option<String> {
         self.pods

@@ -24,6 +24,7 @@ pub fn checks(facts: &NodeFacts) -> Vec<Check> {
     checks.extend(check_conntrack_tcp(facts));
     checks.push(check_mtu(facts));
     checks.extend(super::policy_routing::check(facts));
+    checks.extend(super::next_hops::check(facts));
     checks
 }
 

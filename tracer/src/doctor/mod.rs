@@ -27,6 +27,7 @@ pub mod flannel;
 pub mod ipv6;
 pub mod ipv6_routes;
 pub mod kernel;
+pub mod next_hops;
 pub mod nfqueue;
 pub mod nfqueue_state;
 pub mod node;

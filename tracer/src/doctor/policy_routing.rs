@@ -2,7 +2,7 @@
 //! to a table of their own (the AWS VPC CNI's `from <pod> lookup N`),
 //! that table must route them to the other nodes' pods.
 
-use std::{collections::BTreeSet, net::IpAddr};
+use std::net::IpAddr;
 
 use super::{node::NodeFacts, Check};
 use crate::node::rules::Flow;
@@ -13,47 +13,28 @@ const NAME: &str = "policy routing";
 /// None where no rule of the node's own selects a local pod's packets.
 pub fn check(facts: &NodeFacts) -> Option<Check> {
     let node = facts.name.as_str();
-    let on = |pod: &&crate::cluster::inventory::Pod, here: bool| {
-        (pod.node.as_deref() == Some(node)) == here && pod.ip.is_some() && !pod.host_network
-    };
-    // One pod per other node: the table either routes its subnet or not.
-    let mut seen = BTreeSet::new();
-    let remote: Vec<_> = (facts.pods.iter())
-        .filter(|p| on(p, false))
-        .filter(|p| seen.insert(p.node.clone()))
-        .collect();
     let mut policy_routed = false;
     let mut failures = Vec::new();
-    for local in facts.pods.iter().filter(|p| on(p, true)) {
-        for other in &remote {
-            let (Some(src), Some(dst)) = (local.ip, other.ip) else {
-                continue;
-            };
-            // Forwarded from the pod's veth: an `iif` rule naming another
-            // device does not select it.
-            let flow = Flow {
-                src: Some(IpAddr::V4(src)),
-                iif: Some(""),
-                ..Flow::to(IpAddr::V4(dst))
-            };
-            let decision = facts.view.decide(&flow);
-            if decision.policy().is_empty() {
-                continue;
-            }
-            policy_routed = true;
-            if decision.route.is_none() || decision.rejected().is_some() {
-                let said = decision
-                    .route
-                    .map_or("no route".into(), |r| facts.view.describe(r));
-                failures.push(format!(
-                    "{}/{} → {}/{} ({dst}): {said}{}",
-                    local.namespace,
-                    local.name,
-                    other.namespace,
-                    other.name,
-                    decision.policy()
-                ));
-            }
+    for (local, other) in facts.pod_pairs() {
+        let (Some(src), Some(dst)) = (local.ip, other.ip) else {
+            continue;
+        };
+        let flow = Flow::forwarded_from_pod(IpAddr::V4(src), IpAddr::V4(dst));
+        let decision = facts.view.decide(&flow);
+        if decision.policy().is_empty() {
+            continue;
+        }
+        policy_routed = true;
+        if decision.route.is_none() || decision.rejected().is_some() {
+            let said = decision
+                .route
+                .map_or("no route".into(), |r| facts.view.describe(r));
+            failures.push(format!(
+                "{} → {} ({dst}): {said}{}",
+                local.qualified(),
+                other.qualified(),
+                decision.policy()
+            ));
         }
     }
     if !policy_routed {
@@ -78,7 +59,7 @@ pub fn check(facts: &NodeFacts) -> Option<Check> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::path::Path;
 
     use super::*;
@@ -93,7 +74,7 @@ mod tests {
 
     /// node-1 of an EKS pair: web-0 (10.245.1.5) routed by `1536: from
     /// 10.245.1.0/24 lookup 100`, db-0 on node-2.
-    fn facts(table_100: Route) -> NodeFacts {
+    pub(crate) fn facts(table_100: Route) -> NodeFacts {
         let mut facts = NodeFacts::of_root(Path::new("/nonexistent"));
         facts.name = "node-1".into();
         facts.view = eks_node(table_100);

@@ -90,6 +90,10 @@ pub struct NodeView {
     /// Neighbours of both families (ARP and NDP): (link index, address,
     /// MAC).
     pub neighbours: Vec<(u32, IpAddr, [u8; 6])>,
+    /// Neighbours the kernel asked for and had no answer from (FAILED):
+    /// (link index, address).
+    #[serde(default)]
+    pub failed_neighbours: Vec<(u32, IpAddr)>,
     /// Bridge forwarding entries: (MAC, port link index).
     pub fdb: Vec<([u8; 6], u32)>,
     /// Remote addresses of FDB entries (a VXLAN device's: its peers'
@@ -371,6 +375,7 @@ pub(crate) mod fixtures {
             neighbours: vec![(3, "10.244.1.2".parse().unwrap(), [2, 0, 0, 0, 1, 2])],
             fdb: vec![([2, 0, 0, 0, 1, 2], 5), ([2, 0, 0, 0, 1, 2], 3)],
             fdb_remotes: vec![(4, "192.0.2.12".parse().unwrap())],
+            failed_neighbours: Vec::new(),
             addresses6: Vec::new(),
             rules: Vec::new(),
             wireguard: Default::default(),

@@ -13,7 +13,7 @@ use rtnetlink::{
             InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo, LinkLayerType,
             LinkMessage,
         },
-        neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage},
+        neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState},
         route::{RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol, RouteType},
         rule::{self as rtrule, RuleAttribute, RuleFlags, RuleMessage},
         AddressFamily,
@@ -74,7 +74,12 @@ impl NodeView {
                 .await
                 .unwrap_or_default();
             routes.extend(routes6);
-            let (neighbours, fdb, fdb_remotes) = read_neighbours(&handle).await?;
+            let Neighbours {
+                resolved: neighbours,
+                failed: failed_neighbours,
+                fdb,
+                fdb_remotes,
+            } = read_neighbours(&handle).await?;
             let rules = read_rules(&handle).await?;
             let wireguard: Vec<(u32, &str, bool)> = (links.iter())
                 .filter(|l| l.kind == super::wireguard::KIND)
@@ -85,6 +90,7 @@ impl NodeView {
                 wireguard,
                 rules,
                 neighbours,
+                failed_neighbours,
                 fdb,
                 fdb_remotes,
                 links,
@@ -208,18 +214,21 @@ async fn read_all_addresses(handle: &Handle) -> Result<Vec<(u32, IpAddr)>> {
         .context("cannot list addresses")
 }
 
-/// Neighbours of both families (link, address, MAC), bridge FDB entries
-/// (MAC, port) and the remote IPs of VXLAN FDB entries (link, remote).
-type Neighbours = (
-    Vec<(u32, IpAddr, [u8; 6])>,
-    Vec<([u8; 6], u32)>,
-    Vec<(u32, IpAddr)>,
-);
+/// The neighbour tables, as `NodeView` keeps them.
+#[derive(Default)]
+struct Neighbours {
+    /// Both families: (link, address, MAC).
+    resolved: Vec<(u32, IpAddr, [u8; 6])>,
+    /// Both families, FAILED: (link, address).
+    failed: Vec<(u32, IpAddr)>,
+    /// Bridge FDB entries: (MAC, port).
+    fdb: Vec<([u8; 6], u32)>,
+    /// The remote IPs of VXLAN FDB entries: (link, remote).
+    fdb_remotes: Vec<(u32, IpAddr)>,
+}
 
 async fn read_neighbours(handle: &Handle) -> Result<Neighbours> {
-    let mut neighbours = Vec::new();
-    let mut fdb = Vec::new();
-    let mut fdb_remotes = Vec::new();
+    let mut read = Neighbours::default();
     for family in [
         AddressFamily::Inet,
         AddressFamily::Inet6,
@@ -261,18 +270,25 @@ async fn read_neighbours(handle: &Handle) -> Result<Neighbours> {
             });
             match (family, mac, ip) {
                 (AddressFamily::Inet | AddressFamily::Inet6, Some(mac), Some(ip)) => {
-                    neighbours.push((entry.header.ifindex, ip, mac))
+                    read.resolved.push((entry.header.ifindex, ip, mac))
+                }
+                // Asked and never answered (ARP or NDP): what packets to
+                // that next hop meet until the entry is forgotten.
+                (AddressFamily::Inet | AddressFamily::Inet6, None, Some(ip))
+                    if entry.header.state == NeighbourState::Failed =>
+                {
+                    read.failed.push((entry.header.ifindex, ip))
                 }
                 (AddressFamily::Bridge, Some(mac), remote) => {
-                    fdb.push((mac, entry.header.ifindex));
+                    read.fdb.push((mac, entry.header.ifindex));
                     // A VXLAN device's entries name the remote VTEP.
-                    fdb_remotes.extend(remote.map(|ip| (entry.header.ifindex, ip)));
+                    (read.fdb_remotes).extend(remote.map(|ip| (entry.header.ifindex, ip)));
                 }
                 _ => {}
             }
         }
     }
-    Ok((neighbours, fdb, fdb_remotes))
+    Ok(read)
 }
 
 impl From<LinkMessage> for Link {

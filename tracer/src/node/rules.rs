@@ -69,6 +69,16 @@ impl Flow<'_> {
             mark: 0,
         }
     }
+
+    /// A pod's packet the node forwards from the pod's veth: an `iif`
+    /// rule naming another device does not select it.
+    pub fn forwarded_from_pod(src: IpAddr, dst: IpAddr) -> Self {
+        Flow {
+            src: Some(src),
+            iif: Some(""),
+            ..Flow::to(dst)
+        }
+    }
 }
 
 /// How the kernel picks a route for a flow, rule by rule.
