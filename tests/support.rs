@@ -184,16 +184,33 @@ pub fn one_packet(lab: &Lab, src: &str, dst: &str, output: &str) -> Vec<String> 
 /// JSON and as text (a broken path makes the ping fail; the story is
 /// what matters).
 pub fn one_ping_told(lab: &LabGuard) -> (Value, String) {
-    let mut told = Vec::new();
-    for output in ["json", "human"] {
-        let trace = Trace::start(&one_packet(&lab.0, "web-0", "db-0", output));
+    let (done, human) = told_as_json_and_text(&one_packet(&lab.0, "web-0", "db-0", "json"), || {
         let _answered = ping(&lab.0, "web-0", "db-0");
-        let done = trace.finish();
-        assert!(done.status.success(), "{}", done.stderr);
-        told.push(done);
-    }
-    let story = told[0].ping_stories().into_iter().next().expect("a story");
-    (story, told[1].stdout.clone())
+    });
+    let story = done.ping_stories().into_iter().next().expect("a story");
+    (story, human)
+}
+
+/// A trace (`json_argv`, with `-o json`) while `act` runs: its JSON, and
+/// its stories as a person reads them, told again by `podtrace read` from
+/// the pcapng it wrote. One trace, not one per output: each start loads
+/// every program, most of such a test's time under TCG.
+pub fn told_as_json_and_text(json_argv: &[String], act: impl FnOnce()) -> (Finished, String) {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let dir = scratch_dir("told");
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let pcapng = dir.join(format!("{}.pcapng", NEXT.fetch_add(1, Ordering::Relaxed)));
+    let pcapng = pcapng.display().to_string();
+    let mut argv = json_argv.to_vec();
+    argv.extend(["-w".to_string(), pcapng.clone()]);
+    let trace = Trace::start(&argv);
+    act();
+    let done = trace.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    let read = run_podtrace(&["read", &pcapng]);
+    assert!(read.status.success(), "podtrace read: {}", read.stderr);
+    let _ = std::fs::remove_file(&pcapng);
+    (done, read.stdout)
 }
 
 /// `podtrace doctor` on both lab nodes (files as the inventory): the JSON

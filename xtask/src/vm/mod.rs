@@ -174,6 +174,7 @@ fn kernel_report(command: &mut Command) -> Option<String> {
 
 /// Builds the suite's test binaries; returns (target, executable).
 fn build_suite(workspace: &Path) -> Result<Vec<(String, PathBuf)>> {
+    let targets = suite::targets();
     let mut cargo = Command::new(env!("CARGO"));
     cargo.current_dir(workspace).args([
         "test",
@@ -186,7 +187,7 @@ fn build_suite(workspace: &Path) -> Result<Vec<(String, PathBuf)>> {
         "--package",
         "podtrace",
     ]);
-    for (target, _) in SUITE {
+    for target in &targets {
         cargo.args(["--test", target]);
     }
     let out = cargo.output().context("cannot run cargo")?;
@@ -207,15 +208,15 @@ fn build_suite(workspace: &Path) -> Result<Vec<(String, PathBuf)>> {
         ) else {
             continue;
         };
-        if SUITE.iter().any(|(target, _)| *target == name) {
+        if targets.contains(&name) {
             binaries.push((name.to_string(), PathBuf::from(exe)));
         }
     }
-    if binaries.len() != SUITE.len() {
+    if binaries.len() != targets.len() {
         bail!(
             "cargo built {} of the suite's {} test binaries",
             binaries.len(),
-            SUITE.len()
+            targets.len()
         );
     }
     Ok(binaries)
