@@ -15,9 +15,12 @@ use xtask::{
 /// The story of one ping web-0 → db-0 (or a big DF ping), traced on both
 /// nodes, as JSON and as text.
 fn trace_once(lab: &LabGuard, big: bool) -> (Value, String) {
-    let mut argv = one_packet(&lab.0, "web-0", "db-0", "json");
-    argv.push("--nodes-file".into());
-    argv.push(lab.0.nodes_file().display().to_string());
+    let argv = |output| {
+        let mut argv = one_packet(&lab.0, "web-0", "db-0", output);
+        argv.push("--nodes-file".into());
+        argv.push(lab.0.nodes_file().display().to_string());
+        argv
+    };
     let ping = || {
         let (web, db) = (lab.0.pod("web-0"), lab.0.pod("db-0"));
         // Forget any path MTU learnt by the run before.
@@ -34,20 +37,10 @@ fn trace_once(lab: &LabGuard, big: bool) -> (Value, String) {
         // Told live in both outputs: `--count 1` ends the trace before
         // the ICMP error's own story, so a file written with it lacks the
         // error the live story was paired with (docs/limits.md).
-        let json = Trace::start(&argv);
+        let json = Trace::start(&argv("json"));
         ping();
         let json = json.finish();
-        let human_argv: Vec<String> = argv
-            .iter()
-            .map(|a| {
-                if a == "json" {
-                    "human".into()
-                } else {
-                    a.clone()
-                }
-            })
-            .collect();
-        let human = Trace::start(&human_argv);
+        let human = Trace::start(&argv("human"));
         ping();
         let human = human.finish();
         assert!(
@@ -61,7 +54,7 @@ fn trace_once(lab: &LabGuard, big: bool) -> (Value, String) {
             human.stdout,
         );
     }
-    let (done, human) = told_as_json_and_text(&argv, ping);
+    let (done, human) = told_as_json_and_text(&argv("json"), ping);
     (done.stories().into_iter().next().expect("a story"), human)
 }
 

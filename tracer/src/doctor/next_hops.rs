@@ -36,8 +36,9 @@ pub fn check(facts: &NodeFacts) -> Option<Check> {
             continue;
         }
         if view.failed_neighbours.contains(&(oif, next_hop)) {
-            let dev = view.link(oif).map_or("?", |l| l.name.as_str());
-            on_tunnel |= view.link(oif).is_some_and(|l| l.is_tunnel());
+            let link = view.link(oif);
+            let dev = link.map_or("?", |l| l.name.as_str());
+            on_tunnel |= link.is_some_and(|l| l.is_tunnel());
             failures.push(format!(
                 "{} → {} ({dst}): {}{}: neighbour {next_hop} dev {dev} FAILED (asked, never answered)",
                 local.qualified(),
