@@ -35,18 +35,6 @@ fn assert_paired_over_ipip(story: &Value) {
     }
 }
 
-/// tc ingress on an IPIP device sees the decapsulated packet from Linux
-/// 5.14; before, it saw the outer headers, so the hop is asked of newer
-/// kernels only.
-fn sees_tunl0_ingress() -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
-    let mut numbers = release
-        .split(['.', '-'])
-        .map(|n| n.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
-    (major, minor) >= (5, 14)
-}
-
 #[test]
 #[ignore = "needs ipip.ko: runs in the VM matrix (cargo xtask test --kernel 6.1)"]
 fn calico_ipip_cross_node_ping_is_delivered_with_inner_and_outer_paired() {

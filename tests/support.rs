@@ -278,6 +278,63 @@ pub fn hop_on<'a>(story: &'a Value, node: &str, iface: &str, direction: &str) ->
         .find(|h| h["node"] == node && h["iface"] == iface && h["direction"] == direction)
 }
 
+/// tc ingress on an IPIP device sees the decapsulated packet from Linux
+/// 5.14; before, it saw the outer headers, so the hop is asked of newer
+/// kernels only.
+pub fn sees_tunl0_ingress() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
+    let mut numbers = release
+        .split(['.', '-'])
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    (major, minor) >= (5, 14)
+}
+
+/// A story's encrypted WireGuard leg (the UDP packet WireGuard sent with
+/// the story's packet inside), and where it is among the story's hops.
+pub fn encrypted_leg(story: &Value) -> Option<(usize, &Value)> {
+    story["hops"]
+        .as_array()
+        .expect("hops")
+        .iter()
+        .enumerate()
+        .find(|(_, h)| h["tunnel"]["kind"] == "wireguard")
+}
+
+/// Where a hop is among its story's hops.
+pub fn hop_index(story: &Value, hop: &Value) -> usize {
+    let hops = story["hops"].as_array().expect("hops");
+    hops.iter()
+        .position(|h| h == hop)
+        .expect("a hop of the story")
+}
+
+/// Asserts that a delivered WireGuard story shows its encrypted leg:
+/// leaving node-1 by the underlay as UDP to node-2's WireGuard port,
+/// with WireGuard's counter, between the plaintext legs `into` and
+/// `out_of`, and the path says it was encrypted and decrypted.
+pub fn assert_encrypted_leg_between(story: &Value, human: &str, into: &Value, out_of: &Value) {
+    let (at, leg) = encrypted_leg(story).unwrap_or_else(|| panic!("no encrypted leg: {human}"));
+    assert_eq!(leg["node"], "node-1", "{leg}");
+    assert_eq!(leg["direction"], "egress", "{leg}");
+    assert!(leg["tunnel"]["wireguard"]["counter"].is_u64(), "{leg}");
+    let note = leg["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("encrypted WireGuard ")
+            && note.contains(":51820 (receiver ")
+            && note.contains("known by the tag in its flow hash"),
+        "{note}\n{human}"
+    );
+    assert!(
+        hop_index(story, into) < at && at < hop_index(story, out_of),
+        "the leg is not between the plaintext legs:\n{human}"
+    );
+    assert!(
+        human.contains("encrypted (WireGuard ") && human.contains("decrypted"),
+        "{human}"
+    );
+}
+
 /// `--netns` and `--pods-file` arguments for the given nodes of `lab`.
 pub fn lab_args(lab: &Lab, nodes: &[u8]) -> Vec<String> {
     let mut args = vec![

@@ -19,23 +19,24 @@ fn a_ping_through_calico_wireguard_is_delivered_naming_table_1_and_its_rule() {
     assert_eq!(story["verdict"]["outcome"], "delivered", "{story}\n{human}");
     // The plaintext legs: into node-1's device, out of node-2's.
     // Each names the peer from the device's configuration; the
-    // encrypted leg between says it is not traced.
-    let note = |node, direction| {
+    // encrypted leg between is known by the kernel's flow hash.
+    let hop = |node, direction| {
         let hop = hop_on(&story, node, cw::DEVICE, direction);
-        let hop = hop.unwrap_or_else(|| panic!("{node} {direction}: {story}"));
-        hop["note"].as_str().unwrap_or_default().to_string()
+        hop.unwrap_or_else(|| panic!("{node} {direction}: {story}"))
     };
-    let into = note("node-1", "egress");
+    let note = |hop: &serde_json::Value| hop["note"].as_str().unwrap_or_default().to_string();
+    let (into, out_of) = (hop("node-1", "egress"), hop("node-2", "ingress"));
     assert!(
-        into.contains("into WireGuard for peer ")
-            && into.contains("the encrypted leg is not traced"),
-        "{into}\n{human}"
+        note(into).contains("into WireGuard for peer "),
+        "{}\n{human}",
+        note(into)
     );
-    let out_of = note("node-2", "ingress");
     assert!(
-        out_of.contains("decrypted by WireGuard from peer "),
-        "{out_of}\n{human}"
+        note(out_of).contains("decrypted by WireGuard from peer "),
+        "{}\n{human}",
+        note(out_of)
     );
+    assert_encrypted_leg_between(&story, &human, into, out_of);
     // The route into the device is table 1's, by Felix's rule.
     let rule = format!(
         "dev {} table {} (rule {}: not from all fwmark 0x100000/0x100000 lookup {})",
@@ -57,10 +58,11 @@ fn a_packet_calicos_wireguard_frees_after_decryption_is_told_past_the_device() {
     let (story, human) = one_ping_told(&lab);
     let verdict = &story["verdict"];
     assert_eq!(verdict["outcome"], "vanished", "{story}\n{human}");
-    assert_eq!(verdict["iface"], cw::DEVICE, "{verdict}");
+    let (_, leg) = encrypted_leg(&story).expect("the encrypted leg");
+    assert_eq!(verdict["iface"], leg["iface"], "{verdict}");
     let hint = verdict["hint"].as_str().expect("a hint");
     assert!(
-        hint.contains("wireguard.cali on node-1 is a WireGuard device"),
+        hint.contains("wireguard.cali on node-1 encrypted it, and it left by "),
         "{hint}"
     );
     // From node-2's WireGuard state: its peer for node-1 (by node-1's

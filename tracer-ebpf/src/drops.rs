@@ -25,9 +25,10 @@ use crate::{
     kernel::{global, kernel_read, kernel_read_buf, with_per_cpu, NO_ROUTE_ASKED},
     maps::{
         bump, cluster_tunnel, cluster_tunnel6, filter_keeps, is_traced, node_id, sample,
-        tunnel_ports, NodeFlows, SIGHTINGS,
+        tunnel_ports, wireguard_tag_prefix, NodeFlows, SIGHTINGS,
     },
     sighting::Meta,
+    wireguard,
 };
 
 #[unsafe(no_mangle)]
@@ -38,6 +39,7 @@ static LAYOUT: KernelLayout = KernelLayout {
     skb_len: 0,
     skb_tail: 0,
     skb_mark: 0,
+    skb_hash: 0,
     dev_ifindex: 0,
     dev_nd_net: 0,
     net_ns_inum: 0,
@@ -150,10 +152,17 @@ fn report(s: &mut Sighting, skb: u64, location: u64, reason: u32) {
     // not for that host, while the packet itself went on.
     let carrier = plain_or_inner == Some(match_kind::CARRIER)
         || (plain_or_inner == Some(match_kind::PLAIN) && carries_another_pair(&s.snapshot[..]));
+    // The UDP packet WireGuard sent with a traced packet inside: known by
+    // the tag in its hash, as at tc; filtered and sampled going in.
+    let wireguard_tag = match plain_or_inner {
+        None if has_header => carried_tag(skb, &layout),
+        _ => 0,
+    };
     let (kind, snapshot_len) = match plain_or_inner {
         // `--sample`: the same packets the tc programs keep.
         Some(kind) if !kept(&s.snapshot[..], kind) => return,
         Some(kind) => (kind, copied),
+        None if wireguard_tag != 0 => (match_kind::ENCRYPTED, copied),
         None => match socket_match(skb, &layout, &mut s.snapshot) {
             Some(len) => (match_kind::SOCKET, len),
             None => return,
@@ -171,9 +180,7 @@ fn report(s: &mut Sighting, skb: u64, location: u64, reason: u32) {
         bump(counter::CARRIED_OTHER_PAIR);
         return;
     }
-    let snapshot = &s.snapshot[..];
-    if !filter_keeps(|f| filter::judge::<_, false>(snapshot, &traced_l4_of(snapshot, kind)?.l4, f))
-    {
+    if !kept_by_filter(&s.snapshot[..], kind) {
         return;
     }
     let meta = Meta {
@@ -189,11 +196,32 @@ fn report(s: &mut Sighting, skb: u64, location: u64, reason: u32) {
         direction: 0,
         has_l2: 0,
         route: NO_ROUTE_ASKED,
+        wireguard_tag,
     };
     meta.write(s, snapshot_len as u16);
     if SIGHTINGS.output::<Sighting>(s, 0).is_err() {
         bump(counter::RINGBUF_FULL);
     }
+}
+
+/// Whether `--proto`/`--port` keeps the dropped packet starting
+/// `snapshot`; an encrypted leg's was judged going into WireGuard.
+#[inline(always)]
+fn kept_by_filter(snapshot: &[u8], kind: u8) -> bool {
+    kind == match_kind::ENCRYPTED
+        || filter_keeps(|f| {
+            filter::judge::<_, false>(snapshot, &traced_l4_of(snapshot, kind)?.l4, f)
+        })
+}
+
+/// The WireGuard tag in the dropped skb's hash, where it is one this run
+/// wrote (as tc reads it); else 0.
+#[inline(always)]
+fn carried_tag(skb: u64, layout: &KernelLayout) -> u32 {
+    if wireguard_tag_prefix() == 0 {
+        return 0;
+    }
+    wireguard::known_tag(kernel_read::<u32>(skb, layout.skb_hash).unwrap_or(0))
 }
 
 /// How many bytes of the packet lie in the skb's linear data from its

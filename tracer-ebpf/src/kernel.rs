@@ -188,6 +188,12 @@ impl Skb<'_> {
         self.fields().mark
     }
 
+    /// skb->hash as it is (0 where none was set): not recomputed.
+    #[inline(always)]
+    pub fn hash(&self) -> u32 {
+        self.fields().hash
+    }
+
     /// Copies the packet's first `len` bytes (1..=SNAPSHOT_LEN) into `dst`.
     #[inline(always)]
     pub fn copy_start(&self, dst: &mut [u8; SNAPSHOT_LEN], len: usize) -> bool {

@@ -2,7 +2,7 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use podtrace_common::{
     counter,
@@ -98,6 +98,22 @@ pub static WAKE_BYTES: u64 = 0;
 #[unsafe(no_mangle)]
 pub static FILTERING: u32 = 0;
 
+/// The high bits of this run's WireGuard tags (`podtrace_common::wireguard`),
+/// set at load time; 0 on a node without a WireGuard device, a constant
+/// to the verifier that leaves the tagging out.
+#[unsafe(no_mangle)]
+pub static WIREGUARD_TAG_PREFIX: u32 = 0;
+
+/// The node's WireGuard devices (ifindex), whose egress tags traced
+/// packets; filled by userspace.
+#[map(name = "WIREGUARD_DEVICES")]
+pub static WIREGUARD_DEVICES: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TUNNELS, 0);
+
+/// Tags written into traced packets going into a WireGuard device, and
+/// when: the underlay's egress hook trusts a hash only if it is here.
+#[map(name = "WIREGUARD_TAGS")]
+pub static WIREGUARD_TAGS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(MAX_FLOWS, 0);
+
 /// Whether a `--proto`/`--port` filter is set.
 #[inline(always)]
 pub fn filtering() -> bool {
@@ -118,6 +134,11 @@ pub fn filter_keeps(judge: impl Fn(&L4Filter) -> Option<bool>) -> bool {
         bump(counter::FILTERED);
     }
     keep
+}
+
+#[inline(always)]
+pub fn wireguard_tag_prefix() -> u32 {
+    global(&WIREGUARD_TAG_PREFIX)
 }
 
 #[inline(always)]

@@ -21,6 +21,8 @@ pub struct Meta {
     pub direction: u8,
     pub has_l2: u8,
     pub route: Route,
+    /// `Sighting::wireguard_tag`: 0 but into and out of WireGuard.
+    pub wireguard_tag: u32,
 }
 
 impl Meta {
@@ -45,6 +47,6 @@ impl Meta {
         s.snapshot_len = snapshot_len;
         s.fib_result = fib_result;
         s._pad = 0;
-        s._pad2 = [0; 4];
+        s.wireguard_tag = self.wireguard_tag;
     }
 }

@@ -27,6 +27,7 @@ use crate::{
     },
     profile,
     sighting::Meta,
+    wireguard,
 };
 
 /// Each hook's IPv6 program, by `ipv6_program` index; userspace fills it.
@@ -87,6 +88,12 @@ pub fn podtrace_egress_l3(ctx: TcContext) -> i32 {
 /// hook's direction; `TO_POD`, the egress that hands packets to a pod.
 #[inline(always)]
 fn hook<const HAS_L2: bool, const INGRESS: bool, const TO_POD: bool>(ctx: TcContext) -> i32 {
+    if HAS_L2 && !INGRESS && !TO_POD {
+        let tag = wireguard::carried_tag(&Skb(&ctx));
+        if tag != 0 {
+            return encrypted_leg(&ctx, tag);
+        }
+    }
     if untraced_at_a_glance(&ctx, HAS_L2) || !kept_at_a_glance(&ctx, HAS_L2) {
         return TC_ACT_UNSPEC;
     }
@@ -322,9 +329,45 @@ fn report<const IPV6: bool>(skb: &Skb, direction: Direction, has_l2: bool, kind:
     } else {
         NO_ROUTE_ASKED
     };
-    let meta = Meta {
+    // Into WireGuard: tagged, so that its encrypted leg is known.
+    let wireguard_tag = if !has_l2 && direction == Direction::Egress && kind == match_kind::PLAIN {
+        wireguard::tag_going_in(skb)
+    } else {
+        0
+    };
+    send(
+        skb,
+        &tc_meta(skb, kind, direction, has_l2, route, wireguard_tag),
+    );
+}
+
+/// The UDP packet WireGuard sent with a traced packet inside, leaving by
+/// the underlay (`tag`: the traced packet's, `wireguard.rs`). Not
+/// filtered nor sampled again: the traced packet was, going in.
+#[inline(never)]
+fn encrypted_leg(ctx: &TcContext, tag: u32) -> i32 {
+    let skb = Skb(ctx);
+    let kind = match_kind::ENCRYPTED;
+    send(
+        &skb,
+        &tc_meta(&skb, kind, Direction::Egress, true, NO_ROUTE_ASKED, tag),
+    );
+    TC_ACT_UNSPEC
+}
+
+/// A tc sighting's fields, the packet's own read from `skb`.
+#[inline(always)]
+fn tc_meta(
+    skb: &Skb,
+    match_kind: u8,
+    direction: Direction,
+    has_l2: bool,
+    route: Route,
+    wireguard_tag: u32,
+) -> Meta {
+    Meta {
         kind: sighting_kind::TC,
-        match_kind: kind,
+        match_kind,
         node_id: node_id(),
         ifindex: skb.ifindex(),
         skb_len: skb.len(),
@@ -335,7 +378,13 @@ fn report<const IPV6: bool>(skb: &Skb, direction: Direction, has_l2: bool, kind:
         direction: direction as u8,
         has_l2: has_l2 as u8,
         route,
-    };
+        wireguard_tag,
+    }
+}
+
+/// Sends the sighting of `meta` with the packet's first bytes.
+#[inline(always)]
+fn send(skb: &Skb, meta: &Meta) {
     // Filled in place: a Sighting is too large for the eBPF stack.
     let sent = submit_with(&SIGHTINGS, wake_bytes(), |s: &mut Sighting| {
         let copied = copy_headers(skb, &mut s.snapshot);

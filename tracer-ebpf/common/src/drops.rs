@@ -21,6 +21,9 @@ pub struct KernelLayout {
     /// other memory, never the packet's.
     pub skb_tail: u32,
     pub skb_mark: u32,
+    /// `sk_buff.hash`: where a WireGuard tag travels with the encrypted
+    /// packet (`crate::wireguard`).
+    pub skb_hash: u32,
     pub dev_ifindex: u32,
     pub dev_nd_net: u32,
     pub net_ns_inum: u32,

@@ -24,6 +24,7 @@ pub mod sighting;
 pub mod tc;
 pub mod transport;
 pub mod tunnel;
+pub mod wireguard;
 
 use drops::{KernelLayout, MAX_NODES};
 use profile::{Histogram, PacketId, Stamp, HIST_LINEAR_US, HIST_LOG2};
@@ -98,6 +99,9 @@ pub mod names {
     pub const TUNNEL_HOOKS: &str = "TUNNEL_HOOKS";
     /// Global: the node's [`super::TunnelPorts`].
     pub const TUNNEL_PORTS: &str = "TUNNEL_PORTS";
+    /// Global: the high bits of the run's WireGuard tags (0: none).
+    pub const WIREGUARD_TAG_PREFIX: &str = "WIREGUARD_TAG_PREFIX";
+    pub const WIREGUARD_DEVICES: &str = "WIREGUARD_DEVICES";
     pub const TC_INGRESS: &str = "podtrace_ingress";
     pub const TC_EGRESS: &str = "podtrace_egress";
     pub const TC_TO_POD: &str = "podtrace_to_pod";
@@ -124,7 +128,7 @@ pub mod names {
 const _: () = assert!(core::mem::size_of::<Sighting>() == 72 + SNAPSHOT_LEN);
 const _: () = assert!(core::mem::align_of::<Sighting>() == 8);
 const _: () = assert!(core::mem::offset_of!(Sighting, snapshot) == 72);
-const _: () = assert!(core::mem::size_of::<KernelLayout>() == 16 * 4);
+const _: () = assert!(core::mem::size_of::<KernelLayout>() == 17 * 4);
 const _: () = assert!(core::mem::size_of::<FlowKey>() == 8);
 const _: () = assert!(core::mem::size_of::<PacketId>() == 16);
 const _: () = assert!(core::mem::size_of::<Stamp>() == 16);

@@ -32,6 +32,12 @@ pub mod match_kind {
     /// loses. (ICMPv6's "packet too big" is not matched: the IPv6
     /// programs are at 5.10's verifier's bound.)
     pub const ABOUT: u8 = 6;
+    /// A UDP packet WireGuard sent, carrying a traced packet it
+    /// encrypted: known by the tag the WireGuard device's egress hook
+    /// wrote into the traced packet's skb->hash, which WireGuard keeps
+    /// across encryption ([`crate::wireguard`]). Its snapshot is the
+    /// outer packet; `wireguard_tag` names the plaintext sighting.
+    pub const ENCRYPTED: u8 = 7;
 }
 
 /// What saw the packet.
@@ -87,7 +93,10 @@ pub struct Sighting {
     /// A `BPF_FIB_LKUP_RET_*` code, or [`FIB_NOT_LOOKED_UP`].
     pub fib_result: u8,
     pub _pad: u8,
-    pub _pad2: [u8; 4],
+    /// The WireGuard tag (`crate::wireguard`) of a traced packet going
+    /// into a WireGuard device, and of the encrypted packet carrying it
+    /// (`match_kind::ENCRYPTED`); 0 for every other sighting.
+    pub wireguard_tag: u32,
     pub snapshot: [u8; SNAPSHOT_LEN],
 }
 

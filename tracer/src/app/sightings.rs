@@ -38,7 +38,15 @@ pub(super) async fn to_hop(s: &Sighting, trace: &mut Trace, summary: &mut Summar
         trace.others.learn(s.netns_inum).await;
     }
     let keep = trace.keep_snapshots;
-    match place(s, &trace.nodes, &trace.others, &trace.kernel, keep) {
+    let placed = place(
+        s,
+        &trace.nodes,
+        &trace.others,
+        &trace.kernel,
+        keep,
+        &mut trace.encrypted_legs,
+    );
+    match placed {
         Ok(hop) => {
             follow_errors_about(&hop, trace);
             Some(hop)
@@ -49,6 +57,10 @@ pub(super) async fn to_hop(s: &Sighting, trace: &mut Trace, summary: &mut Summar
         }
         Err(Unplaced::Undecodable) => {
             summary.undecodable += 1;
+            None
+        }
+        Err(Unplaced::EncryptedLegUntold) => {
+            summary.wireguard_legs_untold += 1;
             None
         }
     }

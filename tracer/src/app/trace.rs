@@ -17,6 +17,7 @@ use super::{
     teller::{Seen, Teller},
     traced::{self, LinkOutcome, Shared, TracedNode},
 };
+use crate::decode::wireguard_leg::EncryptedLegs;
 use crate::model::conntrack;
 use crate::model::netfilter::TracedRule;
 use crate::{
@@ -177,6 +178,9 @@ pub(super) struct Trace {
     pub(super) joining_only: Vec<(Ipv4Addr, Ipv4Addr)>,
     /// Namespaces no traced node owns (pods), named on first sight.
     pub(super) others: OtherNamespaces,
+    /// Traced packets gone into WireGuard, which their encrypted legs
+    /// are told as.
+    pub(super) encrypted_legs: EncryptedLegs,
     /// `--proto`/`--port` as every node's kernel has it (widened as
     /// Services' ports are learnt).
     pub(super) l4_filter: Option<L4Filter>,
@@ -275,6 +279,7 @@ pub(super) async fn attach(args: &Args, resolved: Resolved) -> Result<Trace> {
     Ok(Trace {
         kernel_summary,
         others: OtherNamespaces::new(ctx.names.clone()),
+        encrypted_legs: EncryptedLegs::default(),
         targets,
         nodes,
         kernel,

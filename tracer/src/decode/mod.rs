@@ -7,6 +7,7 @@ pub mod hop;
 pub mod quote;
 pub mod sighting;
 mod transport;
+pub mod wireguard_leg;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -42,6 +43,10 @@ pub enum TunnelKind {
     Vxlan,
     Geneve,
     Ipip,
+    /// Encrypted by WireGuard into UDP: the packet inside is the one the
+    /// WireGuard device took, known by the kernel's flow hash, not read
+    /// from the ciphertext (`wireguard_leg`).
+    Wireguard,
 }
 
 /// The outer layer of an encapsulated packet.
@@ -51,6 +56,20 @@ pub struct Tunnel {
     /// VXLAN / Geneve network identifier.
     pub vni: Option<u32>,
     pub outer: IpPacket,
+    /// WireGuard's data message header: which session the receiving peer
+    /// decrypts it with, and its counter (unique per packet in a session).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wireguard: Option<WireguardData>,
+}
+
+/// A WireGuard transport data message's clear header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema, Deserialize)]
+pub struct WireguardData {
+    /// The receiver's session index (as WireGuard writes it, host order
+    /// of its little-endian field).
+    pub receiver: u32,
+    /// The message counter (nonce): one per packet sent in a session.
+    pub counter: u64,
 }
 
 /// A decoded sighting: the traced packet, the tunnel around it if any,
@@ -76,6 +95,8 @@ impl Decoded {
 pub enum DecodeError {
     NotIp,
     Truncated(&'static str),
+    /// Tagged as WireGuard's, but not a data message over UDP.
+    NotWireguard,
 }
 
 impl std::fmt::Display for DecodeError {
@@ -83,6 +104,7 @@ impl std::fmt::Display for DecodeError {
         match self {
             Self::NotIp => write!(f, "not an IPv4 or IPv6 packet"),
             Self::Truncated(what) => write!(f, "snapshot ends inside the {what} header"),
+            Self::NotWireguard => write!(f, "not a WireGuard data message over UDP"),
         }
     }
 }
@@ -103,10 +125,54 @@ pub fn decode_tunnel(snapshot: &[u8], has_l2: bool) -> Result<Decoded, DecodeErr
     match tunnel_payload(&outer, l4)? {
         Some(TunnelPayload { kind, vni, inner }) => {
             let (packet, l4) = ip(inner)?;
-            Ok(decoded(packet, l4, Some(Tunnel { kind, vni, outer })))
+            Ok(decoded(
+                packet,
+                l4,
+                Some(Tunnel {
+                    kind,
+                    vni,
+                    outer,
+                    wireguard: None,
+                }),
+            ))
         }
         None => Ok(decoded(outer, l4, None)),
     }
+}
+
+/// Decodes the UDP packet WireGuard sent with `inside` encrypted in it
+/// (the kernel knew it by the tag in its hash): `inside` in a WireGuard
+/// tunnel whose outer header and data message header are the snapshot's.
+/// Anything but a data message to UDP is refused: the tag named it, the
+/// bytes must agree.
+pub fn decode_encrypted(
+    snapshot: &[u8],
+    has_l2: bool,
+    inside: &Decoded,
+) -> Result<Decoded, DecodeError> {
+    use podtrace_common::wireguard::{COUNTER_AT, DATA_MESSAGE, RECEIVER_AT};
+    let (outer, l4) = ip(l3_of(snapshot, has_l2)?)?;
+    let Transport::Udp { .. } = outer.transport else {
+        return Err(DecodeError::NotWireguard);
+    };
+    let message = l4
+        .get(8..8 + 16)
+        .ok_or(DecodeError::Truncated("WireGuard"))?;
+    if message[0] != DATA_MESSAGE {
+        return Err(DecodeError::NotWireguard);
+    }
+    let receiver = u32::from_le_bytes(message[RECEIVER_AT..RECEIVER_AT + 4].try_into().unwrap());
+    let counter = u64::from_le_bytes(message[COUNTER_AT..COUNTER_AT + 8].try_into().unwrap());
+    Ok(Decoded {
+        packet: inside.packet,
+        tunnel: Some(Tunnel {
+            kind: TunnelKind::Wireguard,
+            vni: None,
+            outer,
+            wireguard: Some(WireguardData { receiver, counter }),
+        }),
+        quoted: inside.quoted,
+    })
 }
 
 /// `packet` (its transport header and payload `l4`) in `tunnel`.
@@ -359,6 +425,54 @@ pub(crate) mod tests {
             .write(&mut out, &[])
             .unwrap();
         out
+    }
+
+    /// A WireGuard data message (receiver 0x0a0b0c0d, counter 5) from
+    /// 192.0.2.11:51820 to 192.0.2.12:51820, with `ciphertext` bytes.
+    pub(crate) fn wireguard_data(ciphertext: usize) -> Vec<u8> {
+        let mut payload = vec![4, 0, 0, 0];
+        payload.extend_from_slice(&0x0a0b_0c0du32.to_le_bytes());
+        payload.extend_from_slice(&5u64.to_le_bytes());
+        payload.resize(payload.len() + ciphertext, 0xee);
+        let builder = PacketBuilder::ethernet2([6; 6], [8; 6])
+            .ipv4([192, 0, 2, 11], [192, 0, 2, 12], 64)
+            .udp(51820, 51820);
+        let mut out = Vec::new();
+        builder.write(&mut out, &payload).unwrap();
+        out
+    }
+
+    #[test]
+    fn an_encrypted_leg_is_the_tagged_packet_inside_wireguards_header() {
+        let inside = decode(&icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 63, 3), true).unwrap();
+        let leg = decode_encrypted(&wireguard_data(100), true, &inside).unwrap();
+        assert_eq!(leg.packet, inside.packet);
+        let tunnel = leg.tunnel.unwrap();
+        assert_eq!(tunnel.kind, TunnelKind::Wireguard);
+        assert_eq!(tunnel.outer.src, IpAddr::from([192, 0, 2, 11]));
+        assert_eq!(
+            tunnel.wireguard,
+            Some(WireguardData {
+                receiver: 0x0a0b_0c0d,
+                counter: 5
+            })
+        );
+        // The tag named it WireGuard's; bytes that are not a data
+        // message are refused, not told as one.
+        let mut handshake = wireguard_data(100);
+        handshake[14 + 20 + 8] = 1;
+        assert_eq!(
+            decode_encrypted(&handshake, true, &inside),
+            Err(DecodeError::NotWireguard)
+        );
+        assert_eq!(
+            decode_encrypted(
+                &icmp_echo([192, 0, 2, 11], [192, 0, 2, 12], 64, 1),
+                true,
+                &inside
+            ),
+            Err(DecodeError::NotWireguard)
+        );
     }
 
     pub(crate) fn vxlan(inner_frame: &[u8], vni: u32) -> Vec<u8> {

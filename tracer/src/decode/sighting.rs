@@ -11,8 +11,10 @@ use podtrace_common::{
 };
 
 use super::{
-    decode, decode_tunnel,
+    decode, decode_encrypted, decode_tunnel,
     hop::{Direction, DropInfo, Hop, KernelRoute, Snapshot},
+    wireguard_leg::EncryptedLegs,
+    DecodeError, Decoded,
 };
 use crate::{
     model::Name,
@@ -31,6 +33,10 @@ pub enum Unplaced {
     UnknownInterface,
     /// The headers did not parse.
     Undecodable,
+    /// A UDP packet WireGuard sent with a traced packet inside, whose
+    /// plaintext sighting was not seen, or whose story tells another
+    /// segment of the same packet.
+    EncryptedLegUntold,
 }
 
 /// What placing a record needs of a traced node, and no more: its name
@@ -73,13 +79,15 @@ fn interface_of(
 /// Drops in namespaces no traced node owns (pods) are named by `others`
 /// (learnt beforehand: see `OtherNamespaces::learn`). The header bytes
 /// are kept in the hop only with `keep_snapshot` (`--write`): a copy per
-/// hop that nothing else reads.
+/// hop that nothing else reads. `legs`: the packets gone into WireGuard,
+/// which a later encrypted leg's sighting is told as.
 pub fn place(
     s: &Sighting,
     nodes: &[impl NodeLinks],
     others: &OtherNamespaces,
     kernel: &Kernel,
     keep_snapshot: bool,
+    legs: &mut EncryptedLegs,
 ) -> Result<Hop, Unplaced> {
     let node = if s.node_id == NODE_OTHER_NETNS {
         None
@@ -92,13 +100,7 @@ pub fn place(
     };
     let (iface, role) = interface_of(s, node, others)?;
     let snapshot = &s.snapshot[..usize::from(s.snapshot_len).min(s.snapshot.len())];
-    // Only a packet the kernel matched as encapsulated is read as a tunnel.
-    let decoded = if s.match_kind == match_kind::INNER {
-        decode_tunnel(snapshot, s.has_l2 != 0)
-    } else {
-        decode(snapshot, s.has_l2 != 0)
-    };
-    let packet = decoded.map_err(|_| Unplaced::Undecodable)?;
+    let packet = decoded(s, snapshot, legs)?;
     let (direction, drop) = direction_of(s, kernel);
     let route = route_of(s, node, packet.packet.dst);
     Ok(Hop {
@@ -131,6 +133,30 @@ pub fn place(
 
 /// A drop (with its reason and where the kernel dropped it), or the way
 /// the packet was going.
+/// The sighting's packet. Only a packet the kernel matched as
+/// encapsulated is read as a tunnel; an encrypted leg is the packet its
+/// tag went into WireGuard with.
+fn decoded(s: &Sighting, snapshot: &[u8], legs: &mut EncryptedLegs) -> Result<Decoded, Unplaced> {
+    let has_l2 = s.has_l2 != 0;
+    let undecodable = |_: DecodeError| Unplaced::Undecodable;
+    match s.match_kind {
+        match_kind::INNER => decode_tunnel(snapshot, has_l2).map_err(undecodable),
+        match_kind::ENCRYPTED => {
+            let inside = legs
+                .inside(s.wireguard_tag, s.kind == sighting_kind::DROP)
+                .map_err(|_| Unplaced::EncryptedLegUntold)?;
+            decode_encrypted(snapshot, has_l2, &inside).map_err(undecodable)
+        }
+        _ => {
+            let packet = decode(snapshot, has_l2).map_err(undecodable)?;
+            if s.wireguard_tag != 0 {
+                legs.went_in(s.wireguard_tag, &packet);
+            }
+            Ok(packet)
+        }
+    }
+}
+
 fn direction_of(s: &Sighting, kernel: &Kernel) -> (Direction, Option<DropInfo>) {
     if s.kind == sighting_kind::DROP {
         let location = kernel.symbols.name(s.location);

@@ -36,6 +36,11 @@ pub struct Summary {
     /// it never read): no hop of a path, left out.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub drops_without_netns: u64,
+    /// UDP packets WireGuard sent with a traced packet inside that no
+    /// story tells: the plaintext's sighting was lost, or the packet was
+    /// segmented and its story tells the first segment's leg.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub wireguard_legs_untold: u64,
     /// Traced interfaces that vanished during the trace.
     pub interfaces_vanished: u64,
     /// Interfaces that appeared during the trace and were attached.

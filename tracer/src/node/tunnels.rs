@@ -27,6 +27,9 @@ pub struct TunnelTrust {
     /// address of it may be a peer, but one end must still be the node's
     /// own.
     pub peers: Vec<IpAddr>,
+    /// The node's WireGuard devices: a traced packet going into one is
+    /// tagged, so that its encrypted leg is known on the underlay.
+    pub wireguard_devices: Vec<u32>,
 }
 
 impl TunnelTrust {
@@ -41,6 +44,21 @@ impl TunnelTrust {
                 .filter(|t| t.protocol == UDP)
                 .map(|t| t.port),
         )
+    }
+
+    /// The high bits of the tags a probe writes into traced packets going
+    /// into WireGuard (`podtrace_common::wireguard`): random per probe,
+    /// never 0; 0 where the node has no WireGuard device (no tagging).
+    pub fn wireguard_tag_prefix(&self) -> u32 {
+        use std::hash::{BuildHasher, Hasher};
+        if self.wireguard_devices.is_empty() {
+            return 0;
+        }
+        let random = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        let high = (random as u16).max(1);
+        u32::from(high) << 16
     }
 
     /// From the node's devices, its underlay, and the cluster's node IPs.
@@ -102,6 +120,7 @@ impl TunnelTrust {
             tunnels,
             local,
             peers,
+            wireguard_devices: view.links_of_kind("wireguard").map(|l| l.index).collect(),
         }
     }
 }
@@ -125,5 +144,21 @@ mod tests {
         assert!(trust.local.contains(&"192.0.2.11".parse().unwrap()));
         // node-2, from flannel.1's FDB entry.
         assert_eq!(trust.peers, ["192.0.2.12".parse::<IpAddr>().unwrap()]);
+        // No WireGuard device: nothing is tagged.
+        assert_eq!(trust.wireguard_tag_prefix(), 0);
+    }
+
+    #[test]
+    fn a_node_with_wireguard_tags_under_a_prefix_never_0() {
+        let mut node = flannel_node();
+        node.links
+            .push(crate::node::fixtures::link(9, "flannel-wg", "wireguard"));
+        let trust = TunnelTrust::of(&node, 2, &[]);
+        assert_eq!(trust.wireguard_devices, [9]);
+        for _ in 0..64 {
+            let prefix = trust.wireguard_tag_prefix();
+            assert_ne!(prefix, 0);
+            assert_eq!(prefix & !podtrace_common::wireguard::PREFIX_MASK, 0);
+        }
     }
 }

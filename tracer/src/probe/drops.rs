@@ -65,6 +65,7 @@ pub fn kernel_layout(btf: &Btf) -> Result<KernelLayout> {
         skb_len: btf.member_offset("sk_buff", "len")?,
         skb_tail: btf.member_offset("sk_buff", "tail")?,
         skb_mark: btf.member_offset("sk_buff", "mark")?,
+        skb_hash: btf.member_offset("sk_buff", "hash")?,
         dev_ifindex: btf.member_offset("net_device", "ifindex")?,
         dev_nd_net: btf.member_offset("net_device", "nd_net")?,
         net_ns_inum: btf.member_offset("net", "ns")? + btf.member_offset("ns_common", "inum")?,

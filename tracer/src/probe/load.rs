@@ -307,6 +307,7 @@ fn load_fitting_memlock(spec: &ProbeSpec<'_>) -> Result<Ebpf> {
 
 fn load_object(spec: &ProbeSpec<'_>, ring_bytes: u32) -> Result<Ebpf, aya::EbpfError> {
     let stamps = spec.shared_stamps.map(|dir| dir.join(names::STAMPS));
+    let tag_prefix = spec.tunnels.wireguard_tag_prefix();
     let mut loader = EbpfLoader::new();
     if let Some(path) = &stamps {
         loader.map_pin_path(names::STAMPS, path.as_path());
@@ -321,6 +322,7 @@ fn load_object(spec: &ProbeSpec<'_>, ring_bytes: u32) -> Result<Ebpf, aya::EbpfE
         .override_global(names::FILTERING, &u32::from(spec.filter.is_some()), true)
         .override_global(names::WAKE_BYTES, &(u64::from(ring_bytes) / 4), true)
         .override_global(names::TUNNEL_PORTS, &spec.tunnels.udp_ports(), true)
+        .override_global(names::WIREGUARD_TAG_PREFIX, &tag_prefix, true)
         .map_max_entries(names::SIGHTINGS, ring_bytes)
         .load(EBPF_OBJECT)
 }
@@ -368,17 +370,20 @@ fn drain(ring: &mut RingBuf<MapData>, tx: &mpsc::Sender<Batch>) -> bool {
     batch.is_empty() || tx.blocking_send(batch).is_ok()
 }
 
+/// Fills the hash map `name`, a set (every value 1), with `keys`.
+fn fill_set<K: aya::Pod>(ebpf: &mut Ebpf, name: &str, keys: &[K]) -> Result<()> {
+    let mut set: BpfHashMap<_, K, u8> = BpfHashMap::try_from(map(ebpf, name)?)?;
+    for key in keys {
+        set.insert(key, 1, 0)?;
+    }
+    Ok(())
+}
+
 /// Fills the maps that say where a packet's inner header may be read.
 fn load_tunnel_trust(ebpf: &mut Ebpf, trust: &TunnelTrust) -> Result<()> {
-    let mut hooks: BpfHashMap<_, u32, u8> = BpfHashMap::try_from(map(ebpf, names::TUNNEL_HOOKS)?)?;
-    for index in &trust.hooks {
-        hooks.insert(index, 1, 0)?;
-    }
-    let mut tunnels: BpfHashMap<_, TunnelKey, u8> =
-        BpfHashMap::try_from(map(ebpf, names::TUNNELS)?)?;
-    for key in &trust.tunnels {
-        tunnels.insert(key, 1, 0)?;
-    }
+    fill_set::<u32>(ebpf, names::TUNNEL_HOOKS, &trust.hooks)?;
+    fill_set::<TunnelKey>(ebpf, names::TUNNELS, &trust.tunnels)?;
+    fill_set::<u32>(ebpf, names::WIREGUARD_DEVICES, &trust.wireguard_devices)?;
     let v4 = |ip: &IpAddr| match ip {
         IpAddr::V4(v4) => Some(v4.octets()),
         IpAddr::V6(_) => None,

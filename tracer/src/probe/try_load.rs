@@ -25,9 +25,13 @@ pub fn try_load(kernel: &Kernel, btf: &aya::Btf) -> Result<Loaded> {
         (0, 2, 1, "--sample with --proto/--port"),
         (1, 1, 1, "profile mode with --proto/--port"),
     ];
+    // Each as on a node with a WireGuard device: the tagging's branches
+    // too (any prefix but 0 keeps them).
+    let wireguard_tag_prefix = 1u32 << 16;
     for (profile, sample, filtering, asked) in modes {
         let mut ebpf = EbpfLoader::new()
             .override_global(names::LAYOUT, &kernel.layout, true)
+            .override_global(names::WIREGUARD_TAG_PREFIX, &wireguard_tag_prefix, true)
             .override_global(names::PROFILE, &profile, true)
             .override_global(names::SAMPLE, &sample, true)
             .override_global(names::FILTERING, &filtering, true)

@@ -95,6 +95,7 @@ impl fmt::Display for TunnelText<'_> {
             TunnelKind::Vxlan => "VXLAN",
             TunnelKind::Geneve => "Geneve",
             TunnelKind::Ipip => "IPIP",
+            TunnelKind::Wireguard => "WireGuard",
         };
         match t.outer.transport {
             Transport::Udp { sport, dport } => {
@@ -104,9 +105,13 @@ impl fmt::Display for TunnelText<'_> {
                 }
                 let (src, dst) = (Shown(t.outer.src), Shown(t.outer.dst));
                 if t.outer.src.is_ipv6() {
-                    write!(f, " [{src}]:{sport} → [{dst}]:{dport}")
+                    write!(f, " [{src}]:{sport} → [{dst}]:{dport}")?;
                 } else {
-                    write!(f, " {src}:{sport} → {dst}:{dport}")
+                    write!(f, " {src}:{sport} → {dst}:{dport}")?;
+                }
+                match t.wireguard {
+                    Some(w) => write!(f, " (receiver {:08x}, counter {})", w.receiver, w.counter),
+                    None => Ok(()),
                 }
             }
             _ => write!(f, "{kind} {} → {}", Shown(t.outer.src), Shown(t.outer.dst)),
@@ -210,12 +215,28 @@ fn write_what(out: &mut String, hop: &Hop, ctx: &Context) -> fmt::Result {
                     d.reason, d.location
                 )
             }
-            Some(d) => return write!(out, "dropped: {} in {}", d.reason, d.location),
+            Some(d) => {
+                out.push_str("dropped");
+                // The UDP packet WireGuard sent with this one inside.
+                if let Some(t) = (hop.packet.tunnel).filter(|t| t.kind == TunnelKind::Wireguard) {
+                    write!(out, " encrypted ({})", TunnelText(&t))?;
+                }
+                return write!(out, ": {} in {}", d.reason, d.location);
+            }
             None => "dropped",
         },
         (_, Direction::Egress, Some(t)) => {
             let added = t.outer.total_len.saturating_sub(p.total_len);
-            return write!(out, "encapsulated {} (+{added} B)", TunnelText(t));
+            let (done, how) = match t.kind {
+                // Nothing of the packet is readable in it: say how it is
+                // known to be this one.
+                TunnelKind::Wireguard => (
+                    "encrypted",
+                    ", the packet known by the tag in its flow hash, which WireGuard keeps",
+                ),
+                _ => ("encapsulated", ""),
+            };
+            return write!(out, "{done} {} (+{added} B){how}", TunnelText(t));
         }
         (_, Direction::Ingress, Some(t)) => {
             out.push_str("arrives encapsulated");

@@ -15,7 +15,10 @@ use super::{
     Context,
 };
 use crate::{
-    decode::hop::{Direction, Hop},
+    decode::{
+        hop::{Direction, Hop},
+        TunnelKind,
+    },
     model::netfilter::NetfilterRule,
     node::interfaces::Role,
     story::{explain::RouteCheck, journey::Journey},
@@ -294,14 +297,22 @@ fn to_its_own_stack(hop: &Hop, ctx: &Context) -> bool {
 /// "; routed, encapsulated (VXLAN …), decapsulated", or nothing.
 fn how(journey: &Journey, path: &[PathStep]) -> String {
     let encap = journey.hops.iter().find_map(|h| h.packet.tunnel);
+    // WireGuard's encapsulation is its encryption: said so.
+    let encrypted = encap.is_some_and(|t| t.kind == TunnelKind::Wireguard);
     let how = path
         .iter()
         .map(|step| match step {
             PathStep::Bridged => "bridged".to_string(),
             PathStep::Routed => "routed".to_string(),
             PathStep::Encapsulated => encap.map_or("encapsulated".to_string(), |t| {
-                format!("encapsulated ({})", tunnel_text(&t))
+                let done = if encrypted {
+                    "encrypted"
+                } else {
+                    "encapsulated"
+                };
+                format!("{done} ({})", tunnel_text(&t))
             }),
+            PathStep::Decapsulated if encrypted => "decrypted".to_string(),
             PathStep::Decapsulated => "decapsulated".to_string(),
         })
         .collect::<Vec<_>>()

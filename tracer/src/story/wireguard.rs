@@ -12,7 +12,10 @@ use std::{collections::HashMap, net::IpAddr};
 use serde::Serialize;
 
 use crate::{
-    decode::hop::{Direction, Hop},
+    decode::{
+        hop::{Direction, Hop},
+        Transport, Tunnel, TunnelKind,
+    },
     model::NodeSubnet,
     node::{
         wireguard::{age_text, Session, WgDevice, WgPeer, WireGuard, KIND, SESSION_SECS},
@@ -72,8 +75,8 @@ pub(super) type Told = (String, Option<WireguardProof>);
 /// can). None for any other journey, or where that node is not traced.
 /// The note of a hop on a WireGuard device, from its configuration: the
 /// peer WireGuard encrypts the packet for (egress) or that sent it
-/// (ingress). The encrypted leg between is not traced, and the note says
-/// so: the ciphertext keeps nothing of the packet to match it by.
+/// (ingress). The encrypted leg between is a hop of its own, on the
+/// underlay (`decode::wireguard_leg`).
 pub(super) fn device_note(hop: &Hop, nodes: &HashMap<String, NodeFacts>) -> Option<String> {
     let wireguard = &nodes.get(&*hop.node)?.view.wireguard;
     let device = wireguard.device(&hop.iface)?;
@@ -82,7 +85,7 @@ pub(super) fn device_note(hop: &Hop, nodes: &HashMap<String, NodeFacts>) -> Opti
     Some(match hop.direction {
         Direction::Egress => match routing_peer(device, packet.dst) {
             Some(peer) => format!(
-                "into WireGuard for peer {}{} (its allowed-ips hold {}, read {when}){}; the encrypted leg is not traced: the ciphertext keeps nothing of the packet to follow it by",
+                "into WireGuard for peer {}{} (its allowed-ips hold {}, read {when}){}",
                 peer.short_key(),
                 endpoint_text(peer, "UDP to"),
                 packet.dst,
@@ -133,6 +136,15 @@ fn routing_peer(device: &WgDevice, ip: IpAddr) -> Option<&WgPeer> {
         .map(|(_, peer)| peer)
 }
 
+/// "192.0.2.12:51820", where an encrypted leg was sent.
+fn udp_destination(tunnel: &Tunnel) -> String {
+    let port = match tunnel.outer.transport {
+        Transport::Udp { dport, .. } => dport,
+        _ => 0,
+    };
+    std::net::SocketAddr::new(tunnel.outer.dst, port).to_string()
+}
+
 /// ` (UDP to 192.0.2.12:51820)`, or nothing for a peer without endpoint.
 fn endpoint_text(peer: &WgPeer, how: &str) -> String {
     peer.endpoint
@@ -151,14 +163,28 @@ pub fn receiving_node<'a>(
     nodes.contains_key(there).then_some(there)
 }
 
-/// Whether a journey's last hop is the way into a WireGuard device.
+/// Whether a journey's last hop is the way into a WireGuard device, or
+/// its encrypted leg leaving by the underlay.
 fn last_seen_going_into_a_device(hops: &[Hop], nodes: &HashMap<String, NodeFacts>) -> bool {
-    hops.last().is_some_and(|last| {
-        last.direction == Direction::Egress
-            && (nodes.get(&*last.node))
-                .and_then(|facts| facts.view.link_named(&last.iface))
-                .is_some_and(|device| device.kind == KIND)
-    })
+    went_into_a_device(hops, nodes).is_some()
+}
+
+/// The hop by which a journey went into a WireGuard device, where
+/// nothing of it was seen after but its encrypted leg leaving on the
+/// underlay (a drop of that leg is a verdict of its own).
+fn went_into_a_device<'a>(hops: &'a [Hop], nodes: &HashMap<String, NodeFacts>) -> Option<&'a Hop> {
+    let on_its_way = |h: &Hop| is_encrypted_leg(h) && h.direction == Direction::Egress;
+    let plain = hops.iter().rposition(|h| !on_its_way(h))?;
+    let hop = &hops[plain];
+    let device = nodes.get(&*hop.node)?.view.link_named(&hop.iface)?;
+    (hop.direction == Direction::Egress && device.kind == KIND).then_some(hop)
+}
+
+/// A UDP packet WireGuard sent with the journey's packet inside.
+fn is_encrypted_leg(hop: &Hop) -> bool {
+    hop.packet
+        .tunnel
+        .is_some_and(|t| t.kind == TunnelKind::Wireguard)
 }
 
 /// What to say of a journey whose last hop is the way into a WireGuard
@@ -168,17 +194,20 @@ pub(super) fn lost_after_encryption(
     nodes: &HashMap<String, NodeFacts>,
     subnets: &[NodeSubnet],
 ) -> Option<Told> {
-    if !last_seen_going_into_a_device(hops, nodes) {
-        return None;
-    }
-    let last = hops.last()?;
+    let last = went_into_a_device(hops, nodes)?;
     let facts = nodes.get(&*last.node)?;
     let src = last.packet.packet.src;
     let dst = last.packet.packet.dst;
-    let here = format!(
-        "{} on {} is a WireGuard device: it encrypts the packet into UDP to its peer, which podtrace cannot follow on the underlay",
-        last.iface, last.node
-    );
+    let here = match hops.last().and_then(|h| Some((h, h.packet.tunnel?))) {
+        Some((leg, tunnel)) if is_encrypted_leg(leg) => format!(
+            "{} on {} encrypted it, and it left by {} as UDP to {}; podtrace sees the other end only where WireGuard hands it on",
+            last.iface, last.node, leg.iface, udp_destination(&tunnel)
+        ),
+        _ => format!(
+            "{} on {} is a WireGuard device: it encrypts the packet into UDP to its peer, and its encrypted leg was not seen on the underlay",
+            last.iface, last.node
+        ),
+    };
     let Some(there) = node_of(dst, subnets, nodes) else {
         return Some((here, None));
     };
@@ -378,6 +407,40 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_journey_last_seen_encrypted_on_the_underlay_is_judged_by_the_device_it_went_into() {
+        let nodes = HashMap::from([
+            ("node-1".to_string(), wireguard_node()),
+            ("node-2".to_string(), wireguard_node()),
+        ]);
+        let mut hops = into_flannel_wg();
+        let inside = hops[0].packet;
+        // Placed as the kernel's sighting of it is (`decode::sighting`).
+        let mut leg = hop(
+            9,
+            "node-1",
+            "eth0",
+            Role::Underlay,
+            Direction::Egress,
+            &frames::icmp_echo([192, 0, 2, 11], [192, 0, 2, 12], 64, 1),
+        );
+        leg.packet =
+            crate::decode::decode_encrypted(&frames::wireguard_data(100), true, &inside).unwrap();
+        hops.push(leg);
+        assert_eq!(receiving_node(&hops, &nodes, &subnets()), Some("node-2"));
+        let said = lost_after_encryption(&hops, &nodes, &subnets()).unwrap().0;
+        assert!(
+            said.starts_with(
+                "flannel-wg on node-1 encrypted it, and it left by eth0 as UDP to 192.0.2.12:51820"
+            ),
+            "{said}"
+        );
+        assert!(
+            said.contains("node-2's flannel-wg never handed it on"),
+            "{said}"
+        );
+    }
+
     const READ_AT: u64 = 1_000_000;
 
     /// node-1 (its flannel-wg's key KEY1, its address 192.0.2.11) and
@@ -458,7 +521,7 @@ mod tests {
         );
         let said = device_note(&out, &nodes).unwrap();
         assert!(
-            said.starts_with("into WireGuard for peer KEY1wxyz (UDP to 192.0.2.11:51820) (its allowed-ips hold 10.244.1.2, read at start); the encrypted leg is not traced"),
+            said.starts_with("into WireGuard for peer KEY1wxyz (UDP to 192.0.2.11:51820) (its allowed-ips hold 10.244.1.2, read at start)"),
             "{said}"
         );
         // Without a handshake when read: held for one, not sent yet.

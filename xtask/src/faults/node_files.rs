@@ -53,7 +53,7 @@ fn wrong_peer_ip(lab: &Lab) -> Result<()> {
     nodes["items"][0]["metadata"]["annotations"]["projectcalico.org/IPv4Address"] =
         format!("{WRONG_PEER_IP}/24").into();
     fs::write(lab.nodes_file(), serde_json::to_string_pretty(&nodes)?)?;
-    let mut announced = bird::announced();
+    let mut announced = bird::announced(lab);
     announced[0] = WRONG_PEER_IP.parse()?;
     bird::reconfigure(lab, &announced)?;
     bird::wait_routes(lab, |_, _| false)?;

@@ -16,7 +16,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use super::{cmd, in_netns, run, Lab, NODES};
+use super::{cmd, in_netns, run, IpipMode, Lab};
 
 /// The AS of Calico's default node-to-node mesh.
 const AS: u32 = 64512;
@@ -59,10 +59,11 @@ fn config_file(lab: &Lab, node: u8, daemon: Daemon) -> PathBuf {
     (lab.host_root(node)).join(format!("etc/calico/confd/config/{}.cfg", daemon.name()))
 }
 
-/// The address each node announces (`projectcalico.org/IPv4Address`),
-/// first node first: what confd builds every node's config from.
-pub fn announced() -> Vec<Ipv4Addr> {
-    (1..=NODES).map(Lab::node_ip).collect()
+/// The address each node of `lab` announces
+/// (`projectcalico.org/IPv4Address`), first node first: what confd
+/// builds every node's config from.
+pub fn announced(lab: &Lab) -> Vec<Ipv4Addr> {
+    lab.nodes().map(Lab::node_ip).collect()
 }
 
 /// The peer's protocol name as confd writes it: `Mesh_192_0_2_12`, and
@@ -87,7 +88,12 @@ pub fn config(lab: &Lab, node: u8, announced: &[Ipv4Addr]) -> String {
         peers,
         block: lab.node_subnet(node).into(),
         pods: lab.pod_cidr.into(),
-        tunnel: (lab.topology == crate::lab::Topology::CalicoIpip).then_some("tunl0"),
+        tunnel: lab.topology.ipip_mode().map(|mode| Tunnel {
+            device: "tunl0",
+            // CrossSubnet: the nodes of this node's underlay subnet are
+            // routed natively.
+            native: (mode == IpipMode::CrossSubnet).then(|| Lab::node_underlay_subnet(node).into()),
+        }),
     })
 }
 
@@ -104,7 +110,15 @@ pub(super) struct Plan {
     pub pods: ipnet::IpNet,
     /// The device remote blocks are routed over, onlink via the peer
     /// (Calico's IPIP mode: tunl0); None routes them via the peer directly.
-    pub tunnel: Option<&'static str>,
+    pub tunnel: Option<Tunnel>,
+}
+
+/// How Calico's IPIP mode routes the pool's blocks.
+pub(super) struct Tunnel {
+    pub device: &'static str,
+    /// The pool's ipipMode CrossSubnet: peers on this subnet (the node's
+    /// own underlay one) are routed natively, the rest through `device`.
+    pub native: Option<ipnet::IpNet>,
 }
 
 /// The config confd writes for `plan` (bird.cfg, bird6.cfg), in BIRD 2's
@@ -136,11 +150,16 @@ pub(super) fn render(plan: &Plan) -> String {
 fn kernel_filter(plan: &Plan) -> String {
     // Calico's BIRD sets krt_tunnel for the pool's routes; BIRD 2 says
     // the same with the route's device, onlink, and the peer as gateway.
-    let tunnel = match plan.tunnel {
-        Some(device) => format!(
-            "  if ( source = RTS_BGP && net ~ {} ) then {{\n    ifname = \"{device}\";\n    onlink = true;\n    gw = from;\n  }}\n",
-            plan.pods
-        ),
+    let tunnel = match &plan.tunnel {
+        Some(Tunnel { device, native }) => {
+            let native = native.map_or(String::new(), |subnet| {
+                format!("    if ( from ~ {subnet} ) then accept;\n")
+            });
+            format!(
+                "  if ( source = RTS_BGP && net ~ {} ) then {{\n{native}    ifname = \"{device}\";\n    onlink = true;\n    gw = from;\n  }}\n",
+                plan.pods
+            )
+        }
         None => String::new(),
     };
     format!(
@@ -253,7 +272,7 @@ pub(super) fn start_daemon(lab: &Lab, node: u8, daemon: Daemon, config: &str) ->
 /// Rewrites every node's config for `announced` and has each running
 /// BIRD read it again (`birdc configure`), as confd does on a change.
 pub fn reconfigure(lab: &Lab, announced: &[Ipv4Addr]) -> Result<()> {
-    for node in 1..=NODES {
+    for node in lab.nodes() {
         fs::write(
             config_file(lab, node, Daemon::Bird),
             config(lab, node, announced),
@@ -344,7 +363,10 @@ pub(super) fn stop_daemon(lab: &Lab, node: u8, daemon: Daemon) -> Result<()> {
 /// Stops every node's BIRDs (bird6 too), whatever the lab's topology
 /// (`lab down` knows only the prefix).
 pub fn stop_all(lab: &Lab) {
-    for (node, daemon) in (1..=NODES).flat_map(|n| [(n, Daemon::Bird), (n, Daemon::Bird6)]) {
+    for (node, daemon) in lab
+        .nodes()
+        .flat_map(|n| [(n, Daemon::Bird), (n, Daemon::Bird6)])
+    {
         if let Err(e) = stop_daemon(lab, node, daemon) {
             eprintln!(
                 "lab {}: cannot stop {} on node-{node}: {e:#}",
@@ -386,7 +408,8 @@ pub(super) fn wait_blocks(
 ) -> Result<()> {
     let deadline = Instant::now() + CONVERGE;
     loop {
-        let wrong: Vec<String> = (1..=NODES)
+        let wrong: Vec<String> = lab
+            .nodes()
             .flat_map(|node| lab.remotes(node).map(move |remote| (node, remote)))
             .filter(|(node, remote)| {
                 has_bird_route(&lab.node_netns(*node), block(*remote)) != expected(*node, *remote)
@@ -429,7 +452,7 @@ mod tests {
     #[test]
     fn the_config_has_calicos_shape() {
         let lab = Lab::new("t", Topology::Calico, None).unwrap();
-        let node1 = config(&lab, 1, &announced());
+        let node1 = config(&lab, 1, &announced(&lab));
         for line in [
             "router id 192.0.2.11;",
             "route 10.245.1.0/24 blackhole;",
@@ -439,13 +462,23 @@ mod tests {
         ] {
             assert!(node1.contains(line), "{line}\n{node1}");
         }
-        let node2 = config(&lab, 2, &announced());
+        let node2 = config(&lab, 2, &announced(&lab));
         assert!(node2.contains("protocol bgp Mesh_192_0_2_11 from bgp_template {\n  neighbor 192.0.2.11 as 64512;\n}"), "{node2}");
         assert!(!node1.contains("tunl0"), "{node1}");
         let ipip = Lab::new("t", Topology::CalicoIpip, None).unwrap();
-        let node1 = config(&ipip, 1, &announced());
+        let node1 = config(&ipip, 1, &announced(&ipip));
         let tunnel = "  if ( source = RTS_BGP && net ~ 10.248.0.0/16 ) then {\n    ifname = \"tunl0\";\n    onlink = true;\n    gw = from;\n  }\n  accept;";
         assert!(node1.contains(tunnel), "{node1}");
+        // CrossSubnet: node-3 (another rack) through tunl0, the rack's own
+        // nodes natively.
+        let cross = Lab::new("t", Topology::CalicoIpipCrossSubnet, None).unwrap();
+        let node1 = config(&cross, 1, &announced(&cross));
+        let native = "  if ( source = RTS_BGP && net ~ 10.248.0.0/16 ) then {\n    if ( from ~ 192.0.2.0/24 ) then accept;\n    ifname = \"tunl0\";";
+        assert!(node1.contains(native), "{node1}");
+        assert!(
+            node1.contains("neighbor 198.51.100.13 as 64512;"),
+            "{node1}"
+        );
         let wrong = config(&lab, 2, &["192.0.2.99".parse().unwrap(), Lab::node_ip(2)]);
         assert!(
             wrong.contains("neighbor 192.0.2.99 as 64512;\n  passive on;"),

@@ -36,7 +36,7 @@ impl Cni for Calico {
     fn build_node(&self, lab: &Lab, node: u8) -> Result<()> {
         let ns = lab.node_netns(node);
         pods(lab, &ns, node, None)?;
-        bird::start(lab, node, &bird::announced())
+        bird::start(lab, node, &bird::announced(lab))
     }
 
     /// Every node's BIRD has learnt the other nodes' blocks.

@@ -5,6 +5,11 @@
 //! 20 B under the underlay's, and per remote block the route BIRD
 //! installs: `<block> via <node IP> dev tunl0 proto bird onlink`.
 //!
+//! With the pool's `ipipMode: CrossSubnet`, BIRD tunnels only to peers
+//! on another subnet: the lab has a third node on a second rack, and the
+//! nodes of one rack route each other's blocks natively (`<block> via
+//! <node IP> dev eth0 proto bird`), as confd's template has BIRD do.
+//!
 //! tunl0 exists once ipip.ko is loaded: this host's kernel has no ipip
 //! module, Debian's 5.10, 6.1 and 6.12 do (the VM matrix runs it).
 
@@ -18,11 +23,26 @@ const DEVICE: &str = "tunl0";
 /// The underlay's 1500 less the outer IPv4 header.
 const MTU: u16 = 1480;
 
-pub struct CalicoIpip;
+pub struct CalicoIpip {
+    /// The pool's ipipMode is CrossSubnet (else Always).
+    pub cross_subnet: bool,
+}
 
 impl Cni for CalicoIpip {
     fn name(&self) -> &'static str {
-        "calico-ipip"
+        if self.cross_subnet {
+            "calico-ipip-cross-subnet"
+        } else {
+            "calico-ipip"
+        }
+    }
+
+    fn nodes(&self) -> u8 {
+        if self.cross_subnet {
+            3
+        } else {
+            super::NODES
+        }
     }
 
     fn default_pod_cidr(&self) -> Ipv4Net {
@@ -43,7 +63,7 @@ impl Cni for CalicoIpip {
         )?;
         // Calico's plugin sizes both ends of the veth for the tunnel.
         calico::pods(lab, &ns, node, Some(MTU))?;
-        bird::start(lab, node, &bird::announced())
+        bird::start(lab, node, &bird::announced(lab))
     }
 
     /// Every node's BIRD has learnt the other nodes' blocks.

@@ -63,7 +63,7 @@ impl Cni for CalicoWireguard {
             ),
         )?;
         calico::pods(lab, &ns, node, Some(MTU))?;
-        bird::start(lab, node, &bird::announced())
+        bird::start(lab, node, &bird::announced(lab))
     }
 
     /// Every node's BIRD has learnt the other nodes' blocks.

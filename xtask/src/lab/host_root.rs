@@ -73,18 +73,17 @@ pub fn lay_out(lab: &Lab, node: u8) -> Result<()> {
     }
     fs::create_dir_all(root.join("etc/containerd"))?;
     fs::write(root.join("etc/containerd/config.toml"), CONTAINERD_CONFIG)?;
-    let (conflist, name, plugins) = match lab.topology {
-        Topology::Calico | Topology::CalicoIpip => {
-            (CALICO_CONFLIST, "10-calico.conflist", CALICO_PLUGINS)
-        }
-        _ => (FLANNEL_CONFLIST, "10-flannel.conflist", FLANNEL_PLUGINS),
+    let (conflist, name, plugins) = if lab.topology.is_calico_bgp() {
+        (CALICO_CONFLIST, "10-calico.conflist", CALICO_PLUGINS)
+    } else {
+        (FLANNEL_CONFLIST, "10-flannel.conflist", FLANNEL_PLUGINS)
     };
     fs::write(net_d.join(name), conflist)?;
     for plugin in plugins.iter().filter(|p| !cni_plugins::REAL.contains(p)) {
         plugin_stub(&bin, plugin)?;
     }
     cni_plugins::install(&bin)?;
-    if !matches!(lab.topology, Topology::Calico | Topology::CalicoIpip) {
+    if !lab.topology.is_calico_bgp() {
         write_subnet_env(lab, node)?;
     }
     Ok(())

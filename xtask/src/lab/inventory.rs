@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use super::{Lab, Topology};
+use super::Lab;
 
 impl Lab {
     /// The pods as `kubectl get pods -A -o json` prints them.
@@ -36,9 +36,10 @@ impl Lab {
     /// A healthy node's conditions: Ready, and the network its CNI set up
     /// (NetworkUnavailable False, as Flannel and Calico set it).
     fn node_conditions(&self) -> Value {
-        let reason = match self.topology {
-            Topology::Calico | Topology::CalicoIpip => "CalicoIsUp",
-            _ => "FlannelIsUp",
+        let reason = if self.topology.is_calico_bgp() {
+            "CalicoIsUp"
+        } else {
+            "FlannelIsUp"
         };
         json!([
             {"type": "NetworkUnavailable", "status": "False", "reason": reason, "message": format!("{} is running on this node", self.topology.name())},

@@ -63,10 +63,20 @@ pub enum Topology {
     CalicoVxlanCrossSubnet,
     /// Calico in IPIP mode: needs ipip.ko (the VM matrix's kernels).
     CalicoIpip,
+    /// Calico IPIP with the pool's ipipMode CrossSubnet: three nodes, the
+    /// third on another subnet; needs ipip.ko.
+    CalicoIpipCrossSubnet,
     /// Calico over BGP with WireGuard on (wireguard.cali, table 1): needs
     /// wireguard.ko (the VM matrix's kernels).
     CalicoWireguard,
     AwsVpc,
+}
+
+/// An IP pool's `ipipMode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IpipMode {
+    Always,
+    CrossSubnet,
 }
 
 /// What one CNI decides about a lab: names, addresses and node wiring.
@@ -121,7 +131,10 @@ impl Topology {
                 cross_subnet: false,
             },
             Self::CalicoVxlanCrossSubnet => &calico_vxlan::CalicoVxlan { cross_subnet: true },
-            Self::CalicoIpip => &calico_ipip::CalicoIpip,
+            Self::CalicoIpip => &calico_ipip::CalicoIpip {
+                cross_subnet: false,
+            },
+            Self::CalicoIpipCrossSubnet => &calico_ipip::CalicoIpip { cross_subnet: true },
             Self::CalicoWireguard => &calico_wireguard::CalicoWireguard,
             Self::AwsVpc => &aws_vpc::AwsVpc,
         }
@@ -129,6 +142,20 @@ impl Topology {
 
     pub fn name(self) -> &'static str {
         self.cni().name()
+    }
+
+    /// Calico's IPIP mode, where the topology is Calico's over IPIP.
+    pub fn ipip_mode(self) -> Option<IpipMode> {
+        match self {
+            Self::CalicoIpip => Some(IpipMode::Always),
+            Self::CalicoIpipCrossSubnet => Some(IpipMode::CrossSubnet),
+            _ => None,
+        }
+    }
+
+    /// Calico's BGP datapath (BIRD), whatever the pool's encapsulation.
+    pub fn is_calico_bgp(self) -> bool {
+        matches!(self, Self::Calico) || self.ipip_mode().is_some()
     }
 
     pub fn default_pod_cidr(self) -> Ipv4Net {

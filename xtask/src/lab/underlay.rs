@@ -29,6 +29,13 @@ impl Lab {
         Self::rack_gateway(a) == Self::rack_gateway(b)
     }
 
+    /// `node`'s rack subnet (a /24), where its underlay address is.
+    pub fn node_underlay_subnet(node: u8) -> ipnet::Ipv4Net {
+        ipnet::Ipv4Net::new(Self::rack_gateway(node), 24)
+            .expect("a /24")
+            .trunc()
+    }
+
     /// The underlay router's address on `node`'s rack subnet (a /24).
     fn rack_gateway(node: u8) -> Ipv4Addr {
         if node < SECOND_RACK_FIRST_NODE {

@@ -70,7 +70,7 @@ pub const SUITE: &[(&str, &[&str])] = &[
     (
         "wireguard",
         &[
-            "a_ping_through_flannel_wireguard_is_delivered_with_both_plaintext_legs",
+            "a_ping_through_flannel_wireguard_is_delivered_with_its_encrypted_leg",
             "a_packet_wireguard_frees_after_decryption_names_the_allowed_ips_to_read",
         ],
     ),
@@ -95,6 +95,12 @@ pub const ONE_KERNEL: &[(&str, &str, &[&str])] = &[
         "5.10",
         "ipip",
         &["a_block_withdrawn_by_bgp_is_no_route_naming_birds_ipip_route"],
+    ),
+    (
+        // BIRD's CrossSubnet routes over the suite's IPIP path.
+        "5.10",
+        "cross_subnet",
+        &["ipip_cross_subnet_routes_a_node_on_the_subnet_natively_and_tunnels_across"],
     ),
     (
         // The mark drop is the iptables drop's path, through another rule.
@@ -143,7 +149,10 @@ pub const ONE_KERNEL: &[(&str, &str, &[&str])] = &[
     (
         "6.12",
         "wireguard",
-        &["the_doctor_reads_wireguard_and_names_a_device_down_and_a_subnet_no_peer_allows"],
+        &[
+            "the_doctor_reads_wireguard_and_names_a_device_down_and_a_subnet_no_peer_allows",
+            "an_encrypted_packet_dropped_on_the_underlay_is_its_storys_drop",
+        ],
     ),
     (
         // The drop after decapsulation is the suite's iptables drop, on

@@ -59,6 +59,7 @@ impl Followed {
         summary.lost_snapshot += own.lost_snapshot;
         summary.filtered_in_kernel += own.filtered_in_kernel;
         summary.undecodable += own.undecodable;
+        summary.wireguard_legs_untold += own.wireguard_legs_untold;
         summary.other_pairs_encapsulated += own.other_pairs_encapsulated;
         summary.unknown_interface += own.unknown_interface;
         summary.drops_elsewhere += own.drops_elsewhere;
