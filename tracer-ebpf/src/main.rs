@@ -4,7 +4,8 @@
 //! inside a VXLAN / Geneve / IPIP tunnel, as one fixed-size [`Sighting`] on a
 //! ring buffer. They never change a packet's bytes or its fate (a traced
 //! packet going into WireGuard gets a tag in its skb hash, `wireguard.rs`,
-//! and nothing else): they return
+//! which may steer its encrypted packet to another queue or bond link):
+//! they return
 //! TC_ACT_UNSPEC (TCX_NEXT), so the next program on the hook (a CNI's) and
 //! the kernel's own path run as if podtrace were not there.
 //! In profile mode they aggregate step latencies in the kernel instead

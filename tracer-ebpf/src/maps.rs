@@ -109,6 +109,10 @@ pub static WIREGUARD_TAG_PREFIX: u32 = 0;
 #[map(name = "WIREGUARD_DEVICES")]
 pub static WIREGUARD_DEVICES: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TUNNELS, 0);
 
+/// Each CPU's count of packets it tagged (`podtrace_common::wireguard::tag`).
+#[map(name = "WIREGUARD_COUNT")]
+pub static WIREGUARD_COUNT: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
 /// Tags written into traced packets going into a WireGuard device, and
 /// when: the underlay's egress hook trusts a hash only if it is here.
 #[map(name = "WIREGUARD_TAGS")]

@@ -4,12 +4,12 @@
 //! the underlay. The one thing podtrace changes in a packet: its hash,
 //! which WireGuard keeps for queueing and nothing routes by.
 
-use aya_ebpf::helpers::{bpf_get_prandom_u32, bpf_set_hash};
-use podtrace_common::wireguard::{may_be_tag, tag};
+use aya_ebpf::helpers::{bpf_get_smp_processor_id, bpf_set_hash};
+use podtrace_common::wireguard::{may_be_tag, tag, TAG_LIFE_NS};
 
 use crate::{
-    kernel::{contains, ktime_ns, Skb},
-    maps::{wireguard_tag_prefix, WIREGUARD_DEVICES, WIREGUARD_TAGS},
+    kernel::{contains, ktime_ns, with_per_cpu, Skb},
+    maps::{wireguard_tag_prefix, WIREGUARD_COUNT, WIREGUARD_DEVICES, WIREGUARD_TAGS},
 };
 
 /// Tags the traced packet leaving by `skb`'s device into WireGuard, and
@@ -21,8 +21,13 @@ pub fn tag_going_in(skb: &Skb) -> u32 {
     if prefix == 0 || !contains(&WIREGUARD_DEVICES, &skb.ifindex()) {
         return 0;
     }
+    let count = with_per_cpu(&WIREGUARD_COUNT, 0, |count| {
+        *count = count.wrapping_add(1);
+        *count
+    })
+    .unwrap_or(0);
     // SAFETY: helpers on this program's own skb.
-    let tag = tag(prefix, unsafe { bpf_get_prandom_u32() });
+    let tag = tag(prefix, unsafe { bpf_get_smp_processor_id() }, count);
     unsafe { bpf_set_hash(skb.0.skb.skb, tag) };
     // A full map evicts its oldest tag: that packet's encrypted leg is
     // then not told, never another's.
@@ -31,7 +36,7 @@ pub fn tag_going_in(skb: &Skb) -> u32 {
 }
 
 /// The tag of a packet leaving by the underlay that carries a traced
-/// packet WireGuard encrypted; 0 for any other (all but one in 65536
+/// packet WireGuard encrypted; 0 for any other (all but one in 256
 /// are turned away by the hash's prefix alone, without a lookup).
 #[inline(always)]
 pub fn carried_tag(skb: &Skb) -> u32 {
@@ -43,15 +48,17 @@ pub fn carried_tag(skb: &Skb) -> u32 {
     known_tag(skb.hash())
 }
 
-/// `hash` where it is one of this run's tags the map still knows; else 0.
+/// `hash` where it is one of this run's tags, written in the last
+/// `TAG_LIFE_NS` (an older one may be a natural hash that happens to
+/// equal it); else 0.
 #[inline(always)]
 pub fn known_tag(hash: u32) -> u32 {
     if !may_be_tag(hash, wireguard_tag_prefix()) {
         return 0;
     }
-    // SAFETY: a read of the map's value, not kept.
-    match unsafe { WIREGUARD_TAGS.get(hash) } {
-        Some(_) => hash,
-        None => 0,
+    // SAFETY: a read of the map's value, copied.
+    match unsafe { WIREGUARD_TAGS.get(hash) }.copied() {
+        Some(tagged) if ktime_ns().wrapping_sub(tagged) < TAG_LIFE_NS => hash,
+        _ => 0,
     }
 }

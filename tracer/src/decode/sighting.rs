@@ -142,15 +142,17 @@ fn decoded(s: &Sighting, snapshot: &[u8], legs: &mut EncryptedLegs) -> Result<De
     match s.match_kind {
         match_kind::INNER => decode_tunnel(snapshot, has_l2).map_err(undecodable),
         match_kind::ENCRYPTED => {
-            let inside = legs
-                .inside(s.wireguard_tag, s.kind == sighting_kind::DROP)
-                .map_err(|_| Unplaced::EncryptedLegUntold)?;
-            decode_encrypted(snapshot, has_l2, &inside).map_err(undecodable)
+            let (key, dropped) = ((s.node_id, s.wireguard_tag), s.kind == sighting_kind::DROP);
+            let leg = legs.told(key, dropped, |inside| {
+                decode_encrypted(snapshot, has_l2, inside)
+            });
+            leg.map_err(|_| Unplaced::EncryptedLegUntold)?
+                .map_err(undecodable)
         }
         _ => {
             let packet = decode(snapshot, has_l2).map_err(undecodable)?;
             if s.wireguard_tag != 0 {
-                legs.went_in(s.wireguard_tag, &packet);
+                legs.went_in(s.node_id, s.wireguard_tag, &packet);
             }
             Ok(packet)
         }

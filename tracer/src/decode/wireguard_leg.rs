@@ -12,11 +12,15 @@ use super::Decoded;
 /// between a packet going into WireGuard and its leaving encrypted.
 const REMEMBERED: usize = 4096;
 
+/// A tag as the node whose kernel wrote it names it: (node, tag). Two
+/// nodes' probes choose their prefixes apart, and may choose alike.
+type NodeTag = (u32, u32);
+
 /// The packets that went into WireGuard, by tag, oldest forgotten first.
 #[derive(Debug, Default)]
 pub struct EncryptedLegs {
-    by_tag: HashMap<u32, Plaintext>,
-    order: VecDeque<u32>,
+    by_tag: HashMap<NodeTag, Plaintext>,
+    order: VecDeque<NodeTag>,
 }
 
 #[derive(Debug)]
@@ -37,31 +41,47 @@ pub enum Untold {
 }
 
 impl EncryptedLegs {
-    /// The packet going into WireGuard under `tag`.
-    pub fn went_in(&mut self, tag: u32, packet: &Decoded) {
-        if self.by_tag.len() >= REMEMBERED {
-            if let Some(oldest) = self.order.pop_front() {
-                self.by_tag.remove(&oldest);
-            }
-        }
+    /// The packet going into WireGuard under `tag` on `node`. (The same
+    /// tag again is a new packet: the kernel reuses a tag only once the
+    /// old one's life is over.)
+    pub fn went_in(&mut self, node: u32, tag: u32, packet: &Decoded) {
+        let key = (node, tag);
         let plaintext = Plaintext {
             packet: *packet,
             told: false,
         };
-        if self.by_tag.insert(tag, plaintext).is_none() {
-            self.order.push_back(tag);
+        if self.by_tag.insert(key, plaintext).is_some() {
+            return;
+        }
+        self.order.push_back(key);
+        if self.by_tag.len() > REMEMBERED {
+            if let Some(oldest) = self.order.pop_front() {
+                self.by_tag.remove(&oldest);
+            }
         }
     }
 
-    /// The packet inside the encrypted leg with `tag`: the first time it
-    /// is seen on its way, and whenever it is dropped (a drop after the
-    /// underlay's hook saw it ends the same story).
-    pub fn inside(&mut self, tag: u32, dropped: bool) -> Result<Decoded, Untold> {
-        let plaintext = self.by_tag.get_mut(&tag).ok_or(Untold::UnknownTag)?;
-        if !dropped && std::mem::replace(&mut plaintext.told, true) {
+    /// The packet inside the encrypted leg with `tag` on `node`, as
+    /// `read` tells the leg (`None`: its bytes are no leg of it): the
+    /// first time it is seen on its way, and whenever it is dropped (a
+    /// drop after the underlay's hook saw it ends the same story).
+    pub fn told<E>(
+        &mut self,
+        (node, tag): NodeTag,
+        dropped: bool,
+        read: impl FnOnce(&Decoded) -> Result<Decoded, E>,
+    ) -> Result<Result<Decoded, E>, Untold> {
+        let plaintext = self
+            .by_tag
+            .get_mut(&(node, tag))
+            .ok_or(Untold::UnknownTag)?;
+        if !dropped && plaintext.told {
             return Err(Untold::FurtherSegment);
         }
-        Ok(plaintext.packet)
+        let leg = read(&plaintext.packet);
+        // Told only once its bytes are read as a leg of it.
+        plaintext.told |= !dropped && leg.is_ok();
+        Ok(leg)
     }
 }
 
@@ -74,30 +94,54 @@ mod tests {
         decode(&icmp_echo([10, 244, 1, 2], [10, 244, 2, 2], 63, seq), true).unwrap()
     }
 
+    /// The leg `(node, tag)` as its plaintext packet, told unread.
+    fn inside(legs: &mut EncryptedLegs, key: NodeTag, dropped: bool) -> Result<Decoded, Untold> {
+        legs.told(key, dropped, |p| Ok::<_, ()>(*p))
+            .map(|leg| leg.unwrap())
+    }
+
     #[test]
-    fn a_leg_is_the_packet_its_tag_went_in_with_and_is_told_once() {
+    fn a_leg_is_the_packet_its_tag_went_in_with_on_its_node_and_is_told_once() {
         let mut legs = EncryptedLegs::default();
-        legs.went_in(7, &ping(1));
-        legs.went_in(8, &ping(2));
-        assert_eq!(legs.inside(8, false), Ok(ping(2)));
-        assert_eq!(legs.inside(7, false), Ok(ping(1)));
-        assert_eq!(legs.inside(7, false), Err(Untold::FurtherSegment));
+        legs.went_in(0, 7, &ping(1));
+        legs.went_in(0, 8, &ping(2));
+        legs.went_in(1, 7, &ping(3));
+        assert_eq!(inside(&mut legs, (0, 8), false), Ok(ping(2)));
+        assert_eq!(inside(&mut legs, (0, 7), false), Ok(ping(1)));
+        assert_eq!(
+            inside(&mut legs, (1, 7), false),
+            Ok(ping(3)),
+            "another node's"
+        );
+        assert_eq!(
+            inside(&mut legs, (0, 7), false),
+            Err(Untold::FurtherSegment)
+        );
         // Its drop, after the underlay's hook saw it, is still told.
-        assert_eq!(legs.inside(7, true), Ok(ping(1)));
-        assert_eq!(legs.inside(9, false), Err(Untold::UnknownTag));
+        assert_eq!(inside(&mut legs, (0, 7), true), Ok(ping(1)));
+        assert_eq!(inside(&mut legs, (0, 9), false), Err(Untold::UnknownTag));
+    }
+
+    #[test]
+    fn bytes_that_are_no_leg_leave_the_packets_leg_to_be_told() {
+        let mut legs = EncryptedLegs::default();
+        legs.went_in(0, 7, &ping(1));
+        let refused = legs.told((0, 7), false, |_| Err::<Decoded, _>("not a data message"));
+        assert_eq!(refused, Ok(Err("not a data message")));
+        assert_eq!(inside(&mut legs, (0, 7), false), Ok(ping(1)));
     }
 
     #[test]
     fn the_oldest_tags_are_forgotten_first() {
         let mut legs = EncryptedLegs::default();
         for tag in 0..=REMEMBERED as u32 {
-            legs.went_in(tag, &ping(tag as u16));
+            legs.went_in(0, tag, &ping(tag as u16));
         }
-        assert_eq!(legs.inside(0, false), Err(Untold::UnknownTag));
-        assert_eq!(legs.inside(1, false), Ok(ping(1)));
-        assert_eq!(
-            legs.inside(REMEMBERED as u32, false),
-            Ok(ping(REMEMBERED as u16))
-        );
+        // A tag again is its new packet, and forgets nothing.
+        legs.went_in(0, 5, &ping(5));
+        assert_eq!(inside(&mut legs, (0, 0), false), Err(Untold::UnknownTag));
+        assert_eq!(inside(&mut legs, (0, 1), false), Ok(ping(1)));
+        let last = REMEMBERED as u32;
+        assert_eq!(inside(&mut legs, (0, last), false), Ok(ping(last as u16)));
     }
 }

@@ -57,8 +57,8 @@ impl TunnelTrust {
         let random = std::collections::hash_map::RandomState::new()
             .build_hasher()
             .finish();
-        let high = (random as u16).max(1);
-        u32::from(high) << 16
+        let high = (random as u8).max(1);
+        u32::from(high) << 24
     }
 
     /// From the node's devices, its underlay, and the cluster's node IPs.

@@ -245,6 +245,12 @@ fn node_mode_summary(s: &Summary) -> String {
             s.drops_without_netns
         ));
     }
+    if s.wireguard_legs_untold > 0 {
+        text.push_str(&format!(
+            "podtrace: {} UDP packets WireGuard sent with a traced packet inside told in no story: the traced packet's own sighting was lost, or WireGuard segmented it and its story tells the first segment's\n",
+            s.wireguard_legs_untold
+        ));
+    }
     text
 }
 
