@@ -25,7 +25,7 @@ use crate::{
     kernel::{global, kernel_read, kernel_read_buf, with_per_cpu, NO_ROUTE_ASKED},
     maps::{
         bump, cluster_tunnel, cluster_tunnel6, filter_keeps, is_traced, node_id, sample,
-        tunnel_ports, wireguard_tag_prefix, NodeFlows, SIGHTINGS,
+        tunnel_ports, NodeFlows, SIGHTINGS,
     },
     sighting::Meta,
     wireguard,
@@ -155,7 +155,9 @@ fn report(s: &mut Sighting, skb: u64, location: u64, reason: u32) {
     // The UDP packet WireGuard sent with a traced packet inside: known by
     // the tag in its hash, as at tc; filtered and sampled going in.
     let wireguard_tag = match plain_or_inner {
-        None if has_header => carried_tag(skb, &layout),
+        None if has_header => {
+            wireguard::carried_tag(|| kernel_read(skb, layout.skb_hash).unwrap_or(0))
+        }
         _ => 0,
     };
     let (kind, snapshot_len) = match plain_or_inner {
@@ -212,16 +214,6 @@ fn kept_by_filter(snapshot: &[u8], kind: u8) -> bool {
         || filter_keeps(|f| {
             filter::judge::<_, false>(snapshot, &traced_l4_of(snapshot, kind)?.l4, f)
         })
-}
-
-/// The WireGuard tag in the dropped skb's hash, where it is one this run
-/// wrote (as tc reads it); else 0.
-#[inline(always)]
-fn carried_tag(skb: u64, layout: &KernelLayout) -> u32 {
-    if wireguard_tag_prefix() == 0 {
-        return 0;
-    }
-    wireguard::known_tag(kernel_read::<u32>(skb, layout.skb_hash).unwrap_or(0))
 }
 
 /// How many bytes of the packet lie in the skb's linear data from its

@@ -89,7 +89,7 @@ pub fn podtrace_egress_l3(ctx: TcContext) -> i32 {
 #[inline(always)]
 fn hook<const HAS_L2: bool, const INGRESS: bool, const TO_POD: bool>(ctx: TcContext) -> i32 {
     if HAS_L2 && !INGRESS && !TO_POD {
-        let tag = wireguard::carried_tag(&Skb(&ctx));
+        let tag = wireguard::carried_tag(|| Skb(&ctx).hash());
         if tag != 0 {
             return encrypted_leg(&ctx, tag);
         }

@@ -2,7 +2,8 @@
 //! traced packet's skb->hash as it goes into a WireGuard device, and read
 //! back from the UDP packet that carries it encrypted as that leaves by
 //! the underlay. The one thing podtrace changes in a packet: its hash,
-//! which WireGuard keeps for queueing and nothing routes by.
+//! which may steer the encrypted packet to another transmit queue,
+//! sch_fq flow or bond link, and nothing else of its fate.
 
 use aya_ebpf::helpers::{bpf_get_smp_processor_id, bpf_set_hash};
 use podtrace_common::wireguard::{may_be_tag, tag, TAG_LIFE_NS};
@@ -35,25 +36,21 @@ pub fn tag_going_in(skb: &Skb) -> u32 {
     tag
 }
 
-/// The tag of a packet leaving by the underlay that carries a traced
-/// packet WireGuard encrypted; 0 for any other (all but one in 256
-/// are turned away by the hash's prefix alone, without a lookup).
+/// The tag of a packet leaving by the underlay (or dropped) that carries
+/// a traced packet WireGuard encrypted, its skb hash read by `hash`; 0
+/// for any other. The prefix first: a constant 0 on a node without
+/// WireGuard, where the verifier then drops even the hash's read. All
+/// but one in 256 others are turned away by the prefix alone, without a
+/// lookup; a tag is believed for `TAG_LIFE_NS` only (an older one may be
+/// a natural hash that happens to equal it).
 #[inline(always)]
-pub fn carried_tag(skb: &Skb) -> u32 {
-    // The prefix first: a constant 0 on a node without WireGuard, where
-    // the verifier then drops even the hash's load.
-    if wireguard_tag_prefix() == 0 {
+pub fn carried_tag(hash: impl FnOnce() -> u32) -> u32 {
+    let prefix = wireguard_tag_prefix();
+    if prefix == 0 {
         return 0;
     }
-    known_tag(skb.hash())
-}
-
-/// `hash` where it is one of this run's tags, written in the last
-/// `TAG_LIFE_NS` (an older one may be a natural hash that happens to
-/// equal it); else 0.
-#[inline(always)]
-pub fn known_tag(hash: u32) -> u32 {
-    if !may_be_tag(hash, wireguard_tag_prefix()) {
+    let hash = hash();
+    if !may_be_tag(hash, prefix) {
         return 0;
     }
     // SAFETY: a read of the map's value, copied.

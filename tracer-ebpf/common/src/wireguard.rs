@@ -27,6 +27,8 @@ pub const DATA_MESSAGE: u8 = 4;
 /// little-endian u64) sit in the UDP payload.
 pub const RECEIVER_AT: usize = 4;
 pub const COUNTER_AT: usize = 8;
+/// A data message's clear header: type, reserved, receiver, counter.
+pub const DATA_HEADER_LEN: usize = 16;
 
 /// Whether an skb's `hash` may be one of this run's tags (`prefix`, 0
 /// when the node has no WireGuard device): a natural hash has the prefix

@@ -150,13 +150,13 @@ pub fn decode_encrypted(
     has_l2: bool,
     inside: &Decoded,
 ) -> Result<Decoded, DecodeError> {
-    use podtrace_common::wireguard::{COUNTER_AT, DATA_MESSAGE, RECEIVER_AT};
+    use podtrace_common::wireguard::{COUNTER_AT, DATA_HEADER_LEN, DATA_MESSAGE, RECEIVER_AT};
     let (outer, l4) = ip(l3_of(snapshot, has_l2)?)?;
     let Transport::Udp { .. } = outer.transport else {
         return Err(DecodeError::NotWireguard);
     };
     let message = l4
-        .get(8..8 + 16)
+        .get(UdpHeader::LEN..UdpHeader::LEN + DATA_HEADER_LEN)
         .ok_or(DecodeError::Truncated("WireGuard"))?;
     if message[0] != DATA_MESSAGE {
         return Err(DecodeError::NotWireguard);

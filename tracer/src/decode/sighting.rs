@@ -131,8 +131,6 @@ pub fn place(
     })
 }
 
-/// A drop (with its reason and where the kernel dropped it), or the way
-/// the packet was going.
 /// The sighting's packet. Only a packet the kernel matched as
 /// encapsulated is read as a tunnel; an encrypted leg is the packet its
 /// tag went into WireGuard with.
@@ -159,6 +157,8 @@ fn decoded(s: &Sighting, snapshot: &[u8], legs: &mut EncryptedLegs) -> Result<De
     }
 }
 
+/// A drop (with its reason and where the kernel dropped it), or the way
+/// the packet was going.
 fn direction_of(s: &Sighting, kernel: &Kernel) -> (Direction, Option<DropInfo>) {
     if s.kind == sighting_kind::DROP {
         let location = kernel.symbols.name(s.location);

@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use aya::EbpfLoader;
-use podtrace_common::names;
+use podtrace_common::{names, wireguard::PREFIX_MASK};
 
 use super::{drops, features::DropHook, load::EBPF_OBJECT, tc, Kernel};
 
@@ -26,8 +26,8 @@ pub fn try_load(kernel: &Kernel, btf: &aya::Btf) -> Result<Loaded> {
         (1, 1, 1, "profile mode with --proto/--port"),
     ];
     // Each as on a node with a WireGuard device: the tagging's branches
-    // too (any prefix but 0 keeps them).
-    let wireguard_tag_prefix = 1u32 << 16;
+    // too (any prefix but 0 keeps them; this one, the lowest).
+    let wireguard_tag_prefix = 1u32 << PREFIX_MASK.trailing_zeros();
     for (profile, sample, filtering, asked) in modes {
         let mut ebpf = EbpfLoader::new()
             .override_global(names::LAYOUT, &kernel.layout, true)

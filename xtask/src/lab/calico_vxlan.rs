@@ -53,11 +53,7 @@ impl Cni for CalicoVxlan {
     }
 
     fn nodes(&self) -> u8 {
-        if self.cross_subnet {
-            3
-        } else {
-            super::NODES
-        }
+        Lab::nodes_across_racks(self.cross_subnet)
     }
 
     fn default_pod_cidr(&self) -> Ipv4Net {

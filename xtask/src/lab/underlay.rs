@@ -24,6 +24,17 @@ impl Lab {
         Ipv4Addr::new(a, b, c, 10 + node)
     }
 
+    /// How many nodes a lab has whose CNI wires a node by rack
+    /// (`cross_subnet`: the pool's CrossSubnet mode): the two of one rack,
+    /// and then the first of a second.
+    pub(super) fn nodes_across_racks(cross_subnet: bool) -> u8 {
+        if cross_subnet {
+            SECOND_RACK_FIRST_NODE
+        } else {
+            super::NODES
+        }
+    }
+
     /// Whether two nodes share their underlay subnet (one rack).
     pub fn same_subnet(a: u8, b: u8) -> bool {
         Self::rack_gateway(a) == Self::rack_gateway(b)
