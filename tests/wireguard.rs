@@ -7,10 +7,11 @@
 #[allow(dead_code)]
 mod support;
 
+use serde_json::Value;
 use support::*;
 use xtask::{
     api_stub::{Kubelet, Stub, TOKEN},
-    lab::{flannel_wireguard, in_netns, wireguard, Topology},
+    lab::{flannel_wireguard, in_netns, wireguard, LabGuard, Topology},
 };
 
 #[test]
@@ -42,38 +43,82 @@ fn a_ping_through_flannel_wireguard_is_delivered_with_its_encrypted_leg() {
 
 #[test]
 #[ignore = "needs wireguard.ko: runs in the VM matrix (on 6.12: cargo xtask test --kernel 6.12)"]
-fn an_encrypted_packet_dropped_on_the_underlay_is_its_storys_drop() {
+fn an_encrypted_packet_dropped_on_either_nodes_underlay_is_its_storys_drop() {
     let lab = lab(Topology::FlannelWireguard);
     // A session first: its handshake must pass before the firewall
     // drops what WireGuard sends (a node's egress rule on its port).
     let _answered = ping(&lab.0, "web-0", "db-0");
-    let node1 = lab.0.node_netns(1);
-    let added = in_netns(&node1, "iptables")
-        .args([
-            "-A", "OUTPUT", "-p", "udp", "--dport", "51820", "-j", "DROP",
-        ])
-        .status()
-        .expect("iptables");
-    assert!(added.success(), "cannot add node-1's OUTPUT drop");
+    let sending = ["OUTPUT", "-p", "udp", "--dport", "51820", "-j", "DROP"];
+    firewall(&lab, 1, "-A", &sending);
     let (story, human) = one_ping_told(&lab);
     // Not "vanished past the device": the UDP packet carrying the ping,
     // known by its tag, was dropped on node-1, with the kernel's reason.
+    let drop = encrypted_drop_on(&story, &human, "node-1");
+    assert_eq!(
+        drop["tunnel"]["wireguard"]["known_by"], "flow_hash_tag",
+        "{drop}"
+    );
+    // Now the receiving node's firewall: the tag did not cross the wire,
+    // and the drop is known by the receiver index and counter node-1's
+    // leg left with.
+    firewall(&lab, 1, "-D", &sending);
+    firewall(
+        &lab,
+        2,
+        "-A",
+        &["INPUT", "-p", "udp", "--dport", "51820", "-j", "DROP"],
+    );
+    let (story, human) = one_ping_told(&lab);
+    let drop = encrypted_drop_on(&story, &human, "node-2");
+    let (_, leg) = encrypted_leg(&story).expect("node-1's encrypted leg");
+    assert_eq!(leg["node"], "node-1", "{leg}");
+    let (sent, dropped) = (&leg["tunnel"]["wireguard"], &drop["tunnel"]["wireguard"]);
+    assert_eq!(dropped["known_by"], "receiver_and_counter", "{drop}");
+    assert_eq!(dropped["counter"], sent["counter"], "{story}");
+    assert_eq!(dropped["receiver"], sent["receiver"], "{story}");
+    assert!(
+        human.contains("known by the receiver index and counter"),
+        "{human}"
+    );
+}
+
+/// Adds (`-A`) or deletes (`-D`) `rule` in node `node`'s iptables.
+fn firewall(lab: &LabGuard, node: u8, op: &str, rule: &[&str]) {
+    let changed = in_netns(&lab.0.node_netns(node), "iptables")
+        .arg(op)
+        .args(rule)
+        .status()
+        .expect("iptables");
+    assert!(changed.success(), "iptables {op} {rule:?} on node {node}");
+}
+
+/// The story's last hop, a drop on `node` of the UDP packet WireGuard
+/// sent with the traced packet inside, with the kernel's reason; the
+/// verdict a drop there, with no word of WireGuard freeing it.
+fn encrypted_drop_on<'a>(story: &'a Value, human: &str, node: &str) -> &'a Value {
     let verdict = &story["verdict"];
     assert_eq!(verdict["outcome"], "dropped", "{story}\n{human}");
-    assert_eq!(verdict["node"], "node-1", "{verdict}");
+    assert_eq!(verdict["node"], node, "{verdict}");
     let last = story["hops"]
         .as_array()
         .expect("hops")
         .last()
         .expect("a hop");
     assert_eq!(last["direction"], "drop", "{last}");
+    assert_eq!(last["node"], node, "{last}");
     assert_eq!(last["tunnel"]["kind"], "wireguard", "{last}");
     assert!(
         human.contains("dropped encrypted (WireGuard ") && human.contains("NETFILTER_DROP"),
         "{human}"
     );
-    // Dropped on node-1: no word of node-2's WireGuard freeing it.
     assert!(verdict["wireguard"].is_null(), "{verdict}");
+    // Not blamed on rule tracing's rate: it follows the traced header.
+    let summary = verdict["summary"].as_str().unwrap_or_default();
+    assert!(
+        summary.contains("WireGuard's UDP packet carries encrypted"),
+        "{summary}"
+    );
+    last
 }
 
 #[test]

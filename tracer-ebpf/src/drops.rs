@@ -138,8 +138,7 @@ fn report(s: &mut Sighting, skb: u64, location: u64, reason: u32) {
     let plain_or_inner = if has_header {
         // Only this node's tunnels are known: elsewhere (a pod's
         // namespace) an encapsulated-looking packet is a payload.
-        let here = inum != 0 && inum == global(&NETNS_INUM);
-        match classify_snapshot(&s.snapshot, ifindex, here) {
+        match classify_snapshot(&s.snapshot, ifindex, is_here(inum)) {
             NOT_MATCHED => None,
             kind => Some(kind),
         }
@@ -164,17 +163,17 @@ fn report(s: &mut Sighting, skb: u64, location: u64, reason: u32) {
         // `--sample`: the same packets the tc programs keep.
         Some(kind) if !kept(&s.snapshot[..], kind) => return,
         Some(kind) => (kind, copied),
-        None if wireguard_tag != 0 => (match_kind::ENCRYPTED, copied),
+        // Or come from another node, its tag lost on the wire: userspace
+        // keeps it only as a leg it saw leave.
+        None if wireguard_tag != 0 || (has_header && arrived_encrypted(s, copied, inum)) => {
+            (match_kind::ENCRYPTED, copied)
+        }
         None => match socket_match(skb, &layout, &mut s.snapshot) {
             Some(len) => (match_kind::SOCKET, len),
             None => return,
         },
     };
-    let node = if inum != 0 && inum == global(&NETNS_INUM) {
-        node_id()
-    } else if node_id() == FIRST_NODE && !is_traced_netns(inum) {
-        NODE_OTHER_NETNS
-    } else {
+    let Some(node) = reporting_node(inum) else {
         return;
     };
     // Judged only by the instance that reports the drop: counted once.
@@ -352,6 +351,33 @@ fn socket_match(skb: u64, layout: &KernelLayout, b: &mut [u8; SNAPSHOT_LEN]) -> 
     let local_port = kernel_read::<u16>(sk, layout.sk_num).unwrap_or(0);
     let remote_port = kernel_read::<[u8; 2]>(sk, layout.sk_dport).unwrap_or([0; 2]);
     socket_header(b, protocol, &pair, local_port, remote_port)
+}
+
+/// Whether the dropped packet, `copied` bytes of it in `s`, may be an
+/// encrypted leg come to this node from another.
+#[inline(always)]
+fn arrived_encrypted(s: &Sighting, copied: usize, inum: u32) -> bool {
+    is_here(inum) && wireguard::may_carry_traced(&s.snapshot[..copied])
+}
+
+/// The node a drop in namespace `inum` is reported as by this instance:
+/// its own node's, or, by the first instance only, another namespace
+/// (a pod's); `None` where another instance reports it.
+#[inline(always)]
+fn reporting_node(inum: u32) -> Option<u32> {
+    if is_here(inum) {
+        Some(node_id())
+    } else if node_id() == FIRST_NODE && !is_traced_netns(inum) {
+        Some(NODE_OTHER_NETNS)
+    } else {
+        None
+    }
+}
+
+/// Whether the namespace `inum` is this instance's node's.
+#[inline(always)]
+fn is_here(inum: u32) -> bool {
+    inum != 0 && inum == global(&NETNS_INUM)
 }
 
 #[inline(always)]

@@ -6,7 +6,7 @@
 //! sch_fq flow or bond link, and nothing else of its fate.
 
 use aya_ebpf::helpers::{bpf_get_smp_processor_id, bpf_set_hash};
-use podtrace_common::wireguard::{may_be_tag, tag, TAG_LIFE_NS};
+use podtrace_common::wireguard::{is_data_message, may_be_tag, tag, TAG_LIFE_NS};
 
 use crate::{
     kernel::{contains, ktime_ns, with_per_cpu, Skb},
@@ -58,4 +58,21 @@ pub fn carried_tag(hash: impl FnOnce() -> u32) -> u32 {
         Some(tagged) if ktime_ns().wrapping_sub(tagged) < TAG_LIFE_NS => hash,
         _ => 0,
     }
+}
+
+/// Whether a dropped IP packet starting `snapshot` may be an encrypted
+/// leg from another node whose tag the wire lost (a WireGuard data
+/// message): reported only on a node with a WireGuard device (a constant
+/// elsewhere, where the verifier drops the check), for userspace to pair
+/// by its receiver index and counter or leave untold.
+#[inline(always)]
+pub fn may_carry_traced(snapshot: &[u8]) -> bool {
+    wireguard_tag_prefix() != 0 && data_message(snapshot)
+}
+
+/// A call of its own: inlined into the drop program, its reads grew that
+/// program's frame past 5.10's limit on the stack of a chain of calls.
+#[inline(never)]
+fn data_message(snapshot: &[u8]) -> bool {
+    is_data_message(snapshot, 0)
 }

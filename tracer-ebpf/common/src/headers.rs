@@ -82,6 +82,8 @@ pub const L4_SPORT: usize = 0;
 pub const L4_DPORT: usize = 2;
 
 pub const UDP_HLEN: usize = 8;
+/// UDP's length field: its header and payload.
+pub const UDP_LEN: usize = 4;
 
 pub const TCP_HLEN: usize = 20;
 /// TCP sequence number; ICMP echo id and sequence sit at the same offset.

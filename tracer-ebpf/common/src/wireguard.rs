@@ -21,6 +21,11 @@ pub const PREFIX_MASK: u32 = 0xff00_0000;
 /// to count 65536 traced packets again at any rate a trace keeps.
 pub const TAG_LIFE_NS: u64 = 1_000_000_000;
 
+use crate::{
+    headers::{IPPROTO_UDP, IPV4_FRAG_OFF, IPV4_OFFSET_MASK, IPV4_PROTOCOL, UDP_HLEN, UDP_LEN},
+    packet::{ipv4_header_len, Bytes},
+};
+
 /// A WireGuard transport data message's type (its first byte).
 pub const DATA_MESSAGE: u8 = 4;
 /// Where its receiver index (little-endian u32) and counter (the nonce,
@@ -29,6 +34,34 @@ pub const RECEIVER_AT: usize = 4;
 pub const COUNTER_AT: usize = 8;
 /// A data message's clear header: type, reserved, receiver, counter.
 pub const DATA_HEADER_LEN: usize = 16;
+
+/// The smallest data message: its clear header and the AEAD's 16-byte
+/// tag (a keepalive's plaintext is empty).
+pub const SMALLEST_DATA_MESSAGE: usize = DATA_HEADER_LEN + 16;
+
+/// Whether the IPv4 packet at `l3` is UDP carrying a WireGuard data
+/// message (type 4, three zero bytes, room for a header and an AEAD
+/// tag): what a receiving node's firewall may drop before WireGuard
+/// decrypts it. No tag survives the wire (a receiving NIC computes its
+/// own hash), so such a drop is reported by its bytes alone, and
+/// userspace keeps it only where the receiver index, counter and
+/// addresses are those of a leg it saw leave the sending node.
+#[inline(always)]
+pub fn is_data_message<B: Bytes + ?Sized>(b: &B, l3: usize) -> bool {
+    let Some(hlen) = ipv4_header_len(b, l3) else {
+        return false;
+    };
+    let first_fragment = b
+        .bytes_at::<2>(l3 + IPV4_FRAG_OFF)
+        .is_some_and(|f| u16::from_be_bytes(f) & IPV4_OFFSET_MASK == 0);
+    if !first_fragment || b.u8_at(l3 + IPV4_PROTOCOL) != Some(IPPROTO_UDP) {
+        return false;
+    }
+    let udp = l3 + hlen;
+    let udp_len = b.bytes_at::<2>(udp + UDP_LEN).map_or(0, u16::from_be_bytes);
+    usize::from(udp_len) >= UDP_HLEN + SMALLEST_DATA_MESSAGE
+        && b.bytes_at::<4>(udp + UDP_HLEN) == Some([DATA_MESSAGE, 0, 0, 0])
+}
 
 /// Whether an skb's `hash` may be one of this run's tags (`prefix`, 0
 /// when the node has no WireGuard device): a natural hash has the prefix
@@ -57,5 +90,43 @@ mod tests {
         assert!(may_be_tag(t, prefix));
         assert!(!may_be_tag(0x1234_5678, prefix));
         assert!(!may_be_tag(t, 0), "no WireGuard device: nothing is a tag");
+    }
+
+    /// An IPv4 header (no options) and UDP header to 51820, then `payload`.
+    fn udp(payload: &[u8], frag_off: u16) -> [u8; 128] {
+        let mut p = [0u8; 128];
+        p[0] = 0x45;
+        p[6..8].copy_from_slice(&frag_off.to_be_bytes());
+        p[9] = IPPROTO_UDP;
+        p[20..22].copy_from_slice(&51820u16.to_be_bytes());
+        p[22..24].copy_from_slice(&51820u16.to_be_bytes());
+        let len = (UDP_HLEN + payload.len()) as u16;
+        p[24..26].copy_from_slice(&len.to_be_bytes());
+        p[28..28 + payload.len()].copy_from_slice(payload);
+        p
+    }
+
+    #[test]
+    fn a_data_message_is_known_by_its_type_reserved_bytes_and_length() {
+        let mut message = [0u8; SMALLEST_DATA_MESSAGE];
+        message[0] = DATA_MESSAGE;
+        assert!(is_data_message(&udp(&message, 0)[..], 0));
+        assert!(
+            !is_data_message(&udp(&message[..31], 0)[..], 0),
+            "too short for its AEAD tag"
+        );
+        let mut handshake = message;
+        handshake[0] = 1;
+        assert!(!is_data_message(&udp(&handshake, 0)[..], 0));
+        let mut reserved = message;
+        reserved[2] = 1;
+        assert!(!is_data_message(&udp(&reserved, 0)[..], 0));
+        assert!(
+            !is_data_message(&udp(&message, 100)[..], 0),
+            "a later fragment's bytes are payload"
+        );
+        let mut tcp = udp(&message, 0);
+        tcp[9] = 6;
+        assert!(!is_data_message(&tcp[..], 0));
     }
 }

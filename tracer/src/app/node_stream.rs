@@ -209,9 +209,7 @@ impl<C: Consumer> Source for NodeStream<'_, C> {
         match event {
             NodeEvent::Sightings(batch) => {
                 for sighting in &batch {
-                    if let Some(hop) = to_hop(sighting, self.trace, self.summary).await {
-                        self.consumer.hop(hop);
-                    }
+                    hand_over(sighting, self.trace, self.summary, self.consumer).await;
                 }
             }
             NodeEvent::Probe(event) => self.consumer.probe(event),
@@ -280,10 +278,24 @@ async fn next_probe_event(
 async fn hand_over_queued(trace: &mut Trace, summary: &mut Summary, consumer: &mut impl Consumer) {
     for batch in trace.take_queued() {
         for sighting in &batch {
-            if let Some(hop) = to_hop(sighting, trace, summary).await {
-                consumer.hop(hop);
-            }
+            hand_over(sighting, trace, summary, consumer).await;
         }
+    }
+}
+
+/// The sighting placed as a hop, and any WireGuard drop that waited for
+/// the leg it is (`EncryptedLegs::wait_for_leg`), handed to `consumer`.
+async fn hand_over(
+    sighting: &podtrace_common::sighting::Sighting,
+    trace: &mut Trace,
+    summary: &mut Summary,
+    consumer: &mut impl Consumer,
+) {
+    if let Some(hop) = to_hop(sighting, trace, summary).await {
+        consumer.hop(hop);
+    }
+    if let Some(paired) = trace.encrypted_legs.take_paired() {
+        paired.for_each(|hop| consumer.hop(hop));
     }
 }
 

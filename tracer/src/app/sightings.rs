@@ -63,6 +63,8 @@ pub(super) async fn to_hop(s: &Sighting, trace: &mut Trace, summary: &mut Summar
             summary.wireguard_legs_untold += 1;
             None
         }
+        // Handed over once its leg is read (`paired_drops`).
+        Err(Unplaced::AwaitingLeg) => None,
     }
 }
 

@@ -70,6 +70,26 @@ pub struct WireguardData {
     pub receiver: u32,
     /// The message counter (nonce): one per packet sent in a session.
     pub counter: u64,
+    /// How the kernel's sighting of this UDP packet is known to carry
+    /// the traced one.
+    #[serde(default)]
+    pub known_by: KnownBy,
+}
+
+/// What pairs an encrypted leg with the traced packet inside it.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, schemars::JsonSchema, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum KnownBy {
+    /// The tag the sending node's kernel wrote into the traced packet's
+    /// flow hash, which WireGuard keeps (the sending node).
+    #[default]
+    FlowHashTag,
+    /// Its receiver index and counter, and outer addresses, the same as
+    /// those of a leg the sending node's kernel saw leave (another node,
+    /// where the wire lost the tag). A counter is used once per session.
+    ReceiverAndCounter,
 }
 
 /// A decoded sighting: the traced packet, the tunnel around it if any,
@@ -150,6 +170,17 @@ pub fn decode_encrypted(
     has_l2: bool,
     inside: &Decoded,
 ) -> Result<Decoded, DecodeError> {
+    let (outer, data) = wireguard_message(snapshot, has_l2)?;
+    Ok(in_wireguard(inside, outer, data))
+}
+
+/// The clear part of a WireGuard data message over UDP: its outer IP
+/// header and its data message header (known by the flow hash's tag, as
+/// read here; the caller says otherwise).
+pub fn wireguard_message(
+    snapshot: &[u8],
+    has_l2: bool,
+) -> Result<(IpPacket, WireguardData), DecodeError> {
     use podtrace_common::wireguard::{COUNTER_AT, DATA_HEADER_LEN, DATA_MESSAGE, RECEIVER_AT};
     let (outer, l4) = ip(l3_of(snapshot, has_l2)?)?;
     let Transport::Udp { .. } = outer.transport else {
@@ -163,16 +194,27 @@ pub fn decode_encrypted(
     }
     let receiver = u32::from_le_bytes(message[RECEIVER_AT..RECEIVER_AT + 4].try_into().unwrap());
     let counter = u64::from_le_bytes(message[COUNTER_AT..COUNTER_AT + 8].try_into().unwrap());
-    Ok(Decoded {
+    let data = WireguardData {
+        receiver,
+        counter,
+        known_by: KnownBy::FlowHashTag,
+    };
+    Ok((outer, data))
+}
+
+/// `inside`, carried by WireGuard's UDP packet `outer` with data message
+/// header `data`.
+pub fn in_wireguard(inside: &Decoded, outer: IpPacket, data: WireguardData) -> Decoded {
+    Decoded {
         packet: inside.packet,
         tunnel: Some(Tunnel {
             kind: TunnelKind::Wireguard,
             vni: None,
             outer,
-            wireguard: Some(WireguardData { receiver, counter }),
+            wireguard: Some(data),
         }),
         quoted: inside.quoted,
-    })
+    }
 }
 
 /// `packet` (its transport header and payload `l4`) in `tunnel`.
@@ -454,7 +496,8 @@ pub(crate) mod tests {
             tunnel.wireguard,
             Some(WireguardData {
                 receiver: 0x0a0b_0c0d,
-                counter: 5
+                counter: 5,
+                known_by: KnownBy::FlowHashTag,
             })
         );
         // The tag named it WireGuard's; bytes that are not a data

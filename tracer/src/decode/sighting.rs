@@ -13,8 +13,9 @@ use podtrace_common::{
 use super::{
     decode, decode_encrypted, decode_tunnel,
     hop::{Direction, DropInfo, Hop, KernelRoute, Snapshot},
+    in_wireguard,
     wireguard_leg::EncryptedLegs,
-    DecodeError, Decoded,
+    wireguard_message, DecodeError, Decoded, KnownBy, WireguardData,
 };
 use crate::{
     model::Name,
@@ -37,6 +38,11 @@ pub enum Unplaced {
     /// plaintext sighting was not seen, or whose story tells another
     /// segment of the same packet.
     EncryptedLegUntold,
+    /// A WireGuard data message dropped on a node its tag did not reach,
+    /// whose leg has not been read (yet): kept until it is, and never
+    /// told if it is not (another flow's, or its sending node's is not
+    /// traced); see `EncryptedLegs::wait_for_leg`.
+    AwaitingLeg,
 }
 
 /// What placing a record needs of a traced node, and no more: its name
@@ -100,10 +106,10 @@ pub fn place(
     };
     let (iface, role) = interface_of(s, node, others)?;
     let snapshot = &s.snapshot[..usize::from(s.snapshot_len).min(s.snapshot.len())];
-    let packet = decoded(s, snapshot, legs)?;
+    let (packet, awaits_leg) = decoded(s, snapshot, legs)?;
     let (direction, drop) = direction_of(s, kernel);
     let route = route_of(s, node, packet.packet.dst);
-    Ok(Hop {
+    let hop = Hop {
         ktime_ns: s.ktime_ns,
         node: match node {
             Some(n) => n.name().clone(),
@@ -128,31 +134,62 @@ pub fn place(
                 has_l2: s.has_l2 != 0,
             }
         },
-    })
+    };
+    if awaits_leg {
+        legs.wait_for_leg(hop);
+        return Err(Unplaced::AwaitingLeg);
+    }
+    Ok(hop)
 }
 
 /// The sighting's packet. Only a packet the kernel matched as
 /// encapsulated is read as a tunnel; an encrypted leg is the packet its
-/// tag went into WireGuard with.
-fn decoded(s: &Sighting, snapshot: &[u8], legs: &mut EncryptedLegs) -> Result<Decoded, Unplaced> {
+/// tag went into WireGuard with. True beside a data message dropped on a
+/// node its tag did not reach, whose leg has not been read yet: the
+/// packet is the UDP one until it has.
+fn decoded(
+    s: &Sighting,
+    snapshot: &[u8],
+    legs: &mut EncryptedLegs,
+) -> Result<(Decoded, bool), Unplaced> {
     let has_l2 = s.has_l2 != 0;
     let undecodable = |_: DecodeError| Unplaced::Undecodable;
+    let now = |packet| Ok((packet, false));
     match s.match_kind {
-        match_kind::INNER => decode_tunnel(snapshot, has_l2).map_err(undecodable),
+        match_kind::INNER => now(decode_tunnel(snapshot, has_l2).map_err(undecodable)?),
+        match_kind::ENCRYPTED if s.wireguard_tag == 0 => {
+            let (outer, data) = wireguard_message(snapshot, has_l2).map_err(undecodable)?;
+            let data = WireguardData {
+                known_by: KnownBy::ReceiverAndCounter,
+                ..data
+            };
+            match legs.arrived(&outer, &data) {
+                Some(inside) => now(in_wireguard(&inside, outer, data)),
+                None => {
+                    let udp = Decoded {
+                        packet: outer,
+                        tunnel: None,
+                        quoted: None,
+                    };
+                    Ok((in_wireguard(&udp, outer, data), true))
+                }
+            }
+        }
         match_kind::ENCRYPTED => {
             let (key, dropped) = ((s.node_id, s.wireguard_tag), s.kind == sighting_kind::DROP);
             let leg = legs.told(key, dropped, |inside| {
                 decode_encrypted(snapshot, has_l2, inside)
             });
-            leg.map_err(|_| Unplaced::EncryptedLegUntold)?
-                .map_err(undecodable)
+            now(leg
+                .map_err(|_| Unplaced::EncryptedLegUntold)?
+                .map_err(undecodable)?)
         }
         _ => {
             let packet = decode(snapshot, has_l2).map_err(undecodable)?;
             if s.wireguard_tag != 0 {
                 legs.went_in(s.node_id, s.wireguard_tag, &packet);
             }
-            Ok(packet)
+            now(packet)
         }
     }
 }

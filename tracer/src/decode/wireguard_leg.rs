@@ -2,25 +2,54 @@
 //! one node: the traced packet going into the WireGuard device, with the
 //! tag it wrote into its hash, and later the UDP packet leaving by the
 //! underlay with that hash (`podtrace_common::wireguard`). The second is
-//! told as the first's packet inside a WireGuard tunnel.
+//! told as the first's packet inside a WireGuard tunnel. A receiving
+//! node's kernel cannot know the tag (the wire recomputes the hash): a
+//! data message dropped there is the leg that left with its addresses,
+//! receiver index and counter, or none of the trace's. Each node's
+//! records come by their own ring, so such a drop may be read before its
+//! leg: it waits for it (a second of the kernel's time at most).
 
-use std::collections::{HashMap, VecDeque};
+use std::{
+    collections::{HashMap, VecDeque},
+    net::IpAddr,
+};
 
-use super::Decoded;
+use super::{hop::Hop, Decoded, IpPacket, WireguardData};
 
 /// Tags remembered at once: far more than a ring of sightings holds
 /// between a packet going into WireGuard and its leaving encrypted.
 const REMEMBERED: usize = 4096;
 
+/// How long a drop waits for its leg, by the kernel's clock: far longer
+/// than one ring's records wait behind another's.
+const WAIT_NS: u64 = 1_000_000_000;
+
 /// A tag as the node whose kernel wrote it names it: (node, tag). Two
 /// nodes' probes choose their prefixes apart, and may choose alike.
 type NodeTag = (u32, u32);
+
+/// A data message as every node sees it: outer source and destination,
+/// receiver index, counter. A counter is used once per session.
+type Message = (IpAddr, IpAddr, u32, u64);
+
+fn message_of(outer: &IpPacket, data: &WireguardData) -> Message {
+    (outer.src, outer.dst, data.receiver, data.counter)
+}
 
 /// The packets that went into WireGuard, by tag, oldest forgotten first.
 #[derive(Debug, Default)]
 pub struct EncryptedLegs {
     by_tag: HashMap<NodeTag, Plaintext>,
     order: VecDeque<NodeTag>,
+    /// The legs told, by their data message.
+    by_message: HashMap<Message, NodeTag>,
+    /// Drops of data messages read before any leg of theirs: their hop,
+    /// its packet still the UDP one.
+    waiting: HashMap<Message, Hop>,
+    /// Their messages and times, oldest first.
+    waiting_since: VecDeque<(u64, Message)>,
+    /// Those whose leg has come since, their packet the traced one.
+    paired: Vec<Hop>,
 }
 
 #[derive(Debug)]
@@ -28,6 +57,8 @@ struct Plaintext {
     packet: Decoded,
     /// Its encrypted leg was told already.
     told: bool,
+    /// That leg's data message.
+    message: Option<Message>,
 }
 
 /// Why an encrypted leg is not told (counted in the summary).
@@ -49,14 +80,80 @@ impl EncryptedLegs {
         let plaintext = Plaintext {
             packet: *packet,
             told: false,
+            message: None,
         };
-        if self.by_tag.insert(key, plaintext).is_some() {
+        if let Some(old) = self.by_tag.insert(key, plaintext) {
+            self.forget_message(old.message);
             return;
         }
         self.order.push_back(key);
         if self.by_tag.len() > REMEMBERED {
             if let Some(oldest) = self.order.pop_front() {
-                self.by_tag.remove(&oldest);
+                let old = self.by_tag.remove(&oldest);
+                self.forget_message(old.and_then(|p| p.message));
+            }
+        }
+    }
+
+    fn forget_message(&mut self, message: Option<Message>) {
+        if let Some(message) = message {
+            self.by_message.remove(&message);
+        }
+    }
+
+    /// The traced packet inside the data message `outer` and `data`
+    /// carry, dropped on a node its tag did not reach: the packet whose
+    /// leg left with the same addresses, receiver index and counter.
+    pub fn arrived(&self, outer: &IpPacket, data: &WireguardData) -> Option<Decoded> {
+        let key = self.by_message.get(&message_of(outer, data))?;
+        self.by_tag.get(key).map(|p| p.packet)
+    }
+
+    /// Keeps `drop`, a data message dropped on a node its tag did not
+    /// reach and of no leg seen yet, until its leg is told (then it is
+    /// [`Self::take_paired`]'s) or it has waited [`WAIT_NS`] (then it was
+    /// another flow's, or its sending node is not traced).
+    pub fn wait_for_leg(&mut self, drop: Hop) {
+        let Some(message) =
+            (drop.packet.tunnel).and_then(|t| t.wireguard.map(|data| message_of(&t.outer, &data)))
+        else {
+            return;
+        };
+        while let Some(&(since, oldest)) = self.waiting_since.front() {
+            if drop.ktime_ns.saturating_sub(since) < WAIT_NS
+                && self.waiting_since.len() < REMEMBERED
+            {
+                break;
+            }
+            self.waiting_since.pop_front();
+            // Unless it was paired, or the same message dropped again since.
+            if self
+                .waiting
+                .get(&oldest)
+                .is_some_and(|h| h.ktime_ns == since)
+            {
+                self.waiting.remove(&oldest);
+            }
+        }
+        self.waiting_since.push_back((drop.ktime_ns, message));
+        self.waiting.insert(message, drop);
+    }
+
+    /// The waiting drops whose leg has been told since, as hops of the
+    /// traced packet.
+    pub fn take_paired(&mut self) -> Option<std::vec::Drain<'_, Hop>> {
+        (!self.paired.is_empty()).then(|| self.paired.drain(..))
+    }
+
+    /// The drop waiting for the leg `inside` left as with `message`.
+    fn leg_came(&mut self, message: Message, inside: &Decoded) {
+        let Some(mut drop) = self.waiting.remove(&message) else {
+            return;
+        };
+        if let Some(tunnel) = drop.packet.tunnel {
+            if let Some(data) = tunnel.wireguard {
+                drop.packet = super::in_wireguard(inside, tunnel.outer, data);
+                self.paired.push(drop);
             }
         }
     }
@@ -80,7 +177,20 @@ impl EncryptedLegs {
         }
         let leg = read(&plaintext.packet);
         // Told only once its bytes are read as a leg of it.
-        plaintext.told |= !dropped && leg.is_ok();
+        if let (false, Ok(told)) = (dropped, &leg) {
+            plaintext.told = true;
+            if let Some(t) = &told.tunnel {
+                if let Some(data) = &t.wireguard {
+                    let message = message_of(&t.outer, data);
+                    plaintext.message = Some(message);
+                    let inside = plaintext.packet;
+                    self.by_message.insert(message, (node, tag));
+                    if !self.waiting.is_empty() {
+                        self.leg_came(message, &inside);
+                    }
+                }
+            }
+        }
         Ok(leg)
     }
 }
@@ -129,6 +239,95 @@ mod tests {
         let refused = legs.told((0, 7), false, |_| Err::<Decoded, _>("not a data message"));
         assert_eq!(refused, Ok(Err("not a data message")));
         assert_eq!(inside(&mut legs, (0, 7), false), Ok(ping(1)));
+    }
+
+    /// `inside` in a data message from node-1 to node-2 (`receiver`,
+    /// `counter`).
+    fn leg(inside: &Decoded, receiver: u32, counter: u64) -> Decoded {
+        let outer = decode(&icmp_echo([192, 0, 2, 11], [192, 0, 2, 12], 64, 1), true)
+            .unwrap()
+            .packet;
+        let data = WireguardData {
+            receiver,
+            counter,
+            known_by: crate::decode::KnownBy::FlowHashTag,
+        };
+        crate::decode::in_wireguard(inside, outer, data)
+    }
+
+    fn message(leg: &Decoded) -> (IpPacket, WireguardData) {
+        let t = leg.tunnel.unwrap();
+        (t.outer, t.wireguard.unwrap())
+    }
+
+    #[test]
+    fn a_message_dropped_elsewhere_is_the_leg_that_left_with_its_receiver_and_counter() {
+        let mut legs = EncryptedLegs::default();
+        legs.went_in(0, 7, &ping(1));
+        legs.went_in(0, 8, &ping(2));
+        let (first, second) = (leg(&ping(1), 0xab, 41), leg(&ping(2), 0xab, 42));
+        for (tag, sent) in [(7, first), (8, second)] {
+            let told = legs.told((0, tag), false, |_| Ok::<_, ()>(sent));
+            assert_eq!(told, Ok(Ok(sent)));
+        }
+        let (outer, data) = message(&second);
+        assert_eq!(legs.arrived(&outer, &data), Some(ping(2)));
+        // Another counter, receiver or sender is no leg of the trace's.
+        let (outer, data) = message(&leg(&ping(3), 0xab, 43));
+        assert_eq!(legs.arrived(&outer, &data), None);
+        let (outer, data) = message(&leg(&ping(2), 0xac, 42));
+        assert_eq!(legs.arrived(&outer, &data), None);
+        let (mut outer, data) = message(&second);
+        outer.src = IpAddr::from([192, 0, 2, 13]);
+        assert_eq!(legs.arrived(&outer, &data), None);
+        // A tag used again forgets its old packet's message.
+        legs.went_in(0, 7, &ping(4));
+        let (outer, data) = message(&first);
+        assert_eq!(legs.arrived(&outer, &data), None);
+    }
+
+    /// node-2's drop at `t` of the data message `sent` carries.
+    fn dropped_on_node_2(t: u64, sent: &Decoded) -> Hop {
+        let frame = icmp_echo([192, 0, 2, 11], [192, 0, 2, 12], 64, 1);
+        let mut drop = crate::decode::hop::tests::hop(
+            t,
+            "node-2",
+            "eth0",
+            crate::node::interfaces::Role::Underlay,
+            crate::decode::hop::Direction::Drop,
+            &frame,
+        );
+        let (outer, data) = message(sent);
+        let udp = Decoded {
+            packet: outer,
+            tunnel: None,
+            quoted: None,
+        };
+        drop.packet = crate::decode::in_wireguard(&udp, outer, data);
+        drop
+    }
+
+    #[test]
+    fn a_drop_read_before_its_leg_waits_for_it_and_no_longer_than_a_second() {
+        let mut legs = EncryptedLegs::default();
+        let sent = leg(&ping(1), 0xab, 41);
+        legs.wait_for_leg(dropped_on_node_2(1_000, &leg(&ping(9), 0xab, 40)));
+        legs.wait_for_leg(dropped_on_node_2(2_000, &sent));
+        assert!(legs.take_paired().is_none(), "no leg read yet");
+        legs.went_in(0, 7, &ping(1));
+        let _ = legs.told((0, 7), false, |_| Ok::<_, ()>(sent));
+        let paired: Vec<Hop> = legs.take_paired().expect("the drop paired").collect();
+        assert_eq!(paired.len(), 1);
+        assert_eq!(
+            paired[0].packet, sent,
+            "told as the traced packet, encrypted"
+        );
+        assert_eq!(&*paired[0].node, "node-2");
+        assert!(legs.take_paired().is_none(), "handed over once");
+        // The other drop waits a second at most, then is no one's.
+        let later = leg(&ping(2), 0xab, 42);
+        legs.wait_for_leg(dropped_on_node_2(WAIT_NS + 1_000, &later));
+        assert_eq!(legs.waiting.len(), 1, "the drop of counter 40 forgotten");
     }
 
     #[test]

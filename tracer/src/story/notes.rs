@@ -5,7 +5,7 @@ use std::fmt::{self, Write};
 
 use crate::decode::{
     hop::{Direction, Hop, KernelRoute},
-    Decoded, Transport, Tunnel, TunnelKind, TCP_RST,
+    Decoded, KnownBy, Transport, Tunnel, TunnelKind, TCP_RST,
 };
 use crate::node::{
     interfaces::Role, route::table_name, rules::Decision, Route, RouteKind, RouteOrigin,
@@ -220,6 +220,11 @@ fn write_what(out: &mut String, hop: &Hop, ctx: &Context) -> fmt::Result {
                 // The UDP packet WireGuard sent with this one inside.
                 if let Some(t) = (hop.packet.tunnel).filter(|t| t.kind == TunnelKind::Wireguard) {
                     write!(out, " encrypted ({})", TunnelText(&t))?;
+                    if t.wireguard
+                        .is_some_and(|w| w.known_by == KnownBy::ReceiverAndCounter)
+                    {
+                        out.push_str(", known by the receiver index and counter its sending node saw it leave with");
+                    }
                 }
                 return write!(out, ": {} in {}", d.reason, d.location);
             }

@@ -14,8 +14,13 @@ use super::{
     Context, Story,
 };
 use crate::{
-    decode::hop::Direction, model::netfilter::NetfilterRule, story::journey::NETFILTER_DROP,
+    decode::{hop::Direction, TunnelKind},
+    model::netfilter::NetfilterRule,
+    story::journey::NETFILTER_DROP,
 };
+
+/// Why the rule that dropped WireGuard's UDP packet is not named.
+const ENCRYPTED_UNNAMED: &str = "rule tracing follows the traced packet's own header, which WireGuard's UDP packet carries encrypted";
 
 /// How the packet entered the rule's table: its hook, and the base chain
 /// where that is neither the rule's chain nor named after the hook (a
@@ -64,9 +69,16 @@ impl Story {
                     Outcome::Dropped { node, .. } => ctx.rules_unseen.get(node),
                     _ => None,
                 };
-                self.verdict.summary.push_str(&format!(
-                    "; dropped by netfilter at hook {hook}; the rule is not named: {}",
+                let encrypted = (self.hops.last())
+                    .and_then(|h| h.tunnel.as_ref())
+                    .is_some_and(|t| t.kind == TunnelKind::Wireguard);
+                let why = if encrypted {
+                    ENCRYPTED_UNNAMED
+                } else {
                     node.map_or(ctx.why_rule_unnamed, String::as_str)
+                };
+                self.verdict.summary.push_str(&format!(
+                    "; dropped by netfilter at hook {hook}; the rule is not named: {why}"
                 ));
                 self.verdict.netfilter_hook = Some(hook.to_string());
             }

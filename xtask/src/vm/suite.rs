@@ -151,7 +151,7 @@ pub const ONE_KERNEL: &[(&str, &str, &[&str])] = &[
         "wireguard",
         &[
             "the_doctor_reads_wireguard_and_names_a_device_down_and_a_subnet_no_peer_allows",
-            "an_encrypted_packet_dropped_on_the_underlay_is_its_storys_drop",
+            "an_encrypted_packet_dropped_on_either_nodes_underlay_is_its_storys_drop",
         ],
     ),
     (
