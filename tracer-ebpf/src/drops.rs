@@ -374,7 +374,9 @@ fn reporting_node(inum: u32) -> Option<u32> {
     }
 }
 
-/// Whether the namespace `inum` is this instance's node's.
+/// Whether the namespace `inum` is this instance's node's. Asked again
+/// where it is needed, not held in a variable: held across the report's
+/// calls, it grew the drop program's frame past 5.10's stack limit.
 #[inline(always)]
 fn is_here(inum: u32) -> bool {
     inum != 0 && inum == global(&NETNS_INUM)

@@ -22,8 +22,9 @@ pub const PREFIX_MASK: u32 = 0xff00_0000;
 pub const TAG_LIFE_NS: u64 = 1_000_000_000;
 
 use crate::{
-    headers::{IPPROTO_UDP, IPV4_FRAG_OFF, IPV4_OFFSET_MASK, IPV4_PROTOCOL, UDP_HLEN, UDP_LEN},
-    packet::{ipv4_header_len, Bytes},
+    headers::{IPPROTO_UDP, UDP_HLEN, UDP_LEN},
+    packet::Bytes,
+    transport::l4_of,
 };
 
 /// A WireGuard transport data message's type (its first byte).
@@ -48,19 +49,17 @@ pub const SMALLEST_DATA_MESSAGE: usize = DATA_HEADER_LEN + 16;
 /// addresses are those of a leg it saw leave the sending node.
 #[inline(always)]
 pub fn is_data_message<B: Bytes + ?Sized>(b: &B, l3: usize) -> bool {
-    let Some(hlen) = ipv4_header_len(b, l3) else {
+    let Some(l4) = l4_of::<B, false>(b, l3) else {
         return false;
     };
-    let first_fragment = b
-        .bytes_at::<2>(l3 + IPV4_FRAG_OFF)
-        .is_some_and(|f| u16::from_be_bytes(f) & IPV4_OFFSET_MASK == 0);
-    if !first_fragment || b.u8_at(l3 + IPV4_PROTOCOL) != Some(IPPROTO_UDP) {
+    if !l4.present || l4.protocol != IPPROTO_UDP {
         return false;
     }
-    let udp = l3 + hlen;
-    let udp_len = b.bytes_at::<2>(udp + UDP_LEN).map_or(0, u16::from_be_bytes);
+    let udp_len = b
+        .bytes_at::<2>(l4.at + UDP_LEN)
+        .map_or(0, u16::from_be_bytes);
     usize::from(udp_len) >= UDP_HLEN + SMALLEST_DATA_MESSAGE
-        && b.bytes_at::<4>(udp + UDP_HLEN) == Some([DATA_MESSAGE, 0, 0, 0])
+        && b.bytes_at::<4>(l4.at + UDP_HLEN) == Some([DATA_MESSAGE, 0, 0, 0])
 }
 
 /// Whether an skb's `hash` may be one of this run's tags (`prefix`, 0

@@ -36,6 +36,12 @@ fn message_of(outer: &IpPacket, data: &WireguardData) -> Message {
     (outer.src, outer.dst, data.receiver, data.counter)
 }
 
+/// The data message a decoded packet travels in, if it is in one.
+fn carrying_message(packet: &Decoded) -> Option<Message> {
+    let t = packet.tunnel.as_ref()?;
+    t.wireguard.map(|data| message_of(&t.outer, &data))
+}
+
 /// The packets that went into WireGuard, by tag, oldest forgotten first.
 #[derive(Debug, Default)]
 pub struct EncryptedLegs {
@@ -114,9 +120,7 @@ impl EncryptedLegs {
     /// [`Self::take_paired`]'s) or it has waited [`WAIT_NS`] (then it was
     /// another flow's, or its sending node is not traced).
     pub fn wait_for_leg(&mut self, drop: Hop) {
-        let Some(message) =
-            (drop.packet.tunnel).and_then(|t| t.wireguard.map(|data| message_of(&t.outer, &data)))
-        else {
+        let Some(message) = carrying_message(&drop.packet) else {
             return;
         };
         while let Some(&(since, oldest)) = self.waiting_since.front() {
@@ -179,15 +183,12 @@ impl EncryptedLegs {
         // Told only once its bytes are read as a leg of it.
         if let (false, Ok(told)) = (dropped, &leg) {
             plaintext.told = true;
-            if let Some(t) = &told.tunnel {
-                if let Some(data) = &t.wireguard {
-                    let message = message_of(&t.outer, data);
-                    plaintext.message = Some(message);
-                    let inside = plaintext.packet;
-                    self.by_message.insert(message, (node, tag));
-                    if !self.waiting.is_empty() {
-                        self.leg_came(message, &inside);
-                    }
+            if let Some(message) = carrying_message(told) {
+                plaintext.message = Some(message);
+                let inside = plaintext.packet;
+                self.by_message.insert(message, (node, tag));
+                if !self.waiting.is_empty() {
+                    self.leg_came(message, &inside);
                 }
             }
         }
